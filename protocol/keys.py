@@ -1,0 +1,127 @@
+"""Every Redis key Fleet touches, built in one place.
+
+Per-user keys carry the user id as a Redis Cluster hash tag (``fleet:u:{alice}:...``) so that
+every per-user operation, including the Lua scripts, stays in one slot. Per-tier keys carry
+the tier as their tag (``fleet:{chat}:ready``). Callers pass ids that were validated at the
+boundary (``protocol.ids``); the builders re-check them because a key is the last line.
+"""
+
+from __future__ import annotations
+
+from protocol.ids import validate_tier, validate_token, validate_user_id
+
+PREFIX = "fleet"
+GROUP = "workers"  # the consumer group on every tier's ready stream
+
+# --- global ---------------------------------------------------------------------------
+REPORTS = f"{PREFIX}:reports"  # stream of OccupancyReport
+EVENTS = f"{PREFIX}:events"  # stream: the scaling ledger
+WORKERS = f"{PREFIX}:workers"  # hash: worker id -> msgpack WorkerInfo (the registry)
+TIERS = f"{PREFIX}:tiers"  # set of tier names that have a policy
+SUPERVISOR = f"{PREFIX}:supervisor"  # hash: pid/host of the running supervisor (for status)
+
+
+# --- per user (hash tag = user id) -----------------------------------------------------
+def _u(user: str, suffix: str) -> str:
+    return f"{PREFIX}:u:{{{validate_user_id(user)}}}:{suffix}"
+
+
+def inbox(user: str) -> str:
+    """Stream of the user's submitted turns, in submission order."""
+    return _u(user, "inbox")
+
+
+def lane(user: str) -> str:
+    """Lease string ``<worker>|<token>``: who may process this user's turns right now."""
+    return _u(user, "lane")
+
+
+def fence(user: str) -> str:
+    """Counter handing out fencing tokens for the lane."""
+    return _u(user, "fence")
+
+
+def state(user: str) -> str:
+    """Hash: ``cursor`` (last inbox id done), ``att:<entry>`` attempt counters."""
+    return _u(user, "state")
+
+
+def session(user: str) -> str:
+    """List of msgpack SessionEntry, oldest first, bounded."""
+    return _u(user, "session")
+
+
+def profile(user: str) -> str:
+    """Hash of profile fields (strings)."""
+    return _u(user, "profile")
+
+
+def memory(user: str) -> str:
+    """Sorted set of msgpack MemoryItem scored by recency and importance (see stores.memory)."""
+    return _u(user, "memory")
+
+
+def done(user: str) -> str:
+    """Sorted set of recent turn ids already answered (idempotency by turn id)."""
+    return _u(user, "done")
+
+
+def usage(user: str) -> str:
+    """Hash of per-user consumption counters (turns, errors, chars in/out, handler_ms)."""
+    return _u(user, "usage")
+
+
+def reply(user: str, turn_id: str) -> str:
+    """List the reply is pushed to; the submitter ``BLPOP``s it. Expires."""
+    return _u(user, f"reply:{validate_token(turn_id, 'turn id')}")
+
+
+# --- per tier (hash tag = tier) --------------------------------------------------------
+def _t(tier: str, suffix: str) -> str:
+    return f"{PREFIX}:{{{validate_tier(tier)}}}:{suffix}"
+
+
+def ready(tier: str) -> str:
+    """Stream of notifications ``{user: U}``; read through consumer group ``GROUP``."""
+    return _t(tier, "ready")
+
+
+def active(tier: str) -> str:
+    """Sorted set user -> last submit time (seconds), for active-user counts."""
+    return _t(tier, "active")
+
+
+def dead(tier: str) -> str:
+    """Dead-letter stream: turns that could not be served, with the reason."""
+    return _t(tier, "dead")
+
+
+def pressure(tier: str) -> str:
+    """Stream of pressure events: a submit found no free slot in the tier."""
+    return _t(tier, "pressure")
+
+
+def policy(tier: str) -> str:
+    """JSON Policy edited by users (``fleet policy set`` or a raw ``SET``)."""
+    return f"{PREFIX}:policy:{validate_tier(tier)}"
+
+
+def policy_good(tier: str) -> str:
+    """The last policy that validated: what the fleet runs on when the key is invalid."""
+    return f"{PREFIX}:policy:{validate_tier(tier)}:good"
+
+
+def policy_status(tier: str) -> str:
+    """Hash: ``ok`` 1/0, ``error`` (the rejection reason), ``ts``."""
+    return f"{PREFIX}:policy:{validate_tier(tier)}:status"
+
+
+# --- per worker -------------------------------------------------------------------------
+def heartbeat(worker: str) -> str:
+    """String with a TTL; missing means the worker is dead."""
+    return f"{PREFIX}:w:{validate_token(worker, 'worker id')}:hb"
+
+
+def control(worker: str) -> str:
+    """Stream of Control messages (drain) for one worker."""
+    return f"{PREFIX}:w:{validate_token(worker, 'worker id')}:control"

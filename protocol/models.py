@@ -1,0 +1,119 @@
+"""Message models: validated once at the boundary, trusted inside."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, field_validator
+
+from protocol.ids import validate_tier, validate_token, validate_user_id
+
+MAX_TEXT_CHARS = 32_000
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Turn(_Model):
+    """One user message submitted to a tier."""
+
+    turn_id: str
+    user: str
+    tier: str = "chat"
+    text: str = Field(max_length=MAX_TEXT_CHARS)
+    ts: float = Field(description="submit time, unix seconds")
+    meta: dict[str, Any] = Field(default_factory=dict)
+    reply_fmt: Literal["msgpack", "json"] = "msgpack"
+
+    _turn_id = field_validator("turn_id")(lambda v: validate_token(v, "turn id"))
+    _user = field_validator("user")(lambda v: validate_user_id(v))
+    _tier = field_validator("tier")(lambda v: validate_tier(v))
+
+
+class Reply(_Model):
+    """What the submitter gets back: exactly one per accepted turn (ok or error)."""
+
+    turn_id: str
+    user: str
+    ok: bool
+    text: str = ""
+    error: str | None = None
+    worker: str = ""
+    ts: float = 0.0
+    attempts: int = 1
+    context: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionEntry(_Model):
+    """One answered turn as the session keeps it."""
+
+    turn_id: str
+    entry: str  # inbox stream id: the order of submission
+    text: str
+    reply: str
+    ts: float
+
+
+class MemoryItem(_Model):
+    """An episodic memory. Ranked by ``stores.memory.score``."""
+
+    id: str
+    text: str
+    importance: float = Field(gt=0.0, le=1.0)
+    ts: float
+
+
+class HandlerResult(_Model):
+    """What a handler returns: the reply and the writes it asks for."""
+
+    text: str
+    memories: list[tuple[str, float]] = Field(default_factory=list)  # (text, importance)
+    profile: dict[str, str] = Field(default_factory=dict)
+
+
+class Slots(_Model):
+    busy: NonNegativeInt
+    total: NonNegativeInt
+    queue_depth: NonNegativeInt = 0
+
+
+class Counters(_Model):
+    turns: NonNegativeInt = 0
+    errors: NonNegativeInt = 0
+    handler_seconds: NonNegativeFloat = 0.0
+
+
+class OccupancyReport(_Model):
+    """Raw quantities a worker reports every ``report_interval`` (DESIGN §4). No judgement."""
+
+    worker: str
+    tier: str
+    ts: float
+    state: Literal["starting", "ready", "draining"]
+    users: NonNegativeInt
+    active_users: NonNegativeInt
+    slots: Slots
+    cpu: float | None = None
+    rss: NonNegativeInt
+    counters: Counters
+    load: tuple[float, float, float]
+
+
+class Control(_Model):
+    """A command on a worker's control stream."""
+
+    kind: Literal["drain"]
+    ts: float
+    reason: str = ""
+
+
+class WorkerInfo(_Model):
+    """A worker's entry in the registry ``fleet:workers``."""
+
+    worker: str
+    tier: str
+    pid: int
+    host: str
+    started: float
+    runtime: str = "process"

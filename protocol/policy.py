@@ -1,0 +1,183 @@
+"""The tier policy (DESIGN §5): JSON in ``fleet:policy:<tier>``, validated before it is used.
+
+An invalid policy is never applied: ``parse_policy`` raises ``PolicyError`` with a one-line
+reason, and the caller keeps the last good one (``stores.policies``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+_HANDLER_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
+_HHMM_RE = re.compile(r"([01]\d|2[0-3]):[0-5]\d")
+Fraction = float  # (0, 1], enforced by Field(gt=0, le=1)
+
+
+class PolicyError(ValueError):
+    """A policy that may not be applied; the message says why in one line."""
+
+
+class TimeWindow(BaseModel):
+    """A daily UTC window, e.g. a change freeze: ``{"start": "09:00", "end": "17:00"}``.
+
+    ``days`` are 0=Monday..6=Sunday (all days when empty). ``end`` before ``start`` wraps
+    past midnight.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    start: str
+    end: str
+    days: tuple[int, ...] = ()
+
+    @field_validator("start", "end")
+    @classmethod
+    def _hhmm(cls, v: str) -> str:
+        if not _HHMM_RE.fullmatch(v):
+            raise ValueError(f"{v!r} is not HH:MM (24h, UTC)")
+        return v
+
+    @field_validator("days")
+    @classmethod
+    def _days(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d < 0 or d > 6 for d in v):
+            raise ValueError("days are 0 (Monday) .. 6 (Sunday)")
+        return v
+
+    def contains(self, weekday: int, minute_of_day: int) -> bool:
+        """Whether a UTC (weekday, minute) falls inside the window."""
+        start = int(self.start[:2]) * 60 + int(self.start[3:])
+        end = int(self.end[:2]) * 60 + int(self.end[3:])
+        if start <= end:
+            inside, day = start <= minute_of_day < end, weekday
+        elif minute_of_day >= start:
+            inside, day = True, weekday
+        else:  # after midnight of a wrapping window: it belongs to the previous day
+            inside, day = minute_of_day < end, (weekday - 1) % 7
+        return inside and (not self.days or day in self.days)
+
+
+class Policy(BaseModel):
+    """How one tier runs and scales. ``None`` disables an optional signal."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # what runs
+    handler: str = "echo"
+    handler_options: dict[str, float | int | str | bool] = Field(default_factory=dict)
+    concurrency: PositiveInt = Field(8, le=1024)
+    max_attempts: PositiveInt = Field(3, le=100)
+    # how many
+    min_workers: NonNegativeInt = Field(1, le=10_000)
+    max_workers: PositiveInt = Field(8, le=10_000)
+    target_buffer: NonNegativeInt = Field(0, le=1_000)
+    max_step_up: PositiveInt = Field(4, le=1_000)
+    # signals (None = disabled)
+    users_per_instance: PositiveFloat | None = 100.0
+    active_window_s: PositiveFloat = Field(60.0, le=86_400)
+    target_backlog_per_worker: PositiveFloat | None = 16.0
+    target_rps_per_worker: PositiveFloat | None = None
+    # occupancy
+    admission_threshold: float = Field(0.8, gt=0.0, le=1.0)
+    reception_threshold: float = Field(0.5, gt=0.0, le=1.0)
+    compaction_margin: float = Field(1.5, ge=1.0, le=100.0)
+    memory_limit_mb: PositiveFloat | None = None
+    # timing
+    scale_down_stabilization_s: float = Field(300.0, ge=0.0, le=86_400)
+    drain_timeout_s: PositiveFloat = Field(30.0, le=3_600)
+    report_interval_s: PositiveFloat = Field(5.0, le=300)
+    no_scale_in_windows: tuple[TimeWindow, ...] = ()
+
+    @field_validator("handler")
+    @classmethod
+    def _handler_name(cls, v: str) -> str:
+        if not _HANDLER_RE.fullmatch(v):
+            raise ValueError(
+                f"{v!r} is not a handler name (registered names are lowercase words, "
+                "never import paths)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Policy:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) > max_workers ({self.max_workers})")
+        if self.reception_threshold > self.admission_threshold:
+            raise ValueError(
+                f"reception_threshold ({self.reception_threshold}) > admission_threshold "
+                f"({self.admission_threshold})"
+            )
+        return self
+
+    def to_json(self) -> str:
+        """Canonical JSON, as stored in the policy key."""
+        return self.model_dump_json()
+
+
+def _one_line(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        where = ".".join(str(p) for p in err["loc"]) or "policy"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+def parse_policy(raw: str | bytes | Mapping[str, Any], handlers: Iterable[str] | None = None) -> Policy:
+    """Validate a policy from JSON (or a mapping); check the handler against ``handlers``."""
+    if isinstance(raw, (str, bytes)):
+        try:
+            raw = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise PolicyError(f"not JSON: {exc}") from None
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"a policy is a JSON object, got {type(raw).__name__}")
+    try:
+        policy = Policy.model_validate(dict(raw))
+    except ValidationError as exc:
+        raise PolicyError(_one_line(exc)) from None
+    if handlers is not None:
+        known = sorted(set(handlers))
+        if policy.handler not in known:
+            raise PolicyError(f"handler: {policy.handler!r} is not registered (known: {', '.join(known)})")
+    return policy
+
+
+def parse_assignments(pairs: Iterable[str]) -> dict[str, Any]:
+    """Turn CLI ``key=value`` words into a dict; values are JSON when they parse, else text."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise PolicyError(f"expected key=value, got {pair!r}")
+        if key not in Policy.model_fields:
+            raise PolicyError(f"unknown policy field {key!r} (fields: {', '.join(Policy.model_fields)})")
+        if value.lower() in ("none", "null", ""):
+            out[key] = None
+            continue
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def updated(policy: Policy, changes: Mapping[str, Any], handlers: Iterable[str] | None = None) -> Policy:
+    """Return ``policy`` with ``changes`` applied, validated as a whole."""
+    merged = policy.model_dump(mode="json")
+    merged.update(changes)
+    return parse_policy(merged, handlers)
