@@ -1,0 +1,1 @@
+"""Everything that touches Redis data: connections, per-user stores, lanes, policies."""

@@ -1,0 +1,57 @@
+"""Redis connections with capped, jittered reconnects (redis-py's own Retry machinery)."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+import redis.asyncio as aioredis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+RETRY_ERRORS = [RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionResetError]
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The Redis URL to use: explicit, else ``REDIS_URL``, else the local ``fleet up`` one."""
+    if url:
+        return url
+    if os.environ.get("REDIS_URL"):
+        return os.environ["REDIS_URL"]
+    from fleet.local import recorded_url  # late: fleet/ depends on stores/, not the reverse
+
+    return recorded_url() or DEFAULT_URL
+
+
+def _retry(retries: int) -> Retry:
+    # 50 ms doubling to 2 s, full jitter: a restart of Redis is ridden out in a few seconds
+    return Retry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
+
+
+def connect_async(url: str | None = None, *, retries: int = 8, **kwargs: object) -> aioredis.Redis:
+    """An asyncio client that retries connection errors with capped, jittered backoff."""
+    return aioredis.Redis.from_url(
+        resolve_url(url),
+        retry=_retry(retries),
+        retry_on_error=RETRY_ERRORS,
+        health_check_interval=15,
+        socket_connect_timeout=5,
+        socket_keepalive=True,
+        **kwargs,
+    )
+
+
+def connect_sync(url: str | None = None, *, retries: int = 8, **kwargs: object) -> redis.Redis:
+    """A blocking client with the same retry behaviour (CLI, supervisor)."""
+    return redis.Redis.from_url(
+        resolve_url(url),
+        retry=_retry(retries),
+        retry_on_error=RETRY_ERRORS,
+        socket_connect_timeout=5,
+        socket_keepalive=True,
+        **kwargs,
+    )
