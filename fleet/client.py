@@ -1,0 +1,157 @@
+"""The Python client: submit turns, wait for replies.
+
+Submitting is three commands in one round trip (DESIGN §3): ``XADD`` the turn to the user's
+inbox, ``XADD`` a notification to the tier's ready stream, ``ZADD`` the user to the tier's
+active set. The reply arrives on ``fleet:u:{U}:reply:<turn_id>`` for a ``BLPOP``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from protocol import keys
+from protocol.codec import decode, encode
+from protocol.ids import validate_tier, validate_user_id
+from protocol.models import Reply, Turn
+from stores.connection import connect_async, connect_sync
+
+DEFAULT_MAX_TURN_BYTES = 64 * 1024
+DEFAULT_MAX_REPLY_BYTES = 1024 * 1024
+
+
+class TurnTimeout(TimeoutError):
+    """No reply within the timeout. The turn stays queued and may still be answered."""
+
+
+class TurnTooLarge(ValueError):
+    """The encoded turn is over the size limit: it was not submitted."""
+
+
+@dataclass
+class TurnHandle:
+    """A submitted turn; ``result()`` waits for its reply."""
+
+    client: Fleet = field(repr=False)
+    user: str
+    tier: str
+    turn_id: str
+    submitted_at: float
+    _reply: Reply | None = field(default=None, repr=False)
+
+    def result(self, timeout: float = 30.0) -> Reply:
+        """The reply (ok or error), waiting up to ``timeout`` seconds; ``TurnTimeout`` if none."""
+        if self._reply is None:
+            self._reply = self.client._wait(self.user, self.turn_id, timeout)
+        return self._reply
+
+
+def _build_turn(user: str, text: str, tier: str, meta: Mapping[str, Any] | None,
+                turn_id: str | None, max_bytes: int) -> tuple[Turn, bytes]:
+    turn = Turn(turn_id=turn_id or uuid.uuid4().hex, user=validate_user_id(user),
+                tier=validate_tier(tier), text=text, ts=time.time(), meta=dict(meta or {}))
+    payload = encode(turn)
+    if len(payload) > max_bytes:
+        raise TurnTooLarge(f"turn of {len(payload)} bytes is over the limit of {max_bytes}")
+    return turn, payload
+
+
+def _queue_submit(pipe: Any, turn: Turn, payload: bytes) -> None:
+    pipe.xadd(keys.inbox(turn.user), {"m": payload})
+    pipe.xadd(keys.ready(turn.tier), {"user": turn.user})
+    pipe.zadd(keys.active(turn.tier), {turn.user: turn.ts})
+
+
+def _decode_reply(raw: bytes, max_bytes: int) -> Reply:
+    return decode(Reply, raw, max_bytes=max_bytes)
+
+
+class Fleet:
+    """Blocking client. ``Fleet(url).submit("alice", "hi").result(10).text``."""
+
+    def __init__(self, url: str | None = None, *, client: redis.Redis | None = None,
+                 max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+        self.r = client or connect_sync(url)
+        self.max_turn_bytes = max_turn_bytes
+        self.max_reply_bytes = max_reply_bytes
+
+    def submit(self, user: str, text: str, tier: str = "chat", meta: Mapping[str, Any] | None = None,
+               turn_id: str | None = None) -> TurnHandle:
+        """Enqueue one turn; raises ``InvalidId`` / ``TurnTooLarge`` before writing anything."""
+        return self.submit_many([(user, text)], tier=tier, meta=meta, turn_ids=[turn_id])[0]
+
+    def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
+                    meta: Mapping[str, Any] | None = None,
+                    turn_ids: list[str | None] | None = None) -> list[TurnHandle]:
+        """Enqueue many ``(user, text)`` turns in one round trip, in the given order."""
+        built = [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None,
+                             self.max_turn_bytes) for i, (u, t) in enumerate(turns)]
+        pipe = self.r.pipeline(transaction=False)
+        for turn, payload in built:
+            _queue_submit(pipe, turn, payload)
+        pipe.execute()
+        return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
+
+    def results(self, handles: Iterable[TurnHandle], timeout: float = 30.0) -> list[Reply]:
+        """Wait for every handle, sharing one deadline."""
+        deadline = time.monotonic() + timeout
+        return [h.result(max(0.01, deadline - time.monotonic())) for h in handles]
+
+    def _wait(self, user: str, turn_id: str, timeout: float) -> Reply:
+        got = self.r.blpop([keys.reply(user, turn_id)], timeout=max(timeout, 0.01))
+        if got is None:
+            raise TurnTimeout(f"no reply to turn {turn_id} of {user} within {timeout:g}s "
+                              "(is a worker running for its tier? `fleet status`)")
+        return _decode_reply(got[1], self.max_reply_bytes)
+
+    def close(self) -> None:
+        self.r.close()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncFleet:
+    """The asyncio twin of ``Fleet``: ``await fleet.ask(user, text)``."""
+
+    def __init__(self, url: str | None = None, *, client: aioredis.Redis | None = None,
+                 max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+        self.r = client or connect_async(url)
+        self.max_turn_bytes = max_turn_bytes
+        self.max_reply_bytes = max_reply_bytes
+
+    async def submit(self, user: str, text: str, tier: str = "chat",
+                     meta: Mapping[str, Any] | None = None, turn_id: str | None = None) -> Turn:
+        """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
+        turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
+        pipe = self.r.pipeline(transaction=False)
+        _queue_submit(pipe, turn, payload)
+        await pipe.execute()
+        return turn
+
+    async def wait(self, user: str, turn_id: str, timeout: float = 30.0) -> Reply:
+        """The reply of a submitted turn; ``TurnTimeout`` if none in time."""
+        got = await self.r.blpop([keys.reply(user, turn_id)], timeout=max(timeout, 0.01))
+        if got is None:
+            raise TurnTimeout(f"no reply to turn {turn_id} of {user} within {timeout:g}s")
+        return _decode_reply(got[1], self.max_reply_bytes)
+
+    async def ask(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
+                  meta: Mapping[str, Any] | None = None) -> Reply:
+        """Submit and wait."""
+        turn = await self.submit(user, text, tier, meta)
+        return await self.wait(user, turn.turn_id, timeout)
+
+    async def aclose(self) -> None:
+        await self.r.aclose()

@@ -1,0 +1,299 @@
+"""The one-machine setup of ``fleet up``: its state dir, its Redis, its process bookkeeping.
+
+Everything lives under ``.fleet/`` in the current directory (``FLEET_HOME`` overrides it):
+``state.json`` (what ``fleet up`` started: URL, pids with their creation times),
+``redis/`` (the append-only file of the local redis-server), ``logs/`` and ``run/`` (the
+process runtime's spawn records). Pids are always checked together with their creation time
+so that a reused pid is never reported alive or signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psutil
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]  # the directory holding fleet/, worker/, ...
+STATE_FILE = "state.json"
+
+EMBEDDED_WARNING = """\
+WARNING: redis-server was not found on PATH: starting an EMBEDDED in-memory Redis (fakeredis).
+WARNING: NOTHING IS DURABLE. Every turn, session, memory and policy is lost at `fleet down`
+WARNING: or when that process dies, and it is slower than a real Redis. Install redis-server
+WARNING: (e.g. `apt-get install redis-server`) or set REDIS_URL to use a real one.
+"""
+
+
+class LocalRedisError(RuntimeError):
+    """The local Redis could not be started; the message says why in one line."""
+
+
+# --- state dir ---------------------------------------------------------------------------
+def fleet_home() -> Path:
+    """The state directory: ``$FLEET_HOME`` or ``./.fleet``, as an absolute path."""
+    return Path(os.environ.get("FLEET_HOME") or ".fleet").resolve()
+
+
+def logs_dir() -> Path:
+    """Where the supervisor, the local Redis and every worker log."""
+    return fleet_home() / "logs"
+
+
+def run_dir() -> Path:
+    """Spawn records of the process runtime (used to adopt workers after a restart)."""
+    return fleet_home() / "run"
+
+
+def read_state() -> dict[str, Any] | None:
+    """What the running local setup recorded, or None (no file or an unreadable one)."""
+    try:
+        state = json.loads((fleet_home() / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def write_state(state: dict[str, Any]) -> None:
+    """Replace ``state.json`` atomically; readable by the owner only (it may hold a URL)."""
+    home = fleet_home()
+    home.mkdir(parents=True, exist_ok=True)
+    tmp = home / f".{STATE_FILE}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(state, out, indent=2)
+    tmp.replace(home / STATE_FILE)
+
+
+def update_state(**parts: Any) -> dict[str, Any]:
+    """Merge ``parts`` into ``state.json`` (a ``None`` value removes the part)."""
+    state = read_state() or {}
+    for name, value in parts.items():
+        if value is None:
+            state.pop(name, None)
+        else:
+            state[name] = value
+    write_state(state)
+    return state
+
+
+def clear_state() -> None:
+    """Forget the local setup."""
+    (fleet_home() / STATE_FILE).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def state_lock() -> Iterator[None]:
+    """Serialize ``fleet up`` / ``fleet down`` on one state dir."""
+    home = fleet_home()
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def recorded_url() -> str | None:
+    """The Redis URL of a running local setup, or None if there is none or its Redis died."""
+    state = read_state()
+    if not state or not isinstance(state.get("url"), str):
+        return None
+    local = state.get("redis") or {}
+    if local.get("pid"):
+        return state["url"] if pid_alive(local["pid"], local.get("create_time")) else None
+    sup = state.get("supervisor") or {}  # an external Redis: trust it while fleet is up
+    return state["url"] if sup.get("pid") and pid_alive(sup["pid"], sup.get("create_time")) else None
+
+
+# --- processes ---------------------------------------------------------------------------
+def process_record(pid: int) -> dict[str, Any]:
+    """``{"pid", "create_time"}`` of a process we just started."""
+    try:
+        return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+    except psutil.Error:
+        return {"pid": pid, "create_time": None}
+
+
+def pid_alive(pid: int, create_time: float | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, if given, was created at ``create_time``."""
+    try:
+        proc = psutil.Process(int(pid))
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(proc.pid, os.WNOHANG)  # ours: collect it
+            return False
+        return create_time is None or abs(proc.create_time() - float(create_time)) <= 1.0
+    except (psutil.Error, ValueError, TypeError):
+        return False
+
+
+def terminate(pid: int, create_time: float | None, timeout: float) -> bool:
+    """SIGTERM ``pid``, wait up to ``timeout``, then SIGKILL it. True if it is gone."""
+    if not pid_alive(pid, create_time):
+        return True
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
+    if wait_gone(pid, create_time, timeout):
+        return True
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    return wait_gone(pid, create_time, 5.0)
+
+
+def wait_gone(pid: int, create_time: float | None, timeout: float) -> bool:
+    """Poll until ``pid`` has exited (collecting it if it is our child)."""
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid, create_time):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for our helper processes: the code importable, output unbuffered."""
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(ROOT) not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
+    env["PYTHONUNBUFFERED"] = "1"
+    env["FLEET_HOME"] = str(fleet_home())
+    env.update(extra or {})
+    return env
+
+
+def spawn_detached(argv: list[str], log_name: str, env: dict[str, str] | None = None) -> int:
+    """Start a process in its own session, output appended to ``logs/<log_name>``."""
+    logs = logs_dir()
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / log_name, "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=env or child_env(), start_new_session=True)
+    return proc.pid
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, fit for logs and ``fleet status``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+# --- local Redis -------------------------------------------------------------------------
+def free_port() -> int:
+    """A loopback TCP port that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_local_redis(timeout: float = 10.0) -> tuple[str, int]:
+    """Start a local Redis on a free loopback port; record it in ``state.json``; (url, pid).
+
+    A real ``redis-server`` (append-only file under ``.fleet/redis``) when it is on PATH, else
+    an embedded fakeredis server in a helper process, with a loud warning on stderr.
+    """
+    binary = shutil.which("redis-server")
+    if binary is None:
+        _require_fakeredis()
+        sys.stderr.write(EMBEDDED_WARNING)
+    last_error = "no attempt"
+    for _ in range(3):  # the free port may be taken between probe and bind
+        port = free_port()
+        if binary:
+            pid, kind = _spawn_redis_server(binary, port), "redis-server"
+        else:
+            pid, kind = _spawn_embedded(port), "embedded"
+        url = f"redis://127.0.0.1:{port}/0"
+        record = process_record(pid)
+        ok, last_error = _wait_ping(url, record, timeout)
+        if ok:
+            update_state(url=url, redis={**record, "kind": kind, "port": port,
+                                         "dir": str(fleet_home() / "redis")})
+            return url, pid
+        terminate(pid, record["create_time"], 2.0)
+    raise LocalRedisError(f"local Redis did not start: {last_error} (see {logs_dir() / 'redis.log'})")
+
+
+def stop_local_redis(timeout: float = 10.0) -> bool:
+    """Stop the Redis that ``start_local_redis`` recorded (SIGTERM: it writes its AOF); True
+    if none is left running."""
+    state = read_state() or {}
+    local = state.get("redis") or {}
+    if not local.get("pid"):
+        return True
+    gone = terminate(local["pid"], local.get("create_time"), timeout)
+    if gone:
+        update_state(redis=None)
+    return gone
+
+
+def _require_fakeredis() -> None:
+    try:
+        import fakeredis  # noqa: F401
+    except ImportError:
+        raise LocalRedisError(
+            "no Redis: set REDIS_URL, install redis-server, or `pip install 'fleet[embedded]'` "
+            "for the in-memory fallback"
+        ) from None
+
+
+def _spawn_redis_server(binary: str, port: int) -> int:
+    data = fleet_home() / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
+            "--dir", str(data), "--daemonize", "no"]
+    return spawn_detached(argv, "redis.log")
+
+
+def _spawn_embedded(port: int) -> int:
+    code = f"from fleet.local import serve_embedded; serve_embedded({port})"
+    return spawn_detached([sys.executable, "-c", code], "redis.log")
+
+
+def _wait_ping(url: str, record: dict[str, Any], timeout: float) -> tuple[bool, str]:
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                if client.ping():
+                    return True, ""
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                error = str(exc)
+            if not pid_alive(record["pid"], record["create_time"]):
+                return False, "the server exited at start"
+            if time.monotonic() > deadline:
+                return False, f"no answer to PING after {timeout:.0f}s ({error})"
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def serve_embedded(port: int) -> None:
+    """Serve an in-memory fakeredis on loopback ``port`` until killed (helper process body)."""
+    import fakeredis
+
+    server = fakeredis.TcpFakeServer(("127.0.0.1", port), server_type="redis")
+    print(f"embedded fakeredis {fakeredis.__version__} serving on 127.0.0.1:{port}; "
+          "NOTHING IS DURABLE", flush=True)
+    server.serve_forever()

@@ -1,0 +1,34 @@
+"""Loads the Lua scripts of ``stores/lua`` (one file, one operation, KEYS/ARGV header each).
+
+redis-py's ``Script`` objects run by EVALSHA and reload on NOSCRIPT, so a Redis restart
+(which forgets the script cache) costs one extra round trip, not an error.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+NAMES = ("lane_acquire", "lane_renew", "lane_release", "lane_drop", "turn_commit")
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``stores/lua/<name>.lua``."""
+    if name not in NAMES:
+        raise KeyError(f"no Lua script named {name!r}")
+    return resources.files("stores").joinpath("lua", f"{name}.lua").read_text()
+
+
+class Scripts:
+    """The scripts bound to one asyncio client."""
+
+    def __init__(self, r: aioredis.Redis) -> None:
+        self.lane_acquire: AsyncScript = r.register_script(source("lane_acquire"))
+        self.lane_renew: AsyncScript = r.register_script(source("lane_renew"))
+        self.lane_release: AsyncScript = r.register_script(source("lane_release"))
+        self.lane_drop: AsyncScript = r.register_script(source("lane_drop"))
+        self.turn_commit: AsyncScript = r.register_script(source("turn_commit"))

@@ -1,0 +1,178 @@
+"""The worker side of a user's mailbox: lane lease, inbox reads, context pack, write-back.
+
+Every call here is one round trip. The Lua scripts do the parts that must be atomic:
+taking and releasing the lane, and committing a turn together with the cursor advance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from protocol import keys
+from protocol.codec import CodecError, decode
+from protocol.models import MemoryItem, SessionEntry
+from stores.memory import parse_members
+from stores.scripts import Scripts
+
+
+class Fenced(Exception):
+    """The lane was lost (lease expired and taken over): stop serving this user."""
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Bounds of the per-user stores."""
+
+    lane_ttl_ms: int = 6_000
+    session_max: int = 200
+    context_turns: int = 20
+    memory_k: int = 5
+    memory_max: int = 500
+    done_keep: int = 1_000
+    reply_ttl_ms: int = 3_600_000
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lane we hold: ``owner`` is the ``<worker>|<token>`` string the scripts check."""
+
+    user: str
+    owner: str
+    cursor: str
+
+
+@dataclass(frozen=True)
+class Busy:
+    """The lane is held by someone else."""
+
+    holder: str
+    ttl_ms: int
+
+
+@dataclass
+class ContextPack:
+    """What a handler sees of the user: pulled at the start of the turn, forgotten after."""
+
+    session: list[SessionEntry] = field(default_factory=list)
+    profile: dict[str, str] = field(default_factory=dict)
+    memories: list[MemoryItem] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Pulled:
+    pack: ContextPack
+    answered: bool  # the turn id was answered before (a duplicate submit)
+    attempts: int  # including this one
+
+
+@dataclass(frozen=True)
+class Writes:
+    """Everything one turn writes back, applied atomically with the cursor advance."""
+
+    turn_id: str = ""
+    session_entry: bytes = b""
+    reply: bytes = b""
+    profile: dict[str, str] = field(default_factory=dict)
+    memories: list[tuple[bytes, float]] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class UserStore:
+    """Per-user operations for one worker, on one asyncio client."""
+
+    def __init__(self, r: aioredis.Redis, worker: str, config: StoreConfig | None = None) -> None:
+        self.r = r
+        self.worker = worker
+        self.cfg = config or StoreConfig()
+        self.scripts = Scripts(r)
+
+    async def acquire(self, user: str) -> Lease | Busy:
+        """Take the user's lane, or learn who holds it."""
+        keys_ = [keys.lane(user), keys.fence(user), keys.state(user)]
+        res = await self.scripts.lane_acquire(keys=keys_, args=[self.worker, self.cfg.lane_ttl_ms])
+        if int(res[0]) == 1:
+            return Lease(user, f"{self.worker}|{_s(res[1])}", _s(res[2]))
+        return Busy(_s(res[1]), int(res[2]))
+
+    async def read_inbox(self, user: str, cursor: str, count: int) -> list[tuple[str, dict[bytes, bytes]]]:
+        """Up to ``count`` inbox entries after ``cursor``, oldest first."""
+        start = f"({cursor}" if cursor else "-"
+        rows = await self.r.xrange(keys.inbox(user), min=start, max="+", count=count)
+        return [(_s(entry), fields) for entry, fields in rows]
+
+    async def pull(self, user: str, turn_id: str, entry: str) -> Pulled:
+        """The context pack, the duplicate check and the attempt count, in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.lrange(keys.session(user), -self.cfg.context_turns, -1)
+        pipe.hgetall(keys.profile(user))
+        pipe.zrevrange(keys.memory(user), 0, self.cfg.memory_k - 1)
+        pipe.zscore(keys.done(user), turn_id)
+        pipe.hincrby(keys.state(user), f"att:{entry}", 1)
+        session_raw, profile_raw, memories_raw, seen, attempts = await pipe.execute()
+        pack = ContextPack(
+            session=_parse_session(session_raw),
+            profile={_s(k): _s(v) for k, v in profile_raw.items()},
+            memories=parse_members(memories_raw),
+        )
+        return Pulled(pack, seen is not None, int(attempts))
+
+    async def commit(self, lease: Lease, entry: str, reply_key_turn: str, w: Writes, now_ms: int) -> str:
+        """Write the turn back and advance the cursor: 'ok', or 'stale' if already done."""
+        user = lease.user
+        keys_ = [keys.lane(user), keys.state(user), keys.inbox(user), keys.session(user),
+                 keys.done(user), keys.reply(user, reply_key_turn), keys.usage(user),
+                 keys.profile(user), keys.memory(user)]
+        args = [lease.owner, entry, w.turn_id, w.session_entry, self.cfg.session_max, w.reply,
+                self.cfg.reply_ttl_ms, self.cfg.done_keep, now_ms,
+                _pack_or_empty(w.profile), _pack_or_empty([list(m) for m in w.memories]),
+                self.cfg.memory_max, _pack_or_empty(w.usage)]
+        try:
+            res = await self.scripts.turn_commit(keys=keys_, args=args)
+        except ResponseError as exc:
+            if str(exc).startswith("FENCED"):
+                raise Fenced(user) from None
+            raise
+        return _s(res)
+
+    async def release(self, lease: Lease) -> int:
+        """1 released, 0 kept (newer turns wait), -1 lost."""
+        keys_ = [keys.lane(lease.user), keys.state(lease.user), keys.inbox(lease.user)]
+        return int(await self.scripts.lane_release(keys=keys_, args=[lease.owner]))
+
+    async def drop(self, lease: Lease) -> bool:
+        """Give the lane up whatever waits in the inbox (the caller re-notifies)."""
+        return bool(await self.scripts.lane_drop(keys=[keys.lane(lease.user)], args=[lease.owner]))
+
+    async def renew(self, leases: list[Lease]) -> list[bool]:
+        """Extend several leases in one round trip; False where the lane was lost."""
+        if not leases:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for lease in leases:
+            self.scripts.lane_renew(keys=[keys.lane(lease.user)], args=[lease.owner, self.cfg.lane_ttl_ms],
+                                    client=pipe)
+        return [bool(x) for x in await pipe.execute()]
+
+
+def _pack_or_empty(value: Any) -> bytes:
+    # use_bin_type=False: Redis' Lua cmsgpack cannot read msgpack's bin type
+    return msgpack.packb(value, use_bin_type=False) if value else b""
+
+
+def _parse_session(raw: list[bytes]) -> list[SessionEntry]:
+    out = []
+    for item in raw:
+        try:
+            out.append(decode(SessionEntry, item))
+        except CodecError:  # a corrupt entry must not cost the user the turn
+            continue
+    return out

@@ -1,0 +1,366 @@
+"""The worker process: pull notifications, run user jobs, report, renew, reclaim, drain.
+
+Every loop catches its errors per pass, logs them and backs off (capped, jittered), so a
+Redis restart or pause costs latency, never the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+
+import redis.asyncio as aioredis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import RedisError, ResponseError
+
+from protocol import keys
+from protocol.codec import CodecError, decode, encode
+from protocol.models import Control, Counters, Slots, WorkerInfo
+from protocol.policy import Policy
+from stores.connection import connect_async
+from stores.policies import read_policy_async
+from stores.turns import StoreConfig, UserStore
+from worker import handlers
+from worker.intake import Fields
+from worker.job import UserJob, notification_user
+from worker.sensor import Sensor
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("fleet.worker")
+_BACKOFF = ExponentialWithJitterBackoff(cap=2.0, base=0.05)
+REPORTS_MAXLEN = 100_000
+DEAD_MAXLEN = 100_000
+_DEAD_FIELD_BYTES = 2048
+
+
+class Worker:
+    """One worker process of one tier."""
+
+    def __init__(self, settings: WorkerSettings, r: aioredis.Redis | None = None) -> None:
+        self.settings = settings
+        self.tier = settings.tier
+        self.worker_id = settings.worker_id
+        self.r = r or connect_async(settings.redis_url)
+        self.store = UserStore(self.r, self.worker_id, StoreConfig(
+            lane_ttl_ms=settings.lane_ttl_ms, session_max=settings.session_max,
+            context_turns=settings.context_turns, memory_k=settings.memory_k,
+            reply_ttl_ms=settings.reply_ttl_s * 1000))
+        self.policy = Policy()
+        self.handler: handlers.Handler = handlers.get(self.policy.handler)
+        self.jobs: dict[str, UserJob] = {}
+        self.draining = False
+        self.state: str = "starting"
+        self.counters = Counters()
+        self.sensor = Sensor()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slot_freed = asyncio.Event()
+        self._wake_report = asyncio.Event()
+        self._ready_key = keys.ready(self.tier)
+
+    # --- lifecycle -------------------------------------------------------------------
+    async def run(self) -> int:
+        """Serve until drained; return the exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.drain, sig.name)
+        await self._until_ok("start", self._start)
+        self.state = "ready"
+        self._wake_report.set()
+        background = [asyncio.create_task(coro) for coro in (
+            self._every("reclaim", self.settings.reclaim_interval_s, self._reclaim),
+            self._every("renew", self.settings.renew_interval_s, self._renew),
+            self._every("policy", self.settings.policy_refresh_s, self._refresh_policy),
+            self._every("housekeeping", self.settings.housekeeping_interval_s, self._housekeeping),
+            self._report_loop(), self._control_loop())]
+        log.info("worker %s serving tier %s (handler=%s, concurrency=%d)", self.worker_id,
+                 self.tier, self.policy.handler, self.policy.concurrency)
+        await self._pull_loop()
+        await self._finish_jobs()
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await self._until_ok("deregister", self._deregister, attempts=5)
+        await self.r.aclose()
+        log.info("worker %s drained and stopped", self.worker_id)
+        return 0
+
+    def drain(self, reason: str = "") -> None:
+        """Stop pulling, finish the users in flight, then exit."""
+        if not self.draining:
+            log.info("worker %s draining (%s)", self.worker_id, reason)
+            self.draining = True
+            self.state = "draining"
+            self._slot_freed.set()
+            self._wake_report.set()
+
+    async def _start(self) -> None:
+        await self._refresh_policy()
+        try:  # from 0: turns parked before any worker existed are served
+            await self.r.xgroup_create(self._ready_key, keys.GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        info = WorkerInfo(worker=self.worker_id, tier=self.tier, pid=os.getpid(),
+                          host=self.settings.host, started=time.time())
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(keys.WORKERS, self.worker_id, encode(info))
+        pipe.set(keys.heartbeat(self.worker_id), "1", px=self.settings.heartbeat_ttl_ms)
+        await pipe.execute()
+
+    async def _deregister(self) -> None:
+        info = await self.r.xpending_range(self._ready_key, keys.GROUP, "-", "+", 1,
+                                           consumername=self.worker_id)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hdel(keys.WORKERS, self.worker_id)
+        pipe.delete(keys.heartbeat(self.worker_id), keys.control(self.worker_id))
+        if not info:  # deleting a consumer drops its pending entries: only when it has none
+            pipe.xgroup_delconsumer(self._ready_key, keys.GROUP, self.worker_id)
+        await pipe.execute()
+
+    async def _finish_jobs(self) -> None:
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    # --- the loops -------------------------------------------------------------------
+    async def _until_ok(self, what: str, fn: Callable[[], Awaitable[None]], attempts: int = 0) -> None:
+        failures = 0
+        while True:
+            try:
+                await fn()
+                return
+            except (RedisError, OSError) as exc:
+                failures += 1
+                if attempts and failures >= attempts:
+                    log.error("%s failed %d times, giving up: %s", what, failures, exc)
+                    return
+                log.warning("%s failed (%s); retrying", what, exc)
+                await asyncio.sleep(_BACKOFF.compute(failures))
+
+    async def _every(self, what: str, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
+        failures = 0
+        while True:
+            try:
+                await fn()
+                failures = 0
+                await asyncio.sleep(interval)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a loop never dies: log, back off, go on
+                failures += 1
+                log.warning("%s pass failed (%s: %s)", what, type(exc).__name__, exc)
+                await asyncio.sleep(max(interval, _BACKOFF.compute(failures)))
+
+    async def _pull_loop(self) -> None:
+        failures = 0
+        while not self.draining:
+            free = self.policy.concurrency - len(self.jobs)
+            if free <= 0:
+                self._slot_freed.clear()
+                try:
+                    await asyncio.wait_for(self._slot_freed.wait(), 1.0)
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                resp = await self.r.xreadgroup(keys.GROUP, self.worker_id, {self._ready_key: ">"},
+                                               count=min(free, self.settings.batch),
+                                               block=self.settings.block_ms)
+                failures = 0
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate
+                    await self._until_ok("recreate group", self._start)
+                    continue
+                raise
+            except (RedisError, OSError) as exc:
+                failures += 1
+                log.warning("reading %s failed (%s); retrying", self._ready_key, exc)
+                await asyncio.sleep(_BACKOFF.compute(failures))
+                continue
+            for _stream, entries in resp or []:
+                for nid, fields in entries:
+                    self.dispatch(_s(nid), fields, reclaimed=False)
+
+    def dispatch(self, nid: str, fields: Fields | None, reclaimed: bool) -> None:
+        """Hand a notification to its user's job, starting one if needed."""
+        try:
+            user = notification_user(fields or {})
+        except CodecError as exc:
+            self._spawn(self._reject_notification(nid, fields or {}, str(exc)))
+            return
+        job = self.jobs.get(user)
+        if job is None:
+            job = self.jobs[user] = UserJob(self, user)
+            job.attach(nid, reclaimed)
+            self._spawn(job.run())
+        else:
+            job.attach(nid, reclaimed)
+
+    def job_done(self, job: UserJob) -> None:
+        """Forget a finished job (idempotent) and free its slot."""
+        if self.jobs.get(job.user) is job:
+            del self.jobs[job.user]
+            self.sensor.saw(job.user)
+            self._slot_freed.set()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reclaim(self) -> None:
+        """Take over notifications idle past ``reclaim_idle_ms``: their consumer is gone."""
+        free = self.policy.concurrency - len(self.jobs)
+        if self.draining or free <= 0:
+            return
+        _next, claimed, *_deleted = await self.r.xautoclaim(
+            self._ready_key, keys.GROUP, self.worker_id, self.settings.reclaim_idle_ms,
+            start_id="0-0", count=free)
+        for nid, fields in claimed:
+            if fields:
+                log.info("reclaimed notification %s (%s)", _s(nid), fields.get(b"user"))
+                self.dispatch(_s(nid), fields, reclaimed=True)
+            else:  # trimmed away under its consumer: nothing left to do
+                await self.ack([_s(nid)])
+
+    async def _renew(self) -> None:
+        """Extend our lanes and keep their notifications ours; beat the heartbeat."""
+        held = [job for job in self.jobs.values() if job.lease is not None]
+        leases = [job.lease for job in held if job.lease is not None]
+        for job, ok in zip(held, await self.store.renew(leases), strict=True):
+            if not ok:
+                log.warning("lane of %s expired under us", job.user)
+        nids = [nid for job in held for nid in job.nids]
+        pipe = self.r.pipeline(transaction=False)
+        if nids:  # claiming to ourselves resets their idle time: no one reclaims a live owner
+            pipe.xclaim(self._ready_key, keys.GROUP, self.worker_id, 0, nids, justid=True)
+        pipe.set(keys.heartbeat(self.worker_id), "1", px=self.settings.heartbeat_ttl_ms)
+        await pipe.execute()
+
+    async def _refresh_policy(self) -> None:
+        read = await read_policy_async(self.r, self.tier, handlers.registered_names())
+        if read.policy != self.policy:
+            if read.policy.handler != self.policy.handler:
+                self.handler = handlers.get(read.policy.handler)
+            self.policy = read.policy
+            log.info("policy of %s now from %s (handler=%s, concurrency=%d)%s", self.tier,
+                     read.source, read.policy.handler, read.policy.concurrency,
+                     f"; key rejected: {read.error}" if read.error else "")
+            self._slot_freed.set()
+
+    async def _housekeeping(self) -> None:
+        """Trim the ready stream below what is pending or undelivered; forget stale users."""
+        groups = await self.r.xinfo_groups(self._ready_key)
+        group = next((g for g in groups if _s(g["name"]) == keys.GROUP), None)
+        if group is None:
+            return
+        summary = await self.r.xpending(self._ready_key, keys.GROUP)
+        floor = _s(summary["min"]) if summary["pending"] else _next_id(_s(group["last-delivered-id"]))
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xtrim(self._ready_key, minid=floor, approximate=True)
+        horizon = time.time() - 10 * self.policy.active_window_s
+        pipe.zremrangebyscore(keys.active(self.tier), "-inf", horizon)
+        await pipe.execute()
+
+    async def _report_loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._report()
+                failures = 0
+                self._wake_report.clear()
+                try:
+                    await asyncio.wait_for(self._wake_report.wait(), self.policy.report_interval_s)
+                except TimeoutError:
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                log.warning("report failed (%s); retrying", exc)
+                await asyncio.sleep(_BACKOFF.compute(failures))
+
+    async def _report(self) -> None:
+        busy = sum(1 for job in self.jobs.values() if job.lease is not None)
+        report = self.sensor.sample(
+            worker=self.worker_id, tier=self.tier, state=self.state,  # type: ignore[arg-type]
+            slots=Slots(busy=busy, total=self.policy.concurrency,
+                        queue_depth=len(self.jobs) - busy),
+            counters=self.counters, interval=self.policy.report_interval_s)
+        await self.r.xadd(keys.REPORTS, {"m": encode(report)}, maxlen=REPORTS_MAXLEN,
+                          approximate=True)
+
+    async def _control_loop(self) -> None:
+        last, failures = "0-0", 0
+        key = keys.control(self.worker_id)
+        while True:
+            try:
+                resp = await self.r.xread({key: last}, count=10, block=1000)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                failures += 1
+                log.warning("reading control stream failed (%s)", exc)
+                await asyncio.sleep(_BACKOFF.compute(failures))
+                continue
+            for _stream, entries in resp or []:
+                for cid, fields in entries:
+                    last = _s(cid)
+                    self._on_control(fields)
+
+    def _on_control(self, fields: Fields) -> None:
+        try:
+            msg = decode(Control, fields.get(b"m", b""), max_bytes=4096)
+        except CodecError as exc:
+            log.warning("ignored a bad control message: %s", exc)
+            return
+        if msg.kind == "drain":
+            self.drain(msg.reason or "drain command")
+
+    # --- used by jobs ------------------------------------------------------------------
+    async def ack(self, nids: list[str]) -> None:
+        """Ack notifications of the tier's ready stream."""
+        if nids:
+            await self.r.xack(self._ready_key, keys.GROUP, *nids)
+
+    async def notify(self, user: str) -> None:
+        """Post a fresh notification for ``user`` (a hand-over)."""
+        await self.r.xadd(self._ready_key, {"user": user})
+
+    def counters_add(self, turns: int = 0, errors: int = 0, handler_seconds: float = 0.0) -> None:
+        c = self.counters
+        self.counters = Counters(turns=c.turns + turns, errors=c.errors + errors,
+                                 handler_seconds=c.handler_seconds + handler_seconds)
+
+    async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str, fields: Fields) -> None:
+        """Record a turn that could not be served, with the reason, on the tier's dead letters."""
+        payload = {_s(k)[:64]: v[:_DEAD_FIELD_BYTES].decode(errors="replace") for k, v in fields.items()}
+        await self.r.xadd(keys.dead(self.tier), {
+            "user": user, "entry": entry, "turn_id": turn_id, "reason": reason,
+            "worker": self.worker_id, "ts": f"{time.time():.3f}",
+            "size": str(sum(len(k) + len(v) for k, v in fields.items())),
+            "payload": json.dumps(payload)[: 4 * _DEAD_FIELD_BYTES]}, maxlen=DEAD_MAXLEN, approximate=True)
+        log.warning("dead-lettered turn %s of %s: %s", turn_id, user, reason)
+
+    async def _reject_notification(self, nid: str, fields: Fields, reason: str) -> None:
+        """A notification that names no valid user: dead-letter it (nobody to reply to), ack it."""
+        raw_user = fields.get(b"user", b"")[:100].decode(errors="replace")
+        try:
+            await self.dead_letter(raw_user, "", "", f"bad notification {nid}: {reason}", fields)
+            await self.ack([nid])
+        except (RedisError, OSError) as exc:
+            log.warning("could not dead-letter notification %s (%s); it stays pending", nid, exc)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _next_id(stream_id: str) -> str:
+    ms, _, seq = stream_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"

@@ -1,0 +1,133 @@
+"""The handler registry: a policy names a handler, and may only pick a registered name.
+
+A handler receives a ``TurnContext`` and returns a ``HandlerResult`` (or a plain string),
+directly or as an awaitable. Sync handlers run in a thread so they never stall the worker's
+lease renewals. Third-party handlers register through the ``fleet.handlers`` entry-point
+group (``name = "package.module:function"``), installed code only: nothing in Redis can
+name an import path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import entry_points
+from typing import Any
+
+from protocol.models import HandlerResult, Turn
+from stores.turns import ContextPack
+
+Handler = Callable[["TurnContext"], "HandlerResult | str | Awaitable[HandlerResult | str]"]
+_REGISTRY: dict[str, Handler] = {}
+
+
+class HandlerError(Exception):
+    """Raised by a handler to fail a turn with a message fit for the user."""
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """What a handler gets: the turn, the user's context pack, the tier's handler options."""
+
+    turn: Turn
+    pack: ContextPack
+    options: dict[str, Any] = field(default_factory=dict)
+    worker: str = ""
+    attempt: int = 1
+
+    def option(self, name: str, default: Any) -> Any:
+        """A per-turn override in ``turn.meta``, else the tier's ``handler_options``, else default."""
+        return self.turn.meta.get(name, self.options.get(name, default))
+
+
+def register(name: str) -> Callable[[Handler], Handler]:
+    """Decorator: make ``fn`` available to policies as ``name``."""
+
+    def deco(fn: Handler) -> Handler:
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+@cache
+def _load_entry_points() -> None:
+    for ep in entry_points(group="fleet.handlers"):
+        _REGISTRY.setdefault(ep.name, ep.load())
+
+
+def registered_names() -> list[str]:
+    """Every handler name a policy may use."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Handler:
+    """The handler registered as ``name`` (KeyError if none)."""
+    _load_entry_points()
+    return _REGISTRY[name]
+
+
+async def call(handler: Handler, ctx: TurnContext, timeout_s: float) -> HandlerResult:
+    """Run a sync or async handler with a timeout and normalise its result."""
+    if inspect.iscoroutinefunction(handler):
+        result = await asyncio.wait_for(handler(ctx), timeout_s)
+    else:
+        result = await asyncio.wait_for(asyncio.to_thread(handler, ctx), timeout_s)
+        if inspect.isawaitable(result):
+            result = await asyncio.wait_for(result, timeout_s)
+    if isinstance(result, str):
+        return HandlerResult(text=result)
+    if not isinstance(result, HandlerResult):
+        raise HandlerError(f"handler returned {type(result).__name__}, not HandlerResult or str")
+    return result
+
+
+# --- built-in handlers --------------------------------------------------------------------
+
+
+@register("echo")
+async def echo(ctx: TurnContext) -> HandlerResult:
+    """Echo the text and show the context: the previous turn, the top memory, the profile."""
+    text = ctx.turn.text
+    parts = [f"echo: {text}"]
+    if ctx.pack.session:
+        parts.append(f"previous: {ctx.pack.session[-1].text}")
+    if ctx.pack.memories:
+        parts.append(f"memory: {ctx.pack.memories[0].text}")
+    if "name" in ctx.pack.profile:
+        parts.append(f"hello {ctx.pack.profile['name']}")
+    importance = float(ctx.option("importance", 0.5))
+    return HandlerResult(
+        text=" | ".join(parts),
+        memories=[(f"said: {text[:200]}", importance)],
+        profile={"last_text": text[:200]},
+    )
+
+
+@register("sleep")
+async def sleep(ctx: TurnContext) -> HandlerResult:
+    """A stand-in model call: ``sleep_ms`` of waiting and ``cpu_ms`` of CPU burn.
+
+    ``fail_attempts`` = N makes the first N attempts of a turn raise (to test retries and
+    the dead-letter path).
+    """
+    if ctx.attempt <= int(ctx.option("fail_attempts", 0)):
+        raise HandlerError(f"injected failure on attempt {ctx.attempt}")
+    await _burn(float(ctx.option("cpu_ms", 0.0)) / 1000)
+    await asyncio.sleep(float(ctx.option("sleep_ms", 100.0)) / 1000)
+    return HandlerResult(text=f"slept: {ctx.turn.text}")
+
+
+async def _burn(seconds: float) -> None:
+    # burn in 5 ms slices, yielding between them so lease renewals and reports go on
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        stop = min(end, time.process_time() + 0.005)
+        while time.process_time() < stop:
+            pass
+        await asyncio.sleep(0)

@@ -1,0 +1,70 @@
+"""Turning raw stream entries into turns, or into clear rejections.
+
+A turn arrives in the user's inbox in one of two forms:
+- binary: one field ``m`` holding a msgpack ``Turn`` (what the Python client writes);
+- plain: fields ``text`` and optionally ``turn_id`` (default: the inbox entry id) and
+  ``meta`` (a JSON object), which any Redis client can write. Replies to plain turns are JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from protocol.codec import CodecError, unpack, validate
+from protocol.ids import InvalidId, validate_token
+from protocol.models import Turn
+
+Fields = dict[bytes, bytes]
+
+
+def entry_size(fields: Fields) -> int:
+    """Bytes of an entry's field names and values."""
+    return sum(len(k) + len(v) for k, v in fields.items())
+
+
+def reply_route(entry: str, fields: Fields) -> tuple[str, Literal["msgpack", "json"]]:
+    """Where and how to reply to an entry, even a broken one: (turn id for the key, format)."""
+    if b"m" in fields:
+        return entry, "msgpack"  # refined by the decoded turn when it decodes
+    raw = fields.get(b"turn_id")
+    try:
+        turn_id = validate_token(raw.decode(), "turn id") if raw else entry
+    except (InvalidId, UnicodeDecodeError):
+        turn_id = entry
+    return turn_id, "json"
+
+
+def decode_entry(user: str, tier: str, entry: str, fields: Fields, max_bytes: int) -> Turn:
+    """Decode and validate one inbox entry of ``user``; raise ``CodecError`` with the reason."""
+    size = entry_size(fields)
+    if size > max_bytes:
+        raise CodecError(f"turn of {size} bytes is over the limit of {max_bytes}")
+    if b"m" in fields:
+        turn = validate(Turn, unpack(fields[b"m"]))
+        if turn.user != user:
+            raise CodecError(f"turn is for user {turn.user!r} but sits in the inbox of {user!r}")
+        return turn
+    return _plain(user, tier, entry, fields)
+
+
+def _plain(user: str, tier: str, entry: str, fields: Fields) -> Turn:
+    try:
+        text = fields[b"text"].decode()
+    except KeyError:
+        raise CodecError("plain turn has no 'text' field (or use field 'm' with a msgpack Turn)") from None
+    except UnicodeDecodeError:
+        raise CodecError("'text' is not valid UTF-8") from None
+    meta = {}
+    if b"meta" in fields:
+        try:
+            meta = json.loads(fields[b"meta"])
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CodecError("'meta' is not JSON") from None
+        if not isinstance(meta, dict):
+            raise CodecError("'meta' must be a JSON object")
+    turn_id = fields.get(b"turn_id", entry.encode()).decode(errors="replace")
+    ts = entry.split("-", 1)[0]
+    body = {"turn_id": turn_id, "user": user, "tier": tier, "text": text,
+            "ts": int(ts) / 1000 if ts.isdigit() else 0.0, "meta": meta, "reply_fmt": "json"}
+    return validate(Turn, body)

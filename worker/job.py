@@ -1,0 +1,221 @@
+"""One user's lane on one worker: take it, serve every turn after the cursor, let it go.
+
+The ack rule (DESIGN §3): a notification is acked only when its acker has seen, under the
+user's lane, nothing left after the cursor, or when another pending notification for the
+user still carries that duty (the lane holder's own). Reclaimed notifications may be a dead
+holder's own, so they are never acked on a busy lane: they stay pending and come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from redis.backoff import ExponentialWithJitterBackoff
+
+from protocol.codec import CodecError, encode
+from protocol.ids import InvalidId, validate_user_id
+from protocol.models import HandlerResult, Reply, SessionEntry, Turn
+from stores.memory import new_member
+from stores.turns import Busy, Fenced, Lease, Pulled, Writes
+from worker import handlers
+from worker.intake import Fields, decode_entry, reply_route
+
+if TYPE_CHECKING:
+    from worker.app import Worker
+
+log = logging.getLogger("fleet.worker")
+_RETRY_BACKOFF = ExponentialWithJitterBackoff(cap=5.0, base=0.2)
+INBOX_BATCH = 16
+
+
+class UserJob:
+    """Serves one user's inbox under its lane; created per user, gone when the lane is."""
+
+    def __init__(self, worker: Worker, user: str) -> None:
+        self.w = worker
+        self.user = user
+        self.fresh: list[str] = []  # notification ids read as new deliveries
+        self.reclaimed: list[str] = []  # notification ids taken over from idle consumers
+        self.lease: Lease | None = None
+        self.busy_since: float | None = None  # in a handler right now
+
+    def attach(self, nid: str, reclaimed: bool) -> None:
+        """Give this job the duty of a notification for its user."""
+        (self.reclaimed if reclaimed else self.fresh).append(nid)
+
+    @property
+    def nids(self) -> list[str]:
+        return self.fresh + self.reclaimed
+
+    async def run(self) -> None:
+        """Serve the user; every failure is logged and left for a retry, never raised."""
+        try:
+            await self._run()
+        except Fenced:
+            log.warning("lane of %s lost to another worker; leaving its turns to it", self.user)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("serving %s failed; its notification stays pending for a retry", self.user)
+        finally:
+            self.lease = None
+            self.w.job_done(self)
+
+    async def _run(self) -> None:
+        store = self.w.store
+        while True:
+            got = await store.acquire(self.user)
+            if isinstance(got, Busy):
+                await self.w.ack(self.fresh)  # the holder's pending notification carries the duty
+                return
+            self.lease = got
+            covered = await self._serve_until_released(got)
+            if covered is None:  # handed over while draining
+                await self.w.ack(self.nids)
+                return
+            if len(self.nids) == covered:
+                ids = self.nids
+                self.w.job_done(self)  # before the await: a new notification starts a new job
+                await self.w.ack(ids)
+                return
+            # a notification came in while we were releasing: its turn may be newer than what
+            # the release saw, so take the lane again before acking it
+
+    async def _serve_until_released(self, lease: Lease) -> int | None:
+        """Serve until the inbox is empty and the lane released; return how many ids that covers."""
+        cursor = lease.cursor
+        while True:
+            cursor = await self._serve_inbox(lease, cursor)
+            if self.w.draining and await self._hand_over(lease, cursor):
+                return None
+            covered = len(self.nids)
+            res = await self.w.store.release(lease)
+            if res == 1:
+                self.lease = None
+                return covered
+            if res == -1:
+                raise Fenced(self.user)
+
+    async def _hand_over(self, lease: Lease, cursor: str) -> bool:
+        """While draining: if turns remain, drop the lane and re-notify so another worker serves."""
+        if not await self.w.store.read_inbox(self.user, cursor, 1):
+            return False
+        if await self.w.store.drop(lease):
+            self.lease = None
+            await self.w.notify(self.user)
+            log.info("draining: handed %s over with turns still queued", self.user)
+            return True
+        raise Fenced(self.user)
+
+    async def _serve_inbox(self, lease: Lease, cursor: str) -> str:
+        while True:
+            rows = await self.w.store.read_inbox(self.user, cursor, INBOX_BATCH)
+            if not rows:
+                return cursor
+            for entry, fields in rows:
+                await self._serve_turn(lease, entry, fields)
+                cursor = entry
+                if self.w.draining:
+                    return cursor
+
+    async def _serve_turn(self, lease: Lease, entry: str, fields: Fields) -> None:
+        reply_to, fmt = reply_route(entry, fields)
+        try:
+            turn = decode_entry(self.user, self.w.tier, entry, fields, self.w.settings.max_turn_bytes)
+        except CodecError as exc:
+            await self._reject(lease, entry, fields, reply_to, fmt, f"bad turn: {exc}", attempts=0)
+            return
+        last_error = "the worker died during the turn"
+        while True:
+            pulled = await self.w.store.pull(self.user, turn.turn_id, entry)
+            if pulled.answered:
+                log.info("turn %s of %s was answered before: skipped", turn.turn_id, self.user)
+                await self._commit(lease, entry, turn.turn_id, Writes())
+                return
+            if pulled.attempts > self.w.policy.max_attempts:
+                reason = f"failed {pulled.attempts - 1} attempts; last: {last_error}"
+                await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt, reason,
+                                   attempts=pulled.attempts - 1)
+                return
+            try:
+                result = await self._call(turn, pulled)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the handler's failure: retried, then dead-lettered
+                last_error = f"{type(exc).__name__}: {exc}"[:500]
+                self.w.counters_add(errors=1)
+                log.warning("turn %s of %s, attempt %d: %s", turn.turn_id, self.user,
+                            pulled.attempts, last_error)
+                await asyncio.sleep(_RETRY_BACKOFF.compute(pulled.attempts))
+                continue
+            await self._answer(lease, entry, turn, pulled, result)
+            return
+
+    async def _call(self, turn: Turn, pulled: Pulled) -> HandlerResult:
+        """Run the tier's handler on the turn; its exceptions are the caller's to count."""
+        ctx = handlers.TurnContext(turn, pulled.pack, dict(self.w.policy.handler_options),
+                                   self.w.worker_id, pulled.attempts)
+        started = time.monotonic()
+        self.busy_since = started
+        try:
+            result = await handlers.call(self.w.handler, ctx, self.w.settings.handler_timeout_s)
+        finally:
+            self.busy_since = None
+            self.w.counters_add(handler_seconds=time.monotonic() - started)
+        limit = self.w.settings.max_reply_bytes
+        if len(result.text.encode()) > limit:
+            raise handlers.HandlerError(f"reply text is over the limit of {limit} bytes")
+        return result
+
+    async def _answer(self, lease: Lease, entry: str, turn: Turn, pulled: Pulled,
+                      result: HandlerResult) -> None:
+        """Write the turn back with its reply, session entry, memories, profile and usage."""
+        now = time.time()
+        reply = Reply(turn_id=turn.turn_id, user=self.user, ok=True, text=result.text,
+                      worker=self.w.worker_id, ts=now, attempts=pulled.attempts,
+                      context={"session_turns": len(pulled.pack.session),
+                               "memories": [m.text for m in pulled.pack.memories],
+                               "profile": pulled.pack.profile})
+        session_entry = SessionEntry(turn_id=turn.turn_id, entry=entry, text=turn.text,
+                                     reply=result.text, ts=now)
+        writes = Writes(
+            turn_id=turn.turn_id, session_entry=encode(session_entry),
+            reply=_encode_reply(reply, turn.reply_fmt), profile=result.profile,
+            memories=[new_member(text, imp, now) for text, imp in result.memories],
+            usage={"turns": 1, "chars_in": len(turn.text), "chars_out": len(result.text)},
+        )
+        await self._commit(lease, entry, turn.turn_id, writes)
+        self.w.counters_add(turns=1)
+
+    async def _reject(self, lease: Lease, entry: str, fields: Fields, reply_to: str, fmt: str,
+                      reason: str, attempts: int) -> None:
+        """Dead-letter a turn with its reason and tell the user; the lane moves on."""
+        await self.w.dead_letter(self.user, entry, reply_to, reason, fields)
+        reply = Reply(turn_id=reply_to, user=self.user, ok=False, error=reason,
+                      worker=self.w.worker_id, ts=time.time(), attempts=attempts)
+        writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt), usage={"errors": 1})
+        await self._commit(lease, entry, reply_to, writes)
+        self.w.counters_add(turns=1, errors=1)
+
+    async def _commit(self, lease: Lease, entry: str, reply_to: str, writes: Writes) -> None:
+        res = await self.w.store.commit(lease, entry, reply_to, writes, int(time.time() * 1000))
+        if res != "ok":
+            log.warning("turn %s of %s was already committed (%s)", entry, self.user, res)
+
+
+def _encode_reply(reply: Reply, fmt: str) -> bytes:
+    return reply.model_dump_json().encode() if fmt == "json" else encode(reply)
+
+
+def notification_user(fields: Fields) -> str:
+    """The user a ready-stream notification is for (raises CodecError if it names none)."""
+    raw = fields.get(b"user")
+    if raw is None:
+        raise CodecError("notification has no 'user' field")
+    try:
+        return validate_user_id(raw)
+    except InvalidId as exc:
+        raise CodecError(str(exc)) from None
