@@ -1,0 +1,293 @@
+"""The ``fleet`` command. Every failure is one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import redis
+
+from protocol.ids import InvalidId
+from protocol.models import Reply
+from protocol.policy import PolicyError, parse_assignments, parse_policy, updated
+from stores.connection import connect_sync, resolve_url
+from stores.policies import read_policy, write_policy
+
+EXIT_ERROR_REPLY = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 3
+
+
+class CliError(Exception):
+    """A failure to report in one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not the usage block
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
+
+
+def _handlers() -> list[str]:
+    from worker.handlers import registered_names
+
+    return registered_names()
+
+
+def _client(args: argparse.Namespace) -> redis.Redis:
+    r = connect_sync(getattr(args, "redis_url", None), retries=2)
+    try:
+        r.ping()
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        url = resolve_url(getattr(args, "redis_url", None))
+        raise CliError(f"cannot reach Redis at {_redact(url)}: {exc} (is the fleet up? `fleet up`)") from None
+    return r
+
+
+def _redact(url: str) -> str:
+    head, at, tail = url.rpartition("@")
+    return f"{head.split('//')[0]}//***@{tail}" if at else url
+
+
+def _print(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
+    print(json.dumps(data, indent=2, default=str) if as_json else text(data))
+
+
+# --- submit / chat --------------------------------------------------------------------
+def _reply_line(reply: Reply) -> str:
+    return reply.text if reply.ok else f"error: {reply.error}"
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from fleet.client import Fleet, TurnTimeout, TurnTooLarge
+
+    meta = _json_object(args.meta, "--meta") if args.meta else None
+    client = Fleet(client=_client(args))
+    try:
+        handle = client.submit(args.user, " ".join(args.text), tier=args.tier, meta=meta)
+        reply = handle.result(args.timeout)
+    except (InvalidId, TurnTooLarge) as exc:
+        raise CliError(str(exc)) from None
+    except TurnTimeout as exc:
+        print(f"fleet submit: {exc}", file=sys.stderr)
+        return EXIT_TIMEOUT
+    _print(reply.model_dump(), args.json, lambda _: _reply_line(reply))
+    return 0 if reply.ok else EXIT_ERROR_REPLY
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from fleet.client import Fleet, TurnTimeout, TurnTooLarge
+
+    client = Fleet(client=_client(args))
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"chatting as {args.user} on tier {args.tier}; an empty line or Ctrl-D ends")
+    while True:
+        if interactive:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line or not line.strip():
+            return 0
+        try:
+            reply = client.submit(args.user, line.rstrip("\n"), tier=args.tier).result(args.timeout)
+            print(_reply_line(reply), flush=True)
+        except (InvalidId, TurnTooLarge) as exc:
+            raise CliError(str(exc)) from None
+        except TurnTimeout as exc:
+            print(f"fleet chat: {exc}", file=sys.stderr)
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CliError(f"{what} must be a JSON object")
+    return value
+
+
+# --- policy ---------------------------------------------------------------------------
+def cmd_policy_get(args: argparse.Namespace) -> int:
+    read = read_policy(_client(args), args.tier, _handlers())
+    data = {"tier": args.tier, "source": read.source, "rejected": read.error,
+            "policy": read.policy.model_dump(mode="json")}
+
+    def text(_: Any) -> str:
+        lines = [f"tier {args.tier} (policy from {read.source})"]
+        if read.error:
+            lines.append(f"REJECTED edit of fleet:policy:{args.tier}: {read.error}; running the last good one")
+        lines += [f"  {k} = {json.dumps(v)}" for k, v in data["policy"].items()]
+        return "\n".join(lines)
+
+    _print(data, args.json, text)
+    return 0
+
+
+def cmd_policy_set(args: argparse.Namespace) -> int:
+    r = _client(args)
+    try:
+        changes = parse_assignments(args.assignments)
+        current = read_policy(r, args.tier, _handlers()).policy
+        policy = updated(current, changes, _handlers())
+    except PolicyError as exc:
+        raise CliError(f"policy not changed: {exc}") from None
+    write_policy(r, args.tier, policy)
+    _print(policy.model_dump(mode="json"), args.json,
+           lambda _: f"tier {args.tier}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in changes.items()))
+    return 0
+
+
+def cmd_policy_edit(args: argparse.Namespace) -> int:
+    r = _client(args)
+    current = read_policy(r, args.tier, _handlers()).policy
+    with tempfile.NamedTemporaryFile("w+", suffix=".json", delete=False) as f:
+        f.write(json.dumps(current.model_dump(mode="json"), indent=2) + "\n")
+        path = f.name
+    try:
+        subprocess.run([os.environ.get("EDITOR", "vi"), path], check=True)
+        with open(path) as f:
+            policy = parse_policy(f.read(), _handlers())
+    except PolicyError as exc:
+        raise CliError(f"policy not changed: {exc}") from None
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise CliError(f"editor failed: {exc}") from None
+    finally:
+        os.unlink(path)
+    write_policy(r, args.tier, policy)
+    print(f"tier {args.tier}: policy saved")
+    return 0
+
+
+# --- status / dead letters / worker ---------------------------------------------------
+def cmd_status(args: argparse.Namespace) -> int:
+    from fleet.status import snapshot
+
+    snap = snapshot(_client(args), _handlers())
+    _print(snap, args.json, _status_text)
+    return 0
+
+
+def _status_text(snap: dict[str, Any]) -> str:
+    lines = [f"{'TIER':<12}{'WORKERS':>8}{'MIN':>5}{'MAX':>5}{'BACKLOG':>9}{'PENDING':>9}"
+             f"{'ACTIVE':>8}{'DEAD':>6}  POLICY"]
+    for tier, t in snap["tiers"].items():
+        policy = t["policy_source"] + (f" (REJECTED: {t['policy_error']})" if t["policy_error"] else "")
+        lines.append(f"{tier:<12}{t['workers_alive']:>8}{t['min_workers']:>5}{t['max_workers']:>5}"
+                     f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}  {policy}")
+    lines.append("")
+    lines.append(f"{'WORKER':<24}{'TIER':<10}{'PID':>8}  {'HOST':<16}{'AGE':>8}  STATE")
+    for w in sorted(snap["workers"], key=lambda w: (w["tier"], w["worker"])):
+        state = "alive" if w["alive"] else "no heartbeat"
+        lines.append(f"{w['worker']:<24}{w['tier']:<10}{w['pid']:>8}  {w['host'][:15]:<16}"
+                     f"{w['age_s']:>7.0f}s  {state}")
+    return "\n".join(lines)
+
+
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    from fleet.status import dead_letters
+
+    rows = dead_letters(_client(args), args.tier, args.count)
+    _print(rows, args.json, lambda rows: "\n".join(
+        f"{d['id']}  user={d.get('user', '')!r} turn={d.get('turn_id', '')}  {d.get('reason', '')}"
+        for d in rows) or "no dead letters")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from worker.__main__ import main as worker_main
+
+    argv = ["--tier", args.tier, "--log-level", args.log_level]
+    if args.worker_id:
+        argv += ["--worker-id", args.worker_id]
+    if args.redis_url:
+        argv += ["--redis-url", args.redis_url]
+    return worker_main(argv)
+
+
+# --- the parser -----------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fleet", description="Stateless chat-turn workers on Redis.")
+    p.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else the local fleet")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_up_down(sub)
+
+    s = sub.add_parser("submit", help="submit one turn and print the reply")
+    s.add_argument("--user", required=True)
+    s.add_argument("--tier", default="chat")
+    s.add_argument("--meta", help="JSON object passed to the handler")
+    s.add_argument("--timeout", type=float, default=30.0)
+    s.add_argument("--json", action="store_true")
+    s.add_argument("text", nargs="+")
+    s.set_defaults(func=cmd_submit)
+
+    c = sub.add_parser("chat", help="interactive chat as a user (one turn per line)")
+    c.add_argument("--user", required=True)
+    c.add_argument("--tier", default="chat")
+    c.add_argument("--timeout", type=float, default=60.0)
+    c.set_defaults(func=cmd_chat)
+
+    pol = sub.add_parser("policy", help="read or change a tier's policy")
+    psub = pol.add_subparsers(dest="policy_command", required=True, parser_class=_Parser)
+    g = psub.add_parser("get", help="show the policy in force (and a rejected edit)")
+    g.add_argument("tier")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=cmd_policy_get)
+    st = psub.add_parser("set", help="change fields: fleet policy set chat min_workers=2 ...")
+    st.add_argument("tier")
+    st.add_argument("assignments", nargs="+", metavar="key=value")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_policy_set)
+    ed = psub.add_parser("edit", help="edit the policy as JSON in $EDITOR")
+    ed.add_argument("tier")
+    ed.set_defaults(func=cmd_policy_edit)
+
+    stt = sub.add_parser("status", help="tiers, workers, backlog")
+    stt.add_argument("--json", action="store_true")
+    stt.set_defaults(func=cmd_status)
+
+    d = sub.add_parser("dead-letters", help="turns that could not be served, with reasons")
+    d.add_argument("--tier", default="chat")
+    d.add_argument("--count", type=int, default=20)
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_dead_letters)
+
+    w = sub.add_parser("worker", help="run one worker process in the foreground")
+    w.add_argument("--tier", default="chat")
+    w.add_argument("--worker-id", default=None)
+    w.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    w.set_defaults(func=cmd_worker)
+    return p
+
+
+def _add_up_down(sub: argparse._SubParsersAction[Any]) -> None:
+    try:
+        from fleet.updown import add_up_down_arguments
+    except ImportError:
+        return
+    add_up_down_arguments(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.redis_url:
+        os.environ["REDIS_URL"] = args.redis_url
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, InvalidId) as exc:
+        print(f"fleet {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, InvalidId) else 1
+    except redis.RedisError as exc:
+        print(f"fleet {args.command}: Redis error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Fixtures for integration tests: real worker processes, started and stopped by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from protocol import keys
+
+# Short leases so a killed worker's user is taken over in seconds, not the production 6 s.
+FAST_WORKER_ENV = {
+    "FLEET_WORKER_LANE_TTL_MS": "2000",
+    "FLEET_WORKER_RENEW_INTERVAL_S": "0.4",
+    "FLEET_WORKER_RECLAIM_IDLE_MS": "2000",
+    "FLEET_WORKER_RECLAIM_INTERVAL_S": "0.3",
+    "FLEET_WORKER_HOUSEKEEPING_INTERVAL_S": "1",
+}
+
+
+@dataclass
+class WorkerProc:
+    worker_id: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.05) -> object:
+    """Poll ``predicate`` until it is truthy; fail the test with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+@pytest.fixture
+def start_worker(fleet_env: dict[str, str], r: redis.Redis, tmp_path: Path) -> Iterator[Callable[..., WorkerProc]]:
+    """Factory: start a real worker process; every one is stopped (by pid) after the test."""
+    started: list[WorkerProc] = []
+
+    def start(tier: str = "chat", worker_id: str | None = None, env: dict[str, str] | None = None) -> WorkerProc:
+        wid = worker_id or f"{tier}-t{len(started)}-{os.getpid() % 10000}"
+        log = tmp_path / f"{wid}.log"
+        full_env = {**fleet_env, **FAST_WORKER_ENV, **(env or {})}
+        with log.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "worker", "--tier", tier, "--worker-id", wid],
+                                    env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        wp = WorkerProc(wid, proc, log)
+        started.append(wp)
+        wait_until(lambda: r.exists(keys.heartbeat(wid)) or proc.poll() is not None, 20,
+                   f"worker {wid} to register")
+        assert proc.poll() is None, f"worker {wid} exited: {log.read_text()[-2000:]}"
+        return wp
+
+    yield start
+    for wp in started:
+        if wp.proc.poll() is None:
+            wp.proc.terminate()
+    for wp in started:
+        try:
+            wp.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            wp.proc.kill()
+            wp.proc.wait(timeout=5)
