@@ -45,7 +45,8 @@ def _client(args: argparse.Namespace) -> redis.Redis:
         r.ping()
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         url = resolve_url(getattr(args, "redis_url", None))
-        raise CliError(f"cannot reach Redis at {_redact(url)}: {exc} (is the fleet up? `fleet up`)") from None
+        raise CliError(f"cannot reach Redis at {_redact(url)}: {exc} (is the fleet up? `fleet up`)"
+                       ) from None
     return r
 
 
@@ -121,7 +122,8 @@ def cmd_policy_get(args: argparse.Namespace) -> int:
     def text(_: Any) -> str:
         lines = [f"tier {args.tier} (policy from {read.source})"]
         if read.error:
-            lines.append(f"REJECTED edit of fleet:policy:{args.tier}: {read.error}; running the last good one")
+            lines.append(f"REJECTED edit of fleet:policy:{args.tier}: {read.error}; "
+                         "running the last good one")
         lines += [f"  {k} = {json.dumps(v)}" for k, v in data["policy"].items()]
         return "\n".join(lines)
 
@@ -179,7 +181,8 @@ def _status_text(snap: dict[str, Any]) -> str:
     for tier, t in snap["tiers"].items():
         policy = t["policy_source"] + (f" (REJECTED: {t['policy_error']})" if t["policy_error"] else "")
         lines.append(f"{tier:<12}{t['workers_alive']:>8}{t['min_workers']:>5}{t['max_workers']:>5}"
-                     f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}  {policy}")
+                     f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}"
+                     f"  {policy}")
     lines.append("")
     lines.append(f"{'WORKER':<24}{'TIER':<10}{'PID':>8}  {'HOST':<16}{'AGE':>8}  STATE")
     for w in sorted(snap["workers"], key=lambda w: (w["tier"], w["worker"])):

@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -117,7 +116,8 @@ def recorded_url() -> str | None:
     if local.get("pid"):
         return state["url"] if pid_alive(local["pid"], local.get("create_time")) else None
     sup = state.get("supervisor") or {}  # an external Redis: trust it while fleet is up
-    return state["url"] if sup.get("pid") and pid_alive(sup["pid"], sup.get("create_time")) else None
+    alive = bool(sup.get("pid")) and pid_alive(sup["pid"], sup.get("create_time"))
+    return state["url"] if alive else None
 
 
 # --- processes ---------------------------------------------------------------------------
@@ -178,13 +178,24 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def spawn_detached(argv: list[str], log_name: str, env: dict[str, str] | None = None) -> int:
-    """Start a process in its own session, output appended to ``logs/<log_name>``."""
+    """Start a process in its own session, output appended to ``logs/<log_name>``.
+
+    ``posix_spawn`` rather than ``Popen``: nothing here will wait for it, and a dropped Popen
+    of a running child warns. ``pid_alive`` collects it if it exits while we still run.
+    """
     logs = logs_dir()
     logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / log_name, "ab") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env=env or child_env(), start_new_session=True)
-    return proc.pid
+    log_path = str(logs / log_name)
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    try:
+        return os.posix_spawnp(argv[0], argv, env or child_env(), file_actions=actions,
+                               setsid=True)
+    except OSError as exc:
+        raise LocalRedisError(f"cannot start {argv[0]}: {exc}") from exc
 
 
 def redact_url(url: str) -> str:
@@ -231,7 +242,8 @@ def start_local_redis(timeout: float = 10.0) -> tuple[str, int]:
                                          "dir": str(fleet_home() / "redis")})
             return url, pid
         terminate(pid, record["create_time"], 2.0)
-    raise LocalRedisError(f"local Redis did not start: {last_error} (see {logs_dir() / 'redis.log'})")
+    log = logs_dir() / "redis.log"
+    raise LocalRedisError(f"local Redis did not start: {last_error} (see {log})")
 
 
 def stop_local_redis(timeout: float = 10.0) -> bool:

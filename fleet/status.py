@@ -67,7 +67,8 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
             "workers_alive": sum(1 for w in ws if w["tier"] == tier and w["alive"]),
             **tier_backlog(r, tier),
             "dead_letters": int(r.xlen(keys.dead(tier))),
-            "active_users": int(r.zcount(keys.active(tier), time.time() - read.policy.active_window_s, "+inf")),
+            "active_users": int(r.zcount(keys.active(tier), time.time() - read.policy.active_window_s,
+                                         "+inf")),
         }
     return out
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 USER_ID_MAX = 64
-_USER_RE = re.compile(r"[A-Za-z0-9_.@+-]{1,%d}" % USER_ID_MAX)
+_USER_RE = re.compile(rf"[A-Za-z0-9_.@+-]{{1,{USER_ID_MAX}}}")
 _TIER_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 _TOKEN_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 

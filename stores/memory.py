@@ -31,7 +31,8 @@ def weight(item: MemoryItem, now: float, half_life_s: float = DEFAULT_HALF_LIFE_
     return item.importance * 2.0 ** (-(now - item.ts) / half_life_s)
 
 
-def new_member(text: str, importance: float, ts: float, half_life_s: float = DEFAULT_HALF_LIFE_S) -> tuple[bytes, float]:
+def new_member(text: str, importance: float, ts: float,
+               half_life_s: float = DEFAULT_HALF_LIFE_S) -> tuple[bytes, float]:
     """A (member, score) pair ready for ZADD."""
     item = MemoryItem(id=uuid.uuid4().hex[:12], text=text, importance=importance, ts=ts)
     member = encode(item)

@@ -60,7 +60,8 @@ def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None
     return read
 
 
-async def read_policy_async(r: aioredis.Redis, tier: str, handlers: Iterable[str] | None = None) -> PolicyRead:
+async def read_policy_async(r: aioredis.Redis, tier: str,
+                            handlers: Iterable[str] | None = None) -> PolicyRead:
     """Read and validate a tier's policy (asyncio client); record the verdict."""
     raw, good = await r.mget(keys.policy(tier), keys.policy_good(tier))
     read = _resolve(tier, raw, good, handlers)

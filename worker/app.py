@@ -7,6 +7,7 @@ Redis restart or pause costs latency, never the process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -161,10 +162,8 @@ class Worker:
             free = self.policy.concurrency - len(self.jobs)
             if free <= 0:
                 self._slot_freed.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._slot_freed.wait(), 1.0)
-                except TimeoutError:
-                    pass
                 continue
             try:
                 resp = await self.r.xreadgroup(keys.GROUP, self.worker_id, {self._ready_key: ">"},
@@ -273,10 +272,8 @@ class Worker:
                 await self._report()
                 failures = 0
                 self._wake_report.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake_report.wait(), self.policy.report_interval_s)
-                except TimeoutError:
-                    pass
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

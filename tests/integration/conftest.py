@@ -54,11 +54,13 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, every
 
 
 @pytest.fixture
-def start_worker(fleet_env: dict[str, str], r: redis.Redis, tmp_path: Path) -> Iterator[Callable[..., WorkerProc]]:
+def start_worker(fleet_env: dict[str, str], r: redis.Redis,
+                 tmp_path: Path) -> Iterator[Callable[..., WorkerProc]]:
     """Factory: start a real worker process; every one is stopped (by pid) after the test."""
     started: list[WorkerProc] = []
 
-    def start(tier: str = "chat", worker_id: str | None = None, env: dict[str, str] | None = None) -> WorkerProc:
+    def start(tier: str = "chat", worker_id: str | None = None,
+              env: dict[str, str] | None = None) -> WorkerProc:
         wid = worker_id or f"{tier}-t{len(started)}-{os.getpid() % 10000}"
         log = tmp_path / f"{wid}.log"
         full_env = {**fleet_env, **FAST_WORKER_ENV, **(env or {})}
