@@ -32,10 +32,16 @@ def _retry(retries: int) -> Retry:
     return Retry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
 
 
-def connect_async(url: str | None = None, *, retries: int = 8, **kwargs: object) -> aioredis.Redis:
-    """An asyncio client that retries connection errors with capped, jittered backoff."""
+def connect_async(url: str | None = None, *, retries: int = 8, max_connections: int = 10_000,
+                  **kwargs: object) -> aioredis.Redis:
+    """An asyncio client that retries connection errors with capped, jittered backoff.
+
+    Every concurrent blocking call (BLPOP of a waiting reply, XREADGROUP) holds a connection,
+    so the pool's cap is set far above redis-py's default of 100.
+    """
     return aioredis.Redis.from_url(
         resolve_url(url),
+        max_connections=max_connections,
         retry=_retry(retries),
         retry_on_error=RETRY_ERRORS,
         health_check_interval=15,

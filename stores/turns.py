@@ -44,6 +44,7 @@ class Lease:
     user: str
     owner: str
     cursor: str
+    entries: list[tuple[str, dict[bytes, bytes]]] = field(default_factory=list)  # first inbox batch
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,13 @@ class UserStore:
         self.cfg = config or StoreConfig()
         self.scripts = Scripts(r)
 
-    async def acquire(self, user: str) -> Lease | Busy:
-        """Take the user's lane, or learn who holds it."""
-        keys_ = [keys.lane(user), keys.fence(user), keys.state(user)]
-        res = await self.scripts.lane_acquire(keys=keys_, args=[self.worker, self.cfg.lane_ttl_ms])
+    async def acquire(self, user: str, batch: int = 16) -> Lease | Busy:
+        """Take the lane with up to ``batch`` inbox entries after the cursor, or learn who holds it."""
+        keys_ = [keys.lane(user), keys.fence(user), keys.state(user), keys.inbox(user)]
+        res = await self.scripts.lane_acquire(keys=keys_, args=[self.worker, self.cfg.lane_ttl_ms, batch])
         if int(res[0]) == 1:
-            return Lease(user, f"{self.worker}|{_s(res[1])}", _s(res[2]))
+            entries = [(_s(e), _pairs(f)) for e, f in res[3]]
+            return Lease(user, f"{self.worker}|{_s(res[1])}", _s(res[2]), entries)
         return Busy(_s(res[1]), int(res[2]))
 
     async def read_inbox(self, user: str, cursor: str, count: int) -> list[tuple[str, dict[bytes, bytes]]]:
@@ -161,6 +163,11 @@ class UserStore:
             self.scripts.lane_renew(keys=[keys.lane(lease.user)], args=[lease.owner, self.cfg.lane_ttl_ms],
                                     client=pipe)
         return [bool(x) for x in await pipe.execute()]
+
+
+def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    """A stream entry's fields as Lua returns them (a flat list) -> dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _pack_or_empty(value: Any) -> bytes:

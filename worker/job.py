@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleet.worker")
 _RETRY_BACKOFF = ExponentialWithJitterBackoff(cap=5.0, base=0.2)
 INBOX_BATCH = 16
+Rows = list[tuple[str, Fields]]
 
 
 class UserJob:
@@ -67,7 +68,7 @@ class UserJob:
     async def _run(self) -> None:
         store = self.w.store
         while True:
-            got = await store.acquire(self.user)
+            got = await store.acquire(self.user, INBOX_BATCH)
             if isinstance(got, Busy):
                 await self.w.ack(self.fresh)  # the holder's pending notification carries the duty
                 return
@@ -86,9 +87,10 @@ class UserJob:
 
     async def _serve_until_released(self, lease: Lease) -> int | None:
         """Serve until the inbox is empty and the lane released; return how many ids that covers."""
-        cursor = lease.cursor
+        cursor, rows = lease.cursor, lease.entries
         while True:
-            cursor = await self._serve_inbox(lease, cursor)
+            cursor = await self._serve_inbox(lease, cursor, rows)
+            rows = None
             if self.w.draining and await self._hand_over(lease, cursor):
                 return None
             covered = len(self.nids)
@@ -110,16 +112,19 @@ class UserJob:
             return True
         raise Fenced(self.user)
 
-    async def _serve_inbox(self, lease: Lease, cursor: str) -> str:
+    async def _serve_inbox(self, lease: Lease, cursor: str, rows: Rows | None) -> str:
+        """Serve entries after ``cursor`` until a short batch; the release re-checks for more."""
         while True:
-            rows = await self.w.store.read_inbox(self.user, cursor, INBOX_BATCH)
-            if not rows:
-                return cursor
+            if rows is None:
+                rows = await self.w.store.read_inbox(self.user, cursor, INBOX_BATCH)
             for entry, fields in rows:
                 await self._serve_turn(lease, entry, fields)
                 cursor = entry
                 if self.w.draining:
                     return cursor
+            if len(rows) < INBOX_BATCH:
+                return cursor
+            rows = None
 
     async def _serve_turn(self, lease: Lease, entry: str, fields: Fields) -> None:
         reply_to, fmt = reply_route(entry, fields)
