@@ -1,0 +1,91 @@
+"""The runtime interface: how the control plane starts and stops workers (DESIGN §5 "Act").
+
+A runtime only *acts*: it spawns, drains and kills workers and reports what it sees. It never
+decides how many there should be; the supervisor (fixed count) or the commander (autoscaling)
+does. One runtime per file behind this interface: ``process`` now, ``kubernetes`` later.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+class WorkerState(enum.StrEnum):
+    """Where a worker is in its life, as the runtime sees it."""
+
+    STARTING = "starting"  # spawned, not yet registered with a heartbeat
+    RUNNING = "running"  # registered and heartbeating at least once
+    DRAINING = "draining"  # told to drain; killed at its deadline if still alive
+    EXITED = "exited"  # the process is gone
+
+
+LIVE_STATES = (WorkerState.STARTING, WorkerState.RUNNING)
+
+
+@dataclass
+class WorkerHandle:
+    """What a runtime knows about one worker. ``list()``/``reap()`` return copies."""
+
+    worker_id: str
+    tier: str
+    pid: int
+    state: WorkerState
+    started: float  # unix seconds
+    exit_code: int | None = None  # None while alive, or when the exit status is unknown (adopted)
+    adopted: bool = False  # found in the registry, not spawned by this runtime instance
+    retire_reason: str | None = None
+    kill_at: float | None = None  # monotonic deadline after which a draining worker is killed
+    killed: bool = False  # the runtime had to SIGKILL it
+
+    @property
+    def live(self) -> bool:
+        """Counts toward the tier's workers: starting or running, not draining or gone."""
+        return self.state in LIVE_STATES
+
+
+# module-level aliases: inside ``Runtime`` the name ``list`` is the method, not the builtin
+Handles = list[WorkerHandle]
+WorkerIds = list[str]
+
+
+class Runtime(ABC):
+    """Start, drain and kill workers; report them. Non-blocking except ``stop_all``."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def spawn(self, tier: str, n: int = 1) -> WorkerIds:
+        """Start ``n`` workers of ``tier``; return their ids at once (they register later)."""
+
+    @abstractmethod
+    def retire(self, worker_id: str, reason: str = "",
+               drain_timeout_s: float | None = None) -> None:
+        """Ask a worker to drain; it is killed by ``reap()`` after ``drain_timeout_s``.
+
+        ``None`` means the tier's policy ``drain_timeout_s``. Retiring twice is a no-op.
+        """
+
+    @abstractmethod
+    def reap(self) -> Handles:
+        """Collect exited workers (and forget them), enforce kill deadlines, note registrations."""
+
+    @abstractmethod
+    def adopt(self) -> Handles:
+        """Track live workers of this runtime that another instance started; return them."""
+
+    @abstractmethod
+    def stop_all(self, timeout: float | None = None) -> Handles:
+        """Drain every worker, wait, kill what is left; return them all, exited.
+
+        ``timeout`` caps the wait for every worker; ``None`` uses each tier's drain timeout.
+        """
+
+    @abstractmethod
+    def list(self) -> Handles:
+        """Every tracked worker, including exited ones not yet reaped."""
+
+    def live(self, tier: str | None = None) -> Handles:
+        """Starting or running workers (of ``tier`` if given)."""
+        return [h for h in self.list() if h.live and (tier is None or h.tier == tier)]

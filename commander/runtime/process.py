@@ -1,0 +1,492 @@
+"""The ``process`` runtime: workers are local processes, each in its own session.
+
+Own session (``start_new_session``) so a worker outlives a supervisor restart and a Ctrl-C in
+the supervisor's terminal does not reach it: the supervisor drains it instead. Every spawn is
+written to a small record under ``run_dir`` (pid + process creation time) so that the next
+supervisor can adopt workers that had not registered yet when the previous one died.
+
+Retiring sends a drain on the worker's control stream (``SIGTERM`` if Redis is unreachable);
+``reap()`` SIGKILLs the worker's process group once its drain deadline has passed. Workers
+that are not our children (adopted) are watched with psutil, which checks the creation time
+so a reused pid is never mistaken for (or killed as) a worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import psutil
+import redis
+
+from commander.runtime.base import Handles, Runtime, WorkerHandle, WorkerIds, WorkerState
+from protocol import keys
+from protocol.codec import CodecError, decode, encode
+from protocol.ids import validate_tier, validate_token
+from protocol.models import Control, WorkerInfo
+from protocol.policy import Policy, PolicyError, parse_policy
+from stores.connection import connect_sync, resolve_url
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]  # the directory holding protocol/, worker/, ...
+CommandBuilder = Callable[[str, str], Sequence[str]]  # (tier, worker id) -> argv
+# (worker id, tier, pid, started, identity check, from a run record?)
+_Candidate = tuple[str, str, int, float, Callable[[int], "psutil.Process | None"], bool]
+KILL_WAIT_S = 5.0  # how long stop_all waits for a SIGKILLed process to vanish
+CONTROL_MAXLEN = 64
+
+
+class SpawnError(RuntimeError):
+    """A worker process could not be started."""
+
+
+class UnknownWorker(KeyError):
+    """A worker id this runtime does not track."""
+
+
+def worker_command(tier: str, worker_id: str) -> list[str]:
+    """The argv of a real worker (the contract of ``worker/__main__.py``)."""
+    return [sys.executable, "-m", "worker", "--tier", tier, "--worker-id", worker_id]
+
+
+def new_worker_id(tier: str) -> str:
+    """``<tier>-<8 hex>``: unique enough for a fleet, readable in ``fleet status``."""
+    return validate_token(f"{validate_tier(tier)}-{secrets.token_hex(4)}", "worker id")
+
+
+def child_env(url: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker: ``REDIS_URL`` set, the code importable, output unbuffered."""
+    env = dict(os.environ if base is None else base)
+    env["REDIS_URL"] = url
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(ROOT) not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@dataclass
+class _Tracked:
+    handle: WorkerHandle
+    proc: psutil.Process | None  # None when it died before we could look at it
+    popen: subprocess.Popen[bytes] | None = None  # only for our own children
+    start_mono: float = 0.0
+
+
+class ProcessRuntime(Runtime):
+    """Local worker processes. Not thread-safe: one loop owns it."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        url: str | None = None,
+        log_dir: Path | str = Path(".fleet/logs"),
+        *,
+        run_dir: Path | str | None = None,
+        command: CommandBuilder = worker_command,
+        drain_timeout: Callable[[str], float] | None = None,
+        start_timeout_s: float = 120.0,
+        client: redis.Redis | None = None,
+    ) -> None:
+        self.url = resolve_url(url)
+        self.log_dir = Path(log_dir).resolve()
+        self.run_dir = Path(run_dir).resolve() if run_dir else self.log_dir.parent / "run"
+        self.command = command
+        self.drain_timeout = drain_timeout or self._policy_drain_timeout
+        self.start_timeout_s = start_timeout_s
+        self.r = client if client is not None else connect_sync(self.url, retries=2,
+                                                                 socket_timeout=5)
+        self.host = socket.gethostname()
+        self._workers: dict[str, _Tracked] = {}
+        self._unclean: set[str] = set()  # exited workers whose registry entry is still to remove
+
+    def close(self) -> None:
+        """Close the Redis client (the workers keep running)."""
+        self.r.close()
+
+    def _policy_drain_timeout(self, tier: str) -> float:
+        """The tier's last good policy's ``drain_timeout_s`` (the default if unreadable)."""
+        try:
+            return parse_policy(self.r.get(keys.policy_good(tier)) or b"{}").drain_timeout_s
+        except (redis.RedisError, PolicyError):
+            return Policy().drain_timeout_s
+
+    # --- spawn ---------------------------------------------------------------------------
+    def spawn(self, tier: str, n: int = 1) -> WorkerIds:
+        """Start ``n`` workers of ``tier``; raise ``SpawnError`` if one cannot start."""
+        validate_tier(tier)
+        if n < 0:
+            raise ValueError(f"cannot spawn {n} workers")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        env = child_env(self.url)
+        return [self._spawn_one(tier, env) for _ in range(n)]
+
+    def _spawn_one(self, tier: str, env: dict[str, str]) -> str:
+        worker_id = new_worker_id(tier)
+        log_path = self.log_dir / f"{worker_id}.log"
+        argv = list(self.command(tier, worker_id))
+        try:
+            with open(log_path, "ab") as out:
+                popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except OSError as exc:
+            raise SpawnError(f"cannot start worker of tier {tier}: {argv[0]}: {exc}") from exc
+        proc = _process(popen.pid)
+        handle = WorkerHandle(worker_id, tier, popen.pid, WorkerState.STARTING, time.time())
+        self._workers[worker_id] = _Tracked(handle, proc, popen, time.monotonic())
+        self._write_record(handle, proc)
+        log.info("spawned worker %s (tier %s, pid %d, log %s)", worker_id, tier, popen.pid,
+                 log_path)
+        return worker_id
+
+    # --- retire --------------------------------------------------------------------------
+    def retire(self, worker_id: str, reason: str = "",
+               drain_timeout_s: float | None = None) -> None:
+        """Drain a worker now; ``reap()`` kills it if it is still alive after the timeout."""
+        tracked = self._workers.get(worker_id)
+        if tracked is None:
+            raise UnknownWorker(worker_id)
+        handle = tracked.handle
+        self._poll(tracked)
+        if handle.state in (WorkerState.DRAINING, WorkerState.EXITED):
+            return
+        timeout = self.drain_timeout(handle.tier) if drain_timeout_s is None else drain_timeout_s
+        was_starting = handle.state is WorkerState.STARTING
+        handle.state, handle.retire_reason = WorkerState.DRAINING, reason
+        handle.kill_at = time.monotonic() + timeout
+        sent = self._send_drain(worker_id, reason)
+        if not sent or was_starting:
+            # a starting worker may not read its control stream yet; it holds no work either
+            self._signal(tracked, signal.SIGTERM)
+        log.info("retiring worker %s (tier %s, pid %d): %s; killed in %.1fs if still alive",
+                 worker_id, handle.tier, handle.pid, reason or "no reason given", timeout)
+
+    def _send_drain(self, worker_id: str, reason: str) -> bool:
+        body = encode(Control(kind="drain", ts=time.time(), reason=reason[:200]))
+        try:
+            self.r.xadd(keys.control(worker_id), {"m": body}, maxlen=CONTROL_MAXLEN,
+                        approximate=True)
+        except redis.RedisError as exc:
+            log.warning("cannot send drain to %s over Redis (%s): sending SIGTERM", worker_id, exc)
+            return False
+        return True
+
+    # --- observe -------------------------------------------------------------------------
+    def list(self) -> Handles:
+        """Every tracked worker (exit status refreshed, no Redis I/O)."""
+        tracked_now = list(self._workers.values())  # a snapshot: a monitor thread may call this
+        for tracked in tracked_now:
+            self._poll(tracked)
+        return [replace(t.handle) for t in tracked_now]
+
+    def reap(self) -> Handles:
+        """Collect exits, kill overdue drains and stuck starts, note registrations."""
+        now = time.monotonic()
+        for tracked in self._workers.values():
+            self._poll(tracked)
+        registry_ok = self._note_registrations()
+        for tracked in self._workers.values():
+            self._enforce_deadlines(tracked, now, check_start=registry_ok)
+        exited = [t for t in self._workers.values() if t.handle.state is WorkerState.EXITED]
+        for tracked in exited:
+            del self._workers[tracked.handle.worker_id]
+            self._forget(tracked.handle)
+        self._clean_registry()
+        return [replace(t.handle) for t in exited]
+
+    def _poll(self, tracked: _Tracked) -> None:
+        handle = tracked.handle
+        if handle.state is WorkerState.EXITED:
+            return
+        if tracked.popen is not None:
+            code = tracked.popen.poll()
+            if code is not None:
+                self._mark_exited(handle, code)
+            return
+        code, gone = _poll_foreign(handle.pid, tracked.proc)
+        if gone:
+            self._mark_exited(handle, code)
+
+    def _mark_exited(self, handle: WorkerHandle, code: int | None) -> None:
+        prior = handle.state
+        handle.state, handle.exit_code = WorkerState.EXITED, code
+        how = "was killed" if handle.killed else f"exited with code {code}"
+        if prior is WorkerState.DRAINING and not handle.killed:
+            log.info("worker %s (tier %s) drained and %s", handle.worker_id, handle.tier, how)
+        else:
+            log.warning("worker %s (tier %s, pid %d, %s) %s", handle.worker_id, handle.tier,
+                        handle.pid, prior.value, how)
+
+    def _enforce_deadlines(self, tracked: _Tracked, now: float, check_start: bool = False) -> None:
+        """Kill a drain past its deadline; with ``check_start``, a start that never registered."""
+        handle = tracked.handle
+        overdue = handle.kill_at is not None and now >= handle.kill_at
+        if handle.state is WorkerState.DRAINING and overdue:
+            if not handle.killed:
+                log.warning("worker %s did not drain in time: SIGKILL", handle.worker_id)
+            self._kill(tracked)
+        elif check_start and handle.state is WorkerState.STARTING \
+                and now - tracked.start_mono > self.start_timeout_s:
+            log.warning("worker %s did not register within %.0fs: SIGKILL", handle.worker_id,
+                        self.start_timeout_s)
+            handle.retire_reason = "start timeout"
+            self._kill(tracked)
+
+    def _note_registrations(self) -> bool:
+        """Promote starting workers that registered with a heartbeat; False if Redis is down."""
+        starting = [t.handle for t in self._workers.values()
+                    if t.handle.state is WorkerState.STARTING]
+        if not starting:
+            return True
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for handle in starting:
+                pipe.hexists(keys.WORKERS, handle.worker_id)
+                pipe.exists(keys.heartbeat(handle.worker_id))
+            answers = pipe.execute()
+        except redis.RedisError as exc:
+            log.debug("registry not readable, registrations not checked: %s", exc)
+            return False
+        for i, handle in enumerate(starting):
+            if answers[2 * i] and answers[2 * i + 1]:
+                handle.state = WorkerState.RUNNING
+                log.info("worker %s (tier %s) is running", handle.worker_id, handle.tier)
+        return True
+
+    # --- signals -------------------------------------------------------------------------
+    def _signal(self, tracked: _Tracked, sig: signal.Signals) -> None:
+        """Signal the worker only if it is still the process we started (pid reuse)."""
+        if tracked.handle.state is WorkerState.EXITED:
+            return
+        if tracked.popen is None and (tracked.proc is None or not tracked.proc.is_running()):
+            return
+        pid = tracked.handle.pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if sig == signal.SIGKILL and _leads_group(pid):
+                os.killpg(pid, sig)  # also whatever the worker forked
+            else:
+                os.kill(pid, sig)
+
+    def _kill(self, tracked: _Tracked) -> None:
+        tracked.handle.killed = True
+        self._signal(tracked, signal.SIGKILL)
+
+    # --- adopt ---------------------------------------------------------------------------
+    def adopt(self) -> Handles:
+        """Track live local workers from run records and the registry; drop dead records."""
+        adopted = []
+        for worker_id, tier, pid, started, check, from_record in self._candidates():
+            if worker_id in self._workers:
+                continue
+            proc = check(pid)
+            if proc is None:
+                self._forget_stale(worker_id, certain=from_record)
+                continue
+            handle = WorkerHandle(worker_id, tier, pid, WorkerState.STARTING, started, adopted=True)
+            self._workers[worker_id] = _Tracked(handle, proc, None, time.monotonic())
+            self._write_record(handle, proc)
+            adopted.append(handle)
+            log.info("adopted worker %s (tier %s, pid %d)", worker_id, tier, pid)
+        self._note_registrations()
+        self._clean_registry()
+        return [replace(h) for h in adopted]
+
+    def _candidates(self) -> Iterable[_Candidate]:
+        seen = set()
+        for rec in self._read_records():
+            seen.add(rec["worker"])
+            yield (rec["worker"], rec["tier"], rec["pid"], rec["started"],
+                   partial(_same_process, create_time=rec.get("create_time")), True)
+        for info in self._registry():
+            if info.worker not in seen and info.host == self.host and info.runtime == self.name:
+                yield (info.worker, info.tier, info.pid, info.started,
+                       partial(_looks_like_worker, worker_id=info.worker, started=info.started),
+                       False)
+
+    def _registry(self) -> list[WorkerInfo]:
+        try:
+            raw = self.r.hgetall(keys.WORKERS)
+        except redis.RedisError as exc:
+            log.warning("registry not readable, adopting from run records only: %s", exc)
+            return []
+        infos = []
+        for field, value in raw.items():
+            try:
+                infos.append(decode(WorkerInfo, value))
+            except CodecError as exc:
+                log.warning("registry entry %r does not decode: %s", field, exc)
+        return infos
+
+    def _forget_stale(self, worker_id: str, certain: bool) -> None:
+        """A local worker whose process is gone: drop its record and registry entry.
+
+        A registry entry alone is removed only once its heartbeat has expired too: the same
+        host name may be shared with another pid namespace (a container on the host network).
+        """
+        with contextlib.suppress(OSError):
+            (self.run_dir / f"{worker_id}.json").unlink(missing_ok=True)
+        try:
+            if certain or not self.r.exists(keys.heartbeat(worker_id)):
+                self._unclean.add(worker_id)
+        except redis.RedisError:
+            pass
+
+    # --- stop ----------------------------------------------------------------------------
+    def stop_all(self, timeout: float | None = None) -> Handles:
+        """Drain every worker (control stream and SIGTERM), wait, SIGKILL the rest."""
+        now = time.monotonic()
+        for tracked in self._workers.values():
+            self._poll(tracked)
+            handle = tracked.handle
+            if handle.state is WorkerState.EXITED:
+                continue
+            wait = self.drain_timeout(handle.tier) if timeout is None else timeout
+            deadline = now + wait
+            handle.kill_at = deadline if handle.kill_at is None else min(handle.kill_at, deadline)
+            if handle.state is not WorkerState.DRAINING:
+                handle.state, handle.retire_reason = WorkerState.DRAINING, "stop"
+                self._send_drain(handle.worker_id, "stop")
+            self._signal(tracked, signal.SIGTERM)
+        self._wait_all()
+        return self.reap()
+
+    def _wait_all(self) -> None:
+        give_up = None
+        while True:
+            now = time.monotonic()
+            alive = []
+            for tracked in self._workers.values():
+                self._poll(tracked)
+                self._enforce_deadlines(tracked, now)
+                if tracked.handle.state is not WorkerState.EXITED:
+                    alive.append(tracked)
+            if not alive:
+                return
+            if all(t.handle.killed for t in alive):
+                give_up = give_up or now + KILL_WAIT_S
+                if now > give_up:
+                    ids = ", ".join(f"{t.handle.worker_id} (pid {t.handle.pid})" for t in alive)
+                    log.error("still alive %.0fs after SIGKILL: %s", KILL_WAIT_S, ids)
+                    return
+            time.sleep(0.05)
+
+    # --- bookkeeping ---------------------------------------------------------------------
+    def _forget(self, handle: WorkerHandle) -> None:
+        with contextlib.suppress(OSError):
+            (self.run_dir / f"{handle.worker_id}.json").unlink(missing_ok=True)
+        self._unclean.add(handle.worker_id)
+
+    def _clean_registry(self) -> None:
+        """Remove what a killed worker could not: registry entry, heartbeat, control stream."""
+        if not self._unclean:
+            return
+        ids = sorted(self._unclean)
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hdel(keys.WORKERS, *ids)
+            pipe.delete(*(keys.heartbeat(w) for w in ids), *(keys.control(w) for w in ids))
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.debug("registry cleanup of %d workers postponed: %s", len(ids), exc)
+            return
+        self._unclean.clear()
+
+    def _write_record(self, handle: WorkerHandle, proc: psutil.Process | None) -> None:
+        create_time = None
+        with contextlib.suppress(psutil.Error):
+            create_time = proc.create_time() if proc is not None else None
+        record = {"worker": handle.worker_id, "tier": handle.tier, "pid": handle.pid,
+                  "started": handle.started, "create_time": create_time}
+        path = self.run_dir / f"{handle.worker_id}.json"
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record))
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("cannot write run record %s: %s", path, exc)
+
+    def _read_records(self) -> list[dict]:
+        records = []
+        for path in sorted(self.run_dir.glob("*.json")):
+            try:
+                rec = json.loads(path.read_text())
+                validate_tier(rec["tier"])
+                validate_token(rec["worker"], "worker id")
+                records.append({**rec, "pid": int(rec["pid"]), "started": float(rec["started"])})
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring unreadable run record %s: %s", path, exc)
+        return records
+
+
+# --- process identity (module functions: no state) ---------------------------------------
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        proc = psutil.Process(pid)
+        proc.create_time()  # cache it: is_running() compares against it later
+        return proc
+    except psutil.Error:
+        return None
+
+
+def _same_process(pid: int, create_time: float | None) -> psutil.Process | None:
+    """The live process ``pid`` if it was created at ``create_time`` (not a reused pid)."""
+    proc = _process(pid)
+    if proc is None or not _alive(proc):
+        return None
+    if create_time is not None and abs(proc.create_time() - create_time) > 1.0:
+        return None
+    return proc
+
+
+def _looks_like_worker(pid: int, worker_id: str, started: float) -> psutil.Process | None:
+    """The live process ``pid`` if its command line names the worker (else: started before it)."""
+    proc = _process(pid)
+    if proc is None or not _alive(proc):
+        return None
+    try:
+        return proc if worker_id in proc.cmdline() else None
+    except psutil.AccessDenied:
+        return proc if proc.create_time() <= started + 1.0 else None
+    except psutil.Error:
+        return None
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _poll_foreign(pid: int, proc: psutil.Process | None) -> tuple[int | None, bool]:
+    """(exit code or None, gone?) for a process that may not be our child."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)  # reparented to us (we are a subreaper)?
+        if done == pid:
+            return os.waitstatus_to_exitcode(status), True
+    except ChildProcessError:
+        pass
+    return None, proc is None or not _alive(proc)
+
+
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return False

@@ -1,0 +1,424 @@
+"""The process runtime, the fixed-count supervisor and ``fleet up``/``down`` on a real Redis.
+
+Workers here are a stand-in script that keeps the worker contract (register in
+``fleet:workers``, heartbeat, drain on SIGTERM or a control-stream ``drain``), so the runtime
+is tested without the real worker. The last tests run the real ``python -m worker``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from commander.runtime import WorkerHandle, WorkerState
+from commander.runtime.process import ProcessRuntime, new_worker_id
+from commander.supervisor import Supervisor, SupervisorSettings, backoff_delay
+from protocol import keys
+from protocol.codec import decode, encode
+from protocol.models import WorkerInfo
+from protocol.policy import Policy
+from stores.policies import write_policy
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+STANDIN = r'''
+import argparse, os, signal, socket, sys, time
+import redis
+from protocol import keys
+from protocol.codec import decode, encode
+from protocol.models import Control, WorkerInfo
+
+p = argparse.ArgumentParser()
+p.add_argument("--tier")
+p.add_argument("--worker-id")
+p.add_argument("--ignore-drain", action="store_true")
+p.add_argument("--register-after", type=float, default=0.0)
+a = p.parse_args()
+stop = False
+
+def on_term(*_):
+    global stop
+    stop = stop or not a.ignore_drain
+
+signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+r = redis.Redis.from_url(os.environ["REDIS_URL"])
+time.sleep(a.register_after)
+info = WorkerInfo(worker=a.worker_id, tier=a.tier, pid=os.getpid(), host=socket.gethostname(),
+                  started=time.time())
+r.hset(keys.WORKERS, a.worker_id, encode(info))
+last = "0-0"
+while not stop:
+    r.set(keys.heartbeat(a.worker_id), "1", px=2000)
+    for _stream, entries in r.xread({keys.control(a.worker_id): last}, block=100) or []:
+        for eid, fields in entries:
+            last = eid
+            if decode(Control, fields[b"m"]).kind == "drain" and not a.ignore_drain:
+                stop = True
+time.sleep(0.2)  # "finishing in-flight users"
+r.hdel(keys.WORKERS, a.worker_id)
+r.delete(keys.heartbeat(a.worker_id))
+print("drained", flush=True)
+'''
+
+
+@pytest.fixture
+def standin(tmp_path: Path) -> Callable[[str, str], list[str]]:
+    """Command builder: tier ``stubborn`` ignores drains, tier ``late`` registers after 30 s."""
+    script = tmp_path / "standin_worker.py"
+    script.write_text(STANDIN)
+
+    def command(tier: str, worker_id: str) -> list[str]:
+        argv = [sys.executable, str(script), "--tier", tier, "--worker-id", worker_id]
+        if tier == "stubborn":
+            argv.append("--ignore-drain")
+        if tier == "late":
+            argv += ["--register-after", "30"]
+        return argv
+
+    return command
+
+
+@pytest.fixture
+def make_runtime(redis_server, r, tmp_path: Path,
+                 standin) -> Iterator[Callable[..., ProcessRuntime]]:
+    """Build runtimes; at the end stop every worker they track and prove none is left."""
+    made: list[ProcessRuntime] = []
+
+    def make(**kwargs: object) -> ProcessRuntime:
+        kwargs.setdefault("command", standin)
+        kwargs.setdefault("log_dir", tmp_path / "logs")
+        rt = ProcessRuntime(redis_server.url, **kwargs)  # type: ignore[arg-type]
+        made.append(rt)
+        return rt
+
+    yield make
+    pids = set()
+    for rt in made:
+        pids |= {h.pid for h in rt.list()}
+        rt.stop_all(timeout=1.0)
+    for rt in made:
+        rt.reap()  # collect zombies of workers another instance stopped
+        rt.close()
+    assert not [p for p in pids if _exists(p)], "worker processes left behind"
+
+
+def _exists(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _until(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _wait_running(rt: ProcessRuntime, ids: list[str], timeout: float = 10.0) -> None:
+    def running() -> bool:
+        rt.reap()
+        states = {h.worker_id: h.state for h in rt.list()}
+        return all(states.get(i) is WorkerState.RUNNING for i in ids)
+
+    _until(running, timeout, f"{ids} to run")
+
+
+def _reap_until_exited(rt: ProcessRuntime, worker_id: str, timeout: float = 10.0) -> WorkerHandle:
+    gone: list[WorkerHandle] = []
+
+    def exited() -> bool:
+        gone.extend(h for h in rt.reap() if h.worker_id == worker_id)
+        return bool(gone)
+
+    _until(exited, timeout, f"{worker_id} to exit")
+    return gone[0]
+
+
+def _registry(r: redis.Redis) -> dict[str, WorkerInfo]:
+    return {k.decode(): decode(WorkerInfo, v) for k, v in r.hgetall(keys.WORKERS).items()}
+
+
+# --- runtime --------------------------------------------------------------------------------
+def test_worker_ids_name_their_tier() -> None:
+    assert re.fullmatch(r"chat-[0-9a-f]{8}", new_worker_id("chat"))
+    assert new_worker_id("chat") != new_worker_id("chat")
+
+
+def test_spawn_two_and_list(make_runtime, r, tmp_path: Path) -> None:
+    rt = make_runtime()
+    ids = rt.spawn("chat", 2)
+    assert len(ids) == 2 and all(re.fullmatch(r"chat-[0-9a-f]{8}", i) for i in ids)
+    assert {h.state for h in rt.list()} == {WorkerState.STARTING}
+    _wait_running(rt, ids)
+    handles = {h.worker_id: h for h in rt.list()}
+    assert set(handles) == set(ids)
+    registry = _registry(r)
+    for wid in ids:
+        assert handles[wid].tier == "chat" and handles[wid].exit_code is None
+        assert registry[wid].pid == handles[wid].pid and _exists(handles[wid].pid)
+        assert os.getpgid(handles[wid].pid) == handles[wid].pid  # its own session
+        assert (tmp_path / "logs" / f"{wid}.log").exists()
+        assert (tmp_path / "run" / f"{wid}.json").exists()
+    assert [h.worker_id for h in rt.live("chat")] == [h.worker_id for h in rt.list()]
+
+
+def test_retire_drains_through_the_control_stream(make_runtime, r) -> None:
+    rt = make_runtime()
+    keep, victim = rt.spawn("chat", 2)
+    _wait_running(rt, [keep, victim])
+    rt.retire(victim, "test", drain_timeout_s=10)
+    assert {h.worker_id: h.state for h in rt.list()}[victim] is WorkerState.DRAINING
+    rt.retire(victim, "again")  # idempotent
+    gone = _reap_until_exited(rt, victim)
+    assert gone.exit_code == 0 and not gone.killed and gone.retire_reason == "test"
+    assert [h.worker_id for h in rt.live()] == [keep]
+    assert victim not in _registry(r) and not r.exists(keys.heartbeat(victim))
+
+
+def test_worker_that_ignores_drain_is_killed_after_the_timeout(make_runtime, r) -> None:
+    rt = make_runtime()
+    (wid,) = rt.spawn("stubborn", 1)
+    _wait_running(rt, [wid])
+    pid = rt.list()[0].pid
+    began = time.monotonic()
+    rt.retire(wid, "test", drain_timeout_s=0.5)
+    assert rt.reap() == [] and _exists(pid)  # non-blocking: nothing is killed before the deadline
+    gone = _reap_until_exited(rt, wid)
+    assert time.monotonic() - began >= 0.5
+    assert gone.killed and gone.exit_code == -9 and not _exists(pid)
+    # it could not clean up after itself: the runtime did
+    assert wid not in _registry(r) and not r.exists(keys.heartbeat(wid), keys.control(wid))
+
+
+def test_stop_all_leaves_no_process(make_runtime, r) -> None:
+    rt = make_runtime()
+    ids = rt.spawn("chat", 2) + rt.spawn("stubborn", 1)
+    _wait_running(rt, ids)
+    pids = [h.pid for h in rt.list()]
+    stopped = rt.stop_all(timeout=1.0)
+    assert {h.worker_id for h in stopped} == set(ids)
+    assert all(h.state is WorkerState.EXITED for h in stopped)
+    assert {h.worker_id for h in stopped if h.killed} == {ids[2]}
+    assert not [p for p in pids if psutil.pid_exists(p)]  # reaped, not even zombies
+    assert rt.list() == [] and r.hlen(keys.WORKERS) == 0
+
+
+def test_a_worker_that_never_registers_is_killed(make_runtime) -> None:
+    rt = make_runtime(start_timeout_s=0.5)
+    (wid,) = rt.spawn("late", 1)
+    gone = _reap_until_exited(rt, wid)
+    assert gone.killed and gone.retire_reason == "start timeout"
+
+
+def test_adopt_finds_workers_from_the_registry(make_runtime, r, tmp_path: Path) -> None:
+    first = make_runtime()
+    ids = first.spawn("chat", 2)
+    _wait_running(first, ids)
+    # another instance that shares nothing on disk with the first: the registry is the source
+    second = make_runtime(run_dir=tmp_path / "other-run")
+    adopted = {h.worker_id: h for h in second.adopt()}
+    assert set(adopted) == set(ids)
+    assert all(h.adopted and h.state is WorkerState.RUNNING for h in adopted.values())
+    assert {h.pid for h in adopted.values()} == {h.pid for h in first.list()}
+    assert second.adopt() == []  # already tracked
+    second.retire(ids[0], "test", drain_timeout_s=10)
+    gone = _reap_until_exited(second, ids[0])  # not its child: seen through psutil
+    # (the exit code is only known when the adopter may wait for it: same process here)
+    assert not gone.killed and gone.exit_code in (0, None)
+    stopped = second.stop_all(timeout=5)
+    assert [h.worker_id for h in stopped] == [ids[1]]
+    assert {h.worker_id for h in first.reap()} == set(ids)  # the parent collects the zombies
+
+
+def test_adopt_finds_unregistered_workers_from_run_records(make_runtime, r) -> None:
+    first = make_runtime()
+    (wid,) = first.spawn("late", 1)
+    second = make_runtime()  # same run dir: a restarted supervisor
+    (handle,) = second.adopt()
+    assert handle.worker_id == wid and handle.state is WorkerState.STARTING and handle.adopted
+    second.stop_all(timeout=0.5)
+    assert not _exists(handle.pid)
+
+
+def test_adopt_ignores_dead_and_foreign_entries(make_runtime, r, tmp_path: Path) -> None:
+    rt = make_runtime()
+    here = rt.host
+    entries = [
+        WorkerInfo(worker="chat-deadbeef", tier="chat", pid=2**22 - 1, host=here, started=1.0),
+        # alive, but not that worker: a reused pid
+        WorkerInfo(worker="chat-0000cafe", tier="chat", pid=os.getpid(), host=here, started=1.0),
+        # another host, or the same name in another pid namespace (its heartbeat lives)
+        WorkerInfo(worker="chat-0ddba11a", tier="chat", pid=os.getpid(), host="elsewhere",
+                   started=1.0),
+        WorkerInfo(worker="chat-0000beef", tier="chat", pid=2**22 - 1, host=here, started=1.0),
+    ]
+    for info in entries:
+        r.hset(keys.WORKERS, info.worker, encode(info))
+    r.set(keys.heartbeat("chat-0000beef"), "1", px=10_000)
+    assert rt.adopt() == []
+    # local entries that are dead and silent are cleaned up; the others are not ours to touch
+    assert set(_registry(r)) == {"chat-0ddba11a", "chat-0000beef"}
+
+
+# --- supervisor ------------------------------------------------------------------------------
+def _supervise(rt: ProcessRuntime, r: redis.Redis,
+               tmp_path: Path) -> tuple[Supervisor, threading.Event, list[int]]:
+    settings = SupervisorSettings(url="redis://:secret@127.0.0.1:1/0",
+                                  log_dir=tmp_path / "logs", interval_s=0.1)
+    sup = Supervisor(r, rt, settings, handlers=lambda: ["echo"], rng=lambda: 0.0)
+    stop, code = threading.Event(), []
+    sup.register()
+    thread = threading.Thread(target=lambda: code.append(sup.run(stop)), daemon=True)
+    thread.start()
+    sup.thread = thread  # type: ignore[attr-defined]
+    return sup, stop, code
+
+
+def _live_count(rt: ProcessRuntime, tier: str, n: int) -> Callable[[], bool]:
+    def count() -> bool:
+        return len([h for h in rt.list() if h.state is WorkerState.RUNNING and h.tier == tier]) == n
+
+    return count
+
+
+def test_supervisor_keeps_min_workers(make_runtime, r, tmp_path: Path) -> None:
+    write_policy(r, "chat", Policy(min_workers=2, drain_timeout_s=5))
+    write_policy(r, "batch", Policy(min_workers=1, max_workers=2))
+    rt = make_runtime()
+    sup, stop, code = _supervise(rt, r, tmp_path)
+    try:
+        _until(_live_count(rt, "chat", 2), what="2 chat workers")
+        _until(_live_count(rt, "batch", 1), what="1 batch worker")
+        entry = r.hgetall(keys.SUPERVISOR)
+        assert entry[b"pid"] == str(os.getpid()).encode() and b"secret" not in entry[b"url"]
+
+        victim = next(h for h in rt.list() if h.tier == "chat")
+        os.kill(victim.pid, 9)  # a crash: replaced
+        _until(lambda: victim.worker_id not in {h.worker_id for h in rt.list()}, what="reap")
+        _until(_live_count(rt, "chat", 2), what="a replacement")
+
+        write_policy(r, "chat", Policy(min_workers=1))  # scale in: by drain, not kill
+        _until(lambda: len(rt.live("chat")) == 1, what="scale in")
+        r.srem(keys.TIERS, "batch")
+        r.delete(keys.policy("batch"))  # a tier that is gone keeps no workers
+        _until(lambda: not rt.live("batch"), what="batch retired")
+    finally:
+        pids = [h.pid for h in rt.list()]
+        stop.set()
+        sup.thread.join(30)  # type: ignore[attr-defined]
+    assert code == [0]
+    assert not [p for p in pids if _exists(p)]
+    assert not r.exists(keys.SUPERVISOR)
+
+
+def test_a_second_supervisor_refuses_to_run(make_runtime, r, tmp_path: Path) -> None:
+    from commander.supervisor import AlreadyRunning
+
+    rt = make_runtime()
+    settings = SupervisorSettings(url="redis://x", log_dir=tmp_path)
+    Supervisor(r, rt, settings).register()
+    r.hset(keys.SUPERVISOR, mapping={"pid": "1", "host": "elsewhere", "ts": str(time.time())})
+    with pytest.raises(AlreadyRunning):
+        Supervisor(r, rt, settings).register()
+    r.hset(keys.SUPERVISOR, "ts", str(time.time() - 60))  # a stale entry is taken over
+    Supervisor(r, rt, settings).register()
+
+
+def test_backoff_is_capped_and_jittered() -> None:
+    assert backoff_delay(0, 0.5) == 0.0
+    assert backoff_delay(1, 0.0) == 0.25 and backoff_delay(1, 0.999) < 0.5
+    assert backoff_delay(3, 0.0) == 1.0
+    assert backoff_delay(100, 0.999) <= 30.0
+
+
+# --- fleet up / down (the real worker) -------------------------------------------------------
+def _fleet(args: list[str], env: dict[str, str], cwd: Path,
+           timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    code = ("import argparse, sys; from fleet.updown import add_up_down_arguments; "
+            "p = argparse.ArgumentParser(prog='fleet'); "
+            "add_up_down_arguments(p.add_subparsers()); "
+            "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def _real_worker_available() -> bool:
+    return (ROOT / "worker" / "__main__.py").exists()
+
+
+@pytest.mark.skipif(not _real_worker_available(), reason="worker/__main__.py is not written yet")
+@pytest.mark.parametrize("external", [True, False], ids=["REDIS_URL", "local-redis-server"])
+def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: Path, r,
+                                          external: bool) -> None:
+    env = dict(fleet_env)
+    if not external:
+        del env["REDIS_URL"]  # fleet up starts its own redis-server on a free port
+    up = _fleet(["up", "--json", "--timeout", "60"], env, tmp_path)
+    state_file = Path(env["FLEET_HOME"]) / "state.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    try:
+        assert up.returncode == 0, up.stderr
+        result = json.loads(up.stdout)
+        assert result["status"] == "up" and len(result["workers"]) == 1
+        client = redis.Redis.from_url(state["url"])
+        assert client.sismember(keys.TIERS, "chat") and client.exists(keys.policy("chat"))
+        worker_pids = [i.pid for i in _registry(client).values()]
+        client.close()
+        assert (redis_pid := (state.get("redis") or {}).get("pid")) or external
+
+        again = _fleet(["up", "--json"], env, tmp_path)
+        assert again.returncode == 0 and json.loads(again.stdout)["status"] == "already-up"
+    finally:
+        down = _fleet(["down", "--json"], env, tmp_path)
+    assert down.returncode == 0, down.stderr
+    assert json.loads(down.stdout)["status"] == "down"
+    pids = [state["supervisor"]["pid"], *worker_pids] + ([] if external else [redis_pid])
+    assert not [p for p in pids if _exists(p)]
+    assert not state_file.exists()
+    if external:
+        assert not r.exists(keys.SUPERVISOR) and r.hlen(keys.WORKERS) == 0
+    again = _fleet(["down"], env, tmp_path)
+    assert again.returncode == 0 and "not up" in again.stdout
+
+
+def test_bad_arguments_are_one_line_errors(fleet_env: dict[str, str], tmp_path: Path) -> None:
+    env = dict(fleet_env, REDIS_URL="redis://127.0.0.1:1/0")  # nothing listens on port 1
+    bad = _fleet(["up"], env, tmp_path)
+    assert bad.returncode == 1
+    assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("fleet up: cannot use Redis")
+    assert not (Path(env["FLEET_HOME"]) / "state.json").exists()
+    parse = _fleet(["down", "--timeout", "-1"], env, tmp_path)
+    assert parse.returncode == 2 and "--timeout" in parse.stderr
+
+
+def test_up_down_arguments_do_not_clobber_global_options() -> None:
+    from fleet.updown import add_up_down_arguments
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--redis-url")
+    p.add_argument("--json", action="store_true")
+    add_up_down_arguments(p.add_subparsers())
+    args = p.parse_args(["--redis-url", "redis://x", "--json", "up"])
+    assert args.redis_url == "redis://x" and args.json and args.timeout == 30.0
+    args = p.parse_args(["down", "--json"])
+    assert args.json and args.redis_url is None
