@@ -238,8 +238,8 @@ def start_local_redis(timeout: float = 10.0) -> tuple[str, int]:
         record = process_record(pid)
         ok, last_error = _wait_ping(url, record, timeout)
         if ok:
-            update_state(url=url, redis={**record, "kind": kind, "port": port,
-                                         "dir": str(fleet_home() / "redis")})
+            where = {"dir": str(fleet_home() / "redis")} if binary else {}
+            update_state(url=url, redis={**record, "kind": kind, "port": port, **where})
             return url, pid
         terminate(pid, record["create_time"], 2.0)
     log = logs_dir() / "redis.log"

@@ -102,10 +102,11 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
     state = local.read_state()
     if state and _alive(state.get("supervisor")):
         return {**_describe(state), "status": "already-up"}
-    if state:
-        _teardown(state, DOWN_TIMEOUT_S)  # a previous setup whose supervisor is gone
+    resumed = bool(state) and _redis_reusable(state, args)
+    if state and not resumed:
+        _teardown(state, DOWN_TIMEOUT_S)  # a previous setup whose Redis is gone too
         local.clear_state()
-    url, started_redis = _redis_url(args)
+    url, started_redis = (state["url"], False) if resumed else _redis_url(args)
     try:
         r = connect_sync(url, retries=2, socket_timeout=5)
         r.ping()
@@ -113,15 +114,26 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
     except (redis.RedisError, ValueError) as exc:
         if started_redis:
             local.stop_local_redis()
-        local.clear_state()
+        if not resumed:
+            local.clear_state()
         raise FleetError(f"cannot use Redis at {local.redact_url(url)}: {_one_line(exc)}") from exc
+    # a resumed supervisor adopts the workers its predecessor left (run records, registry)
     pid = local.spawn_detached([sys.executable, "-m", "commander.supervisor",
                                 "--log-dir", str(local.logs_dir())],
                                "supervisor.log", local.child_env({"REDIS_URL": url}))
     state = local.update_state(url=url, supervisor=local.process_record(pid), started=time.time(),
                                home=str(local.fleet_home()))
-    workers = _wait_for_workers(r, state, min_workers, args.timeout)
-    return {**_describe(state), "status": "up", "workers": workers}
+    workers = _wait_for_workers(r, state, min_workers, getattr(args, "timeout", UP_TIMEOUT_S))
+    return {**_describe(state), "status": "up", "resumed": resumed, "workers": workers}
+
+
+def _redis_reusable(state: dict[str, Any], args: argparse.Namespace) -> bool:
+    """A setup whose supervisor died: keep its Redis (and workers) if it still serves."""
+    requested = getattr(args, "redis_url", None) or os.environ.get("REDIS_URL")
+    if not isinstance(state.get("url"), str) or requested not in (None, state["url"]):
+        return False
+    own = state.get("redis") or {}
+    return _alive(own) if own.get("pid") else own.get("kind") == "external"
 
 
 def _redis_url(args: argparse.Namespace) -> tuple[str, bool]:
@@ -186,7 +198,7 @@ def _down(args: argparse.Namespace) -> dict[str, Any]:
     if not state:
         leftovers = _stop_recorded_workers(WORKER_STOP_S)
         return {"status": "not-up", "workers_stopped": leftovers}
-    result = _teardown(state, args.timeout)
+    result = _teardown(state, getattr(args, "timeout", DOWN_TIMEOUT_S))
     alive = _still_alive(state)
     if alive:
         raise FleetError(f"still running after fleet down: {', '.join(alive)}; run it again")
@@ -300,7 +312,8 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
         print("fleet is not up" + (f" (stopped {stray} stray workers)" if stray else ""))
         return
     headline = {"up": "fleet is up", "already-up": "fleet is already up", "down": "fleet is down"}
-    print(headline[status])
+    print(headline[status] + (" (supervisor restarted, workers adopted)"
+                              if result.get("resumed") else ""))
     print(f"  redis       {result['url']} ({_redis_text(result['redis'])})")
     print(f"  supervisor  pid {result['supervisor']['pid']} (log {result['supervisor']['log']})")
     if status == "up":
