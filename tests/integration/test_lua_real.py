@@ -1,0 +1,89 @@
+"""turn_commit's msgpack arguments on a real redis-server (fakeredis' Lua has no cmsgpack)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import msgpack
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from protocol import keys
+from protocol.codec import decode
+from protocol.models import MemoryItem
+from stores.memory import new_member
+from stores.turns import Lease, StoreConfig, UserStore, Writes
+
+if TYPE_CHECKING:
+    from tests.conftest import RedisServer
+
+pytestmark = pytest.mark.integration
+
+U = "alice"
+KEYS_ = [keys.lane(U), keys.state(U), keys.inbox(U), keys.session(U), keys.done(U), keys.reply(U, "t1"),
+         keys.usage(U), keys.profile(U), keys.memory(U)]
+
+
+@pytest.fixture
+async def store(r: redis.Redis, redis_server: RedisServer) -> AsyncIterator[UserStore]:
+    client = aioredis.Redis.from_url(redis_server.url)
+    yield UserStore(client, "w1", StoreConfig(memory_max=3))
+    await client.aclose()
+
+
+def snapshot(r: redis.Redis) -> dict[str, object]:
+    return {k.decode(): r.dump(k) for k in sorted(r.keys(f"fleet:u:{{{U}}}:*"))}
+
+
+async def _lease(store: UserStore) -> Lease:
+    lease = await store.acquire(U)
+    assert isinstance(lease, Lease)
+    return lease
+
+
+async def test_commit_writes_profile_memories_and_usage(r: redis.Redis, store: UserStore) -> None:
+    e1 = r.xadd(keys.inbox(U), {"text": "a"}).decode()
+    e2 = r.xadd(keys.inbox(U), {"text": "b"}).decode()
+    lease = await _lease(store)
+    w = Writes(turn_id="t1", session_entry=b"s", reply=b"r", profile={"name": "Alice", "lang": "fr"},
+               memories=[new_member("likes tea", 0.9, 1000.0), new_member("old", 0.1, 1.0)],
+               usage={"turns": 1, "chars_in": 5})
+    assert await store.commit(lease, e1, "t1", w, 1) == "ok"
+    assert r.hgetall(keys.profile(U)) == {b"name": b"Alice", b"lang": b"fr"}
+    assert r.hgetall(keys.usage(U)) == {b"turns": b"1", b"chars_in": b"5"}
+    pulled = await store.pull(U, "t2", e2)
+    assert [m.text for m in pulled.pack.memories] == ["likes tea", "old"]  # ranked, decoded intact
+    assert pulled.pack.profile["name"] == "Alice"
+    w2 = Writes(turn_id="t2", usage={"turns": 1, "errors": 1})
+    assert await store.commit(lease, e2, "t2", w2, 2) == "ok"
+    assert r.hgetall(keys.usage(U)) == {b"turns": b"2", b"chars_in": b"5", b"errors": b"1"}
+
+
+async def test_memory_is_bounded_by_score(r: redis.Redis, store: UserStore) -> None:
+    entry = r.xadd(keys.inbox(U), {"text": "a"}).decode()
+    lease = await _lease(store)
+    mems = [new_member(f"m{i}", imp, 1000.0) for i, imp in enumerate([0.1, 0.9, 0.5, 0.2, 0.8])]
+    assert await store.commit(lease, entry, "t1", Writes(memories=mems), 1) == "ok"
+    kept = [decode(MemoryItem, m).text for m in r.zrevrange(keys.memory(U), 0, -1)]
+    assert kept == ["m1", "m4", "m2"]  # memory_max=3 keeps the highest scores
+
+
+@pytest.mark.parametrize("position", [9, 10, 12], ids=["profile", "memories", "usage"])
+async def test_a_bad_msgpack_argument_leaves_no_partial_write(r: redis.Redis, store: UserStore,
+                                                              position: int) -> None:
+    entry = r.xadd(keys.inbox(U), {"text": "a"}).decode()
+    lease = await _lease(store)
+    before = snapshot(r)
+    good = {9: msgpack.packb({"name": "A"}), 10: msgpack.packb([[b"member", 1.0]], use_bin_type=False),
+            12: msgpack.packb({"turns": 1})}
+    args: list[object] = [lease.owner, entry, "t1", b"session", 10, b"reply", 60_000, 10, 1,
+                          good[9], good[10], 10, good[12]]
+    args[position] = b"\xc1\xc1\xc1"  # never-used msgpack byte
+    with pytest.raises(ResponseError):
+        await store.scripts.turn_commit(keys=KEYS_, args=args)
+    assert snapshot(r) == before
+    args[position] = good[position]
+    assert await store.scripts.turn_commit(keys=KEYS_, args=args) == b"ok"
