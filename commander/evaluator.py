@@ -1,0 +1,207 @@
+"""The evaluator (DESIGN §5, INTERPRET): raw worker reports in, occupancy and rates out.
+
+Per worker it keeps a window of the last ``WINDOW_ROWS`` reports. Per row: ``cpu = min(cpu, 1)``,
+``memory = rss / memory_limit`` (only when a limit is set), ``slots = busy / total``. Each
+component is averaged over the last ``AVERAGE_ROWS`` rows, and occupancy is the **max** of the
+averages: the bottleneck answers "can it take more?". A worker with no rows reads 0.
+
+Pure: no clock, no I/O. Time comes in only through ``report.ts`` or a ``now`` argument.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from protocol.models import OccupancyReport
+from protocol.policy import Policy
+
+WINDOW_ROWS = 60
+AVERAGE_ROWS = 6
+RATE_SPAN_S = 60.0
+_MB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """A worker's occupancy: ``value`` is the max of the averaged components (None = absent)."""
+
+    value: float = 0.0
+    cpu: float | None = None
+    memory: float | None = None
+    slots: float | None = None
+    rows: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Counter deltas per second between two rows ``span_s`` apart."""
+
+    turns_per_s: float
+    errors_per_s: float
+    handler_busy: float  # handler seconds per second: ~ busy slots on average
+    span_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPoint:
+    """One report as the monitor draws it: the row's own components, not averaged."""
+
+    ts: float
+    state: str
+    occupancy: float
+    cpu: float | None
+    memory: float | None
+    slots: float | None
+    busy: int
+    total: int
+    users: int
+    active_users: int
+
+
+def memory_limit_bytes(policy: Policy) -> float | None:
+    """The policy's memory limit in bytes, or None when memory is not a component."""
+    return None if policy.memory_limit_mb is None else policy.memory_limit_mb * _MB
+
+
+def row_cpu(report: OccupancyReport) -> float | None:
+    """cpu capped to one core's worth; None on a worker's first report."""
+    if report.cpu is None:
+        return None
+    return min(max(report.cpu, 0.0), 1.0)
+
+
+def row_memory(report: OccupancyReport, limit_bytes: float | None) -> float | None:
+    """rss as a fraction of the limit; None when no limit is set."""
+    if not limit_bytes or limit_bytes <= 0:
+        return None
+    return report.rss / limit_bytes
+
+
+def row_slots(report: OccupancyReport) -> float | None:
+    """busy/total handler slots; None when the worker reports no slots."""
+    total = report.slots.total
+    return None if total <= 0 else report.slots.busy / total
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def occupancy_of(rows: Sequence[OccupancyReport], limit_bytes: float | None) -> Occupancy:
+    """Average each component over the last ``AVERAGE_ROWS`` rows; occupancy is their max."""
+    recent = list(rows)[-AVERAGE_ROWS:]
+    if not recent:
+        return Occupancy()
+    cpu = _mean(row_cpu(r) for r in recent)
+    memory = _mean(row_memory(r, limit_bytes) for r in recent)
+    slots = _mean(row_slots(r) for r in recent)
+    parts = [p for p in (cpu, memory, slots) if p is not None]
+    return Occupancy(max(parts, default=0.0), cpu, memory, slots, len(recent))
+
+
+def _counters_dropped(newer: OccupancyReport, older: OccupancyReport) -> bool:
+    a, b = newer.counters, older.counters
+    return a.turns < b.turns or a.errors < b.errors or a.handler_seconds < b.handler_seconds
+
+
+def rates_of(rows: Sequence[OccupancyReport], span_s: float = RATE_SPAN_S) -> Rates | None:
+    """Rates between the newest row and the oldest one within ``span_s`` (never across a reset).
+
+    None with fewer than two usable rows.
+    """
+    if len(rows) < 2:
+        return None
+    newest = rows[-1]
+    older: OccupancyReport | None = None
+    for i in range(len(rows) - 2, -1, -1):
+        row = rows[i]
+        if newest.ts - row.ts > span_s or _counters_dropped(rows[i + 1], row):
+            break
+        older = row
+    if older is None or newest.ts <= older.ts:
+        return None
+    dt = newest.ts - older.ts
+    new, old = newest.counters, older.counters
+    return Rates(
+        turns_per_s=(new.turns - old.turns) / dt,
+        errors_per_s=(new.errors - old.errors) / dt,
+        handler_busy=(new.handler_seconds - old.handler_seconds) / dt,
+        span_s=dt,
+    )
+
+
+def history_point(report: OccupancyReport, limit_bytes: float | None) -> HistoryPoint:
+    """One row's components, for the monitor's occupancy history."""
+    cpu, memory, slots = row_cpu(report), row_memory(report, limit_bytes), row_slots(report)
+    value = max((p for p in (cpu, memory, slots) if p is not None), default=0.0)
+    return HistoryPoint(
+        ts=report.ts,
+        state=report.state,
+        occupancy=value,
+        cpu=cpu,
+        memory=memory,
+        slots=slots,
+        busy=report.slots.busy,
+        total=report.slots.total,
+        users=report.users,
+        active_users=report.active_users,
+    )
+
+
+class Evaluator:
+    """Windows of recent reports per worker, and what they mean."""
+
+    def __init__(self, window: int = WINDOW_ROWS) -> None:
+        self._window = window
+        self._rows: dict[str, deque[OccupancyReport]] = {}
+
+    def add(self, report: OccupancyReport) -> bool:
+        """Keep a report; False (ignored) when it is not newer than the worker's last one.
+
+        Reading the same stream entries twice (a commander restart) is therefore harmless.
+        """
+        rows = self._rows.get(report.worker)
+        if rows is None:
+            rows = self._rows[report.worker] = deque(maxlen=self._window)
+        elif rows and report.ts <= rows[-1].ts:
+            return False
+        rows.append(report)
+        return True
+
+    def forget(self, worker: str) -> None:
+        """Drop a worker's window (it exited or was declared dead)."""
+        self._rows.pop(worker, None)
+
+    def workers(self, tier: str | None = None) -> list[str]:
+        """Workers with at least one report, optionally only those of ``tier``."""
+        return [w for w, rows in self._rows.items() if tier is None or rows[-1].tier == tier]
+
+    def latest(self, worker: str) -> OccupancyReport | None:
+        """The newest report of a worker, or None."""
+        rows = self._rows.get(worker)
+        return rows[-1] if rows else None
+
+    def last_report_ts(self, worker: str) -> float | None:
+        """The ``ts`` of the newest report, or None when there is none."""
+        latest = self.latest(worker)
+        return None if latest is None else latest.ts
+
+    def is_fresh(self, worker: str, now: float, max_age_s: float) -> bool:
+        """Whether the newest report is at most ``max_age_s`` old at ``now``."""
+        ts = self.last_report_ts(worker)
+        return ts is not None and now - ts <= max_age_s
+
+    def occupancy(self, worker: str, memory_limit_bytes: float | None = None) -> Occupancy:
+        """The worker's occupancy; 0 with no rows."""
+        return occupancy_of(self._rows.get(worker, ()), memory_limit_bytes)
+
+    def rates(self, worker: str, span_s: float = RATE_SPAN_S) -> Rates | None:
+        """Turn, error and handler-time rates from counter deltas; None with too few rows."""
+        return rates_of(self._rows.get(worker, ()), span_s)
+
+    def history(self, worker: str, memory_limit_bytes: float | None = None) -> list[HistoryPoint]:
+        """Per-row history (oldest first) for the monitor."""
+        return [history_point(r, memory_limit_bytes) for r in self._rows.get(worker, ())]

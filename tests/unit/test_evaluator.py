@@ -1,0 +1,152 @@
+"""The evaluator (DESIGN §5): per-row components, 6-row averages, max = occupancy, rates."""
+
+from __future__ import annotations
+
+import pytest
+
+from commander.evaluator import (
+    AVERAGE_ROWS,
+    WINDOW_ROWS,
+    Evaluator,
+    Occupancy,
+    memory_limit_bytes,
+    occupancy_of,
+    rates_of,
+)
+from protocol.models import Counters, OccupancyReport, Slots
+from protocol.policy import Policy
+
+MB = 1024 * 1024
+
+
+def report(ts: float = 0.0, *, worker: str = "w1", tier: str = "chat", cpu: float | None = 0.0,
+           rss: int = 0, busy: int = 0, total: int = 8, turns: int = 0, errors: int = 0,
+           handler_s: float = 0.0, state: str = "ready") -> OccupancyReport:
+    """A report with only what a test cares about set."""
+    return OccupancyReport(
+        worker=worker, tier=tier, ts=ts, state=state, users=0, active_users=0,
+        slots=Slots(busy=busy, total=total), cpu=cpu, rss=rss,
+        counters=Counters(turns=turns, errors=errors, handler_seconds=handler_s),
+        load=(0.0, 0.0, 0.0),
+    )
+
+
+def rows(*kwargs: dict[str, object]) -> list[OccupancyReport]:
+    """Reports one second apart, each with its own fields."""
+    return [report(float(i), **kw) for i, kw in enumerate(kwargs)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "given", "limit", "expected"),
+    [
+        ("no rows reads 0", [], None, Occupancy()),
+        ("cpu capped at one core", rows({"cpu": 1.7}), None, Occupancy(1.0, 1.0, None, 0.0, 1)),
+        ("cpu None is absent, not 0", rows({"cpu": None, "busy": 2}), None,
+         Occupancy(0.25, None, None, 0.25, 1)),
+        ("first row without cpu is left out of the mean", rows({"cpu": None}, {"cpu": 0.4}), None,
+         Occupancy(0.4, 0.4, None, 0.0, 2)),
+        ("memory only with a limit", rows({"rss": 512 * MB}), None,
+         Occupancy(0.0, 0.0, None, 0.0, 1)),
+        ("memory as a fraction of the limit", rows({"rss": 512 * MB}), 1024 * MB,
+         Occupancy(0.5, 0.0, 0.5, 0.0, 1)),
+        ("slots busy/total", rows({"busy": 6, "total": 8}), None,
+         Occupancy(0.75, 0.0, None, 0.75, 1)),
+        ("no slots reported", rows({"busy": 0, "total": 0, "cpu": 0.1}), None,
+         Occupancy(0.1, 0.1, None, None, 1)),
+        ("max of the averages, not of the rows", rows({"cpu": 0.9, "busy": 0}, {"cpu": 0.1, "busy": 8}),
+         None, Occupancy(0.5, 0.5, None, 0.5, 2)),
+    ],
+)
+def test_occupancy_components(name: str, given: list[OccupancyReport], limit: float | None,
+                              expected: Occupancy) -> None:
+    got = occupancy_of(given, limit)
+    assert got == expected, name
+
+
+def test_average_uses_only_the_last_six_rows() -> None:
+    old = [report(float(i), cpu=1.0) for i in range(10)]
+    recent = [report(10.0 + i, cpu=0.2) for i in range(AVERAGE_ROWS)]
+    occ = occupancy_of(old + recent, None)
+    assert occ.value == pytest.approx(0.2)
+    assert occ.rows == AVERAGE_ROWS
+
+
+def test_window_keeps_the_last_sixty_rows() -> None:
+    ev = Evaluator()
+    for i in range(WINDOW_ROWS + 15):
+        ev.add(report(float(i)))
+    history = ev.history("w1")
+    assert len(history) == WINDOW_ROWS
+    assert history[0].ts == 15.0 and history[-1].ts == WINDOW_ROWS + 14
+
+
+@pytest.mark.parametrize(
+    ("ts_sequence", "accepted"),
+    [
+        ([1.0, 2.0, 3.0], [True, True, True]),
+        ([1.0, 1.0], [True, False]),  # the same stream entry read twice
+        ([2.0, 1.0, 3.0], [True, False, True]),  # out of order
+    ],
+)
+def test_add_ignores_rows_that_are_not_newer(ts_sequence: list[float], accepted: list[bool]) -> None:
+    ev = Evaluator()
+    assert [ev.add(report(ts)) for ts in ts_sequence] == accepted
+
+
+def test_unknown_worker_reads_zero_and_no_rates() -> None:
+    ev = Evaluator()
+    assert ev.occupancy("ghost") == Occupancy()
+    assert ev.rates("ghost") is None
+    assert ev.history("ghost") == []
+    assert ev.last_report_ts("ghost") is None
+    assert ev.latest("ghost") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "given", "span", "expected"),
+    [
+        ("one row has no rate", rows({"turns": 5}), 60.0, None),
+        ("deltas per second", [report(0, turns=10, errors=1, handler_s=2.0),
+                               report(10, turns=30, errors=3, handler_s=12.0)], 60.0,
+         (2.0, 0.2, 1.0, 10.0)),
+        ("only rows within the span", [report(0, turns=0), report(50, turns=100),
+                                       report(100, turns=200)], 60.0, (2.0, 0.0, 0.0, 50.0)),
+        ("never across a counter reset", [report(0, turns=100), report(10, turns=2),
+                                          report(20, turns=12)], 60.0, (1.0, 0.0, 0.0, 10.0)),
+        ("reset on the newest row", [report(0, turns=100), report(10, turns=2)], 60.0, None),
+    ],
+)
+def test_rates(name: str, given: list[OccupancyReport], span: float,
+               expected: tuple[float, float, float, float] | None) -> None:
+    got = rates_of(given, span)
+    if expected is None:
+        assert got is None, name
+    else:
+        assert got is not None, name
+        assert (got.turns_per_s, got.errors_per_s, got.handler_busy, got.span_s) == pytest.approx(
+            expected), name
+
+
+def test_evaluator_end_to_end() -> None:
+    ev = Evaluator()
+    ev.add(report(100.0, worker="a", cpu=None, busy=4, turns=0))
+    ev.add(report(105.0, worker="a", cpu=0.3, busy=2, turns=10))
+    ev.add(report(105.0, worker="b", tier="batch", busy=8))
+    occ = ev.occupancy("a")
+    assert (occ.value, occ.cpu, occ.slots) == pytest.approx((0.375, 0.3, 0.375))
+    rates = ev.rates("a")
+    assert rates is not None and rates.turns_per_s == pytest.approx(2.0)
+    assert ev.workers() == ["a", "b"] and ev.workers("batch") == ["b"]
+    assert ev.last_report_ts("a") == 105.0
+    assert ev.is_fresh("a", now=114.0, max_age_s=10.0)
+    assert not ev.is_fresh("a", now=116.0, max_age_s=10.0)
+    points = ev.history("a")
+    assert [p.occupancy for p in points] == pytest.approx([0.5, 0.3])
+    assert points[0].cpu is None and points[1].busy == 2
+    ev.forget("a")
+    assert ev.workers() == ["b"] and ev.occupancy("a").value == 0.0
+
+
+@pytest.mark.parametrize(("mb", "expected"), [(None, None), (256.0, 256.0 * MB)])
+def test_memory_limit_from_policy(mb: float | None, expected: float | None) -> None:
+    assert memory_limit_bytes(Policy(memory_limit_mb=mb)) == expected
