@@ -37,7 +37,7 @@ def unpack(data: bytes, max_bytes: int | None = None) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise CodecError(f"expected a msgpack map, got {type(body).__name__}")
     version = body.pop("v", None)
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise CodecError(f"unsupported protocol version {version!r} (this side speaks {PROTOCOL_VERSION})")
     return body
 
@@ -61,4 +61,4 @@ def _one_line(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"]) or "message"
         parts.append(f"{where}: {err['msg']}")
     more = "" if exc.error_count() <= 3 else f" (+{exc.error_count() - 3} more)"
-    return "; ".join(parts) + more
+    return " ".join(("; ".join(parts) + more).split())  # input may hold newlines: keep one line

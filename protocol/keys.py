@@ -101,19 +101,22 @@ def pressure(tier: str) -> str:
     return _t(tier, "pressure")
 
 
+POLICY_PREFIX = f"{PREFIX}:policy:"
+
+
 def policy(tier: str) -> str:
-    """JSON Policy edited by users (``fleet policy set`` or a raw ``SET``)."""
-    return f"{PREFIX}:policy:{validate_tier(tier)}"
+    """JSON Policy edited by users (``fleet policy set`` or a raw ``SET``): ``fleet:policy:{chat}``."""
+    return f"{POLICY_PREFIX}{{{validate_tier(tier)}}}"
 
 
 def policy_good(tier: str) -> str:
     """The last policy that validated: what the fleet runs on when the key is invalid."""
-    return f"{PREFIX}:policy:{validate_tier(tier)}:good"
+    return f"{policy(tier)}:good"
 
 
 def policy_status(tier: str) -> str:
-    """Hash: ``ok`` 1/0, ``error`` (the rejection reason), ``ts``."""
-    return f"{PREFIX}:policy:{validate_tier(tier)}:status"
+    """Hash: ``ok`` 1/0, ``error`` (the rejection reason), ``source``, ``ts``."""
+    return f"{policy(tier)}:status"
 
 
 # --- per worker -------------------------------------------------------------------------

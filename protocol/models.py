@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, field_validator
 
@@ -64,11 +64,14 @@ class MemoryItem(_Model):
     ts: float
 
 
+Importance = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
 class HandlerResult(_Model):
     """What a handler returns: the reply and the writes it asks for."""
 
     text: str
-    memories: list[tuple[str, float]] = Field(default_factory=list)  # (text, importance)
+    memories: list[tuple[str, Importance]] = Field(default_factory=list)  # (text, importance in (0, 1])
     profile: dict[str, str] = Field(default_factory=dict)
 
 

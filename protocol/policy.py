@@ -134,7 +134,7 @@ def _one_line(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"]) or "policy"
         msg = err["msg"].removeprefix("Value error, ")
         parts.append(f"{where}: {msg}")
-    return "; ".join(parts)
+    return " ".join("; ".join(parts).split())  # field names come from input: keep one line
 
 
 def parse_policy(raw: str | bytes | Mapping[str, Any], handlers: Iterable[str] | None = None) -> Policy:
@@ -142,8 +142,8 @@ def parse_policy(raw: str | bytes | Mapping[str, Any], handlers: Iterable[str] |
     if isinstance(raw, (str, bytes)):
         try:
             raw = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise PolicyError(f"not JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, huge ints, nesting
+            raise PolicyError(f"not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(raw, Mapping):
         raise PolicyError(f"a policy is a JSON object, got {type(raw).__name__}")
     try:
@@ -173,6 +173,8 @@ def parse_assignments(pairs: Iterable[str]) -> dict[str, Any]:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+        except (ValueError, RecursionError) as exc:  # huge ints, deep nesting
+            raise PolicyError(f"{key}: unreadable value ({type(exc).__name__})") from None
     return out
 
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
 from protocol import keys
+from protocol.ids import InvalidId, validate_tier
 from protocol.policy import Policy, PolicyError, parse_policy
 
 
@@ -43,33 +45,56 @@ def _resolve(tier: str, raw: bytes | None, good: bytes | None, handlers: Iterabl
     return PolicyRead(tier, Policy(), "default", error)
 
 
-def _status_fields(read: PolicyRead) -> dict[str, str]:
-    return {"ok": "0" if read.error else "1", "error": read.error or "", "source": read.source,
-            "ts": f"{time.time():.3f}"}
+def _verdict(read: PolicyRead) -> tuple[bytes, bytes]:
+    return (read.source.encode(), (read.error or "").encode())
+
+
+def _plan_writes(tier: str, read: PolicyRead, raw: bytes | None, good: bytes | None,
+                 status: list[bytes | None]) -> tuple[bytes | None, dict[str, str] | None]:
+    """What to write back: the new last-good copy, and the status only when the verdict changed."""
+    new_good = raw if read.source == "key" and raw != good else None
+    if tuple(status) == _verdict(read):
+        return new_good, None
+    fields = {"ok": "0" if read.error else "1", "error": read.error or "", "source": read.source,
+              "ts": f"{time.time():.3f}"}
+    return new_good, fields
+
+
+def _queue_reads(pipe: Any, tier: str) -> None:
+    pipe.mget(keys.policy(tier), keys.policy_good(tier))
+    pipe.hmget(keys.policy_status(tier), ["source", "error"])
+
+
+def _queue_writes(pipe: Any, tier: str, new_good: bytes | None, status: dict[str, str] | None) -> bool:
+    if new_good is not None:
+        pipe.set(keys.policy_good(tier), new_good)
+    if status is not None:
+        pipe.hset(keys.policy_status(tier), mapping=status)
+    return new_good is not None or status is not None
 
 
 def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None) -> PolicyRead:
-    """Read and validate a tier's policy (blocking client); record the verdict."""
-    raw, good = r.mget(keys.policy(tier), keys.policy_good(tier))
+    """Read and validate a tier's policy (blocking client); record a changed verdict."""
+    pipe = r.pipeline(transaction=False)
+    _queue_reads(pipe, tier)
+    (raw, good), status = pipe.execute()
     read = _resolve(tier, raw, good, handlers)
     pipe = r.pipeline(transaction=False)
-    if read.source == "key" and raw != good:
-        pipe.set(keys.policy_good(tier), raw)
-    pipe.hset(keys.policy_status(tier), mapping=_status_fields(read))
-    pipe.execute()
+    if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status)):
+        pipe.execute()
     return read
 
 
 async def read_policy_async(r: aioredis.Redis, tier: str,
                             handlers: Iterable[str] | None = None) -> PolicyRead:
-    """Read and validate a tier's policy (asyncio client); record the verdict."""
-    raw, good = await r.mget(keys.policy(tier), keys.policy_good(tier))
+    """Read and validate a tier's policy (asyncio client); record a changed verdict."""
+    pipe = r.pipeline(transaction=False)
+    _queue_reads(pipe, tier)
+    (raw, good), status = await pipe.execute()
     read = _resolve(tier, raw, good, handlers)
     pipe = r.pipeline(transaction=False)
-    if read.source == "key" and raw != good:
-        pipe.set(keys.policy_good(tier), raw)
-    pipe.hset(keys.policy_status(tier), mapping=_status_fields(read))
-    await pipe.execute()
+    if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status)):
+        await pipe.execute()
     return read
 
 
@@ -86,5 +111,14 @@ def write_policy(r: redis.Redis, tier: str, policy: Policy) -> None:
 
 
 def list_tiers(r: redis.Redis) -> list[str]:
-    """Tiers known to the fleet (those with a policy written through Fleet)."""
-    return sorted(t.decode() if isinstance(t, bytes) else t for t in r.smembers(keys.TIERS))
+    """Tiers known to the fleet: registered ones, and any with a policy key (even a raw ``SET``)."""
+    names = {t.decode() if isinstance(t, bytes) else t for t in r.smembers(keys.TIERS)}
+    prefix = keys.POLICY_PREFIX + "{"
+    for key in r.scan_iter(match=prefix + "*}", count=500):
+        name = (key.decode() if isinstance(key, bytes) else key)[len(prefix):-1]
+        if name:
+            try:
+                names.add(validate_tier(name))
+            except InvalidId:
+                continue  # a key no tier can have: not ours
+    return sorted(names)

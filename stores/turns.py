@@ -159,9 +159,9 @@ class UserStore:
         if not leases:
             return []
         pipe = self.r.pipeline(transaction=False)
-        for lease in leases:
-            self.scripts.lane_renew(keys=[keys.lane(lease.user)], args=[lease.owner, self.cfg.lane_ttl_ms],
-                                    client=pipe)
+        for lease in leases:  # awaiting a script call on a pipeline queues it
+            await self.scripts.lane_renew(keys=[keys.lane(lease.user)],
+                                          args=[lease.owner, self.cfg.lane_ttl_ms], client=pipe)
         return [bool(x) for x in await pipe.execute()]
 
 

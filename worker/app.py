@@ -325,9 +325,9 @@ class Worker:
         if nids:
             await self.r.xack(self._ready_key, keys.GROUP, *nids)
 
-    async def notify(self, user: str) -> None:
-        """Post a fresh notification for ``user`` (a hand-over)."""
-        await self.r.xadd(self._ready_key, {"user": user})
+    async def notify(self, user: str, tier: str) -> None:
+        """Post a fresh notification for ``user`` on ``tier``'s ready stream (a hand-over)."""
+        await self.r.xadd(keys.ready(tier), {"user": user})
 
     def counters_add(self, turns: int = 0, errors: int = 0, handler_seconds: float = 0.0) -> None:
         c = self.counters

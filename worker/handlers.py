@@ -101,7 +101,7 @@ async def echo(ctx: TurnContext) -> HandlerResult:
         parts.append(f"memory: {ctx.pack.memories[0].text}")
     if "name" in ctx.pack.profile:
         parts.append(f"hello {ctx.pack.profile['name']}")
-    importance = float(ctx.option("importance", 0.5))
+    importance = min(1.0, max(0.01, float(ctx.option("importance", 0.5))))
     return HandlerResult(
         text=" | ".join(parts),
         memories=[(f"said: {text[:200]}", importance)],

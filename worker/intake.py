@@ -2,8 +2,9 @@
 
 A turn arrives in the user's inbox in one of two forms:
 - binary: one field ``m`` holding a msgpack ``Turn`` (what the Python client writes);
-- plain: fields ``text`` and optionally ``turn_id`` (default: the inbox entry id) and
-  ``meta`` (a JSON object), which any Redis client can write. Replies to plain turns are JSON.
+- plain: fields ``text`` and optionally ``turn_id`` (default: the inbox entry id), ``tier``
+  (default: the tier of the worker that reads it) and ``meta`` (a JSON object), which any
+  Redis client can write. Replies to plain turns are JSON.
 """
 
 from __future__ import annotations
@@ -11,28 +12,45 @@ from __future__ import annotations
 import json
 from typing import Literal
 
+import msgpack
+
 from protocol.codec import CodecError, unpack, validate
 from protocol.ids import InvalidId, validate_token
 from protocol.models import Turn
 
 Fields = dict[bytes, bytes]
+_ROUTE_PEEK_LIMIT = 16 * 1024 * 1024  # read a rejected binary turn this far for its turn id
 
 
 def entry_size(fields: Fields) -> int:
-    """Bytes of an entry's field names and values."""
-    return sum(len(k) + len(v) for k, v in fields.items())
+    """Bytes of an entry's values: for a binary turn, exactly what the client measured."""
+    return sum(len(v) for v in fields.values())
 
 
 def reply_route(entry: str, fields: Fields) -> tuple[str, Literal["msgpack", "json"]]:
-    """Where and how to reply to an entry, even a broken one: (turn id for the key, format)."""
+    """Where and how to reply to an entry, even a broken one: (turn id for the key, format).
+
+    A binary turn that is rejected (oversize, invalid) is still answered on its own turn id
+    when the msgpack can be read that far, so the client waiting for it gets the error.
+    """
     if b"m" in fields:
-        return entry, "msgpack"  # refined by the decoded turn when it decodes
+        return _binary_turn_id(fields[b"m"]) or entry, "msgpack"
     raw = fields.get(b"turn_id")
     try:
         turn_id = validate_token(raw.decode(), "turn id") if raw else entry
     except (InvalidId, UnicodeDecodeError):
         turn_id = entry
     return turn_id, "json"
+
+
+def _binary_turn_id(payload: bytes) -> str | None:
+    if len(payload) > _ROUTE_PEEK_LIMIT:
+        return None
+    try:
+        body = msgpack.unpackb(payload, raw=False)
+        return validate_token(body.get("turn_id"), "turn id") if isinstance(body, dict) else None
+    except Exception:  # noqa: BLE001 - any garbage means: no turn id to reply on
+        return None
 
 
 def decode_entry(user: str, tier: str, entry: str, fields: Fields, max_bytes: int) -> Turn:
@@ -59,12 +77,13 @@ def _plain(user: str, tier: str, entry: str, fields: Fields) -> Turn:
     if b"meta" in fields:
         try:
             meta = json.loads(fields[b"meta"])
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # bad JSON or UTF-8, huge ints, deep nesting
             raise CodecError("'meta' is not JSON") from None
         if not isinstance(meta, dict):
             raise CodecError("'meta' must be a JSON object")
     turn_id = fields.get(b"turn_id", entry.encode()).decode(errors="replace")
+    tier = fields.get(b"tier", tier.encode()).decode(errors="replace")
     ts = entry.split("-", 1)[0]
     body = {"turn_id": turn_id, "user": user, "tier": tier, "text": text,
-            "ts": int(ts) / 1000 if ts.isdigit() else 0.0, "meta": meta, "reply_fmt": "json"}
+            "ts": int(ts) / 1000 if ts.isascii() and ts.isdigit() else 0.0, "meta": meta, "reply_fmt": "json"}
     return validate(Turn, body)

@@ -32,6 +32,14 @@ INBOX_BATCH = 16
 Rows = list[tuple[str, Fields]]
 
 
+class OtherTier(Exception):
+    """The user's next turn is for another tier: hand the lane to its workers."""
+
+    def __init__(self, tier: str) -> None:
+        super().__init__(tier)
+        self.tier = tier
+
+
 class UserJob:
     """Serves one user's inbox under its lane; created per user, gone when the lane is."""
 
@@ -74,7 +82,7 @@ class UserJob:
                 return
             self.lease = got
             covered = await self._serve_until_released(got)
-            if covered is None:  # handed over while draining
+            if covered is None:  # handed over (draining, or the next turn is another tier's)
                 await self.w.ack(self.nids)
                 return
             if len(self.nids) == covered:
@@ -89,9 +97,14 @@ class UserJob:
         """Serve until the inbox is empty and the lane released; return how many ids that covers."""
         cursor, rows = lease.cursor, lease.entries
         while True:
-            cursor = await self._serve_inbox(lease, cursor, rows)
+            try:
+                cursor = await self._serve_inbox(lease, cursor, rows)
+            except OtherTier as other:
+                await self._give_up(lease, other.tier)
+                return None
             rows = None
-            if self.w.draining and await self._hand_over(lease, cursor):
+            if self.w.draining and await self.w.store.read_inbox(self.user, cursor, 1):
+                await self._give_up(lease, self.w.tier)
                 return None
             covered = len(self.nids)
             res = await self.w.store.release(lease)
@@ -101,16 +114,13 @@ class UserJob:
             if res == -1:
                 raise Fenced(self.user)
 
-    async def _hand_over(self, lease: Lease, cursor: str) -> bool:
-        """While draining: if turns remain, drop the lane and re-notify so another worker serves."""
-        if not await self.w.store.read_inbox(self.user, cursor, 1):
-            return False
-        if await self.w.store.drop(lease):
-            self.lease = None
-            await self.w.notify(self.user)
-            log.info("draining: handed %s over with turns still queued", self.user)
-            return True
-        raise Fenced(self.user)
+    async def _give_up(self, lease: Lease, tier: str) -> None:
+        """Drop the lane with turns still queued and notify ``tier``, whose workers take over."""
+        if not await self.w.store.drop(lease):
+            raise Fenced(self.user)
+        self.lease = None
+        await self.w.notify(self.user, tier)
+        log.info("handed %s over to tier %s with turns still queued", self.user, tier)
 
     async def _serve_inbox(self, lease: Lease, cursor: str, rows: Rows | None) -> str:
         """Serve entries after ``cursor`` until a short batch; the release re-checks for more."""
@@ -133,6 +143,13 @@ class UserJob:
         except CodecError as exc:
             await self._reject(lease, entry, fields, reply_to, fmt, f"bad turn: {exc}", attempts=0)
             return
+        except Exception as exc:  # a decoder bug must not wedge the user's lane: dead-letter it
+            log.exception("turn %s of %s could not be decoded", entry, self.user)
+            await self._reject(lease, entry, fields, reply_to, fmt,
+                               f"bad turn: {type(exc).__name__}: {str(exc)[:200]}", attempts=0)
+            return
+        if turn.tier != self.w.tier:  # per-user order holds across tiers: that tier goes next
+            raise OtherTier(turn.tier)
         last_error = "the worker died during the turn"
         while True:
             pulled = await self.w.store.pull(self.user, turn.turn_id, entry)

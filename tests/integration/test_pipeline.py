@@ -183,3 +183,18 @@ def test_redis_cli_alone_can_submit_and_read_the_reply(r, redis_server, start_wo
     rc("XADD", "fleet:{chat}:ready", "*", "user", "carol")
     out = rc("BLPOP", "fleet:u:{carol}:reply:my-turn-1", "10")
     assert json.loads(out.splitlines()[1])["text"].startswith("echo: again | previous: hi from redis-cli")
+
+
+def test_turns_of_one_user_on_two_tiers_keep_order_and_each_tier_its_handler(r, redis_server, start_worker):
+    write_policy(r, "chat", Policy(handler="echo"))
+    write_policy(r, "gpu", Policy(handler="sleep", handler_options={"sleep_ms": 5}))
+    start_worker("chat")
+    start_worker("gpu")
+    fleet = Fleet(redis_server.url)
+    plan = [("chat", "a"), ("gpu", "b"), ("gpu", "c"), ("chat", "d"), ("gpu", "e")]
+    handles = [fleet.submit("erin", text, tier=tier) for tier, text in plan]
+    replies = fleet.results(handles, timeout=30)
+    assert [rep.text.split(" |")[0] for rep in replies] == [
+        "echo: a", "slept: b", "slept: c", "echo: d", "slept: e"]
+    assert [rep.worker.split("-")[0] for rep in replies] == ["chat", "gpu", "gpu", "chat", "gpu"]
+    assert [e.text for e in session_of(r, "erin")] == ["a", "b", "c", "d", "e"]

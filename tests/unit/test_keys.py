@@ -111,12 +111,6 @@ def test_tagged_tier_keys_share_the_tier_slot(tier: str) -> None:
         assert f"{{{tier}}}" in build(tier)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol/keys.py policy/policy_good/policy_status carry no {tier} hash tag, so they land in "
-    "other slots than the tier and each other, yet stores/policies.py reads them with one MGET and "
-    "writes them in one MULTI (CROSSSLOT on Redis Cluster)",
-)
 @pytest.mark.parametrize("tier", ["chat", "gpu"])
 def test_policy_keys_share_the_tier_slot(tier: str) -> None:
     slots = {key_slot(build(tier)) for build in PER_TIER_POLICY.values()}

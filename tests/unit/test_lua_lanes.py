@@ -170,14 +170,6 @@ async def test_renew_nothing(rig: Rig) -> None:
     assert await rig.w1.renew([]) == []
 
 
-@pytest.mark.filterwarnings("ignore:coroutine 'AsyncScript.__call__' was never awaited:RuntimeWarning")
-@pytest.mark.xfail(
-    strict=True,
-    reason="stores/turns.py UserStore.renew calls the async AsyncScript.__call__(..., client=pipe) without "
-    "awaiting it, so nothing is queued on the pipeline: renew() returns [] (and leaks never-awaited "
-    "coroutines); worker/app.py _renew then fails zip(strict=True) every interval, so leases are never "
-    "extended and the heartbeat/xclaim after it never run while a lane is held",
-)
 async def test_renew_extends_held_leases_and_reports_lost_ones(rig: Rig) -> None:
     mine = await rig.w1.acquire("alice")
     lost = await rig.w1.acquire("bob")

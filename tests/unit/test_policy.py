@@ -85,12 +85,6 @@ def test_validation_table(changes: dict[str, Any], error: str | None) -> None:
         assert "Value error, " not in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol/policy.py _one_line puts the offending field name from the input verbatim into the "
-    "'one-line' reason, so an unknown key containing a newline yields a multi-line PolicyError "
-    "(recorded in fleet:policy:<tier>:status and logged)",
-)
 def test_reason_stays_one_line_for_a_hostile_field_name() -> None:
     with pytest.raises(PolicyError) as info:
         parse_policy('{"x\\nFAKE LOG LINE": 1}')
