@@ -72,7 +72,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         handle = client.submit(args.user, " ".join(args.text), tier=args.tier, meta=meta)
         reply = handle.result(args.timeout)
-    except (InvalidId, TurnTooLarge) as exc:
+    except TurnTooLarge as exc:
         raise CliError(str(exc)) from None
     except TurnTimeout as exc:
         print(f"fleet submit: {exc}", file=sys.stderr)
@@ -97,7 +97,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         try:
             reply = client.submit(args.user, line.rstrip("\n"), tier=args.tier).result(args.timeout)
             print(_reply_line(reply), flush=True)
-        except (InvalidId, TurnTooLarge) as exc:
+        except TurnTooLarge as exc:
             raise CliError(str(exc)) from None
         except TurnTimeout as exc:
             print(f"fleet chat: {exc}", file=sys.stderr)

@@ -362,11 +362,6 @@ def _fleet(args: list[str], env: dict[str, str], cwd: Path,
                           capture_output=True, timeout=timeout)
 
 
-def _real_worker_available() -> bool:
-    return (ROOT / "worker" / "__main__.py").exists()
-
-
-@pytest.mark.skipif(not _real_worker_available(), reason="worker/__main__.py is not written yet")
 @pytest.mark.parametrize("external", [True, False], ids=["REDIS_URL", "local-redis-server"])
 def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: Path, r,
                                           external: bool) -> None:

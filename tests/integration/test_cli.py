@@ -1,0 +1,79 @@
+"""The `fleet` command as a person uses it: up, submit, policy, status, down; nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def fleet(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 90,
+          stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fleet.cli", *args], env=env, cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout, input=stdin)
+
+
+def descendants_of_fleet(home: Path) -> list[psutil.Process]:
+    """Processes whose command line points into this test's FLEET_HOME (workers log there)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if str(home) in cmd:
+            found.append(proc)
+    return found
+
+
+def test_up_submit_policy_status_down_leaves_no_process(fleet_env, tmp_path, redis_server):
+    env = dict(fleet_env)
+    del env["REDIS_URL"]  # fleet up brings its own redis-server under FLEET_HOME
+    home = Path(env["FLEET_HOME"])
+    up = fleet(["up", "--json"], env, tmp_path)
+    state = json.loads((home / "state.json").read_text()) if (home / "state.json").exists() else {}
+    try:
+        assert up.returncode == 0, up.stderr
+        first = fleet(["submit", "--user", "alice", "my", "cat", "is", "Tom"], env, tmp_path)
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.strip() == "echo: my cat is Tom"
+        second = fleet(["submit", "--user", "alice", "--json", "and", "now?"], env, tmp_path)
+        reply = json.loads(second.stdout)
+        assert reply["ok"] and reply["context"]["session_turns"] == 1
+
+        chat = fleet(["chat", "--user", "bob"], env, tmp_path, stdin="one\ntwo\n\n")
+        assert chat.returncode == 0
+        assert chat.stdout.splitlines() == ["echo: one", "echo: two | previous: one | memory: said: one"]
+
+        bad = fleet(["policy", "set", "chat", "min_workers=5", "max_workers=2"], env, tmp_path)
+        assert bad.returncode != 0 and bad.stderr.count("\n") == 1
+        assert "min_workers (5) > max_workers (2)" in bad.stderr
+        got = json.loads(fleet(["policy", "get", "chat", "--json"], env, tmp_path).stdout)
+        assert got["policy"]["min_workers"] == 1 and got["policy"]["max_workers"] == 8  # unchanged
+
+        bad_user = fleet(["submit", "--user", "no{pe}", "hi"], env, tmp_path)
+        assert bad_user.returncode == 2 and "invalid user id" in bad_user.stderr
+
+        status = json.loads(fleet(["status", "--json"], env, tmp_path).stdout)
+        assert status["tiers"]["chat"]["workers_alive"] == 1
+        assert status["tiers"]["chat"]["backlog"] == 0
+        pids = [state["supervisor"]["pid"], state["redis"]["pid"],
+                *(w["pid"] for w in status["workers"])]
+        assert all(psutil.pid_exists(p) for p in pids)
+    finally:
+        down = fleet(["down"], env, tmp_path)
+    assert down.returncode == 0, down.stderr
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not [p for p in descendants_of_fleet(home) if p.status() != "zombie"]
+    assert not (home / "state.json").exists()
+
+
+def test_cli_errors_are_one_line(fleet_env, tmp_path):
+    for args in (["submit", "hi"], ["policy", "set", "chat", "nosuchfield=1"], ["bogus"],
+                 ["policy", "set", "chat", "handler=os.system"]):
+        out = fleet(args, fleet_env, tmp_path)
+        assert out.returncode != 0, args
+        assert out.stderr.count("\n") == 1, (args, out.stderr)
