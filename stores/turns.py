@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
@@ -133,10 +132,15 @@ class UserStore:
         keys_ = [keys.lane(user), keys.state(user), keys.inbox(user), keys.session(user),
                  keys.done(user), keys.reply(user, reply_key_turn), keys.usage(user),
                  keys.profile(user), keys.memory(user)]
-        args = [lease.owner, entry, w.turn_id, w.session_entry, self.cfg.session_max, w.reply,
-                self.cfg.reply_ttl_ms, self.cfg.done_keep, now_ms,
-                _pack_or_empty(w.profile), _pack_or_empty([list(m) for m in w.memories]),
-                self.cfg.memory_max, _pack_or_empty(w.usage)]
+        args: list[Any] = [lease.owner, entry, w.turn_id, w.session_entry, self.cfg.session_max, w.reply,
+                           self.cfg.reply_ttl_ms, self.cfg.done_keep, now_ms, self.cfg.memory_max,
+                           len(w.profile), len(w.memories), len(w.usage)]
+        for field_, value in w.profile.items():
+            args += [field_, value]
+        for member, score in w.memories:
+            args += [member, repr(float(score))]
+        for counter, n in w.usage.items():
+            args += [counter, int(n)]
         try:
             res = await self.scripts.turn_commit(keys=keys_, args=args)
         except ResponseError as exc:
@@ -168,11 +172,6 @@ class UserStore:
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
     """A stream entry's fields as Lua returns them (a flat list) -> dict."""
     return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _pack_or_empty(value: Any) -> bytes:
-    # use_bin_type=False: Redis' Lua cmsgpack cannot read msgpack's bin type
-    return msgpack.packb(value, use_bin_type=False) if value else b""
 
 
 def _parse_session(raw: list[bytes]) -> list[SessionEntry]:

@@ -18,11 +18,11 @@
 -- ARGV[6]  reply payload ('' = no reply)    ARGV[7]  reply TTL in ms
 -- ARGV[8]  how many answered turn ids to remember
 -- ARGV[9]  now in ms
--- (msgpack arguments use the str type for bytes: Redis' cmsgpack has no bin type)
--- ARGV[10] msgpack map of profile fields to set ('' = none)
--- ARGV[11] msgpack array of {member, score} memories to add ('' = none)
--- ARGV[12] memory max size (lowest scores are dropped)
--- ARGV[13] msgpack map of usage counters to increment ('' = none)
+-- ARGV[10] memory max size (lowest scores are dropped)
+-- ARGV[11] P: number of profile (field, value) pairs that follow
+-- ARGV[12] M: number of memory (member, score) pairs that follow
+-- ARGV[13] Q: number of usage (counter, increment) pairs that follow
+-- ARGV[14 ..] the P profile pairs, then the M memory pairs, then the Q usage pairs
 --
 -- Returns 'ok'; 'stale' if the entry is not the next one after the cursor (already done);
 -- an error 'FENCED ...' if the caller no longer holds the lane.
@@ -37,11 +37,18 @@ if #nxt == 0 or nxt[1][1] ~= ARGV[2] then
   return 'stale'
 end
 
--- decode every argument before the first write: a script that fails halfway is not undone
-local profile, memories, usage = {}, {}, {}
-if ARGV[10] ~= '' then profile = cmsgpack.unpack(ARGV[10]) end
-if ARGV[11] ~= '' then memories = cmsgpack.unpack(ARGV[11]) end
-if ARGV[13] ~= '' then usage = cmsgpack.unpack(ARGV[13]) end
+-- check every argument before the first write: a script that fails halfway is not undone
+local np, nm, nu = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+if not (np and nm and nu) or #ARGV ~= 13 + 2 * (np + nm + nu) then
+  return redis.error_reply('BADARGS pair counts do not match the arguments')
+end
+local first_mem, first_use = 14 + 2 * np, 14 + 2 * (np + nm)
+for i = first_mem, first_mem + 2 * nm - 1, 2 do
+  if not tonumber(ARGV[i + 1]) then return redis.error_reply('BADARGS memory score') end
+end
+for i = first_use, first_use + 2 * nu - 1, 2 do
+  if not tonumber(ARGV[i + 1]) then return redis.error_reply('BADARGS usage increment') end
+end
 
 redis.call('HSET', KEYS[2], 'cursor', ARGV[2])
 redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2])
@@ -59,16 +66,16 @@ if ARGV[6] ~= '' then
   redis.call('RPUSH', KEYS[6], ARGV[6])
   redis.call('PEXPIRE', KEYS[6], ARGV[7])
 end
-for field, value in pairs(profile) do
-  redis.call('HSET', KEYS[8], field, value)
+for i = 14, first_mem - 1, 2 do
+  redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 1])
 end
-if #memories > 0 then
-  for _, item in ipairs(memories) do
-    redis.call('ZADD', KEYS[9], item[2], item[1])
+if nm > 0 then
+  for i = first_mem, first_use - 1, 2 do
+    redis.call('ZADD', KEYS[9], ARGV[i + 1], ARGV[i])
   end
-  redis.call('ZREMRANGEBYRANK', KEYS[9], 0, -(tonumber(ARGV[12]) + 1))
+  redis.call('ZREMRANGEBYRANK', KEYS[9], 0, -(tonumber(ARGV[10]) + 1))
 end
-for field, n in pairs(usage) do
-  redis.call('HINCRBY', KEYS[7], field, n)
+for i = first_use, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1])
 end
 return 'ok'

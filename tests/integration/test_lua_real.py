@@ -1,11 +1,10 @@
-"""turn_commit's msgpack arguments on a real redis-server (fakeredis' Lua has no cmsgpack)."""
+"""turn_commit's profile/memory/usage arguments on a real redis-server."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-import msgpack
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -71,19 +70,22 @@ async def test_memory_is_bounded_by_score(r: redis.Redis, store: UserStore) -> N
     assert kept == ["m1", "m4", "m2"]  # memory_max=3 keeps the highest scores
 
 
-@pytest.mark.parametrize("position", [9, 10, 12], ids=["profile", "memories", "usage"])
-async def test_a_bad_msgpack_argument_leaves_no_partial_write(r: redis.Redis, store: UserStore,
-                                                              position: int) -> None:
+BAD_ARGS = {
+    "counts": [1, 0, 0, "name"],  # says one profile pair, gives half of one
+    "memory-score": [0, 1, 0, b"member", "not-a-number"],
+    "usage-increment": [0, 0, 1, "turns", "x"],
+}
+
+
+@pytest.mark.parametrize("tail", BAD_ARGS.values(), ids=BAD_ARGS.keys())
+async def test_bad_arguments_leave_no_partial_write(r: redis.Redis, store: UserStore,
+                                                   tail: list[object]) -> None:
     entry = r.xadd(keys.inbox(U), {"text": "a"}).decode()
     lease = await _lease(store)
     before = snapshot(r)
-    good = {9: msgpack.packb({"name": "A"}), 10: msgpack.packb([[b"member", 1.0]], use_bin_type=False),
-            12: msgpack.packb({"turns": 1})}
-    args: list[object] = [lease.owner, entry, "t1", b"session", 10, b"reply", 60_000, 10, 1,
-                          good[9], good[10], 10, good[12]]
-    args[position] = b"\xc1\xc1\xc1"  # never-used msgpack byte
-    with pytest.raises(ResponseError):
-        await store.scripts.turn_commit(keys=KEYS_, args=args)
+    head: list[object] = [lease.owner, entry, "t1", b"session", 10, b"reply", 60_000, 10, 1, 10]
+    with pytest.raises(ResponseError, match="BADARGS"):
+        await store.scripts.turn_commit(keys=KEYS_, args=head + tail)
     assert snapshot(r) == before
-    args[position] = good[position]
-    assert await store.scripts.turn_commit(keys=KEYS_, args=args) == b"ok"
+    good = [1, 1, 1, "name", "A", b"member", "1.0", "turns", 1]
+    assert await store.scripts.turn_commit(keys=KEYS_, args=head + good) == b"ok"

@@ -1,8 +1,7 @@
 """The lane and commit Lua scripts through stores.turns.UserStore, on fakeredis' Lua.
 
-fakeredis' Lua has no ``cmsgpack``, so commits here carry no profile/memory/usage writes;
-those (and a bad msgpack argument) run on a real redis-server in
-``tests/integration/test_lua_real.py``.
+The scripts use plain Redis commands only (no cmsgpack), so they run on fakeredis' Lua as
+on a real server; ``tests/integration/test_lua_real.py`` repeats the commit on a real one.
 """
 
 from __future__ import annotations
@@ -367,13 +366,12 @@ async def test_a_takeover_resumes_from_the_cursor(rig: Rig) -> None:
 
 
 async def test_an_undecodable_argument_leaves_no_partial_write(rig: Rig) -> None:
-    # on fakeredis the cmsgpack call fails (no cmsgpack); on a real server the bad map does:
-    # either way the script fails before its first write
+    # pair counts that do not match the arguments: the script fails before its first write
     e1 = await rig.submit()
     lease = await rig.w1.acquire(U)
     assert isinstance(lease, Lease)
     before = await rig.snapshot()
-    args = [lease.owner, e1, "t1", b"session", 3, b"reply", 60_000, 2, 1, b"", b"", 10, b"\xc1"]
+    args = [lease.owner, e1, "t1", b"session", 3, b"reply", 60_000, 2, 1, 10, 2, 0, 0, "only-one"]
     keys_ = [keys.lane(U), keys.state(U), keys.inbox(U), keys.session(U), keys.done(U),
              keys.reply(U, "t1"), keys.usage(U), keys.profile(U), keys.memory(U)]
     with pytest.raises(ResponseError):
