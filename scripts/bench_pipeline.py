@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import percentile, redis_server, worker_processes  # noqa: E402
+from benchlib import OneLineParser, percentile, redis_server, worker_processes  # noqa: E402
 
 from fleet.client import AsyncFleet  # noqa: E402
 from protocol.policy import Policy  # noqa: E402
@@ -28,7 +28,7 @@ from stores.policies import write_policy  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench_pipeline", description=__doc__,
+    p = OneLineParser(prog="scripts/bench_pipeline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--users", type=int, default=1000)
     p.add_argument("--workers", type=int, default=2)

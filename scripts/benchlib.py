@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -17,6 +18,13 @@ from pathlib import Path
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
 def free_port() -> int:

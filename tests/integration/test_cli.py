@@ -77,3 +77,20 @@ def test_cli_errors_are_one_line(fleet_env, tmp_path):
         out = fleet(args, fleet_env, tmp_path)
         assert out.returncode != 0, args
         assert out.stderr.count("\n") == 1, (args, out.stderr)
+
+
+def test_embedded_fallback_when_there_is_no_redis_server(fleet_env, tmp_path):
+    env = dict(fleet_env, PATH=str(tmp_path / "empty-bin"))  # no redis-server to be found
+    del env["REDIS_URL"]
+    up = fleet(["up"], env, tmp_path)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "NOTHING IS DURABLE" in up.stdout + up.stderr
+        for text, want in (("hi", "echo: hi"), ("again", "echo: again | previous: hi")):
+            out = fleet(["submit", "--user", "emma", text], env, tmp_path)
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.startswith(want)
+    finally:
+        down = fleet(["down"], env, tmp_path)
+    assert down.returncode == 0, down.stderr
+    assert not [p for p in descendants_of_fleet(Path(env["FLEET_HOME"])) if p.status() != "zombie"]
