@@ -19,6 +19,12 @@ EVENTS = f"{PREFIX}:events"  # stream: the scaling ledger
 WORKERS = f"{PREFIX}:workers"  # hash: worker id -> msgpack WorkerInfo (the registry)
 TIERS = f"{PREFIX}:tiers"  # set of tier names that have a policy
 SUPERVISOR = f"{PREFIX}:supervisor"  # hash: pid/host of the running supervisor (for status)
+# The commander's leader lease and epoch counter carry ``fleet:events`` as their hash tag: a
+# key without braces hashes whole, so ``{fleet:events}:leader`` shares the ledger's slot and
+# the fenced ledger append (one Lua script over the three keys) is Cluster-safe.
+LEADER = f"{{{EVENTS}}}:leader"  # string "<commander>|<epoch>" with a TTL
+EPOCH = f"{{{EVENTS}}}:epoch"  # counter: every leadership gets a larger epoch
+COMMANDERS = f"{PREFIX}:commanders"  # hash: commander id -> msgpack CommanderInfo (leader and standbys)
 
 
 # --- per user (hash tag = user id) -----------------------------------------------------
@@ -102,6 +108,20 @@ def pressure(tier: str) -> str:
 
 
 POLICY_PREFIX = f"{PREFIX}:policy:"
+
+
+def starting(tier: str) -> str:
+    """Handler slots of workers the commander has started that do not serve yet (expires).
+
+    The client subtracts it before it reports pressure: anti-windup at the request edge. It is
+    rewritten every commander pass with a short TTL, so it heals if the commander dies.
+    """
+    return _t(tier, "starting")
+
+
+def decide_state(tier: str) -> str:
+    """The commander's decide() state of the tier (stabilization history), for a new leader."""
+    return _t(tier, "decide-state")
 
 
 def policy(tier: str) -> str:

@@ -111,6 +111,35 @@ class Control(_Model):
     reason: str = ""
 
 
+class LedgerEvent(_Model):
+    """One entry of the scaling ledger ``fleet:events``: what changed, and why (or why not)."""
+
+    ts: float
+    tier: str
+    epoch: int
+    commander: str
+    action: Literal["scale-up", "scale-down", "reclaim-idle", "consolidate", "policy-rejected",
+                    "policy-applied", "leader", "worker-exited", "hold"]
+    from_count: int = 0
+    to_count: int = 0
+    victims: list[str] = Field(default_factory=list)
+    spawned: list[str] = Field(default_factory=list)
+    reason: str = ""
+    why: dict[str, Any] = Field(default_factory=dict)
+
+
+class CommanderInfo(_Model):
+    """A commander process's entry in ``fleet:commanders``."""
+
+    commander: str
+    pid: int
+    host: str
+    started: float
+    role: Literal["leader", "standby"] = "standby"
+    epoch: int = 0
+    metrics: str = ""  # the address of its /metrics, if served
+
+
 class WorkerInfo(_Model):
     """A worker's entry in the registry ``fleet:workers``."""
 

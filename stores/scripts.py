@@ -12,7 +12,8 @@ from importlib import resources
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-NAMES = ("lane_acquire", "lane_renew", "lane_release", "lane_drop", "turn_commit")
+NAMES = ("lane_acquire", "lease_renew", "lane_release", "lease_drop", "turn_commit", "leader_acquire",
+         "ledger_append")
 
 
 @cache
@@ -28,7 +29,7 @@ class Scripts:
 
     def __init__(self, r: aioredis.Redis) -> None:
         self.lane_acquire: AsyncScript = r.register_script(source("lane_acquire"))
-        self.lane_renew: AsyncScript = r.register_script(source("lane_renew"))
+        self.lease_renew: AsyncScript = r.register_script(source("lease_renew"))
         self.lane_release: AsyncScript = r.register_script(source("lane_release"))
-        self.lane_drop: AsyncScript = r.register_script(source("lane_drop"))
+        self.lease_drop: AsyncScript = r.register_script(source("lease_drop"))
         self.turn_commit: AsyncScript = r.register_script(source("turn_commit"))

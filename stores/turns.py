@@ -156,7 +156,7 @@ class UserStore:
 
     async def drop(self, lease: Lease) -> bool:
         """Give the lane up whatever waits in the inbox (the caller re-notifies)."""
-        return bool(await self.scripts.lane_drop(keys=[keys.lane(lease.user)], args=[lease.owner]))
+        return bool(await self.scripts.lease_drop(keys=[keys.lane(lease.user)], args=[lease.owner]))
 
     async def renew(self, leases: list[Lease]) -> list[bool]:
         """Extend several leases in one round trip; False where the lane was lost."""
@@ -164,7 +164,7 @@ class UserStore:
             return []
         pipe = self.r.pipeline(transaction=False)
         for lease in leases:  # awaiting a script call on a pipeline queues it
-            await self.scripts.lane_renew(keys=[keys.lane(lease.user)],
+            await self.scripts.lease_renew(keys=[keys.lane(lease.user)],
                                           args=[lease.owner, self.cfg.lane_ttl_ms], client=pipe)
         return [bool(x) for x in await pipe.execute()]
 

@@ -151,17 +151,17 @@ async def test_renew_script_extends_only_the_owner(rig: Rig) -> None:
     lease = await rig.w1.acquire(U)
     assert isinstance(lease, Lease)
     await rig.r.pexpire(keys.lane(U), 100)
-    assert await rig.w1.scripts.lane_renew(keys=[keys.lane(U)], args=[lease.owner, TTL]) == 1
+    assert await rig.w1.scripts.lease_renew(keys=[keys.lane(U)], args=[lease.owner, TTL]) == 1
     assert await rig.r.pttl(keys.lane(U)) > 100
-    assert await rig.w1.scripts.lane_renew(keys=[keys.lane(U)], args=["w1|999", TTL]) == 0
-    assert await rig.w1.scripts.lane_renew(keys=[keys.lane(U)], args=["w2|1", TTL]) == 0
+    assert await rig.w1.scripts.lease_renew(keys=[keys.lane(U)], args=["w1|999", TTL]) == 0
+    assert await rig.w1.scripts.lease_renew(keys=[keys.lane(U)], args=["w2|1", TTL]) == 0
 
 
 async def test_renew_script_does_not_resurrect_an_expired_lane(rig: Rig) -> None:
     lease = await rig.w1.acquire(U)
     assert isinstance(lease, Lease)
     await rig.expire_lane()
-    assert await rig.w1.scripts.lane_renew(keys=[keys.lane(U)], args=[lease.owner, TTL]) == 0
+    assert await rig.w1.scripts.lease_renew(keys=[keys.lane(U)], args=[lease.owner, TTL]) == 0
     assert await rig.lane() is None
 
 
