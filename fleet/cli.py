@@ -202,6 +202,20 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_events(args: argparse.Namespace) -> int:
+    from fleet.events import run_events
+
+    return run_events(_client(args), tier=args.tier, count=args.count, follow=args.follow,
+                      as_json=args.json)
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from fleet.top import run_top
+
+    return run_top(_client(args), interval=args.interval, once=args.once, tier=args.tier,
+                   handlers=_handlers())
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from worker.__main__ import main as worker_main
 
@@ -259,6 +273,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--count", type=int, default=20)
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_dead_letters)
+
+    ev = sub.add_parser("events", help="the scaling ledger: what changed, and why")
+    ev.add_argument("--tier", default=None)
+    ev.add_argument("--count", type=int, default=50)
+    ev.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(func=cmd_events)
+
+    tp = sub.add_parser("top", help="live view of tiers, workers, occupancy and the ledger")
+    tp.add_argument("--interval", type=float, default=2.0)
+    tp.add_argument("--once", action="store_true", help="print one frame and exit")
+    tp.add_argument("--tier", default=None)
+    tp.set_defaults(func=cmd_top)
 
     w = sub.add_parser("worker", help="run one worker process in the foreground")
     w.add_argument("--tier", default="chat")
