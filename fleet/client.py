@@ -3,6 +3,13 @@
 Submitting is three commands in one round trip (DESIGN §3): ``XADD`` the turn to the user's
 inbox, ``XADD`` a notification to the tier's ready stream, ``ZADD`` the user to the tier's
 active set. The reply arrives on ``fleet:u:{U}:reply:<turn_id>`` for a ``BLPOP``.
+
+**Pressure.** The same round trip reads the tier's consumer-group lag and the slots of
+workers already starting. Redis hands a new notification to a worker blocked in
+``XREADGROUP`` before it runs the next command, so a lag left after our ``XADD`` means no
+worker had a free slot. If the lag is more than the starting workers will absorb, the
+client appends a pressure event, which wakes the commander at once. Both gauges are
+recomputed from live state (the lag) or expire (``starting``), so neither drifts.
 """
 
 from __future__ import annotations
@@ -62,10 +69,49 @@ def _build_turn(user: str, text: str, tier: str, meta: Mapping[str, Any] | None,
     return turn, payload
 
 
+PRESSURE_MAXLEN = 10_000
+
+
 def _queue_submit(pipe: Any, turn: Turn, payload: bytes) -> None:
     pipe.xadd(keys.inbox(turn.user), {"m": payload})
     pipe.xadd(keys.ready(turn.tier), {"user": turn.user})
     pipe.zadd(keys.active(turn.tier), {turn.user: turn.ts})
+
+
+def _queue_gauges(pipe: Any, tier: str) -> None:
+    pipe.xinfo_groups(keys.ready(tier))
+    pipe.get(keys.starting(tier))
+
+
+def no_free_slot(groups: Any, starting: Any) -> bool:
+    """Whether a submit just found the tier without a free slot, net of starting workers."""
+    if isinstance(groups, Exception):
+        return False  # unknown: the commander still sees the backlog
+    group = next((g for g in groups if _s(g.get("name")) == keys.GROUP), None)
+    if group is None:
+        return True  # no worker ever served this tier: a parked turn needs one
+    lag = group.get("lag")
+    if lag is None:
+        return False  # Redis cannot tell after deletions: leave it to the backlog signal
+    try:
+        absorbed = int(starting or 0)
+    except ValueError:
+        absorbed = 0
+    return int(lag) > absorbed
+
+
+def _pressure_fields(tier: str, user: str) -> dict[str, str]:
+    return {"tier": tier, "user": user, "ts": f"{time.time():.3f}"}
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _raise_first_error(results: list[Any]) -> None:
+    for res in results:
+        if isinstance(res, Exception):
+            raise res
 
 
 def _decode_reply(raw: bytes, max_bytes: int) -> Reply:
@@ -96,8 +142,22 @@ class Fleet:
         pipe = self.r.pipeline(transaction=False)
         for turn, payload in built:
             _queue_submit(pipe, turn, payload)
-        pipe.execute()
+        tiers = sorted({t.tier for t, _ in built})
+        for tier in tiers:
+            _queue_gauges(pipe, tier)
+        results = pipe.execute(raise_on_error=False)
+        _raise_first_error(results[: 3 * len(built)])
+        self._report_pressure(tiers, results[3 * len(built):], built[-1][0].user if built else "")
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
+
+    def _report_pressure(self, tiers: list[str], gauges: list[Any], user: str) -> None:
+        under = [t for i, t in enumerate(tiers) if no_free_slot(gauges[2 * i], gauges[2 * i + 1])]
+        if under:
+            pipe = self.r.pipeline(transaction=False)
+            for tier in under:
+                pipe.xadd(keys.pressure(tier), _pressure_fields(tier, user), maxlen=PRESSURE_MAXLEN,
+                          approximate=True)
+            pipe.execute()
 
     def results(self, handles: Iterable[TurnHandle], timeout: float = 30.0) -> list[Reply]:
         """Wait for every handle, sharing one deadline."""
@@ -137,7 +197,12 @@ class AsyncFleet:
         turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
         pipe = self.r.pipeline(transaction=False)
         _queue_submit(pipe, turn, payload)
-        await pipe.execute()
+        _queue_gauges(pipe, turn.tier)
+        results = await pipe.execute(raise_on_error=False)
+        _raise_first_error(results[:3])
+        if no_free_slot(results[3], results[4]):
+            await self.r.xadd(keys.pressure(turn.tier), _pressure_fields(turn.tier, turn.user),
+                              maxlen=PRESSURE_MAXLEN, approximate=True)
         return turn
 
     async def wait(self, user: str, turn_id: str, timeout: float = 30.0) -> Reply:
