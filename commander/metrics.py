@@ -1,0 +1,297 @@
+"""The commander's Prometheus metrics (DESIGN §6): one registry per ``Metrics``, served on demand.
+
+The commander calls the ``observe_*`` methods once per pass and ``scale_event`` per action;
+``serve`` exposes ``/metrics`` (Prometheus text format) and ``/healthz`` from a daemon thread.
+Nothing here touches the process-wide default registry, so several commanders (or tests) in
+one process never collide.
+
+Metric names (every one prefixed ``fleet_``):
+
+=====================================  =========  ===============  ===========================
+name                                   type       labels           meaning
+=====================================  =========  ===============  ===========================
+fleet_tier_desired_workers             gauge      tier             decide's desired count (clamped)
+fleet_tier_target_workers              gauge      tier             the stabilized scale-in target
+fleet_tier_running_workers             gauge      tier             ready workers (as the commander counts)
+fleet_tier_starting_workers            gauge      tier             workers started, not serving yet
+fleet_tier_draining_workers            gauge      tier             workers draining (not capacity)
+fleet_tier_busy_workers                gauge      tier             workers' worth of busy slots
+fleet_tier_busy_slots                  gauge      tier             Σ busy handler slots
+fleet_tier_slots                       gauge      tier             Σ handler slots
+fleet_tier_backlog                     gauge      tier             ready-stream lag + pending
+fleet_tier_active_users                gauge      tier             users active in the window
+fleet_tier_pressure_events_total       counter    tier             pressure events (commander's total)
+fleet_worker_occupancy                 gauge      tier, worker     the evaluator's occupancy (0..)
+fleet_worker_busy_slots                gauge      tier, worker     busy handler slots
+fleet_scale_events_total               counter    tier, direction  scale actions, direction up|down
+fleet_decide_seconds                   histogram  -                duration of one decide pass
+fleet_commander_is_leader              gauge      -                1 while this commander leads
+fleet_policy_rejected                  gauge      tier             1 while the tier's policy key is rejected
+=====================================  =========  ===============  ===========================
+
+``fleet_tier_busy_workers`` is Σ busy/total over ready workers with a fresh report: whole
+workers' worth of busy slots, the measure the warm-buffer proposal uses (three workers with
+one of four slots busy each read 0.75, not 3). Unreported workers are not counted in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Literal
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import generate_latest as _generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from commander.decide import Plan
+from commander.snapshot import TierSnapshot, WorkerView
+
+log = logging.getLogger(__name__)
+
+Direction = Literal["up", "down"]
+DECIDE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+class _PressureTotals(Collector):
+    """Exposes the commander's own running total of pressure events per tier, as a counter.
+
+    The commander counts them (it consumes the pressure streams); a value that goes down is a
+    restart of that count, which Prometheus' ``rate()`` reads as a counter reset.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals: dict[str, int] = {}
+
+    def set(self, tier: str, total: int) -> None:
+        with self._lock:
+            self._totals[tier] = max(0, int(total))
+
+    def remove(self, tier: str) -> None:
+        with self._lock:
+            self._totals.pop(tier, None)
+
+    def value(self, tier: str) -> int | None:
+        with self._lock:
+            return self._totals.get(tier)
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily("fleet_tier_pressure_events", "Pressure events seen by the commander.",
+                                     labels=["tier"])
+        with self._lock:
+            totals = sorted(self._totals.items())
+        for tier, total in totals:
+            family.add_metric([tier], total)
+        yield family
+
+
+def busy_workers(workers: Iterable[WorkerView]) -> float:
+    """Σ busy/total over ready, freshly reported workers with slots: workers' worth of busy slots."""
+    return sum(w.busy / w.total for w in workers if w.state == "ready" and w.fresh and w.total > 0)
+
+
+class Metrics:
+    """The commander's metrics, in a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+
+        def tier_gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, ["tier"], registry=reg)
+
+        self.desired = tier_gauge("fleet_tier_desired_workers", "Desired workers (clamped) of the last pass.")
+        self.target = tier_gauge("fleet_tier_target_workers", "Stabilized scale-in target of the last pass.")
+        self.running = tier_gauge("fleet_tier_running_workers", "Ready workers.")
+        self.starting = tier_gauge("fleet_tier_starting_workers", "Workers started that do not serve yet.")
+        self.draining = tier_gauge("fleet_tier_draining_workers", "Workers draining.")
+        self.busy_workers = tier_gauge("fleet_tier_busy_workers",
+                                       "Workers' worth of busy slots: sum of busy/total, fresh ready ones.")
+        self.busy_slots = tier_gauge("fleet_tier_busy_slots", "Busy handler slots.")
+        self.slots = tier_gauge("fleet_tier_slots", "Handler slots.")
+        self.backlog = tier_gauge("fleet_tier_backlog", "Ready-stream lag plus pending notifications.")
+        self.active_users = tier_gauge("fleet_tier_active_users", "Users active in the policy's window.")
+        self.policy_rejected_gauge = tier_gauge("fleet_policy_rejected",
+                                                "1 while the tier's policy key is rejected.")
+        self.pressure = _PressureTotals()
+        reg.register(self.pressure)
+        self.worker_occupancy = Gauge("fleet_worker_occupancy", "Occupancy: max of the averaged components.",
+                                      ["tier", "worker"], registry=reg)
+        self.worker_busy_slots = Gauge("fleet_worker_busy_slots", "Worker's busy handler slots.",
+                                       ["tier", "worker"], registry=reg)
+        self.scale_events = Counter("fleet_scale_events", "Scale actions taken.", ["tier", "direction"],
+                                    registry=reg)
+        self.decide_hist = Histogram("fleet_decide_seconds", "Duration of one decide pass.",
+                                     buckets=DECIDE_BUCKETS, registry=reg)
+        self.leader = Gauge("fleet_commander_is_leader", "1 while this commander leads.", registry=reg)
+        self._workers: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- what the commander calls each pass --------------------------------------------
+    def observe_tier(self, tier: str, snapshot: TierSnapshot, plan: Plan, running: int, starting: int,
+                     pressure_total: int) -> None:
+        """Record one tier's pass: the plan's counts, the snapshot's signals, the pressure total.
+
+        ``pressure_total`` is the commander's running count of the tier's pressure events.
+        """
+        self.desired.labels(tier).set(plan.desired)
+        self.target.labels(tier).set(plan.target)
+        self.running.labels(tier).set(running)
+        self.starting.labels(tier).set(starting)
+        self.draining.labels(tier).set(sum(1 for w in snapshot.workers if w.state == "draining"))
+        self.busy_workers.labels(tier).set(busy_workers(snapshot.workers))
+        self.busy_slots.labels(tier).set(sum(w.busy for w in snapshot.workers))
+        self.slots.labels(tier).set(sum(w.total for w in snapshot.workers))
+        self.backlog.labels(tier).set(snapshot.backlog)
+        self.active_users.labels(tier).set(snapshot.active_users)
+        self.pressure.set(tier, pressure_total)
+
+    def observe_workers(self, tier: str, views: Iterable[WorkerView]) -> None:
+        """Set each worker's gauges, and remove the series of the tier's workers that are gone."""
+        views = list(views)
+        seen = {v.id for v in views}
+        for v in views:
+            self.worker_occupancy.labels(tier, v.id).set(v.occupancy)
+            self.worker_busy_slots.labels(tier, v.id).set(v.busy)
+        with self._lock:
+            gone = self._workers.get(tier, set()) - seen
+            self._workers[tier] = seen
+        for worker in gone:
+            self._remove_worker(tier, worker)
+
+    def scale_event(self, tier: str, direction: Direction) -> None:
+        """Count one scale action of a tier (``up`` or ``down``)."""
+        if direction not in ("up", "down"):
+            raise ValueError(f"direction must be 'up' or 'down', not {direction!r}")
+        self.scale_events.labels(tier, direction).inc()
+
+    def decide_seconds(self, seconds: float) -> None:
+        """Record the duration of one decide pass."""
+        self.decide_hist.observe(seconds)
+
+    def is_leader(self, leading: bool) -> None:
+        """Whether this commander is the leader now."""
+        self.leader.set(1 if leading else 0)
+
+    def policy_rejected(self, tier: str, rejected: bool) -> None:
+        """Whether the tier's policy key is currently rejected (the last good one runs)."""
+        self.policy_rejected_gauge.labels(tier).set(1 if rejected else 0)
+
+    def forget_tier(self, tier: str) -> None:
+        """Remove every series of a tier that no longer exists."""
+        for gauge in (self.desired, self.target, self.running, self.starting, self.draining,
+                      self.busy_workers, self.busy_slots, self.slots, self.backlog, self.active_users,
+                      self.policy_rejected_gauge):
+            _remove(gauge, tier)
+        for direction in ("up", "down"):
+            _remove(self.scale_events, tier, direction)
+        self.pressure.remove(tier)
+        with self._lock:
+            gone = self._workers.pop(tier, set())
+        for worker in gone:
+            self._remove_worker(tier, worker)
+
+    def _remove_worker(self, tier: str, worker: str) -> None:
+        _remove(self.worker_occupancy, tier, worker)
+        _remove(self.worker_busy_slots, tier, worker)
+
+    # --- exposition --------------------------------------------------------------------
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return _generate_latest(self.registry)
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> tuple[str, int]:
+        """Serve ``/metrics`` and ``/healthz`` from a daemon thread; returns the bound (host, port).
+
+        With a ``token``, every request needs ``Authorization: Bearer <token>`` (else 401).
+        """
+        if self._server is not None:
+            raise RuntimeError("metrics are already served")
+        if host not in _LOOPBACK and not token:
+            log.warning("serving metrics on %s without a token: anyone who can reach it can read them", host)
+        server = ThreadingHTTPServer((host, port), _handler_class(self, token or None))
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                                  name="fleet-metrics", daemon=True)
+        thread.start()
+        self._server, self._thread = server, thread
+        bound_host, bound_port = server.server_address[:2]
+        return str(bound_host), int(bound_port)
+
+    def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+
+
+def _remove(metric: Gauge | Counter, *labels: str) -> None:
+    with contextlib.suppress(KeyError):  # never set: nothing to remove
+        metric.remove(*labels)
+
+
+def _authorized(header: str | None, token: str | None) -> bool:
+    if token is None:
+        return True
+    expected = f"Bearer {token}".encode()
+    return header is not None and hmac.compare_digest(header.strip().encode(), expected)
+
+
+def _handler_class(metrics: Metrics, token: str | None) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "fleet-metrics"
+
+        def do_GET(self) -> None:  # noqa: N802 (the http.server naming)
+            if not _authorized(self.headers.get("Authorization"), token):
+                self._send(401, b"unauthorized\n", "text/plain; charset=utf-8",
+                           extra=[("WWW-Authenticate", 'Bearer realm="fleet"')])
+                return
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, metrics.render(), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._send(200, b"ok\n", "text/plain; charset=utf-8")
+            else:
+                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+        def _send(self, code: int, body: bytes, content_type: str,
+                  extra: Iterable[tuple[str, str]] = ()) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in extra:
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base signature)
+            log.debug("metrics %s: " + format, self.client_address[0], *args)
+
+    return Handler
+
+
+def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float | None:
+    """One sample's value from the registry (for tests and the monitor); None when absent."""
+    return metrics.registry.get_sample_value(name, labels or {})
+
+
+def series(metrics: Metrics, name: str) -> Iterator[dict[str, str]]:
+    """The label sets present for a sample name."""
+    for family in metrics.registry.collect():
+        for s in family.samples:
+            if s.name == name:
+                yield dict(s.labels)
