@@ -1,0 +1,190 @@
+"""Reading the scaling ledger ``fleet:events`` (DESIGN §5): what changed, and why.
+
+Each entry has the fields ``m`` (msgpack ``LedgerEvent``) and ``tier`` (so a reader filters
+without decoding). An entry that does not decode is returned as a ``CorruptEvent`` and shown
+as such: one bad entry never hides the rest of the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import redis
+
+from protocol import keys
+from protocol.codec import CodecError, decode
+from protocol.ids import validate_tier
+from protocol.models import LedgerEvent
+
+PAGE = 200  # entries per XREVRANGE when a tier filter makes us scan back
+MAX_SCAN = 100_000  # never scan more of the ledger than this for one read
+BLOCK_MS = 1000
+RETRY_CAP_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptEvent:
+    """A ledger entry that is not a valid ``LedgerEvent``."""
+
+    tier: str
+    error: str
+
+
+Entry = tuple[str, LedgerEvent | CorruptEvent]
+
+
+def _s(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _field(fields: dict[Any, Any], name: str) -> Any:
+    return fields.get(name.encode(), fields.get(name))
+
+
+def parse_entry(entry_id: Any, fields: dict[Any, Any]) -> Entry:
+    """One stream entry as ``(id, LedgerEvent)``, or ``(id, CorruptEvent)`` with the reason."""
+    tier = _s(_field(fields, "tier") or "?")
+    blob = _field(fields, "m")
+    if blob is None:
+        return _s(entry_id), CorruptEvent(tier, "no field 'm'")
+    if isinstance(blob, str):
+        blob = blob.encode()
+    try:
+        return _s(entry_id), decode(LedgerEvent, blob)
+    except CodecError as exc:
+        return _s(entry_id), CorruptEvent(tier, str(exc))
+
+
+def _tier_matches(fields: dict[Any, Any], tier: str | None) -> bool:
+    return tier is None or _s(_field(fields, "tier") or "") == tier
+
+
+def read_events(r: redis.Redis, tier: str | None = None, count: int = 50) -> list[Entry]:
+    """The newest ``count`` ledger entries (of ``tier`` if given), oldest first."""
+    if count <= 0:
+        return []
+    found: list[Entry] = []
+    upper, scanned = "+", 0
+    page = count if tier is None else max(count, PAGE)
+    while len(found) < count and scanned < MAX_SCAN:
+        rows = r.xrevrange(keys.EVENTS, max=upper, min="-", count=page)
+        if not rows:
+            break
+        scanned += len(rows)
+        found += [parse_entry(i, f) for i, f in rows if _tier_matches(f, tier)]
+        if tier is None or len(rows) < page:
+            break
+        upper = f"({_s(rows[-1][0])}"
+    return list(reversed(found[:count]))
+
+
+def stream_tip(r: redis.Redis) -> str:
+    """The id of the newest ledger entry, or ``0-0`` when the ledger is empty."""
+    rows = r.xrevrange(keys.EVENTS, count=1)
+    return _s(rows[0][0]) if rows else "0-0"
+
+
+def follow(r: redis.Redis, tier: str | None, since: str,
+           block_ms: int = BLOCK_MS) -> Iterator[Entry]:
+    """Entries after id ``since`` (``$`` = from now on), as they are appended; never ends."""
+    last = stream_tip(r) if since == "$" else since
+    failures = 0
+    while True:
+        try:
+            resp = r.xread({keys.EVENTS: last}, count=100, block=block_ms)
+            failures = 0
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            failures += 1  # Redis restarting: keep the place in the ledger and try again
+            print(f"fleet events: Redis unreachable ({exc}); retrying", file=sys.stderr, flush=True)
+            time.sleep(min(RETRY_CAP_S, 0.25 * 2 ** min(failures, 5)))
+            continue
+        for _stream, rows in resp or ():
+            for entry_id, fields in rows:
+                last = _s(entry_id)
+                if _tier_matches(fields, tier):
+                    yield parse_entry(entry_id, fields)
+
+
+_follow = follow  # run_events' ``follow`` argument shadows the name
+
+
+# --- formatting -----------------------------------------------------------------------
+def _id_time(entry_id: str) -> float:
+    try:
+        return int(entry_id.split("-", 1)[0]) / 1000
+    except ValueError:
+        return 0.0
+
+
+def _hms(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(ts))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _who(event: LedgerEvent) -> str:
+    parts = []
+    if event.spawned:
+        parts.append("+" + ",".join(event.spawned))
+    if event.victims:
+        parts.append("-" + ",".join(event.victims))
+    return " ".join(parts) or "-"
+
+
+def format_event(entry_id: str, event: LedgerEvent | CorruptEvent) -> str:
+    """One line: time (UTC), tier, action, from->to, spawned/victims, reason, epoch."""
+    if isinstance(event, CorruptEvent):
+        return (f"{_hms(_id_time(entry_id))}  {event.tier:<10} {'CORRUPT':<14} "
+                f"entry {entry_id}: {_one_line(event.error)}")
+    counts = f"{event.from_count}->{event.to_count}"
+    return (f"{_hms(event.ts)}  {event.tier:<10} {event.action:<14} {counts:<7} {_who(event):<20} "
+            f"{_one_line(event.reason) or '-'}  (epoch {event.epoch})")
+
+
+def event_json(entry_id: str, event: LedgerEvent | CorruptEvent) -> dict[str, Any]:
+    """An entry as plain data: the event's fields plus ``id``; a corrupt one has ``corrupt``."""
+    if isinstance(event, CorruptEvent):
+        return {"id": entry_id, "tier": event.tier, "corrupt": event.error}
+    return {"id": entry_id, **event.model_dump(mode="json")}
+
+
+# --- the command ----------------------------------------------------------------------
+def run_events(r: redis.Redis, tier: str | None = None, count: int = 50, follow: bool = False,
+               as_json: bool = False, out: TextIO | None = None) -> int:
+    """``fleet events``: print the ledger (then follow it with ``follow``); Ctrl-C exits 0.
+
+    Without ``follow``, ``as_json`` prints one JSON array; with it, one JSON object per line.
+    """
+    out = out or sys.stdout
+    if tier is not None:
+        validate_tier(tier)
+    tip = stream_tip(r) if follow else "0-0"
+    entries = read_events(r, tier, count)
+    if as_json and not follow:
+        print(json.dumps([event_json(i, e) for i, e in entries], indent=2), file=out)
+        return 0
+    for entry_id, event in entries:
+        _emit(entry_id, event, as_json, out)
+    if not entries and not as_json:
+        print("no events" + (f" for tier {tier}" if tier else ""), file=out, flush=True)
+    if not follow:
+        return 0
+    since = entries[-1][0] if entries else tip
+    try:
+        for entry_id, event in _follow(r, tier, since):
+            _emit(entry_id, event, as_json, out)
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def _emit(entry_id: str, event: LedgerEvent | CorruptEvent, as_json: bool, out: TextIO) -> None:
+    line = json.dumps(event_json(entry_id, event)) if as_json else format_event(entry_id, event)
+    print(line, file=out, flush=True)
