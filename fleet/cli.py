@@ -216,6 +216,12 @@ def cmd_top(args: argparse.Namespace) -> int:
                    handlers=_handlers())
 
 
+def cmd_commander(args: argparse.Namespace) -> int:
+    from commander.__main__ import run
+
+    return run(args)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from worker.__main__ import main as worker_main
 
@@ -286,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--once", action="store_true", help="print one frame and exit")
     tp.add_argument("--tier", default=None)
     tp.set_defaults(func=cmd_top)
+
+    cm = sub.add_parser("commander", help="run the autoscaling commander in the foreground")
+    from commander.__main__ import add_arguments as add_commander_arguments
+
+    add_commander_arguments(cm)
+    cm.set_defaults(func=cmd_commander)
 
     w = sub.add_parser("worker", help="run one worker process in the foreground")
     w.add_argument("--tier", default="chat")

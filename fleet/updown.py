@@ -2,8 +2,8 @@
 
 ``up``: a Redis (``--redis-url``/``REDIS_URL``, else a local redis-server under ``.fleet/``,
 else an embedded in-memory server with a warning), a default ``chat`` tier, and the
-supervisor as a detached process; it returns once the chat tier has its ``min_workers``
-registered and heartbeating. ``down``: stop the supervisor (it drains its workers), kill
+commander as a detached process; it returns once the chat tier has its ``min_workers``
+registered and heartbeating. ``down``: stop the commander (it drains its workers), kill
 whatever is left after the timeout, stop the Redis ``up`` started. Both are idempotent.
 """
 
@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Any
@@ -23,7 +24,7 @@ import redis
 from fleet import local
 from protocol import keys
 from protocol.codec import CodecError, decode
-from protocol.models import WorkerInfo
+from protocol.models import CommanderInfo, WorkerInfo
 from protocol.policy import Policy
 from stores.connection import connect_sync
 from stores.policies import read_policy, write_policy
@@ -31,7 +32,7 @@ from stores.policies import read_policy, write_policy
 DEFAULT_TIER = "chat"
 UP_TIMEOUT_S = 30.0
 DOWN_TIMEOUT_S = 60.0
-WORKER_STOP_S = 10.0  # leftover workers after the supervisor: SIGTERM, then SIGKILL after this
+WORKER_STOP_S = 10.0  # leftover workers after the commander: SIGTERM, then SIGKILL after this
 
 
 class FleetError(RuntimeError):
@@ -51,7 +52,7 @@ def _positive_seconds(text: str) -> float:
 
 def add_up_down_arguments(subparsers: argparse._SubParsersAction) -> None:
     """Register ``up`` and ``down`` (``--redis-url``/``--json`` do not clobber global ones)."""
-    up = subparsers.add_parser("up", help="start Redis, the supervisor and a chat tier here",
+    up = subparsers.add_parser("up", help="start Redis, the commander and a chat tier here",
                                description=cmd_up.__doc__)
     up.add_argument("--redis-url", default=argparse.SUPPRESS,
                     help="use this Redis (default: $REDIS_URL, else a local one under .fleet/)")
@@ -63,7 +64,7 @@ def add_up_down_arguments(subparsers: argparse._SubParsersAction) -> None:
     down = subparsers.add_parser("down", help="stop everything `fleet up` started",
                                  description=cmd_down.__doc__)
     down.add_argument("--timeout", type=_positive_seconds, default=DOWN_TIMEOUT_S,
-                      help="seconds to let the supervisor drain its workers before killing "
+                      help="seconds to let the commander drain its workers before killing "
                            f"(default {DOWN_TIMEOUT_S:.0f})")
     down.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                       help="print the result as JSON")
@@ -71,12 +72,12 @@ def add_up_down_arguments(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start Redis (unless one is given), the supervisor and the default chat tier."""
+    """Start Redis (unless one is given), the commander and the default chat tier."""
     return _run("up", _up, args)
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    """Stop the supervisor (draining its workers), leftovers, and the local Redis."""
+    """Stop the commander (draining its workers), leftovers, and the local Redis."""
     return _run("down", _down, args)
 
 
@@ -100,7 +101,7 @@ def _one_line(exc: BaseException) -> str:
 # --- up --------------------------------------------------------------------------------------
 def _up(args: argparse.Namespace) -> dict[str, Any]:
     state = local.read_state()
-    if state and _alive(state.get("supervisor")):
+    if state and _alive(state.get("commander")):
         return {**_describe(state), "status": "already-up"}
     resumed = bool(state) and _redis_reusable(state, args)
     if state and not resumed:
@@ -117,18 +118,18 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
         if not resumed:
             local.clear_state()
         raise FleetError(f"cannot use Redis at {local.redact_url(url)}: {_one_line(exc)}") from exc
-    # a resumed supervisor adopts the workers its predecessor left (run records, registry)
-    pid = local.spawn_detached([sys.executable, "-m", "commander.supervisor",
-                                "--log-dir", str(local.logs_dir())],
-                               "supervisor.log", local.child_env({"REDIS_URL": url}))
-    state = local.update_state(url=url, supervisor=local.process_record(pid), started=time.time(),
+    # a resumed commander adopts the workers its predecessor left (run records, registry)
+    pid = local.spawn_detached([sys.executable, "-m", "commander", "--stop-workers-on-exit",
+                                "--metrics-port", "0", "--log-dir", str(local.logs_dir())],
+                               "commander.log", local.child_env({"REDIS_URL": url}))
+    state = local.update_state(url=url, commander=local.process_record(pid), started=time.time(),
                                home=str(local.fleet_home()))
     workers = _wait_for_workers(r, state, min_workers, getattr(args, "timeout", UP_TIMEOUT_S))
     return {**_describe(state), "status": "up", "resumed": resumed, "workers": workers}
 
 
 def _redis_reusable(state: dict[str, Any], args: argparse.Namespace) -> bool:
-    """A setup whose supervisor died: keep its Redis (and workers) if it still serves."""
+    """A setup whose commander died: keep its Redis (and workers) if it still serves."""
     requested = getattr(args, "redis_url", None) or os.environ.get("REDIS_URL")
     if not isinstance(state.get("url"), str) or requested not in (None, state["url"]):
         return False
@@ -152,7 +153,7 @@ def _ensure_default_tier(r: redis.Redis) -> int:
         write_policy(r, DEFAULT_TIER, Policy())
     else:
         r.sadd(keys.TIERS, DEFAULT_TIER)
-    from commander.supervisor import registered_handlers
+    from commander.commander import registered_handlers
 
     return read_policy(r, DEFAULT_TIER, registered_handlers()).policy.min_workers
 
@@ -160,13 +161,13 @@ def _ensure_default_tier(r: redis.Redis) -> int:
 def _wait_for_workers(r: redis.Redis, state: dict[str, Any], want: int,
                       timeout: float) -> list[str]:
     deadline = time.monotonic() + timeout
-    log = local.logs_dir() / "supervisor.log"
+    log = local.logs_dir() / "commander.log"
     while True:
         ready = _ready_workers(r, DEFAULT_TIER)
         if len(ready) >= want:
             return ready
-        if not _alive(state["supervisor"]):
-            raise FleetError(f"the supervisor exited at start: {_last_line(log)} (log: {log})")
+        if not _alive(state["commander"]):
+            raise FleetError(f"the commander exited at start: {_last_line(log)} (log: {log})")
         if time.monotonic() > deadline:
             raise FleetError(
                 f"timed out after {timeout:.0f}s waiting for {want} {DEFAULT_TIER} worker(s) "
@@ -207,20 +208,20 @@ def _down(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _teardown(state: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Supervisor (drains its workers), leftover workers, local Redis; in that order."""
+    """Commander (drains its workers), leftover workers, local Redis; in that order."""
     result: dict[str, Any] = {"workers_running": len(_live_records())}
-    sup = state.get("supervisor") or {}
-    result["supervisor_killed"] = _stop_supervisor(sup, timeout)
+    sup = state.get("commander") or {}
+    result["commander_killed"] = _stop_commander(sup, timeout)
     result["workers_stopped"] = _stop_recorded_workers(WORKER_STOP_S)
     if (state.get("redis") or {}).get("pid"):
         local.stop_local_redis()
     elif state.get("url"):
-        _forget_supervisor_entry(state["url"], sup)
+        _forget_commander_entry(state["url"], sup)
     return result
 
 
-def _stop_supervisor(sup: dict[str, Any], timeout: float) -> bool:
-    """SIGTERM the supervisor and wait while it drains; SIGKILL it after ``timeout``.
+def _stop_commander(sup: dict[str, Any], timeout: float) -> bool:
+    """SIGTERM the commander and wait while it drains; SIGKILL it after ``timeout``.
 
     Returns whether it had to be killed (its workers are then stopped from the run records).
     """
@@ -266,19 +267,24 @@ def _stop_recorded_workers(timeout: float) -> int:
     return len(records)
 
 
-def _forget_supervisor_entry(url: str, sup: dict[str, Any]) -> None:
-    """A killed supervisor could not unregister from an external Redis: do it for it."""
+def _forget_commander_entry(url: str, sup: dict[str, Any]) -> None:
+    """A killed commander could not unregister from an external Redis: do it for it."""
     try:
         r = connect_sync(url, retries=1, socket_timeout=3)
-        if r.hget(keys.SUPERVISOR, "pid") == str(sup.get("pid")).encode():
-            r.delete(keys.SUPERVISOR)
+        for cid, blob in r.hgetall(keys.COMMANDERS).items():
+            try:
+                info = decode(CommanderInfo, blob)
+            except CodecError:
+                continue
+            if info.pid == sup.get("pid") and info.host == socket.gethostname():
+                r.hdel(keys.COMMANDERS, cid)
     except redis.RedisError:
         pass
 
 
 def _still_alive(state: dict[str, Any]) -> list[str]:
     alive = []
-    for name in ("supervisor", "redis"):
+    for name in ("commander", "redis"):
         part = state.get(name) or {}
         if part.get("pid") and local.pid_alive(part["pid"], part.get("create_time")):
             alive.append(f"{name} pid {part['pid']}")
@@ -297,8 +303,8 @@ def _describe(state: dict[str, Any]) -> dict[str, Any]:
         "home": str(local.fleet_home()),
         "url": local.redact_url(state.get("url", "")),
         "redis": {k: v for k, v in redis_part.items() if k != "create_time"},
-        "supervisor": {"pid": (state.get("supervisor") or {}).get("pid"),
-                       "log": str(local.logs_dir() / "supervisor.log")},
+        "commander": {"pid": (state.get("commander") or {}).get("pid"),
+                       "log": str(local.logs_dir() / "commander.log")},
     }
 
 
@@ -312,17 +318,17 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
         print("fleet is not up" + (f" (stopped {stray} stray workers)" if stray else ""))
         return
     headline = {"up": "fleet is up", "already-up": "fleet is already up", "down": "fleet is down"}
-    print(headline[status] + (" (supervisor restarted, workers adopted)"
+    print(headline[status] + (" (commander restarted, workers adopted)"
                               if result.get("resumed") else ""))
     print(f"  redis       {result['url']} ({_redis_text(result['redis'])})")
-    print(f"  supervisor  pid {result['supervisor']['pid']} (log {result['supervisor']['log']})")
+    print(f"  commander  pid {result['commander']['pid']} (log {result['commander']['log']})")
     if status == "up":
         workers = result.get("workers") or []
         names = ", ".join(workers) or "-"
         print(f"  tier {DEFAULT_TIER}   {len(workers)} worker(s) ready: {names}")
     if status == "down":
-        killed = " (killed: it did not stop in time)" if result.get("supervisor_killed") else ""
-        print(f"  stopped the supervisor{killed}; {result['workers_running']} worker(s) drained")
+        killed = " (killed: it did not stop in time)" if result.get("commander_killed") else ""
+        print(f"  stopped the commander{killed}; {result['workers_running']} worker(s) drained")
 
 
 def _redis_text(part: dict[str, Any]) -> str:

@@ -60,7 +60,7 @@ def test_up_submit_policy_status_down_leaves_no_process(fleet_env, tmp_path, red
         status = json.loads(fleet(["status", "--json"], env, tmp_path).stdout)
         assert status["tiers"]["chat"]["workers_alive"] == 1
         assert status["tiers"]["chat"]["backlog"] == 0
-        pids = [state["supervisor"]["pid"], state["redis"]["pid"],
+        pids = [state["commander"]["pid"], state["redis"]["pid"],
                 *(w["pid"] for w in status["workers"])]
         assert all(psutil.pid_exists(p) for p in pids)
     finally:

@@ -387,7 +387,7 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
         down = _fleet(["down", "--json"], env, tmp_path)
     assert down.returncode == 0, down.stderr
     assert json.loads(down.stdout)["status"] == "down"
-    pids = [state["supervisor"]["pid"], *worker_pids] + ([] if external else [redis_pid])
+    pids = [state["commander"]["pid"], *worker_pids] + ([] if external else [redis_pid])
     assert not [p for p in pids if _exists(p)]
     assert not state_file.exists()
     if external:

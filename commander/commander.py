@@ -1,0 +1,288 @@
+"""The commander: observe -> evaluate -> decide -> act, per tier, by the elected leader only.
+
+One pass every ``interval_s``, and at once when a client reports pressure. A pass reaps
+exited workers, reads new reports, the registry and each tier's signals and policy, runs the
+pure ``decide`` and acts on its plan: the ledger entry first (fenced by the leader epoch),
+then the runtime. Errors are caught per tier and per pass; the loop never dies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from commander.decide import Plan, TierState, decide
+from commander.leader import Deposed, Leadership
+from commander.observe import Observer
+from commander.runtime import Runtime, WorkerHandle, WorkerState
+from commander.runtime.process import UnknownWorker
+from commander.settings import CommanderSettings
+from commander.views import snapshot, tier_rps, worker_views
+from protocol import keys
+from protocol.codec import encode
+from protocol.models import CommanderInfo, Control, LedgerEvent
+from protocol.policy import Policy
+from stores.policies import PolicyRead, list_tiers, read_policy
+
+log = logging.getLogger("fleet.commander")
+STATE_TTL_S = 86_400
+ADOPT_EVERY_S = 10.0
+
+
+def registered_handlers() -> list[str] | None:
+    """Handler names a policy may use (None: no check, if the worker package is unusable)."""
+    try:
+        from worker.handlers import registered_names
+
+        return list(registered_names())
+    except Exception:  # noqa: BLE001 - a broken plugin must not stop the control plane
+        log.exception("handler registry unavailable: policies are not checked against it")
+        return None
+
+
+@dataclass
+class _Tier:
+    """What the commander remembers of a tier between passes."""
+
+    state: TierState = field(default_factory=TierState)
+    policy: Policy = field(default_factory=Policy)
+    verdict: tuple[str, str | None] | None = None  # (source, error) last recorded in the ledger
+    held: str | None = None  # the last hold reason recorded
+    loaded: bool = False  # decide state read back from Redis after an election
+
+
+class Commander:
+    """One commander process: a standby until it wins the lease, then the fleet's only actor."""
+
+    def __init__(self, r: redis.Redis, runtime: Runtime, settings: CommanderSettings,
+                 metrics: Any | None = None) -> None:
+        self.r, self.runtime, self.settings, self.metrics = r, runtime, settings, metrics
+        self.leader = Leadership(r, settings.commander_id, settings.lease_ttl_ms)
+        self.observer = Observer(r)
+        self.tiers: dict[str, _Tier] = {}
+        self.handlers = registered_handlers()
+        self.started = time.time()
+        self._adopted_at = 0.0
+        self._pressure_total: dict[str, int] = {}
+
+    # --- the loop ------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> int:
+        """Campaign, lead, step down on ``stop``. Returns the exit code."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                if self.leader.leading or self._campaign():
+                    self.pass_once(time.time())
+                    self._wait(stop)
+                else:
+                    stop.wait(self.settings.standby_poll_s)
+                self._register()
+                failures = 0
+            except (redis.RedisError, OSError) as exc:
+                failures += 1
+                delay = min(5.0, 0.1 * 2 ** min(failures, 6))
+                log.warning("Redis unavailable (%s); retrying in %.1fs, acting on nothing", exc, delay)
+                stop.wait(delay)
+        self._shutdown()
+        return 0
+
+    def _campaign(self) -> bool:
+        if not self.leader.campaign():
+            return False
+        self.runtime.adopt()  # a new leader takes over the workers its predecessor left
+        self._adopted_at = time.monotonic()
+        for tier in self.tiers.values():
+            tier.loaded = False  # re-read the stabilization history the last leader saved
+        self._append(LedgerEvent(ts=time.time(), tier="*", epoch=self.leader.epoch or 0,
+                                 commander=self.settings.commander_id, action="leader",
+                                 reason=f"{self.settings.commander_id} leads"))
+        return self.leader.leading
+
+    def _wait(self, stop: threading.Event) -> None:
+        """Until the next pass: block on pressure events, so a burst wakes us at once."""
+        deadline = time.monotonic() + self.settings.interval_s
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self.observer.wait_for_pressure(self.tiers, max(1, int(left * 1000))):
+                return
+
+    # --- one pass ------------------------------------------------------------------------
+    def pass_once(self, now: float) -> None:
+        """Observe every tier and act on its plan, if still the leader."""
+        if not self.leader.renew():
+            return
+        self._reap(now)
+        if time.monotonic() - self._adopted_at > ADOPT_EVERY_S:
+            self.runtime.adopt()  # workers started separately with `fleet worker` on this host
+            self._adopted_at = time.monotonic()
+        self.observer.read_reports()
+        registry = self.observer.registry()
+        handles = self.runtime.list()
+        names = self._tier_names(handles, registry)
+        policies = {t: self._policy(t) for t in names}
+        windows = {t: p.policy.active_window_s for t, p in policies.items()}
+        signals = self.observer.tier_signals(names, windows, now)
+        for tier in names:
+            try:
+                self._judge(tier, policies[tier], handles, registry, signals[tier], now)
+            except Deposed:
+                log.warning("deposed during a pass: acting on nothing more")
+                return
+            except Exception:
+                log.exception("tier %s: pass failed; the next pass retries", tier)
+
+    def _tier_names(self, handles: list[WorkerHandle], registry: dict[str, Any]) -> list[str]:
+        names = set(list_tiers(self.r)) | set(self.settings.always_tiers)
+        names |= {h.tier for h in handles if h.state is not WorkerState.EXITED}
+        names |= {info.tier for info, alive in registry.values() if alive}
+        for name in names:
+            self.tiers.setdefault(name, _Tier())
+        return sorted(names)
+
+    def _policy(self, tier: str) -> PolicyRead:
+        read = read_policy(self.r, tier, self.handlers)
+        memo = self.tiers[tier]
+        verdict = (read.source, read.error)
+        if verdict != memo.verdict and (read.error or memo.verdict is not None):
+            action = "policy-rejected" if read.error else "policy-applied"
+            reason = f"policy key rejected: {read.error}; running the {read.source} policy" \
+                if read.error else f"policy from {read.source} in force"
+            self._append(self._event(tier, action, reason=reason))
+            (log.warning if read.error else log.info)("tier %s: %s", tier, reason)
+        memo.verdict, memo.policy = verdict, read.policy
+        if self.metrics is not None:
+            self.metrics.policy_rejected(tier, read.error is not None)
+        return read
+
+    def _judge(self, tier: str, read: PolicyRead, handles: list[WorkerHandle],
+               registry: dict[str, Any], signals: Any, now: float) -> None:
+        memo = self.tiers[tier]
+        if not memo.loaded:
+            memo.state, memo.loaded = self._load_state(tier), True
+        views = worker_views(tier, handles, registry, self.observer.evaluator, read.policy, now)
+        snap = snapshot(tier, views, signals, tier_rps(views, self.observer.evaluator))
+        started = time.perf_counter()
+        plan, state = decide(snap, read.policy, memo.state, now)
+        elapsed = time.perf_counter() - started
+        self._act(plan, read.policy)
+        if state != memo.state:
+            memo.state = state
+            self._save_state(tier, state)
+        starting = sum(1 for v in views if v.state == "starting")
+        self.r.set(keys.starting(tier), starting * read.policy.concurrency,
+                   px=int(3 * self.settings.interval_s * 1000) + 1000)
+        self._observe_metrics(tier, snap, plan, views, starting, elapsed)
+
+    def _act(self, plan: Plan, policy: Policy) -> None:
+        memo = self.tiers[plan.tier]
+        if plan.spawn > 0:
+            self._append(self._event(plan.tier, "scale-up", plan, to=plan.current + plan.spawn))
+            ids = self.runtime.spawn(plan.tier, plan.spawn)
+            log.info("tier %s: %d -> %d (%s): spawned %s", plan.tier, plan.current,
+                     plan.current + plan.spawn, plan.reason, ", ".join(ids))
+            self._count_scale(plan.tier, "up")
+        if plan.retire:
+            victims = [r.worker for r in plan.retire]
+            action = plan.retire[0].action
+            self._append(self._event(plan.tier, action, plan, to=plan.current - len(victims),
+                                     victims=victims))
+            for victim in victims:
+                self._retire(victim, f"{action}: {plan.reason}", policy.drain_timeout_s)
+            log.info("tier %s: %d -> %d (%s): draining %s", plan.tier, plan.current,
+                     plan.current - len(victims), plan.reason, ", ".join(victims))
+            self._count_scale(plan.tier, "down")
+        if plan.held != memo.held:
+            if plan.held:
+                self._append(self._event(plan.tier, "hold", plan, to=plan.current))
+            memo.held = plan.held
+
+    def _retire(self, worker_id: str, reason: str, drain_timeout_s: float) -> None:
+        try:
+            self.runtime.retire(worker_id, reason, drain_timeout_s)
+        except UnknownWorker:  # registered elsewhere (another host): drain it over Redis
+            body = encode(Control(kind="drain", ts=time.time(), reason=reason[:200]))
+            self.r.xadd(keys.control(worker_id), {"m": body}, maxlen=100, approximate=True)
+
+    def _reap(self, now: float) -> None:
+        for handle in self.runtime.reap():
+            if handle.retire_reason is None:  # an exit nobody asked for
+                self._append(self._event(handle.tier, "worker-exited",
+                                         reason=f"worker {handle.worker_id} exited "
+                                                f"(code {handle.exit_code})",
+                                         victims=[handle.worker_id]))
+            self.observer.evaluator.forget(handle.worker_id)
+
+    # --- ledger, state, registry ----------------------------------------------------------
+    def _event(self, tier: str, action: str, plan: Plan | None = None, to: int | None = None,
+               victims: list[str] | None = None, reason: str = "") -> LedgerEvent:
+        current = plan.current if plan else 0
+        return LedgerEvent(ts=time.time(), tier=tier, epoch=self.leader.epoch or 0,
+                           commander=self.settings.commander_id, action=action,  # type: ignore[arg-type]
+                           from_count=current, to_count=current if to is None else to,
+                           victims=victims or [], reason=reason or (plan.reason if plan else ""),
+                           why=plan.why() if plan else {})
+
+    def _append(self, event: LedgerEvent) -> None:
+        self.leader.append(event)
+
+    def _load_state(self, tier: str) -> TierState:
+        raw = self.r.get(keys.decide_state(tier))
+        if not raw:
+            return TierState()
+        try:
+            body = json.loads(raw)
+            return TierState(history=tuple((float(t), int(d)) for t, d in body["history"]),
+                             last_scale_up=body.get("last_scale_up"),
+                             last_scale_down=body.get("last_scale_down"))
+        except (ValueError, KeyError, TypeError):
+            log.warning("tier %s: unreadable saved decide state, starting afresh", tier)
+            return TierState()
+
+    def _save_state(self, tier: str, state: TierState) -> None:
+        body = {"history": [list(h) for h in state.history], "last_scale_up": state.last_scale_up,
+                "last_scale_down": state.last_scale_down}
+        self.r.set(keys.decide_state(tier), json.dumps(body), ex=STATE_TTL_S)
+
+    def _register(self) -> None:
+        info = CommanderInfo(commander=self.settings.commander_id, pid=os.getpid(),
+                             host=socket.gethostname(), started=self.started,
+                             role="leader" if self.leader.leading else "standby",
+                             epoch=self.leader.epoch or 0,
+                             metrics=getattr(self.metrics, "address", ""))
+        self.r.hset(keys.COMMANDERS, self.settings.commander_id, encode(info))
+
+    def _shutdown(self) -> None:
+        try:
+            if self.leader.leading and self.settings.stop_workers_on_exit:
+                log.info("stopping every worker before exit (fleet down)")
+                self.runtime.stop_all()
+            self.leader.step_down()
+            self.r.hdel(keys.COMMANDERS, self.settings.commander_id)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("clean shutdown incomplete (%s); the lease expires on its own", exc)
+
+    # --- metrics -------------------------------------------------------------------------
+    def _observe_metrics(self, tier: str, snap: Any, plan: Plan, views: Any, starting: int,
+                         elapsed: float) -> None:
+        self._pressure_total[tier] = self._pressure_total.get(tier, 0) + snap.pressure_events
+        if self.metrics is None:
+            return
+        running = sum(1 for v in views if v.state == "ready")
+        self.metrics.observe_tier(tier, snap, plan, running, starting, self._pressure_total[tier])
+        self.metrics.observe_workers(tier, list(views))
+        self.metrics.decide_seconds(elapsed)
+        self.metrics.is_leader(self.leader.leading)
+
+    def _count_scale(self, tier: str, direction: str) -> None:
+        if self.metrics is not None:
+            self.metrics.scale_event(tier, direction)

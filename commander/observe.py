@@ -1,0 +1,132 @@
+"""Observe: read what the fleet reports (reports, registry, backlog, users, pressure).
+
+Readers only measure; ``decide`` judges. Every read here is batched per pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+
+from commander.evaluator import Evaluator
+from commander.views import TierSignals
+from protocol import keys
+from protocol.codec import CodecError, decode
+from protocol.models import OccupancyReport, WorkerInfo
+
+log = logging.getLogger("fleet.commander")
+REPORT_BATCH = 5_000
+WARM_REPORTS = 2_000  # on start, rebuild the evaluator's windows from this many recent reports
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Observer:
+    """Keeps the evaluator fed and the stream positions of one commander."""
+
+    def __init__(self, r: redis.Redis, evaluator: Evaluator | None = None) -> None:
+        self.r = r
+        self.evaluator = evaluator or Evaluator()
+        self.reports_from: str | None = None  # last report id read
+        self.pressure_from: dict[str, str] = {}  # tier -> last pressure id read
+        self.pressure_pending: dict[str, int] = {}  # tier -> events read, not yet judged
+
+    # --- reports -----------------------------------------------------------------------
+    def read_reports(self) -> int:
+        """Feed every new occupancy report to the evaluator; return how many were read."""
+        if self.reports_from is None:
+            return self._warm_up()
+        n = 0
+        while True:
+            resp = self.r.xread({keys.REPORTS: self.reports_from}, count=REPORT_BATCH)
+            rows = resp[0][1] if resp else []
+            for rid, fields in rows:
+                self.reports_from = _s(rid)
+                n += self._add(fields)
+            if len(rows) < REPORT_BATCH:
+                return n
+
+    def _warm_up(self) -> int:
+        rows = self.r.xrevrange(keys.REPORTS, count=WARM_REPORTS)
+        self.reports_from = _s(rows[0][0]) if rows else "0-0"
+        return sum(self._add(fields) for _rid, fields in reversed(rows))
+
+    def _add(self, fields: dict[bytes, bytes]) -> int:
+        try:
+            return int(self.evaluator.add(decode(OccupancyReport, fields.get(b"m", b""))))
+        except CodecError as exc:
+            log.warning("ignored a bad occupancy report: %s", exc)
+            return 0
+
+    # --- registry ----------------------------------------------------------------------
+    def registry(self) -> dict[str, tuple[WorkerInfo, bool]]:
+        """Registered workers and whether their heartbeat is alive."""
+        raw = self.r.hgetall(keys.WORKERS)
+        infos = []
+        for wid, blob in raw.items():
+            try:
+                infos.append(decode(WorkerInfo, blob))
+            except CodecError:
+                log.warning("ignored a bad registry entry for %s", _s(wid))
+        pipe = self.r.pipeline(transaction=False)
+        for info in infos:
+            pipe.exists(keys.heartbeat(info.worker))
+        alive = pipe.execute() if infos else []
+        return {i.worker: (i, bool(a)) for i, a in zip(infos, alive, strict=True)}
+
+    # --- per tier ----------------------------------------------------------------------
+    def tier_signals(self, tiers: Iterable[str], windows: dict[str, float],
+                     now: float) -> dict[str, TierSignals]:
+        """Backlog (lag + pending), active users and pressure events per tier, one round trip."""
+        tiers = list(tiers)
+        pipe = self.r.pipeline(transaction=False)
+        for tier in tiers:
+            pipe.xinfo_groups(keys.ready(tier))
+            pipe.xlen(keys.ready(tier))
+            pipe.zcount(keys.active(tier), now - windows.get(tier, 60.0), "+inf")
+        res = pipe.execute(raise_on_error=False)
+        out = {}
+        for i, tier in enumerate(tiers):
+            groups, length, active = res[3 * i: 3 * i + 3]
+            out[tier] = TierSignals(backlog=_backlog(groups, length),
+                                    active_users=0 if isinstance(active, Exception) else int(active),
+                                    pressure_events=self.pressure_pending.pop(tier, 0))
+        return out
+
+    def wait_for_pressure(self, tiers: Iterable[str], block_ms: int) -> int:
+        """Block up to ``block_ms`` for pressure events on any tier; count them per tier."""
+        streams = {}
+        for tier in tiers:
+            if tier not in self.pressure_from:
+                last = self.r.xrevrange(keys.pressure(tier), count=1)
+                self.pressure_from[tier] = _s(last[0][0]) if last else "0-0"
+            streams[keys.pressure(tier)] = self.pressure_from[tier]
+        if not streams:
+            time.sleep(block_ms / 1000)
+            return 0
+        resp = self.r.xread(streams, count=10_000, block=block_ms)
+        total = 0
+        for stream, rows in resp or []:
+            tier = _s(stream).split("{", 1)[1].split("}", 1)[0]
+            self.pressure_from[tier] = _s(rows[-1][0])
+            self.pressure_pending[tier] = self.pressure_pending.get(tier, 0) + len(rows)
+            total += len(rows)
+        return total
+
+
+def _backlog(groups: Any, length: Any) -> int:
+    """Lag + pending of the workers' group; the whole stream if no worker ever read it."""
+    if isinstance(groups, Exception) or isinstance(length, Exception):
+        return 0  # no stream yet (nothing submitted)
+    group = next((g for g in groups if _s(g.get("name")) == keys.GROUP), None)
+    if group is None:
+        return int(length)
+    lag = group.get("lag")
+    lag = int(length) if lag is None else int(lag)  # unknown lag after deletions: assume all
+    return lag + int(group.get("pending", 0))

@@ -1,0 +1,94 @@
+"""Build what ``decide`` sees of a tier from what the observer read: pure, table-testable.
+
+Missing reports are not idleness: a worker without a fresh report is marked ``fresh=False``
+and ``decide`` never counts it idle nor picks it for scale-in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from commander.evaluator import Evaluator, memory_limit_bytes
+from commander.runtime import WorkerHandle, WorkerState
+from commander.snapshot import TierSnapshot, WorkerView
+from commander.snapshot import WorkerState as ViewState
+from protocol.models import WorkerInfo
+from protocol.policy import Policy
+
+MIN_STALE_S = 2.0
+
+
+@dataclass(frozen=True)
+class TierSignals:
+    """Per-tier quantities read from Redis this pass."""
+
+    backlog: int = 0
+    active_users: int = 0
+    pressure_events: int = 0
+
+
+def stale_after(policy: Policy) -> float:
+    """A report older than this no longer describes its worker: three report intervals."""
+    return max(MIN_STALE_S, 3 * policy.report_interval_s)
+
+
+def _state(handle: WorkerHandle | None, report_state: str | None) -> ViewState:
+    if (handle and handle.state is WorkerState.DRAINING) or report_state == "draining":
+        return "draining"
+    if report_state is None or report_state == "starting":
+        return "starting"
+    return "ready"
+
+
+def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[str, tuple[WorkerInfo, bool]],
+                 evaluator: Evaluator, policy: Policy, now: float) -> tuple[WorkerView, ...]:
+    """Every live worker of ``tier``: spawned/adopted by the runtime, or registered with a heartbeat."""
+    by_id: dict[str, WorkerHandle | None] = {
+        h.worker_id: h for h in handles if h.tier == tier and h.state is not WorkerState.EXITED}
+    for wid, (info, alive) in registry.items():
+        if info.tier == tier and alive:
+            by_id.setdefault(wid, None)
+    limit = memory_limit_bytes(policy)
+    views = []
+    for wid, handle in sorted(by_id.items()):
+        report = evaluator.latest(wid)
+        info = registry.get(wid, (None, False))[0]
+        started = handle.started if handle else (info.started if info else 0.0)
+        if report is None:
+            views.append(WorkerView(id=wid, state=_state(handle, None), fresh=False, started=started))
+            continue
+        fresh = evaluator.is_fresh(wid, now, stale_after(policy))
+        views.append(WorkerView(
+            id=wid, state=_state(handle, report.state), occupancy=evaluator.occupancy(wid, limit).value,
+            busy=report.slots.busy, total=report.slots.total, lanes=report.slots.busy, fresh=fresh,
+            started=started))
+    return _mark_reception(views)
+
+
+def _mark_reception(views: list[WorkerView]) -> tuple[WorkerView, ...]:
+    ready = [v for v in views if v.state == "ready"]
+    if not ready:
+        return tuple(views)
+    first = min(ready, key=lambda v: (v.started, v.id)).id
+    return tuple(WorkerView(**{**_fields(v), "is_reception": v.id == first}) for v in views)
+
+
+def _fields(v: WorkerView) -> dict[str, object]:
+    return {name: getattr(v, name) for name in WorkerView.__slots__}  # type: ignore[attr-defined]
+
+
+def tier_rps(views: Iterable[WorkerView], evaluator: Evaluator) -> float:
+    """Turns per second served by the tier's workers, from their counter deltas."""
+    total = 0.0
+    for v in views:
+        rates = evaluator.rates(v.id)
+        if rates is not None:
+            total += rates.turns_per_s
+    return total
+
+
+def snapshot(tier: str, views: tuple[WorkerView, ...], signals: TierSignals, rps: float) -> TierSnapshot:
+    """The decide() input for one tier."""
+    return TierSnapshot(tier=tier, workers=views, active_users=signals.active_users,
+                        backlog=signals.backlog, rps=rps, pressure_events=signals.pressure_events)
