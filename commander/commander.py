@@ -72,6 +72,8 @@ class Commander:
         self.started = time.time()
         self._adopted_at = 0.0
         self._pressure_total: dict[str, int] = {}
+        self._last_pass: float | None = None  # monotonic start of the last completed pass
+        self.trusted_since = 0.0  # wall time an outage ended: older reports are not trusted
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
@@ -88,6 +90,7 @@ class Commander:
                 failures = 0
             except (redis.RedisError, OSError) as exc:
                 failures += 1
+                self._last_pass = None  # the next pass that succeeds ends an outage
                 delay = min(5.0, 0.1 * 2 ** min(failures, 6))
                 log.warning("Redis unavailable (%s); retrying in %.1fs, acting on nothing", exc, delay)
                 stop.wait(delay)
@@ -99,6 +102,7 @@ class Commander:
             return False
         self.runtime.adopt()  # a new leader takes over the workers its predecessor left
         self._adopted_at = time.monotonic()
+        self._last_pass = None  # and trusts only reports made after it took over
         for tier in self.tiers.values():
             tier.loaded = False  # re-read the stabilization history the last leader saved
         self._append(LedgerEvent(ts=time.time(), tier="*", epoch=self.leader.epoch or 0,
@@ -121,6 +125,7 @@ class Commander:
         """Observe every tier and act on its plan, if still the leader."""
         if not self.leader.renew():
             return
+        self._note_outage(now)
         self._reap(now)
         if time.monotonic() - self._adopted_at > ADOPT_EVERY_S:
             self.runtime.adopt()  # workers started separately with `fleet worker` on this host
@@ -140,6 +145,17 @@ class Commander:
                 return
             except Exception:
                 log.exception("tier %s: pass failed; the next pass retries", tier)
+
+    def _note_outage(self, now: float) -> None:
+        """The first pass of a leadership, a pass after a failed one, or after a long stall
+        (Redis paused): reports from before now do not describe the workers' load (they could
+        not reach Redis, or we did not see them), so scale-in waits for reports made after."""
+        mono = time.monotonic()
+        if self._last_pass is None or mono - self._last_pass > max(3 * self.settings.interval_s, 2.0):
+            if self.trusted_since:
+                log.warning("observations were interrupted: scale-in waits for new reports")
+            self.trusted_since = now
+        self._last_pass = mono
 
     def _tier_names(self, handles: list[WorkerHandle], registry: dict[str, Any]) -> list[str]:
         names = set(list_tiers(self.r)) | set(self.settings.always_tiers)
@@ -169,7 +185,8 @@ class Commander:
         memo = self.tiers[tier]
         if not memo.loaded:
             memo.state, memo.loaded = self._load_state(tier), True
-        views = worker_views(tier, handles, registry, self.observer.evaluator, read.policy, now)
+        views = worker_views(tier, handles, registry, self.observer.evaluator, read.policy, now,
+                             self.trusted_since)
         snap = snapshot(tier, views, signals, tier_rps(views, self.observer.evaluator))
         started = time.perf_counter()
         plan, state = decide(snap, read.policy, memo.state, now)

@@ -79,10 +79,24 @@ def row_memory(report: OccupancyReport, limit_bytes: float | None) -> float | No
     return report.rss / limit_bytes
 
 
-def row_slots(report: OccupancyReport) -> float | None:
-    """busy/total handler slots; None when the worker reports no slots."""
+def row_slots(report: OccupancyReport, previous: OccupancyReport | None = None) -> float | None:
+    """Slot use of a row: the larger of busy/total at the report and, given the row before it,
+    the time-averaged use over the interval (handler seconds / (seconds x slots)).
+
+    A report is an instant: a worker serving short turns is often caught between two of
+    them, and instants alone would call it idle. The counters see the whole interval.
+    """
     total = report.slots.total
-    return None if total <= 0 else report.slots.busy / total
+    if total <= 0:
+        return None
+    instant = report.slots.busy / total
+    if previous is None or _counters_dropped(report, previous):
+        return instant
+    span = report.ts - previous.ts
+    if span <= 0:
+        return instant
+    averaged = (report.counters.handler_seconds - previous.counters.handler_seconds) / (span * total)
+    return max(instant, min(averaged, 1.0))
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -92,12 +106,14 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 def occupancy_of(rows: Sequence[OccupancyReport], limit_bytes: float | None) -> Occupancy:
     """Average each component over the last ``AVERAGE_ROWS`` rows; occupancy is their max."""
-    recent = list(rows)[-AVERAGE_ROWS:]
+    window = list(rows)[-(AVERAGE_ROWS + 1):]
+    recent = window[-AVERAGE_ROWS:]
     if not recent:
         return Occupancy()
+    before = [None, *window[:-1]] if len(window) == len(recent) else window[:-1]
     cpu = _mean(row_cpu(r) for r in recent)
     memory = _mean(row_memory(r, limit_bytes) for r in recent)
-    slots = _mean(row_slots(r) for r in recent)
+    slots = _mean(row_slots(r, p) for r, p in zip(recent, before, strict=True))
     parts = [p for p in (cpu, memory, slots) if p is not None]
     return Occupancy(max(parts, default=0.0), cpu, memory, slots, len(recent))
 

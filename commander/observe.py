@@ -94,9 +94,13 @@ class Observer:
         out = {}
         for i, tier in enumerate(tiers):
             groups, length, active = res[3 * i: 3 * i + 3]
-            out[tier] = TierSignals(backlog=_backlog(groups, length),
+            lag, pending = _lag_pending(groups, length)
+            events = self.pressure_pending.pop(tier, 0)
+            # a pressure event is a client's momentary view: it counts only while turns still
+            # wait undelivered now, so a notification a worker took a moment later is no demand
+            out[tier] = TierSignals(backlog=lag + pending,
                                     active_users=0 if isinstance(active, Exception) else int(active),
-                                    pressure_events=self.pressure_pending.pop(tier, 0))
+                                    pressure_events=events if lag > 0 else 0)
         return out
 
     def wait_for_pressure(self, tiers: Iterable[str], block_ms: int) -> int:
@@ -120,13 +124,13 @@ class Observer:
         return total
 
 
-def _backlog(groups: Any, length: Any) -> int:
-    """Lag + pending of the workers' group; the whole stream if no worker ever read it."""
+def _lag_pending(groups: Any, length: Any) -> tuple[int, int]:
+    """(undelivered, delivered but not acked) of the workers' group; all undelivered if none."""
     if isinstance(groups, Exception) or isinstance(length, Exception):
-        return 0  # no stream yet (nothing submitted)
+        return 0, 0  # no stream yet (nothing submitted)
     group = next((g for g in groups if _s(g.get("name")) == keys.GROUP), None)
     if group is None:
-        return int(length)
+        return int(length), 0
     lag = group.get("lag")
     lag = int(length) if lag is None else int(lag)  # unknown lag after deletions: assume all
-    return lag + int(group.get("pending", 0))
+    return lag, int(group.get("pending", 0))

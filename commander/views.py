@@ -42,8 +42,14 @@ def _state(handle: WorkerHandle | None, report_state: str | None) -> ViewState:
 
 
 def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[str, tuple[WorkerInfo, bool]],
-                 evaluator: Evaluator, policy: Policy, now: float) -> tuple[WorkerView, ...]:
-    """Every live worker of ``tier``: spawned/adopted by the runtime, or registered with a heartbeat."""
+                 evaluator: Evaluator, policy: Policy, now: float,
+                 trusted_since: float = 0.0) -> tuple[WorkerView, ...]:
+    """Every live worker of ``tier``: spawned/adopted by the runtime, or registered with a heartbeat.
+
+    ``trusted_since`` is the end of the last outage the commander saw (Redis unreachable or
+    paused): a report is fresh only if its whole interval came after it, since a worker that
+    could not reach Redis looked idle for reasons that say nothing about its load.
+    """
     by_id: dict[str, WorkerHandle | None] = {
         h.worker_id: h for h in handles if h.tier == tier and h.state is not WorkerState.EXITED}
     for wid, (info, alive) in registry.items():
@@ -58,7 +64,8 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
         if report is None:
             views.append(WorkerView(id=wid, state=_state(handle, None), fresh=False, started=started))
             continue
-        fresh = evaluator.is_fresh(wid, now, stale_after(policy))
+        fresh = (evaluator.is_fresh(wid, now, stale_after(policy))
+                 and report.ts - policy.report_interval_s >= trusted_since)
         views.append(WorkerView(
             id=wid, state=_state(handle, report.state), occupancy=evaluator.occupancy(wid, limit).value,
             busy=report.slots.busy, total=report.slots.total, lanes=report.slots.busy, fresh=fresh,

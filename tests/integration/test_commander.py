@@ -1,0 +1,270 @@
+"""The commander's scenarios (issue: observe, evaluate, decide, act) on real processes and Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from fleet.client import Fleet
+from protocol import keys
+from protocol.codec import decode
+from protocol.models import LedgerEvent, SessionEntry, WorkerInfo
+from protocol.policy import Policy
+from stores.policies import write_policy
+from tests.integration.conftest import FAST_WORKER_ENV, wait_until
+
+pytestmark = pytest.mark.integration
+
+FAST = dict(handler="sleep", handler_options={"sleep_ms": 300}, concurrency=2, min_workers=1,
+            max_workers=4, target_backlog_per_worker=2, users_per_instance=None,
+            report_interval_s=0.3, scale_down_stabilization_s=3, drain_timeout_s=15)
+
+
+def policy(**over: object) -> Policy:
+    return Policy(**{**FAST, **over})
+
+
+def ledger(r: redis.Redis, tier: str | None = "chat") -> list[LedgerEvent]:
+    events = [decode(LedgerEvent, f[b"m"]) for _, f in r.xrange(keys.EVENTS)]
+    return [e for e in events if tier is None or e.tier == tier]
+
+
+def live_workers(r: redis.Redis, tier: str = "chat") -> list[WorkerInfo]:
+    infos = [decode(WorkerInfo, b) for b in r.hgetall(keys.WORKERS).values()]
+    return [i for i in infos if i.tier == tier and r.exists(keys.heartbeat(i.worker))]
+
+
+def worker_pids(r: redis.Redis) -> list[int]:
+    return [decode(WorkerInfo, b).pid for b in r.hgetall(keys.WORKERS).values()]
+
+
+@pytest.fixture
+def start_commander(fleet_env: dict[str, str], r: redis.Redis,
+                    tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Factory: a commander process; stopped after the test, with every worker it started."""
+    procs: list[subprocess.Popen[bytes]] = []
+    seen_pids: set[int] = set()
+
+    def start(name: str = "c1", wait_leader: bool = True) -> subprocess.Popen[bytes]:
+        env = {**fleet_env, **FAST_WORKER_ENV}
+        log = tmp_path / f"commander-{name}.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "commander", "--commander-id", name, "--no-metrics",
+                 "--interval", "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit"],
+                env=env, stdout=out, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        if wait_leader:
+            wait_until(lambda: r.get(keys.LEADER) or proc.poll() is not None, 15, "a leader")
+            assert proc.poll() is None, log.read_text()[-3000:]
+        return proc
+
+    yield start
+    seen_pids.update(worker_pids(r))
+    for proc in reversed(procs):  # standbys first, so none takes over from a leader stopping the fleet
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    seen_pids.update(worker_pids(r))
+    leftovers = [p for p in seen_pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"worker processes left behind: {leftovers}"
+
+
+class Load:
+    """Users sending turns in a loop from a thread; every reply is kept for checks."""
+
+    def __init__(self, url: str, users: int, pause_s: float = 0.0, prefix: str = "u") -> None:
+        self.fleet = Fleet(url)
+        self.users = [f"{prefix}{i:03d}" for i in range(users)]
+        self.pause_s = pause_s
+        self.sent: dict[str, list[str]] = {u: [] for u in self.users}
+        self.replies: list = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            batch = [(u, f"{u} turn {len(self.sent[u])}") for u in self.users]
+            for u, text in batch:
+                self.sent[u].append(text)
+            handles = self.fleet.submit_many(batch)
+            self.replies += self.fleet.results(handles, timeout=90)
+            n += 1
+            self.stop.wait(self.pause_s)
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=120)
+
+    def check(self, r: redis.Redis) -> None:
+        """Every turn answered ok exactly once, every session in submission order."""
+        assert all(rep.ok for rep in self.replies)
+        assert len(self.replies) == sum(len(v) for v in self.sent.values())
+        for u in self.users:
+            got = [decode(SessionEntry, raw).text for raw in r.lrange(keys.session(u), 0, -1)]
+            assert got == self.sent[u], u
+
+
+def test_burst_scales_up_then_quiet_scales_in_idle_first(r, redis_server, start_commander):
+    write_policy(r, "chat", policy())
+    start_commander()
+    first = wait_until(lambda: live_workers(r), 20, "the first worker")[0].worker
+    fleet = Fleet(redis_server.url)
+
+    replies = fleet.results(fleet.submit_many([(f"b{i:02d}", "burst") for i in range(40)]), timeout=90)
+
+    assert all(rep.ok for rep in replies)
+    ups = [e for e in ledger(r) if e.action == "scale-up" and e.from_count >= 1]
+    assert ups and max(e.to_count for e in ups) > 1, ledger(r)
+    served_by = Counter(rep.worker for rep in replies)
+    assert len(served_by) >= 2 and set(served_by) - {first}, served_by  # new workers served turns
+
+    # load stops: back to min_workers only after the stabilization window, idle workers first
+    wait_until(lambda: len(live_workers(r)) == 1, 40, "scale-in to min_workers")
+    downs = [e for e in ledger(r) if e.action in ("reclaim-idle", "consolidate")]
+    assert downs and all(e.to_count >= 1 for e in downs)
+    assert all(e.action == "reclaim-idle" for e in downs)
+    last_up = max(e.ts for e in ups)
+    assert min(e.ts for e in downs) - last_up >= 3 - 0.5  # scale_down_stabilization_s (clock slack)
+    time.sleep(1.5)
+    assert len(live_workers(r)) == 1  # and it stays at the floor
+
+
+def test_raising_users_per_instance_consolidates_without_losing_turns(r, redis_server, start_commander):
+    light = dict(target_backlog_per_worker=None, concurrency=16, handler_options={"sleep_ms": 50},
+                 min_workers=1, active_window_s=30)
+    write_policy(r, "chat", policy(users_per_instance=4, **light))
+    start_commander()
+    with Load(redis_server.url, users=12, pause_s=0.5) as load:
+        wait_until(lambda: len(live_workers(r)) == 3, 30, "3 workers for 12 users at 4 per worker")
+        write_policy(r, "chat", policy(users_per_instance=100, **light))
+        wait_until(lambda: len(live_workers(r)) == 1, 40, "consolidation to one worker")
+        time.sleep(1.0)
+    load.check(r)
+    downs = [e for e in ledger(r) if e.action in ("reclaim-idle", "consolidate")]
+    assert downs
+    exits = [e for e in ledger(r) if e.action == "worker-exited"]
+    assert not exits  # the drained workers exited on their own, none crashed or was killed
+
+
+def test_scale_to_zero_serves_a_parked_turn(r, redis_server, start_commander):
+    write_policy(r, "chat", policy(min_workers=0, handler_options={"sleep_ms": 10}))
+    start_commander()
+    time.sleep(1.0)
+    assert live_workers(r) == []
+    reply = Fleet(redis_server.url).submit("zoe", "anyone there?").result(30)
+    assert reply.ok and reply.text == "slept: anyone there?"
+    wake = [e for e in ledger(r) if e.action == "scale-up" and e.from_count == 0]
+    assert wake and wake[0].to_count == 1
+    wait_until(lambda: live_workers(r) == [], 30, "the tier to go back to zero")
+
+
+def test_commander_sigkill_standby_takes_over_and_adopts(r, redis_server, start_commander):
+    write_policy(r, "chat", policy(min_workers=2, handler_options={"sleep_ms": 50}))
+    leader = start_commander("c1")
+    wait_until(lambda: len(live_workers(r)) == 2, 20, "two workers")
+    standby = start_commander("c2", wait_leader=False)
+    with Load(redis_server.url, users=10, pause_s=0.05) as load:
+        time.sleep(1.0)
+        before = {w.worker for w in live_workers(r)}
+        leader.send_signal(signal.SIGKILL)
+        leader.wait()
+        wait_until(lambda: (r.get(keys.LEADER) or b"").startswith(b"c2|"), 15, "the standby to lead")
+        time.sleep(2.0)
+    load.check(r)
+    after = {w.worker for w in live_workers(r)}
+    assert after == before  # adopted, not respawned: no double spawn
+    epochs = {e.epoch for e in ledger(r, tier=None) if e.commander == "c2"}
+    assert epochs and min(epochs) > max(e.epoch for e in ledger(r, tier=None) if e.commander == "c1")
+    assert standby.poll() is None
+
+
+def test_invalid_raw_policy_is_rejected_and_the_last_good_kept(r, redis_server, start_commander, fleet_env,
+                                                              tmp_path):
+    write_policy(r, "chat", policy(min_workers=2))
+    start_commander()
+    wait_until(lambda: len(live_workers(r)) == 2, 20, "two workers")
+    r.set(keys.policy("chat"), '{"min_workers": 5, "max_workers": 2}')
+    wait_until(lambda: [e for e in ledger(r) if e.action == "policy-rejected"], 10, "the rejection")
+    rejected = [e for e in ledger(r) if e.action == "policy-rejected"][0]
+    assert "min_workers (5) > max_workers (2)" in rejected.reason
+    out = subprocess.run([sys.executable, "-m", "fleet.cli", "policy", "get", "chat"], env=fleet_env,
+                         capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert "REJECTED" in out.stdout and "min_workers (5) > max_workers (2)" in out.stdout
+    time.sleep(1.0)
+    assert len(live_workers(r)) == 2  # the fleet runs on the last good policy, unchanged
+    r.set(keys.policy("chat"), policy(min_workers=3).to_json())
+    wait_until(lambda: len(live_workers(r)) == 3, 20, "the next valid edit to apply")
+
+
+def test_two_commanders_at_once_only_one_ever_acts(r, redis_server, start_commander):
+    write_policy(r, "chat", policy(min_workers=2))
+    a = start_commander("ca", wait_leader=False)
+    b = start_commander("cb", wait_leader=False)
+    wait_until(lambda: len(live_workers(r)) == 2, 20, "two workers")
+    fleet = Fleet(redis_server.url)
+    assert all(rep.ok for rep in fleet.results(fleet.submit_many([(f"t{i}", "x") for i in range(30)]), 60))
+    time.sleep(1.0)
+    acts = [e for e in ledger(r, tier=None) if e.action not in ("leader",)]
+    assert acts and len({(e.commander, e.epoch) for e in acts}) == 1
+    assert len([e for e in ledger(r, tier=None) if e.action == "leader"]) == 1
+    assert a.poll() is None and b.poll() is None
+
+
+def test_missing_reports_are_not_idleness(r, redis_server, start_commander):
+    write_policy(r, "chat", policy(min_workers=3, scale_down_stabilization_s=0))
+    start_commander()
+    wait_until(lambda: len(live_workers(r)) == 3, 20, "three workers")
+    time.sleep(1.0)  # every worker has reported idle
+    frozen = [w for w in live_workers(r)][1:]
+    for w in frozen:
+        os.kill(w.pid, signal.SIGSTOP)  # their reports stop: unknown, not idle
+    try:
+        time.sleep(3.0)  # longer than stale_after (2 s here): their last reports are stale
+        write_policy(r, "chat", policy(min_workers=1, scale_down_stabilization_s=0))
+        time.sleep(2.0)
+        gone = {v for e in ledger(r) for v in e.victims if e.action in ("reclaim-idle", "consolidate")}
+        assert not gone & {w.worker for w in frozen}, ledger(r)
+    finally:
+        for w in frozen:
+            os.kill(w.pid, signal.SIGCONT)
+    # with fresh reports again they are idle, and go
+    wait_until(lambda: len(live_workers(r)) == 1, 30, "scale-in once reports are fresh")
+
+
+def test_redis_pause_causes_no_mass_scale_in_nor_spawn_storm(r, redis_server, start_commander):
+    write_policy(r, "chat", policy(min_workers=1, max_workers=4, scale_down_stabilization_s=0))
+    start_commander()
+    with Load(redis_server.url, users=8, pause_s=0.0) as load:
+        wait_until(lambda: len(live_workers(r)) >= 3, 30, "the load to scale the tier up")
+        before = len(ledger(r))
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)
+        redis_server.proc.send_signal(signal.SIGCONT)
+        time.sleep(1.0)
+        during = ledger(r)[before:]
+    load.check(r)
+    assert not [e for e in during if e.action in ("reclaim-idle", "consolidate")], during
+    assert sum(e.to_count - e.from_count for e in during if e.action == "scale-up") <= 1, during
