@@ -176,7 +176,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _status_text(snap: dict[str, Any]) -> str:
-    lines = [f"{'TIER':<12}{'WORKERS':>8}{'MIN':>5}{'MAX':>5}{'BACKLOG':>9}{'PENDING':>9}"
+    lines = [_commander_line(snap), ""]
+    lines += [f"{'TIER':<12}{'WORKERS':>8}{'MIN':>5}{'MAX':>5}{'BACKLOG':>9}{'PENDING':>9}"
              f"{'ACTIVE':>8}{'DEAD':>6}  POLICY"]
     for tier, t in snap["tiers"].items():
         policy = t["policy_source"] + (f" (REJECTED: {t['policy_error']})" if t["policy_error"] else "")
@@ -189,7 +190,26 @@ def _status_text(snap: dict[str, Any]) -> str:
         state = "alive" if w["alive"] else "no heartbeat"
         lines.append(f"{w['worker']:<24}{w['tier']:<10}{w['pid']:>8}  {w['host'][:15]:<16}"
                      f"{w['age_s']:>7.0f}s  {state}")
+    if snap.get("events"):
+        lines += ["", "LAST EVENTS"]
+        lines += [f"  {_event_line(e)}" for e in snap["events"]]
     return "\n".join(lines)
+
+
+def _commander_line(snap: dict[str, Any]) -> str:
+    leader, _, epoch = (snap.get("leader") or "").partition("|")
+    head = f"commander: {leader} leads (epoch {epoch})" if leader else "commander: none leads"
+    others = [f"{c.get('commander')} {c.get('role')}" for c in snap.get("commanders", [])
+              if c.get("commander") != leader]
+    return head + (f"; {', '.join(others)}" if others else "")
+
+
+def _event_line(e: dict[str, Any]) -> str:
+    if "error" in e and "action" not in e:
+        return f"{e.get('id', '?')}  unreadable: {e['error']}"
+    counts = f"{e.get('from_count', '')}->{e.get('to_count', '')}"
+    return (f"{e.get('tier', '?')}  {e.get('action', '?')}  {counts}  {e.get('reason', '')}"
+            f"  (epoch {e.get('epoch', '?')})")
 
 
 def cmd_dead_letters(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ import redis
 
 from protocol import keys
 from protocol.codec import CodecError, decode
-from protocol.models import WorkerInfo
+from protocol.models import CommanderInfo, WorkerInfo
 from stores.policies import list_tiers, read_policy
 
 
@@ -55,7 +55,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
     """Everything ``fleet status`` shows, as plain data."""
     tiers = sorted(set(list_tiers(r)) | {"chat"})
     ws = workers(r)
-    out: dict[str, Any] = {"tiers": {}, "workers": ws}
+    out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r)}
     for tier in tiers:
         read = read_policy(r, tier, handlers)
         out["tiers"][tier] = {
@@ -71,6 +71,21 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
                                          "+inf")),
         }
     return out
+
+
+def control_plane(r: redis.Redis, events: int = 5) -> dict[str, Any]:
+    """The commanders (leader and standbys), the lease holder and the last ledger events."""
+    from fleet.events import event_json, read_events
+
+    commanders = []
+    for cid, blob in r.hgetall(keys.COMMANDERS).items():
+        try:
+            commanders.append(decode(CommanderInfo, blob).model_dump())
+        except CodecError:
+            commanders.append({"commander": _s(cid), "role": "unreadable entry"})
+    leader = r.get(keys.LEADER)
+    return {"leader": _s(leader) if leader else None, "commanders": commanders,
+            "events": [event_json(i, e) for i, e in read_events(r, None, events)]}
 
 
 def dead_letters(r: redis.Redis, tier: str, count: int) -> list[dict[str, str]]:
