@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import os
@@ -61,6 +62,7 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
         self._wake_report = asyncio.Event()
+        self._stopping = asyncio.Event()  # set once the jobs are done: the loops end
         self._ready_key = keys.ready(self.tier)
 
     # --- lifecycle -------------------------------------------------------------------
@@ -69,6 +71,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.drain, sig.name)
+        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)  # `kill -USR1 <pid>`: what is it waiting on
         await self._until_ok("start", self._start)
         self.state = "ready"
         self._wake_report.set()
@@ -82,9 +85,7 @@ class Worker:
                  self.tier, self.policy.handler, self.policy.concurrency)
         await self._pull_loop()
         await self._finish_jobs()
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+        await self._stop_background(background)
         await self._until_ok("deregister", self._deregister, attempts=5)
         await self.r.aclose()
         log.info("worker %s drained and stopped", self.worker_id)
@@ -98,6 +99,22 @@ class Worker:
             self.state = "draining"
             self._slot_freed.set()
             self._wake_report.set()
+
+    async def _stop_background(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Stop the loops: each checks ``_stopping``, and is cancelled as well. A library that
+        swallows a cancellation mid-command must not keep the process alive, hence the flag
+        and a bounded wait."""
+        self._stopping.set()
+        for task in tasks:
+            task.cancel()
+        _done, pending = await asyncio.wait(tasks, timeout=5.0)
+        if pending:
+            log.warning("%d background loops did not stop in time; exiting anyway", len(pending))
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, waking early when the worker stops."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     async def _start(self) -> None:
         await self._refresh_policy()
@@ -144,17 +161,17 @@ class Worker:
 
     async def _every(self, what: str, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
         failures = 0
-        while True:
+        while not self._stopping.is_set():
             try:
                 await fn()
                 failures = 0
-                await asyncio.sleep(interval)
+                await self._pause(interval)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a loop never dies: log, back off, go on
                 failures += 1
                 log.warning("%s pass failed (%s: %s)", what, type(exc).__name__, exc)
-                await asyncio.sleep(max(interval, _BACKOFF.compute(failures)))
+                await self._pause(max(interval, _BACKOFF.compute(failures)))
 
     async def _pull_loop(self) -> None:
         failures = 0
@@ -192,6 +209,10 @@ class Worker:
             self._spawn(self._reject_notification(nid, fields or {}, str(exc)))
             return
         job = self.jobs.get(user)
+        if job is None and self.draining:
+            # delivered by a read that was in flight when the drain began: give it back
+            self._spawn(self._hand_back(nid, user))
+            return
         if job is None:
             job = self.jobs[user] = UserJob(self, user)
             job.attach(nid, reclaimed)
@@ -230,8 +251,8 @@ class Worker:
         """Extend our lanes and keep their notifications ours; beat the heartbeat."""
         held = [job for job in self.jobs.values() if job.lease is not None]
         leases = [job.lease for job in held if job.lease is not None]
-        for job, ok in zip(held, await self.store.renew(leases), strict=True):
-            if not ok:
+        for job, lease, ok in zip(held, leases, await self.store.renew(leases), strict=True):
+            if not ok and job.lease is lease:  # (released meanwhile is not lost)
                 log.warning("lane of %s expired under us", job.user)
         nids = [nid for job in held for nid in job.nids]
         pipe = self.r.pipeline(transaction=False)
@@ -267,7 +288,7 @@ class Worker:
 
     async def _report_loop(self) -> None:
         failures = 0
-        while True:
+        while not self._stopping.is_set():
             try:
                 await self._report()
                 failures = 0
@@ -279,7 +300,7 @@ class Worker:
             except Exception as exc:
                 failures += 1
                 log.warning("report failed (%s); retrying", exc)
-                await asyncio.sleep(_BACKOFF.compute(failures))
+                await self._pause(_BACKOFF.compute(failures))
 
     async def _report(self) -> None:
         busy = sum(1 for job in self.jobs.values() if job.lease is not None)
@@ -294,7 +315,7 @@ class Worker:
     async def _control_loop(self) -> None:
         last, failures = "0-0", 0
         key = keys.control(self.worker_id)
-        while True:
+        while not self._stopping.is_set():
             try:
                 resp = await self.r.xread({key: last}, count=10, block=1000)
                 failures = 0
@@ -303,7 +324,7 @@ class Worker:
             except (RedisError, OSError) as exc:
                 failures += 1
                 log.warning("reading control stream failed (%s)", exc)
-                await asyncio.sleep(_BACKOFF.compute(failures))
+                await self._pause(_BACKOFF.compute(failures))
                 continue
             for _stream, entries in resp or []:
                 for cid, fields in entries:
@@ -344,6 +365,14 @@ class Worker:
             "payload": json.dumps(payload)[: 4 * _DEAD_FIELD_BYTES]}, maxlen=DEAD_MAXLEN, approximate=True)
         log.warning("dead-lettered turn %s of %s: %s", turn_id, user, reason)
 
+    async def _hand_back(self, nid: str, user: str) -> None:
+        """A draining worker returns a notification: a fresh one for others, then the ack."""
+        try:
+            await self.notify(user, self.tier)
+            await self.ack([nid])
+        except (RedisError, OSError) as exc:
+            log.warning("could not hand back notification %s (%s); it stays pending", nid, exc)
+
     async def _reject_notification(self, nid: str, fields: Fields, reason: str) -> None:
         """A notification that names no valid user: dead-letter it (nobody to reply to), ack it."""
         raw_user = fields.get(b"user", b"")[:100].decode(errors="replace")
@@ -352,6 +381,14 @@ class Worker:
             await self.ack([nid])
         except (RedisError, OSError) as exc:
             log.warning("could not dead-letter notification %s (%s); it stays pending", nid, exc)
+
+
+def _dump_tasks() -> None:
+    """Log the stack of every asyncio task (a stuck drain, a slow handler)."""
+    for task in asyncio.all_tasks():
+        buf = io.StringIO()
+        task.print_stack(limit=8, file=buf)
+        log.warning("task %s:\n%s", task.get_name(), buf.getvalue())
 
 
 def _s(value: bytes | str) -> str:

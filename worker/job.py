@@ -49,6 +49,7 @@ class UserJob:
         self.fresh: list[str] = []  # notification ids read as new deliveries
         self.reclaimed: list[str] = []  # notification ids taken over from idle consumers
         self.lease: Lease | None = None
+        self.handed: list[str] = []  # notification ids a hand-over acks
         self.busy_since: float | None = None  # in a handler right now
 
     def attach(self, nid: str, reclaimed: bool) -> None:
@@ -83,7 +84,7 @@ class UserJob:
             self.lease = got
             covered = await self._serve_until_released(got)
             if covered is None:  # handed over (draining, or the next turn is another tier's)
-                await self.w.ack(self.nids)
+                await self.w.ack(self.handed)
                 return
             if len(self.nids) == covered:
                 ids = self.nids
@@ -115,10 +116,16 @@ class UserJob:
                 raise Fenced(self.user)
 
     async def _give_up(self, lease: Lease, tier: str) -> None:
-        """Drop the lane with turns still queued and notify ``tier``, whose workers take over."""
+        """Drop the lane with turns still queued and notify ``tier``, whose workers take over.
+
+        The ids to ack are fixed, and the job forgotten, before the new notification exists:
+        should it come back to this very worker, it must start a new job, not be acked here.
+        """
         if not await self.w.store.drop(lease):
             raise Fenced(self.user)
         self.lease = None
+        self.handed = self.nids
+        self.w.job_done(self)
         await self.w.notify(self.user, tier)
         log.info("handed %s over to tier %s with turns still queued", self.user, tier)
 

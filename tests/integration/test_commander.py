@@ -255,15 +255,19 @@ def test_missing_reports_are_not_idleness(r, redis_server, start_commander):
 
 
 def test_redis_pause_causes_no_mass_scale_in_nor_spawn_storm(r, redis_server, start_commander):
-    write_policy(r, "chat", policy(min_workers=1, max_workers=4, scale_down_stabilization_s=0))
+    # four users keep four one-slot workers busy with 2 s turns; no stabilization window, so
+    # only the freshness rules stand between a paused Redis and a mass scale-in
+    write_policy(r, "chat", policy(min_workers=1, max_workers=4, concurrency=1, target_backlog_per_worker=1,
+                                   handler_options={"sleep_ms": 2000}, scale_down_stabilization_s=0))
     start_commander()
-    with Load(redis_server.url, users=8, pause_s=0.0) as load:
-        wait_until(lambda: len(live_workers(r)) >= 3, 30, "the load to scale the tier up")
+    with Load(redis_server.url, users=4, pause_s=0.0) as load:
+        wait_until(lambda: len(live_workers(r)) == 4, 30, "the load to scale the tier up")
+        time.sleep(1.0)
         before = len(ledger(r))
         redis_server.proc.send_signal(signal.SIGSTOP)
-        time.sleep(3.0)
+        time.sleep(3.5)  # longer than the leader lease: the commander is deposed and re-elected
         redis_server.proc.send_signal(signal.SIGCONT)
-        time.sleep(1.0)
+        time.sleep(1.5)
         during = ledger(r)[before:]
     load.check(r)
     assert not [e for e in during if e.action in ("reclaim-idle", "consolidate")], during

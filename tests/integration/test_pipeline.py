@@ -7,6 +7,7 @@ import random
 import shutil
 import subprocess
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -14,8 +15,8 @@ import redis
 
 from fleet.client import Fleet
 from protocol import keys
-from protocol.codec import decode
-from protocol.models import SessionEntry
+from protocol.codec import decode, encode
+from protocol.models import Control, SessionEntry
 from protocol.policy import Policy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
@@ -198,3 +199,31 @@ def test_turns_of_one_user_on_two_tiers_keep_order_and_each_tier_its_handler(r, 
         "echo: a", "slept: b", "slept: c", "echo: d", "slept: e"]
     assert [rep.worker.split("-")[0] for rep in replies] == ["chat", "gpu", "gpu", "chat", "gpu"]
     assert [e.text for e in session_of(r, "erin")] == ["a", "b", "c", "d", "e"]
+
+
+def test_drain_finishes_the_turn_in_flight_and_hands_over_the_rest(r, redis_server, start_worker):
+    write_policy(r, "chat", Policy(handler="sleep", handler_options={"sleep_ms": 800}))
+    a = start_worker(worker_id="chat-drain-a")
+    fleet = Fleet(redis_server.url)
+    handles = fleet.submit_many([("finn", f"t{i}") for i in range(3)])
+    wait_until(lambda: (r.get(keys.lane("finn")) or b"").startswith(b"chat-drain-a|"), 10, "a to serve finn")
+    r.xadd(keys.control("chat-drain-a"), {"m": encode(Control(kind="drain", ts=time.time(), reason="test"))})
+    assert a.proc.wait(timeout=20) == 0  # exits cleanly once its turn in flight is done
+    b = start_worker(worker_id="chat-drain-b")
+    replies = fleet.results(handles, timeout=30)
+    assert [rep.text for rep in replies] == ["slept: t0", "slept: t1", "slept: t2"]
+    assert replies[0].worker == "chat-drain-a" and replies[-1].worker == b.worker_id
+    assert [e.text for e in session_of(r, "finn")] == ["t0", "t1", "t2"]
+    assert not r.hexists(keys.WORKERS, "chat-drain-a")  # it deregistered
+
+
+def test_worker_rides_out_a_redis_restart(r, redis_server, start_worker):
+    w = start_worker()
+    fleet = Fleet(redis_server.url)
+    assert fleet.submit("gus", "before").result(10).ok
+    redis_server.stop()
+    time.sleep(1.0)
+    redis_server.start()  # same port and data directory: the AOF brings the streams back
+    reply = Fleet(redis_server.url).submit("gus", "after").result(30)
+    assert reply.ok and reply.text.startswith("echo: after | previous: before")
+    assert w.proc.poll() is None
