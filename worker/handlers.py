@@ -109,6 +109,17 @@ async def echo(ctx: TurnContext) -> HandlerResult:
     )
 
 
+@register("noop")
+async def noop(ctx: TurnContext) -> HandlerResult:
+    """No model call: an empty reply that still writes what a typical turn writes.
+
+    One memory and one profile field, so the commit is a full write-back (session, memory,
+    profile, usage, reply): the benchmarks measure the pipeline around the model, not the model.
+    """
+    return HandlerResult(text="", memories=[(ctx.turn.text[:200], 0.5)],
+                         profile={"last_text": ctx.turn.text[:200]})
+
+
 @register("sleep")
 async def sleep(ctx: TurnContext) -> HandlerResult:
     """A stand-in model call: ``sleep_ms`` of waiting and ``cpu_ms`` of CPU burn.
