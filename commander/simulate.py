@@ -1,0 +1,450 @@
+"""A discrete-event simulator of one tier: the SAME ``decide()`` (or another policy) over a trace.
+
+The model, chosen to match what the real fleet does:
+
+- **Workers** have ``concurrency`` slots. A spawned worker is *starting* for
+  ``spawn_delay_s`` (0.1 s for a fork from the template, 0.35 s for a fresh interpreter),
+  then *ready*: it reports at once and every ``report_interval_s`` after (busy slots, total
+  slots and the turn/handler-seconds counters, credited when a turn ends, as the worker
+  does). A retired worker *drains*: it takes no new turn, finishes what it holds, and leaves.
+- **Turns** wait in one FIFO queue per tier. A free slot takes the oldest queued turn; among
+  ready workers with a free slot the one that took work least recently gets it (Redis hands
+  a stream entry to the consumer blocked longest). Per user, turns are served in order and
+  never at once: a turn of a user whose previous turn is still in service waits for it, and
+  that user's job then serves it on the same slot, like the worker's per-user job.
+- **Pressure**: a turn that finds no free slot, when the queue is longer than the slots of
+  starting workers, is a pressure event; a policy that ``wakes_on_pressure`` (the
+  commander) runs a pass ``wake_s`` later instead of at its next tick.
+- **Every ``interval_s``** (0.5 s) the policy runs. An observing policy gets a
+  ``TierSnapshot`` built exactly as the commander builds it: worker views from the real
+  ``Evaluator`` over the simulated reports (``commander.views.worker_views``), backlog =
+  queued + in-service turns (lag + pending), active users in the policy's window, pressure
+  events since the last pass (only while turns still wait), rps from the counters.
+
+``wait`` of a turn = its start of service - its arrival (= reply - submit - service).
+Worker-seconds are counted from 0 to the last arrival; the run goes on until every turn is
+served. Everything is deterministic: no clock, no randomness.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from array import array
+from bisect import insort
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from commander.evaluator import Evaluator
+from commander.runtime.base import WorkerHandle, WorkerState
+from commander.snapshot import TierSnapshot
+from commander.trace import TraceTurn
+from commander.views import TierSignals, snapshot, tier_rps, worker_views
+from protocol.models import Counters, OccupancyReport, Slots
+from protocol.policy import Policy
+
+TRACE_EPOCH = 1_700_158_546.0  # 2023-11-16 18:15:46 UTC, the Azure trace's first request
+_DONE, _READY, _REPORT, _PASS, _SAMPLE = range(5)
+_HANDLE_STATE = {"starting": WorkerState.STARTING, "ready": WorkerState.RUNNING,
+                 "draining": WorkerState.DRAINING}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What a policy asks for at a pass: workers to start and workers (by id) to drain."""
+
+    spawn: int = 0
+    retire: tuple[str, ...] = ()
+
+
+class SimPolicy(Protocol):
+    """A scaling policy the simulator can run. It returns a ``Scale`` or a target count."""
+
+    name: str
+    observes: bool  # needs a TierSnapshot (reports are simulated only then)
+    wakes_on_pressure: bool
+
+    def initial_workers(self) -> int:
+        """Ready workers at time 0."""
+        ...
+
+    def due(self, now: float) -> bool:
+        """Whether the policy runs at this pass (HPA every 15 s, KEDA every 30 s, ...)."""
+        ...
+
+    def __call__(self, now: float, snap: TierSnapshot | None, current: int) -> Scale | int:
+        """The decision; ``now`` is seconds since the trace start, ``current`` starting + ready."""
+        ...
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulated tier runs. ``view_policy`` feeds the snapshot (staleness, window)."""
+
+    concurrency: int = 8
+    tier: str = "chat"
+    interval_s: float = 0.5
+    spawn_delay_s: float = 0.1
+    wake_s: float = 0.005
+    slo_s: float = 1.0
+    sample_s: float = 1.0
+    epoch: float = TRACE_EPOCH
+    view_policy: Policy = field(default_factory=Policy)
+
+
+@dataclass
+class SimWorker:
+    id: str
+    started: float
+    state: str = "starting"
+    busy: dict[str, int] = field(default_factory=dict)  # user -> turn index in service
+    last_take: float = -1.0
+    turns: int = 0
+    handler_seconds: float = 0.0
+
+    def copy(self) -> SimWorker:
+        return SimWorker(self.id, self.started, self.state, dict(self.busy), self.last_take, self.turns,
+                         self.handler_seconds)
+
+
+@dataclass
+class SimResult:
+    """The outcome of one run; ``waits`` is per turn (NaN if never served)."""
+
+    policy: str
+    waits: list[float]
+    arrivals: list[float]
+    worker_seconds: float
+    scale_ups: int
+    scale_downs: int
+    spawned: int
+    retired: int
+    timeline: list[tuple[float, int, int, int, int]]  # (t, workers, ready, queued, in service)
+    slo_s: float
+    horizon_s: float
+    runtime_s: float = 0.0
+
+    def summary(self) -> dict[str, float | int | str]:
+        """The figures the benchmark reports."""
+        served = [w for w in self.waits if not math.isnan(w)]
+        over = sum(1 for w in served if w > self.slo_s) + (len(self.waits) - len(served))
+        workers = [s[1] for s in self.timeline if s[0] <= self.horizon_s] or [0]
+        return {
+            "policy": self.policy, "turns": len(self.waits), "unserved": len(self.waits) - len(served),
+            "p50_wait_s": round(quantile(served, 50), 3), "p99_wait_s": round(quantile(served, 99), 3),
+            "max_wait_s": round(max(served, default=0.0), 3), "slo_violations": over,
+            "slo_violation_pct": round(100.0 * over / max(1, len(self.waits)), 2),
+            "worker_seconds": round(self.worker_seconds, 1),
+            "mean_workers": round(self.worker_seconds / max(self.horizon_s, 1e-9), 2),
+            "peak_workers": max(workers), "scale_ups": self.scale_ups, "scale_downs": self.scale_downs,
+            "scale_events": self.scale_ups + self.scale_downs, "spawned": self.spawned,
+            "retired": self.retired, "runtime_s": round(self.runtime_s, 2),
+        }
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by nearest rank; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+class Simulator:
+    """One tier over one list of turns (sorted by ``at``) under one policy."""
+
+    def __init__(self, turns: Sequence[TraceTurn], policy: SimPolicy,
+                 config: SimConfig | None = None) -> None:
+        self.cfg = config or SimConfig()
+        self.policy = policy
+        self.turns = turns
+        self.horizon = turns[-1].at if turns else 0.0
+        self.t = 0.0
+        self.heap: list[tuple[float, int, int, str, int]] = []
+        self.seq = 0
+        self.workers: dict[str, SimWorker] = {}
+        self.made = 0
+        self.queue: deque[int] = deque()  # turns of users not in service, in arrival order
+        self.pending: dict[str, list[int]] = {}  # user -> its turns waiting behind one in service
+        self.user_worker: dict[str, str] = {}  # user -> the worker serving it
+        self.queued = self.in_service = self.next_arrival = self.pressure = self.pass_gen = 0
+        self.wait = array("d", [math.nan]) * len(turns)
+        self.last_submit: dict[str, float] = {}
+        self.submits: deque[tuple[float, str]] = deque()
+        self.evaluator = Evaluator() if policy.observes else None
+        self.worker_seconds = 0.0
+        self.ups = self.downs = self.spawned = self.retired = 0
+        self.timeline: list[tuple[float, int, int, int, int]] = []
+        for _ in range(policy.initial_workers()):
+            self._ready(self._spawn(delay=None))
+        self._push(0.0, _PASS, "", 0)
+        self._push(0.0, _SAMPLE, "", 0)
+
+    # --- the event loop ----------------------------------------------------------------
+    def _push(self, at: float, kind: int, wid: str, n: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, self.seq, kind, wid, n))
+
+    def finished(self) -> bool:
+        """Every turn arrived and was served."""
+        return self.next_arrival >= len(self.turns) and self.queued == 0 and self.in_service == 0
+
+    def run_until(self, end: float) -> None:
+        """Process every arrival and event before ``end`` (exclusive)."""
+        turns, heap = self.turns, self.heap
+        while True:
+            ta = turns[self.next_arrival].at if self.next_arrival < len(turns) else math.inf
+            te = heap[0][0] if heap else math.inf
+            if min(ta, te) >= end:
+                return
+            if te <= ta:
+                at, _, kind, wid, n = heapq.heappop(heap)
+                self._advance(at)
+                self._event(kind, wid, n)
+            else:
+                self._advance(ta)
+                self.next_arrival += 1
+                self._arrive(self.next_arrival - 1)
+
+    def run(self, tail_s: float = 600.0) -> SimResult:
+        """Run the whole trace (and up to ``tail_s`` after it, until every turn is served)."""
+        started = time.perf_counter()
+        step = 10.0
+        end = step
+        while not (self.finished() and self.t >= self.horizon) and end <= self.horizon + tail_s + step:
+            self.run_until(end)
+            end += step
+        return self.result(time.perf_counter() - started)
+
+    def result(self, runtime_s: float = 0.0) -> SimResult:
+        return SimResult(self.policy.name, list(self.wait), [t.at for t in self.turns], self.worker_seconds,
+                         self.ups, self.downs, self.spawned, self.retired, list(self.timeline),
+                         self.cfg.slo_s, self.horizon, runtime_s)
+
+    def _advance(self, at: float) -> None:
+        if at > self.t:
+            upto = min(at, self.horizon)
+            if upto > self.t:
+                self.worker_seconds += len(self.workers) * (upto - self.t)
+            self.t = at
+
+    def _event(self, kind: int, wid: str, n: int) -> None:
+        if kind == _DONE:
+            self._done(self.workers[wid], n)
+        elif kind == _READY:
+            w = self.workers.get(wid)
+            if w is not None and w.state == "starting":
+                self._ready(w)
+        elif kind == _REPORT:
+            w = self.workers.get(wid)
+            if w is not None and w.state != "starting":
+                self._report(w)
+                self._push(self.t + self.cfg.view_policy.report_interval_s, _REPORT, wid, 0)
+        elif kind == _PASS:
+            if n == self.pass_gen:
+                self._pass()
+        else:
+            self.timeline.append((self.t, len(self.workers), self._count("ready"), self.queued,
+                                  self.in_service))
+            if not (self.finished() and self.t >= self.horizon):
+                self._push(self.t + self.cfg.sample_s, _SAMPLE, "", 0)
+
+    def _count(self, state: str) -> int:
+        return sum(1 for w in self.workers.values() if w.state == state)
+
+    # --- turns -------------------------------------------------------------------------
+    def _arrive(self, i: int) -> None:
+        turn = self.turns[i]
+        self._note_submit(turn.user)
+        if turn.user in self.user_worker:
+            insort(self.pending.setdefault(turn.user, []), i)
+            self.queued += 1
+            return
+        w = self._free_worker()
+        if w is not None:
+            self._start(i, w)
+            return
+        self.queue.append(i)
+        self.queued += 1
+        starting_slots = self._count("starting") * self.cfg.concurrency
+        if len(self.queue) > starting_slots:
+            self.pressure += 1
+            if self.policy.wakes_on_pressure:
+                self.pass_gen += 1
+                self._push(self.t + self.cfg.wake_s, _PASS, "", self.pass_gen)
+
+    def _note_submit(self, user: str) -> None:
+        self.last_submit[user] = self.t
+        self.submits.append((self.t, user))
+
+    def _free_worker(self) -> SimWorker | None:
+        best = None
+        for w in self.workers.values():
+            if w.state == "ready" and len(w.busy) < self.cfg.concurrency and (
+                    best is None or w.last_take < best.last_take):
+                best = w
+        return best
+
+    def _start(self, i: int, w: SimWorker) -> None:
+        turn = self.turns[i]
+        self.wait[i] = self.t - turn.at
+        w.busy[turn.user] = i
+        w.last_take = self.t
+        self.user_worker[turn.user] = w.id
+        self.in_service += 1
+        self._push(self.t + turn.service_s, _DONE, w.id, i)
+
+    def _done(self, w: SimWorker, i: int) -> None:
+        turn = self.turns[i]
+        w.turns += 1
+        w.handler_seconds += turn.service_s
+        self.in_service -= 1
+        del w.busy[turn.user]
+        waiting = self.pending.get(turn.user)
+        if waiting:  # the user's job goes on with its next turn on the same slot
+            self.queued -= 1
+            self._start(waiting.pop(0), w)
+            if not waiting:
+                del self.pending[turn.user]
+            return
+        del self.user_worker[turn.user]
+        if w.state == "ready":
+            self._fill(w)
+        elif w.state == "draining" and not w.busy:
+            self._exit(w)
+
+    def _fill(self, w: SimWorker) -> None:
+        while self.queue and len(w.busy) < self.cfg.concurrency:
+            i = self.queue.popleft()
+            user = self.turns[i].user
+            if user in self.user_worker:  # an earlier turn of the user got there first
+                insort(self.pending.setdefault(user, []), i)
+                continue
+            self.queued -= 1
+            self._start(i, w)
+
+    # --- workers -----------------------------------------------------------------------
+    def _spawn(self, delay: float | None) -> SimWorker:
+        self.made += 1
+        w = SimWorker(f"{self.cfg.tier}-s{self.made:04d}", self.t)
+        self.workers[w.id] = w
+        self.spawned += 1
+        if delay is not None:
+            self._push(self.t + delay, _READY, w.id, 0)
+        return w
+
+    def _ready(self, w: SimWorker) -> None:
+        w.state = "ready"
+        if self.evaluator is not None:
+            self._report(w)
+            self._push(self.t + self.cfg.view_policy.report_interval_s, _REPORT, w.id, 0)
+        self._fill(w)
+
+    def _retire(self, wid: str) -> None:
+        w = self.workers.get(wid)
+        if w is None or w.state == "draining":
+            return
+        self.retired += 1
+        if w.state == "starting" or not w.busy:
+            self._exit(w)
+            return
+        w.state = "draining"
+        if self.evaluator is not None:
+            self._report(w)
+
+    def _exit(self, w: SimWorker) -> None:
+        del self.workers[w.id]
+        if self.evaluator is not None:
+            self.evaluator.forget(w.id)
+
+    def _report(self, w: SimWorker) -> None:
+        assert self.evaluator is not None
+        report = OccupancyReport.model_construct(
+            worker=w.id, tier=self.cfg.tier, ts=self.cfg.epoch + self.t, state=w.state, users=0,
+            active_users=0, slots=Slots.model_construct(busy=len(w.busy), total=self.cfg.concurrency,
+                                                        queue_depth=0),
+            cpu=None, rss=0, counters=Counters.model_construct(turns=w.turns, errors=0,
+                                                               handler_seconds=w.handler_seconds),
+            load=(0.0, 0.0, 0.0))
+        self.evaluator.add(report)
+
+    # --- the policy --------------------------------------------------------------------
+    def _pass(self) -> None:
+        self.pass_gen += 1
+        self._push(self.t + self.cfg.interval_s, _PASS, "", self.pass_gen)
+        if not self.policy.due(self.t):
+            return
+        snap = self.snapshot() if self.policy.observes else None
+        self.pressure = 0
+        current = sum(1 for w in self.workers.values() if w.state != "draining")
+        self._apply(self.policy(self.t, snap, current))
+
+    def snapshot(self) -> TierSnapshot:
+        """The tier as the commander would see it now."""
+        assert self.evaluator is not None
+        now = self.cfg.epoch + self.t
+        handles = [WorkerHandle(w.id, self.cfg.tier, 0, _HANDLE_STATE[w.state], self.cfg.epoch + w.started)
+                   for w in self.workers.values()]
+        views = worker_views(self.cfg.tier, handles, {}, self.evaluator, self.cfg.view_policy, now, 0.0)
+        signals = TierSignals(backlog=self.queued + self.in_service, active_users=self._active_users(),
+                              pressure_events=self.pressure if self.queue else 0)
+        return snapshot(self.cfg.tier, views, signals, tier_rps(views, self.evaluator))
+
+    def _active_users(self) -> int:
+        cutoff = self.t - self.cfg.view_policy.active_window_s
+        while self.submits and self.submits[0][0] < cutoff:
+            ts, user = self.submits.popleft()
+            if self.last_submit.get(user) == ts:
+                del self.last_submit[user]
+        return len(self.last_submit)
+
+    def _apply(self, action: Scale | int) -> None:
+        if isinstance(action, int):
+            action = self._toward(action)
+        if action.spawn > 0:
+            self.ups += 1
+            for _ in range(action.spawn):
+                self._spawn(self.cfg.spawn_delay_s)
+        if action.retire:
+            self.downs += 1
+            for wid in action.retire:
+                self._retire(wid)
+
+    def _toward(self, target: int) -> Scale:
+        """A count-based policy's target as a Scale: newest starting workers go first, then
+        the least busy ready ones (newest first), like a Deployment scaling in."""
+        live = [w for w in self.workers.values() if w.state != "draining"]
+        if target >= len(live):
+            return Scale(spawn=target - len(live))
+        order = sorted(live, key=lambda w: (w.state != "starting", len(w.busy), -w.started, w.id))
+        return Scale(retire=tuple(w.id for w in order[:len(live) - target]))
+
+    # --- what-if -----------------------------------------------------------------------
+    def fork(self) -> Simulator:
+        """An independent copy (the trace is shared) to try a decision without committing it."""
+        other = object.__new__(Simulator)
+        other.__dict__.update(self.__dict__)
+        other.heap = list(self.heap)
+        other.workers = {k: w.copy() for k, w in self.workers.items()}
+        other.queue = deque(self.queue)
+        other.pending = {u: list(v) for u, v in self.pending.items()}
+        other.user_worker = dict(self.user_worker)
+        other.wait = array("d", self.wait)
+        other.last_submit = dict(self.last_submit)
+        other.submits = deque(self.submits)
+        other.timeline = list(self.timeline)
+        other.policy = self.policy.copy() if hasattr(self.policy, "copy") else self.policy
+        if self.evaluator is not None:
+            import copy
+
+            other.evaluator = copy.deepcopy(self.evaluator)
+        return other
+
+
+def simulate(turns: Sequence[TraceTurn], policy: SimPolicy, config: SimConfig | None = None,
+             tail_s: float = 600.0) -> SimResult:
+    """Run ``policy`` over ``turns`` (sorted by arrival) and return the outcome."""
+    return Simulator(turns, policy, config).run(tail_s)
