@@ -253,6 +253,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return worker_main(argv)
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from fleet.replay import run_command
+
+    try:
+        return run_command(args, resolve_url(args.redis_url))
+    except (ValueError, OSError) as exc:
+        raise CliError(str(exc)) from None
+
+
 # --- the parser -----------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fleet", description="Stateless chat-turn workers on Redis.")
@@ -324,6 +333,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--worker-id", default=None)
     w.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     w.set_defaults(func=cmd_worker)
+
+    from fleet.replay import __doc__ as replay_doc
+    from fleet.replay import add_arguments as add_replay_arguments
+
+    rp = sub.add_parser("replay", help="drive a real fleet with a trace (sleep handler)",
+                        description=replay_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_replay_arguments(rp)
+    rp.set_defaults(func=cmd_replay)
     return p
 
 
