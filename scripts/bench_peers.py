@@ -1,0 +1,593 @@
+"""Fleet side by side with RQ and Celery: the same turn, the same redis-server, one run.
+
+A turn pulls the user's context pack (session, profile, top-K memories) in one round trip,
+runs a no-op model call, writes back session, memory, profile and usage atomically and
+pushes the reply the submitter BLPOPs. Fleet runs it in its own workers (``noop`` handler);
+RQ (``SimpleWorker`` and the forking ``Worker``) and Celery (prefork pool) run
+``scripts/peers/turn.py``. Every system gets 2 worker processes (Celery: one consumer with
+2 pool processes), a flushed Redis and users seeded with a full context pack.
+
+Per system: saturation (each user keeps one turn in flight, turns/s and submit->reply
+p50/p99), then Poisson arrivals at half of *Fleet's* saturation rate (p50/p99; a peer whose
+capacity is below that rate is reported as overloaded, not run into an unbounded queue).
+Then Celery ``--autoscale``: bursts of turns that the current pool processes cannot absorb;
+the reaction is from the submit of the first turn that finds no free process to the start
+of the first turn served by a pool process started for the burst.
+
+The load generator is asyncio; RQ's ``enqueue`` and Celery's ``delay`` are blocking, so they
+run on a small thread pool. Replies are read the same way for every system (BLPOP on the
+reply key). Everything is on loopback and stops by itself; every process is stopped by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psutil  # noqa: E402
+import redis  # noqa: E402
+from benchlib import ROOT, OneLineParser, percentile, redis_server, worker_processes  # noqa: E402
+
+from fleet.client import AsyncFleet  # noqa: E402
+from protocol import keys  # noqa: E402
+from protocol.codec import decode, encode  # noqa: E402
+from protocol.models import Reply, SessionEntry  # noqa: E402
+from protocol.policy import Policy  # noqa: E402
+from stores.connection import connect_async  # noqa: E402
+from stores.memory import new_member  # noqa: E402
+from stores.policies import write_policy  # noqa: E402
+
+SYSTEMS = ("fleet", "rq-simple", "rq-fork", "celery")
+SEED_TURNS, SEED_MEMORIES = 20, 20  # a full context pack from the first turn on
+MAX_IN_FLIGHT = 5_000  # open loop: stop submitting past this (each waiting reply holds a connection)
+SUBMIT_THREADS = 8
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = OneLineParser(prog="scripts/bench_peers", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--users", type=int, default=1000)
+    p.add_argument("--workers", type=int, default=2, help="worker processes per system")
+    p.add_argument("--concurrency", type=int, default=64, help="Fleet's slots per worker")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
+    p.add_argument("--bursts", type=int, default=10, help="Celery --autoscale bursts")
+    p.add_argument("--autoscale", default="4,2", help="Celery --autoscale MAX,MIN")
+    p.add_argument("--burst-model-ms", type=float, default=500.0, help="model call of a burst turn")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated; fleet is required")
+    p.add_argument("--quick", action="store_true", help="100 users, 3 s phases, 3 bursts (smoke test)")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.users, args.seconds = min(args.users, 100), min(args.seconds, 3.0)
+        args.bursts = min(args.bursts, 3)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if "fleet" not in args.systems or any(s not in SYSTEMS for s in args.systems):
+        p.error(f"--systems takes some of {', '.join(SYSTEMS)}, fleet included")
+    args.systems.sort(key=SYSTEMS.index)
+    try:
+        args.scale_max, args.scale_min = (int(x) for x in args.autoscale.split(","))
+    except ValueError:
+        p.error("--autoscale takes MAX,MIN")
+    if min(args.users, args.workers, args.concurrency, args.scale_min) < 1 or args.seconds <= 0:
+        p.error("--users, --workers, --concurrency, --seconds and the autoscale MIN must be positive")
+    if args.scale_max <= args.scale_min or args.bursts < 0:
+        p.error("--autoscale MAX must be above MIN, --bursts not negative")
+    return args
+
+
+# --- the systems under test ------------------------------------------------------------------
+
+
+class Driver:
+    """Submits a turn to one system; the reply is read the same way for all (BLPOP)."""
+
+    name = ""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.r = connect_async(url)
+        self.pool = ThreadPoolExecutor(SUBMIT_THREADS, thread_name_prefix=f"submit-{self.name}")
+
+    async def submit(self, user: str, turn_id: str, text: str) -> None:
+        raise NotImplementedError
+
+    async def ask(self, user: str, text: str, timeout: float) -> float:
+        """Submit, wait for the reply; returns submit->reply seconds (TimeoutError if none)."""
+        turn_id = uuid.uuid4().hex
+        t0 = time.perf_counter()
+        await self.submit(user, turn_id, text)
+        got = await self.r.blpop([keys.reply(user, turn_id)], timeout=max(timeout, 0.01))
+        if got is None:
+            raise TimeoutError(f"{self.name}: no reply to {turn_id} of {user} within {timeout:g}s")
+        reply = decode(Reply, got[1])
+        if not reply.ok:
+            raise RuntimeError(f"{self.name}: error reply: {reply.error}")
+        return time.perf_counter() - t0
+
+    async def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        await self.r.aclose()
+
+
+class FleetDriver(Driver):
+    name = "fleet"
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.fleet = AsyncFleet(url)
+
+    async def submit(self, user: str, turn_id: str, text: str) -> None:
+        await self.fleet.submit(user, text, turn_id=turn_id)
+
+    async def close(self) -> None:
+        await self.fleet.aclose()
+        await super().close()
+
+
+class RQDriver(Driver):
+    name = "rq"
+
+    def __init__(self, url: str) -> None:
+        from scripts.peers import rq_app
+
+        super().__init__(url)
+        self.rq_app = rq_app
+        self.queue = rq_app.queue(redis.Redis.from_url(url))
+
+    async def submit(self, user: str, turn_id: str, text: str) -> None:
+        await asyncio.get_running_loop().run_in_executor(
+            self.pool, self.rq_app.enqueue, self.queue, user, turn_id, text)
+
+
+class CeleryDriver(Driver):
+    name = "celery"
+
+    def __init__(self, url: str) -> None:
+        from scripts.peers import celery_app
+
+        super().__init__(url)
+        celery_app.use_broker(url)
+        self.task = celery_app.turn
+
+    async def submit(self, user: str, turn_id: str, text: str, model_ms: float = 0.0) -> None:
+        await asyncio.get_running_loop().run_in_executor(
+            self.pool, lambda: self.task.delay(user, turn_id, text, model_ms=model_ms))
+
+
+def _env(url: str, **extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "REDIS_URL": url, "PYTHONPATH": path, **extra}
+
+
+@contextmanager
+def processes(cmds: list[list[str]], env: dict[str, str], logs: list[Path]) -> Iterator[list[int]]:
+    """Start ``cmds``; stop them and every descendant by pid afterwards (SIGTERM, then SIGKILL)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for cmd, log in zip(cmds, logs, strict=True):
+            with log.open("wb") as out:
+                procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+        yield [p.pid for p in procs]
+    finally:
+        stop_processes(procs)
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    descendants = []
+    for p in procs:
+        with suppress(psutil.NoSuchProcess):
+            descendants += psutil.Process(p.pid).children(recursive=True)
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for child in descendants:
+        try:
+            child.kill()
+            child.wait(5)
+        except psutil.NoSuchProcess:
+            pass
+
+
+@contextmanager
+def start_system(name: str, url: str, args: argparse.Namespace, log_dir: Path,
+                 autoscale: bool = False) -> Iterator[list[int]]:
+    """The worker processes of ``name``; yields their pids (Celery: the main process)."""
+    n = args.workers
+    if name == "fleet":
+        write_policy(redis.Redis.from_url(url), "chat", Policy(handler="noop", concurrency=args.concurrency))
+        with worker_processes(url, n, log_dir=log_dir) as procs:
+            yield [p.pid for p in procs]
+        return
+    py = sys.executable
+    if name.startswith("rq-"):
+        kind = name.removeprefix("rq-")
+        cmds = [[py, "-m", "scripts.peers.rq_app", "--url", url, "--kind", kind, "--name", f"{name}-{i}"]
+                for i in range(n)]
+        with processes(cmds, _env(url), [log_dir / f"{name}-{i}.log" for i in range(n)]) as pids:
+            yield pids
+        return
+    pool = ["--autoscale", f"{args.scale_max},{args.scale_min}"] if autoscale else ["--concurrency", str(n)]
+    cmd = [py, "-m", "celery", "-A", "scripts.peers.celery_app", "worker", "--pool", "prefork", *pool,
+           "--loglevel", "WARNING", "-n", f"{name}@bench"]
+    # the autoscaler's keepalive is how long the pool stays grown (default 30 s): short, so that
+    # every burst starts from MIN processes. Growing is on the arrival of a task, not this timer.
+    env = _env(url, AUTOSCALE_KEEPALIVE="1") if autoscale else _env(url)
+    with processes([cmd], env, [log_dir / f"{name}{'-autoscale' if autoscale else ''}.log"]) as pids:
+        yield pids
+
+
+def make_driver(name: str, url: str) -> Driver:
+    if name == "fleet":
+        return FleetDriver(url)
+    return RQDriver(url) if name.startswith("rq-") else CeleryDriver(url)
+
+
+# --- state and costs -----------------------------------------------------------------------
+
+
+def reset_and_seed(r: redis.Redis, users: list[str]) -> None:
+    """An empty Redis, then every user with a full session tail, memories and a profile."""
+    r.flushall()
+    now = time.time()
+    for start in range(0, len(users), 100):
+        pipe = r.pipeline(transaction=False)
+        for user in users[start:start + 100]:
+            pipe.rpush(keys.session(user), *[
+                encode(SessionEntry(turn_id=f"seed{i}", entry=f"0-{i + 1}", text=f"earlier turn {i}",
+                                    reply=f"earlier reply {i}", ts=now - 3600 + i))
+                for i in range(SEED_TURNS)])
+            members = dict(new_member(f"remembered fact {i}", 0.1 + 0.04 * i, now - 3600 + i)
+                           for i in range(SEED_MEMORIES))
+            pipe.zadd(keys.memory(user), members)
+            pipe.hset(keys.profile(user), mapping={"name": user, "lang": "en"})
+        pipe.execute()
+
+
+@dataclass
+class Costs:
+    """Counters read before and after a phase: Redis commands and CPU, worker and load CPU."""
+
+    redis_calls: int
+    redis_cpu: float
+    worker_cpu: float
+    load_cpu: float
+
+    @classmethod
+    def read(cls, r: redis.Redis, pids: list[int]) -> Costs:
+        stats = r.info("commandstats")
+        cpu = r.info("cpu")
+        me = psutil.Process().cpu_times()
+        return cls(sum(int(v["calls"]) for v in stats.values()),
+                   float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+                   sum(_tree_cpu(pid) for pid in pids), me.user + me.system)
+
+    def per_turn(self, after: Costs, turns: int) -> dict[str, float | None]:
+        if turns <= 0:
+            return {}
+        return {"redis_commands": round((after.redis_calls - self.redis_calls) / turns, 1),
+                "redis_cpu_us": round((after.redis_cpu - self.redis_cpu) / turns * 1e6, 1),
+                "worker_cpu_us": round((after.worker_cpu - self.worker_cpu) / turns * 1e6, 1),
+                "loadgen_cpu_us": round((after.load_cpu - self.load_cpu) / turns * 1e6, 1)}
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of a process, its reaped children and its live descendants."""
+    try:
+        proc = psutil.Process(pid)
+        t = proc.cpu_times()
+        total = t.user + t.system + t.children_user + t.children_system
+        for child in proc.children(recursive=True):
+            try:
+                c = child.cpu_times()
+                total += c.user + c.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+# --- the load ------------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    latencies: list[float] = field(default_factory=list)
+    in_window: int = 0  # replies that arrived before the phase's end
+    unanswered: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self, seconds: float, rate: float | None = None) -> dict[str, object]:
+        lat = self.latencies + [float("inf")] * self.unanswered
+        out: dict[str, object] = {"turns": len(self.latencies), "unanswered": self.unanswered,
+                                  "p50_ms": _ms(percentile(lat, 50)), "p99_ms": _ms(percentile(lat, 99))}
+        if rate is None:
+            out["turns_per_s"] = round(self.in_window / seconds, 1)
+        else:
+            out["rate_per_s"] = round(rate, 1)
+        if self.errors:
+            out["errors"] = self.errors[:3]
+        return out
+
+
+def _ms(seconds: float) -> float | None:
+    return None if seconds != seconds or seconds == float("inf") else round(seconds * 1000, 2)
+
+
+async def _bounded(aws: list[Awaitable[None]], deadline: float) -> int:
+    """Await ``aws`` until ``deadline`` (monotonic); returns how many were still waiting (cancelled)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    if not tasks:
+        return 0
+    _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return len(pending)
+
+
+async def saturation(drv: Driver, users: list[str], seconds: float, drain_s: float) -> Phase:
+    """Closed loop: every user keeps one turn in flight for ``seconds``."""
+    ph = Phase()
+    stop = time.monotonic() + seconds
+
+    async def user_loop(user: str) -> None:
+        i = 0
+        while time.monotonic() < stop:
+            try:
+                ph.latencies.append(await drv.ask(user, f"turn {i} of {user}", timeout=drain_s + seconds))
+            except (TimeoutError, RuntimeError) as exc:
+                ph.errors.append(str(exc))
+                return
+            ph.in_window += time.monotonic() <= stop
+            i += 1
+
+    ph.unanswered = await _bounded([user_loop(u) for u in users], stop + drain_s)
+    return ph
+
+
+async def open_loop(drv: Driver, users: list[str], rate: float, seconds: float, drain_s: float) -> Phase:
+    """Poisson arrivals at ``rate``/s on random users for ``seconds``."""
+    ph = Phase()
+    rng = random.Random(7)
+
+    async def one(user: str, i: int) -> None:
+        try:
+            ph.latencies.append(await drv.ask(user, f"open {i}", timeout=seconds + drain_s))
+            ph.in_window += 1
+        except (TimeoutError, RuntimeError) as exc:
+            ph.errors.append(str(exc))
+
+    tasks: list[asyncio.Future[None]] = []
+    start = time.perf_counter()
+    next_at, i = start, 0
+    while next_at - start < seconds:
+        if i - len(ph.latencies) - len(ph.errors) > MAX_IN_FLIGHT:
+            ph.errors.append(f"over {MAX_IN_FLIGHT} turns in flight: stopped submitting")
+            break
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(rng.choice(users), i)))
+        i += 1
+        next_at += rng.expovariate(rate)
+    ph.unanswered = await _bounded(tasks, time.monotonic() + drain_s)
+    return ph
+
+
+# --- one system, end to end ----------------------------------------------------------------
+
+PROCESSES = {
+    "fleet": "{n} worker processes x {c} asyncio slots",
+    "rq-simple": "{n} SimpleWorker processes, 1 job at a time each",
+    "rq-fork": "{n} Worker processes, a work horse forked per job",
+    "celery": "1 consumer + {n} prefork pool processes",
+}
+
+
+async def warm_up(drv: Driver, users: list[str], n: int) -> None:
+    """A few turns answered: the system is up and its connections are made."""
+    try:
+        await asyncio.gather(*(drv.ask(u, "warm up", timeout=60) for u in users[: 2 * n]))
+    except (TimeoutError, RuntimeError) as exc:
+        raise RuntimeError(f"{drv.name} did not come up: {exc}") from None
+
+
+async def measure(name: str, url: str, pids: list[int], users: list[str], args: argparse.Namespace,
+                  half_rate: float | None) -> dict[str, object]:
+    """Saturation, then the open loop at ``half_rate`` (Fleet: at half its own capacity)."""
+    r = redis.Redis.from_url(url)
+    drv = make_driver(name, url)
+    drain_s = max(10.0, args.seconds)
+    try:
+        await warm_up(drv, users, args.workers)
+        before = Costs.read(r, pids)
+        sat = await saturation(drv, users, args.seconds, drain_s)
+        costs = before.per_turn(Costs.read(r, pids), len(sat.latencies))
+        out: dict[str, object] = {"processes": PROCESSES[name].format(n=args.workers, c=args.concurrency),
+                                  "saturation": sat.summary(args.seconds), "cost_per_turn": costs}
+        capacity = sat.in_window / args.seconds
+        rate = capacity / 2 if half_rate is None else half_rate
+        if capacity < rate:
+            out["half_load"] = {"rate_per_s": round(rate, 1), "overloaded": True,
+                                "p50_ms": None, "p99_ms": None,
+                                "note": f"capacity {capacity:,.0f}/s is below the rate: not run"}
+        else:
+            out["half_load"] = (await open_loop(drv, users, rate, args.seconds, drain_s)).summary(
+                args.seconds, rate)
+        return out
+    finally:
+        await drv.close()
+        r.close()
+
+
+def pool_pids(main_pid: int, size: int, timeout: float) -> set[int]:
+    """The pool processes of a Celery worker once there are exactly ``size`` of them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = {c.pid for c in psutil.Process(main_pid).children()}
+        if len(pids) == size:
+            return pids
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"celery pool has {len(pids)} processes, not {size}, after {timeout:g}s")
+        time.sleep(0.05)
+
+
+async def one_burst(drv: CeleryDriver, main_pid: int, args: argparse.Namespace, b: int) -> float | None:
+    """Seconds from the first turn no current process can take to the first start in a new one."""
+    before = await asyncio.to_thread(pool_pids, main_pid, args.scale_min, 60)
+    turns = [(f"burst{b}-{i}", uuid.uuid4().hex) for i in range(2 * args.scale_max)]
+    submitted = []
+    for user, turn_id in turns:
+        submitted.append(time.time())
+        await drv.submit(user, turn_id, f"burst {b}", model_ms=args.burst_model_ms)
+    replies = []
+    for user, turn_id in turns:
+        got = await drv.r.blpop([keys.reply(user, turn_id)], timeout=60)
+        if got is None:
+            raise RuntimeError(f"celery: burst {b}: no reply to {turn_id}")
+        replies.append(decode(Reply, got[1]))
+    first_unabsorbed = submitted[len(before)]
+    starts = [rep.context["started"] for rep in replies if int(rep.worker.removeprefix("pid")) not in before]
+    return min(starts) - first_unabsorbed if starts else None
+
+
+async def celery_bursts(url: str, main_pid: int, users: list[str],
+                        args: argparse.Namespace) -> dict[str, object]:
+    drv = CeleryDriver(url)
+    try:
+        await warm_up(drv, users, args.scale_min)
+        reactions, missed = [], 0
+        for b in range(args.bursts):
+            got = await one_burst(drv, main_pid, args, b)
+            if got is None:
+                missed += 1
+            else:
+                reactions.append(got)
+            print(f"  autoscale burst {b + 1}/{args.bursts}: "
+                  f"{'no new process served' if got is None else f'{got * 1000:.0f} ms'}", file=sys.stderr)
+    finally:
+        await drv.close()
+    return {"autoscale": f"{args.scale_max},{args.scale_min}", "bursts": args.bursts,
+            "burst_turns": 2 * args.scale_max, "burst_model_ms": args.burst_model_ms,
+            "median_ms": _ms(percentile(reactions, 50)), "p95_ms": _ms(percentile(reactions, 95)),
+            "reactions_ms": [round(x * 1000, 1) for x in reactions], "missed": missed}
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def ratios(fleet: dict, peer: dict) -> dict[str, float | None]:
+    """Fleet / peer for turns/s (above 1: Fleet serves more) and latencies (below 1: Fleet is faster)."""
+
+    def div(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a is not None and b else None
+
+    fs, ps, fh, ph = fleet["saturation"], peer["saturation"], fleet["half_load"], peer["half_load"]
+    return {"turns_per_s": div(fs["turns_per_s"], ps["turns_per_s"]),
+            "saturation_p50": div(fs["p50_ms"], ps["p50_ms"]),
+            "saturation_p99": div(fs["p99_ms"], ps["p99_ms"]),
+            "half_load_p50": div(fh["p50_ms"], ph["p50_ms"]),
+            "half_load_p99": div(fh["p99_ms"], ph["p99_ms"])}
+
+
+def table(result: dict) -> str:
+    def f(v: object) -> str:
+        return "-" if v is None else f"{v:,.1f}" if isinstance(v, float) else str(v)
+
+    head = (f"{'system':<10} {'turns/s':>9} {'sat p50':>9} {'sat p99':>9} {'half p50':>9} {'half p99':>9} "
+            f"{'cmds/turn':>9} {'wrk us/t':>9}   Fleet/peer: turns/s  p50  p99  half p50  half p99")
+    lines = [f"half load = {result['half_rate_per_s']:,} turns/s for every system "
+             "(half of Fleet's saturation); latencies in ms", head]
+    for name, s in result["systems"].items():
+        sat, half, cost = s["saturation"], s["half_load"], s["cost_per_turn"]
+        ratio = "" if name == "fleet" else "   " + "  ".join(f(v) for v in s["ratios"].values())
+        half_p50 = "overload" if half.get("overloaded") else f(half["p50_ms"])
+        lines.append(f"{name:<10} {f(sat['turns_per_s']):>9} {f(sat['p50_ms']):>9} {f(sat['p99_ms']):>9} "
+                     f"{half_p50:>9} {f(half['p99_ms']):>9} {f(cost.get('redis_commands')):>9} "
+                     f"{f(cost.get('worker_cpu_us')):>9}{ratio}")
+    auto = result.get("celery_autoscale")
+    if auto:
+        lines.append(f"celery --autoscale {auto['autoscale']}: scale-up reaction "
+                     f"median {f(auto['median_ms'])} ms, p95 {f(auto['p95_ms'])} ms "
+                     f"over {len(auto['reactions_ms'])} bursts"
+                     f" ({auto['missed']} without a new process serving)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, url: str, log_dir: Path) -> dict[str, object]:
+    r = redis.Redis.from_url(url)
+    users = [f"u{i:05d}" for i in range(args.users)]
+    systems: dict[str, dict] = {}
+    half_rate: float | None = None
+    for name in args.systems:
+        print(f"bench_peers: {name}", file=sys.stderr, flush=True)
+        reset_and_seed(r, users)
+        with start_system(name, url, args, log_dir) as pids:
+            systems[name] = _logged(log_dir, measure(name, url, pids, users, args, half_rate))
+        if name == "fleet":
+            half_rate = systems["fleet"]["half_load"]["rate_per_s"]
+    for name, s in systems.items():
+        if name != "fleet":
+            s["ratios"] = ratios(systems["fleet"], s)
+    result: dict[str, object] = {
+        "users": args.users, "workers": args.workers, "fleet_concurrency": args.concurrency,
+        "phase_seconds": args.seconds, "cpus": os.cpu_count(), "half_rate_per_s": half_rate,
+        "seeded": {"session_turns": SEED_TURNS, "memories": SEED_MEMORIES}, "systems": systems}
+    if "celery" in args.systems and args.bursts:
+        print("bench_peers: celery --autoscale", file=sys.stderr, flush=True)
+        reset_and_seed(r, users[:10])
+        with start_system("celery", url, args, log_dir, autoscale=True) as pids:
+            result["celery_autoscale"] = _logged(log_dir, celery_bursts(url, pids[0], users, args))
+    r.close()
+    return result
+
+
+def _logged(log_dir: Path, coro: Coroutine[None, None, dict]) -> dict:
+    """Run ``coro``; on failure show the tails of the worker logs first."""
+    try:
+        return asyncio.run(coro)
+    except Exception:
+        for log in sorted(log_dir.glob("*.log")):
+            print(f"--- {log.name}\n{log.read_text(errors='replace')[-1500:]}", file=sys.stderr)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print(f"bench_peers: {', '.join(args.systems)}; {args.workers} worker processes each, "
+          f"{args.users} users, {args.seconds:g} s per phase, {os.cpu_count()} CPUs shared by everything",
+          file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp, redis_server() as url:
+        result = run(args, url, Path(tmp))
+    print(table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
