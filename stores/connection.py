@@ -1,13 +1,21 @@
-"""Redis connections with capped, jittered reconnects (redis-py's own Retry machinery)."""
+"""Redis connections with capped, jittered reconnects (redis-py's own Retry machinery).
+
+Every process builds its client from a URL (explicit, else ``REDIS_URL``, else the local
+``fleet up`` one). Credentials and TLS ride in that URL, which redis-py parses itself:
+``redis://user:password@host:port/0`` for an ACL user, and
+``rediss://user:password@host:port/0?ssl_ca_certs=/path/ca.pem`` for TLS (also
+``ssl_certfile``, ``ssl_keyfile`` for a client certificate, ``ssl_cert_reqs``). See SECURITY.md.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import AuthenticationError, BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -27,9 +35,26 @@ def resolve_url(url: str | None = None) -> str:
     return recorded_url() or DEFAULT_URL
 
 
+class _Retry(Retry):
+    """Retries connection errors, but not refused credentials: a wrong password stays wrong.
+
+    (``AuthenticationError`` is a ``ConnectionError`` to redis-py, so without this a CLI with
+    a bad password would spend seconds backing off before it says so.)
+    """
+
+    def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None,
+                        with_failure_count: bool = False) -> Any:
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, AuthenticationError):
+                return False
+            return is_retryable is None or bool(is_retryable(error))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
 def _retry(retries: int) -> Retry:
     # 50 ms doubling to 2 s, full jitter: a restart of Redis is ridden out in a few seconds
-    return Retry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
+    return _Retry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
 
 
 def connect_async(url: str | None = None, *, retries: int = 8, max_connections: int = 10_000,
