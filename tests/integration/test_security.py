@@ -79,6 +79,8 @@ class Certs:
     ca: Path
     cert: Path
     key: Path
+    client_cert: Path
+    client_key: Path
 
 
 @dataclass
@@ -94,12 +96,18 @@ class SecureServer:
     def tls(self) -> bool:
         return self.certs is not None
 
+    mutual: bool = False  # clients must present a certificate signed by the CA
+
     def url(self, user: str | None = "fleet", password: str | None = FLEET_PW, *,
-            scheme: str | None = None, ca: bool = True) -> str:
+            scheme: str | None = None, ca: bool = True, client_cert: bool | None = None) -> str:
         scheme = scheme or ("rediss" if self.tls else "redis")
         auth = f"{user or ''}:{password}@" if password else ""
-        query = f"?ssl_ca_certs={self.certs.ca}" if self.certs and ca and scheme == "rediss" else ""
-        return f"{scheme}://{auth}127.0.0.1:{self.port}/0{query}"
+        query = []
+        if self.certs and scheme == "rediss":
+            query += [f"ssl_ca_certs={self.certs.ca}"] if ca else []
+            if self.mutual if client_cert is None else client_cert:
+                query += [f"ssl_certfile={self.certs.client_cert}", f"ssl_keyfile={self.certs.client_key}"]
+        return f"{scheme}://{auth}127.0.0.1:{self.port}/0" + ("?" + "&".join(query) if query else "")
 
     def admin(self) -> redis.Redis:
         return redis.Redis.from_url(self.url("default", ADMIN_PW), socket_connect_timeout=1)
@@ -149,20 +157,26 @@ def _openssl(*args: str) -> None:
     subprocess.run([_require("openssl"), *args], check=True, capture_output=True, timeout=30)
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    """A throwaway CA and a server certificate for 127.0.0.1 (in a tmp dir, never committed)."""
-    d = tmp_path_factory.mktemp("tls")
-    ca, ca_key, cert, key, csr, ext = (d / n for n in ("ca.pem", "ca.key", "server.pem", "server.key",
-                                                        "server.csr", "san.cnf"))
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=fleet-test-ca",
-             "-keyout", str(ca_key), "-out", str(ca))
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", str(key),
+def _signed_cert(d: Path, name: str, ca: Path, ca_key: Path, san: str | None) -> tuple[Path, Path]:
+    cert, key, csr, ext = d / f"{name}.pem", d / f"{name}.key", d / f"{name}.csr", d / f"{name}.cnf"
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(key),
              "-out", str(csr))
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    ext.write_text(f"subjectAltName={san}\n" if san else "extendedKeyUsage=clientAuth\n")
     _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
              "-days", "1", "-extfile", str(ext), "-out", str(cert))
-    return Certs(ca, cert, key)
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client one (tmp dir, never committed)."""
+    d = tmp_path_factory.mktemp("tls")
+    ca, ca_key = d / "ca.pem", d / "ca.key"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=fleet-test-ca",
+             "-keyout", str(ca_key), "-out", str(ca))
+    cert, key = _signed_cert(d, "server", ca, ca_key, "IP:127.0.0.1,DNS:localhost")
+    client_cert, client_key = _signed_cert(d, "client", ca, ca_key, None)
+    return Certs(ca, cert, key, client_cert, client_key)
 
 
 @pytest.fixture(scope="module")
@@ -182,11 +196,9 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureServe
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def tls_server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureServer]:
+def _tls_server(workdir: Path, certs: Certs, mutual: bool) -> SecureServer:
     """TLS only (``port 0``); the users of SECURITY.md from an ACL file, passwords hashed."""
     _require("redis-server")
-    workdir = tmp_path_factory.mktemp("redis-tls")
     aclfile = workdir / "users.acl"
     admin_hash = hashlib.sha256(ADMIN_PW.encode()).hexdigest()
     aclfile.write_text("\n".join([
@@ -194,16 +206,31 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterat
         " ".join(["user fleet", *with_password(documented_rules("fleet"), FLEET_PW, hashed=True)]),
     ]) + "\n")
     aclfile.chmod(0o600)
-    server = SecureServer(workdir, certs)
+    server = SecureServer(workdir, certs, mutual=mutual)
     try:
         server.start(["port 0", f"tls-port {server.port}", f"tls-cert-file {certs.cert}",
                       f"tls-key-file {certs.key}", f"tls-ca-cert-file {certs.ca}",
-                      "tls-auth-clients no", f"aclfile {aclfile}"])
+                      f"tls-auth-clients {'yes' if mutual else 'no'}", f"aclfile {aclfile}"])
     except RuntimeError as exc:
         server.stop()
         if re.search(r"tls|ssl", str(exc), re.IGNORECASE) and "not" in str(exc).lower():
             pytest.skip(f"this redis-server build has no TLS support: {exc}")
         raise
+    return server
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureServer]:
+    server = _tls_server(tmp_path_factory.mktemp("redis-tls"), certs, mutual=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def mtls_server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureServer]:
+    server = _tls_server(tmp_path_factory.mktemp("redis-mtls"), certs, mutual=True)
     try:
         yield server
     finally:
@@ -296,6 +323,7 @@ def wait_worker(admin: redis.Redis, proc: subprocess.Popen[bytes], procs: Procs)
 
 
 def start_commander(procs: Procs, url: str, *flags: str, **env: str) -> subprocess.Popen[bytes]:
+    """A commander that stops its workers when it exits; ``flags`` add to (or override) these."""
     return procs.start("commander", ["-m", "commander", "--commander-id", "sec1", "--spawn-mode", "exec",
                                      "--stop-workers-on-exit", "--interval", "0.2", "--log-dir",
                                      str(procs.tmp / "logs"), *flags], url, **env)
@@ -428,7 +456,8 @@ def test_tls_end_to_end_with_the_ca_in_the_url(
         tls_server: SecureServer, admin_tls: redis.Redis, procs: Procs) -> None:
     url = tls_server.url()
     assert url.startswith("rediss://fleet:") and "?ssl_ca_certs=" in url
-    commander = start_commander(procs, url, "--no-metrics")
+    # fork mode: the URL reaches the worker through the template's request, not a command line
+    commander = start_commander(procs, url, "--no-metrics", "--spawn-mode", "fork")
     info = wait_worker(admin_tls, commander, procs)
     code, out, err = finish(procs.cli(url, "submit", "--user", "frank", "over tls"))
     assert code == 0 and "over tls" in out, err
@@ -447,6 +476,14 @@ def test_tls_port_refuses_plain_and_unverified_clients_cleanly(tls_server: Secur
     results = run_all(*(procs.cli(u, "submit", "--user", "alice", "hi") for u in (plain, no_ca)))
     assert_clean_failure(results[0], r"cannot reach Redis")
     assert_clean_failure(results[1], r"certificate verify failed")
+
+
+def test_mutual_tls_client_certificate_in_the_url(mtls_server: SecureServer, procs: Procs) -> None:
+    url, without = mtls_server.url(), mtls_server.url(client_cert=False)
+    assert "ssl_certfile=" in url and "ssl_keyfile=" in url
+    ok, refused = run_all(procs.cli(url, "status"), procs.cli(without, "status"))
+    assert ok[0] == 0, ok[2]
+    assert_clean_failure(refused, r"certificate required")
 
 
 # --- (e) nothing a Redis writer sends is executed --------------------------------------------
