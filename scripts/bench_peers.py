@@ -57,6 +57,7 @@ SYSTEMS = ("fleet", "rq-simple", "rq-fork", "celery")
 SEED_TURNS, SEED_MEMORIES = 20, 20  # a full context pack from the first turn on
 MAX_IN_FLIGHT = 5_000  # open loop: stop submitting past this (each waiting reply holds a connection)
 SUBMIT_THREADS = 8
+MAX_DRAIN_S = 120.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -269,7 +270,7 @@ def reset_and_seed(r: redis.Redis, users: list[str]) -> None:
 class Costs:
     """Counters read before and after a phase: Redis commands and CPU, worker and load CPU."""
 
-    redis_calls: int
+    redis_calls: dict[str, int]
     redis_cpu: float
     worker_cpu: float
     load_cpu: float
@@ -279,14 +280,17 @@ class Costs:
         stats = r.info("commandstats")
         cpu = r.info("cpu")
         me = psutil.Process().cpu_times()
-        return cls(sum(int(v["calls"]) for v in stats.values()),
+        return cls({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()},
                    float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
                    sum(_tree_cpu(pid) for pid in pids), me.user + me.system)
 
-    def per_turn(self, after: Costs, turns: int) -> dict[str, float | None]:
+    def per_turn(self, after: Costs, turns: int) -> dict[str, object]:
         if turns <= 0:
             return {}
-        return {"redis_commands": round((after.redis_calls - self.redis_calls) / turns, 1),
+        calls = {k: n - self.redis_calls.get(k, 0) for k, n in after.redis_calls.items()}
+        top = sorted(((n, k) for k, n in calls.items() if n > 0), reverse=True)[:8]
+        return {"redis_commands": round(sum(calls.values()) / turns, 1),
+                "top_commands": {k: round(n / turns, 2) for n, k in top},
                 "redis_cpu_us": round((after.redis_cpu - self.redis_cpu) / turns * 1e6, 1),
                 "worker_cpu_us": round((after.worker_cpu - self.worker_cpu) / turns * 1e6, 1),
                 "loadgen_cpu_us": round((after.load_cpu - self.load_cpu) / turns * 1e6, 1)}
@@ -349,7 +353,11 @@ async def _bounded(aws: list[Awaitable[None]], deadline: float) -> int:
 
 
 async def saturation(drv: Driver, users: list[str], seconds: float, drain_s: float) -> Phase:
-    """Closed loop: every user keeps one turn in flight for ``seconds``."""
+    """Closed loop: every user keeps one turn in flight for ``seconds``; then the turns in flight drain.
+
+    The drain may take as long as the queue needs at the rate seen (a slow system with many
+    users has a long queue), up to ``MAX_DRAIN_S``; what is still waiting then is unanswered.
+    """
     ph = Phase()
     stop = time.monotonic() + seconds
 
@@ -357,14 +365,18 @@ async def saturation(drv: Driver, users: list[str], seconds: float, drain_s: flo
         i = 0
         while time.monotonic() < stop:
             try:
-                ph.latencies.append(await drv.ask(user, f"turn {i} of {user}", timeout=drain_s + seconds))
+                ph.latencies.append(await drv.ask(user, f"turn {i} of {user}", timeout=MAX_DRAIN_S + seconds))
             except (TimeoutError, RuntimeError) as exc:
                 ph.errors.append(str(exc))
                 return
             ph.in_window += time.monotonic() <= stop
             i += 1
 
-    ph.unanswered = await _bounded([user_loop(u) for u in users], stop + drain_s)
+    tasks = [asyncio.ensure_future(user_loop(u)) for u in users]
+    await asyncio.sleep(max(0.0, stop - time.monotonic()))
+    in_flight = sum(not t.done() for t in tasks)
+    drain = min(MAX_DRAIN_S, max(drain_s, 1.5 * in_flight / max(ph.in_window / seconds, 1.0)))
+    ph.unanswered = await _bounded(tasks, time.monotonic() + drain)
     return ph
 
 
@@ -518,16 +530,17 @@ def table(result: dict) -> str:
         return "-" if v is None else f"{v:,.1f}" if isinstance(v, float) else str(v)
 
     head = (f"{'system':<10} {'turns/s':>9} {'sat p50':>9} {'sat p99':>9} {'half p50':>9} {'half p99':>9} "
-            f"{'cmds/turn':>9} {'wrk us/t':>9}   Fleet/peer: turns/s  p50  p99  half p50  half p99")
+            f"{'cmds/turn':>9} {'cpu us/t':>9}   Fleet/peer: turns/s  p50  p99  half p50  half p99")
     lines = [f"half load = {result['half_rate_per_s']:,} turns/s for every system "
-             "(half of Fleet's saturation); latencies in ms", head]
+             "(half of Fleet's saturation); latencies in ms; cpu us/t = worker + redis-server CPU per turn",
+             head]
     for name, s in result["systems"].items():
         sat, half, cost = s["saturation"], s["half_load"], s["cost_per_turn"]
         ratio = "" if name == "fleet" else "   " + "  ".join(f(v) for v in s["ratios"].values())
         half_p50 = "overload" if half.get("overloaded") else f(half["p50_ms"])
         lines.append(f"{name:<10} {f(sat['turns_per_s']):>9} {f(sat['p50_ms']):>9} {f(sat['p99_ms']):>9} "
                      f"{half_p50:>9} {f(half['p99_ms']):>9} {f(cost.get('redis_commands')):>9} "
-                     f"{f(cost.get('worker_cpu_us')):>9}{ratio}")
+                     f"{f(_sum(cost, 'worker_cpu_us', 'redis_cpu_us')):>9}{ratio}")
     auto = result.get("celery_autoscale")
     if auto:
         lines.append(f"celery --autoscale {auto['autoscale']}: scale-up reaction "
@@ -535,6 +548,10 @@ def table(result: dict) -> str:
                      f"over {len(auto['reactions_ms'])} bursts"
                      f" ({auto['missed']} without a new process serving)")
     return "\n".join(lines)
+
+
+def _sum(cost: dict, *names: str) -> float | None:
+    return round(sum(cost[n] for n in names), 1) if all(n in cost for n in names) else None
 
 
 def run(args: argparse.Namespace, url: str, log_dir: Path) -> dict[str, object]:
