@@ -80,11 +80,12 @@ def row_memory(report: OccupancyReport, limit_bytes: float | None) -> float | No
 
 
 def row_slots(report: OccupancyReport, previous: OccupancyReport | None = None) -> float | None:
-    """Slot use of a row: the larger of busy/total at the report and, given the row before it,
-    the time-averaged use over the interval (handler seconds / (seconds x slots)).
+    """Slot use of a row: given the row before it, the time-averaged use over the interval
+    (handler seconds / (seconds x slots)); else busy/total at the report instant.
 
     A report is an instant: a worker serving short turns is often caught between two of
-    them, and instants alone would call it idle. The counters see the whole interval.
+    them, and instants alone would call it idle. The workers count handler time as it runs
+    (not when a turn ends), so the counter delta is the exact use over the interval.
     """
     total = report.slots.total
     if total <= 0:
@@ -96,7 +97,7 @@ def row_slots(report: OccupancyReport, previous: OccupancyReport | None = None) 
     if span <= 0:
         return instant
     averaged = (report.counters.handler_seconds - previous.counters.handler_seconds) / (span * total)
-    return max(instant, min(averaged, 1.0))
+    return min(averaged, 1.0)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:

@@ -308,7 +308,7 @@ class Worker:
             worker=self.worker_id, tier=self.tier, state=self.state,  # type: ignore[arg-type]
             slots=Slots(busy=busy, total=self.policy.concurrency,
                         queue_depth=len(self.jobs) - busy),
-            counters=self.counters, interval=self.policy.report_interval_s)
+            counters=self._counters_now(), interval=self.policy.report_interval_s)
         await self.r.xadd(keys.REPORTS, {"m": encode(report)}, maxlen=REPORTS_MAXLEN,
                           approximate=True)
 
@@ -349,6 +349,18 @@ class Worker:
     async def notify(self, user: str, tier: str) -> None:
         """Post a fresh notification for ``user`` on ``tier``'s ready stream (a hand-over)."""
         await self.r.xadd(keys.ready(tier), {"user": user})
+
+    def _counters_now(self) -> Counters:
+        """The counters with the handler time of turns still running: slot-seconds up to now.
+
+        Counting a turn's time only when it ends would put a long turn's seconds all in one
+        report interval; counted as it runs, the delta between two reports is the exact
+        time-averaged slot use in between.
+        """
+        now = time.monotonic()
+        running = sum(now - job.busy_since for job in self.jobs.values() if job.busy_since is not None)
+        c = self.counters
+        return Counters(turns=c.turns, errors=c.errors, handler_seconds=c.handler_seconds + running)
 
     def counters_add(self, turns: int = 0, errors: int = 0, handler_seconds: float = 0.0) -> None:
         c = self.counters

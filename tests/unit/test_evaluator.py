@@ -53,7 +53,8 @@ def rows(*kwargs: dict[str, object]) -> list[OccupancyReport]:
          Occupancy(0.75, 0.0, None, 0.75, 1)),
         ("no slots reported", rows({"busy": 0, "total": 0, "cpu": 0.1}), None,
          Occupancy(0.1, 0.1, None, None, 1)),
-        ("max of the averages, not of the rows", rows({"cpu": 0.9, "busy": 0}, {"cpu": 0.1, "busy": 8}),
+        ("max of the averages, not of the rows",
+         rows({"cpu": 0.9, "busy": 0}, {"cpu": 0.1, "busy": 8, "handler_s": 8.0}),
          None, Occupancy(0.5, 0.5, None, 0.5, 2)),
     ],
 )

@@ -73,8 +73,8 @@ def test_the_oldest_ready_worker_is_the_reception():
 
 @pytest.mark.parametrize(("rows", "want"), [
     ([report("w", 0.0, busy=0), report("w", 1.0, busy=0, handler_s=2.0)], (0.0 + 0.5) / 2),
-    ([report("w", 0.0, busy=4), report("w", 1.0, busy=0, handler_s=0.0)], (1.0 + 0.0) / 2),
+    ([report("w", 0.0, busy=4), report("w", 1.0, busy=4, handler_s=1.0)], (1.0 + 0.25) / 2),
     ([report("w", 0.0, handler_s=5.0), report("w", 1.0, handler_s=1.0)], 0.0),  # counter reset
-], ids=["between-instants", "instant-wins", "reset"])
+], ids=["between-instants", "interval-not-instant", "reset"])
 def test_slot_use_is_time_averaged_from_handler_seconds(rows, want):
     assert occupancy_of(rows, None).slots == pytest.approx(want)
