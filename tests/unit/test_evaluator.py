@@ -131,7 +131,7 @@ def test_rates(name: str, given: list[OccupancyReport], span: float,
 def test_evaluator_end_to_end() -> None:
     ev = Evaluator()
     ev.add(report(100.0, worker="a", cpu=None, busy=4, turns=0))
-    ev.add(report(105.0, worker="a", cpu=0.3, busy=2, turns=10))
+    ev.add(report(105.0, worker="a", cpu=0.3, busy=2, turns=10, handler_s=10.0))  # 2 slots x 5 s
     ev.add(report(105.0, worker="b", tier="batch", busy=8))
     occ = ev.occupancy("a")
     assert (occ.value, occ.cpu, occ.slots) == pytest.approx((0.375, 0.3, 0.375))
