@@ -156,12 +156,12 @@ class Faults:
         self.count: Counter[str] = Counter()
         self.errors: list[str] = []
         scale = min(1.0, seconds / 300)
-        plan = [k for k, n in self.QUOTA.items() for _ in range(max(1, round(n * scale)))]
-        self.every = every or max(1.5, (seconds - 10) / max(1, len(plan)))
-        extra = max(0, int((seconds - 10) / self.every) - len(plan))
-        plan += rng.choices(list(self.WEIGHTS), weights=list(self.WEIGHTS.values()), k=extra)
-        rng.shuffle(plan)
-        self.plan = plan
+        quota = [k for k, n in self.QUOTA.items() for _ in range(max(1, round(n * scale)))]
+        rng.shuffle(quota)  # the quotas first, in random order, so a run always meets them
+        # faults take time themselves (pauses, restarts): leave a fifth of the run for that
+        self.every = every or max(1.5, 0.8 * (seconds - 10) / max(1, len(quota)))
+        extra = max(0, int((seconds - 10) / self.every) - len(quota))
+        self.plan = quota + rng.choices(list(self.WEIGHTS), weights=list(self.WEIGHTS.values()), k=extra)
 
     def run(self, stop: threading.Event, r: redis.Redis) -> None:
         stop.wait(5.0)  # let the fleet settle first
