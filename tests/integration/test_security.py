@@ -483,7 +483,8 @@ def test_mutual_tls_client_certificate_in_the_url(mtls_server: SecureServer, pro
     assert "ssl_certfile=" in url and "ssl_keyfile=" in url
     ok, refused = run_all(procs.cli(url, "status"), procs.cli(without, "status"))
     assert ok[0] == 0, ok[2]
-    assert_clean_failure(refused, r"certificate required")
+    # TLS 1.3: the server's "certificate required" alert may race the client's first write
+    assert_clean_failure(refused, r"cannot reach Redis.*(certificate required|EOF occurred|reset by peer)")
 
 
 # --- (e) nothing a Redis writer sends is executed --------------------------------------------
