@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
 import redis  # noqa: E402
+import redis.asyncio as aioredis  # noqa: E402
 from benchlib import ROOT, OneLineParser, percentile, redis_server, worker_processes  # noqa: E402
 
 from fleet.client import AsyncFleet  # noqa: E402
@@ -49,7 +50,6 @@ from protocol import keys  # noqa: E402
 from protocol.codec import decode, encode  # noqa: E402
 from protocol.models import Reply, SessionEntry  # noqa: E402
 from protocol.policy import Policy  # noqa: E402
-from stores.connection import connect_async  # noqa: E402
 from stores.memory import new_member  # noqa: E402
 from stores.policies import write_policy  # noqa: E402
 
@@ -95,6 +95,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- the systems under test ------------------------------------------------------------------
 
 
+def loadgen_client(url: str) -> aioredis.Redis:
+    """No read timeout: a reply may take longer than redis-py's default 5 s socket timeout (>= 6.0).
+
+    And a long connect timeout: a thousand users connect at once on a busy machine.
+    """
+    return aioredis.Redis.from_url(url, max_connections=10_000, socket_timeout=None,
+                                   socket_connect_timeout=60)
+
+
 class Driver:
     """Submits a turn to one system; the reply is read the same way for all (BLPOP)."""
 
@@ -102,7 +111,7 @@ class Driver:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.r = connect_async(url)
+        self.r = loadgen_client(url)
         self.pool = ThreadPoolExecutor(SUBMIT_THREADS, thread_name_prefix=f"submit-{self.name}")
 
     async def submit(self, user: str, turn_id: str, text: str) -> None:
@@ -131,7 +140,7 @@ class FleetDriver(Driver):
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
-        self.fleet = AsyncFleet(url)
+        self.fleet = AsyncFleet(url, client=loadgen_client(url))
 
     async def submit(self, user: str, turn_id: str, text: str) -> None:
         await self.fleet.submit(user, text, turn_id=turn_id)
@@ -366,7 +375,7 @@ async def saturation(drv: Driver, users: list[str], seconds: float, drain_s: flo
         while time.monotonic() < stop:
             try:
                 ph.latencies.append(await drv.ask(user, f"turn {i} of {user}", timeout=MAX_DRAIN_S + seconds))
-            except (TimeoutError, RuntimeError) as exc:
+            except (TimeoutError, RuntimeError, redis.RedisError) as exc:
                 ph.errors.append(str(exc))
                 return
             ph.in_window += time.monotonic() <= stop
@@ -389,7 +398,7 @@ async def open_loop(drv: Driver, users: list[str], rate: float, seconds: float, 
         try:
             ph.latencies.append(await drv.ask(user, f"open {i}", timeout=seconds + drain_s))
             ph.in_window += 1
-        except (TimeoutError, RuntimeError) as exc:
+        except (TimeoutError, RuntimeError, redis.RedisError) as exc:
             ph.errors.append(str(exc))
 
     tasks: list[asyncio.Future[None]] = []
@@ -423,7 +432,7 @@ async def warm_up(drv: Driver, users: list[str], n: int) -> None:
     """A few turns answered: the system is up and its connections are made."""
     try:
         await asyncio.gather(*(drv.ask(u, "warm up", timeout=60) for u in users[: 2 * n]))
-    except (TimeoutError, RuntimeError) as exc:
+    except (TimeoutError, RuntimeError, redis.RedisError) as exc:
         raise RuntimeError(f"{drv.name} did not come up: {exc}") from None
 
 
