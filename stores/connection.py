@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import AuthenticationError, BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -52,9 +53,27 @@ class _Retry(Retry):
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
-def _retry(retries: int) -> Retry:
+class _AsyncRetry(AsyncRetry):
+    """The asyncio twin of ``_Retry`` (redis-py's asyncio client needs its own Retry class:
+    given the blocking one it silently never retries)."""
+
+    async def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None,
+                              with_failure_count: bool = False) -> Any:
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, AuthenticationError):
+                return False
+            return is_retryable is None or bool(is_retryable(error))
+
+        return await super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+def _backoff() -> ExponentialWithJitterBackoff:
     # 50 ms doubling to 2 s, full jitter: a restart of Redis is ridden out in a few seconds
-    return _Retry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries)
+    return ExponentialWithJitterBackoff(cap=2.0, base=0.05)
+
+
+def _retry(retries: int) -> Retry:
+    return _Retry(_backoff(), retries)
 
 
 def connect_async(url: str | None = None, *, retries: int = 8, max_connections: int = 10_000,
@@ -67,7 +86,7 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
     return aioredis.Redis.from_url(
         resolve_url(url),
         max_connections=max_connections,
-        retry=_retry(retries),
+        retry=_AsyncRetry(_backoff(), retries),
         retry_on_error=RETRY_ERRORS,
         health_check_interval=15,
         socket_connect_timeout=5,

@@ -7,6 +7,7 @@ recorded in ``...:status`` with its reason and the last good policy is used inst
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.exceptions import NoPermissionError
 
 from protocol import keys
 from protocol.ids import InvalidId, validate_tier
@@ -81,7 +83,8 @@ def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None
     read = _resolve(tier, raw, good, handlers)
     pipe = r.pipeline(transaction=False)
     if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status)):
-        pipe.execute()
+        with contextlib.suppress(NoPermissionError):  # a read-only observer cannot record it
+            pipe.execute()
     return read
 
 
@@ -94,7 +97,8 @@ async def read_policy_async(r: aioredis.Redis, tier: str,
     read = _resolve(tier, raw, good, handlers)
     pipe = r.pipeline(transaction=False)
     if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status)):
-        await pipe.execute()
+        with contextlib.suppress(NoPermissionError):  # a read-only user cannot record it
+            await pipe.execute()
     return read
 
 
