@@ -202,11 +202,15 @@ class Commander:
 
     def _act(self, plan: Plan, policy: Policy) -> None:
         memo = self.tiers[plan.tier]
-        if plan.spawn > 0:
-            self._append(self._event(plan.tier, "scale-up", plan, to=plan.current + plan.spawn))
-            ids = self.runtime.spawn(plan.tier, plan.spawn)
+        spawn = min(plan.spawn, self._room())
+        if spawn < plan.spawn:
+            log.warning("tier %s wants %d more workers; the fleet-wide cap max_total_workers=%d "
+                        "leaves room for %d", plan.tier, plan.spawn, self.settings.max_total_workers, spawn)
+        if spawn > 0:
+            self._append(self._event(plan.tier, "scale-up", plan, to=plan.current + spawn))
+            ids = self.runtime.spawn(plan.tier, spawn)
             log.info("tier %s: %d -> %d (%s): spawned %s", plan.tier, plan.current,
-                     plan.current + plan.spawn, plan.reason, ", ".join(ids))
+                     plan.current + spawn, plan.reason, ", ".join(ids))
             self._count_scale(plan.tier, "up")
         if plan.retire:
             victims = [r.worker for r in plan.retire]
@@ -222,6 +226,11 @@ class Commander:
             if plan.held:
                 self._append(self._event(plan.tier, "hold", plan, to=plan.current))
             memo.held = plan.held
+
+    def _room(self) -> int:
+        """Workers this commander may still start under the fleet-wide cap (all tiers)."""
+        running = sum(1 for h in self.runtime.list() if h.state is not WorkerState.EXITED)
+        return max(0, self.settings.max_total_workers - running)
 
     def _retire(self, worker_id: str, reason: str, drain_timeout_s: float) -> None:
         try:

@@ -29,6 +29,8 @@ class CommanderSettings(BaseSettings):
     metrics_port: int | None = Field(9464, ge=0, le=65535, description="None: no /metrics")
     metrics_token: str | None = None
     stop_workers_on_exit: bool = False
+    max_total_workers: int = Field(64, ge=1, le=100_000, description="cap over every tier: a policy "
+                                   "writer cannot make this host start more processes than this")
 
     @model_validator(mode="after")
     def _id_and_timing(self) -> CommanderSettings:
