@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -603,6 +604,8 @@ def _logged(log_dir: Path, coro: Coroutine[None, None, dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: every context manager stops its processes by pid
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"bench_peers: {', '.join(args.systems)}; {args.workers} worker processes each, "
           f"{args.users} users, {args.seconds:g} s per phase, {os.cpu_count()} CPUs shared by everything",
           file=sys.stderr)
