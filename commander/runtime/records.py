@@ -1,0 +1,58 @@
+"""Run records of the ``process`` runtime: one small JSON file per spawned worker.
+
+``<run_dir>/<worker id>.json`` holds the tier, pid, start time and the process creation
+time, so that the next supervisor or commander can adopt a worker that had not registered
+yet when the previous one died, and never mistake a reused pid for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from commander.runtime.base import WorkerHandle
+from protocol.ids import validate_tier, validate_token
+
+log = logging.getLogger(__name__)
+
+
+def write_record(run_dir: Path, handle: WorkerHandle, proc: psutil.Process | None) -> None:
+    """Record a worker we track (atomically; a failure is logged, never raised)."""
+    create_time = None
+    with contextlib.suppress(psutil.Error):
+        create_time = proc.create_time() if proc is not None else None
+    record = {"worker": handle.worker_id, "tier": handle.tier, "pid": handle.pid,
+              "started": handle.started, "create_time": create_time}
+    path = run_dir / f"{handle.worker_id}.json"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("cannot write run record %s: %s", path, exc)
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every readable record, validated; unreadable ones are logged and skipped."""
+    records = []
+    for path in sorted(run_dir.glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+            validate_tier(rec["tier"])
+            validate_token(rec["worker"], "worker id")
+            records.append({**rec, "pid": int(rec["pid"]), "started": float(rec["started"])})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable run record %s: %s", path, exc)
+    return records
+
+
+def drop_record(run_dir: Path, worker_id: str) -> None:
+    """Forget a worker's record (it is gone)."""
+    with contextlib.suppress(OSError):
+        (run_dir / f"{worker_id}.json").unlink(missing_ok=True)

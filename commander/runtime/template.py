@@ -1,0 +1,476 @@
+"""The fork template: a pre-imported interpreter that forks workers (DESIGN §5 "Act": fast).
+
+A fresh ``python -m worker`` spends ~350-500 ms importing before it can register. The
+template pays that once: it imports everything a worker touches, then waits on a Unix socket
+with no asyncio loop, no thread and no Redis connection open, so ``fork()`` is safe. Each
+forked child starts its own session, writes to its log file, takes the requested
+environment and runs ``worker.__main__.main``; the template answers with the child's pid at
+once, so a new worker can serve its first turn within ~100 ms of the decision.
+
+The template reaps its children (SIGCHLD) and reports each exit code. It exits when its
+parent closes the socket or dies; the workers, in their own sessions, run on.
+
+Wire format: one JSON object per ``SOCK_SEQPACKET`` message.
+  template -> client: ``{"ready": pid}`` once; ``{"exit": pid, "code": n}`` per reaped child;
+                      ``{"id": n, "pid": pid}`` or ``{"id": n, "error": "..."}`` per request.
+  client -> template: ``{"id", "tier", "worker_id", "log", "cwd", "set": {}, "unset": []}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import logging
+import os
+import random
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from commander.runtime.procs import TEMPLATE_MODULE, SpawnError, start_fresh, worker_command
+
+log = logging.getLogger(__name__)
+
+MAX_MSG = 256 * 1024  # a request carries only the environment that differs from the template's
+MAX_EXITS = 10_000  # exit codes kept for the runtime to collect (oldest dropped first)
+Message = dict[str, Any]
+
+
+class TemplateError(RuntimeError):
+    """The template did not answer a request, or is gone."""
+
+
+class TemplateDied(TemplateError):
+    """The template exited while a request was under way."""
+
+
+# --- the template process ------------------------------------------------------------------
+def preload() -> None:
+    """Import (and warm) everything a worker touches before it serves its first turn."""
+    import email.feedparser  # noqa: F401  (imported lazily during a first turn)
+    import email.parser  # noqa: F401
+    import importlib.resources.readers  # noqa: F401
+
+    import worker.__main__  # noqa: F401  (worker.app, redis.asyncio, pydantic models, stores)
+    from stores import scripts
+    from worker import handlers
+
+    handlers.registered_names()  # scan the entry points once, not once per worker
+    for name in scripts.NAMES:
+        scripts.source(name)
+
+
+class Template:
+    """The serving loop: fork on request, reap on SIGCHLD, exit when the parent is gone."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.parent = os.getppid()
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+        self.outbox: deque[bytes] = deque()
+        self.closed = False
+
+    def run(self) -> int:
+        """Serve until the socket closes or the parent dies."""
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, _wake)  # a Python handler, so the wakeup fd is written
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+        self.post({"ready": os.getpid()})
+        while not self.closed and os.getppid() == self.parent:
+            readable, _, _ = select.select([self.sock, self.wake_r], [], [], 1.0)
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.wake_r, 4096)
+            self.reap()
+            if self.sock in readable:
+                self.serve_one()
+            self.flush()
+        return 0
+
+    def serve_one(self) -> None:
+        try:
+            data = self.sock.recv(MAX_MSG)
+        except OSError:
+            data = b""
+        if not data:  # the parent closed its end, or died
+            self.closed = True
+            return
+        self.post(self.handle(data))
+
+    def handle(self, data: bytes) -> Message:
+        """Answer one spawn request with the child's pid, or the reason it failed."""
+        try:
+            req = json.loads(data)
+            rid = req["id"]
+            tier, worker_id, log_path = str(req["tier"]), str(req["worker_id"]), str(req["log"])
+            env_set = {str(k): str(v) for k, v in dict(req.get("set") or {}).items()}
+            env_unset = [str(k) for k in req.get("unset") or []]
+        except (ValueError, KeyError, TypeError) as exc:
+            return {"id": None, "error": f"bad request: {exc}"}
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # or the child would write the template's buffered output again
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            return {"id": rid, "error": f"fork failed: {exc}"}
+        if pid == 0:
+            self._child(tier, worker_id, log_path, env_set, env_unset, req.get("cwd"))
+        return {"id": rid, "pid": pid}
+
+    def _child(self, tier: str, worker_id: str, log_path: str, env_set: dict[str, str],
+               env_unset: list[str], cwd: str | None) -> NoReturn:
+        code = 1
+        try:
+            os.setsid()  # first: a signal to the template's group must not reach the worker
+            signal.set_wakeup_fd(-1)
+            for fd in (self.wake_r, self.wake_w):
+                os.close(fd)
+            self.sock.close()
+            code = run_worker(tier, worker_id, log_path, env_set, env_unset, cwd)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(BaseException):
+                logging.shutdown()
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)  # never back into the template's loop, never its atexit hooks
+
+    def reap(self) -> None:
+        """Collect every exited child and report its exit code."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.post({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def post(self, msg: Message) -> None:
+        self.outbox.append(json.dumps(msg).encode())
+        while len(self.outbox) > MAX_EXITS:
+            self.outbox.popleft()
+        self.flush()
+
+    def flush(self) -> None:
+        """Send what is queued without blocking (a slow reader must not stall the forks)."""
+        while self.outbox and not self.closed:
+            try:
+                self.sock.send(self.outbox[0], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                self.closed = True
+                return
+            self.outbox.popleft()
+
+
+def _wake(signum: int, frame: object) -> None:
+    """SIGCHLD: nothing to do here; the wakeup fd wakes the loop, which reaps."""
+
+
+def run_worker(tier: str, worker_id: str, log_path: str, env_set: Mapping[str, str],
+               env_unset: list[str], cwd: str | None) -> int:
+    """In the forked child: become a worker as ``python -m worker`` would have, and run it."""
+    _redirect(log_path)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for key in env_unset:
+        os.environ.pop(key, None)
+    os.environ.update(env_set)
+    if cwd:
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
+    random.seed()  # never the template's (or a sibling's) sequence
+
+    from worker.__main__ import main
+
+    argv = ["--tier", tier, "--worker-id", worker_id]
+    sys.argv = ["worker", *argv]
+    return main(argv)
+
+
+def _redirect(log_path: str) -> None:
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    os.close(null)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m commander.runtime.template --fd N``: serve spawn requests on socket ``N``."""
+    p = argparse.ArgumentParser(prog=f"python -m {TEMPLATE_MODULE}", description=__doc__)
+    p.add_argument("--fd", type=int, required=True, help="the inherited SOCK_SEQPACKET socket")
+    args = p.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    preload()
+    if threading.active_count() != 1:
+        print(f"template: {threading.active_count()} threads after imports: fork is unsafe",
+              file=sys.stderr)
+        return 3
+    gc.collect()
+    gc.freeze()  # shared pages stay shared: the children's collector leaves them alone
+    return Template(sock).run()
+
+
+# --- the client: used by the process runtime -----------------------------------------------
+@dataclass(frozen=True)
+class Spawned:
+    """A started worker: forked by the template, or a fresh interpreter (``popen`` set)."""
+
+    pid: int
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def forked(self) -> bool:
+        return self.popen is None
+
+
+class TemplateSpawner:
+    """Starts and talks to one template; forks workers through it, or execs them if it must.
+
+    A template that died is started again by the next ``spawn``. One that cannot start (or
+    stops answering) is given up for ``retry_after_s``, with a warning; meanwhile workers
+    start as fresh interpreters. Thread-safe: one lock around the socket.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None, log_dir: Path | str = Path(".fleet/logs"),
+                 *, python: str = sys.executable, start_timeout_s: float = 30.0,
+                 request_timeout_s: float = 5.0, retry_after_s: float = 30.0) -> None:
+        self.env = dict(os.environ if env is None else env)
+        self.log_dir = Path(log_dir).resolve()
+        self.python = python
+        self.start_timeout_s = start_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.retry_after_s = retry_after_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._ready = False
+        self._eof = False  # the template closed its socket: it is exiting
+        self._retry_at = 0.0
+        self._next_id = 0
+        self._exits: dict[int, int] = {}
+        self._owner: dict[int, int] = {}  # forked pid -> pid of the template that forked it
+        self._lock = threading.RLock()
+
+    @property
+    def pid(self) -> int | None:
+        """The running template's pid (None if there is none)."""
+        with self._lock:
+            return self._proc.pid if self._running() else None
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def start(self, wait: bool = True) -> bool:
+        """Start the template unless it runs; with ``wait``, until it is ready. False: unusable."""
+        with self._lock:
+            if not self._running():
+                if time.monotonic() < self._retry_at:
+                    return False
+                try:
+                    self._launch()
+                except (OSError, SpawnError) as exc:
+                    self._give_up(str(exc))
+                    return False
+            return self._await_ready() if wait else True
+
+    def close(self) -> None:
+        """Stop the template (the next ``spawn`` starts another); forked workers run on."""
+        with self._lock:
+            self._shutdown()
+            self._retry_at = 0.0
+
+    def _launch(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            argv = [self.python, "-m", TEMPLATE_MODULE, "--fd", str(theirs.fileno())]
+            with open(self.log_dir / "template.log", "ab") as out:
+                self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                              stderr=subprocess.STDOUT, env=self.env,
+                                              pass_fds=[theirs.fileno()], start_new_session=True)
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock, self._ready, self._eof = ours, False, False
+        log.info("fork template starting (pid %d)", self._proc.pid)
+
+    def _await_ready(self) -> bool:
+        if self._ready:
+            return True
+        began = time.monotonic()
+        try:
+            self._receive(lambda m: "ready" in m, self.start_timeout_s)
+        except TemplateError as exc:
+            self._give_up(f"not ready: {exc}")
+            return False
+        self._ready = True
+        log.info("fork template ready (pid %d) in %.0f ms", self.pid, (time.monotonic() - began) * 1e3)
+        return True
+
+    def _running(self) -> bool:
+        """Whether a template process runs; one that died is noted and cleaned up."""
+        if self._proc is None:
+            return False
+        code = self._proc.poll()
+        if code is None and self._sock is not None and not self._eof:
+            return True
+        if self._ready:
+            log.warning("fork template (pid %d) exited with code %s: starting another",
+                        self._proc.pid, code)
+        self._shutdown()
+        return False
+
+    def _give_up(self, reason: str) -> None:
+        log.warning("fork template unavailable (%s): workers start as fresh interpreters "
+                    "(slower); trying again in %.0fs", reason, self.retry_after_s)
+        self._shutdown()
+        self._retry_at = time.monotonic() + self.retry_after_s
+
+    def _shutdown(self) -> None:
+        proc, sock = self._proc, self._sock
+        self._proc, self._sock, self._ready = None, None, False
+        if sock is not None:
+            with contextlib.suppress(OSError, TemplateError, ValueError):
+                self._pump(sock)  # keep the exit codes already sent
+            sock.close()  # EOF: the template exits on its own
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+    # --- spawning ----------------------------------------------------------------------
+    def spawn(self, tier: str, worker_id: str, env: Mapping[str, str] | None = None,
+              log_path: Path | str | None = None) -> Spawned:
+        """Start one worker, forked if the template is usable, else as a fresh interpreter.
+
+        ``env`` is the worker's whole environment (default: the template's); only what
+        differs is sent. Raises ``SpawnError`` only if the fresh interpreter cannot start.
+        """
+        path = Path(log_path) if log_path else self.log_dir / f"{worker_id}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        full_env = dict(self.env if env is None else env)
+        with self._lock:
+            for _ in range(2):  # a template found dead by the request is started once more
+                if not self.start(wait=True):
+                    break
+                try:
+                    return Spawned(self._fork(tier, worker_id, full_env, path))
+                except TemplateDied:
+                    continue
+                except TemplateError as exc:
+                    log.warning("fork of %s failed (%s): starting a fresh interpreter", worker_id, exc)
+                    break
+        popen = start_fresh(worker_command(tier, worker_id), full_env, path)
+        return Spawned(popen.pid, popen)
+
+    def _fork(self, tier: str, worker_id: str, env: dict[str, str], log_path: Path) -> int:
+        assert self._sock is not None and self._proc is not None
+        self._next_id += 1
+        rid = self._next_id
+        request = {"id": rid, "tier": tier, "worker_id": worker_id, "log": str(log_path),
+                   "cwd": os.getcwd(), "set": {k: v for k, v in env.items() if self.env.get(k) != v},
+                   "unset": [k for k in self.env if k not in env]}
+        try:
+            self._sock.send(json.dumps(request).encode())
+            reply = self._receive(lambda m: m.get("id") == rid, self.request_timeout_s)
+        except (OSError, TemplateError) as exc:
+            if not self._running():  # it died under the request (noted): another one may do
+                raise TemplateDied(str(exc)) from exc
+            self._give_up(f"no answer to a spawn request: {exc}")
+            raise TemplateError(str(exc)) from exc
+        if "error" in reply:
+            raise TemplateError(str(reply["error"]))
+        pid = int(reply["pid"])
+        self._owner[pid] = self._proc.pid
+        return pid
+
+    # --- exit codes --------------------------------------------------------------------
+    def exit_code(self, pid: int, wait_s: float = 0.0) -> int | None:
+        """The exit code of a forked worker once the template reaped it, else None.
+
+        ``wait_s``: how long to wait for it if the worker's template still runs (a worker
+        seen gone may not be reported yet). Each code is returned once.
+        """
+        with self._lock:
+            self._pump_quietly()
+            if pid not in self._exits and wait_s > 0 and self._owns(pid):
+                with contextlib.suppress(TemplateError):
+                    self._receive(lambda m: m.get("exit") == pid, wait_s)
+            code = self._exits.pop(pid, None)
+            if code is not None:
+                self._owner.pop(pid, None)
+            return code
+
+    def _owns(self, pid: int) -> bool:
+        return self._running() and self._proc is not None and self._owner.get(pid) == self._proc.pid
+
+    def _pump_quietly(self) -> None:
+        if self._sock is not None:
+            try:
+                self._pump(self._sock)
+            except (OSError, TemplateError):
+                self._running()  # notes a dead template
+
+    def _receive(self, match: Callable[[Message], bool], timeout: float) -> Message:
+        """The first message that ``match``es, keeping exit codes seen on the way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._sock is None:
+                raise TemplateError("the template is gone")
+            for msg in self._pump(self._sock):
+                if match(msg):
+                    return msg
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TemplateError(f"no answer within {timeout:g}s")
+            select.select([self._sock], [], [], left)
+
+    def _pump(self, sock: socket.socket) -> list[Message]:
+        """Every message already received (exit codes recorded); TemplateError on EOF."""
+        got = []
+        while True:
+            try:
+                data = sock.recv(MAX_MSG, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return got
+            if not data:
+                self._eof = True
+                code = self._proc.poll() if self._proc is not None else None
+                raise TemplateError(f"the template closed its socket (exit code {code})")
+            msg = json.loads(data)
+            if "ready" in msg:
+                self._ready = True  # whoever reads it: ``_await_ready`` then need not
+            if "exit" in msg:
+                self._exits[int(msg["exit"])] = int(msg["code"])
+                while len(self._exits) > MAX_EXITS:
+                    self._exits.pop(next(iter(self._exits)))
+            got.append(msg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
