@@ -77,15 +77,18 @@ def _retry(retries: int) -> Retry:
 
 
 def connect_async(url: str | None = None, *, retries: int = 8, max_connections: int = 10_000,
-                  **kwargs: object) -> aioredis.Redis:
+                  socket_timeout: float | None = None, **kwargs: object) -> aioredis.Redis:
     """An asyncio client that retries connection errors with capped, jittered backoff.
 
     Every concurrent blocking call (BLPOP of a waiting reply, XREADGROUP) holds a connection,
-    so the pool's cap is set far above redis-py's default of 100.
+    so the pool's cap is set far above redis-py's default of 100. ``socket_timeout`` is None by
+    default (redis-py's is 5 s), or a ``BLPOP`` for a reply would fail after 5 s whatever its
+    own timeout; a process that must not hang on a paused Redis passes its own.
     """
     return aioredis.Redis.from_url(
         resolve_url(url),
         max_connections=max_connections,
+        socket_timeout=socket_timeout,
         retry=_AsyncRetry(_backoff(), retries),
         retry_on_error=RETRY_ERRORS,
         health_check_interval=15,
@@ -95,10 +98,12 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
     )
 
 
-def connect_sync(url: str | None = None, *, retries: int = 8, **kwargs: object) -> redis.Redis:
+def connect_sync(url: str | None = None, *, retries: int = 8, socket_timeout: float | None = None,
+                 **kwargs: object) -> redis.Redis:
     """A blocking client with the same retry behaviour (CLI, supervisor)."""
     return redis.Redis.from_url(
         resolve_url(url),
+        socket_timeout=socket_timeout,
         retry=_retry(retries),
         retry_on_error=RETRY_ERRORS,
         socket_connect_timeout=5,
