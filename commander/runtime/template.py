@@ -75,9 +75,9 @@ def preload() -> None:
 class Template:
     """The serving loop: fork on request, reap on SIGCHLD, exit when the parent is gone."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, parent: int) -> None:
         self.sock = sock
-        self.parent = os.getppid()
+        self.parent = parent  # read before the imports: the parent may die during them
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=f"python -m {TEMPLATE_MODULE}", description=__doc__)
     p.add_argument("--fd", type=int, required=True, help="the inherited SOCK_SEQPACKET socket")
     args = p.parse_args(argv)
-    sock = socket.socket(fileno=args.fd)
+    sock, parent = socket.socket(fileno=args.fd), os.getppid()
     preload()
     if threading.active_count() != 1:
         print(f"template: {threading.active_count()} threads after imports: fork is unsafe",
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     gc.collect()
     gc.freeze()  # shared pages stay shared: the children's collector leaves them alone
-    return Template(sock).run()
+    return Template(sock, parent).run()
 
 
 # --- the client: used by the process runtime -----------------------------------------------
