@@ -41,10 +41,10 @@ def event(tier: str = "chat", action: str = "scale-up", ts: float = T0, **kw: ob
 
 
 def report(worker: str, ts: float, busy: int, total: int = 4, cpu: float | None = 0.2,
-           tier: str = "chat", state: str = "ready") -> OccupancyReport:
+           tier: str = "chat", state: str = "ready", handler_s: float = 0.0) -> OccupancyReport:
     return OccupancyReport(worker=worker, tier=tier, ts=ts, state=state, users=3, active_users=1,  # type: ignore[arg-type]
                            slots=Slots(busy=busy, total=total), cpu=cpu, rss=200 * 1024 * 1024,
-                           counters=Counters(turns=10), load=(0.1, 0.1, 0.1))
+                           counters=Counters(turns=10, handler_seconds=handler_s), load=(0.1, 0.1, 0.1))
 
 
 def register(r: redis.Redis, worker: str, tier: str = "chat", alive: bool = True) -> None:
@@ -165,10 +165,12 @@ def _populate(r: redis.Redis) -> None:
     register(r, "batch-a", tier="batch")
     for i in range(8):
         ts = now - 8 + i
-        r.xadd(keys.REPORTS, {"m": encode(report("chat-a", ts, busy=2))})
+        # busy slots the whole second: the handler-seconds counter grows by `busy` per report
+        r.xadd(keys.REPORTS, {"m": encode(report("chat-a", ts, busy=2, handler_s=2.0 * i))})
         r.xadd(keys.REPORTS, {"m": encode(report("chat-b", ts, busy=0, cpu=0.05,
                                                  state="draining" if i == 7 else "ready"))})
-        r.xadd(keys.REPORTS, {"m": encode(report("batch-a", ts, busy=1, total=1, tier="batch"))})
+        r.xadd(keys.REPORTS, {"m": encode(report("batch-a", ts, busy=1, total=1, tier="batch",
+                                                 handler_s=1.0 * i))})
     r.xadd(keys.REPORTS, {"m": b"not a report"})
     r.set(keys.policy("chat"), json.dumps({"min_workers": 1, "max_workers": 7}))
     r.set(keys.policy("batch"), json.dumps({"min_workers": 0, "max_workers": 3}))
