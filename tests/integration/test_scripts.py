@@ -28,3 +28,17 @@ def test_bench_pipeline_rejects_bad_arguments():
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_pipeline.py"), "--users", "0"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert run.returncode == 2 and "must be positive" in run.stderr and run.stderr.count("\n") == 1
+
+
+def test_bench_report_quick_assembles_the_report(tmp_path):
+    # peers and trace have their own smoke tests; here the orchestrator runs the rest and renders
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_report.py"), "--quick",
+                          "--only", "pipeline,scaleup,commander", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## Goals" in report and "pressure -> new worker serving" in report
+    assert "Quick mode" in report
+    assert (tmp_path / "bench-scaleup.png").stat().st_size > 0
+    for name in ("pipeline", "scaleup", "commander"):
+        assert json.loads((tmp_path / "bench-raw" / f"{name}.json").read_text())

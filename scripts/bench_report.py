@@ -1,0 +1,114 @@
+"""Run every benchmark in sequence and write the report: ``docs/BENCHMARKS.md`` and PNG plots.
+
+    scripts/bench            # the full run (about 15 minutes), writes docs/
+    scripts/bench --quick    # a smoke run (about 2 minutes), writes docs/bench-out/ (git-ignored)
+
+Benchmarks run one after another, never together: on a 2-core machine any overlap would be
+measured as the system's own slowness. Each writes JSON; this script only assembles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchlib import ROOT, OneLineParser  # noqa: E402
+
+GOALS = "Fleet >= 4x Celery and >= 10x RQ turns/s; p99 <= 10 ms at half load; pressure -> new worker " \
+        "serving <= 100 ms median; trace p99 wait <= 1 s, worker-seconds <= 1.25x oracle, fewer scale " \
+        "events than HPA-like and KEDA-like; decide <= 20 ms at 1,000 workers x 20 tiers"
+
+
+def parse_args(argv: list[str] | None = None):
+    p = OneLineParser(prog="scripts/bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="short runs of everything (smoke test)")
+    p.add_argument("--out", type=Path, default=None, help="default: docs/ (full) or docs/bench-out/ (quick)")
+    p.add_argument("--only", default="", help="comma list: pipeline,peers,scaleup,commander,trace")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="skip running: assemble the report from JSON files already in this directory")
+    return p.parse_args(argv)
+
+
+STEPS = {
+    "pipeline": ["bench_pipeline.py"],
+    "peers": ["bench_peers.py"],
+    "scaleup": ["bench_scaleup.py"],
+    "commander": ["bench_commander.py"],
+    "trace": ["bench_trace.py"],
+}
+
+
+def run_step(name: str, quick: bool, raw: Path) -> None:
+    script = ROOT / "scripts" / STEPS[name][0]
+    args = [sys.executable, str(script)] + (["--quick"] if quick else [])
+    if name == "trace":
+        args += ["--out", str(raw / "trace")]
+    else:
+        args += ["--json", str(raw / f"{name}.json")]
+    print(f"== {name}: {' '.join(Path(a).name if a.startswith('/') else a for a in args[1:])}", flush=True)
+    started = time.monotonic()
+    proc = subprocess.run(args, cwd=ROOT, text=True, capture_output=True, timeout=3600)
+    (raw / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        log = raw / f"{name}.log"
+        raise SystemExit(f"scripts/bench: {name} failed (exit {proc.returncode}); see {log}")
+    print(f"   done in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def load(raw: Path, name: str) -> dict[str, Any] | None:
+    path = raw / ("trace/trace.json" if name == "trace" else f"{name}.json")
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = args.out or (ROOT / "docs" / ("bench-out" if args.quick else ""))
+    raw = args.from_json or (out / "bench-raw")
+    raw.mkdir(parents=True, exist_ok=True)
+    only = [s for s in args.only.split(",") if s] or list(STEPS)
+    unknown = set(only) - set(STEPS)
+    if unknown:
+        print(f"scripts/bench: unknown step(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    if args.from_json is None:
+        for name in only:
+            run_step(name, args.quick, raw)
+    data = {name: load(raw, name) for name in STEPS}
+    from bench_render import render  # noqa: PLC0415 - matplotlib only when rendering
+
+    md = render(data, out, raw, machine(), quick=args.quick)
+    (out / "BENCHMARKS.md").write_text(md)
+    trace_dir = raw / "trace"
+    for png in trace_dir.glob("*.png") if trace_dir.exists() else []:
+        shutil.copy(png, out / png.name)
+    print(f"scripts/bench: wrote {out / 'BENCHMARKS.md'}")
+    return 0
+
+
+def machine() -> dict[str, str]:
+    """What the figures were measured on."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    redis_v = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(),
+            "redis": next((w.split("=", 1)[1] for w in redis_v if w.startswith("v=")), "?"),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
