@@ -6,6 +6,7 @@ that is fit to show a person (it ends up in the dead-letter stream).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import msgpack
@@ -53,6 +54,18 @@ def validate(cls: type[M], body: dict[str, Any]) -> M:
 def decode(cls: type[M], data: bytes, max_bytes: int | None = None) -> M:
     """Decode ``data`` into ``cls``; raise ``CodecError`` with the reason."""
     return validate(cls, unpack(data, max_bytes))
+
+
+def decode_valid(cls: type[M], items: Iterable[bytes]) -> list[M]:
+    """Decode each item, skipping the ones that do not decode (a corrupt stored entry must not
+    cost a user their turn); for lists read back from Redis."""
+    out = []
+    for item in items:
+        try:
+            out.append(decode(cls, item))
+        except CodecError:
+            continue
+    return out
 
 
 def _one_line(exc: ValidationError) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import uuid
 
-from protocol.codec import CodecError, decode, encode
+from protocol.codec import decode_valid, encode
 from protocol.models import MemoryItem
 
 DEFAULT_HALF_LIFE_S = 86_400.0  # one day
@@ -41,10 +41,4 @@ def new_member(text: str, importance: float, ts: float,
 
 def parse_members(raw: list[bytes]) -> list[MemoryItem]:
     """Decode ZREVRANGE members; a corrupt member is skipped, not fatal."""
-    items = []
-    for member in raw:
-        try:
-            items.append(decode(MemoryItem, member))
-        except CodecError:  # a corrupt memory must not cost the user the turn
-            continue
-    return items
+    return decode_valid(MemoryItem, raw)

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import decode_valid
 from protocol.models import MemoryItem, SessionEntry
 from stores.memory import parse_members
 from stores.scripts import Scripts
@@ -175,10 +175,4 @@ def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
 
 
 def _parse_session(raw: list[bytes]) -> list[SessionEntry]:
-    out = []
-    for item in raw:
-        try:
-            out.append(decode(SessionEntry, item))
-        except CodecError:  # a corrupt entry must not cost the user the turn
-            continue
-    return out
+    return decode_valid(SessionEntry, raw)
