@@ -30,11 +30,18 @@ def throughput_section(peers: dict[str, Any] | None, out: Path) -> list[str]:
     for key, s in _systems(peers):
         sat, half, cost = s.get("saturation", {}), s.get("half_load") or {}, s.get("cost_per_turn", {})
         cpu = (cost.get("worker_cpu_us") or 0) + (cost.get("redis_cpu_us") or 0)
+        if half.get("overloaded"):
+            half_cells = "overloaded | capacity below the rate"
+        else:
+            half_cells = f"{_f(half.get('p50_ms'))} | {_f(half.get('p99_ms'))}"
         rows.append(f"| {NAMES.get(key, key)} | {s.get('processes', '')} | {_f(sat.get('turns_per_s'))} | "
-                    f"{_f(sat.get('p50_ms'))} | {_f(sat.get('p99_ms'))} | {_f(half.get('p50_ms'))} | "
-                    f"{_f(half.get('p99_ms'))} | {_f(cpu, 0) if cpu else '–'} |")
+                    f"{_f(sat.get('p50_ms'))} | {_f(sat.get('p99_ms'))} | {half_cells} | "
+                    f"{_f(cpu, 0) if cpu else '–'} |")
     fleet = peers.get("systems", {}).get("fleet", {})
-    ratios = ["", "Ratios Fleet / peer (turns/s; half-load p99, lower is better for Fleet below 1):", ""]
+    half_rate = peers.get("half_rate_per_s")
+    ratios = ["", f"Half load is {_f(half_rate)} turns/s for every system (half of Fleet's saturation). "
+              "Ratios Fleet / peer: throughput (above 1: Fleet serves more), half-load p99 (below 1: "
+              "Fleet's tail is shorter):", ""]
     for key, s in _systems(peers):
         if key == "fleet":
             continue

@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     plot_comparison(turns, runs, args.concurrency, args.out / "trace-comparison.png")
     if val is not None:
         plot_validation(val, args.out / "trace-validation.png")
-    result = {"trace": str(args.trace), "model": vars(model), "concurrency": args.concurrency,
+    result = {"trace": Path(args.trace).name, "model": vars(model), "concurrency": args.concurrency,
               "max_workers": args.max_workers, "comparison": [r.summary() for r in runs.values()],
               "validation": None if val is None else {k: v for k, v in val.items()
                                                       if not k.endswith(("timeline", "workers", "waits"))}}
