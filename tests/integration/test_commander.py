@@ -272,3 +272,15 @@ def test_redis_pause_causes_no_mass_scale_in_nor_spawn_storm(r, redis_server, st
     load.check(r)
     assert not [e for e in during if e.action in ("reclaim-idle", "consolidate")], during
     assert sum(e.to_count - e.from_count for e in during if e.action == "scale-up") <= 1, during
+
+
+def test_a_worker_started_separately_is_counted_not_doubled(r, redis_server, start_commander, start_worker):
+    write_policy(r, "chat", policy(min_workers=1))
+    outside = start_worker(worker_id="chat-outside")  # `fleet worker`, not started by the commander
+    start_commander()
+    time.sleep(2.0)  # several passes
+    assert [w.worker for w in live_workers(r)] == ["chat-outside"]
+    assert not [e for e in ledger(r) if e.action == "scale-up"]
+    reply = Fleet(redis_server.url).submit("olga", "hi", meta={"sleep_ms": 1}).result(10)
+    assert reply.ok and reply.worker == "chat-outside"
+    assert outside.proc.poll() is None
