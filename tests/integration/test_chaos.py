@@ -24,5 +24,5 @@ def test_chaos_quick_holds_every_invariant(tmp_path):
     assert result["orphans"] == 0
     assert result["submitted"] > 0 and result["answered"] == result["submitted"]
     # every kind of fault was injected at least once
-    assert set(result["faults"]) == {"worker-kill", "drain-kill", "commander-kill", "redis-restart",
-                                     "redis-pause"}, result["faults"]
+    assert {"worker-kill", "drain-kill", "commander-kill", "redis-restart",
+            "redis-pause"} <= set(result["faults"]), result["faults"]
