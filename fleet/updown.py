@@ -321,7 +321,7 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     print(headline[status] + (" (commander restarted, workers adopted)"
                               if result.get("resumed") else ""))
     print(f"  redis       {result['url']} ({_redis_text(result['redis'])})")
-    print(f"  commander  pid {result['commander']['pid']} (log {result['commander']['log']})")
+    print(f"  commander   pid {result['commander']['pid']} (log {result['commander']['log']})")
     if status == "up":
         workers = result.get("workers") or []
         names = ", ".join(workers) or "-"

@@ -55,7 +55,7 @@ def main() -> int:
     print(f"   every session holds its turns once, in order: {in_order}; duplicate replies: {leftover}")
     print("   turns per worker: " + ", ".join(f"{w} {n}" for w, n in sorted(by_worker.items())))
     wait_for_workers(fleet, 2)
-    print("   the supervisor replaced the killed worker: "
+    print("   the commander scaled the tier for the burst and replaced the killed worker; live now: "
           + ", ".join(w["worker"] for w in workers(fleet.r) if w["alive"]))
     return 0 if in_order and leftover == 0 and all(r.ok for r in replies) else 1
 
