@@ -17,6 +17,7 @@ from commander.views import TierSignals
 from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import OccupancyReport, WorkerInfo
+from stores.registry import read_registry
 
 log = logging.getLogger("fleet.commander")
 REPORT_BATCH = 5_000
@@ -67,18 +68,10 @@ class Observer:
     # --- registry ----------------------------------------------------------------------
     def registry(self) -> dict[str, tuple[WorkerInfo, bool]]:
         """Registered workers and whether their heartbeat is alive."""
-        raw = self.r.hgetall(keys.WORKERS)
-        infos = []
-        for wid, blob in raw.items():
-            try:
-                infos.append(decode(WorkerInfo, blob))
-            except CodecError:
-                log.warning("ignored a bad registry entry for %s", _s(wid))
-        pipe = self.r.pipeline(transaction=False)
-        for info in infos:
-            pipe.exists(keys.heartbeat(info.worker))
-        alive = pipe.execute() if infos else []
-        return {i.worker: (i, bool(a)) for i, a in zip(infos, alive, strict=True)}
+        reg = read_registry(self.r)
+        for wid in reg.unreadable:
+            log.warning("ignored a bad registry entry for %s", wid)
+        return reg.workers
 
     # --- per tier ----------------------------------------------------------------------
     def tier_signals(self, tiers: Iterable[str], windows: dict[str, float],

@@ -11,6 +11,7 @@ from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import CommanderInfo, WorkerInfo
 from stores.policies import list_tiers, read_policy
+from stores.registry import read_registry
 
 
 def _s(v: Any) -> str:
@@ -34,21 +35,14 @@ def tier_backlog(r: redis.Redis, tier: str) -> dict[str, int]:
 
 
 def workers(r: redis.Redis) -> list[dict[str, Any]]:
-    """Registered workers with liveness (heartbeat present)."""
-    raw = r.hgetall(keys.WORKERS)
-    infos = []
-    for wid, blob in raw.items():
-        try:
-            infos.append(decode(WorkerInfo, blob))
-        except CodecError:
-            infos.append(WorkerInfo(worker=_s(wid), tier="?", pid=0, host="?", started=0))
-    pipe = r.pipeline(transaction=False)
-    for info in infos:
-        pipe.exists(keys.heartbeat(info.worker))
-    alive = pipe.execute() if infos else []
+    """Registered workers with liveness (heartbeat present); unreadable entries shown as such."""
+    reg = read_registry(r)
     now = time.time()
-    return [dict(info.model_dump(), alive=bool(a), age_s=round(now - info.started, 1))
-            for info, a in zip(infos, alive, strict=True)]
+    rows = [dict(info.model_dump(), alive=alive, age_s=round(now - info.started, 1))
+            for info, alive in reg.workers.values()]
+    rows += [dict(WorkerInfo(worker=wid, tier="?", pid=0, host="?", started=0).model_dump(),
+                  alive=False, age_s=0.0) for wid in reg.unreadable]
+    return rows
 
 
 def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any]:

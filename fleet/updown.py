@@ -24,10 +24,11 @@ import redis
 from fleet import local
 from protocol import keys
 from protocol.codec import CodecError, decode
-from protocol.models import CommanderInfo, WorkerInfo
+from protocol.models import CommanderInfo
 from protocol.policy import Policy
 from stores.connection import connect_sync
 from stores.policies import read_policy, write_policy
+from stores.registry import read_registry
 
 DEFAULT_TIER = "chat"
 UP_TIMEOUT_S = 30.0
@@ -177,20 +178,7 @@ def _wait_for_workers(r: redis.Redis, state: dict[str, Any], want: int,
 
 def _ready_workers(r: redis.Redis, tier: str) -> list[str]:
     """Registered workers of ``tier`` whose heartbeat is alive."""
-    infos = []
-    for value in r.hvals(keys.WORKERS):
-        try:
-            info = decode(WorkerInfo, value)
-        except CodecError:
-            continue
-        if info.tier == tier:
-            infos.append(info.worker)
-    if not infos:
-        return []
-    pipe = r.pipeline(transaction=False)
-    for worker in infos:
-        pipe.exists(keys.heartbeat(worker))
-    return sorted(w for w, alive in zip(infos, pipe.execute(), strict=True) if alive)
+    return [info.worker for info in read_registry(r).live(tier)]
 
 
 # --- down ------------------------------------------------------------------------------------
