@@ -144,16 +144,14 @@ class UserJob:
             rows = None
 
     async def _serve_turn(self, lease: Lease, entry: str, fields: Fields) -> None:
-        reply_to, fmt = reply_route(entry, fields)
         try:
             turn = decode_entry(self.user, self.w.tier, entry, fields, self.w.settings.max_turn_bytes)
-        except CodecError as exc:
-            await self._reject(lease, entry, fields, reply_to, fmt, f"bad turn: {exc}", attempts=0)
-            return
-        except Exception as exc:  # a decoder bug must not wedge the user's lane: dead-letter it
-            log.exception("turn %s of %s could not be decoded", entry, self.user)
-            await self._reject(lease, entry, fields, reply_to, fmt,
-                               f"bad turn: {type(exc).__name__}: {str(exc)[:200]}", attempts=0)
+        except Exception as exc:  # CodecError, or a decoder bug: never wedge the user's lane
+            if not isinstance(exc, CodecError):
+                log.exception("turn %s of %s could not be decoded", entry, self.user)
+            reason = str(exc) if isinstance(exc, CodecError) else f"{type(exc).__name__}: {str(exc)[:200]}"
+            reply_to, fmt = reply_route(entry, fields)  # only for a rejected turn: it re-reads the payload
+            await self._reject(lease, entry, fields, reply_to, fmt, f"bad turn: {reason}", attempts=0)
             return
         if turn.tier != self.w.tier:  # per-user order holds across tiers: that tier goes next
             raise OtherTier(turn.tier)
