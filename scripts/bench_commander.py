@@ -8,7 +8,6 @@ every pass takes; the figure is reports per second end to end (XREAD + decode + 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
-from benchlib import OneLineParser, redis_server  # noqa: E402
+from benchlib import OneLineParser, emit, redis_server  # noqa: E402
 
 from commander.bench_decide import bench as bench_decide  # noqa: E402
 from commander.observe import Observer  # noqa: E402
@@ -70,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.workers} workers x {args.tiers} tiers")
     print(f"report ingest: {ing['reports_per_s']:,} reports/s "
           f"({ing['reports']} reports in {ing['seconds']} s)")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-    print(json.dumps(out))
+    emit(out, args.json)
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -34,7 +33,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 import redis  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
-from benchlib import ROOT, OneLineParser, percentile, redis_server, worker_processes  # noqa: E402
+from benchlib import (  # noqa: E402
+    ROOT,
+    OneLineParser,
+    emit,
+    percentile,
+    redis_server,
+    stop_processes,
+    worker_processes,
+)
 
 from fleet.client import AsyncFleet  # noqa: E402
 from protocol import keys  # noqa: E402
@@ -197,28 +204,6 @@ def processes(cmds: list[list[str]], env: dict[str, str], logs: list[Path]) -> I
         yield [p.pid for p in procs]
     finally:
         stop_processes(procs)
-
-
-def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
-    descendants = []
-    for p in procs:
-        with suppress(psutil.NoSuchProcess):
-            descendants += psutil.Process(p.pid).children(recursive=True)
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    for child in descendants:
-        try:
-            child.kill()
-            child.wait(5)
-        except psutil.NoSuchProcess:
-            pass
 
 
 @contextmanager
@@ -612,9 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp, redis_server() as url:
         result = run(args, url, Path(tmp))
     print(table(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    emit(result, args.json)
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import OneLineParser, percentile, redis_server, worker_processes  # noqa: E402
+from benchlib import OneLineParser, emit, percentile, redis_server, worker_processes  # noqa: E402
 
 from fleet.client import AsyncFleet  # noqa: E402
 from protocol.policy import Policy  # noqa: E402
@@ -141,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     sat, half = result["saturation"], result["half_load"]
     print(f"saturation: {sat['turns_per_s']:,} turns/s  p50 {sat['p50_ms']} ms  p99 {sat['p99_ms']} ms")
     print(f"half load ({half['rate_per_s']:,}/s): p50 {half['p50_ms']} ms  p99 {half['p99_ms']} ms")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    emit(result, args.json)
     return 0
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
-from benchlib import ROOT, OneLineParser, percentile, redis_server  # noqa: E402
+from benchlib import ROOT, OneLineParser, emit, percentile, redis_server  # noqa: E402
 
 from commander.bench_decide import bench as bench_decide  # noqa: E402
 from fleet.client import Fleet  # noqa: E402
@@ -111,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pressure -> first turn by a new worker ({mode}): median {res['median_ms']} ms, "
               f"p95 {res['p95_ms']} ms over {res['trials']} trials")
     print(f"decide(): {json.dumps(dec)}")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-    print(json.dumps(out))
+    emit(out, args.json)
     return 0
 
 

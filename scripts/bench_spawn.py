@@ -12,7 +12,6 @@ would have it.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import OneLineParser, percentile, redis_server  # noqa: E402
+from benchlib import OneLineParser, emit, percentile, redis_server  # noqa: E402
 
 from commander.runtime.process import ProcessRuntime  # noqa: E402
 from fleet.client import Fleet  # noqa: E402
@@ -135,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
               f"registered median {reg['median']} ms  p95 {reg['p95']} ms | "  # type: ignore[index]
               f"spawn() median {call['median']} ms")  # type: ignore[index]
     out = {"tier": TIER, "handler": "echo", "results": results}
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-    print(json.dumps(out))
+    emit(out, args.json)
     return 0
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,18 +85,39 @@ def worker_processes(url: str, n: int, tier: str = "chat", log_dir: Path | None 
             time.sleep(0.05)
         yield procs
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs, timeout=15)
         for log in logs:
             if log is not subprocess.DEVNULL:
                 log.close()
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float = 20) -> None:
+    """SIGTERM every process (and remember their children), SIGKILL what is left after
+    ``timeout``, then the children that outlived their parent."""
+    descendants: list[psutil.Process] = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            descendants += psutil.Process(p.pid).children(recursive=True)
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for child in descendants:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
+            child.kill()
+            child.wait(5)
+
+
+def emit(result: object, path: Path | None) -> None:
+    """Print the result as one JSON line (and write it, indented, to ``path`` if given)."""
+    if path is not None:
+        path.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -37,11 +37,12 @@ from benchlib import ROOT, OneLineParser, free_port  # noqa: E402
 
 from fleet.client import AsyncFleet  # noqa: E402
 from protocol import keys  # noqa: E402
-from protocol.codec import CodecError, decode, encode  # noqa: E402
+from protocol.codec import decode, encode  # noqa: E402
 from protocol.models import Control, LedgerEvent, Reply, SessionEntry, WorkerInfo  # noqa: E402
 from protocol.policy import Policy  # noqa: E402
 from stores.connection import connect_async  # noqa: E402
 from stores.policies import write_policy  # noqa: E402
+from stores.registry import read_registry  # noqa: E402
 
 POLICY = Policy(handler="sleep", handler_options={"sleep_ms": 40}, concurrency=4, min_workers=2,
                 max_workers=6, target_backlog_per_worker=4, users_per_instance=None, report_interval_s=0.5,
@@ -133,15 +134,7 @@ class Cluster:
 
 
 def live_workers(r: redis.Redis) -> list[WorkerInfo]:
-    out = []
-    for blob in r.hgetall(keys.WORKERS).values():
-        try:
-            info = decode(WorkerInfo, blob)
-        except CodecError:
-            continue
-        if r.exists(keys.heartbeat(info.worker)):
-            out.append(info)
-    return out
+    return read_registry(r).live()
 
 
 # --- faults -------------------------------------------------------------------------------------
