@@ -64,6 +64,8 @@ class Worker:
         self._wake_report = asyncio.Event()
         self._stopping = asyncio.Event()  # set once the jobs are done: the loops end
         self._ready_key = keys.ready(self.tier)
+        # line-buffered: a SIGKILLed worker's last entry is on disk (its exit never is)
+        self._trace = open(settings.handler_trace, "a", buffering=1) if settings.handler_trace else None  # noqa: SIM115
 
     # --- lifecycle -------------------------------------------------------------------
     async def run(self) -> int:
@@ -88,6 +90,8 @@ class Worker:
         await self._stop_background(background)
         await self._until_ok("deregister", self._deregister, attempts=5)
         await self.r.aclose()
+        if self._trace is not None:
+            self._trace.close()
         log.info("worker %s drained and stopped", self.worker_id)
         return 0
 
@@ -361,6 +365,14 @@ class Worker:
         running = sum(now - job.busy_since for job in self.jobs.values() if job.busy_since is not None)
         c = self.counters
         return Counters(turns=c.turns, errors=c.errors, handler_seconds=c.handler_seconds + running)
+
+    def trace_handler(self, event: str, ctx: handlers.TurnContext) -> None:
+        """With ``handler_trace`` set, record a handler entry or exit with its lease (I3 checks)."""
+        if self._trace is None:
+            return
+        self._trace.write(json.dumps({"ev": event, "t": time.time(), "worker": self.worker_id,
+                                      "lease": ctx.lease, "user": ctx.turn.user,
+                                      "turn": ctx.turn.turn_id}) + "\n")
 
     def counters_add(self, turns: int = 0, errors: int = 0, handler_seconds: float = 0.0) -> None:
         c = self.counters

@@ -38,6 +38,7 @@ class TurnContext:
     options: dict[str, Any] = field(default_factory=dict)
     worker: str = ""
     attempt: int = 1
+    lease: str = ""  # "<worker>|<fencing token>" of the lane the turn runs under
 
     def option(self, name: str, default: Any) -> Any:
         """A per-turn override in ``turn.meta``, else the tier's ``handler_options``, else default."""

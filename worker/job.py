@@ -168,7 +168,7 @@ class UserJob:
                                    attempts=pulled.attempts - 1)
                 return
             try:
-                result = await self._call(turn, pulled)
+                result = await self._call(lease, turn, pulled)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the handler's failure: retried, then dead-lettered
@@ -181,15 +181,17 @@ class UserJob:
             await self._answer(lease, entry, turn, pulled, result)
             return
 
-    async def _call(self, turn: Turn, pulled: Pulled) -> HandlerResult:
+    async def _call(self, lease: Lease, turn: Turn, pulled: Pulled) -> HandlerResult:
         """Run the tier's handler on the turn; its exceptions are the caller's to count."""
         ctx = handlers.TurnContext(turn, pulled.pack, dict(self.w.policy.handler_options),
-                                   self.w.worker_id, pulled.attempts)
+                                   self.w.worker_id, pulled.attempts, lease.owner)
         started = time.monotonic()
         self.busy_since = started
+        self.w.trace_handler("enter", ctx)
         try:
             result = await handlers.call(self.w.handler, ctx, self.w.settings.handler_timeout_s)
         finally:
+            self.w.trace_handler("exit", ctx)
             self.busy_since = None
             self.w.counters_add(handler_seconds=time.monotonic() - started)
         limit = self.w.settings.max_reply_bytes

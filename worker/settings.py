@@ -35,6 +35,8 @@ class WorkerSettings(BaseSettings):
     context_turns: int = Field(20, ge=0)
     memory_k: int = Field(5, ge=0)
     reply_ttl_s: int = Field(3600, ge=1)
+    handler_trace: str | None = Field(
+        None, description="append a JSON line per handler entry and exit here (exclusivity checks)")
 
     @field_validator("tier")
     @classmethod
