@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import redis
@@ -17,6 +17,7 @@ from commander.views import TierSignals
 from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import OccupancyReport, WorkerInfo
+from stores.backlog import COMMANDS_PER_TIER, live_ids, parse_backlog, queue_backlog
 from stores.registry import read_registry
 
 log = logging.getLogger("fleet.commander")
@@ -37,6 +38,7 @@ class Observer:
         self.reports_from: str | None = None  # last report id read
         self.pressure_from: dict[str, str] = {}  # tier -> last pressure id read
         self.pressure_pending: dict[str, int] = {}  # tier -> events read, not yet judged
+        self._live: frozenset[str] | None = None  # live worker ids of this pass's registry read
 
     # --- reports -----------------------------------------------------------------------
     def read_reports(self) -> int:
@@ -71,29 +73,39 @@ class Observer:
         reg = read_registry(self.r)
         for wid in reg.unreadable:
             log.warning("ignored a bad registry entry for %s", wid)
+        self._live = live_ids(reg.workers)
         return reg.workers
 
     # --- per tier ----------------------------------------------------------------------
-    def tier_signals(self, tiers: Iterable[str], windows: dict[str, float],
-                     now: float) -> dict[str, TierSignals]:
-        """Backlog (lag + pending), active users and pressure events per tier, one round trip."""
+    def tier_signals(self, tiers: Iterable[str], windows: dict[str, float], now: float,
+                     live: Collection[str] | None = None) -> dict[str, TierSignals]:
+        """Backlog, active users and pressure events per tier, in one round trip.
+
+        The backlog counts turns no worker has started (``stores.backlog``): notifications
+        pending with a live worker are its jobs in progress. ``live`` are the live worker ids;
+        by default those of the registry read this pass (:meth:`registry`), else read now.
+        """
         tiers = list(tiers)
+        if live is None:
+            if self._live is None:
+                self.registry()
+            live, self._live = self._live, None  # used once: the next pass reads it afresh
+        n = COMMANDS_PER_TIER + 1
         pipe = self.r.pipeline(transaction=False)
         for tier in tiers:
-            pipe.xinfo_groups(keys.ready(tier))
-            pipe.xlen(keys.ready(tier))
+            queue_backlog(pipe, tier)
             pipe.zcount(keys.active(tier), now - windows.get(tier, 60.0), "+inf")
         res = pipe.execute(raise_on_error=False)
         out = {}
         for i, tier in enumerate(tiers):
-            groups, length, active = res[3 * i: 3 * i + 3]
-            lag, pending = _lag_pending(groups, length)
+            *backlog_replies, active = res[n * i: n * i + n]
+            backlog = parse_backlog(backlog_replies, live or ())
             events = self.pressure_pending.pop(tier, 0)
             # a pressure event is a client's momentary view: it counts only while turns still
             # wait undelivered now, so a notification a worker took a moment later is no demand
-            out[tier] = TierSignals(backlog=lag + pending,
+            out[tier] = TierSignals(backlog=backlog.backlog,
                                     active_users=0 if isinstance(active, Exception) else int(active),
-                                    pressure_events=events if lag > 0 else 0)
+                                    pressure_events=events if backlog.undelivered > 0 else 0)
         return out
 
     def wait_for_pressure(self, tiers: Iterable[str], block_ms: int) -> int:
@@ -116,14 +128,3 @@ class Observer:
             total += len(rows)
         return total
 
-
-def _lag_pending(groups: Any, length: Any) -> tuple[int, int]:
-    """(undelivered, delivered but not acked) of the workers' group; all undelivered if none."""
-    if isinstance(groups, Exception) or isinstance(length, Exception):
-        return 0, 0  # no stream yet (nothing submitted)
-    group = next((g for g in groups if _s(g.get("name")) == keys.GROUP), None)
-    if group is None:
-        return int(length), 0
-    lag = group.get("lag")
-    lag = int(length) if lag is None else int(lag)  # unknown lag after deletions: assume all
-    return lag, int(group.get("pending", 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 import redis
@@ -10,33 +11,33 @@ import redis
 from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import CommanderInfo, WorkerInfo
+from stores.backlog import TierBacklog, live_ids, read_backlog
 from stores.policies import list_tiers, read_policy
-from stores.registry import read_registry
+from stores.registry import Registry, read_registry
 
 
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def tier_backlog(r: redis.Redis, tier: str) -> dict[str, int]:
-    """Notifications not yet delivered (lag) and delivered but not acked (pending)."""
-    try:
-        groups = r.xinfo_groups(keys.ready(tier))
-    except redis.ResponseError:  # no stream yet
-        return {"lag": 0, "pending": 0, "backlog": 0}
-    group = next((g for g in groups if _s(g["name"]) == keys.GROUP), None)
-    if group is None:
-        length = int(r.xlen(keys.ready(tier)))
-        return {"lag": length, "pending": 0, "backlog": length}
-    lag = group.get("lag")
-    lag = int(lag) if lag is not None else int(r.xlen(keys.ready(tier)))
-    pending = int(group["pending"])
-    return {"lag": lag, "pending": pending, "backlog": lag + pending}
+def backlog_json(b: TierBacklog) -> dict[str, int]:
+    """What status shows of a tier's ready stream (``--json`` keys: add, never rename)."""
+    return {"lag": b.undelivered,  # notifications no worker has read yet
+            "pending": b.pending,  # delivered, not acked (live workers' jobs and orphans)
+            "in_progress": b.in_progress,  # pending held by a live worker
+            "backlog": b.backlog}  # turns no worker has started: lag + orphaned pending
 
 
-def workers(r: redis.Redis) -> list[dict[str, Any]]:
+def tier_backlog(r: redis.Redis, tier: str, live: Collection[str] | None = None) -> dict[str, int]:
+    """One tier's backlog (``stores.backlog``); ``live`` worker ids are read if not given."""
+    if live is None:
+        live = live_ids(read_registry(r).workers)
+    return backlog_json(read_backlog(r, [tier], live)[tier])
+
+
+def workers(r: redis.Redis, reg: Registry | None = None) -> list[dict[str, Any]]:
     """Registered workers with liveness (heartbeat present); unreadable entries shown as such."""
-    reg = read_registry(r)
+    reg = read_registry(r) if reg is None else reg
     now = time.time()
     rows = [dict(info.model_dump(), alive=alive, age_s=round(now - info.started, 1))
             for info, alive in reg.workers.values()]
@@ -48,7 +49,9 @@ def workers(r: redis.Redis) -> list[dict[str, Any]]:
 def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any]:
     """Everything ``fleet status`` shows, as plain data."""
     tiers = sorted(set(list_tiers(r)) | {"chat"})
-    ws = workers(r)
+    reg = read_registry(r)
+    ws = workers(r, reg)
+    backlogs = read_backlog(r, tiers, live_ids(reg.workers))
     out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r)}
     for tier in tiers:
         read = read_policy(r, tier, handlers)
@@ -59,7 +62,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
             "max_workers": read.policy.max_workers,
             "handler": read.policy.handler,
             "workers_alive": sum(1 for w in ws if w["tier"] == tier and w["alive"]),
-            **tier_backlog(r, tier),
+            **backlog_json(backlogs[tier]),
             "dead_letters": int(r.xlen(keys.dead(tier))),
             "active_users": int(r.zcount(keys.active(tier), time.time() - read.policy.active_window_s,
                                          "+inf")),

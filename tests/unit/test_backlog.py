@@ -1,0 +1,163 @@
+"""The backlog reader (stores.backlog): only turns no worker has started count (DESIGN §3).
+
+The pure judgement is table-tested over raw replies; the I/O wrapper, the commander's
+observer and ``fleet status`` are tested on fakeredis with real consumer-group states.
+"""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+import redis
+
+from commander.observe import Observer
+from fleet.status import snapshot, tier_backlog
+from protocol import keys
+from protocol.codec import encode
+from protocol.models import WorkerInfo
+from stores.backlog import TierBacklog, read_backlog
+from stores.backlog import tier_backlog as judge
+
+NOGROUP = redis.ResponseError("NOGROUP No such key or consumer group")
+NOKEY = redis.ResponseError("no such key")
+
+
+def group(pending: int, lag: int | None, name: bytes = b"workers") -> dict[str, object]:
+    return {"name": name, "consumers": 2, "pending": pending, "last-delivered-id": b"5-0",
+            "entries-read": 5, "lag": lag}
+
+
+def consumer(name: str, pending: int) -> dict[str, object]:
+    return {"name": name.encode(), "pending": pending, "idle": 10, "inactive": 10}
+
+
+@pytest.mark.parametrize(("groups", "consumers", "length", "live", "want"), [
+    # no stream: nothing waits
+    (NOKEY, NOGROUP, 0, {"w1"}, TierBacklog()),
+    # a stream with no group yet (no worker ever started): every entry is undelivered
+    ([], NOGROUP, 4, set(), TierBacklog(undelivered=4, backlog=4)),
+    ([group(0, 0, name=b"other")], NOGROUP, 3, set(), TierBacklog(undelivered=3, backlog=3)),
+    # a live worker's pending is its jobs in progress: not backlog
+    ([group(3, 0)], [consumer("w1", 3)], 3, {"w1"}, TierBacklog(pending=3, in_progress=3)),
+    # lag is counted; live pending is not
+    ([group(3, 2)], [consumer("w1", 3)], 5, {"w1"},
+     TierBacklog(undelivered=2, pending=3, in_progress=3, backlog=2)),
+    # a consumer with no live registry entry (SIGKILLed: stays in the group) is backlog
+    ([group(3, 0)], [consumer("dead", 3)], 3, set(), TierBacklog(pending=3, backlog=3)),
+    ([group(5, 1)], [consumer("w1", 2), consumer("dead", 3)], 6, {"w1"},
+     TierBacklog(undelivered=1, pending=5, in_progress=2, backlog=4)),
+    # a consumer with no pending counts for nothing
+    ([group(2, 0)], [consumer("w1", 2), consumer("w2", 0)], 2, {"w1", "w2"},
+     TierBacklog(pending=2, in_progress=2)),
+    # lag unknown after deletions: what is not pending is taken as undelivered
+    ([group(3, None)], [consumer("w1", 3)], 7, {"w1"},
+     TierBacklog(undelivered=4, pending=3, in_progress=3, backlog=4)),
+    ([group(3, None)], [consumer("w1", 3)], 2, {"w1"}, TierBacklog(pending=3, in_progress=3)),
+    # consumers unreadable (group gone between two replies): no pending is known to be held
+    ([group(2, 0)], NOGROUP, 2, {"w1"}, TierBacklog(pending=2, backlog=2)),
+    # replies read a moment apart: never more held than the group has pending
+    ([group(1, 0)], [consumer("w1", 2)], 2, {"w1"}, TierBacklog(pending=1, in_progress=1)),
+])
+def test_judge(groups: object, consumers: object, length: int, live: set[str], want: TierBacklog) -> None:
+    assert judge(groups, consumers, length, live) == want
+
+
+# --- on fakeredis: real consumer-group states --------------------------------------------
+@pytest.fixture
+def r() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis()
+
+
+def submit(r: redis.Redis, tier: str, *users: str) -> None:
+    for user in users:
+        r.xadd(keys.ready(tier), {"user": user})
+
+
+def take(r: redis.Redis, tier: str, worker: str, n: int) -> None:
+    """``worker`` reads ``n`` notifications and keeps them pending (jobs in progress)."""
+    r.xreadgroup(keys.GROUP, worker, {keys.ready(tier): ">"}, count=n)
+
+
+def register(r: redis.Redis, worker: str, tier: str = "chat", alive: bool = True) -> None:
+    r.hset(keys.WORKERS, worker, encode(WorkerInfo(worker=worker, tier=tier, pid=1, host="h", started=0)))
+    if alive:
+        r.set(keys.heartbeat(worker), "1")
+
+
+def group_on(r: redis.Redis, tier: str) -> None:
+    r.xgroup_create(keys.ready(tier), keys.GROUP, id="0", mkstream=True)
+
+
+def test_read_backlog_states(r: fakeredis.FakeRedis) -> None:
+    group_on(r, "busy")
+    submit(r, "busy", "a", "b", "c", "d")
+    take(r, "busy", "w1", 3)  # three in progress, one undelivered
+    group_on(r, "orphan")
+    submit(r, "orphan", "a", "b")
+    take(r, "orphan", "gone", 2)  # its worker died: both wait
+    submit(r, "nogroup", "a", "b")
+    got = read_backlog(r, ["busy", "orphan", "nogroup", "nostream"], {"w1"})
+    assert got == {
+        "busy": TierBacklog(undelivered=1, pending=3, in_progress=3, backlog=1),
+        "orphan": TierBacklog(pending=2, backlog=2),
+        "nogroup": TierBacklog(undelivered=2, backlog=2),
+        "nostream": TierBacklog(),
+    }
+    assert read_backlog(r, [], {"w1"}) == {}
+
+
+def test_observer_backlog_counts_only_unstarted_work(r: fakeredis.FakeRedis) -> None:
+    group_on(r, "chat")
+    submit(r, "chat", *[f"u{i}" for i in range(6)])
+    register(r, "live")
+    register(r, "dead", alive=False)  # SIGKILLed: registered, no heartbeat
+    take(r, "chat", "live", 3)
+    take(r, "chat", "dead", 1)
+    take(r, "chat", "stranger", 1)  # a consumer the registry does not know
+    obs = Observer(r)
+    obs.registry()  # the commander reads the registry before the signals, every pass
+    sig = obs.tier_signals(["chat"], {"chat": 60.0}, 0.0)["chat"]
+    assert sig.backlog == 3  # 1 undelivered + the dead worker's + the stranger's, not the 3 live
+    # without a registry read this pass it reads one itself
+    assert Observer(r).tier_signals(["chat"], {}, 0.0)["chat"].backlog == 3
+    # or is told who is live
+    assert Observer(r).tier_signals(["chat"], {}, 0.0, live={"live", "dead"})["chat"].backlog == 2
+
+
+def test_observer_pressure_counts_only_while_undelivered(r: fakeredis.FakeRedis) -> None:
+    group_on(r, "chat")
+    submit(r, "chat", "a")
+    register(r, "live")
+    take(r, "chat", "live", 1)
+    obs = Observer(r)
+    obs.pressure_pending["chat"] = 2
+    assert obs.tier_signals(["chat"], {}, 0.0)["chat"].pressure_events == 0  # taken already
+    submit(r, "chat", "b")
+    obs.pressure_pending["chat"] = 2
+    assert obs.tier_signals(["chat"], {}, 0.0)["chat"].pressure_events == 2
+
+
+def test_observer_registry_read_is_used_once(r: fakeredis.FakeRedis) -> None:
+    group_on(r, "chat")
+    submit(r, "chat", "a")
+    register(r, "w1")
+    take(r, "chat", "w1", 1)
+    obs = Observer(r)
+    obs.registry()
+    assert obs.tier_signals(["chat"], {}, 0.0)["chat"].backlog == 0
+    r.delete(keys.heartbeat("w1"))  # w1 dies between passes
+    assert obs.tier_signals(["chat"], {}, 0.0)["chat"].backlog == 1  # not last pass's liveness
+
+
+def test_status_shows_pending_and_the_new_backlog(r: fakeredis.FakeRedis) -> None:
+    group_on(r, "chat")
+    submit(r, "chat", "a", "b", "c", "d")
+    register(r, "live")
+    register(r, "dead", alive=False)
+    take(r, "chat", "live", 2)
+    take(r, "chat", "dead", 1)
+    want = {"lag": 1, "pending": 3, "in_progress": 2, "backlog": 2}
+    assert tier_backlog(r, "chat") == want
+    row = snapshot(r)["tiers"]["chat"]
+    assert {k: row[k] for k in want} == want
+    assert tier_backlog(r, "chat", live=set()) == {"lag": 1, "pending": 3, "in_progress": 0, "backlog": 4}
