@@ -9,11 +9,12 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
+import redis
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
+from redis.commands.core import AsyncScript, Script
 
 NAMES = ("lane_acquire", "lease_renew", "lane_release", "lease_drop", "turn_commit", "leader_acquire",
-         "ledger_append")
+         "ledger_append", "lane_clear", "consumer_drop")
 
 
 @cache
@@ -33,3 +34,16 @@ class Scripts:
         self.lane_release: AsyncScript = r.register_script(source("lane_release"))
         self.lease_drop: AsyncScript = r.register_script(source("lease_drop"))
         self.turn_commit: AsyncScript = r.register_script(source("turn_commit"))
+
+
+class SyncScripts:
+    """The scripts the commander's takeover runs, bound to one blocking client.
+
+    A blocking client (``redis.Redis``, or ``fakeredis.FakeRedis`` in the simulator and unit
+    tests) cannot run the ``AsyncScript`` objects of ``Scripts``; pass ``client=pipe`` to run
+    one on a pipeline of the same client.
+    """
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.lane_clear: Script = r.register_script(source("lane_clear"))
+        self.consumer_drop: Script = r.register_script(source("consumer_drop"))
