@@ -1,21 +1,28 @@
 """Chaos run: a fleet under steady load while workers, the commander and Redis fail at random.
 
 Faults (loopback only, bounded in time, stops by itself): SIGKILL of a worker, a drain
-racing a SIGKILL, SIGKILL of the commander (a new one is started), SIGKILL + restart of
-redis-server (AOF with appendfsync always), SIGSTOP/SIGCONT pauses of redis-server. Then the
-invariants of DESIGN §3 are checked from Redis and from the clients' own records:
+racing a SIGKILL, SIGSTOP of a worker past its lane TTL then SIGCONT (its lanes expire and
+other workers take its users over; its late writes must be fenced), SIGKILL of the commander
+(a new one is started), SIGKILL + restart of redis-server (AOF with appendfsync always),
+SIGSTOP/SIGCONT pauses of redis-server. Then the invariants of DESIGN §3 are checked from
+Redis, from the clients' own records and from the workers' handler trace:
 
   I1 every accepted turn has exactly one reply      I2 per user, sessions in submission order
-  I3 each turn saw every earlier turn of its user   I4 one commander per epoch, epochs grow
-  I5 nothing lost to scale-in (I1 under drains)     I6 no orphan process after shutdown; live
+  I3 per user, no two leases inside a handler at    I4 one commander per epoch, epochs grow
+     once unless one was fenced; and each turn      I5 nothing lost to scale-in (I1 under drains)
+     saw every earlier turn of its user             I6 no orphan process after shutdown; live
                                                        workers never above max_workers
 
-Exit status 1 if any invariant fails.
+It also measures the wait (submit -> reply) over the faulty period, longest and p99, and the
+takeover after each worker SIGKILL or pause: for every user the worker was inside a handler
+for at that moment, the time to that user's next reply. Exit status 1 if any invariant
+fails or a fault quota was not met.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -31,14 +38,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import chaos_check  # noqa: E402
 import psutil  # noqa: E402
 import redis  # noqa: E402
 from benchlib import ROOT, OneLineParser, free_port  # noqa: E402
+from chaos_check import Injected, TraceTail, UserLog  # noqa: E402
 
 from fleet.client import AsyncFleet  # noqa: E402
 from protocol import keys  # noqa: E402
-from protocol.codec import decode, encode  # noqa: E402
-from protocol.models import Control, LedgerEvent, Reply, SessionEntry, WorkerInfo  # noqa: E402
+from protocol.codec import encode  # noqa: E402
+from protocol.models import Control, WorkerInfo  # noqa: E402
 from protocol.policy import Policy  # noqa: E402
 from stores.connection import connect_async  # noqa: E402
 from stores.policies import write_policy  # noqa: E402
@@ -50,8 +59,7 @@ POLICY = Policy(handler="sleep", handler_options={"sleep_ms": 40}, concurrency=4
 WORKER_ENV = {"FLEET_WORKER_LANE_TTL_MS": "2000", "FLEET_WORKER_RENEW_INTERVAL_S": "0.4",
               "FLEET_WORKER_RECLAIM_IDLE_MS": "2000", "FLEET_WORKER_RECLAIM_INTERVAL_S": "0.5",
               "FLEET_WORKER_HOUSEKEEPING_INTERVAL_S": "2"}
-SESSION_MAX, CONTEXT_TURNS = 200, 20  # the worker's defaults (WorkerSettings)
-KINDS = ("worker-kill", "drain-kill", "commander-kill", "redis-restart", "redis-pause")
+PAUSE_S = (3.0, 4.5)  # a worker pause: past the lane TTL (2 s), short of the heartbeat TTL (5 s)
 
 
 def parse_args(argv: list[str] | None = None):
@@ -86,6 +94,14 @@ class Cluster:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def trace(self) -> Path:
+        """The handler trace of every worker. One file for all: the commander gives each
+        worker its own environment, so a worker's id cannot be in the path; each worker opens
+        it in append mode, line-buffered, and a line is one write(2) to an O_APPEND file,
+        which Linux never interleaves with another process's."""
+        return self.home / "handlers.jsonl"
+
     def start_redis(self) -> None:
         data = self.home / "redis"
         data.mkdir(parents=True, exist_ok=True)
@@ -111,7 +127,8 @@ class Cluster:
 
     def start_commander(self) -> None:
         self.commanders_started += 1
-        env = {**os.environ, **WORKER_ENV, "REDIS_URL": self.url, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, **WORKER_ENV, "FLEET_WORKER_HANDLER_TRACE": str(self.trace),
+               "REDIS_URL": self.url, "PYTHONPATH": str(ROOT)}
         log = open(self.home / f"commander-{self.commanders_started}.log", "ab")  # noqa: SIM115
         self.commander = subprocess.Popen(
             [sys.executable, "-m", "commander", "--commander-id", f"chaos-{self.commanders_started}",
@@ -141,26 +158,39 @@ def live_workers(r: redis.Redis) -> list[WorkerInfo]:
 class Faults:
     """Injects one fault at a time from a schedule that meets the quotas, then random ones."""
 
-    QUOTA = {"worker-kill": 20, "drain-kill": 4, "commander-kill": 3, "redis-restart": 2, "redis-pause": 3}
-    WEIGHTS = {"worker-kill": 6, "drain-kill": 2, "commander-kill": 1, "redis-restart": 1, "redis-pause": 1}
+    QUOTA = {"worker-kill": 20, "drain-kill": 4, "worker-pause": 5, "commander-kill": 3, "redis-restart": 2,
+             "redis-pause": 3}
+    WEIGHTS = {"worker-kill": 6, "drain-kill": 2, "worker-pause": 2, "commander-kill": 1, "redis-restart": 1,
+               "redis-pause": 1}
+    TAKES_S = {"worker-kill": 0.0, "drain-kill": 0.15, "worker-pause": sum(PAUSE_S) / 2,
+               "commander-kill": 1.0, "redis-restart": 1.5, "redis-pause": 3.0}  # how long each lasts, about
 
-    def __init__(self, cluster: Cluster, seconds: float, every: float | None, rng: random.Random) -> None:
-        self.cluster, self.rng = cluster, rng
+    def __init__(self, cluster: Cluster, seconds: float, every: float | None, rng: random.Random,
+                 trace: TraceTail) -> None:
+        self.cluster, self.rng, self.trace = cluster, rng, trace
         self.count: Counter[str] = Counter()
         self.errors: list[str] = []
+        self.injected: list[Injected] = []  # worker kills and pauses, for the takeover figures
+        self.killed: dict[str, float] = {}  # worker id -> when we SIGKILLed it
+        self.first: float | None = None  # when the first fault started: the faulty period begins
+        self.seconds = seconds
         scale = min(1.0, seconds / 300)
-        quota = [k for k, n in self.QUOTA.items() for _ in range(max(1, round(n * scale)))]
-        rng.shuffle(quota)  # the quotas first, in random order, so a run always meets them
-        # faults take time themselves (pauses, restarts): leave a fifth of the run for that
-        self.every = every or max(1.5, 0.8 * (seconds - 10) / max(1, len(quota)))
-        extra = max(0, int((seconds - 10) / self.every) - len(quota))
-        self.plan = quota + rng.choices(list(self.WEIGHTS), weights=list(self.WEIGHTS.values()), k=extra)
+        self.quota = {k: max(1, round(n * scale)) for k, n in self.QUOTA.items()}
+        plan = [k for k, n in self.quota.items() for _ in range(n)]
+        rng.shuffle(plan)  # the quotas first, in random order, so a run always meets them
+        # 5 s to settle, 5 s of load without faults at the end, the faults' own length, 15 % slack
+        room = seconds - 10 - sum(self.TAKES_S[k] for k in plan)
+        self.every = every or max(1.5, 0.85 * room / max(1, len(plan)))
+        extra = max(0, int(room / (self.every + 1.0)) - len(plan))
+        self.plan = plan + rng.choices(list(self.WEIGHTS), weights=list(self.WEIGHTS.values()), k=extra)
 
     def run(self, stop: threading.Event, r: redis.Redis) -> None:
+        deadline = time.monotonic() + self.seconds - 5  # no fault starts in the last 5 s of load
         stop.wait(5.0)  # let the fleet settle first
         for kind in self.plan:
-            if stop.is_set():
+            if stop.is_set() or time.monotonic() > deadline:
                 return
+            self.first = self.first or time.time()
             try:
                 getattr(self, kind.replace("-", "_"))(r)
                 self.count[kind] += 1
@@ -168,29 +198,48 @@ class Faults:
                 self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
             stop.wait(self.every * self.rng.uniform(0.6, 1.4))
 
-    def _victim(self, r: redis.Redis) -> WorkerInfo | None:
-        workers = live_workers(r)
-        for w in workers:
-            self.cluster.pids_seen.add(w.pid)
-        return self.rng.choice(workers) if workers else None
+    def missed(self) -> list[str]:
+        return [f"{k} {self.count[k]}/{n}" for k, n in self.quota.items() if self.count[k] < n]
+
+    def _victim(self, r: redis.Redis) -> WorkerInfo:
+        """A live worker, preferably one inside a handler now (its users measure the takeover)."""
+        workers = [w for w in live_workers(r) if w.worker not in self.killed and _running(w.pid)]
+        self.cluster.pids_seen.update(w.pid for w in workers)
+        if not workers:
+            raise RuntimeError("no live worker")
+        busy = self.trace.busy_workers()
+        return self.rng.choice([w for w in workers if w.worker in busy] or workers)
+
+    def _kill(self, kind: str, victim: WorkerInfo) -> None:
+        os.kill(victim.pid, signal.SIGKILL)
+        now = time.time()
+        self.killed[victim.worker] = now
+        self.injected.append(Injected(kind, now, now, victim.worker))
 
     def worker_kill(self, r: redis.Redis) -> None:
-        victim = self._victim(r)
-        if victim is None:
-            raise RuntimeError("no live worker to kill")
-        os.kill(victim.pid, signal.SIGKILL)
+        self._kill("worker-kill", self._victim(r))
 
     def drain_kill(self, r: redis.Redis) -> None:
         victim = self._victim(r)
-        if victim is None:
-            raise RuntimeError("no live worker to drain")
         body = encode(Control(kind="drain", ts=time.time(), reason="chaos"))
         r.xadd(keys.control(victim.worker), {"m": body})
         time.sleep(self.rng.uniform(0.0, 0.3))
         try:
-            os.kill(victim.pid, signal.SIGKILL)
+            self._kill("drain-kill", victim)
         except ProcessLookupError:  # the drain won the race: it is an outcome, not a failure
             self.count["drain finished before the kill"] += 1
+
+    def worker_pause(self, r: redis.Redis) -> None:
+        """SIGSTOP past the lane TTL: the worker's lanes expire while it sits inside handlers."""
+        victim = self._victim(r)
+        os.kill(victim.pid, signal.SIGSTOP)
+        stopped = time.time()
+        try:
+            time.sleep(self.rng.uniform(*PAUSE_S))
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # (killed meanwhile by its commander)
+                os.kill(victim.pid, signal.SIGCONT)
+        self.injected.append(Injected("worker-pause", stopped, time.time(), victim.worker))
 
     def commander_kill(self, r: redis.Redis) -> None:
         assert self.cluster.commander is not None
@@ -211,15 +260,14 @@ class Faults:
         self.cluster.redis_proc.send_signal(signal.SIGCONT)
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+
+
 # --- the load and its records ----------------------------------------------------------------
-@dataclass
-class UserLog:
-    sent: list[str] = field(default_factory=list)  # turn ids in submission order (accepted)
-    uncertain: set[str] = field(default_factory=set)  # a submit that failed: maybe accepted
-    answered: dict[str, float] = field(default_factory=dict)  # turn id -> wait seconds
-    errors: Counter[str] = field(default_factory=Counter)  # why submits failed
-
-
 async def user_loop(fleet: AsyncFleet, user: str, log: UserLog, stop: asyncio.Event,
                     rng: random.Random) -> None:
     n = 0
@@ -229,6 +277,7 @@ async def user_loop(fleet: AsyncFleet, user: str, log: UserLog, stop: asyncio.Ev
             turn_id = f"{user}-{n}"
             n += 1
             log.sent.append(turn_id)
+            log.sent_at[turn_id] = time.time()
             t0 = time.monotonic()
             if await _submit(fleet, user, turn_id, rng.choice((10, 40, 120)), log):
                 batch.append((turn_id, t0))
@@ -267,7 +316,8 @@ async def _await_reply(fleet: AsyncFleet, user: str, turn_id: str, t0: float, lo
         await asyncio.sleep(0.05)
 
 
-async def run_load(url: str, users: int, seconds: float, seed: int) -> dict[str, UserLog]:
+async def run_load(url: str, users: int, seconds: float, seed: int) -> tuple[dict[str, UserLog], float]:
+    """Every user's record, and when the load stopped submitting (unix time)."""
     fleet = AsyncFleet(client=connect_async(url, retries=12))  # rides out a Redis restart
     logs = {f"c{i:03d}": UserLog() for i in range(users)}
     stop = asyncio.Event()
@@ -276,66 +326,13 @@ async def run_load(url: str, users: int, seconds: float, seed: int) -> dict[str,
              for u, log in logs.items()]
     await asyncio.sleep(seconds)
     stop.set()
+    ended = time.time()
     await asyncio.wait(tasks, timeout=240)
     await fleet.aclose()
-    return logs
+    return logs, ended
 
 
-# --- the checks -------------------------------------------------------------------------------
-def check(r: redis.Redis, logs: dict[str, UserLog]) -> dict[str, object]:
-    submitted = sum(len(v.sent) - len(v.uncertain) for v in logs.values())
-    lost, duplicated, out_of_order, unseen_context = [], [], [], []
-    answered = 0
-    for user, log in logs.items():
-        session = [decode(SessionEntry, raw) for raw in r.lrange(keys.session(user), 0, -1)]
-        ids = [e.turn_id for e in session]
-        if len(ids) != len(set(ids)):
-            duplicated += [t for t, c in Counter(ids).items() if c > 1]
-        pipe = r.pipeline(transaction=False)
-        for t in log.sent:
-            pipe.lrange(keys.reply(user, t), 0, -1)
-        replies_of = dict(zip(log.sent, pipe.execute(), strict=True))
-        # what the user's history must be: every accepted turn, and a failed submit only if it
-        # was accepted after all (it has a reply); the session keeps the newest SESSION_MAX
-        expected = [t for t in log.sent if t not in log.uncertain or replies_of[t]]
-        if ids != expected[-len(ids):] or len(ids) != min(len(expected), SESSION_MAX):
-            out_of_order.append(user)
-        for i, t in enumerate(expected):
-            replies = replies_of[t]
-            if not replies:
-                lost.append(t)
-                continue
-            answered += 1
-            if len(replies) > 1:
-                duplicated.append(t)
-            rep = decode(Reply, replies[0])
-            # each turn saw every earlier one (its context pack holds the last CONTEXT_TURNS)
-            if rep.ok and rep.context.get("session_turns") != min(i, CONTEXT_TURNS):
-                unseen_context.append(t)
-    waits = [w for log in logs.values() for w in log.answered.values()]
-    return {"submitted": submitted, "answered": answered, "lost": len(lost), "duplicated": len(duplicated),
-            "out_of_order_users": len(out_of_order), "context_gaps": len(unseen_context),
-            "uncertain_submits": sum(len(v.uncertain) for v in logs.values()),
-            "submit_errors": dict(sum((v.errors for v in logs.values()), Counter())),
-            "longest_wait_s": round(max(waits, default=0.0), 2),
-            "examples": {"lost": lost[:5], "duplicated": duplicated[:5], "out_of_order": out_of_order[:5],
-                         "context_gaps": unseen_context[:5]}}
-
-
-def check_epochs(r: redis.Redis) -> tuple[bool, str]:
-    holders: dict[int, set[str]] = {}
-    last = 0
-    monotone = True
-    for _id, fields in r.xrange(keys.EVENTS):
-        ev = decode(LedgerEvent, fields[b"m"])
-        holders.setdefault(ev.epoch, set()).add(ev.commander)
-        monotone = monotone and ev.epoch >= last
-        last = max(last, ev.epoch)
-    shared = {e: c for e, c in holders.items() if len(c) > 1}
-    ok = monotone and not shared
-    return ok, f"{len(holders)} epochs, monotone={monotone}, shared={shared or 'none'}"
-
-
+# --- after the run ------------------------------------------------------------------------------
 def orphans(cluster: Cluster) -> list[int]:
     mine = [p for p in psutil.process_iter(["pid", "cmdline"])
             if str(cluster.home) in " ".join(p.info["cmdline"] or [])
@@ -373,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         write_policy(r, "chat", POLICY)
         cluster.start_commander()
         stop = threading.Event()
-        faults = Faults(cluster, seconds, args.every, rng)
+        faults = Faults(cluster, seconds, args.every, rng, TraceTail(cluster.trace))
         sampler = Sampler(cluster, stop)
         injector = threading.Thread(target=faults.run, args=(stop, r), daemon=True)
         print(f"chaos: {args.users} users for {seconds:.0f} s, {len(faults.plan)} faults planned "
@@ -382,28 +379,33 @@ def main(argv: list[str] | None = None) -> int:
         injector.start()
         progress = threading.Thread(target=_progress, args=(faults, stop, seconds), daemon=True)
         progress.start()
-        logs = asyncio.run(run_load(cluster.url, args.users, seconds, args.seed))
+        logs, load_ended = asyncio.run(run_load(cluster.url, args.users, seconds, args.seed))
         stop.set()
         injector.join(timeout=30)
         sampler.join(timeout=5)
         r = redis.Redis.from_url(cluster.url, socket_timeout=30)
-        result = check(r, logs)
-        epochs_ok, epochs = check_epochs(r)
+        result, answers = chaos_check.check(r, logs)
+        epochs_ok, epochs = chaos_check.check_epochs(r)
         cluster.pids_seen.update(info.pid for info in live_workers(r))
-        cluster.stop()
+        cluster.stop()  # the workers drain: every handler still open writes its exit
         time.sleep(0.5)
         left = orphans(cluster)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
-    result.update({"faults": dict(faults.count), "fault_errors": faults.errors, "epochs": epochs,
+        intervals, trace = chaos_check.read_trace(cluster.trace, faults.killed, time.time()) \
+            if cluster.trace.exists() else ([], {})
+    result.update(chaos_check.check_exclusivity(intervals, answers))
+    result.update(chaos_check.waits(logs, faults.first or load_ended, load_ended))
+    result.update({"takeover": chaos_check.takeovers(faults.injected, intervals, answers), "trace": trace,
+                   "faults": dict(faults.count), "quota": faults.quota, "quota_missed": faults.missed(),
+                   "fault_errors": faults.errors, "epochs": epochs,
                    "max_live_workers": sampler.max_seen, "max_workers": POLICY.max_workers,
                    "orphans": len(left), "seconds": seconds, "users": args.users})
-    failures = _failures(result, epochs_ok)
-    result["invariants_failed"] = failures
-    _table(result)
+    result["invariants_failed"] = chaos_check.failures(result, epochs_ok)
+    chaos_check.table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
-    return 1 if failures else 0
+    return 1 if result["invariants_failed"] or result["quota_missed"] else 0
 
 
 def _progress(faults: Faults, stop: threading.Event, seconds: float) -> None:
@@ -412,42 +414,6 @@ def _progress(faults: Faults, stop: threading.Event, seconds: float) -> None:
         done = ", ".join(f"{k} {n}" for k, n in sorted(faults.count.items())) or "none yet"
         elapsed = time.monotonic() - start
         print(f"  {elapsed:5.0f}/{seconds:.0f} s  faults: {done}", file=sys.stderr, flush=True)
-
-
-def _failures(res: dict[str, object], epochs_ok: bool) -> list[str]:
-    fails = []
-    if res["lost"]:
-        fails.append("I1/I5 lost turns")
-    if res["duplicated"]:
-        fails.append("I1 duplicated replies or session entries")
-    if res["out_of_order_users"]:
-        fails.append("I2 sessions out of submission order")
-    if res["context_gaps"]:
-        fails.append("I3 a turn did not see every earlier turn of its user")
-    if not epochs_ok:
-        fails.append("I4 two commanders in one epoch, or epochs going back")
-    if res["orphans"]:
-        fails.append("I6 orphan processes")
-    if int(res["max_live_workers"]) > int(res["max_workers"]):  # type: ignore[call-overload]
-        fails.append("I6 more live workers than max_workers (double spawn)")
-    return fails
-
-
-def _table(res: dict[str, object]) -> None:
-    rows = [("turns submitted (accepted)", res["submitted"]), ("answered", res["answered"]),
-            ("lost", res["lost"]), ("duplicated", res["duplicated"]),
-            ("users out of order", res["out_of_order_users"]), ("context gaps (I3)", res["context_gaps"]),
-            ("submits given up (maybe accepted)", res["uncertain_submits"]),
-            ("submit errors retried with the same turn id", res["submit_errors"]),
-            ("longest wait (s)", res["longest_wait_s"])]
-    rows += [(f"faults: {k}", n) for k, n in sorted(dict(res["faults"]).items())]  # type: ignore[arg-type]
-    rows += [("ledger epochs", res["epochs"]), ("max live workers / max_workers",
-                                                f"{res['max_live_workers']} / {res['max_workers']}"),
-             ("orphan processes after shutdown", res["orphans"])]
-    width = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
-    fails = res["invariants_failed"]
-    print("INVARIANTS: " + ("all hold" if not fails else "FAILED: " + "; ".join(fails)))  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,318 @@
+"""The chaos run's checks and results table (scripts/chaos.py runs the fleet and the faults).
+
+From Redis and the clients' records: I1 (one reply per accepted turn), I2 (sessions in
+submission order), the context check (each turn saw every earlier turn), I4 (ledger epochs).
+From the workers' handler trace (FLEET_WORKER_HANDLER_TRACE): I3 as real exclusivity — per
+user, handler intervals under two different leases must not overlap unless one of them was
+fenced (its turn was committed by another worker) — and the takeover time after a worker
+SIGKILL or pause.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from benchlib import percentile
+
+from protocol import keys
+from protocol.codec import decode
+from protocol.models import LedgerEvent, Reply, SessionEntry
+
+SESSION_MAX, CONTEXT_TURNS = 200, 20  # the worker's defaults (WorkerSettings)
+KILLS = ("worker-kill", "drain-kill")  # the faults that SIGKILL a worker
+
+
+@dataclass
+class UserLog:
+    sent: list[str] = field(default_factory=list)  # turn ids in submission order (accepted)
+    uncertain: set[str] = field(default_factory=set)  # a submit that failed: maybe accepted
+    sent_at: dict[str, float] = field(default_factory=dict)  # turn id -> unix time of the submit
+    answered: dict[str, float] = field(default_factory=dict)  # turn id -> wait seconds
+    errors: Counter[str] = field(default_factory=Counter)  # why submits failed
+
+
+@dataclass(frozen=True)
+class Injected:
+    """One fault as injected: ``t`` is the kill or SIGSTOP (unix time), ``until`` its SIGCONT."""
+
+    kind: str
+    t: float
+    until: float
+    worker: str = ""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A handler run: from its entry to its exit (or the kill of its worker)."""
+
+    user: str
+    worker: str
+    lease: str
+    turn: str
+    start: float
+    end: float
+    closed_by: str  # "exit", "kill" (a SIGKILLed worker's open entry), "run end" (never closed)
+
+
+@dataclass(frozen=True)
+class Answer:
+    worker: str  # the worker that committed the reply
+    ts: float  # when it did (unix time)
+
+
+# --- I1, I2 and the context check ---------------------------------------------------------------
+Answers = dict[tuple[str, str], Answer]  # (user, turn id) -> its reply
+
+
+def check(r: redis.Redis, logs: dict[str, UserLog]) -> tuple[dict[str, object], Answers]:
+    """The figures of I1/I2 and the context check, and every turn's (first) reply."""
+    submitted = sum(len(v.sent) - len(v.uncertain) for v in logs.values())
+    lost, duplicated, out_of_order, unseen_context = [], [], [], []
+    answers: Answers = {}
+    for user, log in logs.items():
+        session = [decode(SessionEntry, raw) for raw in r.lrange(keys.session(user), 0, -1)]
+        ids = [e.turn_id for e in session]
+        if len(ids) != len(set(ids)):
+            duplicated += [t for t, c in Counter(ids).items() if c > 1]
+        pipe = r.pipeline(transaction=False)
+        for t in log.sent:
+            pipe.lrange(keys.reply(user, t), 0, -1)
+        replies_of = dict(zip(log.sent, pipe.execute(), strict=True))
+        # what the user's history must be: every accepted turn, and a failed submit only if it
+        # was accepted after all (it has a reply); the session keeps the newest SESSION_MAX
+        expected = [t for t in log.sent if t not in log.uncertain or replies_of[t]]
+        if ids != expected[-len(ids):] or len(ids) != min(len(expected), SESSION_MAX):
+            out_of_order.append(user)
+        for i, t in enumerate(expected):
+            replies = replies_of[t]
+            if not replies:
+                lost.append(t)
+                continue
+            if len(replies) > 1:
+                duplicated.append(t)
+            rep = decode(Reply, replies[0])
+            answers[(user, t)] = Answer(rep.worker, rep.ts)
+            # each turn saw every earlier one (its context pack holds the last CONTEXT_TURNS)
+            if rep.ok and rep.context.get("session_turns") != min(i, CONTEXT_TURNS):
+                unseen_context.append(t)
+    result: dict[str, object] = {
+        "submitted": submitted, "answered": len(answers), "lost": len(lost), "duplicated": len(duplicated),
+        "out_of_order_users": len(out_of_order), "context_gaps": len(unseen_context),
+        "uncertain_submits": sum(len(v.uncertain) for v in logs.values()),
+        "submit_errors": dict(sum((v.errors for v in logs.values()), Counter())),
+        "examples": {"lost": lost[:5], "duplicated": duplicated[:5], "out_of_order": out_of_order[:5],
+                     "context_gaps": unseen_context[:5]}}
+    return result, answers
+
+
+def check_epochs(r: redis.Redis) -> tuple[bool, str]:
+    holders: dict[int, set[str]] = {}
+    last = 0
+    monotone = True
+    for _id, fields in r.xrange(keys.EVENTS):
+        ev = decode(LedgerEvent, fields[b"m"])
+        holders.setdefault(ev.epoch, set()).add(ev.commander)
+        monotone = monotone and ev.epoch >= last
+        last = max(last, ev.epoch)
+    shared = {e: c for e, c in holders.items() if len(c) > 1}
+    ok = monotone and not shared
+    return ok, f"{len(holders)} epochs, monotone={monotone}, shared={shared or 'none'}"
+
+
+# --- the handler trace ---------------------------------------------------------------------------
+def _event(line: str) -> tuple[str, tuple[str, str, str, str], float] | None:
+    try:
+        ev = json.loads(line)
+        return ev["ev"], (ev["user"], ev["worker"], ev["lease"], ev["turn"]), float(ev["t"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class TraceTail:
+    """Follows the trace while the run goes on: which workers are inside a handler now."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.rest = path, 0, b""
+        self.open: Counter[tuple[str, str, str, str]] = Counter()
+
+    def busy_workers(self) -> set[str]:
+        if self.path.exists():
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = self.rest + f.read()
+                self.offset = f.tell()
+            *lines, self.rest = data.split(b"\n")
+            for line in lines:
+                ev = _event(line.decode(errors="replace"))
+                if ev is not None:
+                    self.open[ev[1]] += 1 if ev[0] == "enter" else -1
+        self.open = +self.open  # drops what is closed
+        return {key[1] for key in self.open}
+
+
+def read_trace(path: Path, killed: dict[str, float], end: float) -> tuple[list[Interval], dict[str, int]]:
+    """Every handler interval of the run. An entry with no exit ends at its worker's SIGKILL
+    (recorded by the run), else at ``end`` (a worker killed by someone else: counted apart)."""
+    opened: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
+    out: list[Interval] = []
+    stats: Counter[str] = Counter()
+    with path.open(errors="replace") as f:
+        for line in f:
+            ev = _event(line)
+            if ev is None:
+                stats["unreadable lines"] += 1
+            elif ev[0] == "enter":
+                opened[ev[1]].append(ev[2])
+            elif opened[ev[1]]:
+                out.append(Interval(*ev[1], opened[ev[1]].pop(0), ev[2], "exit"))
+            else:
+                stats["exits without an entry"] += 1
+    for key, starts in opened.items():
+        for start in starts:
+            kill = killed.get(key[1])
+            closed = "kill" if kill is not None else "run end"
+            out.append(Interval(*key, start, max(start, kill if kill is not None else end), closed))
+    stats.update(i.closed_by for i in out)
+    return out, dict(stats)
+
+
+def check_exclusivity(intervals: list[Interval], answers: Answers) -> dict[str, object]:
+    """I3: per user, two handler intervals of different leases that overlap. Allowed (fenced)
+    when one of them did not commit its turn (its reply names another worker, or both ran the
+    same turn, which only one commit can answer); a violation when both committed theirs."""
+    by_user: dict[str, list[Interval]] = defaultdict(list)
+    for iv in intervals:
+        by_user[iv.user].append(iv)
+    overlaps, fenced, violations = 0, [], []
+
+    def own(iv: Interval) -> bool:
+        ans = answers.get((iv.user, iv.turn))
+        return ans is not None and ans.worker == iv.worker
+
+    for ivs in by_user.values():
+        ivs.sort(key=lambda iv: iv.start)
+        for i, a in enumerate(ivs):
+            for b in ivs[i + 1:]:
+                if b.start >= a.end:
+                    break
+                if b.lease == a.lease:
+                    continue
+                overlaps += 1
+                pair = (f"{a.user}: {a.turn} by {a.lease} [{a.start:.3f}, {a.end:.3f}, {a.closed_by}] "
+                        f"and {b.turn} by {b.lease} [{b.start:.3f}, {b.end:.3f}, {b.closed_by}]")
+                (violations if a.turn != b.turn and own(a) and own(b) else fenced).append(pair)
+    return {"i3_overlaps": overlaps, "i3_violations": len(violations), "i3_fenced": len(fenced),
+            "i3_examples": {"violations": violations[:5], "fenced": fenced[:5]}}
+
+
+# --- waits and takeover ---------------------------------------------------------------------------
+def _stats(values: list[float]) -> dict[str, object]:
+    if not values:
+        return {"n": 0, "p50_s": None, "p99_s": None, "max_s": None}
+    return {"n": len(values), "p50_s": round(percentile(values, 50), 3),
+            "p99_s": round(percentile(values, 99), 3), "max_s": round(max(values), 3)}
+
+
+def waits(logs: dict[str, UserLog], start: float, end: float) -> dict[str, object]:
+    """Submit -> reply of the turns submitted in the faulty period [start, end] (unix time)."""
+    ws = [w for log in logs.values() for t, w in log.answered.items() if start <= log.sent_at[t] <= end]
+    return {"longest_wait_s": round(max(ws), 3) if ws else None,
+            "p99_wait_s": round(percentile(ws, 99), 3) if ws else None, "waits_counted": len(ws)}
+
+
+def takeovers(faults: list[Injected], intervals: list[Interval],
+              answers: Answers) -> dict[str, dict[str, object]]:
+    """For each worker SIGKILL and pause: the users it was inside a handler for at that moment,
+    and the time from it to that user's next reply (committed by anyone)."""
+    replies: dict[str, list[float]] = defaultdict(list)
+    for (user, _turn), ans in answers.items():
+        replies[user].append(ans.ts)
+    for ts in replies.values():
+        ts.sort()
+    by_worker: dict[str, list[Interval]] = defaultdict(list)
+    for iv in intervals:
+        by_worker[iv.worker].append(iv)
+    out: dict[str, list[float]] = {"kill": [], "pause": []}
+    missing = 0
+    for fault in faults:
+        row = "kill" if fault.kind in KILLS else "pause" if fault.kind == "worker-pause" else None
+        if row is None:
+            continue
+        users = {iv.user for iv in by_worker[fault.worker] if iv.start <= fault.t <= iv.end}
+        for user in users:
+            ts = replies[user]
+            k = bisect.bisect_right(ts, fault.t)
+            if k < len(ts):
+                out[row].append(ts[k] - fault.t)
+            else:
+                missing += 1
+    return {"kill": _stats(out["kill"]), "pause": _stats(out["pause"]), "users_never_answered_after": missing}
+
+
+# --- the verdict and the table ----------------------------------------------------------------------
+def failures(res: dict[str, object], epochs_ok: bool) -> list[str]:
+    fails = []
+    if res["lost"]:
+        fails.append("I1/I5 lost turns")
+    if res["duplicated"]:
+        fails.append("I1 duplicated replies or session entries")
+    if res["out_of_order_users"]:
+        fails.append("I2 sessions out of submission order")
+    if res["context_gaps"]:
+        fails.append("I3 a turn did not see every earlier turn of its user")
+    if res["i3_violations"]:
+        fails.append("I3 two workers ran and committed turns of one user at the same time")
+    if res["answered"] and not dict(res["trace"]).get("exit"):  # type: ignore[call-overload]
+        fails.append("I3 not checked: the workers wrote no handler trace")
+    if not epochs_ok:
+        fails.append("I4 two commanders in one epoch, or epochs going back")
+    if res["orphans"]:
+        fails.append("I6 orphan processes")
+    if int(res["max_live_workers"]) > int(res["max_workers"]):  # type: ignore[call-overload]
+        fails.append("I6 more live workers than max_workers (double spawn)")
+    return fails
+
+
+def _s(v: object) -> str:
+    return "-" if v is None else f"{v} s"
+
+
+def table(res: dict[str, object]) -> None:
+    take: dict[str, dict[str, object]] = res["takeover"]  # type: ignore[assignment]
+    trace: dict[str, int] = res["trace"]  # type: ignore[assignment]
+    rows = [("turns submitted (accepted)", res["submitted"]), ("answered", res["answered"]),
+            ("lost", res["lost"]), ("duplicated", res["duplicated"]),
+            ("users out of order", res["out_of_order_users"]),
+            ("context gaps (a turn missed an earlier one)", res["context_gaps"]),
+            ("I3 overlaps of two leases on one user", f"{res['i3_overlaps']} (violations "
+             f"{res['i3_violations']}, fenced {res['i3_fenced']})"),
+            ("handler intervals traced", f"{sum(trace.get(k, 0) for k in ('exit', 'kill', 'run end'))} "
+             f"(closed at a kill {trace.get('kill', 0)}, never closed {trace.get('run end', 0)})"),
+            ("submits given up (maybe accepted)", res["uncertain_submits"]),
+            ("submit errors retried with the same turn id", res["submit_errors"]),
+            (f"longest wait, faulty period ({res['waits_counted']} turns)", _s(res["longest_wait_s"])),
+            ("p99 wait, faulty period", _s(res["p99_wait_s"]))]
+    for row, what in (("kill", "worker SIGKILL"), ("pause", "worker pause")):
+        t = take[row]
+        rows.append((f"takeover after a {what} p50 / p99 ({t['n']} users)",
+                     f"{_s(t['p50_s'])} / {_s(t['p99_s'])} (max {_s(t['max_s'])})"))
+    quota: dict[str, int] = res["quota"]  # type: ignore[assignment]
+    faults: dict[str, int] = res["faults"]  # type: ignore[assignment]
+    rows += [(f"faults: {k}", f"{faults.get(k, 0)} (quota {q})") for k, q in quota.items()]
+    rows += [(f"faults: {k}", n) for k, n in sorted(faults.items()) if k not in quota]
+    rows += [("ledger epochs", res["epochs"]), ("max live workers / max_workers",
+                                                f"{res['max_live_workers']} / {res['max_workers']}"),
+             ("orphan processes after shutdown", res["orphans"])]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    if res["fault_errors"]:
+        print("faults not injected: " + "; ".join(res["fault_errors"]))  # type: ignore[arg-type]
+    if res["quota_missed"]:
+        print("QUOTAS MISSED: " + ", ".join(res["quota_missed"]))  # type: ignore[arg-type]
+    fails = res["invariants_failed"]
+    print("INVARIANTS: " + ("all hold" if not fails else "FAILED: " + "; ".join(fails)))  # type: ignore[arg-type]
