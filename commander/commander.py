@@ -1,9 +1,10 @@
 """The commander: observe -> evaluate -> decide -> act, per tier, by the elected leader only.
 
 One pass every ``interval_s``, and at once when a client reports pressure. A pass reaps
-exited workers, reads new reports, the registry and each tier's signals and policy, runs the
-pure ``decide`` and acts on its plan: the ledger entry first (fenced by the leader epoch),
-then the runtime. Errors are caught per tier and per pass; the loop never dies.
+exited workers, takes over the users of dead ones (``stores.takeover``), reads new reports,
+the registry and each tier's signals and policy, runs the pure ``decide`` and acts on its plan:
+the ledger entry first (fenced by the leader epoch), then the runtime. Errors are caught per
+tier, per dead worker and per pass; the loop never dies.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from protocol.codec import encode
 from protocol.models import CommanderInfo, Control, LedgerEvent
 from protocol.policy import Policy
 from stores.policies import PolicyRead, list_tiers, read_policy
+from stores.takeover import Takeover, sweep, take_over
 
 log = logging.getLogger("fleet.commander")
 STATE_TTL_S = 86_400
@@ -59,6 +61,15 @@ class _Tier:
     loaded: bool = False  # decide state read back from Redis after an election
 
 
+@dataclass(frozen=True)
+class _Dead:
+    """A worker known dead whose pending notifications are still to hand on."""
+
+    tier: str
+    why: str
+    unasked: bool = False  # an exit nobody asked for (a crash): recorded even if it left nothing
+
+
 class Commander:
     """One commander process: a standby until it wins the lease, then the fleet's only actor."""
 
@@ -73,6 +84,9 @@ class Commander:
         self._adopted_at = 0.0
         self._pressure_total: dict[str, int] = {}
         self._last_pass: float | None = None  # monotonic start of the last completed pass
+        self._dead: dict[str, _Dead] = {}  # workers known dead whose takeover is still to do
+        self._taken: set[str] = set()  # registry entries with an expired heartbeat, taken over
+        self._swept_at = 0.0  # monotonic time of the last sweep of the ready groups
         self.trusted_since = 0.0  # wall time an outage ended: older reports are not trusted
 
     # --- the loop ------------------------------------------------------------------------
@@ -134,6 +148,11 @@ class Commander:
         registry = self.observer.registry()
         handles = self.runtime.list()
         names = self._tier_names(handles, registry)
+        try:
+            self._take_over_dead(registry, handles, names)
+        except Deposed:
+            log.warning("deposed during a takeover: acting on nothing more")
+            return
         policies = {t: self._policy(t) for t in names}
         windows = {t: p.policy.active_window_s for t, p in policies.items()}
         signals = self.observer.tier_signals(names, windows, now)
@@ -241,22 +260,85 @@ class Commander:
 
     def _reap(self, now: float) -> None:
         for handle in self.runtime.reap():
-            if handle.retire_reason is None:  # an exit nobody asked for
-                self._append(self._event(handle.tier, "worker-exited",
-                                         reason=f"worker {handle.worker_id} exited "
-                                                f"(code {handle.exit_code})",
-                                         victims=[handle.worker_id]))
+            if not handle.drained:  # crashed, killed, or ended unseen: its users are taken over
+                how = "was killed" if handle.killed else f"exited (code {handle.exit_code})"
+                self._dead[handle.worker_id] = _Dead(handle.tier, f"worker {handle.worker_id} {how}",
+                                                     unasked=handle.retire_reason is None)
             self.observer.evaluator.forget(handle.worker_id)
+
+    # --- takeover of dead workers' users ---------------------------------------------------
+    def _take_over_dead(self, registry: dict[str, Any], handles: list[WorkerHandle],
+                        names: list[str]) -> None:
+        """Hand on at once what dead workers left pending (their lanes cleared, fenced).
+
+        Dead: a process of ours that exited uncleanly (``_reap``), a registered worker we do not
+        run whose heartbeat expired, and (every ``sweep_interval_s``) any consumer of a ready
+        group that is no live worker. A failure is logged and retried next pass.
+        """
+        ours = {h.worker_id for h in handles}
+        expired = {wid: info.tier for wid, (info, alive) in registry.items()
+                   if not alive and wid not in ours}
+        self._taken &= set(expired)  # alive again, or gone from the registry: forget it
+        for wid, tier in expired.items():
+            if wid not in self._taken:
+                self._dead.setdefault(wid, _Dead(tier, f"the heartbeat of worker {wid} expired"))
+        for wid, dead in list(self._dead.items()):
+            try:
+                done = take_over(self.r, dead.tier, wid, self.settings.takeover_batch)
+            except Exception as exc:  # noqa: BLE001 - one worker's failure must not stop the others
+                log.warning("takeover of worker %s (tier %s) failed (%s: %s); retried next pass",
+                            wid, dead.tier, type(exc).__name__, exc)
+                continue
+            del self._dead[wid]
+            self._taken.add(wid)
+            self._record_takeover(done, dead.why, dead.unasked)
+        if time.monotonic() - self._swept_at >= self.settings.sweep_interval_s:
+            self._sweep(names, ours)
+
+    def _sweep(self, names: list[str], ours: set[str]) -> None:
+        live = ours | set(self._dead)  # (a worker of ours is never judged by its heartbeat)
+        for tier in names:
+            try:
+                done = sweep(self.r, tier, live, self.settings.takeover_batch)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("tier %s: sweep of dead consumers failed (%s: %s); retried next sweep",
+                            tier, type(exc).__name__, exc)
+                continue
+            for one in done:
+                self._record_takeover(one, f"consumer {one.worker} is no live worker")
+        self._swept_at = time.monotonic()
+
+    def _record_takeover(self, done: Takeover, why: str, unasked: bool = False) -> None:
+        """Log and count a takeover; a ledger event when it did something, or when the exit
+        was nobody's request (a crash is always recorded)."""
+        if not (done.changed or unasked):
+            return
+        consumer = "consumer removed" if done.consumer_removed else \
+            "consumer kept (still pending)" if done.pending_left else "no consumer"
+        n = len(done.users)
+        summary = (f"{why}; handed {n} user{'' if n == 1 else 's'} on at once "
+                   f"({len(done.lanes_cleared)} lanes cleared, {done.acked} notifications acked); "
+                   f"{consumer}")
+        (log.warning if n else log.info)("tier %s: %s", done.tier, summary)
+        if done.acked and self.metrics is not None:
+            self.metrics.takeover(done.tier, len(done.users))
+        self._append(self._event(done.tier, "worker-exited", reason=summary, victims=[done.worker],
+                                 why={"takeover": {"users": len(done.users),
+                                                   "lanes_cleared": len(done.lanes_cleared),
+                                                   "acked": done.acked, "trimmed": done.trimmed,
+                                                   "unreadable": done.unreadable,
+                                                   "consumer_removed": done.consumer_removed}}))
 
     # --- ledger, state, registry ----------------------------------------------------------
     def _event(self, tier: str, action: str, plan: Plan | None = None, to: int | None = None,
-               victims: list[str] | None = None, reason: str = "") -> LedgerEvent:
+               victims: list[str] | None = None, reason: str = "",
+               why: dict[str, Any] | None = None) -> LedgerEvent:
         current = plan.current if plan else 0
         return LedgerEvent(ts=time.time(), tier=tier, epoch=self.leader.epoch or 0,
                            commander=self.settings.commander_id, action=action,  # type: ignore[arg-type]
                            from_count=current, to_count=current if to is None else to,
                            victims=victims or [], reason=reason or (plan.reason if plan else ""),
-                           why=plan.why() if plan else {})
+                           why=why if why is not None else (plan.why() if plan else {}))
 
     def _append(self, event: LedgerEvent) -> None:
         self.leader.append(event)

@@ -24,6 +24,8 @@ fleet_tier_pressure_events_total       counter    tier             pressure even
 fleet_worker_occupancy                 gauge      tier, worker     the evaluator's occupancy (0..)
 fleet_worker_busy_slots                gauge      tier, worker     busy handler slots
 fleet_scale_events_total               counter    tier, direction  scale actions, direction up|down
+fleet_takeovers_total                  counter    tier             dead workers whose users were taken over
+fleet_takeover_users_total             counter    tier             users handed on by those takeovers
 fleet_decide_seconds                   histogram  -                duration of one decide pass
 fleet_commander_is_leader              gauge      -                1 while this commander leads
 fleet_policy_rejected                  gauge      tier             1 while the tier's policy key is rejected
@@ -128,6 +130,10 @@ class Metrics:
                                        ["tier", "worker"], registry=reg)
         self.scale_events = Counter("fleet_scale_events", "Scale actions taken.", ["tier", "direction"],
                                     registry=reg)
+        self.takeovers = Counter("fleet_takeovers", "Dead workers whose pending users were taken over.",
+                                 ["tier"], registry=reg)
+        self.takeover_users = Counter("fleet_takeover_users", "Users handed on by takeovers of dead workers.",
+                                      ["tier"], registry=reg)
         self.decide_hist = Histogram("fleet_decide_seconds", "Duration of one decide pass.",
                                      buckets=DECIDE_BUCKETS, registry=reg)
         self.leader = Gauge("fleet_commander_is_leader", "1 while this commander leads.", registry=reg)
@@ -174,6 +180,11 @@ class Metrics:
             raise ValueError(f"direction must be 'up' or 'down', not {direction!r}")
         self.scale_events.labels(tier, direction).inc()
 
+    def takeover(self, tier: str, users: int) -> None:
+        """Count one takeover of a dead worker of a tier and the users it handed on."""
+        self.takeovers.labels(tier).inc()
+        self.takeover_users.labels(tier).inc(max(0, users))
+
     def decide_seconds(self, seconds: float) -> None:
         """Record the duration of one decide pass."""
         self.decide_hist.observe(seconds)
@@ -194,6 +205,8 @@ class Metrics:
             _remove(gauge, tier)
         for direction in ("up", "down"):
             _remove(self.scale_events, tier, direction)
+        _remove(self.takeovers, tier)
+        _remove(self.takeover_users, tier)
         self.pressure.remove(tier)
         with self._lock:
             gone = self._workers.pop(tier, set())

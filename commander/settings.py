@@ -29,6 +29,10 @@ class CommanderSettings(BaseSettings):
     metrics_port: int | None = Field(9464, ge=0, le=65535, description="None: no /metrics")
     metrics_token: str | None = None
     stop_workers_on_exit: bool = False
+    takeover_batch: int = Field(100, ge=1, le=10_000, description="pending entries of a dead worker "
+                                "handed on per round trip")
+    sweep_interval_s: float = Field(5.0, gt=0, le=3600, description="seconds between sweeps of the "
+                                    "ready groups for consumers of dead workers")
     max_total_workers: int = Field(64, ge=1, le=100_000, description="cap over every tier: a policy "
                                    "writer cannot make this host start more processes than this")
 

@@ -38,6 +38,7 @@ class WorkerHandle:
     retire_reason: str | None = None
     kill_at: float | None = None  # monotonic deadline after which a draining worker is killed
     killed: bool = False  # the runtime had to SIGKILL it
+    drained: bool = False  # exited by itself with code 0 after a drain: it left no work behind
 
     @property
     def live(self) -> bool:

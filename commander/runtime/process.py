@@ -250,6 +250,9 @@ class ProcessRuntime(Runtime):
     def _mark_exited(self, handle: WorkerHandle, code: int | None) -> None:
         prior = handle.state
         handle.state, handle.exit_code = WorkerState.EXITED, code
+        # a clean drain acked or handed on all it had; any other end (a crash, SIGKILL, an
+        # unknown exit status) leaves its users to the commander's takeover
+        handle.drained = prior is WorkerState.DRAINING and not handle.killed and code == 0
         how = "was killed" if handle.killed else f"exited with code {code}"
         if prior is WorkerState.DRAINING and not handle.killed:
             log.info("worker %s (tier %s) drained and %s", handle.worker_id, handle.tier, how)

@@ -1,0 +1,196 @@
+"""The commander hands a dead worker's users on at once (stores.takeover), on fakeredis.
+
+A stub runtime stands for the process runtime: ``reap`` returns the exits the test makes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+
+from commander.commander import Commander
+from commander.metrics import Metrics, sample
+from commander.runtime import Handles, Runtime, WorkerHandle, WorkerIds, WorkerState
+from commander.settings import CommanderSettings
+from protocol import keys
+from protocol.codec import decode, encode
+from protocol.models import LedgerEvent, WorkerInfo
+from protocol.policy import Policy
+from stores.policies import write_policy
+
+T = "chat"
+READY = keys.ready(T)
+
+
+class StubRuntime(Runtime):
+    name = "stub"
+
+    def __init__(self) -> None:
+        self.handles: dict[str, WorkerHandle] = {}
+        self.exited: Handles = []
+
+    def spawn(self, tier: str, n: int = 1) -> WorkerIds:
+        return []
+
+    def retire(self, worker_id: str, reason: str = "", drain_timeout_s: float | None = None) -> None:
+        pass
+
+    def reap(self) -> Handles:
+        out, self.exited = self.exited, []
+        return out
+
+    def adopt(self) -> Handles:
+        return []
+
+    def stop_all(self, timeout: float | None = None) -> Handles:
+        return []
+
+    def list(self) -> Handles:
+        return list(self.handles.values())
+
+    def exit(self, worker: str, code: int | None = -9, **how: object) -> None:
+        handle = self.handles.pop(worker, None) or WorkerHandle(worker, T, 1, WorkerState.RUNNING, 0.0)
+        handle.state, handle.exit_code = WorkerState.EXITED, code
+        for name, value in how.items():
+            setattr(handle, name, value)
+        self.exited.append(handle)
+
+
+@pytest.fixture
+def r() -> Iterator[fakeredis.FakeRedis]:
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    client.xgroup_create(READY, keys.GROUP, id="0", mkstream=True)
+    write_policy(client, T, Policy(min_workers=0, max_workers=4))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def rig(r: fakeredis.FakeRedis) -> tuple[Commander, StubRuntime, Metrics]:
+    runtime, metrics = StubRuntime(), Metrics()
+    settings = CommanderSettings(commander_id="c1", metrics_port=None, always_tiers=(T,))
+    commander = Commander(r, runtime, settings, metrics)
+    assert commander.leader.campaign()
+    return commander, runtime, metrics
+
+
+def held_by(r: fakeredis.FakeRedis, worker: str, *users: str) -> None:
+    """``worker`` read a notification of each user and holds their lanes."""
+    for user in users:
+        r.xadd(READY, {"user": user})
+        r.set(keys.lane(user), f"{worker}|1", px=30_000)
+    r.xreadgroup(keys.GROUP, worker, {READY: ">"}, count=len(users))
+
+
+def consumers(r: fakeredis.FakeRedis) -> set[str]:
+    return {c["name"].decode() for c in r.xinfo_consumers(READY, keys.GROUP)}
+
+
+def exits(r: fakeredis.FakeRedis) -> list[LedgerEvent]:
+    events = [decode(LedgerEvent, f[b"m"]) for _id, f in r.xrange(keys.EVENTS)]
+    return [e for e in events if e.action == "worker-exited"]
+
+
+def register(r: fakeredis.FakeRedis, worker: str, alive: bool, host: str = "elsewhere") -> None:
+    info = WorkerInfo(worker=worker, tier=T, pid=4242, host=host, started=time.time())
+    r.hset(keys.WORKERS, worker, encode(info))
+    if alive:
+        r.set(keys.heartbeat(worker), "1", px=30_000)
+
+
+def test_a_crashed_worker_is_taken_over_in_the_next_pass(r, rig) -> None:
+    commander, runtime, metrics = rig
+    held_by(r, "chat-w1", "alice", "bob")
+    runtime.exit("chat-w1", code=-9)
+
+    commander.pass_once(time.time())
+
+    assert r.get(keys.lane("alice")) is None and r.get(keys.lane("bob")) is None
+    assert "chat-w1" not in consumers(r)
+    assert r.xpending(READY, keys.GROUP)["pending"] == 0 and r.xlen(READY) == 4  # 2 fresh ones
+    (event,) = exits(r)
+    assert event.victims == ["chat-w1"] and "handed 2 users on" in event.reason
+    assert event.why["takeover"]["users"] == 2 and event.why["takeover"]["consumer_removed"]
+    assert sample(metrics, "fleet_takeovers_total", {"tier": T}) == 1
+    assert sample(metrics, "fleet_takeover_users_total", {"tier": T}) == 2
+
+    commander.pass_once(time.time())
+    assert len(exits(r)) == 1  # done once
+
+
+def test_a_clean_drained_exit_needs_no_takeover(r, rig) -> None:
+    commander, runtime, metrics = rig
+    runtime.exit("chat-w2", code=0, drained=True, retire_reason="reclaim-idle")
+    commander.pass_once(time.time())
+    assert exits(r) == [] and sample(metrics, "fleet_takeovers_total", {"tier": T}) is None
+
+
+def test_a_drain_killed_at_its_deadline_hands_its_users_on(r, rig) -> None:
+    commander, runtime, _metrics = rig
+    held_by(r, "chat-w3", "carol")
+    runtime.exit("chat-w3", code=None, killed=True, retire_reason="consolidate")
+    commander.pass_once(time.time())
+    assert r.get(keys.lane("carol")) is None and "chat-w3" not in consumers(r)
+    assert [e.victims for e in exits(r)] == [["chat-w3"]]
+
+
+def test_an_expired_heartbeat_of_a_worker_it_does_not_run(r, rig) -> None:
+    commander, runtime, _metrics = rig
+    held_by(r, "chat-far", "dave")
+    register(r, "chat-far", alive=False)
+    held_by(r, "chat-live", "erin")
+    register(r, "chat-live", alive=True)
+    held_by(r, "chat-ours", "fay")  # ours: judged by its process, not by its heartbeat
+    runtime.handles["chat-ours"] = WorkerHandle("chat-ours", T, 7, WorkerState.RUNNING, time.time())
+
+    commander.pass_once(time.time())
+
+    assert r.get(keys.lane("dave")) is None and "chat-far" not in consumers(r)
+    assert r.get(keys.lane("erin")) == b"chat-live|1" and r.get(keys.lane("fay")) == b"chat-ours|1"
+    assert consumers(r) == {"chat-live", "chat-ours"}
+    assert [e.victims for e in exits(r)] == [["chat-far"]]
+    assert "heartbeat of worker chat-far expired" in exits(r)[0].reason
+    commander.pass_once(time.time())
+    assert len(exits(r)) == 1  # the registry entry stays, the takeover is not repeated
+
+
+def test_the_sweep_removes_consumers_of_workers_long_gone(r, rig) -> None:
+    commander, _runtime, _metrics = rig
+    r.xreadgroup(keys.GROUP, "chat-old", {READY: ">"}, count=1)  # no registry entry, no pending
+    commander.pass_once(time.time())
+    assert consumers(r) == set()
+    assert exits(r)[0].victims == ["chat-old"] and "no live worker" in exits(r)[0].reason
+
+
+def test_a_failed_takeover_is_logged_and_retried_next_pass(r, rig, monkeypatch, caplog) -> None:
+    commander, runtime, _metrics = rig
+    held_by(r, "chat-w4", "gus")
+    runtime.exit("chat-w4")
+    import commander.commander as module
+
+    real = module.take_over
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 1:
+            raise ConnectionError("Redis went away")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "take_over", flaky)
+    commander.pass_once(time.time())  # does not raise
+    assert "takeover of worker chat-w4" in caplog.text and r.get(keys.lane("gus")) is not None
+    commander.pass_once(time.time())
+    assert r.get(keys.lane("gus")) is None and "chat-w4" not in consumers(r)
+
+
+def test_only_the_leader_takes_over(r, rig) -> None:
+    commander, runtime, _metrics = rig
+    r.set(keys.LEADER, "c2|99", px=30_000)  # another commander leads now
+    held_by(r, "chat-w5", "hal")
+    runtime.exit("chat-w5")
+    commander.pass_once(time.time())
+    assert r.get(keys.lane("hal")) == b"chat-w5|1" and "chat-w5" in consumers(r)
