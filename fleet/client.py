@@ -1,15 +1,23 @@
 """The Python client: submit turns, wait for replies.
 
-Submitting is three commands in one round trip (DESIGN §3): ``XADD`` the turn to the user's
-inbox, ``XADD`` a notification to the tier's ready stream, ``ZADD`` the user to the tier's
-active set. The reply arrives on ``fleet:u:{U}:reply:<turn_id>`` for a ``BLPOP``.
+**Submit** (DESIGN §3) is ``XADD`` the turn to the user's inbox, ``XADD`` a notification to
+the tier's ready stream, ``ZADD`` the user to the tier's active set, sent as one
+``MULTI``/``EXEC`` in one round trip. What that buys, honestly: the three are applied together
+with no other client's command in between, and a connection lost before ``EXEC`` applies none
+of them (Redis drops a queued transaction with its connection), so a turn can no longer land in
+an inbox without its notification; a retried round trip applies the batch once. What it does not
+buy: Redis never rolls back, so a command that fails *while* ``EXEC`` runs (a key of the wrong
+type, out of memory) leaves the others applied; the client raises that error. The reply
+arrives on ``fleet:u:{U}:reply:<turn_id>`` for a ``BLPOP``.
 
-**Pressure.** The same round trip reads the tier's consumer-group lag and the slots of
-workers already starting. Redis hands a new notification to a worker blocked in
-``XREADGROUP`` before it runs the next command, so a lag left after our ``XADD`` means no
-worker had a free slot. If the lag is more than the starting workers will absorb, the
-client appends a pressure event, which wakes the commander at once. Both gauges are
-recomputed from live state (the lag) or expire (``starting``), so neither drifts.
+**Pressure.** The same round trip reads, after ``EXEC``, the tier's consumer-group lag and the
+slots of workers already starting. Redis hands a new notification to a worker blocked in
+``XREADGROUP`` once the command (here: the ``EXEC``) that wrote it is done, before it runs the
+next one, so a lag left after our ``EXEC`` means no worker had a free slot. (Read inside the
+transaction, the lag would always count our own notification.) If the lag is more than the
+starting workers will absorb, the client appends a pressure event, which wakes the commander at
+once. Both gauges are recomputed from live state (the lag) or expire (``starting``), so neither
+drifts.
 """
 
 from __future__ import annotations
@@ -78,9 +86,52 @@ def _queue_submit(pipe: Any, turn: Turn, payload: bytes) -> None:
     pipe.zadd(keys.active(turn.tier), {turn.user: turn.ts})
 
 
+SUBMIT_COMMANDS = 3  # per turn, inside the transaction
+
+
 def _queue_gauges(pipe: Any, tier: str) -> None:
     pipe.xinfo_groups(keys.ready(tier))
     pipe.get(keys.starting(tier))
+
+
+def _submit_pipeline(r: Any) -> Any:
+    """A plain pipeline to carry ``MULTI`` .. ``EXEC`` and then the gauges, in one round trip.
+
+    redis-py's ``transaction=True`` would put the gauges inside the transaction too (see the
+    module docstring). Inside ``MULTI`` every reply is ``+QUEUED`` and the real ones come in
+    ``EXEC``'s array, so no response callback may parse them (redis-py's RESP2 ``ZADD`` one
+    would choke on ``QUEUED``): only the gauge that needs one keeps it.
+    """
+    pipe = r.pipeline(transaction=False)
+    pipe.response_callbacks = {name: r.response_callbacks[name] for name in ("XINFO GROUPS",)
+                               if name in r.response_callbacks}
+    return pipe
+
+
+def _queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str) -> None:
+    pipe.execute_command("MULTI")
+    for turn, payload in built:
+        _queue_submit(pipe, turn, payload)
+    pipe.execute_command("EXEC")
+    _queue_gauges(pipe, tier)
+
+
+def committed(results: list[Any], turns: int) -> list[Any]:
+    """Raise the first error of the submit transaction; return the gauges read after it.
+
+    ``results`` are the round trip's replies: ``MULTI``, one ``QUEUED`` per command, ``EXEC``,
+    then the gauges. A command refused when queued (``NOPERM``, a syntax error) makes Redis
+    discard the whole transaction (``EXECABORT``): that first refusal is the one raised.
+    """
+    queued = 1 + SUBMIT_COMMANDS * turns
+    _raise_first_error(results[:queued])
+    applied = results[queued]
+    if isinstance(applied, Exception):
+        raise applied
+    if not isinstance(applied, list) or len(applied) != queued - 1:
+        raise redis.ResponseError(f"unexpected reply to the submit's EXEC: {applied!r}")
+    _raise_first_error(applied)
+    return results[queued + 1:]
 
 
 def no_free_slot(groups: Any, starting: Any) -> bool:
@@ -136,28 +187,19 @@ class Fleet:
     def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                     meta: Mapping[str, Any] | None = None,
                     turn_ids: list[str | None] | None = None) -> list[TurnHandle]:
-        """Enqueue many ``(user, text)`` turns in one round trip, in the given order."""
+        """Enqueue many ``(user, text)`` turns in one transaction and round trip, in the given order."""
         built = [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None,
                              self.max_turn_bytes) for i, (u, t) in enumerate(turns)]
-        pipe = self.r.pipeline(transaction=False)
-        for turn, payload in built:
-            _queue_submit(pipe, turn, payload)
-        tiers = sorted({t.tier for t, _ in built})
-        for tier in tiers:
-            _queue_gauges(pipe, tier)
-        results = pipe.execute(raise_on_error=False)
-        _raise_first_error(results[: 3 * len(built)])
-        self._report_pressure(tiers, results[3 * len(built):], built[-1][0].user if built else "")
+        if not built:
+            return []
+        tier = built[0][0].tier
+        pipe = _submit_pipeline(self.r)
+        _queue_round_trip(pipe, built, tier)
+        gauges = committed(pipe.execute(raise_on_error=False), len(built))
+        if no_free_slot(*gauges):
+            self.r.xadd(keys.pressure(tier), _pressure_fields(tier, built[-1][0].user),
+                        maxlen=PRESSURE_MAXLEN, approximate=True)
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
-
-    def _report_pressure(self, tiers: list[str], gauges: list[Any], user: str) -> None:
-        under = [t for i, t in enumerate(tiers) if no_free_slot(gauges[2 * i], gauges[2 * i + 1])]
-        if under:
-            pipe = self.r.pipeline(transaction=False)
-            for tier in under:
-                pipe.xadd(keys.pressure(tier), _pressure_fields(tier, user), maxlen=PRESSURE_MAXLEN,
-                          approximate=True)
-            pipe.execute()
 
     def results(self, handles: Iterable[TurnHandle], timeout: float = 30.0) -> list[Reply]:
         """Wait for every handle, sharing one deadline."""
@@ -195,12 +237,10 @@ class AsyncFleet:
                      meta: Mapping[str, Any] | None = None, turn_id: str | None = None) -> Turn:
         """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
         turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
-        pipe = self.r.pipeline(transaction=False)
-        _queue_submit(pipe, turn, payload)
-        _queue_gauges(pipe, turn.tier)
-        results = await pipe.execute(raise_on_error=False)
-        _raise_first_error(results[:3])
-        if no_free_slot(results[3], results[4]):
+        pipe = _submit_pipeline(self.r)
+        _queue_round_trip(pipe, [(turn, payload)], turn.tier)
+        gauges = committed(await pipe.execute(raise_on_error=False), 1)
+        if no_free_slot(*gauges):
             await self.r.xadd(keys.pressure(turn.tier), _pressure_fields(turn.tier, turn.user),
                               maxlen=PRESSURE_MAXLEN, approximate=True)
         return turn

@@ -1,0 +1,151 @@
+"""The submit transaction on a real redis-server: what its atomicity honestly covers.
+
+A submit is ``MULTI``, the inbox ``XADD``, the ready ``XADD``, the active ``ZADD``, ``EXEC``.
+Proven here: a connection lost after the inbox ``XADD`` was sent lands nothing (before, the turn
+landed with no notification and waited for the user's next submit), a retried round trip lands
+the turn once (before, twice), and a command refused while queued discards the whole submit. Not
+covered, because Redis never rolls back: a command failing while ``EXEC`` runs (shown below).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from fleet.client import AsyncFleet, Fleet
+from protocol import keys
+from protocol.policy import Policy
+from stores.connection import connect_async, connect_sync
+from stores.policies import write_policy
+
+pytestmark = pytest.mark.integration
+
+
+def cut_at(command: Any, tier: str = "chat") -> tuple[bytes, int | None]:
+    """The packed bytes, and where the ready ``XADD`` begins (None if they hold none)."""
+    data = b"".join(bytes(c) for c in command) if isinstance(command, list) else bytes(command)
+    at = data.find(b"\r\n" + keys.ready(tier).encode() + b"\r\n")
+    return data, (None if at < 0 else data.rfind(b"*", 0, at))
+
+
+class Cut:
+    """Arms one connection loss: the next round trip that carries a notification sends only the
+    bytes before it (the inbox ``XADD`` and what precedes it), half-closes, waits until the
+    server has run what it got and hung up, and fails with ``ConnectionError``."""
+
+    armed = False
+
+
+class CuttingConnection(redis.Connection):
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        data, cut = cut_at(command)
+        if not Cut.armed or cut is None:
+            return super().send_packed_command(command, check_health)
+        Cut.armed = False
+        super().send_packed_command([data[:cut]], check_health)
+        assert self._sock is not None
+        self._sock.shutdown(socket.SHUT_WR)
+        while self._sock.recv(65536):
+            pass  # the server's replies to what it ran, then its close
+        self.disconnect()
+        raise redis.ConnectionError("connection lost mid-submit (test)")
+
+
+class AsyncCuttingConnection(aioredis.Connection):
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        data, cut = cut_at(command)
+        if not Cut.armed or cut is None:
+            return await super().send_packed_command(command, check_health)
+        Cut.armed = False
+        await super().send_packed_command([data[:cut]], check_health)
+        assert self._writer is not None and self._reader is not None
+        self._writer.write_eof()
+        while await self._reader.read(65536):
+            pass
+        await self.disconnect()
+        raise redis.ConnectionError("connection lost mid-submit (test)")
+
+
+@pytest.fixture
+def chat(r: redis.Redis) -> Iterator[redis.Redis]:
+    write_policy(r, "chat", Policy())
+    Cut.armed = False
+    yield r
+    Cut.armed = False
+
+
+def landed(r: redis.Redis, user: str) -> tuple[int, int]:
+    return r.xlen(keys.inbox(user)), r.xlen(keys.ready("chat"))
+
+
+# --- a lost connection ----------------------------------------------------------------------
+def test_a_connection_lost_after_the_inbox_xadd_lands_nothing(chat, redis_server) -> None:
+    client = Fleet(client=connect_sync(redis_server.url, retries=0, connection_class=CuttingConnection))
+    client.submit("warm", "up")
+    Cut.armed = True
+    with pytest.raises(redis.ConnectionError):
+        client.submit("alice", "hi")
+    assert not Cut.armed
+    assert landed(chat, "alice") == (0, 1)  # only warm's notification: no turn without its own
+    client.submit("alice", "again")
+    assert landed(chat, "alice") == (1, 2)
+
+
+def test_a_retried_submit_lands_once(chat, redis_server) -> None:
+    client = Fleet(client=connect_sync(redis_server.url, connection_class=CuttingConnection))
+    Cut.armed = True
+    handle = client.submit("bob", "hi")
+    assert not Cut.armed  # the connection was lost once, and the round trip retried
+    assert landed(chat, "bob") == (1, 1)
+    assert chat.xrange(keys.inbox("bob"))[0][1][b"m"]  # the turn, once
+    assert handle.turn_id
+
+
+def test_async_a_connection_lost_mid_submit_lands_nothing_and_a_retry_lands_once(chat, redis_server) -> None:
+    async def run() -> None:
+        lost = AsyncFleet(client=connect_async(redis_server.url, retries=0,
+                                               connection_class=AsyncCuttingConnection))
+        await lost.submit("warm", "up")
+        Cut.armed = True
+        with pytest.raises(redis.ConnectionError):
+            await lost.submit("carol", "hi")
+        await lost.aclose()
+        assert landed(chat, "carol") == (0, 1)
+        retried = AsyncFleet(client=connect_async(redis_server.url, connection_class=AsyncCuttingConnection))
+        Cut.armed = True
+        await retried.submit("carol", "hi")
+        await retried.aclose()
+        assert not Cut.armed
+
+    asyncio.run(run())
+    assert landed(chat, "carol") == (1, 2)
+
+
+# --- refused and failing commands -------------------------------------------------------------
+def test_a_command_refused_while_queued_discards_the_whole_submit(chat, redis_server) -> None:
+    chat.acl_setuser("nozadd", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-zadd"])
+    try:
+        url = f"redis://nozadd:pw@127.0.0.1:{redis_server.port}/0"
+        with Fleet(client=connect_sync(url, retries=0)) as client, \
+                pytest.raises(redis.exceptions.NoPermissionError, match="zadd"):
+            client.submit("dave", "hi")
+    finally:
+        chat.acl_deluser("nozadd")
+    assert landed(chat, "dave") == (0, 0)
+    assert not chat.exists(keys.active("chat"))
+
+
+def test_a_runtime_error_inside_exec_is_raised_and_not_rolled_back(chat, redis_server) -> None:
+    """The limit of Redis transactions: a command failing while EXEC runs leaves the others applied."""
+    chat.set(keys.ready("chat"), "not a stream")
+    with Fleet(redis_server.url) as client, pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        client.submit("erin", "hi")
+    assert chat.xlen(keys.inbox("erin")) == 1  # no rollback: the turn is there, its notification not
+    assert chat.zscore(keys.active("chat"), "erin") is not None
+
