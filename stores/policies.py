@@ -102,16 +102,27 @@ async def read_policy_async(r: aioredis.Redis, tier: str,
     return read
 
 
-def write_policy(r: redis.Redis, tier: str, policy: Policy) -> None:
-    """Store a validated policy as the tier's key and its last good copy."""
+def _queue_policy_write(pipe: Any, tier: str, policy: Policy) -> None:
     body = policy.to_json()
-    pipe = r.pipeline(transaction=True)
     pipe.set(keys.policy(tier), body)
     pipe.set(keys.policy_good(tier), body)
     pipe.sadd(keys.TIERS, tier)
     pipe.hset(keys.policy_status(tier), mapping={"ok": "1", "error": "", "source": "key",
                                                  "ts": f"{time.time():.3f}"})
+
+
+def write_policy(r: redis.Redis, tier: str, policy: Policy) -> None:
+    """Store a validated policy as the tier's key and its last good copy."""
+    pipe = r.pipeline(transaction=True)
+    _queue_policy_write(pipe, tier, policy)
     pipe.execute()
+
+
+async def write_policy_async(r: aioredis.Redis, tier: str, policy: Policy) -> None:
+    """The asyncio twin of ``write_policy``."""
+    pipe = r.pipeline(transaction=True)
+    _queue_policy_write(pipe, tier, policy)
+    await pipe.execute()
 
 
 def list_tiers(r: redis.Redis) -> list[str]:
