@@ -1,5 +1,5 @@
 """Fleet: stateless chat-turn workers on Redis. The client API and the ``fleet`` CLI."""
 
-from fleet.client import AsyncFleet, Fleet, TurnHandle, TurnTimeout, TurnTooLarge
+from fleet.client import AsyncFleet, Fleet, TurnHandle, TurnTimeout, TurnTooLarge, UnknownTier
 
-__all__ = ["AsyncFleet", "Fleet", "TurnHandle", "TurnTimeout", "TurnTooLarge"]
+__all__ = ["AsyncFleet", "Fleet", "TurnHandle", "TurnTimeout", "TurnTooLarge", "UnknownTier"]

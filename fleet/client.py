@@ -10,6 +10,13 @@ buy: Redis never rolls back, so a command that fails *while* ``EXEC`` runs (a ke
 type, out of memory) leaves the others applied; the client raises that error. The reply
 arrives on ``fleet:u:{U}:reply:<turn_id>`` for a ``BLPOP``.
 
+**Tiers.** A turn for a tier that no policy defines and no worker serves would wait forever,
+so it is refused with ``UnknownTier`` before anything is written, unless ``create_tier=True``
+writes the tier's default policy (the commander then starts its workers). A tier exists if
+``fleet:policy:{tier}`` exists, ``fleet:tiers`` names it, or a worker of the tier has a live
+heartbeat. The client checks each tier once and remembers the tiers it found (a refused tier is
+checked again on the next submit), so a submit stays one round trip.
+
 **Pressure.** The same round trip reads, after ``EXEC``, the tier's consumer-group lag and the
 slots of workers already starting. Redis hands a new notification to a worker blocked in
 ``XREADGROUP`` once the command (here: the ``EXEC``) that wrote it is done, before it runs the
@@ -32,10 +39,12 @@ import redis
 import redis.asyncio as aioredis
 
 from protocol import keys
-from protocol.codec import decode, encode
-from protocol.ids import validate_tier, validate_user_id
-from protocol.models import Reply, Turn
+from protocol.codec import CodecError, decode, encode
+from protocol.ids import InvalidId, validate_tier, validate_user_id
+from protocol.models import Reply, Turn, WorkerInfo
+from protocol.policy import Policy
 from stores.connection import connect_async, connect_sync
+from stores.policies import write_policy, write_policy_async
 
 DEFAULT_MAX_TURN_BYTES = 64 * 1024
 DEFAULT_MAX_REPLY_BYTES = 1024 * 1024
@@ -47,6 +56,16 @@ class TurnTimeout(TimeoutError):
 
 class TurnTooLarge(ValueError):
     """The encoded turn is over the size limit: it was not submitted."""
+
+
+class UnknownTier(ValueError):
+    """The tier has no policy and no live worker: nothing would serve the turn, so it was not submitted."""
+
+    def __init__(self, tier: str) -> None:
+        self.tier = tier
+        super().__init__(f"tier {tier!r} does not exist (no policy and no live worker), so nothing "
+                         f"would serve the turn; nothing was submitted (create the tier with "
+                         f"`fleet policy set {tier} ...`, or submit with create_tier=True)")
 
 
 @dataclass
@@ -134,6 +153,32 @@ def committed(results: list[Any], turns: int) -> list[Any]:
     return results[queued + 1:]
 
 
+# --- does the tier exist? ---------------------------------------------------------------
+def _queue_tier_probe(pipe: Any, tier: str) -> None:
+    pipe.exists(keys.policy(tier))
+    pipe.smembers(keys.TIERS)  # not SISMEMBER: the documented ACL (SECURITY.md) grants SMEMBERS
+    pipe.hgetall(keys.WORKERS)
+
+
+def tier_defined(tier: str, has_policy: Any, tiers: Iterable[Any]) -> bool:
+    """Whether the tier has a policy key or ``fleet:tiers`` names it."""
+    return bool(has_policy) or tier in {_s(t) for t in tiers}
+
+
+def heartbeats_of(tier: str, registry: Mapping[Any, Any]) -> list[str]:
+    """Heartbeat keys of the registered workers of ``tier`` (``fleet:workers``, as in
+    ``stores.registry``: the worker is live while its key exists); unreadable entries are skipped."""
+    beats = []
+    for blob in registry.values():
+        try:
+            info = decode(WorkerInfo, blob)
+            if info.tier == tier:
+                beats.append(keys.heartbeat(info.worker))
+        except (CodecError, InvalidId):
+            continue
+    return beats
+
+
 def no_free_slot(groups: Any, starting: Any) -> bool:
     """Whether a submit just found the tier without a free slot, net of starting workers."""
     if isinstance(groups, Exception):
@@ -178,21 +223,29 @@ class Fleet:
         self.r = client or connect_sync(url)
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
+        self._tiers: set[str] = set()  # tiers found to exist: not checked again
 
     def submit(self, user: str, text: str, tier: str = "chat", meta: Mapping[str, Any] | None = None,
-               turn_id: str | None = None) -> TurnHandle:
-        """Enqueue one turn; raises ``InvalidId`` / ``TurnTooLarge`` before writing anything."""
-        return self.submit_many([(user, text)], tier=tier, meta=meta, turn_ids=[turn_id])[0]
+               turn_id: str | None = None, *, create_tier: bool = False) -> TurnHandle:
+        """Enqueue one turn; raises ``InvalidId`` / ``TurnTooLarge`` / ``UnknownTier`` before
+        writing anything."""
+        return self.submit_many([(user, text)], tier=tier, meta=meta, turn_ids=[turn_id],
+                                create_tier=create_tier)[0]
 
     def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                     meta: Mapping[str, Any] | None = None,
-                    turn_ids: list[str | None] | None = None) -> list[TurnHandle]:
-        """Enqueue many ``(user, text)`` turns in one transaction and round trip, in the given order."""
+                    turn_ids: list[str | None] | None = None, *,
+                    create_tier: bool = False) -> list[TurnHandle]:
+        """Enqueue many ``(user, text)`` turns in one transaction and round trip, in the given order.
+
+        ``create_tier=True`` writes the default policy of a tier that does not exist yet.
+        """
         built = [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None,
                              self.max_turn_bytes) for i, (u, t) in enumerate(turns)]
         if not built:
             return []
         tier = built[0][0].tier
+        self._ensure_tier(tier, create_tier)
         pipe = _submit_pipeline(self.r)
         _queue_round_trip(pipe, built, tier)
         gauges = committed(pipe.execute(raise_on_error=False), len(built))
@@ -200,6 +253,24 @@ class Fleet:
             self.r.xadd(keys.pressure(tier), _pressure_fields(tier, built[-1][0].user),
                         maxlen=PRESSURE_MAXLEN, approximate=True)
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
+
+    def _ensure_tier(self, tier: str, create: bool) -> None:
+        if tier in self._tiers:
+            return
+        if not self._tier_exists(tier):
+            if not create:
+                raise UnknownTier(tier)
+            write_policy(self.r, tier, Policy())
+        self._tiers.add(tier)
+
+    def _tier_exists(self, tier: str) -> bool:
+        pipe = self.r.pipeline(transaction=False)
+        _queue_tier_probe(pipe, tier)
+        has_policy, tiers, registry = pipe.execute()
+        if tier_defined(tier, has_policy, tiers):
+            return True
+        beats = heartbeats_of(tier, registry)
+        return bool(beats) and int(self.r.exists(*beats)) > 0
 
     def results(self, handles: Iterable[TurnHandle], timeout: float = 30.0) -> list[Reply]:
         """Wait for every handle, sharing one deadline."""
@@ -232,11 +303,14 @@ class AsyncFleet:
         self.r = client or connect_async(url)
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
+        self._tiers: set[str] = set()  # tiers found to exist: not checked again
 
     async def submit(self, user: str, text: str, tier: str = "chat",
-                     meta: Mapping[str, Any] | None = None, turn_id: str | None = None) -> Turn:
+                     meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
+                     create_tier: bool = False) -> Turn:
         """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
         turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
+        await self._ensure_tier(turn.tier, create_tier)
         pipe = _submit_pipeline(self.r)
         _queue_round_trip(pipe, [(turn, payload)], turn.tier)
         gauges = committed(await pipe.execute(raise_on_error=False), 1)
@@ -244,6 +318,24 @@ class AsyncFleet:
             await self.r.xadd(keys.pressure(turn.tier), _pressure_fields(turn.tier, turn.user),
                               maxlen=PRESSURE_MAXLEN, approximate=True)
         return turn
+
+    async def _ensure_tier(self, tier: str, create: bool) -> None:
+        if tier in self._tiers:
+            return
+        if not await self._tier_exists(tier):
+            if not create:
+                raise UnknownTier(tier)
+            await write_policy_async(self.r, tier, Policy())
+        self._tiers.add(tier)
+
+    async def _tier_exists(self, tier: str) -> bool:
+        pipe = self.r.pipeline(transaction=False)
+        _queue_tier_probe(pipe, tier)
+        has_policy, tiers, registry = await pipe.execute()
+        if tier_defined(tier, has_policy, tiers):
+            return True
+        beats = heartbeats_of(tier, registry)
+        return bool(beats) and int(await self.r.exists(*beats)) > 0
 
     async def wait(self, user: str, turn_id: str, timeout: float = 30.0) -> Reply:
         """The reply of a submitted turn; ``TurnTimeout`` if none in time."""
@@ -253,9 +345,9 @@ class AsyncFleet:
         return _decode_reply(got[1], self.max_reply_bytes)
 
     async def ask(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
-                  meta: Mapping[str, Any] | None = None) -> Reply:
+                  meta: Mapping[str, Any] | None = None, *, create_tier: bool = False) -> Reply:
         """Submit and wait."""
-        turn = await self.submit(user, text, tier, meta)
+        turn = await self.submit(user, text, tier, meta, create_tier=create_tier)
         return await self.wait(user, turn.turn_id, timeout)
 
     async def aclose(self) -> None:

@@ -18,7 +18,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from fleet.client import AsyncFleet, Fleet
+from fleet.client import AsyncFleet, Fleet, UnknownTier
 from protocol import keys
 from protocol.policy import Policy
 from stores.connection import connect_async, connect_sync
@@ -87,7 +87,7 @@ def landed(r: redis.Redis, user: str) -> tuple[int, int]:
 # --- a lost connection ----------------------------------------------------------------------
 def test_a_connection_lost_after_the_inbox_xadd_lands_nothing(chat, redis_server) -> None:
     client = Fleet(client=connect_sync(redis_server.url, retries=0, connection_class=CuttingConnection))
-    client.submit("warm", "up")
+    client.submit("warm", "up")  # the tier check is done: the next round trip is the submit alone
     Cut.armed = True
     with pytest.raises(redis.ConnectionError):
         client.submit("alice", "hi")
@@ -149,3 +149,8 @@ def test_a_runtime_error_inside_exec_is_raised_and_not_rolled_back(chat, redis_s
     assert chat.xlen(keys.inbox("erin")) == 1  # no rollback: the turn is there, its notification not
     assert chat.zscore(keys.active("chat"), "erin") is not None
 
+
+def test_an_unknown_tier_writes_nothing_on_a_real_server(r, redis_server) -> None:
+    with Fleet(redis_server.url) as client, pytest.raises(UnknownTier):
+        client.submit("frank", "hi", tier="nosuchtier")
+    assert r.keys("*") == []

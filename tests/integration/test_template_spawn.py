@@ -26,6 +26,8 @@ from commander.runtime.process import ProcessRuntime
 from commander.runtime.template import TemplateSpawner
 from fleet.client import Fleet
 from protocol import keys
+from protocol.policy import Policy
+from stores.policies import write_policy
 from tests.conftest import ROOT
 from tests.integration.conftest import wait_until
 
@@ -105,6 +107,7 @@ def test_a_forked_worker_registers_and_serves_a_turn(make_runtime, redis_server,
     template_pid = _ready_template(rt)
     # set after the template started: it reaches the worker as an environment override
     monkeypatch.setenv("FLEET_WORKER_HEARTBEAT_TTL_MS", "2500")
+    write_policy(r, "chat", Policy())  # a tier no worker serves yet (without a policy: UnknownTier)
     with Fleet(redis_server.url) as fleet:
         parked = fleet.submit("alice", "hello")  # onto an empty tier: it waits for a worker
         began = time.monotonic()
@@ -227,7 +230,7 @@ def test_the_template_exits_with_its_parent(tmp_path) -> None:
 # --- exec ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("python", ["missing", "exits"])
 def test_fallback_to_a_fresh_interpreter_when_the_template_cannot_start(
-        make_runtime, redis_server, tmp_path, caplog, python) -> None:
+        make_runtime, redis_server, r, tmp_path, caplog, python) -> None:
     if python == "missing":
         exe = str(tmp_path / "no-such-python")
     else:
@@ -238,6 +241,7 @@ def test_fallback_to_a_fresh_interpreter_when_the_template_cannot_start(
     broken = TemplateSpawner({**os.environ, "REDIS_URL": redis_server.url}, tmp_path / "logs",
                              python=exe, start_timeout_s=10)
     rt = make_runtime(template=broken)
+    write_policy(r, "chat", Policy())
     with Fleet(redis_server.url) as fleet:
         parked = fleet.submit("dave", "slowly")
         (wid,) = rt.spawn("chat", 1)

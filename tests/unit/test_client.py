@@ -1,18 +1,34 @@
-"""fleet.client: the submit transaction's shape and replies.
+"""fleet.client: the submit transaction's shape and replies, and the refusal of a tier that runs nowhere.
 
 The transaction's behaviour on a real server (a connection lost mid-submit, a refused command)
-is in tests/integration/test_client.py; here the pure parts.
+is in tests/integration/test_client.py; here the pure parts, and the tier check over fakeredis.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import fakeredis
 import pytest
 import redis
 
-from fleet.client import _build_turn, _queue_round_trip, committed
+import fleet
+from fleet.client import (
+    AsyncFleet,
+    Fleet,
+    UnknownTier,
+    _build_turn,
+    _queue_round_trip,
+    committed,
+    heartbeats_of,
+    tier_defined,
+)
 from protocol import keys
+from protocol.codec import encode
+from protocol.models import WorkerInfo
+from protocol.policy import Policy
+from stores.policies import read_policy, write_policy
 
 
 class Recorder:
@@ -35,6 +51,10 @@ class Recorder:
 
     def get(self, key: str) -> None:
         self.sent.append(("GET", key))
+
+
+def info(worker: str, tier: str) -> bytes:
+    return encode(WorkerInfo(worker=worker, tier=tier, pid=1, host="h", started=0.0))
 
 
 # --- the round trip's shape ---------------------------------------------------------------
@@ -77,3 +97,135 @@ def test_committed_returns_the_gauges_of_an_applied_transaction() -> None:
 def test_committed_raises_the_first_error_of_the_transaction(replies: list[Any], error: str) -> None:
     with pytest.raises(redis.ResponseError, match=error):
         committed(replies, 1)
+
+
+# --- whether a tier exists (pure) ---------------------------------------------------------
+@pytest.mark.parametrize(("has_policy", "tiers", "defined"), [
+    (1, set(), True),
+    (0, {b"gpu", b"chat"}, True),
+    (0, {"chat"}, True),  # a client with decode_responses
+    (0, {b"gpu"}, False),
+    (0, set(), False),
+])
+def test_tier_defined(has_policy: int, tiers: set[Any], defined: bool) -> None:
+    assert tier_defined("chat", has_policy, tiers) is defined
+
+
+def test_heartbeats_of_keeps_the_tiers_workers_and_skips_unreadable_entries() -> None:
+    registry = {b"chat-1": info("chat-1", "chat"), b"gpu-1": info("gpu-1", "gpu"),
+                b"junk": b"\xc1not msgpack", b"chat-2": info("chat-2", "chat")}
+    assert heartbeats_of("chat", registry) == [keys.heartbeat("chat-1"), keys.heartbeat("chat-2")]
+    assert heartbeats_of("batch", registry) == []
+
+
+def test_unknown_tier_is_a_value_error_with_one_line_and_the_way_out() -> None:
+    exc = UnknownTier("nosuchtier")
+    assert isinstance(exc, ValueError) and exc.tier == "nosuchtier"
+    assert "\n" not in str(exc) and "create_tier=True" in str(exc)
+    assert fleet.UnknownTier is UnknownTier and "UnknownTier" in fleet.__all__
+
+
+# --- the tier check over fakeredis ---------------------------------------------------------
+@pytest.fixture
+def server() -> fakeredis.FakeServer:
+    return fakeredis.FakeServer()
+
+
+@pytest.fixture
+def fake(server: fakeredis.FakeServer) -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis(server=server)
+
+
+def written(r: fakeredis.FakeRedis, user: str, tier: str = "chat") -> tuple[int, int]:
+    return r.xlen(keys.inbox(user)), r.xlen(keys.ready(tier))
+
+
+def test_a_tier_without_policy_or_live_worker_is_refused_and_nothing_is_written(fake) -> None:
+    client = Fleet(client=fake)
+    with pytest.raises(UnknownTier, match="'nosuchtier' does not exist"):
+        client.submit("alice", "hi", tier="nosuchtier")
+    with pytest.raises(UnknownTier):
+        client.submit_many([("alice", "a"), ("bob", "b")], tier="nosuchtier")
+    assert fake.keys("*") == []
+
+
+@pytest.mark.parametrize("how", ["policy-key", "tiers-set", "live-worker"])
+def test_a_tier_exists_by_its_policy_the_tiers_set_or_a_live_worker(fake, how: str) -> None:
+    if how == "policy-key":
+        fake.set(keys.policy("gpu"), "{}")  # a raw SET counts, valid or not
+    elif how == "tiers-set":
+        fake.sadd(keys.TIERS, "gpu")
+    else:
+        fake.hset(keys.WORKERS, "gpu-1", info("gpu-1", "gpu"))
+        fake.set(keys.heartbeat("gpu-1"), "1")
+    Fleet(client=fake).submit("alice", "hi", tier="gpu")
+    assert written(fake, "alice", "gpu") == (1, 1)
+    assert not fake.exists(keys.policy("gpu")) or how == "policy-key"  # nothing was created
+
+
+def test_a_worker_whose_heartbeat_expired_does_not_make_a_tier(fake) -> None:
+    fake.hset(keys.WORKERS, "gpu-1", info("gpu-1", "gpu"))
+    fake.hset(keys.WORKERS, "chat-1", info("chat-1", "chat"))
+    fake.set(keys.heartbeat("chat-1"), "1")  # alive, but of another tier
+    with pytest.raises(UnknownTier):
+        Fleet(client=fake).submit("alice", "hi", tier="gpu")
+
+
+def test_create_tier_writes_the_default_policy_then_submits(fake) -> None:
+    Fleet(client=fake).submit("alice", "hi", tier="gpu", create_tier=True)
+    read = read_policy(fake, "gpu")
+    assert (read.source, read.policy) == ("key", Policy())
+    assert fake.smembers(keys.TIERS) == {b"gpu"}
+    assert written(fake, "alice", "gpu") == (1, 1)
+
+
+def test_create_tier_leaves_an_existing_policy_alone(fake) -> None:
+    write_policy(fake, "gpu", Policy(min_workers=3))
+    Fleet(client=fake).submit("alice", "hi", tier="gpu", create_tier=True)
+    assert read_policy(fake, "gpu").policy.min_workers == 3
+
+
+def test_a_tier_is_checked_once_per_client_and_a_refused_one_again(fake, monkeypatch) -> None:
+    checks: list[str] = []
+    real = Fleet._tier_exists
+    monkeypatch.setattr(Fleet, "_tier_exists", lambda self, tier: checks.append(tier) or real(self, tier))
+    client = Fleet(client=fake)
+    for _ in range(2):
+        with pytest.raises(UnknownTier):
+            client.submit("alice", "hi", tier="gpu")
+    write_policy(fake, "gpu", Policy())
+    for i in range(3):
+        client.submit_many([("alice", f"t{i}"), ("bob", f"t{i}")], tier="gpu")
+    assert checks == ["gpu"] * 3  # refused twice (checked each time), then found once
+    assert written(fake, "alice", "gpu") == (3, 6)
+
+
+def test_async_fleet_refuses_creates_and_remembers_like_fleet(server, fake) -> None:
+    async def run() -> None:
+        client = AsyncFleet(client=fakeredis.FakeAsyncRedis(server=server))
+        with pytest.raises(UnknownTier):
+            await client.submit("alice", "hi", tier="gpu")
+        assert fake.keys("*") == []
+        await client.submit("alice", "hi", tier="gpu", create_tier=True)
+        assert read_policy(fake, "gpu").source == "key"
+        fake.delete(keys.policy("gpu"), keys.TIERS)  # known to this client now: not checked again
+        await client.submit("alice", "again", tier="gpu")
+        await client.aclose()
+
+    asyncio.run(run())
+    assert written(fake, "alice", "gpu") == (2, 2)
+
+
+def test_async_fleet_finds_a_tier_by_a_live_worker_and_not_by_a_dead_one(server, fake) -> None:
+    fake.hset(keys.WORKERS, mapping={"gpu-1": info("gpu-1", "gpu"), "batch-1": info("batch-1", "batch")})
+    fake.set(keys.heartbeat("gpu-1"), "1")
+
+    async def run() -> None:
+        client = AsyncFleet(client=fakeredis.FakeAsyncRedis(server=server))
+        await client.submit("alice", "hi", tier="gpu")
+        with pytest.raises(UnknownTier):
+            await client.submit("alice", "hi", tier="batch")
+        await client.aclose()
+
+    asyncio.run(run())
+    assert written(fake, "alice", "gpu") == (1, 1)
