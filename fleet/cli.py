@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 import redis
 
+from fleet.client import UnknownTier
 from protocol.ids import InvalidId
 from protocol.models import Reply
 from protocol.policy import PolicyError, parse_assignments, parse_policy, updated
@@ -25,7 +26,11 @@ EXIT_TIMEOUT = 3
 
 
 class CliError(Exception):
-    """A failure to report in one line."""
+    """A failure to report in one line, with its exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,16 +69,25 @@ def _reply_line(reply: Reply) -> str:
     return reply.text if reply.ok else f"error: {reply.error}"
 
 
+def _unknown_tier(exc: UnknownTier) -> CliError:
+    return CliError(f"no tier {exc.tier!r}: it has no policy and no live worker, so nothing would "
+                    f"serve the turn; nothing was submitted (check the name, or pass --create-tier "
+                    f"to create it with the default policy)", EXIT_USAGE)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from fleet.client import Fleet, TurnTimeout, TurnTooLarge
 
     meta = _json_object(args.meta, "--meta") if args.meta else None
     client = Fleet(client=_client(args))
     try:
-        handle = client.submit(args.user, " ".join(args.text), tier=args.tier, meta=meta)
+        handle = client.submit(args.user, " ".join(args.text), tier=args.tier, meta=meta,
+                               create_tier=args.create_tier)
         reply = handle.result(args.timeout)
     except TurnTooLarge as exc:
         raise CliError(str(exc)) from None
+    except UnknownTier as exc:
+        raise _unknown_tier(exc) from None
     except TurnTimeout as exc:
         print(f"fleet submit: {exc}", file=sys.stderr)
         return EXIT_TIMEOUT
@@ -95,10 +109,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not line or not line.strip():
             return 0
         try:
-            reply = client.submit(args.user, line.rstrip("\n"), tier=args.tier).result(args.timeout)
+            reply = client.submit(args.user, line.rstrip("\n"), tier=args.tier,
+                                  create_tier=args.create_tier).result(args.timeout)
             print(_reply_line(reply), flush=True)
         except TurnTooLarge as exc:
             raise CliError(str(exc)) from None
+        except UnknownTier as exc:
+            raise _unknown_tier(exc) from None
         except TurnTimeout as exc:
             print(f"fleet chat: {exc}", file=sys.stderr)
 
@@ -275,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--meta", help="JSON object passed to the handler")
     s.add_argument("--timeout", type=float, default=30.0)
     s.add_argument("--json", action="store_true")
+    s.add_argument("--create-tier", action="store_true",
+                   help="create the tier (its default policy) if it does not exist")
     s.add_argument("text", nargs="+")
     s.set_defaults(func=cmd_submit)
 
@@ -282,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--user", required=True)
     c.add_argument("--tier", default="chat")
     c.add_argument("--timeout", type=float, default=60.0)
+    c.add_argument("--create-tier", action="store_true",
+                   help="create the tier (its default policy) if it does not exist")
     c.set_defaults(func=cmd_chat)
 
     pol = sub.add_parser("policy", help="read or change a tier's policy")
@@ -360,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (CliError, InvalidId) as exc:
         print(f"fleet {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, InvalidId) else 1
+        return EXIT_USAGE if isinstance(exc, InvalidId) else exc.code
     except redis.RedisError as exc:
         print(f"fleet {args.command}: Redis error: {exc}", file=sys.stderr)
         return 1

@@ -10,6 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from protocol import keys
+
 pytestmark = pytest.mark.integration
 
 
@@ -77,6 +79,22 @@ def test_cli_errors_are_one_line(fleet_env, tmp_path):
         out = fleet(args, fleet_env, tmp_path)
         assert out.returncode != 0, args
         assert out.stderr.count("\n") == 1, (args, out.stderr)
+
+
+def test_a_tier_that_runs_nowhere_is_refused_unless_created(fleet_env, tmp_path, r):
+    for args in (["submit", "--user", "alice", "--tier", "nosuchtier", "hi"],
+                 ["chat", "--user", "alice", "--tier", "nosuchtier"]):
+        out = fleet(args, fleet_env, tmp_path, stdin="hi\n")
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+        assert "no tier 'nosuchtier'" in out.stderr and "--create-tier" in out.stderr
+    assert r.keys("*") == []  # nothing submitted, nothing created
+
+    made = fleet(["submit", "--user", "alice", "--tier", "nosuchtier", "--create-tier", "--timeout", "0.5",
+                  "hi"], fleet_env, tmp_path)
+    assert made.returncode == 3, made.stderr  # created and queued: no worker runs here to answer
+    assert r.exists(keys.policy("nosuchtier")) and b"nosuchtier" in r.smembers(keys.TIERS)
+    assert r.xlen(keys.inbox("alice")) == 1 and r.xlen(keys.ready("nosuchtier")) == 1
 
 
 def test_embedded_fallback_when_there_is_no_redis_server(fleet_env, tmp_path):
