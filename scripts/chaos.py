@@ -178,9 +178,9 @@ class Faults:
         self.quota = {k: max(1, round(n * scale)) for k, n in self.QUOTA.items()}
         plan = [k for k, n in self.quota.items() for _ in range(n)]
         rng.shuffle(plan)  # the quotas first, in random order, so a run always meets them
-        # 5 s to settle, 5 s of load without faults at the end, the faults' own length, 15 % slack
+        # 5 s to settle, 5 s of load without faults at the end, the faults' own length, 25 % slack
         room = seconds - 10 - sum(self.TAKES_S[k] for k in plan)
-        self.every = every or max(1.5, 0.85 * room / max(1, len(plan)))
+        self.every = every or max(1.5, 0.75 * room / max(1, len(plan)))
         extra = max(0, int(room / (self.every + 1.0)) - len(plan))
         self.plan = plan + rng.choices(list(self.WEIGHTS), weights=list(self.WEIGHTS.values()), k=extra)
 
