@@ -76,6 +76,12 @@ def _retry(retries: int) -> Retry:
     return _Retry(_backoff(), retries)
 
 
+def async_retry_options(retries: int = 8) -> dict[str, Any]:
+    """How every asyncio client rides out a lost connection: capped, jittered retries of
+    connection errors; refused credentials are final. (The simulator's clients use it too.)"""
+    return {"retry": _AsyncRetry(_backoff(), retries), "retry_on_error": RETRY_ERRORS}
+
+
 def connect_async(url: str | None = None, *, retries: int = 8, max_connections: int = 10_000,
                   socket_timeout: float | None = None, **kwargs: object) -> aioredis.Redis:
     """An asyncio client that retries connection errors with capped, jittered backoff.
@@ -89,8 +95,7 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
         resolve_url(url),
         max_connections=max_connections,
         socket_timeout=socket_timeout,
-        retry=_AsyncRetry(_backoff(), retries),
-        retry_on_error=RETRY_ERRORS,
+        **async_retry_options(retries),
         health_check_interval=15,
         socket_connect_timeout=5,
         socket_keepalive=True,

@@ -1,0 +1,159 @@
+"""Explore the data plane's schedules deterministically; on a violation, shrink it and say
+how to replay it.
+
+Each schedule runs the real worker and client code on a simulated Redis (fakeredis with
+Fleet's Lua scripts) and a controlled event loop with virtual time (see sim/). Schedule i
+of a run has seed S+i; its workload is drawn from the seed unless --workers/--users/--turns/
+--concurrency fix it. Strategies: random (uniform pick of the next ready callback), pct
+(random task priorities with --depth priority changes: bounded preemptions), fifo (asyncio's
+own order; only latencies and faults vary), sweep (systematic, preemption bound 1: every
+single deviation from one FIFO run, in order).
+
+Exit status 0 if every schedule held the invariants, 1 on a violation (the shrunk schedule is
+written to --out and the replay command printed), 2 on a bad argument.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchlib import OneLineParser  # noqa: E402
+
+from sim.explore import Outcome, Schedule, run  # noqa: E402
+from sim.shrink import shrink  # noqa: E402
+from sim.world import Workload  # noqa: E402
+
+STRATEGIES = ("random", "pct", "fifo", "sweep")
+
+
+def parse_args(argv: list[str] | None = None):
+    p = OneLineParser(prog="scripts/explore", description=__doc__)
+    p.add_argument("--schedules", type=int, default=200, help="how many schedules to run")
+    p.add_argument("--seed", type=int, default=1, help="seed of the first schedule")
+    p.add_argument("--strategy", choices=STRATEGIES, default="random")
+    p.add_argument("--depth", type=int, default=3, help="pct: priority change points")
+    p.add_argument("--workers", type=int)
+    p.add_argument("--users", type=int)
+    p.add_argument("--turns", type=int)
+    p.add_argument("--concurrency", type=int)
+    p.add_argument("--faults", type=int, default=3, help="at most this many faults per schedule")
+    p.add_argument("--replay", help="a schedule file (or its JSON) to run once, exactly")
+    p.add_argument("--no-shrink", action="store_true", help="report a violation as found")
+    p.add_argument("--keep-going", action="store_true", help="count violations instead of stopping")
+    p.add_argument("--out", type=Path, default=Path(".explore"), help="where failing schedules go")
+    p.add_argument("--json", type=Path, help="also write the summary here")
+    args = p.parse_args(argv)
+    for name in ("schedules", "workers", "users", "turns", "concurrency"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name} must be at least 1")
+    if args.faults < 0 or args.depth < 0:
+        p.error("--faults and --depth must not be negative")
+    return args
+
+
+def workload(args, seed: int) -> Workload:
+    drawn = Workload.draw(random.Random(seed))
+    fixed = {k: getattr(args, k) for k in ("workers", "users", "turns", "concurrency") if getattr(args, k)}
+    return replace(drawn, **fixed)
+
+
+def schedules(args):
+    """The schedules of this run, in order."""
+    if args.strategy != "sweep":
+        for i in range(args.schedules):
+            seed = args.seed + i
+            yield Schedule(seed=seed, workload=workload(args, seed), strategy=args.strategy,
+                           depth=args.depth, max_faults=args.faults)
+        return
+    base = run(Schedule(seed=args.seed, workload=workload(args, args.seed), strategy="fifo",
+                        max_faults=args.faults))
+    yield base.schedule
+    made = 1
+    for step, ready in base.branches:
+        for alt in range(1, ready):
+            if made >= args.schedules:
+                return
+            made += 1
+            yield replace(base.schedule, choices={step: alt})
+
+
+def report_failure(args, outcome: Outcome) -> None:
+    print(f"\nVIOLATION in schedule seed={outcome.schedule.seed}:", flush=True)
+    for v in outcome.violations[:10]:
+        print(f"  {v}")
+    if not args.no_shrink:
+        print("shrinking...", flush=True)
+        outcome = shrink(outcome, progress=lambda m: print(f"  {m}", flush=True))
+        print("minimal schedule:")
+        for v in outcome.violations[:10]:
+            print(f"  {v}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"fail-{outcome.schedule.seed}.json"
+    path.write_text(outcome.schedule.to_json() + "\n")
+    s = outcome.schedule
+    print(f"  faults: {s.faults}\n  non-FIFO choices: {len(s.choices or {})}  workload: {s.workload}")
+    print(f"replay: scripts/explore --replay {path}")
+
+
+def replay(args) -> int:
+    text = args.replay
+    if not text.lstrip().startswith("{"):
+        text = Path(text).read_text()
+    outcome = run(Schedule.from_json(text))
+    print(f"replayed seed={outcome.schedule.seed}: {outcome.steps} steps, {outcome.virtual_s:.1f} s virtual, "
+          f"{outcome.commands} Redis commands, faults {outcome.schedule.faults}")
+    for v in outcome.violations:
+        print(f"  {v}")
+    print("invariants hold" if outcome.ok else f"{len(outcome.violations)} violations")
+    return 0 if outcome.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.replay:
+        return replay(args)
+    t0 = last = time.monotonic()
+    done = failed = steps = faults = 0
+    virtual = 0.0
+    wait_all: list[float] = []
+    for schedule in schedules(args):
+        outcome = run(schedule)
+        done += 1
+        steps += outcome.steps
+        virtual += outcome.virtual_s
+        faults += len(outcome.schedule.faults or [])
+        wait_all += outcome.waits
+        if not outcome.ok:
+            failed += 1
+            report_failure(args, outcome)
+            if not args.keep_going:
+                break
+        if time.monotonic() - last > 5:
+            last = time.monotonic()
+            print(f"  {done}/{args.schedules} schedules, {done / (last - t0) * 60:.0f}/min, "
+                  f"{failed} failing", flush=True)
+    elapsed = time.monotonic() - t0
+    wait_all.sort()
+    summary = {"schedules": done, "failing": failed, "strategy": args.strategy, "seed": args.seed,
+               "seconds": round(elapsed, 1), "per_minute": round(done / elapsed * 60, 1) if elapsed else None,
+               "steps": steps, "virtual_seconds": round(virtual, 1), "faults": faults,
+               "turn_wait_p99_s": round(wait_all[int(0.99 * (len(wait_all) - 1))], 3) if wait_all else None,
+               "turn_wait_max_s": round(wait_all[-1], 3) if wait_all else None}
+    print(f"explored {done} schedules ({args.strategy}, seeds {args.seed}..{args.seed + done - 1}) in "
+          f"{elapsed:.1f}s: {summary['per_minute']}/min, {steps} steps, {virtual:.0f} s virtual, "
+          f"{faults} faults; {failed} failing")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The invariants, checked from the store and the record after every schedule (DESIGN §3).
+
+- **I1** every accepted turn has exactly one reply (ok or error); a turn for a tier that
+  runs nowhere is answered with an error once a worker of the user's tier meets it;
+- **I2** per user, the session holds each ok turn exactly once, in submission order, and
+  the handler of each committed turn saw exactly the turns before it;
+- **I3** no two workers inside a handler for one user at once, unless the later one's
+  write was fenced (only one of two overlapping runs committed);
+- **liveness**: every accepted turn is answered within ``bound_s`` of virtual time after
+  it was accepted or after the last fault ended, whichever is later;
+- **stop**: a worker sent SIGTERM stops within ``stop_bound_s``;
+- **zombie**: a worker whose lane was lost stops the handler it runs under it within
+  ``zombie_bound_s`` (it learns of the loss at its next renewal), unless it was paused.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import fakeredis
+
+from protocol import keys
+from protocol.codec import CodecError, decode
+from protocol.models import Reply, SessionEntry
+from sim.clock import EPOCH
+from sim.world import GHOST, Call, Record, Submitted
+
+CONTEXT_TURNS = 20  # WorkerSettings.context_turns: how much of the session a handler sees
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str  # I1 | I2 | I3 | liveness | stop
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}"
+
+
+def _replies(r: fakeredis.FakeRedis, sub: Submitted) -> list[Reply]:
+    out = []
+    for raw in r.lrange(keys.reply(sub.user, sub.turn), 0, -1):
+        try:
+            out.append(Reply.model_validate_json(raw) if raw[:1] == b"{" else decode(Reply, raw))
+        except (CodecError, ValueError):
+            out.append(Reply(turn_id=sub.turn, user=sub.user, ok=False, error="undecodable reply"))
+    return out
+
+
+def _must_answer(sub: Submitted, turns: list[Submitted]) -> bool:
+    """A chat turn always; a ghost turn only if a later turn of the user's tier meets it."""
+    if sub.accepted is None:
+        return False
+    if sub.tier != GHOST:
+        return True
+    return any(t.user == sub.user and t.index > sub.index and t.tier != GHOST and t.accepted is not None
+               for t in turns)
+
+
+def check(r: fakeredis.FakeRedis, record: Record, *, bound_s: float, stop_bound_s: float,
+          zombie_bound_s: float, end: float) -> list[Violation]:
+    """Every violation of the invariants in this schedule (empty: it held)."""
+    replies = {(s.user, s.turn): _replies(r, s) for s in record.turns}
+    out: list[Violation] = []
+    out += _i1(record, replies)
+    out += _i2(r, record, replies)
+    out += _i3(record, replies)
+    out += _liveness(record, replies, bound_s, end)
+    out += _stops(record, stop_bound_s, end)
+    out += _zombies(record, zombie_bound_s, end)
+    return out
+
+
+def _i1(record: Record, replies: dict[tuple[str, str], list[Reply]]) -> list[Violation]:
+    out = []
+    for sub in record.turns:
+        got = replies[(sub.user, sub.turn)]
+        if len(got) > 1:
+            out.append(Violation("I1", f"turn {sub.turn} got {len(got)} replies"))
+        elif not got and _must_answer(sub, record.turns):
+            out.append(Violation("I1", f"turn {sub.turn} ({sub.tier}) was accepted and never answered"))
+        elif got and sub.tier == GHOST and got[0].ok:
+            out.append(Violation("I1", f"turn {sub.turn} for tier {GHOST!r} got an ok reply"))
+    return out
+
+
+Replies = dict[tuple[str, str], list[Reply]]
+
+
+def _i2(r: fakeredis.FakeRedis, record: Record, replies: Replies) -> list[Violation]:
+    out = []
+    by_user: dict[str, list[Submitted]] = defaultdict(list)
+    for sub in record.turns:
+        by_user[sub.user].append(sub)
+    for user, subs in by_user.items():
+        ok = [s.turn for s in sorted(subs, key=lambda s: s.index)
+              if any(rep.ok for rep in replies[(user, s.turn)])]
+        try:
+            session = [decode(SessionEntry, e).turn_id for e in r.lrange(keys.session(user), 0, -1)]
+        except CodecError as exc:
+            out.append(Violation("I2", f"session of {user} does not decode: {exc}"))
+            continue
+        if session != ok:
+            out.append(Violation("I2", f"session of {user} is {session}, the ok turns in order are {ok}"))
+        out += _context_seen(user, ok, record.calls, replies)
+    return out
+
+
+def _committed(calls: list[Call], replies: dict[tuple[str, str], list[Reply]]) -> list[Call]:
+    """The handler runs whose result was written: the reply names their worker and attempt."""
+    out = []
+    for call in calls:
+        got = replies.get((call.user, call.turn), [])
+        if got and got[0].ok and got[0].worker == call.worker and got[0].attempts == call.attempt:
+            out.append(call)
+    return out
+
+
+def _context_seen(user: str, ok: list[str], calls: list[Call],
+                  replies: dict[tuple[str, str], list[Reply]]) -> list[Violation]:
+    out = []
+    for call in _committed([c for c in calls if c.user == user], replies):
+        before = ok[: ok.index(call.turn)] if call.turn in ok else []
+        if call.seen != before[-CONTEXT_TURNS:]:
+            out.append(Violation("I2", f"turn {call.turn} of {user} saw the session {call.seen}, "
+                                       f"not the turns before it {before[-CONTEXT_TURNS:]}"))
+    return out
+
+
+def _i3(record: Record, replies: dict[tuple[str, str], list[Reply]]) -> list[Violation]:
+    """Two committed handler runs of one user under different leases must not overlap."""
+    out = []
+    committed = _committed(record.calls, replies)
+    by_user: dict[str, list[Call]] = defaultdict(list)
+    for call in committed:
+        by_user[call.user].append(call)
+    for user, calls in by_user.items():
+        calls.sort(key=lambda c: c.enter)
+        for a, b in zip(calls, calls[1:], strict=False):
+            a_end = a.exit if a.exit is not None else record.killed.get(a.worker, float("inf"))
+            if b.enter < a_end and a.lease != b.lease:
+                out.append(Violation("I3", f"{user}: {a.worker} ({a.lease}) ran {a.turn} until {a_end:.3f}s "
+                                           f"while {b.worker} ({b.lease}) ran {b.turn} from {b.enter:.3f}s; "
+                                           "both committed"))
+    return out
+
+
+def _answered_at(got: list[Reply]) -> float | None:
+    return got[0].ts - EPOCH if got else None
+
+
+def _liveness(record: Record, replies: dict[tuple[str, str], list[Reply]], bound_s: float,
+              end: float) -> list[Violation]:
+    out = []
+    for sub in record.turns:
+        if not _must_answer(sub, record.turns) or sub.accepted is None:
+            continue
+        since = max(sub.accepted, record.fault_end)
+        at = _answered_at(replies[(sub.user, sub.turn)])
+        waited = (at if at is not None else end) - since
+        if waited > bound_s:
+            state = f"answered at {at:.3f}s" if at is not None else "never answered"
+            out.append(Violation("liveness", f"turn {sub.turn} accepted at {sub.accepted:.3f}s, {state}: "
+                                             f"{waited:.2f}s after the faults ended (bound {bound_s}s)"))
+    return out
+
+
+def _stops(record: Record, bound_s: float, end: float) -> list[Violation]:
+    out = []
+    for wid, at in record.terminated.items():
+        if wid in record.killed:
+            continue
+        stopped = record.stopped.get(wid)
+        took = (stopped if stopped is not None else end) - at
+        if took > bound_s:
+            state = f"stopped after {took:.2f}s" if stopped is not None else "never stopped"
+            out.append(Violation("stop", f"worker {wid} got SIGTERM at {at:.3f}s and {state}"))
+    return out
+
+
+def _zombies(record: Record, bound_s: float, end: float) -> list[Violation]:
+    out = []
+    for at, user, lease in record.expired:
+        for call in record.calls:
+            if call.user != user or call.lease != lease or call.enter > at:
+                continue
+            stopped = call.exit if call.exit is not None else record.killed.get(call.worker, end)
+            paused = any(w == call.worker and start < stopped and until > at
+                         for w, start, until in record.paused)
+            if stopped - at > bound_s and not paused:
+                what = f"{call.worker} ran {call.turn} of {user} until {stopped:.3f}s"
+                out.append(Violation("zombie", f"{what}, {stopped - at:.2f}s after its lane {lease} ended"))
+    return out
+
+
+def waits(record: Record, r: fakeredis.FakeRedis) -> list[float]:
+    """Accepted → answered, per answered turn (virtual seconds)."""
+    out = []
+    for sub in record.turns:
+        got = _replies(r, sub)
+        if got and sub.accepted is not None:
+            out.append(got[0].ts - EPOCH - sub.accepted)
+    return out

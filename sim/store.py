@@ -1,0 +1,202 @@
+"""The simulated Redis: fakeredis running Fleet's real Lua scripts, behind a faulty network.
+
+Every client is a real ``redis.asyncio.Redis`` (pipelines, ``Script`` reloads on NOSCRIPT,
+the retry machinery and reply parsing are redis-py's own), whose connections talk to one
+in-process ``fakeredis.FakeServer``. What a real network and server add, this module adds:
+
+- **latency**: every command waits a seeded virtual delay before it reaches the server and
+  again before its reply comes back, so commands of different nodes interleave;
+- **lost replies**: a command reaches the server and is applied, the reply never arrives
+  (the client sees a connection error and redis-py retries, as it would);
+- **restarts**: the server goes away for a while and comes back with its data (AOF with
+  ``appendfsync always``): every connection breaks, blocked commands are dropped, the
+  script cache is empty;
+- **killed clients**: a SIGKILLed process's blocked commands die with its sockets, while a
+  paused (SIGSTOPped) process's blocked read is still served by the server and read later.
+
+Blocked commands run server-side (node ``None``), so a paused node still gets deliveries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import redis.asyncio as aioredis
+from fakeredis._clients._async import FakeAsyncRedisConnection, FakeReader, FakeWriter
+from fakeredis._helpers import NoResponse
+from fakeredis._socket import AsyncFakeSocket
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from sim.loop import NODE
+from stores.connection import async_retry_options
+
+_SERVER_CTX = contextvars.Context()  # blocked commands run here: on the server, not the client
+
+
+class _OrderedCallbacks:
+    """fakeredis keeps its blocked-client callbacks in a set: iteration order would follow
+    memory addresses and break replay. This keeps them in insertion order."""
+
+    def __init__(self) -> None:
+        self._d: dict[Any, None] = {}
+
+    def add(self, cb: Any) -> None:
+        self._d[cb] = None
+
+    def remove(self, cb: Any) -> None:
+        del self._d[cb]
+
+    def discard(self, cb: Any) -> None:
+        self._d.pop(cb, None)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._d))
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class Network:
+    """The seeded network and server of one schedule: latencies, lost replies, restarts."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, rng: random.Random, *,
+                 latency_ms: tuple[float, float] = (0.05, 1.0), spike_ms: float = 20.0,
+                 spike_rate: float = 0.02) -> None:
+        self.loop = loop
+        self.rng = rng
+        self.server = fakeredis.FakeServer()
+        self.server.dbs[0]._change_callbacks = _OrderedCallbacks()  # type: ignore[assignment]
+        self.latency_ms = latency_ms
+        self.spike_ms = spike_ms
+        self.spike_rate = spike_rate
+        self.generation = 0  # bumped by every restart: older connections are broken
+        self.down_until = -1.0
+        self.drop_next: set[str] = set()  # nodes whose next reply is lost
+        self.commands = 0
+        self._sockets: weakref.WeakSet[SimSocket] = weakref.WeakSet()
+
+    def delay(self) -> float:
+        """One leg of a round trip, in seconds: mostly short, sometimes a spike."""
+        if self.rng.random() < self.spike_rate:
+            return self.rng.uniform(1.0, self.spike_ms) / 1000
+        return self.rng.uniform(*self.latency_ms) / 1000
+
+    def is_down(self) -> bool:
+        return self.loop.time() < self.down_until
+
+    def restart(self, down_s: float) -> None:
+        """The server dies now and is back ``down_s`` later, with its data and no scripts."""
+        self.generation += 1
+        self.down_until = self.loop.time() + down_s
+        self.server.script_cache.clear()
+        for sock in list(self._sockets):
+            sock.abort_blocked()
+
+    def kill_node(self, node: str) -> None:
+        """A SIGKILLed process: its sockets close, so its blocked commands end unserved."""
+        for sock in list(self._sockets):
+            if sock.node == node:
+                sock.abort_blocked()
+
+    def client(self, *, retries: int = 8) -> aioredis.Redis:
+        """An asyncio client of this server, with production's retry options."""
+        net = self
+
+        class _Conn(SimConnection):
+            network = net
+
+        return fakeredis.FakeAsyncRedis(server=self.server, connection_class=_Conn,
+                                        **async_retry_options(retries))
+
+    def sync_client(self) -> fakeredis.FakeRedis:
+        """A direct client for the checker and setup: no latency, no faults."""
+        return fakeredis.FakeRedis(server=self.server)
+
+
+class SimSocket(AsyncFakeSocket):
+    """fakeredis' socket, with blocked commands run server-side and abortable."""
+
+    def __init__(self, *args: Any, node: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.node = node
+        self.block_task: asyncio.Task[None] | None = None
+
+    def _blocking(self, timeout: float | None, func: Any, shape: Any = None) -> Any:
+        # as AsyncFakeSocket._blocking, but the waiting task belongs to the server
+        loop = asyncio.get_running_loop()
+        ret = func(True)
+        if ret is not None or self._in_transaction:
+            return ret if shape is None else shape(ret)
+        event = asyncio.Event()
+
+        def callback() -> None:
+            loop.call_soon_threadsafe(event.set, context=_SERVER_CTX)
+
+        self._db.add_change_callback(callback)
+        self._blocked = True
+        self.pause()
+        self.block_task = _SERVER_CTX.run(
+            loop.create_task, self._async_blocking(timeout, func, event, callback, shape))
+        return NoResponse()
+
+    def abort_blocked(self) -> None:
+        """The connection broke: a blocked command ends unserved, the reader sees the break."""
+        if self.block_task is not None and not self.block_task.done():
+            self.block_task.cancel()
+            self.put_response(RedisConnectionError("simulated connection loss"))
+
+
+class SimConnection(FakeAsyncRedisConnection):
+    """A connection with latency, lost replies and restarts (see the module doc)."""
+
+    network: Network
+
+    async def _connect(self) -> None:
+        net = self.network
+        if net.is_down():
+            raise RedisConnectionError("simulated Redis is down")
+        self._sock = SimSocket(self._server, self.db, client_class=self._client_class,
+                               lua_modules=self._lua_modules, client_info=self._client_info,
+                               node=NODE.get())
+        net._sockets.add(self._sock)
+        self._generation = net.generation
+        self._reader = FakeReader(self._sock)
+        self._writer = FakeWriter(self._sock)
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        net = self.network
+        await asyncio.sleep(net.delay())
+        self._check_alive()
+        await super().send_packed_command(command, check_health)
+        net.commands += 1
+        node = NODE.get()
+        self._lose_reply = node is not None and node in net.drop_next
+        if self._lose_reply:
+            net.drop_next.discard(node)
+
+    async def read_response(self, **kwargs: Any) -> Any:
+        response = await super().read_response(**kwargs)
+        await asyncio.sleep(self.network.delay())
+        if isinstance(response, RedisConnectionError):
+            await self.disconnect()
+            raise response
+        if getattr(self, "_lose_reply", False):
+            self._lose_reply = False
+            await self.disconnect()
+            raise RedisConnectionError("simulated lost reply")
+        self._check_alive()
+        return response
+
+    def _check_alive(self) -> None:
+        net = self.network
+        if net.is_down() or getattr(self, "_generation", net.generation) != net.generation:
+            self._sock = None
+            self._reader = None
+            self._writer = None
+            raise RedisConnectionError("simulated Redis restart: connection lost")

@@ -1,0 +1,275 @@
+"""One simulated fleet: real ``Worker``s and real client submits on the simulated store.
+
+A ``World`` is built from a ``Workload`` and the seeded network; it starts the workers
+(each a node of the loop), runs one client per user that submits its turns (several in
+flight at once, resubmitting a failed submit with the same turn id, as a careful client
+does), replaces killed workers after a short delay (as the commander would), and records
+what the checker needs: when each turn was accepted, every handler entry and exit with the
+lease it ran under, every fault.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from fleet.client import AsyncFleet
+from protocol import keys
+from protocol.models import HandlerResult
+from protocol.policy import Policy
+from sim.loop import NODE, SimLoop
+from sim.store import Network
+from stores.policies import write_policy
+from stores.takeover import sweep, take_over
+from worker import handlers
+from worker.app import Worker
+from worker.settings import WorkerSettings
+
+TIER = "chat"
+GHOST = "ghost"  # a tier no policy defines and no worker serves
+
+# Short leases, as the chaos run uses: a takeover costs seconds of virtual time.
+WORKER_TIMING = {"lane_ttl_ms": 2000, "renew_interval_s": 0.5, "reclaim_idle_ms": 2000,
+                 "reclaim_interval_s": 0.5, "heartbeat_ttl_ms": 2000, "block_ms": 1000,
+                 "housekeeping_interval_s": 2.0, "policy_refresh_s": 2.0, "batch": 8}
+RESPAWN_S = 0.5  # a killed worker's replacement starts this much later
+SEES_EXIT_S = 0.2  # the commander notices a worker process exit this much later
+SWEEP_S = 5.0  # CommanderSettings.sweep_interval_s: consumers without a heartbeat are taken over
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The size of one simulated fleet."""
+
+    workers: int = 2
+    users: int = 3
+    turns: int = 3
+    concurrency: int = 2
+    ghosts: bool = True  # some users also submit a turn for a tier that runs nowhere
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Workload:
+        """A small random fleet: small enough to explore fast, big enough to contend."""
+        return cls(workers=rng.randint(1, 3), users=rng.randint(1, 8), turns=rng.randint(1, 6),
+                   concurrency=rng.randint(1, 4), ghosts=rng.random() < 0.3)
+
+
+@dataclass
+class Call:
+    """One handler run: who ran which turn under which lease, when, and what it saw."""
+
+    user: str
+    turn: str
+    worker: str
+    lease: str
+    attempt: int
+    seen: list[str]
+    enter: float
+    exit: float | None = None
+
+
+@dataclass
+class Submitted:
+    user: str
+    turn: str
+    tier: str
+    index: int  # position in the user's submission order
+    sleep_ms: int = 0  # the handler time it asks for
+    accepted: float | None = None  # when the client learned it was accepted
+
+
+@dataclass
+class Record:
+    """What happened, for the checker."""
+
+    turns: list[Submitted] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    faults: list[tuple[float, str, str]] = field(default_factory=list)  # (time, kind, target)
+    fault_end: float = 0.0  # when the last fault's effect ended (a pause resumed, Redis back)
+    killed: dict[str, float] = field(default_factory=dict)  # worker -> kill time
+    stopped: dict[str, float] = field(default_factory=dict)  # worker -> when its run() returned
+    terminated: dict[str, float] = field(default_factory=dict)  # worker -> SIGTERM time
+    paused: list[tuple[str, float, float]] = field(default_factory=list)  # (worker, from, until)
+    expired: list[tuple[float, str, str]] = field(default_factory=list)  # (time, user, lease it ended)
+    takeovers: list[tuple[float, str, int]] = field(default_factory=list)  # (time, worker, users handed on)
+    clients_done: float | None = None
+
+
+_WORLD: contextvars.ContextVar[World] = contextvars.ContextVar("sim_world")
+
+
+@handlers.register("sim")
+async def sim_handler(ctx: handlers.TurnContext) -> HandlerResult:
+    """The simulated model call: records its entry and exit, sleeps the turn's ``sleep_ms``."""
+    world = _WORLD.get()
+    loop = asyncio.get_running_loop()
+    call = Call(ctx.turn.user, ctx.turn.turn_id, ctx.worker, ctx.lease, ctx.attempt,
+                [e.turn_id for e in ctx.pack.session], loop.time())
+    world.record.calls.append(call)
+    try:
+        await asyncio.sleep(float(ctx.option("sleep_ms", 5)) / 1000)
+    finally:
+        call.exit = loop.time()
+    return HandlerResult(text=f"done {ctx.turn.turn_id}")
+
+
+class World:
+    """The workers, the clients and the record of one schedule."""
+
+    def __init__(self, loop: SimLoop, net: Network, workload: Workload, rng: random.Random) -> None:
+        self.loop = loop
+        self.net = net
+        self.workload = workload
+        self.rng = rng
+        self.record = Record()
+        self.workers: dict[str, asyncio.Task[int]] = {}
+        self._spawned = 0
+        self.policy = Policy(handler="sim", concurrency=workload.concurrency, max_attempts=50,
+                             report_interval_s=5.0)
+
+    # --- nodes -------------------------------------------------------------------------------
+    def _in_node(self, node: str) -> contextvars.Context:
+        ctx = contextvars.copy_context()
+        ctx.run(NODE.set, node)
+        ctx.run(_WORLD.set, self)
+        return ctx
+
+    def start_worker(self) -> str:
+        """Start one more worker of the tier, a node of its own."""
+        wid = f"w{self._spawned}"
+        self._spawned += 1
+        settings = WorkerSettings(tier=TIER, worker_id=wid, **WORKER_TIMING)  # type: ignore[arg-type]
+        worker = Worker(settings, r=self.net.client())
+        self.workers[wid] = self.loop.create_task(self._run_worker(wid, worker), context=self._in_node(wid))
+        return wid
+
+    async def _run_worker(self, wid: str, worker: Worker) -> int:
+        code = await worker.run()
+        self.record.stopped[wid] = self.loop.time()
+        return code
+
+    def live_workers(self) -> list[str]:
+        return [w for w, t in self.workers.items() if w not in self.loop.dead and not t.done()]
+
+    def kill(self, wid: str) -> None:
+        """SIGKILL: the worker's tasks vanish; a replacement starts a little later."""
+        self.loop.kill(wid)
+        self.net.kill_node(wid)
+        self.record.killed[wid] = self.loop.time()
+        self.loop.call_later(RESPAWN_S, self.start_worker, context=self._in_node("commander"))
+        self.loop.call_later(SEES_EXIT_S, self._take_over, wid, context=self._in_node("commander"))
+
+    def _take_over(self, wid: str) -> None:
+        """What the commander does when it sees a worker process exit (stores.takeover)."""
+        done = take_over(self.net.sync_client(), TIER, wid)
+        self.record.takeovers.append((self.loop.time(), wid, len(done.users)))
+
+    async def _commander(self) -> None:
+        """The commander's periodic sweep: consumers whose heartbeat is gone are taken over."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            for done in sweep(self.net.sync_client(), TIER):
+                self.record.takeovers.append((self.loop.time(), done.worker, len(done.users)))
+
+    def pause(self, wid: str, seconds: float) -> None:
+        """SIGSTOP now, SIGCONT ``seconds`` later."""
+        self.loop.pause(wid)
+        self.record.paused.append((wid, self.loop.time(), self.loop.time() + seconds))
+        self.loop.call_later(seconds, self.loop.resume, wid, context=self._in_node("commander"))
+
+    def expire_lane(self, user: str) -> None:
+        """The user's lease ends early (a clock jump, a renewal that came too late)."""
+        r = self.net.sync_client()
+        held = r.get(keys.lane(user))
+        if held is not None:
+            r.delete(keys.lane(user))
+            self.record.expired.append((self.loop.time(), user, held.decode()))
+
+    def terminate(self, wid: str) -> None:
+        """SIGTERM: the worker drains and stops; a replacement starts a little later."""
+        if self.loop.send_signal(wid, 15):
+            self.record.terminated[wid] = self.loop.time()
+            self.loop.call_later(RESPAWN_S, self.start_worker, context=self._in_node("commander"))
+
+    # --- the run -----------------------------------------------------------------------------
+    async def main(self, horizon_s: float) -> None:
+        """Serve every user's turns; return when all are answered or at ``horizon_s``."""
+        write_policy(self.net.sync_client(), TIER, self.policy)
+        for _ in range(self.workload.workers):
+            self.start_worker()
+        commander = self.loop.create_task(self._commander(), context=self._in_node("commander"))
+        clients = [self.loop.create_task(self._user(f"u{i}"), context=self._in_node(f"c{i}"))
+                   for i in range(self.workload.users)]
+        while self.loop.time() < horizon_s:
+            await asyncio.sleep(0.25)
+            if all(c.done() for c in clients):
+                if self.record.clients_done is None:
+                    self.record.clients_done = self.loop.time()
+                if self.all_answered():
+                    break
+        for task in [*clients, commander]:
+            task.cancel()
+
+    async def shutdown(self, grace_s: float = 30.0) -> None:
+        """SIGTERM every live worker and wait for them to drain (bounded)."""
+        for wid in self.live_workers():
+            self.terminate_final(wid)
+        deadline = self.loop.time() + grace_s
+        while self.loop.time() < deadline and self.live_workers():
+            await asyncio.sleep(0.1)
+
+    def terminate_final(self, wid: str) -> None:
+        if self.loop.send_signal(wid, 15):
+            self.record.terminated[wid] = self.loop.time()
+
+    def all_answered(self) -> bool:
+        r = self.net.sync_client()
+        pipe = r.pipeline(transaction=False)
+        wanted = [t for t in self.record.turns if t.accepted is not None]
+        for t in wanted:
+            pipe.exists(keys.reply(t.user, t.turn))
+        return all(pipe.execute())
+
+    # --- a user ------------------------------------------------------------------------------
+    async def _user(self, user: str) -> None:
+        client = AsyncFleet(client=self.net.client(retries=0))
+        ghost_at = self.rng.randrange(self.workload.turns) if self.workload.ghosts else -1
+        for i in range(self.workload.turns):
+            await asyncio.sleep(self.rng.choice((0.0, 0.0, 0.001, 0.02, 0.3)))
+            tier = GHOST if i == ghost_at else TIER
+            sub = Submitted(user, f"{user}-t{i}", tier, i, self.rng.choice((1, 5, 20, 200, 1500)))
+            self.record.turns.append(sub)
+            await self._submit(client, sub, sub.sleep_ms)
+
+    async def _submit(self, client: AsyncFleet, sub: Submitted, sleep_ms: int) -> None:
+        """Submit until accepted, with the same turn id every time (the worker dedupes)."""
+        failures = 0
+        while True:
+            try:
+                if sub.tier == GHOST:
+                    await self._submit_raw(client, sub)
+                else:
+                    await client.submit(sub.user, f"text {sub.turn}", tier=sub.tier,
+                                        meta={"sleep_ms": sleep_ms}, turn_id=sub.turn)
+                sub.accepted = self.loop.time()
+                return
+            except RedisError:
+                failures += 1
+                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
+
+    async def _submit_raw(self, client: AsyncFleet, sub: Submitted) -> None:
+        """A turn for a tier that exists nowhere, as any Redis client can write one."""
+        pipe = client.r.pipeline(transaction=True)
+        pipe.xadd(keys.inbox(sub.user), {"text": f"text {sub.turn}", "turn_id": sub.turn, "tier": sub.tier})
+        pipe.xadd(keys.ready(sub.tier), {"user": sub.user})
+        await pipe.execute()
+
+    def state(self) -> dict[str, Any]:
+        """A small summary for a report."""
+        return {"workers_started": self._spawned, "turns": len(self.record.turns),
+                "calls": len(self.record.calls), "faults": len(self.record.faults)}
