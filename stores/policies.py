@@ -137,3 +137,8 @@ def list_tiers(r: redis.Redis) -> list[str]:
             except InvalidId:
                 continue  # a key no tier can have: not ours
     return sorted(names)
+
+
+async def tier_defined_async(r: aioredis.Redis, tier: str) -> bool:
+    """Whether a policy defines ``tier``: every way of defining one writes its key."""
+    return bool(await r.exists(keys.policy(tier)))

@@ -25,7 +25,7 @@ from protocol.codec import CodecError, decode, encode
 from protocol.models import Control, Counters, Slots, WorkerInfo
 from protocol.policy import Policy
 from stores.connection import connect_async
-from stores.policies import read_policy_async
+from stores.policies import read_policy_async, tier_defined_async
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
 from worker.intake import Fields
@@ -349,6 +349,10 @@ class Worker:
         """Ack notifications of the tier's ready stream."""
         if nids:
             await self.r.xack(self._ready_key, keys.GROUP, *nids)
+
+    async def tier_defined(self, tier: str) -> bool:
+        """Whether a policy defines ``tier``: a turn for one that does not is dead-lettered."""
+        return await tier_defined_async(self.r, tier)
 
     async def notify(self, user: str, tier: str) -> None:
         """Post a fresh notification for ``user`` on ``tier``'s ready stream (a hand-over)."""

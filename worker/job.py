@@ -154,6 +154,10 @@ class UserJob:
             await self._reject(lease, entry, fields, reply_to, fmt, f"bad turn: {reason}", attempts=0)
             return
         if turn.tier != self.w.tier:  # per-user order holds across tiers: that tier goes next
+            if not await self.w.tier_defined(turn.tier):  # ...unless no worker will ever serve it
+                await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt,
+                                   f"tier {turn.tier!r} has no policy: no worker serves it", attempts=0)
+                return
             raise OtherTier(turn.tier)
         last_error = "the worker died during the turn"
         while True:
@@ -231,7 +235,10 @@ class UserJob:
 
     async def _commit(self, lease: Lease, entry: str, reply_to: str, writes: Writes) -> None:
         res = await self.w.store.commit(lease, entry, reply_to, writes, int(time.time() * 1000))
-        if res != "ok":
+        if res == "dup":
+            log.info("turn %s of %s (entry %s) was answered before: not answered again", reply_to,
+                     self.user, entry)
+        elif res != "ok":
             log.warning("turn %s of %s was already committed (%s)", entry, self.user, res)
 
 

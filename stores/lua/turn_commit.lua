@@ -25,7 +25,9 @@
 -- ARGV[14 ..] the P profile pairs, then the M memory pairs, then the Q usage pairs
 --
 -- Returns 'ok'; 'stale' if the entry is not the next one after the cursor (already done);
--- an error 'FENCED ...' if the caller no longer holds the lane.
+-- 'dup' if the turn id was answered before (a resubmitted turn): the cursor moves past the
+-- entry and nothing else is written, so a turn gets exactly one reply however often it was
+-- submitted; an error 'FENCED ...' if the caller no longer holds the lane.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED lane lost')
 end
@@ -35,6 +37,13 @@ if cursor then start = '(' .. cursor end
 local nxt = redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', 1)
 if #nxt == 0 or nxt[1][1] ~= ARGV[2] then
   return 'stale'
+end
+
+if ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3]) then
+  redis.call('HSET', KEYS[2], 'cursor', ARGV[2])
+  redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2])
+  redis.call('XDEL', KEYS[3], ARGV[2])
+  return 'dup'
 end
 
 -- check every argument before the first write: a script that fails halfway is not undone

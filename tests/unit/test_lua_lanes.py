@@ -316,6 +316,21 @@ async def test_recommit_of_the_same_entry_is_stale_and_writes_nothing(rig: Rig) 
     assert await rig.r.llen(keys.reply(U, "t1")) == 1
 
 
+async def test_a_resubmitted_turn_is_answered_once_even_on_the_reject_path(rig: Rig) -> None:
+    """Found by the explorer (seed 11): a turn submitted twice (the first submit's reply was
+    lost) and rejected both times got two error replies. The commit itself dedupes by turn id."""
+    e1, e2 = await rig.submit("first copy"), await rig.submit("second copy")
+    lease = await rig.w1.acquire(U)
+    assert isinstance(lease, Lease)
+    assert await rig.w1.commit(lease, e1, "t1", writes("t1", reply=b"error"), 1) == "ok"
+    assert await rig.w1.commit(lease, e2, "t1", writes("t1", reply=b"error again"), 2) == "dup"
+    assert await rig.r.lrange(keys.reply(U, "t1"), 0, -1) == [b"error"]
+    assert await rig.r.lrange(keys.session(U), 0, -1) == [b"session"]
+    assert await rig.cursor() == e2
+    assert await rig.r.xlen(keys.inbox(U)) == 0
+    assert await rig.w1.release(lease) == 1
+
+
 async def test_commit_out_of_order_is_stale(rig: Rig) -> None:
     e1, e2 = await rig.submit("one"), await rig.submit("two")
     lease = await rig.w1.acquire(U)
