@@ -7,7 +7,9 @@
 - **I3** no two workers inside a handler for one user at once, unless the later one's
   write was fenced (only one of two overlapping runs committed);
 - **liveness**: every accepted turn is answered within ``bound_s`` of virtual time after
-  it was accepted or after the last fault ended, whichever is later;
+  it was accepted or after the last fault ended, whichever is later; and no turn waits
+  longer than ``starve_bound_s`` in all with nobody serving its user while a worker has a
+  free slot (the world samples that as it runs);
 - **stop**: a worker sent SIGTERM stops within ``stop_bound_s``;
 - **zombie**: a worker whose lane was lost stops the handler it runs under it within
   ``zombie_bound_s`` (it learns of the loss at its next renewal), unless it was paused.
@@ -59,7 +61,7 @@ def _must_answer(sub: Submitted, turns: list[Submitted]) -> bool:
 
 
 def check(r: fakeredis.FakeRedis, record: Record, *, bound_s: float, stop_bound_s: float,
-          zombie_bound_s: float, end: float) -> list[Violation]:
+          zombie_bound_s: float, starve_bound_s: float, end: float) -> list[Violation]:
     """Every violation of the invariants in this schedule (empty: it held)."""
     replies = {(s.user, s.turn): _replies(r, s) for s in record.turns}
     out: list[Violation] = []
@@ -69,6 +71,9 @@ def check(r: fakeredis.FakeRedis, record: Record, *, bound_s: float, stop_bound_
     out += _liveness(record, replies, bound_s, end)
     out += _stops(record, stop_bound_s, end)
     out += _zombies(record, zombie_bound_s, end)
+    out += [Violation("liveness", f"turn {turn} waited {s:.2f}s with nobody serving its user while a "
+                                  f"worker had a free slot (bound {starve_bound_s}s)")
+            for turn, s in record.starved.items() if s > starve_bound_s]
     return out
 
 

@@ -33,6 +33,7 @@ _DURATION = {"pause": (2.5, 4.5), "restart": (0.1, 1.5), "outage": (5.0, 20.0)} 
 BASE_BOUND_S = 12.0  # lease expiry + reclaim idle + a reclaim pass + slack, in virtual seconds
 STOP_BOUND_S = 10.0  # SIGTERM -> stopped, besides the handler time of what is in flight
 ZOMBIE_BOUND_S = 2 * 0.5 + 0.2  # two renew intervals (sim.world.WORKER_TIMING) and slack
+STARVE_BOUND_S = 2.0 + 2.0 + 0.5 + 1.5  # lane TTL + reclaim idle + a reclaim pass + slack
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,8 @@ def run(schedule: Schedule) -> Outcome:
                 violations.append(Violation("deadlock", str(exc)))
             end = loop.time()
             violations += check(net.sync_client(), world.record, bound_s=_bound(world),
-                                stop_bound_s=STOP_BOUND_S, zombie_bound_s=ZOMBIE_BOUND_S, end=end)
+                                stop_bound_s=STOP_BOUND_S, zombie_bound_s=ZOMBIE_BOUND_S,
+                                starve_bound_s=STARVE_BOUND_S, end=end)
             wait_list = waits(world.record, net.sync_client())
             _wind_down(loop, net)
     finally:

@@ -182,7 +182,13 @@ class SimConnection(FakeAsyncRedisConnection):
 
     async def read_response(self, **kwargs: Any) -> Any:
         response = await super().read_response(**kwargs)
-        await asyncio.sleep(self.network.delay())
+        try:
+            await asyncio.sleep(self.network.delay())
+        except BaseException:
+            # cancelled between two replies of a pipeline: the rest must not be read as the
+            # replies of the next command (redis-py guards its own reads the same way)
+            await self.disconnect(nowait=True)
+            raise
         if isinstance(response, RedisConnectionError):
             await self.disconnect()
             raise response

@@ -39,6 +39,7 @@ WORKER_TIMING = {"lane_ttl_ms": 2000, "renew_interval_s": 0.5, "reclaim_idle_ms"
                  "housekeeping_interval_s": 2.0, "policy_refresh_s": 2.0, "batch": 8}
 RESPAWN_S = 0.5  # a killed worker's replacement starts this much later
 SEES_EXIT_S = 0.2  # the commander notices a worker process exit this much later
+SAMPLE_S = 0.25  # how often the world samples who waits
 SWEEP_S = 5.0  # CommanderSettings.sweep_interval_s: consumers without a heartbeat are taken over
 
 
@@ -98,6 +99,7 @@ class Record:
     expired: list[tuple[float, str, str]] = field(default_factory=list)  # (time, user, lease it ended)
     takeovers: list[tuple[float, str, int]] = field(default_factory=list)  # (time, worker, users handed on)
     clients_done: float | None = None
+    starved: dict[str, float] = field(default_factory=dict)  # turn -> seconds waiting with a slot free
 
 
 _WORLD: contextvars.ContextVar[World] = contextvars.ContextVar("sim_world")
@@ -128,6 +130,7 @@ class World:
         self.rng = rng
         self.record = Record()
         self.workers: dict[str, asyncio.Task[int]] = {}
+        self.instances: dict[str, Worker] = {}
         self._spawned = 0
         self.policy = Policy(handler="sim", concurrency=workload.concurrency, max_attempts=50,
                              report_interval_s=5.0)
@@ -145,6 +148,7 @@ class World:
         self._spawned += 1
         settings = WorkerSettings(tier=TIER, worker_id=wid, **WORKER_TIMING)  # type: ignore[arg-type]
         worker = Worker(settings, r=self.net.client())
+        self.instances[wid] = worker
         self.workers[wid] = self.loop.create_task(self._run_worker(wid, worker), context=self._in_node(wid))
         return wid
 
@@ -206,7 +210,8 @@ class World:
         clients = [self.loop.create_task(self._user(f"u{i}"), context=self._in_node(f"c{i}"))
                    for i in range(self.workload.users)]
         while self.loop.time() < horizon_s:
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(SAMPLE_S)
+            self._sample_starvation()
             if all(c.done() for c in clients):
                 if self.record.clients_done is None:
                     self.record.clients_done = self.loop.time()
@@ -226,6 +231,32 @@ class World:
     def terminate_final(self, wid: str) -> None:
         if self.loop.send_signal(wid, 15):
             self.record.terminated[wid] = self.loop.time()
+
+    def _free_slot(self) -> bool:
+        """Whether some live, running, unpaused worker could take a user right now."""
+        for wid in self.live_workers():
+            w = self.instances[wid]
+            if wid not in self.loop.paused and w.state == "ready" and len(w.jobs) < w.policy.concurrency:
+                return True
+        return False
+
+    def _sample_starvation(self) -> None:
+        """Count, per waiting turn, the time nobody serves its user while a slot is free."""
+        if self.net.is_down() or not self._free_slot():
+            return
+        waiting = [t for t in self.record.turns if t.accepted is not None and t.tier != GHOST]
+        if not waiting:
+            return
+        r = self.net.sync_client()
+        pipe = r.pipeline(transaction=False)
+        for t in waiting:
+            pipe.exists(keys.reply(t.user, t.turn))
+            pipe.exists(keys.lane(t.user))
+        got = pipe.execute()
+        for i, t in enumerate(waiting):
+            answered, served = got[2 * i], got[2 * i + 1]
+            if not answered and not served:
+                self.record.starved[t.turn] = self.record.starved.get(t.turn, 0.0) + SAMPLE_S
 
     def all_answered(self) -> bool:
         r = self.net.sync_client()

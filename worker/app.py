@@ -15,6 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -54,6 +55,8 @@ class Worker:
             reply_ttl_ms=settings.reply_ttl_s * 1000))
         self.policy = Policy()
         self.handler: handlers.Handler = handlers.get(self.policy.handler)
+        self._executor: ThreadPoolExecutor | None = None  # sync handlers' threads, one per slot
+        self._executor_size = 0
         self.jobs: dict[str, UserJob] = {}
         self.draining = False
         self.state: str = "starting"
@@ -90,6 +93,8 @@ class Worker:
         await self._stop_background(background)
         await self._until_ok("deregister", self._deregister, attempts=5)
         await self.r.aclose()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
         if self._trace is not None:
             self._trace.close()
         log.info("worker %s drained and stopped", self.worker_id)
@@ -257,7 +262,8 @@ class Worker:
         leases = [job.lease for job in held if job.lease is not None]
         for job, lease, ok in zip(held, leases, await self.store.renew(leases), strict=True):
             if not ok and job.lease is lease:  # (released meanwhile is not lost)
-                log.warning("lane of %s expired under us", job.user)
+                log.warning("lane of %s expired under us: stopping the turn in progress", job.user)
+                job.lane_lost()
         nids = [nid for job in held for nid in job.nids]
         pipe = self.r.pipeline(transaction=False)
         if nids:  # claiming to ourselves resets their idle time: no one reclaims a live owner
@@ -369,6 +375,18 @@ class Worker:
         running = sum(now - job.busy_since for job in self.jobs.values() if job.busy_since is not None)
         c = self.counters
         return Counters(turns=c.turns, errors=c.errors, handler_seconds=c.handler_seconds + running)
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The threads of sync handlers: as many as the tier's concurrency, so a turn never
+        queues for a thread behind other turns (and the default executor stays free)."""
+        want = self.policy.concurrency
+        if self._executor is None or self._executor_size != want:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)  # its running threads finish their turns
+            self._executor = ThreadPoolExecutor(max_workers=want, thread_name_prefix="handler")
+            self._executor_size = want
+        return self._executor
 
     def trace_handler(self, event: str, ctx: handlers.TurnContext) -> None:
         """With ``handler_trace`` set, record a handler entry or exit with its lease (I3 checks)."""

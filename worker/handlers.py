@@ -10,9 +10,13 @@ name an import path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
@@ -23,6 +27,7 @@ from stores.turns import ContextPack
 
 Handler = Callable[["TurnContext"], "HandlerResult | str | Awaitable[HandlerResult | str]"]
 _REGISTRY: dict[str, Handler] = {}
+log = logging.getLogger("fleet.worker")
 
 
 class HandlerError(Exception):
@@ -73,12 +78,18 @@ def get(name: str) -> Handler:
     return _REGISTRY[name]
 
 
-async def call(handler: Handler, ctx: TurnContext, timeout_s: float) -> HandlerResult:
-    """Run a sync or async handler with a timeout and normalise its result."""
+async def call(handler: Handler, ctx: TurnContext, timeout_s: float,
+               executor: Executor | None = None) -> HandlerResult:
+    """Run a sync or async handler with a timeout and normalise its result.
+
+    A sync handler runs on ``executor`` (the worker's own pool, as large as its
+    concurrency), and its timeout counts from the moment a thread starts it, not from
+    when it was queued for one.
+    """
     if inspect.iscoroutinefunction(handler):
         result = await asyncio.wait_for(handler(ctx), timeout_s)
     else:
-        result = await asyncio.wait_for(asyncio.to_thread(handler, ctx), timeout_s)
+        result = await _in_thread(handler, ctx, timeout_s, executor)
         if inspect.isawaitable(result):
             result = await asyncio.wait_for(result, timeout_s)
     if isinstance(result, str):
@@ -86,6 +97,39 @@ async def call(handler: Handler, ctx: TurnContext, timeout_s: float) -> HandlerR
     if not isinstance(result, HandlerResult):
         raise HandlerError(f"handler returned {type(result).__name__}, not HandlerResult or str")
     return result
+
+
+async def _in_thread(handler: Handler, ctx: TurnContext, timeout_s: float, executor: Executor | None) -> Any:
+    """A sync handler in a thread. A thread cannot be stopped: when the handler times out or
+    its turn is abandoned (the lane was lost), this returns only once the thread has ended,
+    so a retry of the turn never runs beside it on this worker."""
+    loop = asyncio.get_running_loop()
+    started = loop.create_future()
+    abandoned = threading.Event()
+
+    def run() -> Any:
+        if abandoned.is_set():  # given up while it waited for a thread: never start it
+            return None
+        loop.call_soon_threadsafe(_set_once, started)
+        return handler(ctx)
+
+    done = loop.run_in_executor(executor, run)
+    try:
+        await asyncio.shield(started)
+        return await asyncio.wait_for(asyncio.shield(done), timeout_s)
+    except (TimeoutError, asyncio.CancelledError):
+        abandoned.set()
+        if started.done():
+            log.warning("sync handler of turn %s stopped being awaited; waiting for its thread to end",
+                        ctx.turn.turn_id)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(done)
+        raise
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 # --- built-in handlers --------------------------------------------------------------------

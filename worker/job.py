@@ -51,6 +51,8 @@ class UserJob:
         self.lease: Lease | None = None
         self.handed: list[str] = []  # notification ids a hand-over acks
         self.busy_since: float | None = None  # in a handler right now
+        self.task: asyncio.Task[None] | None = None
+        self._lost = False  # lane_lost() cancelled the task: take the lane again
 
     def attach(self, nid: str, reclaimed: bool) -> None:
         """Give this job the duty of a notification for its user."""
@@ -61,11 +63,16 @@ class UserJob:
         return self.fresh + self.reclaimed
 
     async def run(self) -> None:
-        """Serve the user; every failure is logged and left for a retry, never raised."""
+        """Serve the user; every failure is logged and left for a retry, never raised.
+
+        A lane lost midway (the commit was fenced, or a renewal found the lease gone and
+        stopped the turn in progress) sends the job back to take the lane again: it gets it
+        (nobody took over: the turn is re-run) or learns who holds it now.
+        """
+        self.task = asyncio.current_task()
         try:
-            await self._run()
-        except Fenced:
-            log.warning("lane of %s lost to another worker; leaving its turns to it", self.user)
+            while not await self._serve_once():
+                pass
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -73,6 +80,30 @@ class UserJob:
         finally:
             self.lease = None
             self.w.job_done(self)
+
+    async def _serve_once(self) -> bool:
+        """One go at the user; False if the lane was lost midway."""
+        try:
+            await self._run()
+            return True
+        except Fenced:
+            log.warning("lane of %s lost to another worker: its write was fenced", self.user)
+        except asyncio.CancelledError:
+            task = self.task
+            if not self._lost or task is None or task.cancelling() != 1:
+                raise  # the worker is stopping this job, not only the lost lane
+            task.uncancel()
+            log.warning("lane of %s lost mid-turn: the turn in progress was stopped", self.user)
+        self._lost = False
+        self.lease = None
+        return False
+
+    def lane_lost(self) -> None:
+        """A renewal found the lane gone: stop the turn in progress, whose write would be fenced
+        anyway, so no handler runs on beside the new owner's."""
+        if self.task is not None and not self.task.done() and not self._lost:
+            self._lost = True
+            self.task.cancel()
 
     async def _run(self) -> None:
         store = self.w.store
@@ -193,7 +224,8 @@ class UserJob:
         self.busy_since = started
         self.w.trace_handler("enter", ctx)
         try:
-            result = await handlers.call(self.w.handler, ctx, self.w.settings.handler_timeout_s)
+            result = await handlers.call(self.w.handler, ctx, self.w.settings.handler_timeout_s,
+                                         self.w.executor)
         finally:
             self.w.trace_handler("exit", ctx)
             self.busy_since = None

@@ -1,0 +1,94 @@
+"""Sync handlers: their own pool, timed from their start, never overlapping their own retry."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from protocol.models import HandlerResult, Turn
+from stores.turns import ContextPack
+from worker import handlers
+from worker.app import Worker
+from worker.settings import WorkerSettings
+
+
+def ctx(turn_id: str = "t1") -> handlers.TurnContext:
+    return handlers.TurnContext(Turn(turn_id=turn_id, user="alice", text="hi", ts=0.0), ContextPack())
+
+
+async def test_the_timeout_counts_from_the_handler_start_not_from_the_queue() -> None:
+    """Issue 8, hole 5: time spent waiting for a thread counted against handler_timeout_s."""
+    gate = threading.Event()
+
+    def slow(_ctx: handlers.TurnContext) -> str:
+        gate.wait(5)
+        return "slow"
+
+    def quick(_ctx: handlers.TurnContext) -> str:
+        return "quick"
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = asyncio.ensure_future(handlers.call(slow, ctx("a"), 10.0, pool))
+        second = asyncio.ensure_future(handlers.call(quick, ctx("b"), 0.2, pool))
+        await asyncio.sleep(0.6)  # the second waits for the only thread, far past its 0.2 s
+        gate.set()
+        assert (await first).text == "slow"
+        assert (await second).text == "quick"
+
+
+async def test_a_timed_out_thread_has_ended_before_the_call_returns() -> None:
+    """Issue 8, hole 5: a timed-out thread kept running while its retry started."""
+    ended: list[float] = []
+
+    def stuck(_ctx: handlers.TurnContext) -> HandlerResult:
+        time.sleep(0.3)
+        ended.append(time.monotonic())
+        return HandlerResult(text="late")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        with pytest.raises(TimeoutError):
+            await handlers.call(stuck, ctx(), 0.05, pool)
+        assert ended, "the call returned while its thread still ran: a retry would overlap it"
+
+
+async def test_an_abandoned_handler_that_never_got_a_thread_never_runs() -> None:
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def hold(_ctx: handlers.TurnContext) -> str:
+        gate.wait(5)
+        return "held"
+
+    def record(c: handlers.TurnContext) -> str:
+        ran.append(c.turn.turn_id)
+        return "ran"
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = asyncio.ensure_future(handlers.call(hold, ctx("a"), 10.0, pool))
+        queued = asyncio.ensure_future(handlers.call(record, ctx("b"), 10.0, pool))
+        await asyncio.sleep(0.05)
+        queued.cancel()  # its lane was lost while it waited for a thread
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        gate.set()
+        await first
+    assert ran == []
+
+
+def test_the_worker_has_as_many_handler_threads_as_its_concurrency() -> None:
+    import fakeredis
+
+    w = Worker(WorkerSettings(worker_id="w1"), r=fakeredis.FakeAsyncRedis())
+    w.policy = w.policy.model_copy(update={"concurrency": 64})
+    pool = w.executor
+    assert pool is w.executor  # kept while the concurrency stays
+    together = threading.Barrier(64, timeout=10)  # passes only if all 64 run at once
+    for f in [pool.submit(together.wait) for _ in range(64)]:
+        f.result()  # BrokenBarrierError if the pool had fewer threads (min(32, cpus + 4) by default)
+    w.policy = w.policy.model_copy(update={"concurrency": 2})
+    assert w.executor is not pool
+    w.executor.shutdown()
