@@ -17,7 +17,13 @@ from commander.views import TierSignals
 from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import OccupancyReport, WorkerInfo
-from stores.backlog import COMMANDS_PER_TIER, live_ids, parse_backlog, queue_backlog
+from stores.backlog import (
+    COMMANDS_PER_TIER,
+    live_ids,
+    parse_backlog,
+    queue_backlog,
+    workers_unserved_after_ms,
+)
 from stores.registry import read_registry
 
 log = logging.getLogger("fleet.commander")
@@ -32,9 +38,12 @@ def _s(v: Any) -> str:
 class Observer:
     """Keeps the evaluator fed and the stream positions of one commander."""
 
-    def __init__(self, r: redis.Redis, evaluator: Evaluator | None = None) -> None:
+    def __init__(self, r: redis.Redis, evaluator: Evaluator | None = None,
+                 unserved_ms: int | None = None) -> None:
         self.r = r
         self.evaluator = evaluator or Evaluator()
+        # a live worker's pending notification idle this long is no job's: it is backlog
+        self.unserved_ms = workers_unserved_after_ms() if unserved_ms is None else unserved_ms
         self.reports_from: str | None = None  # last report id read
         self.pressure_from: dict[str, str] = {}  # tier -> last pressure id read
         self.pressure_pending: dict[str, int] = {}  # tier -> events read, not yet judged
@@ -82,7 +91,8 @@ class Observer:
         """Backlog, active users and pressure events per tier, in one round trip.
 
         The backlog counts turns no worker has started (``stores.backlog``): notifications
-        pending with a live worker are its jobs in progress. ``live`` are the live worker ids;
+        pending with a live worker that keeps claiming them are its jobs in progress, not
+        backlog, and say which workers hold jobs (``held``). ``live`` are the live worker ids;
         by default those of the registry read this pass (:meth:`registry`), else read now.
         """
         tiers = list(tiers)
@@ -93,7 +103,7 @@ class Observer:
         n = COMMANDS_PER_TIER + 1
         pipe = self.r.pipeline(transaction=False)
         for tier in tiers:
-            queue_backlog(pipe, tier)
+            queue_backlog(pipe, tier, self.unserved_ms)
             pipe.zcount(keys.active(tier), now - windows.get(tier, 60.0), "+inf")
         res = pipe.execute(raise_on_error=False)
         out = {}
@@ -105,7 +115,8 @@ class Observer:
             # wait undelivered now, so a notification a worker took a moment later is no demand
             out[tier] = TierSignals(backlog=backlog.backlog,
                                     active_users=0 if isinstance(active, Exception) else int(active),
-                                    pressure_events=events if backlog.undelivered > 0 else 0)
+                                    pressure_events=events if backlog.undelivered > 0 else 0,
+                                    held=backlog.held)
         return out
 
     def wait_for_pressure(self, tiers: Iterable[str], block_ms: int) -> int:

@@ -7,7 +7,7 @@ and ``decide`` never counts it idle nor picks it for scale-in.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from commander.evaluator import Evaluator, memory_limit_bytes
 from commander.runtime import WorkerHandle, WorkerState
@@ -23,9 +23,10 @@ MIN_STALE_S = 2.0
 class TierSignals:
     """Per-tier quantities read from Redis this pass."""
 
-    backlog: int = 0
+    backlog: int = 0  # turns no worker has started (stores.backlog)
     active_users: int = 0
     pressure_events: int = 0
+    held: Mapping[str, int] = field(default_factory=dict)  # live worker -> notifications of its jobs
 
 
 def stale_after(policy: Policy) -> float:
@@ -95,7 +96,16 @@ def tier_rps(views: Iterable[WorkerView], evaluator: Evaluator) -> float:
     return total
 
 
+def holding(views: Iterable[WorkerView], held: Mapping[str, int]) -> tuple[WorkerView, ...]:
+    """A worker holding pending notifications in Redis now has jobs in progress: it holds
+    lanes, whatever its last report (up to a report interval old) said, so it is not idle.
+    The backlog leaves jobs in progress out; this keeps a busy worker from being reclaimed
+    on a report that caught it between two turns."""
+    return tuple(WorkerView(**{**_fields(v), "lanes": held[v.id]}) if held.get(v.id, 0) > v.lanes else v
+                 for v in views)
+
+
 def snapshot(tier: str, views: tuple[WorkerView, ...], signals: TierSignals, rps: float) -> TierSnapshot:
     """The decide() input for one tier."""
-    return TierSnapshot(tier=tier, workers=views, active_users=signals.active_users,
+    return TierSnapshot(tier=tier, workers=holding(views, signals.held), active_users=signals.active_users,
                         backlog=signals.backlog, rps=rps, pressure_events=signals.pressure_events)

@@ -6,31 +6,54 @@ being done. The backlog counts only what waits:
 
 - ``undelivered``: notifications no worker has read yet (the group's lag);
 - pending notifications whose consumer is not a live worker (SIGKILLed workers stay in the
-  group as consumers; a name the registry does not know is not live either).
+  group as consumers; a name the registry does not know is not live either);
+- pending notifications of a live worker that it has stopped claiming again: idle past
+  ``unserved_after_ms`` (two renew intervals), no job of it serves them (its lane was lost,
+  say after a Redis pause), and they wait for a reclaim.
 
-Pending notifications held by a live worker are ``in_progress``, not backlog.
+The rest, pending with a live worker and refreshed, is ``in_progress``: not backlog.
+``held`` says which worker holds how many of those (fresh from Redis: such a worker is not
+idle, whatever its last report said).
 
-Per pass it is one pipelined round trip of ``XINFO GROUPS``, ``XINFO CONSUMERS`` and
-``XLEN`` per tier (:func:`queue_backlog` adds them to a caller's pipeline, so the commander
-reads the rest of its signals in the same round trip); :func:`tier_backlog` is the pure
-judgement over the raw replies.
+Per pass it is one pipelined round trip of ``XINFO GROUPS``, ``XINFO CONSUMERS``,
+``XPENDING … IDLE`` and ``XLEN`` per tier (:func:`queue_backlog` adds them to a caller's
+pipeline, so the commander reads the rest of its signals in the same round trip);
+:func:`tier_backlog` is the pure judgement over the raw replies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from protocol import keys
 
-COMMANDS_PER_TIER = 3  # what queue_backlog adds to a pipeline for one tier
+COMMANDS_PER_TIER = 4  # what queue_backlog adds to a pipeline for one tier
+STALE_LIMIT = 2_000  # idle pending entries read per tier and pass (beyond, held ones count as served)
+DEFAULT_RENEW_INTERVAL_S = 1.5  # the workers' default (worker.settings)
 
 
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def unserved_after_ms(renew_interval_s: float = DEFAULT_RENEW_INTERVAL_S) -> int:
+    """A job's notification is claimed again every renew: idle two renews, no job serves it."""
+    return max(1, int(2_000 * renew_interval_s))
+
+
+def workers_unserved_after_ms() -> int:
+    """:func:`unserved_after_ms` for the renew interval of the workers this process would start
+    (``FLEET_WORKER_*`` environment, else the workers' default)."""
+    from worker.settings import WorkerSettings
+
+    try:
+        return unserved_after_ms(WorkerSettings().renew_interval_s)
+    except ValueError:  # settings that would not start a worker: assume the default
+        return unserved_after_ms()
 
 
 @dataclass(frozen=True)
@@ -39,20 +62,23 @@ class TierBacklog:
 
     undelivered: int = 0  # not read by any worker yet (lag)
     pending: int = 0  # delivered, not acked: every consumer's, live or not
-    in_progress: int = 0  # pending held by a live worker: a job it has started
-    backlog: int = 0  # undelivered + pending not held by a live worker: work no one started
+    in_progress: int = 0  # pending with a live worker that keeps claiming it: a job it serves
+    backlog: int = 0  # undelivered + the pending no live worker serves: work no one started
+    held: Mapping[str, int] = field(default_factory=dict)  # live worker id -> its in_progress (> 0)
 
 
-def tier_backlog(groups: Any, consumers: Any, length: Any, live: Collection[str]) -> TierBacklog:
-    """Judge the raw replies of ``XINFO GROUPS``, ``XINFO CONSUMERS`` and ``XLEN`` of one ready
-    stream (each may be the exception its command raised) against the live worker ids.
+def tier_backlog(groups: Any, consumers: Any, stale: Any, length: Any, live: Collection[str]) -> TierBacklog:
+    """Judge the raw replies of ``XINFO GROUPS``, ``XINFO CONSUMERS``, ``XPENDING … IDLE``
+    (entries idle past the bound) and ``XLEN`` of one ready stream (each may be the exception
+    its command raised) against the live worker ids.
 
     - no stream (``XINFO GROUPS`` fails): nothing waits;
     - no group ``workers`` yet: every entry is undelivered;
     - lag unknown (Redis reports none after deletions inside the stream): every entry that
       is not pending is taken as undelivered, an upper estimate (acked entries not trimmed
       yet count) that never counts a job in progress;
-    - consumers unreadable: no pending entry is known to be held, so all of it is backlog.
+    - consumers unreadable: no pending entry is known to be held, so all of it is backlog;
+    - idle entries unreadable: the live workers' pending all counts as served.
     """
     if isinstance(groups, Exception) or isinstance(length, Exception):
         return TierBacklog()
@@ -63,42 +89,53 @@ def tier_backlog(groups: Any, consumers: Any, length: Any, live: Collection[str]
     pending = int(group.get("pending") or 0)
     lag = group.get("lag")
     undelivered = max(0, length - pending) if lag is None else max(0, int(lag))
-    held = 0
-    if not isinstance(consumers, Exception):
-        held = sum(int(c.get("pending") or 0) for c in consumers if _s(c.get("name")) in live)
-    held = min(held, pending)  # two replies, not one snapshot: never more than the group holds
-    return TierBacklog(undelivered=undelivered, pending=pending, in_progress=held,
-                       backlog=undelivered + pending - held)
+    unserved: dict[str, int] = {}
+    for entry in [] if isinstance(stale, Exception) else stale:
+        name = _s(entry.get("consumer"))
+        unserved[name] = unserved.get(name, 0) + 1
+    held: dict[str, int] = {}
+    for c in [] if isinstance(consumers, Exception) else consumers:
+        name = _s(c.get("name"))
+        n = int(c.get("pending") or 0) - unserved.get(name, 0)
+        if name in live and n > 0:
+            held[name] = n
+    in_progress = min(sum(held.values()), pending)  # replies a moment apart: never more than the group
+    return TierBacklog(undelivered=undelivered, pending=pending, in_progress=in_progress,
+                       backlog=undelivered + pending - in_progress, held=held)
 
 
-def queue_backlog(pipe: Any, tier: str) -> None:
+def queue_backlog(pipe: Any, tier: str, unserved_ms: int) -> None:
     """Add the ``COMMANDS_PER_TIER`` reads of ``tier``'s ready stream to a pipeline."""
     ready = keys.ready(tier)
     pipe.xinfo_groups(ready)
     pipe.xinfo_consumers(ready, keys.GROUP)
+    pipe.xpending_range(ready, keys.GROUP, "-", "+", STALE_LIMIT, idle=unserved_ms)
     pipe.xlen(ready)
 
 
 def parse_backlog(replies: Sequence[Any], live: Collection[str]) -> TierBacklog:
     """The backlog from the ``COMMANDS_PER_TIER`` replies :func:`queue_backlog` asked for."""
-    groups, consumers, length = replies
-    return tier_backlog(groups, consumers, length, live)
+    groups, consumers, stale, length = replies
+    return tier_backlog(groups, consumers, stale, length, live)
 
 
-def read_backlog(r: redis.Redis, tiers: Iterable[str], live: Collection[str]) -> dict[str, TierBacklog]:
-    """Every tier's backlog in one round trip; ``live`` are the worker ids with a heartbeat
-    (``stores.registry.read_registry(r)``)."""
+def read_backlog(r: redis.Redis, tiers: Iterable[str], live: Collection[str],
+                 unserved_ms: int | None = None) -> dict[str, TierBacklog]:
+    """Every tier's backlog in one round trip. ``live`` are the worker ids with a heartbeat
+    (``stores.registry.read_registry(r)``); ``unserved_ms`` defaults to
+    :func:`workers_unserved_after_ms`."""
     tiers = list(tiers)
     if not tiers:
         return {}
+    unserved_ms = workers_unserved_after_ms() if unserved_ms is None else unserved_ms
     pipe = r.pipeline(transaction=False)
     for tier in tiers:
-        queue_backlog(pipe, tier)
+        queue_backlog(pipe, tier, unserved_ms)
     res = pipe.execute(raise_on_error=False)
     n = COMMANDS_PER_TIER
     return {tier: parse_backlog(res[n * i: n * i + n], live) for i, tier in enumerate(tiers)}
 
 
-def live_ids(workers: dict[str, tuple[Any, bool]]) -> frozenset[str]:
+def live_ids(workers: Mapping[str, tuple[Any, bool]]) -> frozenset[str]:
     """The ids with a live heartbeat of a ``Registry.workers`` mapping."""
     return frozenset(wid for wid, (_info, alive) in workers.items() if alive)

@@ -6,16 +6,21 @@ observer and ``fleet status`` are tested on fakeredis with real consumer-group s
 
 from __future__ import annotations
 
+import time
+
 import fakeredis
 import pytest
 import redis
 
 from commander.observe import Observer
+from commander.snapshot import WorkerView
+from commander.views import TierSignals
+from commander.views import snapshot as tier_snapshot
 from fleet.status import snapshot, tier_backlog
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import WorkerInfo
-from stores.backlog import TierBacklog, read_backlog
+from stores.backlog import TierBacklog, read_backlog, unserved_after_ms, workers_unserved_after_ms
 from stores.backlog import tier_backlog as judge
 
 NOGROUP = redis.ResponseError("NOGROUP No such key or consumer group")
@@ -31,35 +36,55 @@ def consumer(name: str, pending: int) -> dict[str, object]:
     return {"name": name.encode(), "pending": pending, "idle": 10, "inactive": 10}
 
 
-@pytest.mark.parametrize(("groups", "consumers", "length", "live", "want"), [
+def idle(consumer: str, n: int = 1) -> list[dict[str, object]]:
+    """``n`` entries of ``consumer`` in the reply of ``XPENDING … IDLE``: not claimed again lately."""
+    return [{"message_id": f"{i}-0".encode(), "consumer": consumer.encode(), "time_since_delivered": 9_000,
+             "times_delivered": 1} for i in range(n)]
+
+
+@pytest.mark.parametrize(("groups", "consumers", "stale", "length", "live", "want"), [
     # no stream: nothing waits
-    (NOKEY, NOGROUP, 0, {"w1"}, TierBacklog()),
+    (NOKEY, NOGROUP, NOGROUP, 0, {"w1"}, TierBacklog()),
     # a stream with no group yet (no worker ever started): every entry is undelivered
-    ([], NOGROUP, 4, set(), TierBacklog(undelivered=4, backlog=4)),
-    ([group(0, 0, name=b"other")], NOGROUP, 3, set(), TierBacklog(undelivered=3, backlog=3)),
+    ([], NOGROUP, NOGROUP, 4, set(), TierBacklog(undelivered=4, backlog=4)),
+    ([group(0, 0, name=b"other")], NOGROUP, NOGROUP, 3, set(), TierBacklog(undelivered=3, backlog=3)),
     # a live worker's pending is its jobs in progress: not backlog
-    ([group(3, 0)], [consumer("w1", 3)], 3, {"w1"}, TierBacklog(pending=3, in_progress=3)),
+    ([group(3, 0)], [consumer("w1", 3)], [], 3, {"w1"},
+     TierBacklog(pending=3, in_progress=3, held={"w1": 3})),
     # lag is counted; live pending is not
-    ([group(3, 2)], [consumer("w1", 3)], 5, {"w1"},
-     TierBacklog(undelivered=2, pending=3, in_progress=3, backlog=2)),
+    ([group(3, 2)], [consumer("w1", 3)], [], 5, {"w1"},
+     TierBacklog(undelivered=2, pending=3, in_progress=3, backlog=2, held={"w1": 3})),
     # a consumer with no live registry entry (SIGKILLed: stays in the group) is backlog
-    ([group(3, 0)], [consumer("dead", 3)], 3, set(), TierBacklog(pending=3, backlog=3)),
-    ([group(5, 1)], [consumer("w1", 2), consumer("dead", 3)], 6, {"w1"},
-     TierBacklog(undelivered=1, pending=5, in_progress=2, backlog=4)),
+    ([group(3, 0)], [consumer("dead", 3)], idle("dead", 3), 3, set(), TierBacklog(pending=3, backlog=3)),
+    ([group(3, 0)], [consumer("dead", 3)], [], 3, set(), TierBacklog(pending=3, backlog=3)),  # idle or not
+    ([group(5, 1)], [consumer("w1", 2), consumer("dead", 3)], [], 6, {"w1"},
+     TierBacklog(undelivered=1, pending=5, in_progress=2, backlog=4, held={"w1": 2})),
+    # a live worker's entries it stopped claiming (its job lost the lane): no one serves them
+    ([group(3, 0)], [consumer("w1", 3)], idle("w1", 2), 3, {"w1"},
+     TierBacklog(pending=3, in_progress=1, backlog=2, held={"w1": 1})),
+    ([group(3, 0)], [consumer("w1", 2), consumer("w2", 1)], idle("w2"), 3, {"w1", "w2"},
+     TierBacklog(pending=3, in_progress=2, backlog=1, held={"w1": 2})),  # w2 holds no job: idle
+    # idle entries unreadable: the live workers' pending counts as served
+    ([group(2, 0)], [consumer("w1", 2)], NOGROUP, 2, {"w1"},
+     TierBacklog(pending=2, in_progress=2, held={"w1": 2})),
     # a consumer with no pending counts for nothing
-    ([group(2, 0)], [consumer("w1", 2), consumer("w2", 0)], 2, {"w1", "w2"},
-     TierBacklog(pending=2, in_progress=2)),
+    ([group(2, 0)], [consumer("w1", 2), consumer("w2", 0)], [], 2, {"w1", "w2"},
+     TierBacklog(pending=2, in_progress=2, held={"w1": 2})),
     # lag unknown after deletions: what is not pending is taken as undelivered
-    ([group(3, None)], [consumer("w1", 3)], 7, {"w1"},
-     TierBacklog(undelivered=4, pending=3, in_progress=3, backlog=4)),
-    ([group(3, None)], [consumer("w1", 3)], 2, {"w1"}, TierBacklog(pending=3, in_progress=3)),
+    ([group(3, None)], [consumer("w1", 3)], [], 7, {"w1"},
+     TierBacklog(undelivered=4, pending=3, in_progress=3, backlog=4, held={"w1": 3})),
+    ([group(3, None)], [consumer("w1", 3)], [], 2, {"w1"},
+     TierBacklog(pending=3, in_progress=3, held={"w1": 3})),
     # consumers unreadable (group gone between two replies): no pending is known to be held
-    ([group(2, 0)], NOGROUP, 2, {"w1"}, TierBacklog(pending=2, backlog=2)),
-    # replies read a moment apart: never more held than the group has pending
-    ([group(1, 0)], [consumer("w1", 2)], 2, {"w1"}, TierBacklog(pending=1, in_progress=1)),
+    ([group(2, 0)], NOGROUP, [], 2, {"w1"}, TierBacklog(pending=2, backlog=2)),
+    # replies read a moment apart: never more in progress than the group has pending
+    ([group(1, 0)], [consumer("w1", 2)], [], 2, {"w1"},
+     TierBacklog(pending=1, in_progress=1, held={"w1": 2})),
+    ([group(1, 0)], [consumer("w1", 1)], idle("w1", 2), 2, {"w1"}, TierBacklog(pending=1, backlog=1)),
 ])
-def test_judge(groups: object, consumers: object, length: int, live: set[str], want: TierBacklog) -> None:
-    assert judge(groups, consumers, length, live) == want
+def test_judge(groups: object, consumers: object, stale: object, length: int, live: set[str],
+               want: TierBacklog) -> None:
+    assert judge(groups, consumers, stale, length, live) == want
 
 
 # --- on fakeredis: real consumer-group states --------------------------------------------
@@ -98,12 +123,37 @@ def test_read_backlog_states(r: fakeredis.FakeRedis) -> None:
     submit(r, "nogroup", "a", "b")
     got = read_backlog(r, ["busy", "orphan", "nogroup", "nostream"], {"w1"})
     assert got == {
-        "busy": TierBacklog(undelivered=1, pending=3, in_progress=3, backlog=1),
+        "busy": TierBacklog(undelivered=1, pending=3, in_progress=3, backlog=1, held={"w1": 3}),
         "orphan": TierBacklog(pending=2, backlog=2),
         "nogroup": TierBacklog(undelivered=2, backlog=2),
         "nostream": TierBacklog(),
     }
     assert read_backlog(r, [], {"w1"}) == {}
+
+
+def test_entries_a_live_worker_stopped_claiming_are_backlog(r: fakeredis.FakeRedis) -> None:
+    group_on(r, "chat")
+    submit(r, "chat", "a", "b", "c")
+    take(r, "chat", "w1", 3)
+    time.sleep(0.15)
+    ready = keys.ready("chat")
+    served = [e["message_id"] for e in r.xpending_range(ready, keys.GROUP, "-", "+", 1)]
+    r.xclaim(ready, keys.GROUP, "w1", 0, served, justid=True)  # the renew of its one job
+    assert read_backlog(r, ["chat"], {"w1"}, unserved_ms=100)["chat"] == TierBacklog(
+        pending=3, in_progress=1, backlog=2, held={"w1": 1})
+    assert read_backlog(r, ["chat"], {"w1"}, unserved_ms=60_000)["chat"] == TierBacklog(
+        pending=3, in_progress=3, held={"w1": 3})
+    obs = Observer(r, unserved_ms=100)
+    assert obs.tier_signals(["chat"], {}, 0.0, live={"w1"})["chat"].backlog == 2
+
+
+def test_the_bound_is_two_worker_renews(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert unserved_after_ms() == 3_000  # the workers' default renew: 1.5 s
+    monkeypatch.setenv("FLEET_WORKER_RENEW_INTERVAL_S", "0.4")
+    assert workers_unserved_after_ms() == 800
+    assert Observer(fakeredis.FakeRedis()).unserved_ms == 800
+    monkeypatch.setenv("FLEET_WORKER_RENEW_INTERVAL_S", "10")  # invalid with the other defaults
+    assert workers_unserved_after_ms() == 3_000
 
 
 def test_observer_backlog_counts_only_unstarted_work(r: fakeredis.FakeRedis) -> None:
@@ -122,6 +172,7 @@ def test_observer_backlog_counts_only_unstarted_work(r: fakeredis.FakeRedis) -> 
     assert Observer(r).tier_signals(["chat"], {}, 0.0)["chat"].backlog == 3
     # or is told who is live
     assert Observer(r).tier_signals(["chat"], {}, 0.0, live={"live", "dead"})["chat"].backlog == 2
+    assert sig.held == {"live": 3}  # who holds the jobs in progress, for the worker views
 
 
 def test_observer_pressure_counts_only_while_undelivered(r: fakeredis.FakeRedis) -> None:
@@ -161,3 +212,17 @@ def test_status_shows_pending_and_the_new_backlog(r: fakeredis.FakeRedis) -> Non
     row = snapshot(r)["tiers"]["chat"]
     assert {k: row[k] for k in want} == want
     assert tier_backlog(r, "chat", live=set()) == {"lag": 1, "pending": 3, "in_progress": 0, "backlog": 4}
+
+
+# --- the views: a worker holding jobs in Redis is not idle, whatever its last report --------
+def test_a_worker_holding_notifications_is_not_idle() -> None:
+    caught_between_turns = WorkerView("w1", busy=0, total=2, lanes=0)
+    resting = WorkerView("w2", busy=0, total=2, lanes=0)
+    busy = WorkerView("w3", busy=2, total=2, lanes=2)
+    snap = tier_snapshot("chat", (caught_between_turns, resting, busy),
+                         TierSignals(held={"w1": 1, "w3": 2, "gone": 4}), rps=0.0)
+    by_id = {w.id: w for w in snap.workers}
+    assert not by_id["w1"].idle and by_id["w1"].lanes == 1 and by_id["w1"].busy == 0
+    assert by_id["w2"].idle and by_id["w2"] == resting
+    assert by_id["w3"] == busy
+    assert set(by_id) == {"w1", "w2", "w3"}  # a holder the views do not know adds no worker
