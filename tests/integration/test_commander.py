@@ -88,16 +88,30 @@ def start_commander(fleet_env: dict[str, str], r: redis.Redis,
 
 
 class Load:
-    """Users sending turns in a loop from a thread; every reply is kept for checks."""
+    """Users sending turns in a loop from a thread; every reply is kept for checks.
 
-    def __init__(self, url: str, users: int, pause_s: float = 0.0, prefix: str = "u") -> None:
+    By default the users go in lockstep (a batch waits for all its replies, so a worker
+    whose turn ended early is idle until the slowest is done); ``lockstep=False`` gives each
+    user its own loop, so each keeps its worker busy.
+    """
+
+    def __init__(self, url: str, users: int, pause_s: float = 0.0, prefix: str = "u",
+                 lockstep: bool = True) -> None:
         self.fleet = Fleet(url)
         self.users = [f"{prefix}{i:03d}" for i in range(users)]
         self.pause_s = pause_s
         self.sent: dict[str, list[str]] = {u: [] for u in self.users}
         self.replies: list = []
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.threads = [threading.Thread(target=self._run, daemon=True)] if lockstep else [
+            threading.Thread(target=self._run_user, args=(u,), daemon=True) for u in self.users]
+
+    def _run_user(self, user: str) -> None:
+        while not self.stop.is_set():
+            text = f"{user} turn {len(self.sent[user])}"
+            self.sent[user].append(text)
+            self.replies.append(self.fleet.submit(user, text).result(timeout=90))
+            self.stop.wait(self.pause_s)
 
     def _run(self) -> None:
         n = 0
@@ -111,12 +125,14 @@ class Load:
             self.stop.wait(self.pause_s)
 
     def __enter__(self) -> Load:
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join(timeout=120)
+        for thread in self.threads:
+            thread.join(timeout=120)
 
     def check(self, r: redis.Redis) -> None:
         """Every turn answered ok exactly once, every session in submission order."""
@@ -255,12 +271,14 @@ def test_missing_reports_are_not_idleness(r, redis_server, start_commander):
 
 
 def test_redis_pause_causes_no_mass_scale_in_nor_spawn_storm(r, redis_server, start_commander):
-    # four users keep four one-slot workers busy with 2 s turns; no stabilization window, so
-    # only the freshness rules stand between a paused Redis and a mass scale-in
+    # four users keep four one-slot workers busy with 2 s turns (each in its own loop: in
+    # lockstep, workers done early would be truly idle, and the backlog no longer counts the
+    # turns in progress); no stabilization window, so only the freshness rules stand between
+    # a paused Redis and a mass scale-in
     write_policy(r, "chat", policy(min_workers=1, max_workers=4, concurrency=1, target_backlog_per_worker=1,
                                    handler_options={"sleep_ms": 2000}, scale_down_stabilization_s=0))
     start_commander()
-    with Load(redis_server.url, users=4, pause_s=0.0) as load:
+    with Load(redis_server.url, users=4, pause_s=0.0, lockstep=False) as load:
         wait_until(lambda: len(live_workers(r)) == 4, 30, "the load to scale the tier up")
         time.sleep(1.0)
         before = len(ledger(r))
