@@ -28,6 +28,7 @@ from protocol.models import Reply, SessionEntry
 from sim.clock import EPOCH
 from sim.world import GHOST, Call, Record, Submitted
 
+STARTING_STOP_S = 1.0  # SIGTERM -> stopped, for a worker that serves nothing yet
 CONTEXT_TURNS = 20  # WorkerSettings.context_turns: how much of the session a handler sees
 
 
@@ -172,15 +173,24 @@ def _liveness(record: Record, replies: dict[tuple[str, str], list[Reply]], bound
 
 
 def _stops(record: Record, bound_s: float, end: float) -> list[Violation]:
+    """A worker that has not started stops at once on SIGTERM, Redis or not (it has nothing
+    to finish); a serving one within ``bound_s``, not counting time Redis was away. Time the
+    worker spent paused does not count either way (a stopped process reads no signal)."""
     out = []
     for wid, at in record.terminated.items():
         if wid in record.killed:
             continue
         stopped = record.stopped.get(wid)
-        took = (stopped if stopped is not None else end) - at
-        if took > bound_s:
-            state = f"stopped after {took:.2f}s" if stopped is not None else "never stopped"
-            out.append(Violation("stop", f"worker {wid} got SIGTERM at {at:.3f}s and {state}"))
+        until = stopped if stopped is not None else end
+        starting = wid in record.terminated_starting
+        away = sum(max(0.0, min(b, until) - max(a, at)) for w, a, b in record.paused if w == wid)
+        if not starting:
+            away += sum(max(0.0, min(b, until) - max(a, at)) for a, b in record.outages)
+        limit = STARTING_STOP_S if starting else bound_s
+        if until - at - away > limit:
+            state = f"stopped after {until - at:.2f}s" if stopped is not None else "never stopped"
+            what = "before it had started" if starting else "while serving"
+            out.append(Violation("stop", f"worker {wid} got SIGTERM at {at:.3f}s {what} and {state}"))
     return out
 
 

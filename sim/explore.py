@@ -193,6 +193,7 @@ class _Faults:
             world.net.drop_next.add(target)
         else:  # restart, outage: Redis goes away for fault.arg seconds
             world.net.restart(fault.arg)
+            world.record.outages.append((now, now + fault.arg))
         world.record.faults.append((now, fault.kind, target))
         world.record.fault_end = max(world.record.fault_end, now + fault.arg)
         return True

@@ -95,6 +95,8 @@ class Record:
     killed: dict[str, float] = field(default_factory=dict)  # worker -> kill time
     stopped: dict[str, float] = field(default_factory=dict)  # worker -> when its run() returned
     terminated: dict[str, float] = field(default_factory=dict)  # worker -> SIGTERM time
+    terminated_starting: set[str] = field(default_factory=set)  # ...that had not started serving
+    outages: list[tuple[float, float]] = field(default_factory=list)  # Redis away: (from, until)
     paused: list[tuple[str, float, float]] = field(default_factory=list)  # (worker, from, until)
     expired: list[tuple[float, str, str]] = field(default_factory=list)  # (time, user, lease it ended)
     takeovers: list[tuple[float, str, int]] = field(default_factory=list)  # (time, worker, users handed on)
@@ -196,8 +198,7 @@ class World:
 
     def terminate(self, wid: str) -> None:
         """SIGTERM: the worker drains and stops; a replacement starts a little later."""
-        if self.loop.send_signal(wid, 15):
-            self.record.terminated[wid] = self.loop.time()
+        if self._sigterm(wid):
             self.loop.call_later(RESPAWN_S, self.start_worker, context=self._in_node("commander"))
 
     # --- the run -----------------------------------------------------------------------------
@@ -229,8 +230,17 @@ class World:
             await asyncio.sleep(0.1)
 
     def terminate_final(self, wid: str) -> None:
-        if self.loop.send_signal(wid, 15):
-            self.record.terminated[wid] = self.loop.time()
+        self._sigterm(wid)
+
+    def _sigterm(self, wid: str) -> bool:
+        worker = self.instances[wid]
+        if not self.loop.send_signal(wid, 15) and worker.state != "starting":
+            return False  # (a worker still starting may not have installed its handler yet)
+        if worker.state == "starting":
+            self.record.terminated_starting.add(wid)
+            self.loop.call_soon(worker.drain, "SIGTERM", context=self._in_node(wid))
+        self.record.terminated[wid] = self.loop.time()
+        return True
 
     def _free_slot(self) -> bool:
         """Whether some live, running, unpaused worker could take a user right now."""

@@ -352,9 +352,11 @@ class Worker:
 
     # --- used by jobs ------------------------------------------------------------------
     async def ack(self, nids: list[str]) -> None:
-        """Ack notifications of the tier's ready stream."""
+        """Ack notifications of the tier's ready stream that are still ours: one another worker
+        reclaimed meanwhile carries a duty for it now, and stays."""
         if nids:
-            await self.r.xack(self._ready_key, keys.GROUP, *nids)
+            await self.store.scripts.notification_ack(keys=[self._ready_key],
+                                                      args=[keys.GROUP, self.worker_id, *nids])
 
     async def tier_defined(self, tier: str) -> bool:
         """Whether a policy defines ``tier``: a turn for one that does not is dead-lettered."""

@@ -108,10 +108,19 @@ class UserJob:
     async def _run(self) -> None:
         store = self.w.store
         while True:
+            asked = len(self.fresh)  # the notifications whose turns are in the inbox by now
             got = await store.acquire(self.user, INBOX_BATCH)
             if isinstance(got, Busy):
-                await self.w.ack(self.fresh)  # the holder's pending notification carries the duty
-                return
+                # The holder will see, before it lets go, every turn whose notification came
+                # before we asked: those are covered. One attached while we asked may be for a
+                # turn after the holder's last look, so ask again for it (issue 8, hole 1).
+                covered, self.fresh = self.fresh[:asked], self.fresh[asked:]
+                if not self.fresh:
+                    self.w.job_done(self)  # before the await: a new notification starts a new job
+                await self.w.ack(covered)
+                if not self.fresh:
+                    return
+                continue
             self.lease = got
             covered = await self._serve_until_released(got)
             if covered is None:  # handed over (draining, or the next turn is another tier's)
