@@ -39,6 +39,7 @@ _BACKOFF = ExponentialWithJitterBackoff(cap=2.0, base=0.05)
 REPORTS_MAXLEN = 100_000
 DEAD_MAXLEN = 100_000
 _DEAD_FIELD_BYTES = 2048
+DEREGISTER_S = 5.0  # at most this long to leave the registry on the way out
 
 
 class Worker:
@@ -66,6 +67,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._wake_report = asyncio.Event()
         self._stopping = asyncio.Event()  # set once the jobs are done: the loops end
+        self._drained = asyncio.Event()  # set by drain(): ends a start still retrying
         self._ready_key = keys.ready(self.tier)
         # line-buffered: a SIGKILLed worker's last entry is on disk (its exit never is)
         self._trace = open(settings.handler_trace, "a", buffering=1) if settings.handler_trace else None  # noqa: SIM115
@@ -77,8 +79,11 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.drain, sig.name)
         loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)  # `kill -USR1 <pid>`: what is it waiting on
-        await self._until_ok("start", self._start)
-        self.state = "ready"
+        if not await self._start_unless_drained():
+            await self._close()
+            log.info("worker %s stopped before it started serving", self.worker_id)
+            return 0
+        self.state = "draining" if self.draining else "ready"
         self._wake_report.set()
         background = [asyncio.create_task(coro) for coro in (
             self._every("reclaim", self.settings.reclaim_interval_s, self._reclaim),
@@ -91,21 +96,46 @@ class Worker:
         await self._pull_loop()
         await self._finish_jobs()
         await self._stop_background(background)
-        await self._until_ok("deregister", self._deregister, attempts=5)
+        with contextlib.suppress(TimeoutError):  # Redis away: the commander clears the entry
+            await asyncio.wait_for(self._until_ok("deregister", self._deregister, attempts=5),
+                                   DEREGISTER_S)
+        await self._close()
+        log.info("worker %s drained and stopped", self.worker_id)
+        return 0
+
+    async def _start_unless_drained(self) -> bool:
+        """Register and join the group, retrying while Redis is away, unless a drain comes
+        first: a worker that serves nothing yet has nothing to finish, so SIGTERM stops it at
+        once (issue 8, hole 6). False if it was drained before it started."""
+        start = asyncio.ensure_future(self._until_ok("start", self._start))
+        drained = asyncio.ensure_future(self._drained.wait())
+        await asyncio.wait({start, drained}, return_when=asyncio.FIRST_COMPLETED)
+        drained.cancel()
+        if start.done():
+            start.result()
+            return True
+        start.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await start
+        with contextlib.suppress(TimeoutError, RedisError, OSError):  # it may have registered
+            await asyncio.wait_for(self._deregister(), 1.0)
+        return False
+
+    async def _close(self) -> None:
         await self.r.aclose()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
         if self._trace is not None:
             self._trace.close()
-        log.info("worker %s drained and stopped", self.worker_id)
-        return 0
 
     def drain(self, reason: str = "") -> None:
         """Stop pulling, finish the users in flight, then exit."""
         if not self.draining:
             log.info("worker %s draining (%s)", self.worker_id, reason)
             self.draining = True
-            self.state = "draining"
+            self._drained.set()
+            if self.state != "starting":
+                self.state = "draining"
             self._slot_freed.set()
             self._wake_report.set()
 
