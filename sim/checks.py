@@ -26,7 +26,7 @@ from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import Reply, SessionEntry
 from sim.clock import EPOCH
-from sim.world import GHOST, Call, Record, Submitted
+from sim.world import GHOST, WORKER_TIMING, Call, Record, Submitted
 
 STARTING_STOP_S = 1.0  # SIGTERM -> stopped, for a worker that serves nothing yet
 CONTEXT_TURNS = 20  # WorkerSettings.context_turns: how much of the session a handler sees
@@ -68,7 +68,7 @@ def check(r: fakeredis.FakeRedis, record: Record, *, bound_s: float, stop_bound_
     out: list[Violation] = []
     out += _i1(record, replies)
     out += _i2(r, record, replies)
-    out += _i3(record, replies)
+    out += _i3(record)
     out += _liveness(record, replies, bound_s, end)
     out += _stops(record, stop_bound_s, end)
     out += _zombies(record, zombie_bound_s, end)
@@ -109,24 +109,23 @@ def _i2(r: fakeredis.FakeRedis, record: Record, replies: Replies) -> list[Violat
             continue
         if session != ok:
             out.append(Violation("I2", f"session of {user} is {session}, the ok turns in order are {ok}"))
-        out += _context_seen(user, ok, record.calls, replies)
+        out += _context_seen(user, ok, record)
     return out
 
 
-def _committed(calls: list[Call], replies: dict[tuple[str, str], list[Reply]]) -> list[Call]:
-    """The handler runs whose result was written: the reply names their worker and attempt."""
-    out = []
+def _committed(calls: list[Call], record: Record) -> list[Call]:
+    """The handler runs whose result was written: the last run of each (lease, turn) whose
+    write-back landed."""
+    last: dict[tuple[str, str], Call] = {}
     for call in calls:
-        got = replies.get((call.user, call.turn), [])
-        if got and got[0].ok and got[0].worker == call.worker and got[0].attempts == call.attempt:
-            out.append(call)
-    return out
+        if (call.lease, call.turn) in record.commits:
+            last[(call.lease, call.turn)] = call
+    return list(last.values())
 
 
-def _context_seen(user: str, ok: list[str], calls: list[Call],
-                  replies: dict[tuple[str, str], list[Reply]]) -> list[Violation]:
+def _context_seen(user: str, ok: list[str], record: Record) -> list[Violation]:
     out = []
-    for call in _committed([c for c in calls if c.user == user], replies):
+    for call in _committed([c for c in record.calls if c.user == user], record):
         before = ok[: ok.index(call.turn)] if call.turn in ok else []
         if call.seen != before[-CONTEXT_TURNS:]:
             out.append(Violation("I2", f"turn {call.turn} of {user} saw the session {call.seen}, "
@@ -134,22 +133,28 @@ def _context_seen(user: str, ok: list[str], calls: list[Call],
     return out
 
 
-def _i3(record: Record, replies: dict[tuple[str, str], list[Reply]]) -> list[Violation]:
+def _i3(record: Record) -> list[Violation]:
     """Two committed handler runs of one user under different leases must not overlap."""
     out = []
-    committed = _committed(record.calls, replies)
     by_user: dict[str, list[Call]] = defaultdict(list)
-    for call in committed:
+    for call in _committed(record.calls, record):
         by_user[call.user].append(call)
     for user, calls in by_user.items():
         calls.sort(key=lambda c: c.enter)
-        for a, b in zip(calls, calls[1:], strict=False):
-            a_end = a.exit if a.exit is not None else record.killed.get(a.worker, float("inf"))
-            if b.enter < a_end and a.lease != b.lease:
-                out.append(Violation("I3", f"{user}: {a.worker} ({a.lease}) ran {a.turn} until {a_end:.3f}s "
-                                           f"while {b.worker} ({b.lease}) ran {b.turn} from {b.enter:.3f}s; "
-                                           "both committed"))
+        latest: Call | None = None  # the committed run that ends last among those started so far
+        for b in calls:
+            if latest is not None and b.enter < _end(latest, record) and latest.lease != b.lease:
+                a = latest
+                out.append(Violation("I3", f"{user}: {a.worker} ({a.lease}) ran {a.turn} until "
+                                           f"{_end(a, record):.3f}s while {b.worker} ({b.lease}) ran "
+                                           f"{b.turn} from {b.enter:.3f}s; both committed"))
+            if latest is None or _end(b, record) > _end(latest, record):
+                latest = b
     return out
+
+
+def _end(call: Call, record: Record) -> float:
+    return call.exit if call.exit is not None else record.killed.get(call.worker, float("inf"))
 
 
 def _answered_at(got: list[Reply]) -> float | None:
@@ -203,7 +208,10 @@ def _zombies(record: Record, bound_s: float, end: float) -> list[Violation]:
             stopped = call.exit if call.exit is not None else record.killed.get(call.worker, end)
             paused = any(w == call.worker and start < stopped and until > at
                          for w, start, until in record.paused)
-            if stopped - at > bound_s and not paused:
+            # with Redis away the worker cannot hear of the loss: it must assume it at the TTL
+            blind = any(a < stopped and b > at for a, b in record.outages)
+            limit = bound_s + WORKER_TIMING["lane_ttl_ms"] / 1000 if blind else bound_s
+            if stopped - at > limit and not paused:
                 what = f"{call.worker} ran {call.turn} of {user} until {stopped:.3f}s"
                 out.append(Violation("zombie", f"{what}, {stopped - at:.2f}s after its lane {lease} ended"))
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import json
 import logging
 import random
@@ -227,6 +228,7 @@ def run(schedule: Schedule) -> Outcome:
     loop.before_step = faults.before_step
     violations: list[Violation] = []
     quiet = _quiet_logs()
+    gc.disable()  # a finalizer run mid-schedule would depend on this process's history
     try:
         with virtual_time(loop):
             asyncio.set_event_loop(loop)
@@ -244,6 +246,8 @@ def run(schedule: Schedule) -> Outcome:
         asyncio.set_event_loop(None)
         loop.close()
         quiet()
+        gc.enable()
+        gc.collect()
     filled = replace(schedule, faults=faults.made if schedule.faults is None else schedule.faults,
                      choices=chooser.made if schedule.choices is None else schedule.choices)
     return Outcome(filled, violations, loop.steps, end, net.commands, wait_list, chooser.branches)

@@ -79,7 +79,7 @@ class Network:
         self.down_until = -1.0
         self.drop_next: set[str] = set()  # nodes whose next reply is lost
         self.commands = 0
-        self._sockets: weakref.WeakSet[SimSocket] = weakref.WeakSet()
+        self._sockets: list[weakref.ref[SimSocket]] = []  # in connect order (a WeakSet's is not fixed)
 
     def delay(self) -> float:
         """One leg of a round trip, in seconds: mostly short, sometimes a spike."""
@@ -95,12 +95,16 @@ class Network:
         self.generation += 1
         self.down_until = self.loop.time() + down_s
         self.server.script_cache.clear()
-        for sock in list(self._sockets):
+        for sock in self._live_sockets():
             sock.abort_blocked()
+
+    def _live_sockets(self) -> list[SimSocket]:
+        self._sockets = [ref for ref in self._sockets if ref() is not None]
+        return [sock for ref in self._sockets if (sock := ref()) is not None]
 
     def kill_node(self, node: str) -> None:
         """A SIGKILLed process: its sockets close, so its blocked commands end unserved."""
-        for sock in list(self._sockets):
+        for sock in self._live_sockets():
             if sock.node == node:
                 sock.abort_blocked()
 
@@ -164,7 +168,7 @@ class SimConnection(FakeAsyncRedisConnection):
         self._sock = SimSocket(self._server, self.db, client_class=self._client_class,
                                lua_modules=self._lua_modules, client_info=self._client_info,
                                node=NODE.get())
-        net._sockets.add(self._sock)
+        net._sockets.append(weakref.ref(self._sock))
         self._generation = net.generation
         self._reader = FakeReader(self._sock)
         self._writer = FakeWriter(self._sock)

@@ -102,6 +102,7 @@ class Record:
     takeovers: list[tuple[float, str, int]] = field(default_factory=list)  # (time, worker, users handed on)
     clients_done: float | None = None
     starved: dict[str, float] = field(default_factory=dict)  # turn -> seconds waiting with a slot free
+    commits: set[tuple[str, str]] = field(default_factory=set)  # (lease, turn id) written with "ok"
 
 
 _WORLD: contextvars.ContextVar[World] = contextvars.ContextVar("sim_world")
@@ -151,8 +152,22 @@ class World:
         settings = WorkerSettings(tier=TIER, worker_id=wid, **WORKER_TIMING)  # type: ignore[arg-type]
         worker = Worker(settings, r=self.net.client())
         self.instances[wid] = worker
+        self._watch_commits(worker)
         self.workers[wid] = self.loop.create_task(self._run_worker(wid, worker), context=self._in_node(wid))
         return wid
+
+    def _watch_commits(self, worker: Worker) -> None:
+        """Note every write-back that landed, with the lease it landed under (for I3)."""
+        real = worker.store.commit
+        commits = self.record.commits
+
+        async def commit(lease: Any, entry: str, reply_turn: str, writes: Any, now_ms: int) -> str:
+            res = await real(lease, entry, reply_turn, writes, now_ms)
+            if res == "ok" and writes.turn_id:
+                commits.add((lease.owner, writes.turn_id))
+            return res
+
+        worker.store.commit = commit  # type: ignore[method-assign]
 
     async def _run_worker(self, wid: str, worker: Worker) -> int:
         code = await worker.run()

@@ -1,0 +1,165 @@
+"""The data-plane simulator itself: deterministic, replayable, and able to fail.
+
+A simulator that cannot find a planted bug proves nothing, and one whose seed does not fix
+the run cannot hand over a bug report; both are tested here. The explorer's runs over many
+seeds are in tests/unit/test_explore.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextvars
+import random
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sim.clock import MODULES
+from sim.explore import Schedule, run
+from sim.loop import NODE, Chooser, SimLoop
+from sim.world import Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = Workload(workers=2, users=3, turns=3, concurrency=2, ghosts=True)
+
+
+def test_a_seed_fixes_the_run() -> None:
+    a, b = run(Schedule(seed=5, workload=SMALL)), run(Schedule(seed=5, workload=SMALL))
+    assert (a.steps, a.commands, a.waits, a.schedule.faults, a.schedule.choices) == \
+           (b.steps, b.commands, b.waits, b.schedule.faults, b.schedule.choices)
+    assert a.steps > 1000 and a.commands > 100  # a real run, not an empty one
+
+
+def test_a_run_replays_exactly_from_its_schedule() -> None:
+    first = run(Schedule(seed=8, workload=SMALL, max_faults=3, fault_rate=1 / 500))
+    assert first.schedule.faults, "the schedule should have drawn faults"
+    again = run(Schedule.from_json(first.schedule.to_json()))
+    assert (again.steps, again.commands, again.waits) == (first.steps, first.commands, first.waits)
+
+
+def test_a_replay_is_the_same_in_another_process_with_another_hash_seed() -> None:
+    first = run(Schedule(seed=3, workload=SMALL))
+    code = ("import sys; from sim.explore import run, Schedule; "
+            "o = run(Schedule.from_json(sys.stdin.read())); print(o.steps, o.commands)")
+    out = subprocess.run([sys.executable, "-c", code], input=first.schedule.to_json(), text=True,
+                         capture_output=True, cwd=ROOT, env={"PYTHONHASHSEED": "12345", "PATH": ""},
+                         check=True, timeout=120)
+    assert out.stdout.split() == [str(first.steps), str(first.commands)]
+
+
+def test_virtual_time_costs_no_wall_time_and_killed_nodes_never_run_again() -> None:
+    loop = SimLoop(Chooser())
+    ran: list[str] = []
+
+    async def node_task(name: str) -> None:
+        for _ in range(3):
+            await asyncio.sleep(3600)  # an hour per iteration, virtually
+            ran.append(name)
+
+    async def main() -> None:
+        tasks = []
+        for name in ("a", "b"):
+            ctx = contextvars.copy_context()
+            ctx.run(NODE.set, name)
+            tasks.append(loop.create_task(node_task(name), context=ctx))
+        await asyncio.sleep(3600 * 1.5)
+        loop.kill("a")
+        loop.pause("b")
+        await asyncio.sleep(3600 * 2)
+        loop.resume("b")
+        await tasks[1]
+        loop.revive_all()
+        tasks[0].cancel()
+
+    loop.run_until_complete(main())
+    loop.close()
+    assert ran == ["a", "b", "b", "b"]  # a: once before its kill; b: all three, after its pause
+    assert loop.time() >= 3600 * 3.5
+
+
+def test_every_data_plane_module_that_reads_the_clock_gets_virtual_time() -> None:
+    """A module that imports ``time`` but is not patched would read the wall clock: stream
+    ids, lease expiry and waits would no longer follow the seed."""
+    missing = []
+    for folder in ("worker", "stores", "protocol"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            missing += _reads_time(path, f"{folder}.{path.stem}")
+    missing += _reads_time(ROOT / "fleet" / "client.py", "fleet.client")
+    assert missing == []
+
+
+def _reads_time(path: Path, module: str) -> list[str]:
+    tree = ast.parse(path.read_text())
+    imports_time = any(isinstance(n, ast.Import) and any(a.name == "time" for a in n.names)
+                       for n in ast.walk(tree))
+    return [module] if imports_time and module not in MODULES else []
+
+
+# --- the checks can fail: planted bugs are found --------------------------------------------------
+def _kinds(seeds: range, **workload: int) -> set[str]:
+    """The kinds of violation the first failing schedule among ``seeds`` shows."""
+    for seed in seeds:
+        got = run(Schedule(seed=seed, workload=replace(SMALL, ghosts=False, **workload), max_faults=0))
+        if got.violations:
+            return {v.kind for v in got.violations}
+    return set()
+
+
+def test_a_lost_turn_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker import job
+
+    real = job.UserJob._serve_turn
+
+    async def drops_the_second_turn(self, lease, entry, fields):  # type: ignore[no-untyped-def]
+        if fields.get(b"m", b"").find(b"-t1") >= 0:
+            await self._commit(lease, entry, "", job.Writes())  # cursor moves on, no reply
+            return
+        await real(self, lease, entry, fields)
+
+    monkeypatch.setattr(job.UserJob, "_serve_turn", drops_the_second_turn)
+    assert "I1" in _kinds(range(1, 4))
+
+
+def test_two_workers_in_one_users_handler_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break the lease (every acquire wins) and every guard of the commit: two workers then
+    serve one user at once, and both commit."""
+    from stores import scripts, turns
+
+    real_acquire, real_source = turns.UserStore.acquire, scripts.source
+
+    async def always_wins(self, user, batch=16):  # type: ignore[no-untyped-def]
+        await self.r.delete(f"fleet:u:{{{user}}}:lane")
+        return await real_acquire(self, user, batch)
+
+    def unfenced(name: str) -> str:  # no owner check, no cursor check, no dedupe
+        text = real_source(name)
+        if name == "turn_commit":
+            for check in ("redis.call('GET', KEYS[1]) ~= ARGV[1]", "#nxt == 0 or nxt[1][1] ~= ARGV[2]",
+                          "ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3])"):
+                assert check in text
+                text = text.replace(check, "false")
+        return text
+
+    monkeypatch.setattr(turns.UserStore, "acquire", always_wins)
+    monkeypatch.setattr(scripts, "source", unfenced)
+    assert "I3" in _kinds(range(1, 9), users=1, turns=6)
+
+
+def test_a_stuck_user_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stores import turns
+
+    async def never_lets_go(self, lease):  # type: ignore[no-untyped-def]
+        return 1  # says released, keeps the lane: the next turn waits for the lease to expire
+
+    monkeypatch.setattr(turns.UserStore, "release", never_lets_go)
+    monkeypatch.setattr("sim.explore.STARVE_BOUND_S", 1.0)
+    assert _kinds(range(1, 6), turns=4) & {"liveness", "I1"}
+
+
+def test_schedules_draw_varied_workloads() -> None:
+    drawn = {Workload.draw(random.Random(s)) for s in range(50)}
+    assert len(drawn) > 40
