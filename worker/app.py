@@ -68,6 +68,7 @@ class Worker:
         self._wake_report = asyncio.Event()
         self._stopping = asyncio.Event()  # set once the jobs are done: the loops end
         self._drained = asyncio.Event()  # set by drain(): ends a start still retrying
+        self._reclaim_from = "0-0"  # XAUTOCLAIM's cursor over the pending list
         self._ready_key = keys.ready(self.tier)
         # line-buffered: a SIGKILLed worker's last entry is on disk (its exit never is)
         self._trace = open(settings.handler_trace, "a", buffering=1) if settings.handler_trace else None  # noqa: SIM115
@@ -276,9 +277,14 @@ class Worker:
         free = self.policy.concurrency - len(self.jobs)
         if self.draining or free <= 0:
             return
-        _next, claimed, *_deleted = await self.r.xautoclaim(
+        # Resume where the last pass stopped: a scan is bounded (10 x COUNT entries), and
+        # from 0-0 every pass would meet the same notifications at the head of the pending
+        # list (those of jobs in progress, and reclaimed ones whose lane is busy, which stay)
+        # and never reach an idle one further on (issue 8, hole 2). "0-0" back = wrapped.
+        nxt, claimed, *_deleted = await self.r.xautoclaim(
             self._ready_key, keys.GROUP, self.worker_id, self.settings.reclaim_idle_ms,
-            start_id="0-0", count=free)
+            start_id=self._reclaim_from, count=free)
+        self._reclaim_from = _s(nxt)
         for nid, fields in claimed:
             if fields:
                 log.info("reclaimed notification %s (%s)", _s(nid), fields.get(b"user"))
@@ -288,10 +294,19 @@ class Worker:
 
     async def _renew(self) -> None:
         """Extend our lanes and keep their notifications ours; beat the heartbeat."""
+        now = time.monotonic()
+        for job in self.jobs.values():  # Redis unreachable past the TTL: the lease is gone too
+            if job.lease is not None and now - job.renewed > self.settings.lane_ttl_ms / 1000:
+                log.warning("lane of %s not renewed within its TTL: stopping the turn in progress", job.user)
+                job.lane_lost()
         held = [job for job in self.jobs.values() if job.lease is not None]
         leases = [job.lease for job in held if job.lease is not None]
         for job, lease, ok in zip(held, leases, await self.store.renew(leases), strict=True):
-            if not ok and job.lease is lease:  # (released meanwhile is not lost)
+            if job.lease is not lease:
+                continue  # released (or lost) meanwhile
+            if ok:
+                job.renewed = now
+            else:
                 log.warning("lane of %s expired under us: stopping the turn in progress", job.user)
                 job.lane_lost()
         nids = [nid for job in held for nid in job.nids]

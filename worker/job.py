@@ -52,6 +52,7 @@ class UserJob:
         self.handed: list[str] = []  # notification ids a hand-over acks
         self.busy_since: float | None = None  # in a handler right now
         self.task: asyncio.Task[None] | None = None
+        self.renewed = 0.0  # when the lease was last taken or renewed (monotonic)
         self._lost = False  # lane_lost() cancelled the task: take the lane again
 
     def attach(self, nid: str, reclaimed: bool) -> None:
@@ -122,6 +123,7 @@ class UserJob:
                     return
                 continue
             self.lease = got
+            self.renewed = time.monotonic()
             covered = await self._serve_until_released(got)
             if covered is None:  # handed over (draining, or the next turn is another tier's)
                 await self.w.ack(self.handed)
