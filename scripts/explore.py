@@ -16,6 +16,7 @@ written to --out and the replay command printed), 2 on a bad argument.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import random
 import sys
 import time
@@ -49,11 +50,14 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--keep-going", action="store_true", help="count violations instead of stopping")
     p.add_argument("--out", type=Path, default=Path(".explore"), help="where failing schedules go")
     p.add_argument("--json", type=Path, help="also write the summary here")
+    p.add_argument("--jobs", type=int, default=1, help="processes exploring side by side")
     args = p.parse_args(argv)
     for name in ("schedules", "workers", "users", "turns", "concurrency"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name} must be at least 1")
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
     if args.faults < 0 or args.depth < 0:
         p.error("--faults and --depth must not be negative")
     return args
@@ -116,6 +120,19 @@ def replay(args) -> int:
     return 0 if outcome.ok else 1
 
 
+def _run_one(text: str) -> Outcome:
+    return run(Schedule.from_json(text))
+
+
+def outcomes(args):
+    """Each schedule's outcome, in order: in this process, or in ``--jobs`` processes."""
+    if args.jobs == 1:
+        yield from map(run, schedules(args))
+        return
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        yield from pool.imap(_run_one, (s.to_json() for s in schedules(args)), chunksize=4)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.replay:
@@ -124,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     done = failed = steps = faults = 0
     virtual = 0.0
     wait_all: list[float] = []
-    for schedule in schedules(args):
-        outcome = run(schedule)
+    for outcome in outcomes(args):
         done += 1
         steps += outcome.steps
         virtual += outcome.virtual_s
@@ -136,20 +152,25 @@ def main(argv: list[str] | None = None) -> int:
             report_failure(args, outcome)
             if not args.keep_going:
                 break
-        if time.monotonic() - last > 5:
+        if time.monotonic() - last > 10:
             last = time.monotonic()
             print(f"  {done}/{args.schedules} schedules, {done / (last - t0) * 60:.0f}/min, "
                   f"{failed} failing", flush=True)
-    elapsed = time.monotonic() - t0
+    return summarize(args, done, failed, steps, virtual, faults, wait_all, time.monotonic() - t0)
+
+
+def summarize(args, done: int, failed: int, steps: int, virtual: float, faults: int,
+              wait_all: list[float], elapsed: float) -> int:
     wait_all.sort()
     summary = {"schedules": done, "failing": failed, "strategy": args.strategy, "seed": args.seed,
-               "seconds": round(elapsed, 1), "per_minute": round(done / elapsed * 60, 1) if elapsed else None,
+               "jobs": args.jobs, "seconds": round(elapsed, 1),
+               "per_minute": round(done / elapsed * 60, 1) if elapsed else None,
                "steps": steps, "virtual_seconds": round(virtual, 1), "faults": faults,
                "turn_wait_p99_s": round(wait_all[int(0.99 * (len(wait_all) - 1))], 3) if wait_all else None,
                "turn_wait_max_s": round(wait_all[-1], 3) if wait_all else None}
-    print(f"explored {done} schedules ({args.strategy}, seeds {args.seed}..{args.seed + done - 1}) in "
-          f"{elapsed:.1f}s: {summary['per_minute']}/min, {steps} steps, {virtual:.0f} s virtual, "
-          f"{faults} faults; {failed} failing")
+    print(f"explored {done} schedules ({args.strategy}, seeds {args.seed}..{args.seed + done - 1}, "
+          f"{args.jobs} jobs) in {elapsed:.1f}s: {summary['per_minute']}/min, {steps} steps, "
+          f"{virtual:.0f} s virtual, {faults} faults; {failed} failing")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     return 1 if failed else 0

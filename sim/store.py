@@ -175,7 +175,13 @@ class SimConnection(FakeAsyncRedisConnection):
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         net = self.network
-        await asyncio.sleep(net.delay())
+        try:
+            await asyncio.sleep(net.delay())
+        except BaseException:
+            # cancelled on the way out, as redis-py's own send may be: the connection is dropped,
+            # or a command sent before this one (the handshake's) would leave its reply behind
+            await self.disconnect(nowait=True)
+            raise
         self._check_alive()
         await super().send_packed_command(command, check_health)
         net.commands += 1
