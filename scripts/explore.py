@@ -168,7 +168,9 @@ def summarize(args, done: int, failed: int, steps: int, virtual: float, faults: 
                "steps": steps, "virtual_seconds": round(virtual, 1), "faults": faults,
                "turn_wait_p99_s": round(wait_all[int(0.99 * (len(wait_all) - 1))], 3) if wait_all else None,
                "turn_wait_max_s": round(wait_all[-1], 3) if wait_all else None}
-    print(f"explored {done} schedules ({args.strategy}, seeds {args.seed}..{args.seed + done - 1}, "
+    seeds = (f"seed {args.seed}: one FIFO run and its single deviations" if args.strategy == "sweep"
+             else f"seeds {args.seed}..{args.seed + done - 1}")
+    print(f"explored {done} schedules ({args.strategy}, {seeds}, "
           f"{args.jobs} jobs) in {elapsed:.1f}s: {summary['per_minute']}/min, {steps} steps, "
           f"{virtual:.0f} s virtual, {faults} faults; {failed} failing")
     if args.json:
