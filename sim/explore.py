@@ -246,8 +246,7 @@ def run(schedule: Schedule) -> Outcome:
         asyncio.set_event_loop(None)
         loop.close()
         quiet()
-        gc.enable()
-        gc.collect()
+        gc.enable()  # (no full collect here: in a big process, a test run's, it costs more than the run)
     filled = replace(schedule, faults=faults.made if schedule.faults is None else schedule.faults,
                      choices=chooser.made if schedule.choices is None else schedule.choices)
     return Outcome(filled, violations, loop.steps, end, net.commands, wait_list, chooser.branches)

@@ -106,6 +106,8 @@ def test_worker_killed_inside_handler_turn_answered_once_elsewhere(r, redis_serv
     handle = fleet.submit("dave", "slow one")
     holder = wait_until(lambda: r.get(keys.lane("dave")), 10, "a worker to take dave's lane").decode()
     victim, survivor = (a, b) if holder.startswith("chat-a|") else (b, a)
+    # inside the handler: the attempt is counted (the pull precedes the handler), not only the lane taken
+    wait_until(lambda: any(k.startswith(b"att:") for k in r.hkeys(keys.state("dave"))), 10, "the handler")
     victim.kill()
 
     reply = handle.result(30)
