@@ -245,9 +245,12 @@ def test_top_live_refreshes_and_exits_0_on_ctrl_c(r: redis.Redis, fleet_env: dic
     proc = subprocess.Popen([sys.executable, "-m", "fleet.cli", "top", "--interval", "0.2"], env=fleet_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        time.sleep(1.5)
+        assert proc.stdout is not None
+        first = proc.stdout.read(len(b"\x1b[H\x1b[2J"))  # the first frame has begun: it is running
+        time.sleep(1.0)  # a few more frames at 0.2 s
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=10)
+        out = first + out
     finally:
         if proc.poll() is None:
             proc.kill()
