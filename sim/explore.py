@@ -157,7 +157,7 @@ class _Faults:
 
     def before_step(self, step: int) -> None:
         world = self.world
-        if world is None or world.record.clients_done is not None and not self._serving(world):
+        if world is None or not self._serving(world):
             return
         fault = self._next(step)
         if fault is not None and self._apply(world, fault):

@@ -239,13 +239,10 @@ class World:
     async def shutdown(self, grace_s: float = 30.0) -> None:
         """SIGTERM every live worker and wait for them to drain (bounded)."""
         for wid in self.live_workers():
-            self.terminate_final(wid)
+            self._sigterm(wid)
         deadline = self.loop.time() + grace_s
         while self.loop.time() < deadline and self.live_workers():
             await asyncio.sleep(0.1)
-
-    def terminate_final(self, wid: str) -> None:
-        self._sigterm(wid)
 
     def _sigterm(self, wid: str) -> bool:
         worker = self.instances[wid]
@@ -324,8 +321,3 @@ class World:
         pipe.xadd(keys.inbox(sub.user), {"text": f"text {sub.turn}", "turn_id": sub.turn, "tier": sub.tier})
         pipe.xadd(keys.ready(sub.tier), {"user": sub.user})
         await pipe.execute()
-
-    def state(self) -> dict[str, Any]:
-        """A small summary for a report."""
-        return {"workers_started": self._spawned, "turns": len(self.record.turns),
-                "calls": len(self.record.calls), "faults": len(self.record.faults)}
