@@ -41,6 +41,7 @@ RESPAWN_S = 0.5  # a killed worker's replacement starts this much later
 SEES_EXIT_S = 0.2  # the commander notices a worker process exit this much later
 SAMPLE_S = 0.25  # how often the world samples who waits
 SWEEP_S = 5.0  # CommanderSettings.sweep_interval_s: consumers without a heartbeat are taken over
+PASS_S = 0.5  # CommanderSettings.interval_s: a takeover that failed is tried again next pass
 
 
 @dataclass(frozen=True)
@@ -186,14 +187,24 @@ class World:
         self.loop.call_later(SEES_EXIT_S, self._take_over, wid, context=self._in_node("commander"))
 
     def _take_over(self, wid: str) -> None:
-        """What the commander does when it sees a worker process exit (stores.takeover)."""
+        """What the commander does when it sees a worker process exit (stores.takeover).
+
+        Its blocking calls run as one step, on the fault-free client, but not while Redis is
+        down for everyone: then the real commander's call fails and it tries again next pass.
+        """
+        if self.net.is_down():
+            self.loop.call_later(PASS_S, self._take_over, wid, context=self._in_node("commander"))
+            return
         done = take_over(self.net.sync_client(), TIER, wid)
         self.record.takeovers.append((self.loop.time(), wid, len(done.users)))
 
     async def _commander(self) -> None:
-        """The commander's periodic sweep: consumers whose heartbeat is gone are taken over."""
+        """The commander's periodic sweep: consumers whose heartbeat is gone are taken over
+        (live workers too, right after an outage longer than the heartbeat TTL: fenced)."""
         while True:
             await asyncio.sleep(SWEEP_S)
+            if self.net.is_down():
+                continue  # the sweep fails; tried again at the next one
             for done in sweep(self.net.sync_client(), TIER):
                 self.record.takeovers.append((self.loop.time(), done.worker, len(done.users)))
 

@@ -301,18 +301,21 @@ class Worker:
                 job.lane_lost()
         held = [job for job in self.jobs.values() if job.lease is not None]
         leases = [job.lease for job in held if job.lease is not None]
+        nids: list[str] = []
         for job, lease, ok in zip(held, leases, await self.store.renew(leases), strict=True):
             if job.lease is not lease:
                 continue  # released (or lost) meanwhile
             if ok:
                 job.renewed = now
+                nids += job.nids
             else:
                 log.warning("lane of %s expired under us: stopping the turn in progress", job.user)
                 job.lane_lost()
-        nids = [nid for job in held for nid in job.nids]
         pipe = self.r.pipeline(transaction=False)
-        if nids:  # claiming to ourselves resets their idle time: no one reclaims a live owner
-            pipe.xclaim(self._ready_key, keys.GROUP, self.worker_id, 0, nids, justid=True)
+        if nids:  # touching resets their idle time, so no one reclaims a live holder's: only
+            # the ones still pending under us (one another worker reclaimed is its duty now)
+            await self.store.scripts.notification_touch(
+                keys=[self._ready_key], args=[keys.GROUP, self.worker_id, *nids], client=pipe)
         pipe.set(keys.heartbeat(self.worker_id), "1", px=self.settings.heartbeat_ttl_ms)
         await pipe.execute()
 

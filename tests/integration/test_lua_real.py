@@ -89,3 +89,25 @@ async def test_bad_arguments_leave_no_partial_write(r: redis.Redis, store: UserS
     assert snapshot(r) == before
     good = [1, 1, 1, "name", "A", b"member", "1.0", "turns", 1]
     assert await store.scripts.turn_commit(keys=KEYS_, args=head + good) == b"ok"
+
+
+@pytest.mark.parametrize("script", ["notification_ack", "notification_touch"])
+async def test_the_notification_scripts_act_only_on_the_callers_own_entries(
+        r: redis.Redis, redis_server: RedisServer, script: str) -> None:
+    """What fakeredis runs in the explorer, on the real server: an entry another consumer
+    reclaimed is neither acked nor taken back."""
+    from stores.scripts import Scripts
+
+    client = aioredis.Redis.from_url(redis_server.url)
+    ready = keys.ready("chat")
+    await client.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
+    mine = (await client.xadd(ready, {"user": "alice"})).decode()
+    theirs = (await client.xadd(ready, {"user": "bob"})).decode()
+    await client.xreadgroup(keys.GROUP, "w1", {ready: ">"})
+    await client.xclaim(ready, keys.GROUP, "w2", 0, [theirs])
+    run = getattr(Scripts(client), script)
+    assert await run(keys=[ready], args=[keys.GROUP, "w1", mine, theirs, "0-1"]) == 1
+    pending = {p["message_id"].decode(): p["consumer"].decode()
+               for p in await client.xpending_range(ready, keys.GROUP, "-", "+", 10)}
+    assert pending == ({theirs: "w2"} if script == "notification_ack" else {mine: "w1", theirs: "w2"})
+    await client.aclose()

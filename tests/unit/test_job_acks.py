@@ -9,14 +9,17 @@ flight, so a turn could wait with no lane and no pending notification.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 import fakeredis
 
 from protocol import keys
 from stores.scripts import Scripts
-from stores.turns import Busy
+from stores.turns import Busy, Lease
+from worker.app import Worker
 from worker.job import UserJob
+from worker.settings import WorkerSettings
 
 
 @dataclass
@@ -78,4 +81,54 @@ async def test_a_worker_acks_only_notifications_still_pending_under_itself() -> 
     assert acked == 1
     pending = await r.xpending_range(ready, keys.GROUP, "-", "+", 10)
     assert [(p["message_id"].decode(), p["consumer"].decode()) for p in pending] == [(stolen, "w2")]
+    await r.aclose()
+
+
+async def _renewing_worker(lane_holder: str) -> tuple[fakeredis.FakeAsyncRedis, Worker, str, str]:
+    """Worker w1 with a job for alice (its lease ``w1|1``), alice's lane held by ``lane_holder``,
+    and two notifications w1 was delivered: ``kept`` still pending under w1, ``reclaimed``
+    since taken over by w2 (XAUTOCLAIM)."""
+    r = fakeredis.FakeAsyncRedis()
+    ready = keys.ready("chat")
+    await r.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
+    kept = (await r.xadd(ready, {"user": "alice"})).decode()
+    reclaimed = (await r.xadd(ready, {"user": "alice"})).decode()
+    await r.xreadgroup(keys.GROUP, "w1", {ready: ">"})
+    await r.xclaim(ready, keys.GROUP, "w2", 0, [reclaimed])
+    await r.set(keys.lane("alice"), lane_holder, px=5000)
+    worker = Worker(WorkerSettings(worker_id="w1", tier="chat"), r=r)
+    job = UserJob(worker, "alice")
+    job.attach(kept, reclaimed=False)
+    job.attach(reclaimed, reclaimed=False)
+    job.lease = Lease("alice", "w1|1", cursor="")
+    job.renewed = time.monotonic()
+    worker.jobs["alice"] = job
+    return r, worker, kept, reclaimed
+
+
+async def _owners(r: fakeredis.FakeAsyncRedis) -> dict[str, str]:
+    pending = await r.xpending_range(keys.ready("chat"), keys.GROUP, "-", "+", 10)
+    return {p["message_id"].decode(): p["consumer"].decode() for p in pending}
+
+
+async def test_a_renewal_never_takes_back_a_notification_another_worker_reclaimed() -> None:
+    """Found by scripts/explore --seed 20221: a worker paused past its lease came back, its
+    renewal XCLAIMed (min-idle 0) the notifications that the lane's new holder had reclaimed,
+    and its busy acquire then acked them as its own: a turn waited with nobody to serve it."""
+    r, worker, kept, reclaimed = await _renewing_worker("w1|1")  # our lane, renewed fine
+    await worker._renew()
+    assert await _owners(r) == {kept: "w1", reclaimed: "w2"}
+    await r.aclose()
+
+
+async def test_a_renewal_that_finds_the_lane_lost_touches_none_of_its_notifications() -> None:
+    r, worker, kept, reclaimed = await _renewing_worker("w2|9")  # w2 holds alice's lane now
+    idle_before = {p["message_id"].decode(): p["time_since_delivered"] for p in
+                   await r.xpending_range(keys.ready("chat"), keys.GROUP, "-", "+", 10)}
+    await asyncio.sleep(0.05)
+    await worker._renew()
+    assert await _owners(r) == {kept: "w1", reclaimed: "w2"}
+    idle = {p["message_id"].decode(): p["time_since_delivered"] for p in
+            await r.xpending_range(keys.ready("chat"), keys.GROUP, "-", "+", 10)}
+    assert idle[kept] >= idle_before[kept] + 40  # not reset: it ages and is reclaimed in time
     await r.aclose()

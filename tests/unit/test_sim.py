@@ -146,7 +146,8 @@ def test_two_workers_in_one_users_handler_are_found(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(turns.UserStore, "acquire", always_wins)
     monkeypatch.setattr(scripts, "source", unfenced)
-    assert "I3" in _kinds(range(1, 9), users=1, turns=6)
+    found = set().union(*(_kinds(range(seed, seed + 1), users=1, turns=6) for seed in range(1, 5)))
+    assert "I3" in found  # (some schedules show only the stalls the broken lease causes)
 
 
 def test_a_stuck_user_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
