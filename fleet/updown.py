@@ -154,9 +154,7 @@ def _ensure_default_tier(r: redis.Redis) -> int:
         write_policy(r, DEFAULT_TIER, Policy())
     else:
         r.sadd(keys.TIERS, DEFAULT_TIER)
-    from commander.commander import registered_handlers
-
-    return read_policy(r, DEFAULT_TIER, registered_handlers()).policy.min_workers
+    return read_policy(r, DEFAULT_TIER).policy.min_workers
 
 
 def _wait_for_workers(r: redis.Redis, state: dict[str, Any], want: int,
