@@ -39,17 +39,6 @@ STATE_TTL_S = 86_400
 ADOPT_EVERY_S = 10.0
 
 
-def registered_handlers() -> list[str] | None:
-    """Handler names a policy may use (None: no check, if the worker package is unusable)."""
-    try:
-        from worker.handlers import registered_names
-
-        return list(registered_names())
-    except Exception:  # noqa: BLE001 - a broken plugin must not stop the control plane
-        log.exception("handler registry unavailable: policies are not checked against it")
-        return None
-
-
 @dataclass
 class _Tier:
     """What the commander remembers of a tier between passes."""
@@ -79,7 +68,6 @@ class Commander:
         self.leader = Leadership(r, settings.commander_id, settings.lease_ttl_ms)
         self.observer = Observer(r)
         self.tiers: dict[str, _Tier] = {}
-        self.handlers = registered_handlers()
         self.started = time.time()
         self._adopted_at = 0.0
         self._pressure_total: dict[str, int] = {}
@@ -153,7 +141,7 @@ class Commander:
         except Deposed:
             log.warning("deposed during a takeover: acting on nothing more")
             return
-        policies = {t: self._policy(t) for t in names}
+        policies = {t: self._policy(t, registry) for t in names}
         windows = {t: p.policy.active_window_s for t, p in policies.items()}
         signals = self.observer.tier_signals(names, windows, now)
         for tier in names:
@@ -184,13 +172,21 @@ class Commander:
             self.tiers.setdefault(name, _Tier())
         return sorted(names)
 
-    def _policy(self, tier: str) -> PolicyRead:
-        read = read_policy(self.r, tier, self.handlers)
+    def _policy(self, tier: str, registry: dict[str, Any]) -> PolicyRead:
+        """The policy the tier's workers run: the key, unless it is invalid or names a handler
+        that none of the tier's live workers has (they keep their last good one then)."""
+        known = sorted({name for info, alive in registry.values()
+                        if alive and info.tier == tier for name in info.handlers})
+        read = read_policy(self.r, tier, known or None)  # no live worker said: structure only
         memo = self.tiers[tier]
         verdict = (read.source, read.error)
         if verdict != memo.verdict and (read.error or memo.verdict is not None):
             action = "policy-rejected" if read.error else "policy-applied"
-            reason = f"policy key rejected: {read.error}; running the {read.source} policy" \
+            why = read.error
+            if read.missing_handler is not None:
+                why = (f"no live worker of tier {tier} has handler {read.missing_handler!r} "
+                       f"(they have: {', '.join(known)}; install it where they run)")
+            reason = f"policy key rejected: {why}; running the {read.source} policy" \
                 if read.error else f"policy from {read.source} in force"
             self._append(self._event(tier, action, reason=reason))
             (log.warning if read.error else log.info)("tier %s: %s", tier, reason)

@@ -149,3 +149,4 @@ class WorkerInfo(_Model):
     host: str
     started: float
     runtime: str = "process"
+    handlers: list[str] = []  # the handler names it can load (policy set warns if none has one)

@@ -1,8 +1,12 @@
 """Tier policies in Redis: read with fallback to the last good one, written only when valid.
 
 ``fleet:policy:<tier>`` is the user's key (edited by ``fleet policy set`` or a raw ``SET``).
-Whoever reads it validates it; a valid one is copied to ``...:good``, an invalid one is
-recorded in ``...:status`` with its reason and the last good policy is used instead.
+Whoever reads it validates it, against its own handler registry too: a policy naming a
+handler the reader cannot load is rejected *for that reader*, which runs the last good
+policy instead. Only the processes that run a tier (its workers, the commander) record what
+they found (``record=True``): a key they accept is copied to ``...:good``, a rejected one is
+noted in ``...:status`` with the reason and who found it. Observers (``fleet status``,
+``policy get``, ``top``) only read: a read never writes.
 """
 
 from __future__ import annotations
@@ -30,21 +34,26 @@ class PolicyRead:
     policy: Policy
     source: str  # "key", "last-good" or "default"
     error: str | None = None  # why the key was rejected, if it was
+    missing_handler: str | None = None  # the key is valid but names a handler this reader lacks
 
 
 def _resolve(tier: str, raw: bytes | None, good: bytes | None, handlers: Iterable[str] | None) -> PolicyRead:
     if raw is None:
         return PolicyRead(tier, Policy(), "default")
+    missing = None
     try:
         return PolicyRead(tier, parse_policy(raw, handlers), "key")
     except PolicyError as exc:
         error = str(exc)
+        if handlers is not None:
+            with contextlib.suppress(PolicyError):  # valid but for the handler: say which
+                missing = parse_policy(raw).handler
     if good is not None:
         try:
-            return PolicyRead(tier, parse_policy(good, handlers), "last-good", error)
+            return PolicyRead(tier, parse_policy(good, handlers), "last-good", error, missing)
         except PolicyError:
             pass  # the registry changed under the last good one: fall through to defaults
-    return PolicyRead(tier, Policy(), "default", error)
+    return PolicyRead(tier, Policy(), "default", error, missing)
 
 
 def _verdict(read: PolicyRead) -> tuple[bytes, bytes]:
@@ -52,13 +61,13 @@ def _verdict(read: PolicyRead) -> tuple[bytes, bytes]:
 
 
 def _plan_writes(tier: str, read: PolicyRead, raw: bytes | None, good: bytes | None,
-                 status: list[bytes | None]) -> tuple[bytes | None, dict[str, str] | None]:
+                 status: list[bytes | None], reader: str) -> tuple[bytes | None, dict[str, str] | None]:
     """What to write back: the new last-good copy, and the status only when the verdict changed."""
     new_good = raw if read.source == "key" and raw != good else None
     if tuple(status) == _verdict(read):
         return new_good, None
     fields = {"ok": "0" if read.error else "1", "error": read.error or "", "source": read.source,
-              "ts": f"{time.time():.3f}"}
+              "by": reader, "ts": f"{time.time():.3f}"}
     return new_good, fields
 
 
@@ -75,40 +84,51 @@ def _queue_writes(pipe: Any, tier: str, new_good: bytes | None, status: dict[str
     return new_good is not None or status is not None
 
 
-def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None) -> PolicyRead:
-    """Read and validate a tier's policy (blocking client); record a changed verdict."""
+def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None, *,
+                record: bool = False, reader: str = "") -> PolicyRead:
+    """Read and validate a tier's policy (blocking client); with ``record``, note a changed
+    verdict and copy an accepted key to the last good one (for the tier's own processes)."""
     pipe = r.pipeline(transaction=False)
     _queue_reads(pipe, tier)
     (raw, good), status = pipe.execute()
     read = _resolve(tier, raw, good, handlers)
-    pipe = r.pipeline(transaction=False)
-    if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status)):
-        with contextlib.suppress(NoPermissionError):  # a read-only observer cannot record it
-            pipe.execute()
+    if record:
+        pipe = r.pipeline(transaction=False)
+        if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status, reader)):
+            with contextlib.suppress(NoPermissionError):  # a read-only user cannot record it
+                pipe.execute()
     return read
 
 
-async def read_policy_async(r: aioredis.Redis, tier: str,
-                            handlers: Iterable[str] | None = None) -> PolicyRead:
-    """Read and validate a tier's policy (asyncio client); record a changed verdict."""
+async def read_policy_async(r: aioredis.Redis, tier: str, handlers: Iterable[str] | None = None, *,
+                            record: bool = False, reader: str = "") -> PolicyRead:
+    """The asyncio twin of ``read_policy``."""
     pipe = r.pipeline(transaction=False)
     _queue_reads(pipe, tier)
     (raw, good), status = await pipe.execute()
     read = _resolve(tier, raw, good, handlers)
-    pipe = r.pipeline(transaction=False)
-    if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status)):
-        with contextlib.suppress(NoPermissionError):  # a read-only user cannot record it
-            await pipe.execute()
+    if record:
+        pipe = r.pipeline(transaction=False)
+        if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status, reader)):
+            with contextlib.suppress(NoPermissionError):
+                await pipe.execute()
     return read
 
 
+def read_policy_status(r: redis.Redis, tier: str) -> dict[str, str]:
+    """What the tier's processes last recorded about its key: ok, error, source, by, ts."""
+    return {_s(k): _s(v) for k, v in r.hgetall(keys.policy_status(tier)).items()}
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _queue_policy_write(pipe: Any, tier: str, policy: Policy) -> None:
-    body = policy.to_json()
-    pipe.set(keys.policy(tier), body)
-    pipe.set(keys.policy_good(tier), body)
+    """The key only: it becomes the last good copy once the tier's processes accept it (a
+    handler they cannot load must not replace the policy they run)."""
+    pipe.set(keys.policy(tier), policy.to_json())
     pipe.sadd(keys.TIERS, tier)
-    pipe.hset(keys.policy_status(tier), mapping={"ok": "1", "error": "", "source": "key",
-                                                 "ts": f"{time.time():.3f}"})
 
 
 def write_policy(r: redis.Redis, tier: str, policy: Policy) -> None:

@@ -26,7 +26,7 @@ from protocol.codec import CodecError, decode, encode
 from protocol.models import Control, Counters, Slots, WorkerInfo
 from protocol.policy import Policy
 from stores.connection import connect_async
-from stores.policies import read_policy_async, tier_defined_async
+from stores.policies import PolicyRead, read_policy_async, tier_defined_async
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
 from worker.intake import Fields
@@ -69,6 +69,9 @@ class Worker:
         self._stopping = asyncio.Event()  # set once the jobs are done: the loops end
         self._drained = asyncio.Event()  # set by drain(): ends a start still retrying
         self._reclaim_from = "0-0"  # XAUTOCLAIM's cursor over the pending list
+        self._policy_rejected: str | None = None  # why the key is not applied here (logged once)
+        self._rescanned: dict[str, float] = {}  # missing handler -> when entry points were re-read
+        self._started = 0.0
         self._ready_key = keys.ready(self.tier)
         # line-buffered: a SIGKILLed worker's last entry is on disk (its exit never is)
         self._trace = open(settings.handler_trace, "a", buffering=1) if settings.handler_trace else None  # noqa: SIM115
@@ -163,8 +166,13 @@ class Worker:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        self._started = time.time()
+        await self._register()
+
+    async def _register(self) -> None:
         info = WorkerInfo(worker=self.worker_id, tier=self.tier, pid=os.getpid(),
-                          host=self.settings.host, started=time.time())
+                          host=self.settings.host, started=self._started,
+                          handlers=handlers.registered_names())
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(keys.WORKERS, self.worker_id, encode(info))
         pipe.set(keys.heartbeat(self.worker_id), "1", px=self.settings.heartbeat_ttl_ms)
@@ -320,7 +328,16 @@ class Worker:
         await pipe.execute()
 
     async def _refresh_policy(self) -> None:
-        read = await read_policy_async(self.r, self.tier, handlers.registered_names())
+        """Apply the tier's policy. One naming a handler this worker cannot load is rejected here
+        (after looking for newly installed handlers): the worker keeps what it runs."""
+        read = await self._read_policy()
+        keep = read.missing_handler is not None and read.source == "default"
+        if read.missing_handler is not None and read.error != self._policy_rejected:
+            log.error("policy of %s not applied on this worker: %s; running the %s policy", self.tier,
+                      read.error, "current" if keep else read.source)
+        self._policy_rejected = read.error if read.missing_handler is not None else None
+        if keep:
+            return  # the last good copy is not loadable here either: keep ours, not the default
         if read.policy != self.policy:
             if read.policy.handler != self.policy.handler:
                 self.handler = handlers.get(read.policy.handler)
@@ -329,6 +346,21 @@ class Worker:
                      read.source, read.policy.handler, read.policy.concurrency,
                      f"; key rejected: {read.error}" if read.error else "")
             self._slot_freed.set()
+
+    async def _read_policy(self) -> PolicyRead:
+        read = await read_policy_async(self.r, self.tier, handlers.registered_names(), record=True,
+                                       reader=f"worker {self.worker_id}")
+        name = read.missing_handler
+        every = self.settings.handler_rescan_s
+        if name is None or time.monotonic() - self._rescanned.get(name, -every) < every:
+            return read
+        self._rescanned[name] = time.monotonic()
+        if name not in handlers.rescan():
+            return read
+        log.info("handler %r found (installed since this worker started)", name)
+        await self._register()  # the registry says which handlers this worker has
+        return await read_policy_async(self.r, self.tier, handlers.registered_names(), record=True,
+                                       reader=f"worker {self.worker_id}")
 
     async def _housekeeping(self) -> None:
         """Trim the ready stream below what is pending or undelivered; forget stale users."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import inspect
 import logging
 import threading
@@ -64,6 +65,15 @@ def register(name: str) -> Callable[[Handler], Handler]:
 def _load_entry_points() -> None:
     for ep in entry_points(group="fleet.handlers"):
         _REGISTRY.setdefault(ep.name, ep.load())
+
+
+def rescan() -> list[str]:
+    """Look for ``fleet.handlers`` entry points again: a package installed since this process
+    started (``pip install`` into the fleet's environment) becomes usable without a restart.
+    Handlers already loaded stay as they are."""
+    importlib.invalidate_caches()
+    _load_entry_points.cache_clear()
+    return registered_names()
 
 
 def registered_names() -> list[str]:

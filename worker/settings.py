@@ -27,6 +27,8 @@ class WorkerSettings(BaseSettings):
     reclaim_interval_s: float = Field(1.0, gt=0)
     housekeeping_interval_s: float = Field(10.0, gt=0)
     policy_refresh_s: float = Field(2.0, gt=0)
+    handler_rescan_s: float = Field(30.0, gt=0, description="a policy names a handler this worker "
+                                    "lacks: look for newly installed ones (entry points) this often")
     heartbeat_ttl_ms: int = Field(5000, ge=500)
     max_turn_bytes: int = Field(64 * 1024, ge=256)
     max_reply_bytes: int = Field(256 * 1024, ge=256)

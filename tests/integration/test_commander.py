@@ -302,3 +302,22 @@ def test_a_worker_started_separately_is_counted_not_doubled(r, redis_server, sta
     reply = Fleet(redis_server.url).submit("olga", "hi", meta={"sleep_ms": 1}).result(10)
     assert reply.ok and reply.worker == "chat-outside"
     assert outside.proc.poll() is None
+
+
+def test_a_handler_no_worker_has_is_rejected_and_the_tier_keeps_its_policy(r, redis_server, start_commander):
+    """Issue 9, item 1: the key names a handler installed where the CLI runs but not where the
+    workers do. Before: accepted, and the workers ran the default policy (echo, concurrency 8)."""
+    write_policy(r, "chat", policy(min_workers=1, handler="sleep", concurrency=3,
+                                   handler_options={"ms": 1}))
+    start_commander()
+    wait_until(lambda: len(live_workers(r)) == 1, 20, "a worker")
+    fleet = Fleet(redis_server.url)
+    assert fleet.submit("alice", "hi").result(30).text.startswith("slept")
+    write_policy(r, "chat", policy(min_workers=1, handler="answer", concurrency=16))
+    wait_until(lambda: [e for e in ledger(r) if e.action == "policy-rejected"], 15, "the rejection")
+    reason = [e for e in ledger(r) if e.action == "policy-rejected"][0].reason
+    assert "no live worker of tier chat has handler 'answer'" in reason, reason
+    wait_until(lambda: b"answer" in (r.hget(keys.policy_status("chat"), "error") or b""), 15,
+               "the worker's own verdict")
+    reply = fleet.submit("alice", "still there?").result(30)
+    assert reply.ok and reply.text.startswith("slept"), reply  # the last good policy, not echo

@@ -1,0 +1,126 @@
+"""A policy naming a handler the tier's workers cannot load (issue 9, item 1).
+
+Before: ``fleet policy set chat handler=answer`` (the package installed where the CLI runs,
+not where the workers do) was accepted, the workers fell back to the *default* policy (echo
+replies, concurrency 8), and the last good copy had been overwritten by ``policy set`` too.
+Now the key is rejected for the readers that lack the handler, which keep what they run; the
+last good copy is written only by a reader that accepted the key; reads never write; and a
+worker looks for newly installed handlers before rejecting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib.metadata import EntryPoint
+
+import fakeredis
+import pytest
+
+from protocol import keys
+from protocol.codec import decode
+from protocol.models import HandlerResult, WorkerInfo
+from protocol.policy import Policy
+from stores.policies import read_policy, read_policy_async, read_policy_status, write_policy
+from worker import handlers
+from worker.app import Worker
+from worker.settings import WorkerSettings
+
+KNOWN = ["echo", "noop", "sleep"]
+
+
+def test_a_read_never_writes() -> None:
+    r = fakeredis.FakeRedis()
+    r.set(keys.policy("chat"), '{"min_workers": 5, "max_workers": 2}')  # invalid
+    before = sorted(r.keys("*"))
+    read = read_policy(r, "chat", KNOWN)
+    assert read.source == "default" and "min_workers (5) > max_workers (2)" in (read.error or "")
+    assert sorted(r.keys("*")) == before
+
+
+def test_policy_set_writes_the_key_and_the_tier_not_the_last_good_copy() -> None:
+    r = fakeredis.FakeRedis()
+    write_policy(r, "chat", Policy(concurrency=4))
+    write_policy(r, "chat", Policy(handler="answer"))
+    assert r.get(keys.policy_good("chat")) is None
+    assert r.smembers(keys.TIERS) == {b"chat"}
+
+
+def test_a_reader_that_lacks_the_handler_runs_the_last_good_policy_and_records_why() -> None:
+    r = fakeredis.FakeRedis()
+    write_policy(r, "chat", Policy(concurrency=4))
+    assert read_policy(r, "chat", KNOWN, record=True, reader="worker w1").source == "key"
+    write_policy(r, "chat", Policy(handler="answer", concurrency=16))
+    read = read_policy(r, "chat", KNOWN, record=True, reader="worker w1")
+    assert (read.source, read.policy.concurrency, read.missing_handler) == ("last-good", 4, "answer")
+    assert Policy.model_validate_json(r.get(keys.policy_good("chat"))).concurrency == 4  # kept
+    status = read_policy_status(r, "chat")
+    assert status["ok"] == "0" and "'answer' is not registered" in status["error"]
+    assert status["by"] == "worker w1" and status["source"] == "last-good"
+    assert read_policy(r, "chat", [*KNOWN, "answer"]).source == "key"  # where it is installed
+
+
+def test_a_structurally_invalid_key_names_no_missing_handler() -> None:
+    r = fakeredis.FakeRedis()
+    r.set(keys.policy("chat"), '{"handler": "answer", "concurrency": 0}')
+    assert read_policy(r, "chat", KNOWN).missing_handler is None
+
+
+def _clients() -> tuple[fakeredis.FakeAsyncRedis, fakeredis.FakeRedis]:
+    server = fakeredis.FakeServer()
+    return fakeredis.FakeAsyncRedis(server=server), fakeredis.FakeRedis(server=server)
+
+
+def _worker(r: fakeredis.FakeAsyncRedis) -> Worker:
+    return Worker(WorkerSettings(worker_id="w1", tier="chat", handler_rescan_s=0.01), r=r)
+
+
+async def test_a_worker_keeps_its_policy_when_the_key_names_a_handler_it_lacks() -> None:
+    """No last good copy it can load (another worker, which had the handler, accepted the key):
+    it keeps the policy it runs, not the default."""
+    r, sync = _clients()
+    write_policy(sync, "chat", Policy(handler="sleep", concurrency=3))
+    worker = _worker(r)
+    await worker._refresh_policy()
+    assert (worker.policy.handler, worker.policy.concurrency) == ("sleep", 3)
+    sync.set(keys.policy_good("chat"), Policy(handler="answer").to_json())
+    write_policy(sync, "chat", Policy(handler="answer", concurrency=16))
+    await worker._refresh_policy()
+    assert (worker.policy.handler, worker.policy.concurrency) == ("sleep", 3)
+    assert "'answer' is not registered" in read_policy_status(sync, "chat")["error"]
+    await r.aclose()
+
+
+async def test_a_worker_finds_a_handler_installed_after_it_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pip install`` of a package with a ``fleet.handlers`` entry point, then ``policy set``:
+    the running worker re-reads the entry points, applies the policy and registers the name."""
+    installed: list[EntryPoint] = []
+    monkeypatch.setattr(handlers, "entry_points", lambda group: list(installed))
+    monkeypatch.setattr(handlers, "_REGISTRY", dict(handlers._REGISTRY))
+    handlers.rescan()
+    r, sync = _clients()
+    write_policy(sync, "chat", Policy(handler="echo"))
+    worker = _worker(r)
+    await worker._start()
+    assert "answer" not in decode(WorkerInfo, sync.hget(keys.WORKERS, "w1")).handlers
+    installed.append(EntryPoint("answer", f"{__name__}:answer", "fleet.handlers"))  # the install
+    write_policy(sync, "chat", Policy(handler="answer"))
+    await asyncio.sleep(0.02)
+    await worker._refresh_policy()
+    assert worker.policy.handler == "answer" and worker.handler is answer
+    assert "answer" in decode(WorkerInfo, sync.hget(keys.WORKERS, "w1")).handlers
+    assert read_policy_status(sync, "chat")["ok"] == "1"
+    await r.aclose()
+
+
+def answer(ctx: handlers.TurnContext) -> HandlerResult:
+    return HandlerResult(text="42")
+
+
+async def test_the_async_read_records_like_the_blocking_one() -> None:
+    r = fakeredis.FakeAsyncRedis()
+    await r.set(keys.policy("chat"), Policy(concurrency=2).to_json())
+    assert (await read_policy_async(r, "chat", KNOWN)).source == "key"
+    assert await r.get(keys.policy_good("chat")) is None  # not recorded
+    await read_policy_async(r, "chat", KNOWN, record=True, reader="worker w1")
+    assert await r.get(keys.policy_good("chat")) is not None
+    await r.aclose()
