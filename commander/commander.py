@@ -37,6 +37,7 @@ from stores.takeover import Takeover, sweep, take_over
 log = logging.getLogger("fleet.commander")
 STATE_TTL_S = 86_400
 ADOPT_EVERY_S = 10.0
+EXIT_CHECK_S = 0.05  # while waiting for the next pass, look for exited workers this often
 
 
 @dataclass
@@ -113,13 +114,14 @@ class Commander:
         return self.leader.leading
 
     def _wait(self, stop: threading.Event) -> None:
-        """Until the next pass: block on pressure events, so a burst wakes us at once."""
+        """Until the next pass: block on pressure events, so a burst wakes us at once, in slices
+        of ``EXIT_CHECK_S``, so a worker's exit does too (its users are taken over at once)."""
         deadline = time.monotonic() + self.settings.interval_s
         while not stop.is_set():
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or (self.leader.leading and self.runtime.has_exits()):
                 return
-            if self.observer.wait_for_pressure(self.tiers, max(1, int(left * 1000))):
+            if self.observer.wait_for_pressure(self.tiers, max(1, int(min(left, EXIT_CHECK_S) * 1000))):
                 return
 
     # --- one pass ------------------------------------------------------------------------

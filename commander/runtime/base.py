@@ -90,3 +90,8 @@ class Runtime(ABC):
     def live(self, tier: str | None = None) -> Handles:
         """Starting or running workers (of ``tier`` if given)."""
         return [h for h in self.list() if h.live and (tier is None or h.tier == tier)]
+
+    def has_exits(self) -> bool:
+        """Whether a worker exited since the last ``reap`` (cheap: the commander asks it often
+        while it waits, so that a dead worker's users are taken over at once)."""
+        return any(h.state is WorkerState.EXITED for h in self.list())

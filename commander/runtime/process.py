@@ -213,6 +213,14 @@ class ProcessRuntime(Runtime):
             self._poll(tracked)
         return [replace(t.handle) for t in tracked_now]
 
+    def has_exits(self) -> bool:
+        """Whether a tracked worker has exited since the last ``reap`` (no copies, no Redis I/O)."""
+        found = False
+        for tracked in list(self._workers.values()):
+            self._poll(tracked)
+            found = found or tracked.handle.state is WorkerState.EXITED
+        return found
+
     def reap(self) -> Handles:
         """Collect exits, kill overdue drains and stuck starts, note registrations."""
         now = time.monotonic()

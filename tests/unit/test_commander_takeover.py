@@ -194,3 +194,20 @@ def test_only_the_leader_takes_over(r, rig) -> None:
     runtime.exit("chat-w5")
     commander.pass_once(time.time())
     assert r.get(keys.lane("hal")) == b"chat-w5|1" and "chat-w5" in consumers(r)
+
+
+def test_a_worker_exit_ends_the_wait_for_the_next_pass(r, rig) -> None:
+    """The takeover starts when the commander sees the exit: not up to a whole pass interval
+    later (issue 8: takeover p99 of a process the commander runs, goal 1 s)."""
+    import threading
+
+    commander, runtime, _metrics = rig
+    commander.settings = commander.settings.model_copy(update={"interval_s": 30.0})
+    runtime.handles["chat-w1"] = WorkerHandle("chat-w1", T, 1, WorkerState.RUNNING, 0.0)
+    runtime.has_exits = lambda: bool(runtime.exited)  # type: ignore[method-assign]
+    killer = threading.Timer(0.3, runtime.exit, args=("chat-w1",))
+    killer.start()
+    started = time.monotonic()
+    commander._wait(threading.Event())
+    killer.join()
+    assert runtime.exited and time.monotonic() - started < 15  # woke on the exit, not at 30 s
