@@ -1,4 +1,9 @@
-"""The ``fleet`` command. Every failure is one line on stderr and a non-zero exit."""
+"""The ``fleet`` command. Every failure is one line on stderr and a non-zero exit.
+
+Exit codes: 0 ok (also when the reader of stdout went away: ``fleet status | head -1``),
+1 a failure (an error reply, Redis unreachable), 2 a bad argument (usage, an id, a policy
+value, a URL, a turn over a size limit), 3 a timeout waiting for a reply.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +17,13 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import redis
+from redis.connection import parse_url
 
 from fleet.client import UnknownTier
+from protocol import keys
 from protocol.ids import InvalidId
-from protocol.models import Reply
-from protocol.policy import PolicyError, parse_assignments, parse_policy, updated
+from protocol.models import MAX_TEXT_CHARS, Reply
+from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
 from stores.connection import connect_sync, resolve_url
 from stores.policies import read_policy, write_policy
 
@@ -45,7 +52,10 @@ def _handlers() -> list[str]:
 
 
 def _client(args: argparse.Namespace) -> redis.Redis:
-    r = connect_sync(getattr(args, "redis_url", None), retries=2)
+    try:
+        r = connect_sync(getattr(args, "redis_url", None), retries=2)
+    except ValueError as exc:  # a URL redis-py cannot parse (main checks --redis-url and $REDIS_URL)
+        raise CliError(f"bad Redis URL: {exc}", EXIT_USAGE) from None
     try:
         r.ping()
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
@@ -85,7 +95,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                create_tier=args.create_tier)
         reply = handle.result(args.timeout)
     except TurnTooLarge as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(f"{exc}; nothing was submitted", EXIT_USAGE) from None
     except UnknownTier as exc:
         raise _unknown_tier(exc) from None
     except TurnTimeout as exc:
@@ -112,8 +122,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
             reply = client.submit(args.user, line.rstrip("\n"), tier=args.tier,
                                   create_tier=args.create_tier).result(args.timeout)
             print(_reply_line(reply), flush=True)
-        except TurnTooLarge as exc:
-            raise CliError(str(exc)) from None
+        except TurnTooLarge as exc:  # that line only: the chat goes on
+            print(f"fleet chat: {exc}; not sent", file=sys.stderr, flush=True)
         except UnknownTier as exc:
             raise _unknown_tier(exc) from None
         except TurnTimeout as exc:
@@ -124,22 +134,32 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CliError(f"{what} is not JSON: {exc}") from None
+        raise CliError(f"{what} is not JSON: {exc}", EXIT_USAGE) from None
     if not isinstance(value, dict):
-        raise CliError(f"{what} must be a JSON object")
+        raise CliError(f"{what} must be a JSON object, got {text[:40]!r}", EXIT_USAGE)
     return value
 
 
 # --- policy ---------------------------------------------------------------------------
+def _defaults_line() -> str:
+    p = Policy()
+    return (f"handler={p.handler}, concurrency={p.concurrency}, min_workers={p.min_workers}, "
+            f"max_workers={p.max_workers}")
+
+
 def cmd_policy_get(args: argparse.Namespace) -> int:
-    read = read_policy(_client(args), args.tier, _handlers())
+    r = _client(args)
+    if not r.exists(keys.policy(args.tier)):  # checked first: reading would record a verdict
+        raise CliError(f"tier {args.tier!r} has no policy (defaults would apply: {_defaults_line()}; "
+                       f"`fleet policy set {args.tier} key=value ...` creates it)")
+    read = read_policy(r, args.tier, _handlers())
     data = {"tier": args.tier, "source": read.source, "rejected": read.error,
             "policy": read.policy.model_dump(mode="json")}
 
     def text(_: Any) -> str:
         lines = [f"tier {args.tier} (policy from {read.source})"]
         if read.error:
-            lines.append(f"REJECTED edit of fleet:policy:{args.tier}: {read.error}; "
+            lines.append(f"REJECTED edit of {keys.policy(args.tier)}: {read.error}; "
                          "running the last good one")
         lines += [f"  {k} = {json.dumps(v)}" for k, v in data["policy"].items()]
         return "\n".join(lines)
@@ -155,7 +175,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
         current = read_policy(r, args.tier, _handlers()).policy
         policy = updated(current, changes, _handlers())
     except PolicyError as exc:
-        raise CliError(f"policy not changed: {exc}") from None
+        raise CliError(f"policy not changed: {exc}", EXIT_USAGE) from None
     write_policy(r, args.tier, policy)
     _print(policy.model_dump(mode="json"), args.json,
            lambda _: f"tier {args.tier}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in changes.items()))
@@ -173,7 +193,7 @@ def cmd_policy_edit(args: argparse.Namespace) -> int:
         with open(path) as f:
             policy = parse_policy(f.read(), _handlers())
     except PolicyError as exc:
-        raise CliError(f"policy not changed: {exc}") from None
+        raise CliError(f"policy not changed: {exc}", EXIT_USAGE) from None
     except (OSError, subprocess.CalledProcessError) as exc:
         raise CliError(f"editor failed: {exc}") from None
     finally:
@@ -224,8 +244,11 @@ def _commander_line(snap: dict[str, Any]) -> str:
 def _event_line(e: dict[str, Any]) -> str:
     if "error" in e and "action" not in e:
         return f"{e.get('id', '?')}  unreadable: {e['error']}"
-    counts = f"{e.get('from_count', '')}->{e.get('to_count', '')}"
-    return (f"{e.get('tier', '?')}  {e.get('action', '?')}  {counts}  {e.get('reason', '')}"
+    from fleet.events import counts
+
+    action = e.get("action", "?")
+    return (f"{e.get('tier', '?')}  {action}  {counts(action, e.get('from_count'), e.get('to_count'))}"
+            f"  {e.get('reason', '')}"
             f"  (epoch {e.get('epoch', '?')})")
 
 
@@ -280,27 +303,56 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 # --- the parser -----------------------------------------------------------------------
+def _count(text: str) -> int:
+    """An argparse type: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _seconds(minimum: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds, at least ``minimum``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not value >= minimum:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g} seconds, got {text}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from fleet.top import DESCRIPTION as TOP_DESCRIPTION
+    from fleet.top import MIN_INTERVAL_S
+
     p = _Parser(prog="fleet", description="Stateless chat-turn workers on Redis.")
     p.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else the local fleet")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_up_down(sub)
 
     s = sub.add_parser("submit", help="submit one turn and print the reply")
-    s.add_argument("--user", required=True)
-    s.add_argument("--tier", default="chat")
+    s.add_argument("--user", required=True, help="user id: 1-64 of A-Z a-z 0-9 _ . @ + -")
+    s.add_argument("--tier", default="chat", help="tier to serve the turn (default: chat)")
     s.add_argument("--meta", help="JSON object passed to the handler")
-    s.add_argument("--timeout", type=float, default=30.0)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--timeout", type=_seconds(0.01), default=30.0,
+                   help="seconds to wait for the reply; exit 3 if none (default: 30)")
+    s.add_argument("--json", action="store_true", help="print the whole reply as JSON")
     s.add_argument("--create-tier", action="store_true",
                    help="create the tier (its default policy) if it does not exist")
-    s.add_argument("text", nargs="+")
+    s.add_argument("text", nargs="+", help=f"the turn's text (at most {MAX_TEXT_CHARS} characters)")
     s.set_defaults(func=cmd_submit)
 
     c = sub.add_parser("chat", help="interactive chat as a user (one turn per line)")
-    c.add_argument("--user", required=True)
-    c.add_argument("--tier", default="chat")
-    c.add_argument("--timeout", type=float, default=60.0)
+    c.add_argument("--user", required=True, help="user id: 1-64 of A-Z a-z 0-9 _ . @ + -")
+    c.add_argument("--tier", default="chat", help="tier to serve the turns (default: chat)")
+    c.add_argument("--timeout", type=_seconds(0.01), default=60.0,
+                   help="seconds to wait for each reply (default: 60)")
     c.add_argument("--create-tier", action="store_true",
                    help="create the tier (its default policy) if it does not exist")
     c.set_defaults(func=cmd_chat)
@@ -320,27 +372,33 @@ def build_parser() -> argparse.ArgumentParser:
     ed.add_argument("tier")
     ed.set_defaults(func=cmd_policy_edit)
 
-    stt = sub.add_parser("status", help="tiers, workers, backlog")
-    stt.add_argument("--json", action="store_true")
+    stt = sub.add_parser("status", help="tiers, workers, backlog",
+                         description="Tiers, workers, backlog. A worker's AGE is the time since "
+                                     "the worker started (as in `fleet top`).")
+    stt.add_argument("--json", action="store_true", help="print everything as one JSON object")
     stt.set_defaults(func=cmd_status)
 
     d = sub.add_parser("dead-letters", help="turns that could not be served, with reasons")
-    d.add_argument("--tier", default="chat")
-    d.add_argument("--count", type=int, default=20)
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--tier", default="chat", help="tier whose dead letters to show (default: chat)")
+    d.add_argument("--count", type=_count, default=20, help="show the newest N (default: 20)")
+    d.add_argument("--json", action="store_true", help="print a JSON array")
     d.set_defaults(func=cmd_dead_letters)
 
     ev = sub.add_parser("events", help="the scaling ledger: what changed, and why")
-    ev.add_argument("--tier", default=None)
-    ev.add_argument("--count", type=int, default=50)
-    ev.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    ev.add_argument("--json", action="store_true")
+    ev.add_argument("--tier", default=None, help="only this tier's events (default: every tier)")
+    ev.add_argument("--count", type=_count, default=50,
+                    help="show the newest N, oldest first (default: 50; 0 with --follow: only new ones)")
+    ev.add_argument("--follow", "-f", action="store_true", help="keep printing new events (Ctrl-C ends)")
+    ev.add_argument("--json", action="store_true",
+                    help="a JSON array; with --follow, one JSON object per line")
     ev.set_defaults(func=cmd_events)
 
-    tp = sub.add_parser("top", help="live view of tiers, workers, occupancy and the ledger")
-    tp.add_argument("--interval", type=float, default=2.0)
+    tp = sub.add_parser("top", help="live view of tiers, workers, occupancy and the ledger",
+                        description=TOP_DESCRIPTION)
+    tp.add_argument("--interval", type=_seconds(MIN_INTERVAL_S), default=2.0,
+                    help=f"seconds between frames, at least {MIN_INTERVAL_S:g} (default: 2)")
     tp.add_argument("--once", action="store_true", help="print one frame and exit")
-    tp.add_argument("--tier", default=None)
+    tp.add_argument("--tier", default=None, help="only this tier (default: every tier)")
     tp.set_defaults(func=cmd_top)
 
     cm = sub.add_parser("commander", help="run the autoscaling commander in the foreground")
@@ -350,9 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     cm.set_defaults(func=cmd_commander)
 
     w = sub.add_parser("worker", help="run one worker process in the foreground")
-    w.add_argument("--tier", default="chat")
-    w.add_argument("--worker-id", default=None)
-    w.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    w.add_argument("--tier", required=True, help="the tier this worker serves (required)")
+    w.add_argument("--worker-id", default=None, help="default: <tier>-<random hex>")
+    w.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="default: INFO")
     w.set_defaults(func=cmd_worker)
 
     from fleet.replay import __doc__ as replay_doc
@@ -373,10 +432,43 @@ def _add_up_down(sub: argparse._SubParsersAction[Any]) -> None:
     add_up_down_arguments(sub)
 
 
+def _bad_url(url: str | None) -> str | None:
+    """Why redis-py cannot use ``url`` (one line), or None if it can (or there is none)."""
+    if not url:
+        return None
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        return f"{_redact(url)!r}: {exc}"
+    return None
+
+
+def _quiet_stdout() -> None:
+    """The reader of stdout went away: send what is still buffered nowhere, without a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a closed stdout (``fleet status | head -1``) ends it quietly with exit 0."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # here, not at exit, so a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.redis_url:
         os.environ["REDIS_URL"] = args.redis_url
+    flag = "--redis-url" if args.redis_url else "$REDIS_URL"
+    if why := _bad_url(os.environ.get("REDIS_URL")):
+        print(f"fleet {args.command}: bad {flag} {why}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
     except (CliError, InvalidId) as exc:

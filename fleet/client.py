@@ -41,7 +41,7 @@ import redis.asyncio as aioredis
 from protocol import keys
 from protocol.codec import CodecError, decode, encode
 from protocol.ids import InvalidId, validate_tier, validate_user_id
-from protocol.models import Reply, Turn, WorkerInfo
+from protocol.models import MAX_TEXT_CHARS, Reply, Turn, WorkerInfo
 from protocol.policy import Policy
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy, write_policy_async
@@ -55,7 +55,8 @@ class TurnTimeout(TimeoutError):
 
 
 class TurnTooLarge(ValueError):
-    """The encoded turn is over the size limit: it was not submitted."""
+    """The turn's text is over ``MAX_TEXT_CHARS``, or the encoded turn (with its meta) over the
+    client's ``max_turn_bytes``: it was not submitted. The message names the limit."""
 
 
 class UnknownTier(ValueError):
@@ -88,11 +89,15 @@ class TurnHandle:
 
 def _build_turn(user: str, text: str, tier: str, meta: Mapping[str, Any] | None,
                 turn_id: str | None, max_bytes: int) -> tuple[Turn, bytes]:
+    if len(text) > MAX_TEXT_CHARS:  # checked here, not by pydantic: a documented error, not a ValidationError
+        raise TurnTooLarge(f"turn text of {len(text)} characters is over the limit of "
+                           f"{MAX_TEXT_CHARS} characters")
     turn = Turn(turn_id=turn_id or uuid.uuid4().hex, user=validate_user_id(user),
                 tier=validate_tier(tier), text=text, ts=time.time(), meta=dict(meta or {}))
     payload = encode(turn)
     if len(payload) > max_bytes:
-        raise TurnTooLarge(f"turn of {len(payload)} bytes is over the limit of {max_bytes}")
+        raise TurnTooLarge(f"turn of {len(payload)} bytes (encoded, with its meta) is over the limit "
+                           f"of {max_bytes} bytes")
     return turn, payload
 
 

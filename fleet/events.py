@@ -129,23 +129,43 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+SCALE_ACTIONS = frozenset({"scale-up", "scale-down", "reclaim-idle", "consolidate"})
+TIER_W, ACTION_W, COUNTS_W, WHO_W = 10, 15, 7, 24  # "policy-rejected" is the longest action
+
+
+def counts(action: str, from_count: object, to_count: object) -> str:
+    """``from->to`` for a change of the worker count; ``-`` for the other events (leader, hold, ...)."""
+    return f"{from_count}->{to_count}" if action in SCALE_ACTIONS else "-"
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, an ellipsis marking a cut."""
+    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
+
+
 def _who(event: LedgerEvent) -> str:
     parts = []
     if event.spawned:
         parts.append("+" + ",".join(event.spawned))
     if event.victims:
         parts.append("-" + ",".join(event.victims))
-    return " ".join(parts) or "-"
+    return clip(" ".join(parts), WHO_W) or "-"  # every id is in --json
 
 
-def format_event(entry_id: str, event: LedgerEvent | CorruptEvent) -> str:
-    """One line: time (UTC), tier, action, from->to, spawned/victims, reason, epoch."""
+def format_event(entry_id: str, event: LedgerEvent | CorruptEvent, brief: bool = False) -> str:
+    """One line: time (UTC), tier, action, from->to, spawned/victims, reason, epoch.
+
+    The columns before the reason have fixed widths (a longer tier or id list is cut, with
+    ``…``), so the lines stay aligned; the reason is last and whole. ``brief`` leaves out the
+    spawned/victims column and the epoch (for a narrow ``fleet top``).
+    """
     if isinstance(event, CorruptEvent):
-        return (f"{_hms(_id_time(entry_id))}  {event.tier:<10} {'CORRUPT':<14} "
-                f"entry {entry_id}: {_one_line(event.error)}")
-    counts = f"{event.from_count}->{event.to_count}"
-    return (f"{_hms(event.ts)}  {event.tier:<10} {event.action:<14} {counts:<7} {_who(event):<20} "
-            f"{_one_line(event.reason) or '-'}  (epoch {event.epoch})")
+        return (f"{_hms(_id_time(entry_id))}  {clip(event.tier, TIER_W):<{TIER_W}} "
+                f"CORRUPT        entry {entry_id}: {_one_line(event.error)}")
+    head = (f"{_hms(event.ts)}  {clip(event.tier, TIER_W):<{TIER_W}} {event.action:<{ACTION_W}} "
+            f"{counts(event.action, event.from_count, event.to_count):<{COUNTS_W}} ")
+    reason = _one_line(event.reason) or "-"
+    return head + reason if brief else f"{head}{_who(event):<{WHO_W}} {reason}  (epoch {event.epoch})"
 
 
 def event_json(entry_id: str, event: LedgerEvent | CorruptEvent) -> dict[str, Any]:

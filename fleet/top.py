@@ -3,21 +3,26 @@
 Each frame is read afresh: the registry and heartbeats (as ``fleet status``), the tier
 policies and streams, the newest ``REPORT_ROWS`` occupancy reports fed oldest first to an
 ``Evaluator`` (so the bars are the occupancy the commander judges by), the commanders and
-the last ledger events. ``collect`` reads, ``render`` is a pure function of what it read.
+the last ledger events. ``collect`` reads, ``render`` is a pure function of what it read
+(and of the width it must fit: the terminal's, or unlimited into a pipe).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import shutil
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import redis
 
 from commander.evaluator import Evaluator, Occupancy, memory_limit_bytes
-from fleet.events import Entry, format_event, read_events
+from fleet.events import Entry, clip, format_event, read_events
 from fleet.status import tier_backlog
 from fleet.status import workers as registry_workers
 from protocol import keys
@@ -28,8 +33,17 @@ from stores.policies import PolicyRead, list_tiers, read_policy
 REPORT_ROWS = 500
 LAST_EVENTS = 5
 BAR_WIDTH = 20
+MIN_BAR_WIDTH = 5
 MIN_INTERVAL_S = 0.1
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
+LEGEND = ["  USERS: users served in the last minute / since the previous report",
+          "  AGE: since the worker started (as in status); LAST: since its last report"]
+DESCRIPTION = ("A live view of tiers, workers, occupancy, the leader and the last ledger events. "
+               "Each frame fits the terminal's width (columns are narrowed, then RSS, CPU, LAST and "
+               "TIER dropped); into a pipe it is printed whole. Worker columns: USERS = users served "
+               "in the last minute / since the previous report; AGE = time since the worker started "
+               "(as in `fleet status`); LAST = time since its last occupancy report. "
+               "q (in a terminal) or Ctrl-C quits.")
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,7 @@ class WorkerRow:
     cpu: float | None = None
     rss: int = 0
     report_age_s: float | None = None
+    age_s: float = 0.0  # since the worker started (its registry entry), as ``fleet status`` shows
 
 
 @dataclass(frozen=True)
@@ -115,12 +130,12 @@ def _worker_row(info: dict[str, Any], evaluator: Evaluator, limit: float | None,
     occupancy = evaluator.occupancy(info["worker"], limit)
     if latest is None:
         state = "starting" if info["alive"] else "dead"
-        return WorkerRow(info["worker"], info["tier"], state, occupancy)
+        return WorkerRow(info["worker"], info["tier"], state, occupancy, age_s=info["age_s"])
     return WorkerRow(
         worker=info["worker"], tier=info["tier"], state=latest.state if info["alive"] else "dead",
         occupancy=occupancy, busy=latest.slots.busy, total=latest.slots.total, users=latest.users,
         active_users=latest.active_users, cpu=latest.cpu, rss=latest.rss,
-        report_age_s=max(0.0, now - latest.ts),
+        report_age_s=max(0.0, now - latest.ts), age_s=info["age_s"],
     )
 
 
@@ -203,66 +218,151 @@ def _tier_lines(frame: Frame) -> list[str]:
     return lines
 
 
-def _worker_line(w: WorkerRow) -> str:
+def _duration(seconds: float | None) -> str:
+    """``45s``, ``12m``, ``3h``, ``2d``: short enough for a narrow column."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _worker_cells(w: WorkerRow, bar_width: int) -> dict[str, str]:
+    cells = {"WORKER": w.worker, "TIER": w.tier, "STATE": w.state, "AGE": _duration(w.age_s)}
     if w.report_age_s is None:  # no report in the window: nothing is known, not "idle"
-        return f"{w.worker[:24]:<25}{w.tier[:10]:<11}{w.state:<10}(no report)"
-    occ = f"{bar(w.occupancy.value)} {w.occupancy.value:4.2f}"
-    slots = f"{w.busy}/{w.total}"
-    users = f"{w.users}/{w.active_users}"
-    cpu = "-" if w.cpu is None else f"{w.cpu * 100:.0f}%"
-    rss = f"{w.rss / (1024 * 1024):.0f}MB" if w.rss else "-"
-    age = "-" if w.report_age_s is None else f"{w.report_age_s:.0f}s"
-    return (f"{w.worker[:24]:<25}{w.tier[:10]:<11}{w.state:<10}{occ:<28}{slots:>6}{users:>8}"
-            f"{cpu:>6}{rss:>8}{age:>6}")
+        return {**cells, "OCCUPANCY": "(no report)"}
+    return {**cells, "OCCUPANCY": f"{bar(w.occupancy.value, bar_width)} {w.occupancy.value:4.2f}",
+            "SLOTS": f"{w.busy}/{w.total}", "USERS": f"{w.users}/{w.active_users}",
+            "CPU": "-" if w.cpu is None else f"{w.cpu * 100:.0f}%",
+            "RSS": f"{w.rss / (1024 * 1024):.0f}MB" if w.rss else "-",
+            "LAST": _duration(w.report_age_s)}
 
 
-def _worker_lines(frame: Frame) -> list[str]:
-    head = (f"{'WORKER':<25}{'TIER':<11}{'STATE':<10}{'OCCUPANCY':<28}{'SLOTS':>6}{'USERS':>8}"
-            f"{'CPU':>6}{'RSS':>8}{'AGE':>6}")
-    return [head] + ([_worker_line(w) for w in frame.workers] or ["  (no workers registered)"])
+# (name, width with its separating space, right-aligned); OCCUPANCY's width follows the bar
+_RIGHT = {"SLOTS": 6, "USERS": 8, "CPU": 5, "RSS": 7, "AGE": 5, "LAST": 5}
+_DROP_ORDER = ("RSS", "CPU", "LAST", "TIER")  # when even the narrowest bar does not fit
 
 
-def _event_lines(frame: Frame) -> list[str]:
+def _worker_layout(frame: Frame, width: int | None) -> tuple[dict[str, int], int]:
+    """Column widths and the bar width: everything at full size, or fitted into ``width``."""
+    widths = {"WORKER": min(25, max([6, *(len(w.worker) for w in frame.workers)]) + 1),
+              "TIER": min(11, max([4, *(len(w.tier) for w in frame.workers)]) + 1),
+              "STATE": 10, "OCCUPANCY": 0, **_RIGHT}
+    if width is None:
+        return widths, BAR_WIDTH
+    for name in _DROP_ORDER:
+        if sum(widths.values()) + MIN_BAR_WIDTH + 8 <= width:
+            break
+        del widths[name]
+    bar_width = min(BAR_WIDTH, max(MIN_BAR_WIDTH, width - sum(widths.values()) - 8))
+    return widths, bar_width
+
+
+def _worker_lines(frame: Frame, width: int | None = None) -> list[str]:
+    widths, bar_width = _worker_layout(frame, width)
+    widths["OCCUPANCY"] = bar_width + 8  # "[" bar "] 0.52" and a space
+
+    def line(cells: dict[str, str]) -> str:
+        out = ""
+        for name, size in widths.items():
+            text = clip(cells.get(name, ""), size - 1)
+            out += f"{text:>{size}}" if name in _RIGHT else f"{text:<{size}}"
+        return out.rstrip()
+
+    rows = [line(_worker_cells(w, bar_width)) for w in frame.workers]
+    if not rows:
+        return [line({name: name for name in widths}), "  (no workers registered)"]
+    return [line({name: name for name in widths}), *rows, *LEGEND]
+
+
+def _event_lines(frame: Frame, brief: bool) -> list[str]:
     lines = [f"LAST {LAST_EVENTS} EVENTS"]
     for entry_id, event in frame.events:
-        lines.append("  " + format_event(entry_id, event))
+        lines.append("  " + format_event(entry_id, event, brief))
     if not frame.events:
         lines.append("  (the ledger is empty)")
     return lines
 
 
-def render(frame: Frame) -> str:
-    """The frame as text (no terminal codes)."""
+def render(frame: Frame, width: int | None = None) -> str:
+    """The frame as text (no terminal codes); every line fits ``width`` if given (cut with ``…``)."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(frame.ts))
-    lines = [f"fleet top  {stamp}   {_leader_line(frame)}   commanders: {len(frame.commanders)}"]
+    lines = [f"fleet top  {stamp}   commanders: {len(frame.commanders)}", _leader_line(frame)]
     lines += _commander_lines(frame)
-    lines += ["", *_tier_lines(frame), "", *_worker_lines(frame)]
+    lines += ["", *_tier_lines(frame), "", *_worker_lines(frame, width)]
     if frame.corrupt_reports:
         lines.append(f"  ({frame.corrupt_reports} corrupt report(s) skipped)")
-    lines += ["", *_event_lines(frame)]
-    return "\n".join(lines)
+    lines += ["", *_event_lines(frame, brief=width is not None)]
+    return "\n".join(lines if width is None else [clip(line, width) for line in lines])
+
+
+def terminal_width() -> int | None:
+    """The terminal's width (``$COLUMNS`` first), or None when stdout is not a terminal."""
+    return shutil.get_terminal_size(fallback=(0, 0)).columns or None
 
 
 # --- the command ----------------------------------------------------------------------
+@contextlib.contextmanager
+def keypresses(stream: TextIO) -> Iterator[int | None]:
+    """The file descriptor of ``stream`` in cbreak mode (keys unbuffered) if it is a terminal,
+    else None; the terminal's mode is restored on the way out."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = -1
+    if fd < 0 or not os.isatty(fd):
+        yield None
+        return
+    import termios
+    import tty
+
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+    try:
+        yield fd
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def quit_pressed(fd: int | None, seconds: float) -> bool:
+    """Wait ``seconds``; True at once if ``q`` is pressed on the terminal ``fd``."""
+    deadline = time.monotonic() + seconds
+    while fd is not None and (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            return False
+        key = os.read(fd, 1)
+        if key in (b"q", b"Q"):
+            return True
+        if not key:  # the terminal went away: wait out the interval
+            break
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    return False
+
+
 def run_top(r: redis.Redis, interval: float = 2.0, once: bool = False, tier: str | None = None,
-            handlers: Iterable[str] | None = None, out: TextIO | None = None) -> int:
-    """``fleet top``: one frame with ``once``, else a frame every ``interval`` until Ctrl-C (exit 0).
+            handlers: Iterable[str] | None = None, out: TextIO | None = None,
+            keys_from: TextIO | None = None) -> int:
+    """``fleet top``: one frame with ``once``, else a frame every ``interval`` until ``q`` (on a
+    terminal) or Ctrl-C (exit 0). Each frame fits the terminal's width.
 
     With ``once`` a Redis error propagates (the CLI reports it); live, it is shown and retried.
     """
     out = out or sys.stdout
     handlers = list(handlers) if handlers is not None else None
     if once:
-        print(render(collect(r, tier, handlers)), file=out, flush=True)
+        print(render(collect(r, tier, handlers), terminal_width()), file=out, flush=True)
         return 0
     try:
-        while True:
-            try:
-                text = render(collect(r, tier, handlers))
-            except redis.RedisError as exc:
-                text = f"fleet top: Redis error: {exc} (retrying every {interval:g}s; Ctrl-C quits)"
-            out.write(CLEAR + text + "\n")
-            out.flush()
-            time.sleep(max(interval, MIN_INTERVAL_S))
+        with keypresses(keys_from or sys.stdin) as fd:
+            while True:
+                try:
+                    text = render(collect(r, tier, handlers), terminal_width())
+                except redis.RedisError as exc:
+                    text = f"fleet top: Redis error: {exc} (retrying every {interval:g}s; q quits)"
+                out.write(CLEAR + text + "\n")
+                out.flush()
+                if quit_pressed(fd, max(interval, MIN_INTERVAL_S)):
+                    return 0
     except KeyboardInterrupt:
         return 0

@@ -1,0 +1,70 @@
+"""Edges of the client and the CLI that need no server (issue 9): size limits, argument checks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import fakeredis
+import pytest
+
+from fleet.cli import build_parser
+from fleet.client import AsyncFleet, Fleet, TurnTooLarge
+from protocol.models import MAX_TEXT_CHARS
+from protocol.policy import Policy
+from stores.policies import write_policy
+
+
+@pytest.fixture
+def server() -> fakeredis.FakeServer:
+    return fakeredis.FakeServer()
+
+
+def test_text_over_the_limit_is_turn_too_large_with_the_limit_and_nothing_written(server) -> None:
+    r = fakeredis.FakeRedis(server=server)
+    write_policy(r, "chat", Policy())
+    client = Fleet(client=r)
+    client.submit("alice", "x" * MAX_TEXT_CHARS)  # at the limit: accepted
+    before = sorted(r.keys("*"))
+    with pytest.raises(TurnTooLarge, match="32000 characters") as caught:
+        client.submit("bob", "x" * (MAX_TEXT_CHARS + 1))
+    assert isinstance(caught.value, ValueError)
+    assert sorted(r.keys("*")) == before  # nothing written
+
+
+def test_async_fleet_raises_turn_too_large_too(server) -> None:
+    async def go() -> None:
+        client = AsyncFleet(client=fakeredis.FakeAsyncRedis(server=server))
+        with pytest.raises(TurnTooLarge, match="32000 characters"):
+            await client.submit("bob", "y" * (MAX_TEXT_CHARS + 1), create_tier=True)
+        await client.aclose()
+
+    asyncio.run(go())
+
+
+def test_the_turn_too_large_message_names_the_size_limit_too() -> None:
+    client = Fleet(client=fakeredis.FakeRedis(), max_turn_bytes=300)
+    with pytest.raises(TurnTooLarge, match="over the limit of 300 bytes"):
+        client.submit("alice", "hi", meta={"pad": "x" * 400})
+
+
+@pytest.mark.parametrize("argv", [
+    ["top", "--interval", "0"],
+    ["top", "--interval", "-1"],
+    ["top", "--interval", "soon"],
+    ["events", "--count", "-1"],
+    ["dead-letters", "--count", "-5"],
+    ["submit", "--user", "a", "--timeout", "-1", "hi"],
+    ["worker"],
+])
+def test_bad_numbers_and_a_missing_tier_are_usage_errors(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(argv)
+    assert caught.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_every_option_of_events_and_top_has_help_text() -> None:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name in ("events", "top", "status", "dead-letters", "worker", "submit", "chat"):
+        for action in sub.choices[name]._actions:  # type: ignore[attr-defined]
+            assert action.help, (name, action.dest)
