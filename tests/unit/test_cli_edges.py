@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import fakeredis
 import pytest
@@ -68,3 +69,34 @@ def test_every_option_of_events_and_top_has_help_text() -> None:
     for name in ("events", "top", "status", "dead-letters", "worker", "submit", "chat"):
         for action in sub.choices[name]._actions:  # type: ignore[attr-defined]
             assert action.help, (name, action.dest)
+
+
+# --- the README says what the CLI and the client do (item 9) --------------------------------
+def _readme_section(title: str) -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_cli_table_lists_every_command_and_built_in_handler() -> None:
+    from worker.handlers import registered_names
+
+    cli = _readme_section("The CLI")
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    missing = [name for name in sub.choices if f"`fleet {name}" not in cli]  # type: ignore[union-attr]
+    assert not missing, missing
+    assert not [h for h in registered_names() if f"`{h}`" not in cli]
+
+
+def test_the_readme_documents_async_wait_and_every_size_limit() -> None:
+    from fleet.client import DEFAULT_MAX_REPLY_BYTES, DEFAULT_MAX_TURN_BYTES
+    from protocol.ids import USER_ID_MAX
+    from worker.settings import WorkerSettings
+
+    assert "await fleet.wait(user, turn.turn_id" in _readme_section("The Python client")
+    limits = _readme_section("Limits")
+    worker = WorkerSettings()
+    assert f"{MAX_TEXT_CHARS:,} characters" in limits
+    assert f"{DEFAULT_MAX_TURN_BYTES:,} bytes" in limits and worker.max_turn_bytes == DEFAULT_MAX_TURN_BYTES
+    assert f"{worker.max_reply_bytes:,} bytes" in limits and DEFAULT_MAX_REPLY_BYTES == 1024 * 1024
+    assert f"1–{USER_ID_MAX} characters" in limits
+    assert f"{worker.session_max} turns, the newest {worker.context_turns}" in limits
