@@ -1,6 +1,8 @@
 """The one-machine setup of ``fleet up``: its state dir, its Redis, its process bookkeeping.
 
-Everything lives under ``.fleet/`` in the current directory (``FLEET_HOME`` overrides it):
+Everything lives under one ``.fleet/`` directory: ``$FLEET_HOME`` if set, else the nearest
+``.fleet/`` in the current directory or above it (like git, up to ``$HOME`` or the root), else
+a new one in the current directory. It holds
 ``state.json`` (what ``fleet up`` started: URL, pids with their creation times),
 ``redis/`` (the append-only file of the local redis-server), ``logs/`` and ``run/`` (the
 process runtime's spawn records). Pids are always checked together with their creation time
@@ -13,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -43,8 +46,48 @@ class LocalRedisError(RuntimeError):
 
 # --- state dir ---------------------------------------------------------------------------
 def fleet_home() -> Path:
-    """The state directory: ``$FLEET_HOME`` or ``./.fleet``, as an absolute path."""
-    return Path(os.environ.get("FLEET_HOME") or ".fleet").resolve()
+    """The state directory, as an absolute path: ``$FLEET_HOME``, else the nearest ``.fleet/``
+    here or above (up to ``$HOME`` or the root), else ``./.fleet`` (``fleet up`` creates it)."""
+    if os.environ.get("FLEET_HOME"):
+        return Path(os.environ["FLEET_HOME"]).resolve()
+    return _find_upward() or Path(".fleet").resolve()
+
+
+def _search_path() -> list[Path]:
+    """The directories searched for ``.fleet/``: here, then each parent, ending at ``$HOME``
+    if here is inside it, else at the root."""
+    here = Path.cwd().resolve()
+    home = Path(os.environ.get("HOME") or "/").resolve()
+    dirs = [here, *here.parents]
+    return dirs[:dirs.index(home) + 1] if home in dirs else dirs
+
+
+def _find_upward() -> Path | None:
+    for directory in _search_path():
+        if (directory / ".fleet").is_dir():
+            return directory / ".fleet"
+    return None
+
+
+def no_fleet_reason() -> str:
+    """Why no running local fleet was found, in words (for the one-line refusal)."""
+    home = fleet_home()
+    if os.environ.get("FLEET_HOME") or home.is_dir():
+        return f"the fleet of {home} is not up"
+    dirs = _search_path()
+    return f"no .fleet/ in {dirs[0]} or above it (up to {dirs[-1]})"
+
+
+_noted: set[Path] = set()
+
+
+def note_found_home() -> None:
+    """Say once on stderr which fleet is used when it was found above the current directory."""
+    home = fleet_home()
+    if os.environ.get("FLEET_HOME") or home.parent == Path.cwd().resolve() or home in _noted:
+        return
+    _noted.add(home)
+    sys.stderr.write(f"fleet: using the fleet of {home} (found above the current directory)\n")
 
 
 def logs_dir() -> Path:
@@ -118,6 +161,19 @@ def recorded_url() -> str | None:
     sup = state.get("supervisor") or {}  # an external Redis: trust it while fleet is up
     alive = bool(sup.get("pid")) and pid_alive(sup["pid"], sup.get("create_time"))
     return state["url"] if alive else None
+
+
+def env_text(url: str | None = None) -> str:
+    """The shell lines that point a shell at the fleet found (``eval "$(fleet env)"``):
+    ``url`` if given, else the running local fleet, else ``$REDIS_URL``.
+
+    The local fleet comes before ``$REDIS_URL``, so a shell holding the URL of an earlier
+    ``fleet up`` (another port) is corrected. Raises ``LocalRedisError`` if there is none.
+    """
+    found = url or recorded_url() or os.environ.get("REDIS_URL")
+    if not found:
+        raise LocalRedisError(f"no fleet to point at: {no_fleet_reason()}; run `fleet up` first")
+    return f"export REDIS_URL={shlex.quote(found)}\n"
 
 
 # --- processes ---------------------------------------------------------------------------
@@ -209,6 +265,17 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def set_process_title(tier: str, worker_id: str) -> None:
+    """Name this process ``fleet-worker <tier> <worker-id>`` in ``ps`` and ``top``.
+
+    A forked worker would otherwise show its template's command line
+    (``python -m commander.runtime.template --fd 5``), the same for every worker.
+    """
+    import setproctitle
+
+    setproctitle.setproctitle(f"fleet-worker {tier} {worker_id}")
+
+
 # --- local Redis -------------------------------------------------------------------------
 def free_port() -> int:
     """A loopback TCP port that nothing listens on right now."""
@@ -217,11 +284,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_local_redis(timeout: float = 10.0) -> tuple[str, int]:
+def start_local_redis(timeout: float = 10.0, appendfsync: str = "always") -> tuple[str, int]:
     """Start a local Redis on a free loopback port; record it in ``state.json``; (url, pid).
 
-    A real ``redis-server`` (append-only file under ``.fleet/redis``) when it is on PATH, else
-    an embedded fakeredis server in a helper process, with a loud warning on stderr.
+    A real ``redis-server`` (append-only file under ``.fleet/redis``, fsynced per write by
+    default: an accepted turn survives a crash, as the chaos run proves) when it is on PATH,
+    else an embedded fakeredis server in a helper process, with a loud warning on stderr.
     """
     binary = shutil.which("redis-server")
     if binary is None:
@@ -231,14 +299,14 @@ def start_local_redis(timeout: float = 10.0) -> tuple[str, int]:
     for _ in range(3):  # the free port may be taken between probe and bind
         port = free_port()
         if binary:
-            pid, kind = _spawn_redis_server(binary, port), "redis-server"
+            pid, kind = _spawn_redis_server(binary, port, appendfsync), "redis-server"
         else:
             pid, kind = _spawn_embedded(port), "embedded"
         url = f"redis://127.0.0.1:{port}/0"
         record = process_record(pid)
         ok, last_error = _wait_ping(url, record, timeout)
         if ok:
-            where = {"dir": str(fleet_home() / "redis")} if binary else {}
+            where = {"dir": str(fleet_home() / "redis"), "appendfsync": appendfsync} if binary else {}
             update_state(url=url, redis={**record, "kind": kind, "port": port, **where})
             return url, pid
         terminate(pid, record["create_time"], 2.0)
@@ -269,11 +337,11 @@ def _require_fakeredis() -> None:
         ) from None
 
 
-def _spawn_redis_server(binary: str, port: int) -> int:
+def _spawn_redis_server(binary: str, port: int, appendfsync: str) -> int:
     data = fleet_home() / "redis"
     data.mkdir(parents=True, exist_ok=True)
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
-            "--dir", str(data), "--daemonize", "no"]
+            "--appendfsync", appendfsync, "--dir", str(data), "--daemonize", "no"]
     return spawn_detached(argv, "redis.log")
 
 

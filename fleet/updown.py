@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+import psutil
 import redis
 
 from fleet import local
@@ -52,11 +53,16 @@ def _positive_seconds(text: str) -> float:
 
 
 def add_up_down_arguments(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``up`` and ``down`` (``--redis-url``/``--json`` do not clobber global ones)."""
+    """Register ``up``, ``down`` and ``env`` (``--redis-url``/``--json`` do not clobber the
+    global ones)."""
     up = subparsers.add_parser("up", help="start Redis, the commander and a chat tier here",
                                description=cmd_up.__doc__)
     up.add_argument("--redis-url", default=argparse.SUPPRESS,
                     help="use this Redis (default: $REDIS_URL, else a local one under .fleet/)")
+    up.add_argument("--appendfsync", choices=["always", "everysec"], default="always",
+                    help="the local redis-server's AOF fsync: always (default; an accepted turn "
+                         "survives a crash) or everysec (~3x turns/s; a crash can lose the "
+                         "last second)")
     up.add_argument("--timeout", type=_positive_seconds, default=UP_TIMEOUT_S,
                     help=f"seconds to wait for the chat workers (default {UP_TIMEOUT_S:.0f})")
     up.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
@@ -70,6 +76,9 @@ def add_up_down_arguments(subparsers: argparse._SubParsersAction) -> None:
     down.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                       help="print the result as JSON")
     down.set_defaults(func=cmd_down)
+    env = subparsers.add_parser("env", help="print `export REDIS_URL=...` for this fleet",
+                                description=cmd_env.__doc__)
+    env.set_defaults(func=cmd_env)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -80,6 +89,16 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop the commander (draining its workers), leftovers, and the local Redis."""
     return _run("down", _down, args)
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Print the shell line that points this shell at the fleet: `eval "$(fleet env)"`."""
+    try:
+        sys.stdout.write(local.env_text(getattr(args, "redis_url", None)))
+    except local.LocalRedisError as exc:
+        print(f"fleet env: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _run(name: str, fn: Any, args: argparse.Namespace) -> int:
@@ -125,7 +144,10 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
                                "commander.log", local.child_env({"REDIS_URL": url}))
     state = local.update_state(url=url, commander=local.process_record(pid), started=time.time(),
                                home=str(local.fleet_home()))
-    workers = _wait_for_workers(r, state, min_workers, getattr(args, "timeout", UP_TIMEOUT_S))
+    deadline = time.monotonic() + getattr(args, "timeout", UP_TIMEOUT_S)
+    workers = _wait_for_workers(r, state, min_workers, deadline)
+    metrics = _wait_for_metrics(r, state["commander"]["pid"], deadline)
+    state = local.update_state(metrics_url=f"http://{metrics}/metrics" if metrics else None)
     return {**_describe(state), "status": "up", "resumed": resumed, "workers": workers}
 
 
@@ -144,7 +166,7 @@ def _redis_url(args: argparse.Namespace) -> tuple[str, bool]:
     if url:
         local.update_state(url=url, redis={"kind": "external"})
         return url, False
-    url, _pid = local.start_local_redis()
+    url, _pid = local.start_local_redis(appendfsync=getattr(args, "appendfsync", "always"))
     return url, True
 
 
@@ -158,8 +180,7 @@ def _ensure_default_tier(r: redis.Redis) -> int:
 
 
 def _wait_for_workers(r: redis.Redis, state: dict[str, Any], want: int,
-                      timeout: float) -> list[str]:
-    deadline = time.monotonic() + timeout
+                      deadline: float) -> list[str]:
     log = local.logs_dir() / "commander.log"
     while True:
         ready = _ready_workers(r, DEFAULT_TIER)
@@ -169,9 +190,28 @@ def _wait_for_workers(r: redis.Redis, state: dict[str, Any], want: int,
             raise FleetError(f"the commander exited at start: {_last_line(log)} (log: {log})")
         if time.monotonic() > deadline:
             raise FleetError(
-                f"timed out after {timeout:.0f}s waiting for {want} {DEFAULT_TIER} worker(s) "
+                f"timed out waiting for {want} {DEFAULT_TIER} worker(s) "
                 f"({len(ready)} ready); left running: see {log}, `fleet down` stops it")
         time.sleep(0.1)
+
+
+def _wait_for_metrics(r: redis.Redis, pid: int, deadline: float) -> str:
+    """The ``host:port`` of our commander's /metrics ("" if it serves none), from its entry in
+    ``fleet:commanders`` (written once per pass); "" if it has not registered by ``deadline``."""
+    while time.monotonic() <= deadline:
+        for info in _commanders(r):
+            if info.pid == pid and info.host == socket.gethostname():
+                return info.metrics
+        time.sleep(0.1)
+    return ""
+
+
+def _commanders(r: redis.Redis) -> list[CommanderInfo]:
+    infos = []
+    for blob in r.hvals(keys.COMMANDERS):
+        with contextlib.suppress(CodecError):
+            infos.append(decode(CommanderInfo, blob))
+    return infos
 
 
 def _ready_workers(r: redis.Redis, tier: str) -> list[str]:
@@ -194,16 +234,72 @@ def _down(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _teardown(state: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Commander (drains its workers), leftover workers, local Redis; in that order."""
-    result: dict[str, Any] = {"workers_running": len(_live_records())}
+    """Commander (drains its workers), leftover workers, local Redis; in that order.
+
+    On the Redis ``up`` started, the commanders and workers started apart (a standby, a
+    ``fleet worker``) on this host are stopped too: the standbys first, so that none takes
+    over and starts a worker, and their workers last. On an external Redis they are left
+    alone (a standby there is meant to take over) and listed in ``left``.
+    """
+    result: dict[str, Any] = {"workers_running": len(_live_records()), "others_stopped": [],
+                              "left": []}
     sup = state.get("commander") or {}
+    own_redis = bool((state.get("redis") or {}).get("pid"))
+    if own_redis:
+        result["others_stopped"] += _stop_others(state["url"], sup, "commander")
     result["commander_killed"] = _stop_commander(sup, timeout)
     result["workers_stopped"] = _stop_recorded_workers(WORKER_STOP_S)
-    if (state.get("redis") or {}).get("pid"):
+    if own_redis:
+        result["others_stopped"] += _stop_others(state["url"], sup, "worker")
         local.stop_local_redis()
     elif state.get("url"):
         _forget_commander_entry(state["url"], sup)
+        result["left"] = [_line(p) for p in _others(state["url"], sup, local_only=False)]
     return result
+
+
+def _others(url: str, sup: dict[str, Any], kind: str | None = None,
+            local_only: bool = True) -> list[dict[str, Any]]:
+    """Commanders other than ours and live workers registered in Redis (of ``kind``, if
+    given), as ``{"kind", "id", "pid", "host", "what"}``; on this host only if ``local_only``,
+    checked to be the very process that registered."""
+    try:
+        r = connect_sync(url, retries=1, socket_timeout=3)
+        found = [{"kind": "commander", "id": c.commander, "pid": c.pid, "host": c.host,
+                  "started": c.started, "what": f"{c.role} commander"}
+                 for c in _commanders(r) if c.pid != sup.get("pid") or c.host != socket.gethostname()]
+        found += [{"kind": "worker", "id": w.worker, "pid": w.pid, "host": w.host,
+                   "started": w.started, "what": f"{w.tier} worker"} for w in read_registry(r).live()]
+    except redis.RedisError:
+        return []
+    found = [p for p in found if kind in (None, p["kind"])]
+    if local_only:
+        found = [p for p in found if _local_create_time(p) is not None]
+    return found
+
+
+def _local_create_time(proc: dict[str, Any]) -> float | None:
+    """The creation time of ``proc``'s pid if it is that process, on this host, else None."""
+    if proc["host"] != socket.gethostname():
+        return None
+    try:
+        created = psutil.Process(proc["pid"]).create_time()
+    except psutil.Error:
+        return None
+    # it registered after it was created (imports and a fork take a while, not minutes)
+    return created if proc["started"] - 120 <= created <= proc["started"] + 1 else None
+
+
+def _stop_others(url: str, sup: dict[str, Any], kind: str) -> list[str]:
+    """Stop (SIGTERM, then SIGKILL) the processes of ``kind`` started apart on this host."""
+    procs = _others(url, sup, kind)
+    for proc in procs:
+        local.terminate(proc["pid"], _local_create_time(proc), WORKER_STOP_S)
+    return [_line(p) for p in procs]
+
+
+def _line(proc: dict[str, Any]) -> str:
+    return f"{proc['what']} {proc['id']} pid {proc['pid']} on {proc['host']}"
 
 
 def _stop_commander(sup: dict[str, Any], timeout: float) -> bool:
@@ -291,6 +387,7 @@ def _describe(state: dict[str, Any]) -> dict[str, Any]:
         "redis": {k: v for k, v in redis_part.items() if k != "create_time"},
         "commander": {"pid": (state.get("commander") or {}).get("pid"),
                        "log": str(local.logs_dir() / "commander.log")},
+        "metrics_url": state.get("metrics_url"),
     }
 
 
@@ -306,21 +403,32 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     headline = {"up": "fleet is up", "already-up": "fleet is already up", "down": "fleet is down"}
     print(headline[status] + (" (commander restarted, workers adopted)"
                               if result.get("resumed") else ""))
+    print(f"  state       {result['home']}")
     print(f"  redis       {result['url']} ({_redis_text(result['redis'])})")
     print(f"  commander   pid {result['commander']['pid']} (log {result['commander']['log']})")
+    if status != "down":
+        print(f"  metrics     {result.get('metrics_url') or 'not served'}")
     if status == "up":
         workers = result.get("workers") or []
         names = ", ".join(workers) or "-"
         print(f"  tier {DEFAULT_TIER}   {len(workers)} worker(s) ready: {names}")
+    if status != "down":
+        print('  this shell  eval "$(fleet env)"   (sets REDIS_URL, for redis-cli -u and Fleet())')
     if status == "down":
         killed = " (killed: it did not stop in time)" if result.get("commander_killed") else ""
         print(f"  stopped the commander{killed}; {result['workers_running']} worker(s) drained")
+        for line in result.get("others_stopped") or []:
+            print(f"  also stopped {line} (started apart, on this fleet's Redis)")
+        for line in result.get("left") or []:
+            print(f"  left running: {line} (not started by fleet up)")
 
 
 def _redis_text(part: dict[str, Any]) -> str:
     kind = part.get("kind", "external")
     if kind == "redis-server":
-        return f"redis-server pid {part.get('pid')}, data in {part.get('dir')}"
+        fsync = part.get("appendfsync", "everysec")
+        risk = ": a crash can lose the last second of turns" if fsync == "everysec" else ""
+        return f"redis-server pid {part.get('pid')}, data in {part.get('dir')}, appendfsync {fsync}{risk}"
     if kind == "embedded":
         return f"embedded fakeredis pid {part.get('pid')}, NOT durable"
     return "external, not managed by fleet"

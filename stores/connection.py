@@ -10,6 +10,7 @@ Every process builds its client from a URL (explicit, else ``REDIS_URL``, else t
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 import redis
@@ -21,32 +22,77 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
 RETRY_ERRORS = [RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionResetError]
+CONNECT_TIMEOUT_S = 5.0  # TCP connect, and the TLS handshake of a rediss:// URL
+
+
+class NoFleetFound(RedisConnectionError):
+    """No URL was given and no running ``fleet up`` was found: nothing to connect to.
+
+    Fleet never falls back to ``127.0.0.1:6379``: a Redis there is usually not Fleet's.
+    """
+
+
+class HandshakeTimeout(RedisConnectionError):
+    """A TCP connection was accepted but no TLS handshake came back: not a TLS port (final)."""
 
 
 def resolve_url(url: str | None = None) -> str:
-    """The Redis URL to use: explicit, else ``REDIS_URL``, else the local ``fleet up`` one."""
+    """The Redis URL to use: explicit, else ``REDIS_URL``, else the local ``fleet up`` one.
+
+    Raises ``NoFleetFound`` (with the places it looked) when there is none of them.
+    """
     if url:
         return url
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]
-    from fleet.local import recorded_url  # late: fleet/ depends on stores/, not the reverse
+    from fleet import local  # late: fleet/ depends on stores/, not the reverse
 
-    return recorded_url() or DEFAULT_URL
+    found = local.recorded_url()
+    if found is None:
+        raise NoFleetFound(f"no Redis to use: no --redis-url, no REDIS_URL, and {local.no_fleet_reason()}"
+                           "; run `fleet up`, or set REDIS_URL")
+    local.note_found_home()
+    return found
+
+
+class _SSLConnection(redis.SSLConnection):
+    """redis-py's TLS connection, with its handshake bounded by the connect timeout.
+
+    redis-py runs the handshake under ``socket_timeout``, which is None here (a BLPOP for a
+    reply must not be cut short), so a ``rediss://`` URL naming a plain port waited forever
+    for a server hello that never comes (the plain server waits for a newline).
+    """
+
+    def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
+        sock.settimeout(self.socket_connect_timeout)
+        try:
+            tls = super()._wrap_socket_with_ssl(sock)
+        except TimeoutError:
+            raise HandshakeTimeout(
+                f"no TLS handshake from {self.host}:{self.port} within {self.socket_connect_timeout:g} s "
+                "(is it a TLS port? a rediss:// URL needs one)") from None
+        tls.settimeout(self.socket_timeout)
+        return tls
+
+
+def _final(error: Exception) -> bool:
+    """Errors no retry can mend: refused credentials, a peer that does not speak TLS."""
+    return isinstance(error, (AuthenticationError, HandshakeTimeout))
 
 
 class _Retry(Retry):
-    """Retries connection errors, but not refused credentials: a wrong password stays wrong.
+    """Retries connection errors, but not final ones: a wrong password stays wrong.
 
     (``AuthenticationError`` is a ``ConnectionError`` to redis-py, so without this a CLI with
-    a bad password would spend seconds backing off before it says so.)
+    a bad password would spend seconds backing off before it says so; and the retries nest,
+    command over connect, so a handshake timeout retried would take minutes.)
     """
 
     def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None,
                         with_failure_count: bool = False) -> Any:
         def retryable(error: Exception) -> bool:
-            if isinstance(error, AuthenticationError):
+            if _final(error):
                 return False
             return is_retryable is None or bool(is_retryable(error))
 
@@ -60,7 +106,7 @@ class _AsyncRetry(AsyncRetry):
     async def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None,
                               with_failure_count: bool = False) -> Any:
         def retryable(error: Exception) -> bool:
-            if isinstance(error, AuthenticationError):
+            if _final(error):
                 return False
             return is_retryable is None or bool(is_retryable(error))
 
@@ -97,7 +143,7 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
         socket_timeout=socket_timeout,
         **async_retry_options(retries),
         health_check_interval=15,
-        socket_connect_timeout=5,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_keepalive=True,
         **kwargs,
     )
@@ -105,13 +151,19 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
 
 def connect_sync(url: str | None = None, *, retries: int = 8, socket_timeout: float | None = None,
                  **kwargs: object) -> redis.Redis:
-    """A blocking client with the same retry behaviour (CLI, supervisor)."""
+    """A blocking client with the same retry behaviour (CLI, supervisor).
+
+    A ``rediss://`` URL gets a TLS connection whose handshake is bounded like its connect.
+    """
+    url = resolve_url(url)
+    if url.startswith("rediss://"):
+        kwargs.setdefault("connection_class", _SSLConnection)
     return redis.Redis.from_url(
-        resolve_url(url),
+        url,
         socket_timeout=socket_timeout,
         retry=_retry(retries),
         retry_on_error=RETRY_ERRORS,
-        socket_connect_timeout=5,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_keepalive=True,
         **kwargs,
     )
