@@ -239,29 +239,32 @@ def _worker_cells(w: WorkerRow, bar_width: int) -> dict[str, str]:
             "LAST": _duration(w.report_age_s)}
 
 
-# (name, width with its separating space, right-aligned); OCCUPANCY's width follows the bar
+# the right-aligned columns and their widths (a separating space included)
 _RIGHT = {"SLOTS": 6, "USERS": 8, "CPU": 5, "RSS": 7, "AGE": 5, "LAST": 5}
 _DROP_ORDER = ("RSS", "CPU", "LAST", "TIER")  # when even the narrowest bar does not fit
 
 
 def _worker_layout(frame: Frame, width: int | None) -> tuple[dict[str, int], int]:
-    """Column widths and the bar width: everything at full size, or fitted into ``width``."""
+    """Column widths (in order) and the bar width: all at full size, or fitted into ``width``.
+
+    OCCUPANCY is ``[`` bar ``] 0.52`` and a space: the bar's width plus 8.
+    """
     widths = {"WORKER": min(25, max([6, *(len(w.worker) for w in frame.workers)]) + 1),
               "TIER": min(11, max([4, *(len(w.tier) for w in frame.workers)]) + 1),
               "STATE": 10, "OCCUPANCY": 0, **_RIGHT}
-    if width is None:
-        return widths, BAR_WIDTH
-    for name in _DROP_ORDER:
-        if sum(widths.values()) + MIN_BAR_WIDTH + 8 <= width:
-            break
-        del widths[name]
-    bar_width = min(BAR_WIDTH, max(MIN_BAR_WIDTH, width - sum(widths.values()) - 8))
+    bar_width = BAR_WIDTH
+    if width is not None:
+        for name in _DROP_ORDER:
+            if sum(widths.values()) + MIN_BAR_WIDTH + 8 <= width:
+                break
+            del widths[name]
+        bar_width = min(BAR_WIDTH, max(MIN_BAR_WIDTH, width - sum(widths.values()) - 8))
+    widths["OCCUPANCY"] = bar_width + 8
     return widths, bar_width
 
 
 def _worker_lines(frame: Frame, width: int | None = None) -> list[str]:
     widths, bar_width = _worker_layout(frame, width)
-    widths["OCCUPANCY"] = bar_width + 8  # "[" bar "] 0.52" and a space
 
     def line(cells: dict[str, str]) -> str:
         out = ""
