@@ -265,17 +265,6 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def set_process_title(tier: str, worker_id: str) -> None:
-    """Name this process ``fleet-worker <tier> <worker-id>`` in ``ps`` and ``top``.
-
-    A forked worker would otherwise show its template's command line
-    (``python -m commander.runtime.template --fd 5``), the same for every worker.
-    """
-    import setproctitle
-
-    setproctitle.setproctitle(f"fleet-worker {tier} {worker_id}")
-
-
 # --- local Redis -------------------------------------------------------------------------
 def free_port() -> int:
     """A loopback TCP port that nothing listens on right now."""

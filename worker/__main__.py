@@ -22,6 +22,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def set_process_title(tier: str, worker_id: str) -> None:
+    """Name this process ``fleet-worker <tier> <worker-id>`` in ``ps`` and ``top``: a forked
+    worker would otherwise show its template's command line, the same for every worker."""
+    import setproctitle
+
+    setproctitle.setproctitle(f"fleet-worker {tier} {worker_id}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     overrides = {k: v for k, v in {"tier": args.tier, "worker_id": args.worker_id,
@@ -32,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         err = exc.errors()[0]
         print(f"fleet worker: {'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}", file=sys.stderr)
         return 2
+    set_process_title(settings.tier, settings.worker_id)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.worker_id} %(message)s")
     return asyncio.run(Worker(settings).run())

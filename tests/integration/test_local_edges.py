@@ -150,7 +150,7 @@ def test_up_prints_url_env_and_metrics_fsyncs_always_and_down_stops_a_standby(ba
 
 
 def test_a_set_process_title_names_the_worker_in_ps(tmp_path):
-    code = ("import sys; from fleet.local import set_process_title; set_process_title('chat', 'w-7'); "
+    code = ("import sys; from worker.__main__ import set_process_title; set_process_title('chat', 'w-7'); "
             "print('ok', flush=True); sys.stdin.read()")
     with subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, text=True) as proc:

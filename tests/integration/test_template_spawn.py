@@ -118,6 +118,8 @@ def test_a_forked_worker_registers_and_serves_a_turn(make_runtime, redis_server,
     handle = _handle(rt, wid)
     proc = psutil.Process(handle.pid)
     assert proc.ppid() == template_pid  # forked, not exec'd by us
+    shown = subprocess.run(["ps", "-o", "args=", "-p", str(handle.pid)], capture_output=True, text=True)
+    assert shown.stdout.strip() == f"fleet-worker chat {wid}"  # not the template's command line
     assert os.getsid(handle.pid) == handle.pid  # its own session
     assert 0 < r.pttl(keys.heartbeat(wid)) <= 2500
     assert "serving tier chat" in (tmp_path / "logs" / f"{wid}.log").read_text()
