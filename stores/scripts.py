@@ -15,7 +15,7 @@ from redis.commands.core import AsyncScript, Script
 
 NAMES = ("lane_acquire", "lease_renew", "lane_release", "lease_drop", "turn_commit", "leader_acquire",
          "ledger_append", "lane_clear", "consumer_drop", "notification_ack",
-         "notification_touch")
+         "notification_ack_covered", "notification_touch")
 
 
 @cache
@@ -36,6 +36,7 @@ class Scripts:
         self.lease_drop: AsyncScript = r.register_script(source("lease_drop"))
         self.turn_commit: AsyncScript = r.register_script(source("turn_commit"))
         self.notification_ack: AsyncScript = r.register_script(source("notification_ack"))
+        self.notification_ack_covered: AsyncScript = r.register_script(source("notification_ack_covered"))
         self.notification_touch: AsyncScript = r.register_script(source("notification_touch"))
 
 

@@ -162,11 +162,11 @@ class UserStore:
         """Extend several leases in one round trip; False where the lane was lost."""
         if not leases:
             return []
-        pipe = self.r.pipeline(transaction=False)
-        for lease in leases:  # awaiting a script call on a pipeline queues it
-            await self.scripts.lease_renew(keys=[keys.lane(lease.user)],
-                                          args=[lease.owner, self.cfg.lane_ttl_ms], client=pipe)
-        return [bool(x) for x in await pipe.execute()]
+        async with self.r.pipeline(transaction=False) as pipe:  # gives its connection back on error
+            for lease in leases:  # awaiting a script call on a pipeline queues it
+                await self.scripts.lease_renew(keys=[keys.lane(lease.user)],
+                                              args=[lease.owner, self.cfg.lane_ttl_ms], client=pipe)
+            return [bool(x) for x in await pipe.execute()]
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:

@@ -319,13 +319,14 @@ class Worker:
             else:
                 log.warning("lane of %s expired under us: stopping the turn in progress", job.user)
                 job.lane_lost()
-        pipe = self.r.pipeline(transaction=False)
-        if nids:  # touching resets their idle time, so no one reclaims a live holder's: only
-            # the ones still pending under us (one another worker reclaimed is its duty now)
-            await self.store.scripts.notification_touch(
-                keys=[self._ready_key], args=[keys.GROUP, self.worker_id, *nids], client=pipe)
-        pipe.set(keys.heartbeat(self.worker_id), "1", px=self.settings.heartbeat_ttl_ms)
-        await pipe.execute()
+        async with self.r.pipeline(transaction=False) as pipe:  # (a failed script load left
+            # the pipeline holding its connection: the context gives it back)
+            if nids:  # touching resets their idle time, so no one reclaims a live holder's:
+                # only the ones still pending under us (one another worker reclaimed is its duty)
+                await self.store.scripts.notification_touch(
+                    keys=[self._ready_key], args=[keys.GROUP, self.worker_id, *nids], client=pipe)
+            pipe.set(keys.heartbeat(self.worker_id), "1", px=self.settings.heartbeat_ttl_ms)
+            await pipe.execute()
 
     async def _refresh_policy(self) -> None:
         """Apply the tier's policy. One naming a handler this worker cannot load is rejected here
@@ -437,6 +438,19 @@ class Worker:
         if nids:
             await self.store.scripts.notification_ack(keys=[self._ready_key],
                                                       args=[keys.GROUP, self.worker_id, *nids])
+
+    async def ack_covered(self, holder: str, user: str, nids: list[str]) -> None:
+        """Ack notifications for ``user`` whose turns the lane's ``holder`` ("<worker>|<token>")
+        will see, if the holder has one of the user's notifications pending (its carrier of the
+        duty, should it die); else keep them pending: they are reclaimed once idle."""
+        if not nids:
+            return
+        acked = await self.store.scripts.notification_ack_covered(
+            keys=[self._ready_key],
+            args=[keys.GROUP, self.worker_id, holder.rpartition("|")[0], user, *nids])
+        if int(acked) < 0:
+            log.info("lane of %s is held by %s with none of its notifications pending: ours stay "
+                     "pending", user, holder)
 
     async def tier_defined(self, tier: str) -> bool:
         """Whether a policy defines ``tier``: a turn for one that does not is dead-lettered."""

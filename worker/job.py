@@ -115,10 +115,13 @@ class UserJob:
                 # The holder will see, before it lets go, every turn whose notification came
                 # before we asked: those are covered. One attached while we asked may be for a
                 # turn after the holder's last look, so ask again for it (issue 8, hole 1).
+                # (and only while the holder has a notification of the user pending: that one
+                # carries the duty if it dies; a takeover may have acked them all, see
+                # notification_ack_covered.lua)
                 covered, self.fresh = self.fresh[:asked], self.fresh[asked:]
                 if not self.fresh:
                     self.w.job_done(self)  # before the await: a new notification starts a new job
-                await self.w.ack(covered)
+                await self.w.ack_covered(got.holder, self.user, covered)
                 if not self.fresh:
                     return
                 continue

@@ -111,3 +111,21 @@ async def test_the_notification_scripts_act_only_on_the_callers_own_entries(
                for p in await client.xpending_range(ready, keys.GROUP, "-", "+", 10)}
     assert pending == ({theirs: "w2"} if script == "notification_ack" else {mine: "w1", theirs: "w2"})
     await client.aclose()
+
+
+async def test_a_busy_path_ack_needs_the_holders_carrier_on_the_real_server(
+        r: redis.Redis, redis_server: RedisServer) -> None:
+    from stores.scripts import Scripts
+
+    client = aioredis.Redis.from_url(redis_server.url)
+    ready = keys.ready("chat")
+    await client.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
+    mine = (await client.xadd(ready, {"user": "alice"})).decode()
+    await client.xreadgroup(keys.GROUP, "w1", {ready: ">"})
+    scripts = Scripts(client)
+    args = [keys.GROUP, "w1", "w0", "alice", mine]
+    assert await scripts.notification_ack_covered(keys=[ready], args=args) == -1
+    await client.xadd(ready, {"user": "alice"})
+    await client.xreadgroup(keys.GROUP, "w0", {ready: ">"})
+    assert await scripts.notification_ack_covered(keys=[ready], args=args) == 1
+    await client.aclose()

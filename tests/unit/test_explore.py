@@ -37,6 +37,8 @@ HOLES = [
     (20217, None, 3, "a lease not renewable in an outage was not counted as lost", "test_sim.py"),
     (20221, None, 3, "a renewal took back notifications another worker had reclaimed, then acked them",
      "test_job_acks.py::test_a_renewal_never_takes_back_a_notification_another_worker_reclaimed"),
+    (1013, None, 3, "a busy acquire acked, trusting a holder that a takeover had left with nothing pending",
+     "test_job_acks.py::test_a_busy_acquire_keeps_its_notifications_when_the_holder_carries_none"),
 ]
 
 
@@ -59,10 +61,11 @@ def test_the_cli_draws_the_same_schedules_as_these_rows() -> None:
     assert next(iter(explore.schedules(args))) == schedule(9260, {"users": 3, "turns": 4, "workers": 2}, 6)
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_explore_short_mode_finds_no_violation(tmp_path: Path) -> None:
-    """The suite's exploration: random and PCT schedules over drawn workloads, both cores."""
-    for strategy, seed, n in (("random", 1, 700), ("pct", 50_000, 200), ("sweep", 7, 100)):
+    """The suite's exploration: 2,000 random, PCT and sweep schedules over drawn workloads, on
+    both cores (about 10 minutes on this machine kind)."""
+    for strategy, seed, n in (("random", 1, 1600), ("pct", 50_000, 250), ("sweep", 7, 150)):
         out = tmp_path / f"{strategy}.json"
         code = explore.main(["--schedules", str(n), "--seed", str(seed), "--strategy", strategy,
                              "--jobs", "2", "--json", str(out), "--out", str(tmp_path), "--no-shrink"])

@@ -45,6 +45,10 @@ class Host:
     async def ack(self, nids: list[str]) -> None:
         self.acked.append(list(nids))
 
+    async def ack_covered(self, holder: str, user: str, nids: list[str]) -> None:
+        assert holder == "w2|7" and user == "alice"
+        self.acked.append(list(nids))
+
     def job_done(self, job: UserJob) -> None:
         self.done += 1
 
@@ -131,4 +135,30 @@ async def test_a_renewal_that_finds_the_lane_lost_touches_none_of_its_notificati
     idle = {p["message_id"].decode(): p["time_since_delivered"] for p in
             await r.xpending_range(keys.ready("chat"), keys.GROUP, "-", "+", 10)}
     assert idle[kept] >= idle_before[kept] + 40  # not reset: it ages and is reclaimed in time
+    await r.aclose()
+
+
+async def test_a_busy_acquire_keeps_its_notifications_when_the_holder_carries_none() -> None:
+    """Found by scripts/explore --seed 1013: a takeover acked a live worker's notifications and
+    deleted its consumer; the worker took the lane again, so the takeover's fresh notification
+    met a busy lane and was acked by the worker that read it. The holder's job then failed, and
+    nothing pending brought the user back. A busy-path ack now needs the holder's carrier."""
+    r = fakeredis.FakeAsyncRedis()
+    ready = keys.ready("chat")
+    await r.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
+    fresh = (await r.xadd(ready, {"user": "alice"})).decode()  # the takeover's hand-on
+    await r.xreadgroup(keys.GROUP, "w1", {ready: ">"})
+    scripts = Scripts(r)
+    args = [keys.GROUP, "w1", "w0", "alice", fresh]
+    assert await scripts.notification_ack_covered(keys=[ready], args=args) == -1  # w0 carries none
+    pending = await r.xpending_range(ready, keys.GROUP, "-", "+", 9)
+    assert [p["message_id"].decode() for p in pending] == [fresh]
+    other = (await r.xadd(ready, {"user": "bob"})).decode()
+    await r.xreadgroup(keys.GROUP, "w0", {ready: ">"})  # w0's pending entry is for bob: not alice's
+    assert await scripts.notification_ack_covered(keys=[ready], args=args) == -1
+    carrier = (await r.xadd(ready, {"user": "alice"})).decode()
+    await r.xreadgroup(keys.GROUP, "w0", {ready: ">"})  # now w0 has one for alice: it carries
+    assert await scripts.notification_ack_covered(keys=[ready], args=args) == 1
+    pending = {p["message_id"].decode() for p in await r.xpending_range(ready, keys.GROUP, "-", "+", 9)}
+    assert pending == {other, carrier}
     await r.aclose()
