@@ -31,12 +31,14 @@ from protocol import keys
 from protocol.codec import encode
 from protocol.models import CommanderInfo, Control, LedgerEvent
 from protocol.policy import Policy
+from stores.commanders import forget_commanders
 from stores.policies import PolicyRead, list_tiers, read_policy
 from stores.takeover import Takeover, sweep, take_over
 
 log = logging.getLogger("fleet.commander")
 STATE_TTL_S = 86_400
 ADOPT_EVERY_S = 10.0
+FORGET_COMMANDER_S = 3600.0  # the leader removes entries of commanders not seen for this long
 EXIT_CHECK_S = 0.05  # while waiting for the next pass, look for exited workers this often
 
 
@@ -364,8 +366,10 @@ class Commander:
                              host=socket.gethostname(), started=self.started,
                              role="leader" if self.leader.leading else "standby",
                              epoch=self.leader.epoch or 0,
-                             metrics=getattr(self.metrics, "address", ""))
+                             metrics=getattr(self.metrics, "address", ""), seen=time.time())
         self.r.hset(keys.COMMANDERS, self.settings.commander_id, encode(info))
+        if self.leader.leading:
+            forget_commanders(self.r, time.time() - FORGET_COMMANDER_S)
 
     def _shutdown(self) -> None:
         try:

@@ -24,7 +24,7 @@ from protocol import keys
 from protocol.ids import InvalidId
 from protocol.models import MAX_TEXT_CHARS, Reply
 from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
-from stores.connection import connect_sync, resolve_url
+from stores.connection import NoFleetFound, connect_sync, resolve_url
 from stores.policies import read_policy, write_policy
 
 EXIT_ERROR_REPLY = 1
@@ -152,15 +152,18 @@ def cmd_policy_get(args: argparse.Namespace) -> int:
     if not r.exists(keys.policy(args.tier)):  # checked first: reading would record a verdict
         raise CliError(f"tier {args.tier!r} has no policy (defaults would apply: {_defaults_line()}; "
                        f"`fleet policy set {args.tier} key=value ...` creates it)")
+    from fleet.status import policy_verdict
+
     read = read_policy(r, args.tier, _handlers())
-    data = {"tier": args.tier, "source": read.source, "rejected": read.error,
+    error, by = policy_verdict(r, args.tier, read.error)
+    data = {"tier": args.tier, "source": read.source, "rejected": error, "rejected_by": by,
             "policy": read.policy.model_dump(mode="json")}
 
     def text(_: Any) -> str:
         lines = [f"tier {args.tier} (policy from {read.source})"]
-        if read.error:
-            lines.append(f"REJECTED edit of {keys.policy(args.tier)}: {read.error}; "
-                         "running the last good one")
+        if error:
+            lines.append(f"REJECTED edit of {keys.policy(args.tier)}{f' by {by}' if by else ''}: "
+                         f"{error}; running the last good one")
         lines += [f"  {k} = {json.dumps(v)}" for k, v in data["policy"].items()]
         return "\n".join(lines)
 
@@ -179,7 +182,21 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
     write_policy(r, args.tier, policy)
     _print(policy.model_dump(mode="json"), args.json,
            lambda _: f"tier {args.tier}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in changes.items()))
+    _warn_if_no_worker_has(r, args.tier, policy.handler)
     return 0
+
+
+def _warn_if_no_worker_has(r: redis.Redis, tier: str, handler: str) -> None:
+    """The handler check that matters is the workers': say so when none of the tier's live
+    workers lists ``handler`` (they keep their last good policy until one does)."""
+    from stores.registry import read_registry
+
+    live = [w for w in read_registry(r).live(tier) if w.handlers]
+    if live and not any(handler in w.handlers for w in live):
+        have = sorted({h for w in live for h in w.handlers})
+        print(f"warning: no live worker of tier {tier} has handler {handler!r} (they have: "
+              f"{', '.join(have)}): they keep running their last good policy until it is "
+              f"installed where they run; see README, 'Your own handler'", file=sys.stderr)
 
 
 def cmd_policy_edit(args: argparse.Namespace) -> int:
@@ -200,6 +217,7 @@ def cmd_policy_edit(args: argparse.Namespace) -> int:
         os.unlink(path)
     write_policy(r, args.tier, policy)
     print(f"tier {args.tier}: policy saved")
+    _warn_if_no_worker_has(r, args.tier, policy.handler)
     return 0
 
 
@@ -217,7 +235,8 @@ def _status_text(snap: dict[str, Any]) -> str:
     lines += [f"{'TIER':<12}{'WORKERS':>8}{'MIN':>5}{'MAX':>5}{'BACKLOG':>9}{'PENDING':>9}"
              f"{'ACTIVE':>8}{'DEAD':>6}  POLICY"]
     for tier, t in snap["tiers"].items():
-        policy = t["policy_source"] + (f" (REJECTED: {t['policy_error']})" if t["policy_error"] else "")
+        by = f" by {t['policy_rejected_by']}" if t.get("policy_rejected_by") else ""
+        policy = t["policy_source"] + (f" (REJECTED{by}: {t['policy_error']})" if t["policy_error"] else "")
         lines.append(f"{tier:<12}{t['workers_alive']:>8}{t['min_workers']:>5}{t['max_workers']:>5}"
                      f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}"
                      f"  {policy}")
@@ -236,9 +255,17 @@ def _status_text(snap: dict[str, Any]) -> str:
 def _commander_line(snap: dict[str, Any]) -> str:
     leader, _, epoch = (snap.get("leader") or "").partition("|")
     head = f"commander: {leader} leads (epoch {epoch})" if leader else "commander: none leads"
-    others = [f"{c.get('commander')} {c.get('role')}" for c in snap.get("commanders", [])
-              if c.get("commander") != leader]
+    url = next((c.get("metrics_url") for c in snap.get("commanders", [])
+                if c.get("commander") == leader and c.get("metrics_url")), None)
+    head += f", metrics {url}" if url else ""
+    others = [f"{c.get('commander')} {c.get('role')}" if c.get("alive") else
+              f"{c.get('commander')} gone (last seen {_ago(c.get('seen_ago_s'))})"
+              for c in snap.get("commanders", []) if c.get("commander") != leader]
     return head + (f"; {', '.join(others)}" if others else "")
+
+
+def _ago(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.0f} s ago"
 
 
 def _event_line(e: dict[str, Any]) -> str:
@@ -474,6 +501,9 @@ def _run(argv: list[str] | None) -> int:
     except (CliError, InvalidId) as exc:
         print(f"fleet {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, InvalidId) else exc.code
+    except NoFleetFound as exc:  # says where it looked; nothing is used by default
+        print(f"fleet {args.command}: {exc}", file=sys.stderr)
+        return 1
     except redis.RedisError as exc:
         print(f"fleet {args.command}: Redis error: {exc}", file=sys.stderr)
         return 1

@@ -9,10 +9,9 @@ from typing import Any
 import redis
 
 from protocol import keys
-from protocol.codec import CodecError, decode
-from protocol.models import CommanderInfo, WorkerInfo
+from protocol.models import WorkerInfo
 from stores.backlog import TierBacklog, live_ids, read_backlog
-from stores.policies import list_tiers, read_policy
+from stores.policies import list_tiers, read_policy, read_policy_status
 from stores.registry import Registry, read_registry
 
 
@@ -55,9 +54,11 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
     out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r)}
     for tier in tiers:
         read = read_policy(r, tier, handlers)
+        error, by = policy_verdict(r, tier, read.error)
         out["tiers"][tier] = {
             "policy_source": read.source,
-            "policy_error": read.error,
+            "policy_error": error,
+            "policy_rejected_by": by,
             "min_workers": read.policy.min_workers,
             "max_workers": read.policy.max_workers,
             "handler": read.policy.handler,
@@ -70,18 +71,25 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
     return out
 
 
+def policy_verdict(r: redis.Redis, tier: str, own_error: str | None) -> tuple[str | None, str | None]:
+    """Why the tier's key is rejected, and by whom: this reader's own check first, else what
+    the tier's workers or commander recorded (a handler installed here but not where they run
+    is only seen by them)."""
+    if own_error:
+        return own_error, None
+    status = read_policy_status(r, tier)
+    if status.get("ok") == "0" and status.get("error"):
+        return status["error"], status.get("by") or None
+    return None, None
+
+
 def control_plane(r: redis.Redis, events: int = 5) -> dict[str, Any]:
     """The commanders (leader and standbys), the lease holder and the last ledger events."""
     from fleet.events import event_json, read_events
+    from stores.commanders import read_commanders
 
-    commanders = []
-    for cid, blob in r.hgetall(keys.COMMANDERS).items():
-        try:
-            commanders.append(decode(CommanderInfo, blob).model_dump())
-        except CodecError:
-            commanders.append({"commander": _s(cid), "role": "unreadable entry"})
-    leader = r.get(keys.LEADER)
-    return {"leader": _s(leader) if leader else None, "commanders": commanders,
+    leader = r.get(keys.LEADER)  # the lease says who leads; an entry's role is what it last said
+    return {"leader": _s(leader) if leader else None, "commanders": read_commanders(r),
             "events": [event_json(i, e) for i, e in read_events(r, None, events)]}
 
 

@@ -138,6 +138,7 @@ class CommanderInfo(_Model):
     role: Literal["leader", "standby"] = "standby"
     epoch: int = 0
     metrics: str = ""  # the address of its /metrics, if served
+    seen: float = 0.0  # when it last wrote this entry (every pass, or every standby poll)
 
 
 class WorkerInfo(_Model):

@@ -66,6 +66,7 @@ def test_no_fleet_found_is_refused_and_nothing_is_written(bare_env, tmp_path, re
     assert out.returncode != 0 and out.stderr.count("\n") == 1, out.stderr
     assert f"no .fleet/ in {work} or above it (up to {tmp_path})" in out.stderr
     assert "REDIS_URL" in out.stderr and "fleet up" in out.stderr
+    assert out.stderr.startswith(f"fleet {args[0]}: no Redis to use:"), out.stderr  # not "Redis error"
     assert r.keys("*") == []
 
 

@@ -1,0 +1,54 @@
+"""The commander registry (``fleet:commanders``): who runs, in which role, seen when.
+
+Each commander rewrites its entry every pass (a leader) or every poll (a standby), with the
+time in ``seen``. An entry not rewritten for ``STALE_S`` is a commander that is gone (killed,
+or its host lost): shown as such, never as a leader, and removed by the leader after an hour.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from protocol import keys
+from protocol.codec import CodecError, decode
+from protocol.models import CommanderInfo
+
+STALE_S = 15.0  # several standby polls and leader passes: a live commander is never this late
+
+
+def read_commanders(r: redis.Redis, now: float | None = None) -> list[dict[str, Any]]:
+    """Every entry with ``alive`` (seen within ``STALE_S``) and ``seen_ago_s``."""
+    now = time.time() if now is None else now
+    out = []
+    for cid, blob in r.hgetall(keys.COMMANDERS).items():
+        try:
+            info = decode(CommanderInfo, blob).model_dump()
+        except CodecError:
+            out.append({"commander": _s(cid), "role": "unreadable entry", "alive": False})
+            continue
+        ago = now - info["seen"] if info["seen"] else None
+        info.update(alive=ago is not None and ago <= STALE_S,
+                    seen_ago_s=None if ago is None else round(ago, 1),
+                    metrics_url=f"http://{info['metrics']}/metrics" if info["metrics"] else None)
+        out.append(info)
+    return sorted(out, key=lambda c: str(c.get("commander")))
+
+
+def forget_commanders(r: redis.Redis, before: float) -> int:
+    """Remove the entries of commanders last seen before ``before`` (the leader does this)."""
+    gone = []
+    for cid, blob in r.hgetall(keys.COMMANDERS).items():
+        try:
+            seen = decode(CommanderInfo, blob).seen
+        except CodecError:
+            continue
+        if seen and seen < before:
+            gone.append(cid)
+    return int(r.hdel(keys.COMMANDERS, *gone)) if gone else 0
+
+
+def _s(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
