@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -40,6 +41,8 @@ REPORTS_MAXLEN = 100_000
 DEAD_MAXLEN = 100_000
 _DEAD_FIELD_BYTES = 2048
 DEREGISTER_S = 5.0  # at most this long to leave the registry on the way out
+DEREGISTER_AWAY_S = 1.0  # ... when the last read found Redis gone (the commander clears it)
+DRAIN_READ_GRACE_S = 0.5  # a drain waits this much past a read's block time before abandoning it
 
 
 class Worker:
@@ -72,6 +75,7 @@ class Worker:
         self._policy_rejected: str | None = None  # why the key is not applied here (logged once)
         self._rescanned: dict[str, float] = {}  # missing handler -> when entry points were re-read
         self._started = 0.0
+        self._redis_away = False  # the last read of the ready stream failed or was abandoned
         self._ready_key = keys.ready(self.tier)
         # line-buffered: a SIGKILLed worker's last entry is on disk (its exit never is)
         self._trace = open(settings.handler_trace, "a", buffering=1) if settings.handler_trace else None  # noqa: SIM115
@@ -102,7 +106,7 @@ class Worker:
         await self._stop_background(background)
         with contextlib.suppress(TimeoutError):  # Redis away: the commander clears the entry
             await asyncio.wait_for(self._until_ok("deregister", self._deregister, attempts=5),
-                                   DEREGISTER_S)
+                                   DEREGISTER_AWAY_S if self._redis_away else DEREGISTER_S)
         await self._close()
         log.info("worker %s drained and stopped", self.worker_id)
         return 0
@@ -231,9 +235,7 @@ class Worker:
                     await asyncio.wait_for(self._slot_freed.wait(), 1.0)
                 continue
             try:
-                resp = await self.r.xreadgroup(keys.GROUP, self.worker_id, {self._ready_key: ">"},
-                                               count=min(free, self.settings.batch),
-                                               block=self.settings.block_ms)
+                resp = await self._read_ready(min(free, self.settings.batch))
                 failures = 0
             except ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate
@@ -242,12 +244,39 @@ class Worker:
                 raise
             except (RedisError, OSError) as exc:
                 failures += 1
+                self._redis_away = True
                 log.warning("reading %s failed (%s); retrying", self._ready_key, exc)
                 await asyncio.sleep(_BACKOFF.compute(failures))
                 continue
             for _stream, entries in resp or []:
                 for nid, fields in entries:
                     self.dispatch(_s(nid), fields, reclaimed=False)
+
+    async def _read_ready(self, count: int) -> Any:
+        """One XREADGROUP. A drain lets it finish within its block time (what it delivers is
+        handed back); one still running past that is stuck in the client's reconnect attempts
+        (Redis is gone) and is abandoned, so SIGTERM does not wait them out. Anything it may
+        have delivered stays pending under this consumer: the commander's sweep hands it on."""
+        read = asyncio.ensure_future(self.r.xreadgroup(keys.GROUP, self.worker_id, {self._ready_key: ">"},
+                                                       count=count, block=self.settings.block_ms))
+        drained = asyncio.ensure_future(self._drained.wait())
+        try:
+            await asyncio.wait({read, drained}, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                await asyncio.wait({read}, timeout=self.settings.block_ms / 1000 + DRAIN_READ_GRACE_S)
+            if not read.done():
+                read.cancel()
+                self._redis_away = True
+                with contextlib.suppress(asyncio.CancelledError):
+                    await read
+                log.warning("reading %s abandoned on drain: Redis is not answering", self._ready_key)
+                return None
+            self._redis_away = False
+            return read.result()
+        finally:
+            drained.cancel()
+            if not read.done():  # we are being cancelled: the read goes with us
+                read.cancel()
 
     def dispatch(self, nid: str, fields: Fields | None, reclaimed: bool) -> None:
         """Hand a notification to its user's job, starting one if needed."""
