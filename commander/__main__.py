@@ -95,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     metrics = _metrics(settings)
     runtime = _runtime(settings, url)
     try:
-        return Commander(connect_sync(url, socket_timeout=10), runtime, settings, metrics).run(stop)
+        # few client retries: an outage reaches the loop, whose own backoff a SIGTERM interrupts
+        r = connect_sync(url, retries=3, socket_timeout=10)
+        return Commander(r, runtime, settings, metrics).run(stop)
     finally:
         runtime.close()
         if metrics is not None:

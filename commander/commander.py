@@ -99,7 +99,7 @@ class Commander:
                 delay = min(5.0, 0.1 * 2 ** min(failures, 6))
                 log.warning("Redis unavailable (%s); retrying in %.1fs, acting on nothing", exc, delay)
                 stop.wait(delay)
-        self._shutdown()
+        self._shutdown(redis_away=failures > 0)
         return 0
 
     def _campaign(self) -> bool:
@@ -371,7 +371,13 @@ class Commander:
         if self.leader.leading:
             forget_commanders(self.r, time.time() - FORGET_COMMANDER_S)
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, redis_away: bool = False) -> None:
+        """Stop the workers if asked (fleet down), give up the lease, leave the registry. With
+        Redis unreachable at the last try, only the workers: each Redis call would spend the
+        client's reconnect attempts, the lease expires on its own and the entry shows as gone."""
+        if redis_away and not (self.leader.leading and self.settings.stop_workers_on_exit):
+            log.warning("Redis unreachable: exiting without giving up the lease (it expires on its own)")
+            return
         try:
             if self.leader.leading and self.settings.stop_workers_on_exit:
                 log.info("stopping every worker before exit (fleet down)")

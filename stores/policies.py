@@ -3,10 +3,11 @@
 ``fleet:policy:<tier>`` is the user's key (edited by ``fleet policy set`` or a raw ``SET``).
 Whoever reads it validates it, against its own handler registry too: a policy naming a
 handler the reader cannot load is rejected *for that reader*, which runs the last good
-policy instead. Only the processes that run a tier (its workers, the commander) record what
-they found (``record=True``): a key they accept is copied to ``...:good``, a rejected one is
-noted in ``...:status`` with the reason and who found it. Observers (``fleet status``,
-``policy get``, ``top``) only read: a read never writes.
+policy instead. Only the tier's workers, which run its handler, record what they found
+(``record=True``): a key they accept is copied to ``...:good``, a rejected one is noted in
+``...:status`` with the reason and which worker found it. Everyone else only reads (the
+commander checks the key against the handlers its live workers registered; ``fleet status``,
+``policy get`` and ``top`` show what the workers recorded): a read never writes.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def _queue_policy_write(pipe: Any, tier: str, policy: Policy) -> None:
 
 
 def write_policy(r: redis.Redis, tier: str, policy: Policy) -> None:
-    """Store a validated policy as the tier's key and its last good copy."""
+    """Store a validated policy as the tier's key (its workers make it the last good copy)."""
     pipe = r.pipeline(transaction=True)
     _queue_policy_write(pipe, tier, policy)
     pipe.execute()
