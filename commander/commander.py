@@ -276,8 +276,11 @@ class Commander:
         group that is no live worker. A failure is logged and retried next pass.
         """
         ours = {h.worker_id for h in handles}
+        # right after an outage every heartbeat may have expired, the live workers' too: they
+        # beat again once Redis is back, so a missing one is believed only after a grace
+        settled = time.time() - self.trusted_since >= self.settings.heartbeat_grace_s
         expired = {wid: info.tier for wid, (info, alive) in registry.items()
-                   if not alive and wid not in ours}
+                   if not alive and wid not in ours} if settled else {}
         self._taken &= set(expired)  # alive again, or gone from the registry: forget it
         for wid, tier in expired.items():
             if wid not in self._taken:
@@ -292,7 +295,7 @@ class Commander:
             del self._dead[wid]
             self._taken.add(wid)
             self._record_takeover(done, dead.why, dead.unasked)
-        if time.monotonic() - self._swept_at >= self.settings.sweep_interval_s:
+        if settled and time.monotonic() - self._swept_at >= self.settings.sweep_interval_s:
             self._sweep(names, ours)
 
     def _sweep(self, names: list[str], ours: set[str]) -> None:

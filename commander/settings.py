@@ -33,6 +33,10 @@ class CommanderSettings(BaseSettings):
                                 "handed on per round trip")
     sweep_interval_s: float = Field(5.0, gt=0, le=3600, description="seconds between sweeps of the "
                                     "ready groups for consumers of dead workers")
+    heartbeat_grace_s: float = Field(6.0, ge=0, le=3600, description="after an outage or a new "
+                                     "leadership, a missing heartbeat counts as a dead worker only "
+                                     "once Redis has been reachable this long (live workers beat "
+                                     "again within their renew interval)")
     max_total_workers: int = Field(64, ge=1, le=100_000, description="cap over every tier: a policy "
                                    "writer cannot make this host start more processes than this")
 

@@ -71,7 +71,8 @@ def r() -> Iterator[fakeredis.FakeRedis]:
 @pytest.fixture
 def rig(r: fakeredis.FakeRedis) -> tuple[Commander, StubRuntime, Metrics]:
     runtime, metrics = StubRuntime(), Metrics()
-    settings = CommanderSettings(commander_id="c1", metrics_port=None, always_tiers=(T,))
+    settings = CommanderSettings(commander_id="c1", metrics_port=None, always_tiers=(T,),
+                                 heartbeat_grace_s=0)  # (its own test below)
     commander = Commander(r, runtime, settings, metrics)
     assert commander.leader.campaign()
     return commander, runtime, metrics
@@ -211,3 +212,22 @@ def test_a_worker_exit_ends_the_wait_for_the_next_pass(r, rig) -> None:
     commander._wait(threading.Event())
     killer.join()
     assert runtime.exited and time.monotonic() - started < 15  # woke on the exit, not at 30 s
+
+
+def test_right_after_an_outage_a_missing_heartbeat_is_not_believed(r, rig) -> None:
+    """Every heartbeat expires in an outage longer than its TTL: the live workers' too. A
+    takeover of a live worker is safe (fenced) but costs it every turn in flight, so the
+    commander waits until they could have beaten again."""
+    commander, _runtime, _metrics = rig
+    commander.settings = commander.settings.model_copy(update={"heartbeat_grace_s": 6.0})
+    held_by(r, "chat-far", "dave")
+    register(r, "chat-far", alive=False)  # no heartbeat: dead, or not beaten again yet
+
+    commander.pass_once(time.time())  # the first pass of a leadership: an outage just ended
+    assert r.get(keys.lane("dave")) == b"chat-far|1" and "chat-far" in consumers(r)
+    assert exits(r) == []
+
+    commander.trusted_since -= 7.0  # the grace has passed and it still has not beaten
+    commander.pass_once(time.time())
+    assert r.get(keys.lane("dave")) is None and "chat-far" not in consumers(r)
+    assert [e.victims for e in exits(r)] == [["chat-far"]]
