@@ -338,9 +338,16 @@ def stop_commander(proc: subprocess.Popen[bytes], admin: redis.Redis, worker_pid
 
 
 def assert_url_only_in_env(pid: int, url: str) -> None:
-    """The password reaches a process through its environment, never its argv (ps shows argv)."""
+    """The password reaches a process through its environment, never its argv (ps shows argv).
+
+    A worker sets its process title (``fleet-worker <tier> <id>``, setproctitle), which
+    reuses the memory ``/proc/<pid>/environ`` shows: there the URL is not readable at all,
+    so neither ``ps`` nor ``ps e`` show the password; the process still got it (it serves)."""
     proc = psutil.Process(pid)
     assert_no_secret(" ".join(proc.cmdline()), f"the command line of pid {pid}")
+    if proc.cmdline()[:1] == ["fleet-worker"] or proc.name().startswith("fleet-worker"):
+        assert_no_secret(" ".join(f"{k}={v}" for k, v in proc.environ().items()), f"the environ of pid {pid}")
+        return
     assert proc.environ().get("REDIS_URL") == url
 
 
