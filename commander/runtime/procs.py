@@ -76,9 +76,11 @@ def same_process(pid: int, create_time: float | None) -> psutil.Process | None:
 def looks_like_worker(pid: int, worker_id: str, started: float) -> psutil.Process | None:
     """The live process ``pid`` if it is the worker registered at ``started``.
 
-    A fresh worker names its id on its command line. A forked one carries the template's
-    command line, so it must also have existed before the worker registered: a pid reused
-    after the worker died belongs to a process created later.
+    A worker names its id on its command line: ``--worker-id`` for a fresh one, and every
+    worker sets its title to ``fleet-worker <tier> <id>`` once it runs. A forked one that has
+    not set it yet carries the template's command line, so it must also have existed before
+    the worker registered: a pid reused after the worker died belongs to a process created
+    later.
     """
     proc = process_of(pid)
     if proc is None or not alive(proc):
@@ -89,7 +91,7 @@ def looks_like_worker(pid: int, worker_id: str, started: float) -> psutil.Proces
         return proc if proc.create_time() <= started + 1.0 else None
     except psutil.Error:
         return None
-    if worker_id in cmdline:
+    if worker_id in " ".join(cmdline).split():  # (a title is one argv string with spaces)
         return proc
     forked = TEMPLATE_MODULE in cmdline and proc.create_time() <= started + 1.0
     return proc if forked else None
