@@ -18,7 +18,7 @@ fleet_tier_draining_workers            gauge      tier             workers drain
 fleet_tier_busy_workers                gauge      tier             workers' worth of busy slots
 fleet_tier_busy_slots                  gauge      tier             Σ busy handler slots
 fleet_tier_slots                       gauge      tier             Σ handler slots
-fleet_tier_backlog                     gauge      tier             ready-stream lag + pending
+fleet_tier_backlog                     gauge      tier             turns no worker started
 fleet_tier_active_users                gauge      tier             users active in the window
 fleet_tier_pressure_events_total       counter    tier             pressure events (commander's total)
 fleet_worker_occupancy                 gauge      tier, worker     the evaluator's occupancy (0..)
@@ -118,7 +118,8 @@ class Metrics:
                                        "Workers' worth of busy slots: sum of busy/total, fresh ready ones.")
         self.busy_slots = tier_gauge("fleet_tier_busy_slots", "Busy handler slots.")
         self.slots = tier_gauge("fleet_tier_slots", "Handler slots.")
-        self.backlog = tier_gauge("fleet_tier_backlog", "Ready-stream lag plus pending notifications.")
+        self.backlog = tier_gauge("fleet_tier_backlog", "Notifications no worker has started: "
+                                  "ready-stream lag plus pending ones no live worker holds.")
         self.active_users = tier_gauge("fleet_tier_active_users", "Users active in the policy's window.")
         self.policy_rejected_gauge = tier_gauge("fleet_policy_rejected",
                                                 "1 while the tier's policy key is rejected.")

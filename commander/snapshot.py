@@ -43,7 +43,7 @@ class TierSnapshot:
     tier: str
     workers: tuple[WorkerView, ...] = ()
     active_users: int = 0
-    backlog: int = 0  # ready-stream lag + pending
+    backlog: int = 0  # notifications no worker started (stores.backlog): lag + orphaned pending
     rps: float = 0.0
     pressure_events: int = 0
 
