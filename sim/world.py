@@ -154,8 +154,21 @@ class World:
         worker = Worker(settings, r=self.net.client())
         self.instances[wid] = worker
         self._watch_commits(worker)
+        self._watch_drain(wid, worker)
         self.workers[wid] = self.loop.create_task(self._run_worker(wid, worker), context=self._in_node(wid))
         return wid
+
+    def _watch_drain(self, wid: str, worker: Worker) -> None:
+        """Note whether the worker had started serving when its drain ran: a SIGTERM sent while
+        it was stopped (SIGSTOP) and still starting runs only after SIGCONT, and its event loop
+        may finish the start first; then it drains as a serving worker."""
+        drain = worker.drain
+
+        def watched(reason: str = "") -> None:
+            if not worker.draining and worker.state != "starting":
+                self.record.terminated_starting.discard(wid)
+            drain(reason)
+        worker.drain = watched  # type: ignore[method-assign]  # (its signal handler binds this)
 
     def _watch_commits(self, worker: Worker) -> None:
         """Note every write-back that landed, with the lease it landed under (for I3)."""

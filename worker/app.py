@@ -119,8 +119,8 @@ class Worker:
         drained = asyncio.ensure_future(self._drained.wait())
         await asyncio.wait({start, drained}, return_when=asyncio.FIRST_COMPLETED)
         drained.cancel()
-        if start.done():
-            start.result()
+        if start.done() and not self.draining:  # (both at once, e.g. SIGTERM while stopped
+            start.result()                       # by SIGSTOP: it never served, so it stops)
             return True
         start.cancel()
         with contextlib.suppress(asyncio.CancelledError):
