@@ -98,11 +98,16 @@ class _Random(Chooser):
 
 
 class _Replay(Chooser):
+    """The recorded choices, by the number of the choice (see ``_Recording``)."""
+
     def __init__(self, choices: dict[int, int]) -> None:
         self.choices = choices
+        self.asked = 0
 
     def choose(self, step: int, ready: int) -> int:
-        return min(self.choices.get(step, 0), ready - 1)
+        index = self.choices.get(self.asked, 0)
+        self.asked += 1
+        return min(index, ready - 1)
 
 
 class _PCT(Chooser):
@@ -137,10 +142,13 @@ class _Recording(Chooser):
         self.branches: list[tuple[int, int]] = []  # (step, ready callbacks): where another order was possible
 
     def choose(self, step: int, ready: int) -> int:
+        """Keyed by the number of the choice, not the step: a step asks again when the callback
+        it picked is cancelled or belongs to a dead or paused node (keyed by step, a replay of a
+        run with kills, pauses or lost replies drifted from it)."""
         self.branches.append((step, ready))
         index = self.inner.choose(step, ready)
         if index:
-            self.made[step] = index
+            self.made[len(self.branches) - 1] = index
         return index
 
 
@@ -151,9 +159,15 @@ class _Faults:
     def __init__(self, schedule: Schedule, rng: random.Random) -> None:
         self.schedule = schedule
         self.rng = rng
-        self.given = {f.step: f for f in schedule.faults} if schedule.faults is not None else None
+        self.given: dict[int, list[Fault]] | None = None
+        if schedule.faults is not None:
+            self.given = {}
+            for f in schedule.faults:
+                self.given.setdefault(f.step, []).append(f)
         self.made: list[Fault] = []
         self.world: World | None = None
+        self._asked_at: dict[int, int] = {}  # replay: how often this step asked (a step that ran
+        # nothing asks again, and a run may have drawn a fault at each of those asks)
 
     def before_step(self, step: int) -> None:
         world = self.world
@@ -169,7 +183,10 @@ class _Faults:
 
     def _next(self, step: int) -> Fault | None:
         if self.given is not None:
-            return self.given.get(step)
+            nth = self._asked_at.get(step, 0)
+            self._asked_at[step] = nth + 1
+            here = self.given.get(step, [])
+            return here[nth] if nth < len(here) else None
         if len(self.made) >= self.schedule.max_faults or self.rng.random() >= self.schedule.fault_rate:
             return None
         kind = self.rng.choice(FAULT_KINDS)

@@ -104,3 +104,12 @@ def test_a_failing_schedule_is_shrunk_and_replays(tmp_path: Path, monkeypatch: p
     shrunk = Schedule.from_json(saved.read_text())
     assert shrunk.workload.users == 1  # the other user was not needed to show it
     assert explore.main(["--replay", str(saved)]) == 1
+
+
+@pytest.mark.parametrize("seed", [484, 100, 9260])  # pause+term, lost replies+pause, pause
+def test_a_run_with_pauses_and_lost_replies_replays_step_for_step(seed: int) -> None:
+    """Found when schedule 484's replay file did not show its violation: a step asks the chooser
+    again when its pick was cancelled or a paused node's, and choices were keyed by step."""
+    first = run(schedule(seed, None, 3))
+    again = run(Schedule.from_json(first.schedule.to_json()))
+    assert (again.steps, again.virtual_s, again.commands) == (first.steps, first.virtual_s, first.commands)
