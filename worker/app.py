@@ -115,7 +115,7 @@ class Worker:
         """Register and join the group, retrying while Redis is away, unless a drain comes
         first: a worker that serves nothing yet has nothing to finish, so SIGTERM stops it at
         once (issue 8, hole 6). False if it was drained before it started."""
-        start = asyncio.ensure_future(self._until_ok("start", self._start))
+        start = asyncio.ensure_future(self._until_ok("start", self._start, unless=self._drained))
         drained = asyncio.ensure_future(self._drained.wait())
         await asyncio.wait({start, drained}, return_when=asyncio.FIRST_COMPLETED)
         drained.cancel()
@@ -197,7 +197,14 @@ class Worker:
             await asyncio.wait(list(self._tasks))
 
     # --- the loops -------------------------------------------------------------------
-    async def _until_ok(self, what: str, fn: Callable[[], Awaitable[None]], attempts: int = 0) -> None:
+    async def _until_ok(self, what: str, fn: Callable[[], Awaitable[None]], attempts: int = 0,
+                        unless: asyncio.Event | None = None) -> None:
+        """Call ``fn`` until it succeeds, backing off; give up after ``attempts`` failures, or at
+        the first failure once ``unless`` is set. That event, not the task's cancellation alone,
+        is what ends a start on SIGTERM: redis-py waits on its sends with ``asyncio.wait_for``,
+        and on Python 3.11 a cancellation that lands in the step the send ends is dropped
+        (CPython gh-86296), so the call fails as if Redis were away and the loop would go on
+        (issue 8, seed 32878)."""
         failures = 0
         while True:
             try:
@@ -205,11 +212,18 @@ class Worker:
                 return
             except (RedisError, OSError) as exc:
                 failures += 1
+                if unless is not None and unless.is_set():
+                    log.info("%s failed (%s); not retried: stopping", what, exc)
+                    return
                 if attempts and failures >= attempts:
                     log.error("%s failed %d times, giving up: %s", what, failures, exc)
                     return
                 log.warning("%s failed (%s); retrying", what, exc)
-                await asyncio.sleep(_BACKOFF.compute(failures))
+                if unless is None:
+                    await asyncio.sleep(_BACKOFF.compute(failures))
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(unless.wait(), _BACKOFF.compute(failures))
 
     async def _every(self, what: str, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
         failures = 0
@@ -239,7 +253,7 @@ class Worker:
                 failures = 0
             except ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate
-                    await self._until_ok("recreate group", self._start)
+                    await self._until_ok("recreate group", self._start, unless=self._drained)
                     continue
                 raise
             except (RedisError, OSError) as exc:
@@ -265,10 +279,10 @@ class Worker:
             if not read.done():
                 await asyncio.wait({read}, timeout=self.settings.block_ms / 1000 + DRAIN_READ_GRACE_S)
             if not read.done():
-                read.cancel()
+                read.cancel()  # (bounded: the cancellation may be dropped, see _until_ok)
                 self._redis_away = True
-                with contextlib.suppress(asyncio.CancelledError):
-                    await read
+                await asyncio.wait({read}, timeout=DRAIN_READ_GRACE_S)
+                read.add_done_callback(_retrieved)  # whatever it ends with is no news now
                 log.warning("reading %s abandoned on drain: Redis is not answering", self._ready_key)
                 return None
             self._redis_away = False
@@ -569,3 +583,9 @@ def _s(value: bytes | str) -> str:
 def _next_id(stream_id: str) -> str:
     ms, _, seq = stream_id.partition("-")
     return f"{ms}-{int(seq or 0) + 1}"
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark an abandoned task's outcome as seen, so asyncio does not log it at exit."""
+    if not task.cancelled():
+        task.exception()

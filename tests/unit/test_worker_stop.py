@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 
 import fakeredis
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from worker.app import Worker
 from worker.settings import WorkerSettings
@@ -23,3 +25,34 @@ async def test_a_worker_that_cannot_reach_redis_stops_on_sigterm() -> None:
     worker.drain("SIGTERM")
     assert await asyncio.wait_for(run, 30) == 0  # before the fix: retried until the 30 s ran out
     assert worker.state == "starting"  # it never served
+
+
+async def test_sigterm_stops_a_start_whose_redis_call_swallowed_the_cancellation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by scripts/explore --seed 32878: SIGTERM came while the worker was stopped (SIGSTOP)
+    and starting in an outage. The cancellation of the start landed in redis-py's
+    ``asyncio.wait_for`` in the step its inner send ended, and Python 3.11's ``wait_for`` returns
+    the inner result then, dropping the cancellation (CPython gh-86296). The start went on
+    retrying until Redis was back, 9 s later. A drain must end the retries itself."""
+    worker = Worker(WorkerSettings(worker_id="w1"), r=fakeredis.FakeAsyncRedis(connected=False))
+    attempts = 0
+
+    async def start_that_loses_the_cancel() -> None:
+        nonlocal attempts
+        attempts += 1
+        try:
+            await asyncio.sleep(0 if attempts == 1 else 10)  # (the drain finds it in a call)
+        except asyncio.CancelledError:
+            if attempts > 2:
+                raise
+            # what wait_for on 3.11 does when its inner call ends in the step it is cancelled
+        raise RedisConnectionError("Redis is down")
+
+    monkeypatch.setattr(worker, "_start", start_that_loses_the_cancel)
+    run = asyncio.ensure_future(worker.run())
+    await asyncio.sleep(0.3)  # it is retrying its start
+    assert not run.done() and attempts >= 2
+    worker.drain("SIGTERM")
+    await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
+    assert run.done(), "the start went on retrying through the drain"
+    assert run.result() == 0 and worker.state == "starting"
