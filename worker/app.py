@@ -223,7 +223,8 @@ class Worker:
                     await asyncio.sleep(_BACKOFF.compute(failures))
                 else:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(unless.wait(), _BACKOFF.compute(failures))
+                        async with asyncio.timeout(_BACKOFF.compute(failures)):
+                            await unless.wait()
 
     async def _every(self, what: str, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
         failures = 0
