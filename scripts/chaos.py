@@ -46,8 +46,8 @@ from chaos_check import Injected, TraceTail, UserLog  # noqa: E402
 
 from fleet.client import AsyncFleet  # noqa: E402
 from protocol import keys  # noqa: E402
-from protocol.codec import encode  # noqa: E402
-from protocol.models import Control, WorkerInfo  # noqa: E402
+from protocol.codec import CodecError, decode, encode  # noqa: E402
+from protocol.models import Control, OccupancyReport, WorkerInfo  # noqa: E402
 from protocol.policy import Policy  # noqa: E402
 from stores.connection import connect_async  # noqa: E402
 from stores.policies import write_policy  # noqa: E402
@@ -172,6 +172,7 @@ class Faults:
         self.errors: list[str] = []
         self.injected: list[Injected] = []  # worker kills and pauses, for the takeover figures
         self.killed: dict[str, float] = {}  # worker id -> when we SIGKILLed it
+        self.drained: set[str] = set()  # workers sent a drain (not capacity from then on)
         self.first: float | None = None  # when the first fault started: the faulty period begins
         self.seconds = seconds
         scale = min(1.0, seconds / 300)
@@ -221,6 +222,7 @@ class Faults:
 
     def drain_kill(self, r: redis.Redis) -> None:
         victim = self._victim(r)
+        self.drained.add(victim.worker)
         body = encode(Control(kind="drain", ts=time.time(), reason="chaos"))
         r.xadd(keys.control(victim.worker), {"m": body})
         time.sleep(self.rng.uniform(0.0, 0.3))
@@ -341,22 +343,49 @@ def orphans(cluster: Cluster) -> list[int]:
 
 
 class Sampler(threading.Thread):
-    """Samples the live worker count, to check it never exceeds max_workers (no double spawn)."""
+    """Samples the live workers, to check that those counted as capacity never exceed
+    max_workers (no double spawn). A draining worker is not capacity: the commander starts its
+    replacement while it finishes its turns (as a Deployment does while a pod terminates), so
+    it is left out, whether its report says so or chaos sent it the drain; the live count with
+    it is kept too. The workers seen at the highest count are kept, to explain it."""
 
-    def __init__(self, cluster: Cluster, stop: threading.Event) -> None:
+    def __init__(self, cluster: Cluster, stop: threading.Event, drained: set[str]) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.stop, self.max_seen = cluster, stop, 0
+        self.cluster, self.stop, self.drained = cluster, stop, drained
+        self.max_seen = self.max_running = 0
+        self.at_max: list[str] = []  # "worker:state" of every running worker at max_seen
 
     def run(self) -> None:
         r = redis.Redis.from_url(self.cluster.url, socket_timeout=2, socket_connect_timeout=1)
         while not self.stop.wait(0.5):
             try:
                 live = live_workers(r)
+                states = latest_states(r)
             except (redis.RedisError, OSError):
                 continue
             self.cluster.pids_seen.update(w.pid for w in live)
-            running = [w for w in live if psutil.pid_exists(w.pid)]
-            self.max_seen = max(self.max_seen, len(running))
+            running = [w for w in live if _running(w.pid)]
+            capacity = [w for w in running
+                        if states.get(w.worker) != "draining" and w.worker not in self.drained]
+            self.max_running = max(self.max_running, len(running))
+            if len(capacity) > self.max_seen:
+                self.max_seen = len(capacity)
+                self.at_max = [f"{w.worker}:{self._state(w.worker, states)}" for w in running]
+
+    def _state(self, worker: str, states: dict[str, str]) -> str:
+        return "drain sent" if worker in self.drained else states.get(worker, "no report")
+
+
+def latest_states(r: redis.Redis, count: int = 200) -> dict[str, str]:
+    """Each worker's state in its latest report among the last ``count``."""
+    states: dict[str, str] = {}
+    for _id, fields in r.xrevrange(keys.REPORTS, count=count):
+        try:
+            report = decode(OccupancyReport, fields[b"m"])
+        except (CodecError, KeyError):
+            continue
+        states.setdefault(report.worker, report.state)
+    return states
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start_commander()
         stop = threading.Event()
         faults = Faults(cluster, seconds, args.every, rng, TraceTail(cluster.trace))
-        sampler = Sampler(cluster, stop)
+        sampler = Sampler(cluster, stop, faults.drained)
         injector = threading.Thread(target=faults.run, args=(stop, r), daemon=True)
         print(f"chaos: {args.users} users for {seconds:.0f} s, {len(faults.plan)} faults planned "
               f"every ~{faults.every:.1f} s", file=sys.stderr, flush=True)
@@ -400,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                    "faults": dict(faults.count), "quota": faults.quota, "quota_missed": faults.missed(),
                    "fault_errors": faults.errors, "epochs": epochs,
                    "max_live_workers": sampler.max_seen, "max_workers": POLICY.max_workers,
+                   "max_running_workers": sampler.max_running, "workers_at_max": sampler.at_max,
                    "orphans": len(left), "seconds": seconds, "users": args.users})
     result["invariants_failed"] = chaos_check.failures(result, epochs_ok)
     chaos_check.table(result)

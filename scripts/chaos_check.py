@@ -274,7 +274,7 @@ def failures(res: dict[str, object], epochs_ok: bool) -> list[str]:
     if res["orphans"]:
         fails.append("I6 orphan processes")
     if int(res["max_live_workers"]) > int(res["max_workers"]):  # type: ignore[call-overload]
-        fails.append("I6 more live workers than max_workers (double spawn)")
+        fails.append(f"I6 more live workers than max_workers (double spawn): {res.get('workers_at_max')}")
     return fails
 
 
@@ -306,7 +306,8 @@ def table(res: dict[str, object]) -> None:
     rows += [(f"faults: {k}", f"{faults.get(k, 0)} (quota {q})") for k, q in quota.items()]
     rows += [(f"faults: {k}", n) for k, n in sorted(faults.items()) if k not in quota]
     rows += [("ledger epochs", res["epochs"]), ("max live workers / max_workers",
-                                                f"{res['max_live_workers']} / {res['max_workers']}"),
+                                                f"{res['max_live_workers']} / {res['max_workers']} "
+                                                f"({res.get('max_running_workers', '?')} with the draining)"),
              ("orphan processes after shutdown", res["orphans"])]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

@@ -80,3 +80,28 @@ def test_exclusivity_check_tells_fenced_overlaps_from_violations(tmp_path, monke
     take = ck.takeovers(faults, intervals, answers)
     assert take["pause"]["n"] == 1 and take["pause"]["max_s"] == pytest.approx(2.55)
     assert take["kill"]["n"] == 1 and take["kill"]["max_s"] == pytest.approx(0.2)
+
+
+def test_the_sampler_reads_each_workers_latest_state(monkeypatch):
+    """A draining worker is not capacity (its replacement may start while it finishes): the
+    I6 sampler tells it by the worker's latest report, and an unreadable report is skipped."""
+    import fakeredis
+
+    from protocol import keys
+    from protocol.codec import encode
+    from protocol.models import Counters, OccupancyReport, Slots
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import chaos
+
+    def report(worker, state):
+        return encode(OccupancyReport(worker=worker, tier="chat", ts=1.0, state=state, users=0, active_users=0,
+                                      slots=Slots(busy=0, total=4), rss=1, counters=Counters(), load=(0, 0, 0)))
+
+    r = fakeredis.FakeRedis()
+    r.xadd(keys.REPORTS, {"m": report("a", "starting")})
+    r.xadd(keys.REPORTS, {"m": report("b", "ready")})
+    r.xadd(keys.REPORTS, {"m": report("a", "ready")})
+    r.xadd(keys.REPORTS, {"m": report("b", "draining")})
+    r.xadd(keys.REPORTS, {"m": b"not a report"})
+    assert chaos.latest_states(r) == {"a": "ready", "b": "draining"}
