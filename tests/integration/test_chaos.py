@@ -95,8 +95,9 @@ def test_the_sampler_reads_each_workers_latest_state(monkeypatch):
     import chaos
 
     def report(worker, state):
-        return encode(OccupancyReport(worker=worker, tier="chat", ts=1.0, state=state, users=0, active_users=0,
-                                      slots=Slots(busy=0, total=4), rss=1, counters=Counters(), load=(0, 0, 0)))
+        return encode(OccupancyReport(worker=worker, tier="chat", ts=1.0, state=state, users=0,
+                                      active_users=0, slots=Slots(busy=0, total=4), rss=1,
+                                      counters=Counters(), load=(0, 0, 0)))
 
     r = fakeredis.FakeRedis()
     r.xadd(keys.REPORTS, {"m": report("a", "starting")})
