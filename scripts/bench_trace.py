@@ -5,13 +5,13 @@ against a real fleet.
    policy (only concurrency and max_workers set), static provisioning for the peak, an
    HPA-like and a KEDA-like policy, and the oracle (per-minute fewest workers that keep that
    minute's p99 wait <= 1 s, found by search with perfect foresight). The simulator is
-   ``commander/simulate.py``; the policies ``commander/sim_policies.py``.
+   ``sim/scaling/simulate.py``; the policies ``sim/scaling/policies.py``.
 2. Validation: one slice of the trace, sped up --speed times, simulated and replayed on a
    real fleet (private redis-server, ``python -m commander`` forking workers, ``fleet replay``
    submitting the turns for the ``sleep`` handler) with the same policy; its time constants
    (report interval, active window, down-stabilization) are divided by the speed too.
 
-Users and service times come from ``commander/trace.py`` (see ``fleet replay --help``).
+Users and service times come from ``sim/scaling/trace.py`` (see ``fleet replay --help``).
 Writes ``trace.json``, ``trace.md`` (tables) and PNGs into --out.
 """
 
@@ -34,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import ROOT, OneLineParser, redis_server  # noqa: E402
 
-from commander.sim_policies import (  # noqa: E402
+from fleet.replay import ReplayResult, replay  # noqa: E402
+from protocol.policy import Policy  # noqa: E402
+from sim.scaling.policies import (  # noqa: E402
     FleetDecide,
     HpaLike,
     KedaLike,
@@ -42,10 +44,8 @@ from commander.sim_policies import (  # noqa: E402
     oracle_schedule,
     peak_static_workers,
 )
-from commander.simulate import SimConfig, SimResult, quantile, simulate  # noqa: E402
-from commander.trace import TraceModel, TraceTurn, assign_users, read_trace, speed_up, window  # noqa: E402
-from fleet.replay import ReplayResult, replay  # noqa: E402
-from protocol.policy import Policy  # noqa: E402
+from sim.scaling.simulate import SimConfig, SimResult, quantile, simulate  # noqa: E402
+from sim.scaling.trace import TraceModel, TraceTurn, assign_users, read_trace, speed_up, window  # noqa: E402
 
 DEFAULT_TRACE = Path("/work/shared/traces/azure_llm_conv_2023.csv")
 SPAWN_DELAY = {"fork": 0.1, "exec": 0.35}
