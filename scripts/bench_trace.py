@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import ROOT, OneLineParser, redis_server  # noqa: E402
 
-from fleet.replay import ReplayResult, replay  # noqa: E402
 from protocol.policy import Policy  # noqa: E402
 from sim.scaling.policies import (  # noqa: E402
     FleetDecide,
@@ -44,6 +43,7 @@ from sim.scaling.policies import (  # noqa: E402
     oracle_schedule,
     peak_static_workers,
 )
+from sim.scaling.replay import ReplayResult, replay  # noqa: E402
 from sim.scaling.simulate import SimConfig, SimResult, quantile, simulate  # noqa: E402
 from sim.scaling.trace import TraceModel, TraceTurn, assign_users, read_trace, speed_up, window  # noqa: E402
 

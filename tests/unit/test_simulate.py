@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from fleet.replay import check_loopback
 from protocol.policy import Policy
 from sim.scaling.policies import (
     FleetDecide,
@@ -16,6 +15,7 @@ from sim.scaling.policies import (
     oracle_schedule,
     peak_static_workers,
 )
+from sim.scaling.replay import check_loopback
 from sim.scaling.simulate import SimConfig, Simulator, simulate
 from sim.scaling.trace import (
     Request,
