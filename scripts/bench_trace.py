@@ -30,12 +30,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import ROOT, OneLineParser, redis_server
 
-from benchlib import ROOT, OneLineParser, redis_server  # noqa: E402
-
-from protocol.policy import Policy  # noqa: E402
-from sim.scaling.policies import (  # noqa: E402
+from protocol.policy import Policy
+from sim.scaling.policies import (
     FleetDecide,
     HpaLike,
     KedaLike,
@@ -43,9 +41,9 @@ from sim.scaling.policies import (  # noqa: E402
     oracle_schedule,
     peak_static_workers,
 )
-from sim.scaling.replay import ReplayResult, replay  # noqa: E402
-from sim.scaling.simulate import SimConfig, SimResult, quantile, simulate  # noqa: E402
-from sim.scaling.trace import TraceModel, TraceTurn, assign_users, read_trace, speed_up, window  # noqa: E402
+from sim.scaling.replay import ReplayResult, replay
+from sim.scaling.simulate import SimConfig, SimResult, quantile, simulate
+from sim.scaling.trace import TraceModel, TraceTurn, assign_users, read_trace, speed_up, window
 
 DEFAULT_TRACE = Path("/work/shared/traces/azure_llm_conv_2023.csv")
 SPAWN_DELAY = {"fork": 0.1, "exec": 0.35}
