@@ -41,6 +41,31 @@ class CliError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    """One-line errors. ``load``: a function that adds the options (and texts) on first use, so a
+    subcommand's module is imported only when that subcommand is parsed or shows its help."""
+
+    def __init__(self, *args: Any, load: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._load = load
+
+    def _loaded(self) -> None:
+        if self._load is not None:
+            load, self._load = self._load, None
+            load(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._loaded()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._loaded()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._loaded()
+        return super().format_help()
+
     def error(self, message: str) -> NoReturn:  # one line, not the usage block
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
 
@@ -321,7 +346,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from fleet.replay import run_command
+    from sim.scaling.replay import run_command
 
     try:
         return run_command(args, resolve_url(args.redis_url))
@@ -441,14 +466,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: INFO")
     w.set_defaults(func=cmd_worker)
 
-    from fleet.replay import __doc__ as replay_doc
-    from fleet.replay import add_arguments as add_replay_arguments
-
     rp = sub.add_parser("replay", help="drive a real fleet with a trace (sleep handler)",
-                        description=replay_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_replay_arguments(rp)
+                        formatter_class=argparse.RawDescriptionHelpFormatter, load=_replay_arguments)
     rp.set_defaults(func=cmd_replay)
     return p
+
+
+def _replay_arguments(rp: argparse.ArgumentParser) -> None:
+    """``fleet replay``'s options and texts, from the benchmark's replay driver (``sim.scaling``),
+    imported only when ``fleet replay`` runs or shows its help."""
+    from sim.scaling import replay
+
+    rp.description = replay.__doc__
+    replay.add_arguments(rp)
 
 
 def _add_up_down(sub: argparse._SubParsersAction[Any]) -> None:

@@ -1,7 +1,7 @@
 """Commander scale: decide() over 1,000 workers in 20 tiers, and the report-ingest rate.
 
 decide(): one full pass (every tier once) over a synthetic fleet, median and p95
-(commander.bench_decide). Ingest: 1,000 simulated workers' occupancy reports are written to
+(scripts/bench_decide.py). Ingest: 1,000 simulated workers' occupancy reports are written to
 a private redis-server, then read by the commander's Observer into its Evaluator, the path
 every pass takes; the figure is reports per second end to end (XREAD + decode + window).
 """
@@ -12,16 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import redis
+from bench_decide import bench as bench_decide
+from benchlib import OneLineParser, emit, redis_server
 
-import redis  # noqa: E402
-from benchlib import OneLineParser, emit, redis_server  # noqa: E402
-
-from commander.bench_decide import bench as bench_decide  # noqa: E402
-from commander.observe import Observer  # noqa: E402
-from protocol import keys  # noqa: E402
-from protocol.codec import encode  # noqa: E402
-from protocol.models import Counters, OccupancyReport, Slots  # noqa: E402
+from commander.observe import Observer
+from protocol import keys
+from protocol.codec import encode
+from protocol.models import Counters, OccupancyReport, Slots
 
 
 def parse_args(argv: list[str] | None = None):

@@ -37,7 +37,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the repository root: scripts.peers (the RQ and Celery side of the benchmark) is not an
+# installed package, and its workers name the job functions scripts.peers.*
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402

@@ -16,14 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import OneLineParser, emit, percentile, redis_server, worker_processes
 
-from benchlib import OneLineParser, emit, percentile, redis_server, worker_processes  # noqa: E402
-
-from fleet.client import AsyncFleet  # noqa: E402
-from protocol.policy import Policy  # noqa: E402
-from stores.connection import connect_sync  # noqa: E402
-from stores.policies import write_policy  # noqa: E402
+from fleet.client import AsyncFleet
+from protocol.policy import Policy
+from stores.connection import connect_sync
+from stores.policies import write_policy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

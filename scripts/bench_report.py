@@ -19,9 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchlib import ROOT, OneLineParser  # noqa: E402
+from benchlib import ROOT, OneLineParser
 
 GOALS = "Fleet >= 4x Celery and >= 10x RQ turns/s; p99 <= 10 ms at half load; pressure -> new worker " \
         "serving <= 100 ms median; trace p99 wait <= 1 s, worker-seconds <= 1.25x oracle, fewer scale " \

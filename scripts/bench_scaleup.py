@@ -5,7 +5,7 @@ then submits a probe turn. The submit finds no free slot and appends a pressure 
 commander wakes on it, decides, spawns a worker, and the new worker serves the probe. The
 figure is submit -> reply of the probe, with workers forked from the commander's
 pre-imported template (``fork``) and started as fresh interpreters (``exec``). It also times
-``decide()`` over 1,000 workers in 20 tiers (``commander.bench_decide``).
+``decide()`` over 1,000 workers in 20 tiers (``scripts/bench_decide.py``).
 """
 
 from __future__ import annotations
@@ -19,16 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import redis
+from bench_decide import bench as bench_decide
+from benchlib import ROOT, OneLineParser, emit, percentile, redis_server
 
-import redis  # noqa: E402
-from benchlib import ROOT, OneLineParser, emit, percentile, redis_server  # noqa: E402
-
-from commander.bench_decide import bench as bench_decide  # noqa: E402
-from fleet.client import Fleet  # noqa: E402
-from protocol import keys  # noqa: E402
-from protocol.policy import Policy  # noqa: E402
-from stores.policies import write_policy  # noqa: E402
+from fleet.client import Fleet
+from protocol import keys
+from protocol.policy import Policy
+from stores.policies import write_policy
 
 POLICY = Policy(handler="sleep", handler_options={"sleep_ms": 0}, concurrency=1, min_workers=1, max_workers=4,
                 users_per_instance=None, target_backlog_per_worker=None, report_interval_s=0.5,

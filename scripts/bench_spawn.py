@@ -19,16 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import OneLineParser, emit, percentile, redis_server
 
-from benchlib import OneLineParser, emit, percentile, redis_server  # noqa: E402
-
-from commander.runtime.process import ProcessRuntime  # noqa: E402
-from fleet.client import Fleet  # noqa: E402
-from protocol import keys  # noqa: E402
-from protocol.policy import Policy  # noqa: E402
-from stores.connection import connect_sync  # noqa: E402
-from stores.policies import write_policy  # noqa: E402
+from commander.runtime.process import ProcessRuntime
+from fleet.client import Fleet
+from protocol import keys
+from protocol.policy import Policy
+from stores.connection import connect_sync
+from stores.policies import write_policy
 
 TIER = "spawnbench"
 MODES = ("fork", "exec")

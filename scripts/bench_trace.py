@@ -5,13 +5,13 @@ against a real fleet.
    policy (only concurrency and max_workers set), static provisioning for the peak, an
    HPA-like and a KEDA-like policy, and the oracle (per-minute fewest workers that keep that
    minute's p99 wait <= 1 s, found by search with perfect foresight). The simulator is
-   ``commander/simulate.py``; the policies ``commander/sim_policies.py``.
+   ``sim/scaling/simulate.py``; the policies ``sim/scaling/policies.py``.
 2. Validation: one slice of the trace, sped up --speed times, simulated and replayed on a
    real fleet (private redis-server, ``python -m commander`` forking workers, ``fleet replay``
    submitting the turns for the ``sleep`` handler) with the same policy; its time constants
    (report interval, active window, down-stabilization) are divided by the speed too.
 
-Users and service times come from ``commander/trace.py`` (see ``fleet replay --help``).
+Users and service times come from ``sim/scaling/trace.py`` (see ``fleet replay --help``).
 Writes ``trace.json``, ``trace.md`` (tables) and PNGs into --out.
 """
 
@@ -30,11 +30,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import ROOT, OneLineParser, redis_server
 
-from benchlib import ROOT, OneLineParser, redis_server  # noqa: E402
-
-from commander.sim_policies import (  # noqa: E402
+from protocol.policy import Policy
+from sim.scaling.policies import (
     FleetDecide,
     HpaLike,
     KedaLike,
@@ -42,12 +41,12 @@ from commander.sim_policies import (  # noqa: E402
     oracle_schedule,
     peak_static_workers,
 )
-from commander.simulate import SimConfig, SimResult, quantile, simulate  # noqa: E402
-from commander.trace import TraceModel, TraceTurn, assign_users, read_trace, speed_up, window  # noqa: E402
-from fleet.replay import ReplayResult, replay  # noqa: E402
-from protocol.policy import Policy  # noqa: E402
+from sim.scaling.replay import ReplayResult, replay
+from sim.scaling.simulate import SimConfig, SimResult, quantile, simulate
+from sim.scaling.trace import TraceModel, TraceTurn, assign_users, read_trace, speed_up, window
 
-DEFAULT_TRACE = Path("/work/shared/traces/azure_llm_conv_2023.csv")
+# beside the repository: <repo>/../shared/traces (not in git; --trace or $FLEET_TRACE elsewhere)
+DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_conv_2023.csv"
 SPAWN_DELAY = {"fork": 0.1, "exec": 0.35}
 COLUMNS = [("policy", "policy"), ("p50_wait_s", "p50 wait s"), ("p99_wait_s", "p99 wait s"),
            ("max_wait_s", "max wait s"), ("slo_violations", "waits > SLO"),
@@ -59,7 +58,9 @@ COLUMNS = [("policy", "policy"), ("p50_wait_s", "p50 wait s"), ("p99_wait_s", "p
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineParser(prog="scripts/bench_trace", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", type=Path, default=Path(os.environ.get("FLEET_TRACE", DEFAULT_TRACE)))
+    p.add_argument("--trace", type=Path, default=Path(os.environ.get("FLEET_TRACE", DEFAULT_TRACE)),
+                   help="the Azure LLM conversation trace CSV (default: $FLEET_TRACE, else "
+                        "<repo>/../shared/traces/azure_llm_conv_2023.csv)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "bench-out")
     p.add_argument("--quick", action="store_true",
                    help="compare on the first 10 minutes; validate on 60 trace seconds")

@@ -36,22 +36,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import chaos_check
+import psutil
+import redis
+from benchlib import ROOT, OneLineParser, free_port
+from chaos_check import Injected, TraceTail, UserLog
 
-import chaos_check  # noqa: E402
-import psutil  # noqa: E402
-import redis  # noqa: E402
-from benchlib import ROOT, OneLineParser, free_port  # noqa: E402
-from chaos_check import Injected, TraceTail, UserLog  # noqa: E402
-
-from fleet.client import AsyncFleet  # noqa: E402
-from protocol import keys  # noqa: E402
-from protocol.codec import CodecError, decode, encode  # noqa: E402
-from protocol.models import Control, OccupancyReport, WorkerInfo  # noqa: E402
-from protocol.policy import Policy  # noqa: E402
-from stores.connection import connect_async  # noqa: E402
-from stores.policies import write_policy  # noqa: E402
-from stores.registry import read_registry  # noqa: E402
+from fleet.client import AsyncFleet
+from protocol import keys
+from protocol.codec import CodecError, decode, encode
+from protocol.models import Control, OccupancyReport, WorkerInfo
+from protocol.policy import Policy
+from stores.connection import connect_async
+from stores.policies import write_policy
+from stores.registry import read_registry
 
 POLICY = Policy(handler="sleep", handler_options={"sleep_ms": 40}, concurrency=4, min_workers=2,
                 max_workers=6, target_backlog_per_worker=4, users_per_instance=None, report_interval_s=0.5,

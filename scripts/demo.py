@@ -8,15 +8,12 @@ import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fleet.client import Fleet  # noqa: E402
-from fleet.status import workers  # noqa: E402
-from protocol import keys  # noqa: E402
-from protocol.codec import decode  # noqa: E402
-from protocol.models import SessionEntry  # noqa: E402
+from fleet.client import Fleet
+from fleet.status import workers
+from protocol import keys
+from protocol.codec import decode
+from protocol.models import SessionEntry
 
 USERS, TURNS = 100, 5
 

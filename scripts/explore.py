@@ -23,13 +23,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import OneLineParser
 
-from benchlib import OneLineParser  # noqa: E402
-
-from sim.explore import Outcome, Schedule, run  # noqa: E402
-from sim.shrink import shrink  # noqa: E402
-from sim.world import Workload  # noqa: E402
+from sim.explore import Outcome, Schedule, run
+from sim.shrink import shrink
+from sim.world import Workload
 
 STRATEGIES = ("random", "pct", "fifo", "sweep")
 

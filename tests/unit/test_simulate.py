@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from commander.sim_policies import (
+from protocol.policy import Policy
+from sim.scaling.policies import (
     FleetDecide,
     HpaLike,
     KedaLike,
@@ -14,8 +15,9 @@ from commander.sim_policies import (
     oracle_schedule,
     peak_static_workers,
 )
-from commander.simulate import SimConfig, Simulator, simulate
-from commander.trace import (
+from sim.scaling.replay import check_loopback
+from sim.scaling.simulate import SimConfig, Simulator, simulate
+from sim.scaling.trace import (
     Request,
     TraceModel,
     TraceTurn,
@@ -25,8 +27,6 @@ from commander.trace import (
     speed_up,
     window,
 )
-from fleet.replay import check_loopback
-from protocol.policy import Policy
 
 
 def requests(n: int, every: float = 0.5, ctx: int = 500, gen: int = 100) -> list[Request]:

@@ -1,6 +1,6 @@
 """Scaling policies for the simulator: Fleet's ``decide()``, static, HPA-like, KEDA-like, oracle.
 
-Each one follows ``commander.simulate.SimPolicy``. The baselines are re-implementations of the
+Each one follows ``sim.scaling.simulate.SimPolicy``. The baselines are re-implementations of the
 published algorithms, reduced to what matters for one tier of slot-bound workers:
 
 - **static**: a fixed count, sized for the trace's peak (``peak_static_workers``).
@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from commander.decide import TierState, decide
-from commander.simulate import Scale, SimConfig, Simulator, quantile
 from commander.snapshot import TierSnapshot
-from commander.trace import TraceTurn
 from protocol.policy import Policy
+from sim.scaling.simulate import Scale, SimConfig, Simulator, quantile
+from sim.scaling.trace import TraceTurn
 
 
 class FleetDecide:

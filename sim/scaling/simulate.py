@@ -41,10 +41,10 @@ from typing import Protocol
 from commander.evaluator import Evaluator
 from commander.runtime.base import WorkerHandle, WorkerState
 from commander.snapshot import TierSnapshot
-from commander.trace import TraceTurn
 from commander.views import TierSignals, snapshot, tier_rps, worker_views
 from protocol.models import Counters, OccupancyReport, Slots
 from protocol.policy import Policy
+from sim.scaling.trace import TraceTurn
 
 TRACE_EPOCH = 1_700_158_546.0  # 2023-11-16 18:15:46 UTC, the Azure trace's first request
 _DONE, _READY, _REPORT, _PASS, _SAMPLE = range(5)

@@ -1,6 +1,6 @@
 """``fleet replay TRACE.csv``: drive a real fleet with a trace's arrivals, sped up ``--speed`` times.
 
-Each turn of the trace model (``commander.trace``: users, conversations, think times and
+Each turn of the trace model (``sim.scaling.trace``: users, conversations, think times and
 service times derived from the token counts) is submitted at its arrival time divided by
 ``--speed``, with ``meta={"sleep_ms": service_ms / speed}`` for the ``sleep`` handler (the
 tier's policy must run ``handler=sleep``: it is checked, and set with ``--set-handler``).
@@ -32,11 +32,11 @@ from urllib.parse import urlparse
 
 import redis.asyncio as aioredis
 
-from commander.trace import TraceModel, TraceTurn, load_turns, speed_up
 from fleet.client import AsyncFleet, TurnTimeout
 from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import LedgerEvent, WorkerInfo
+from sim.scaling.trace import TraceModel, TraceTurn, load_turns, speed_up
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", ""}
 SAMPLE_S = 0.5
@@ -82,7 +82,7 @@ class ReplayResult:
 
     def summary(self, slo_s: float) -> dict[str, Any]:
         """p50/p99 wait, SLO violations (wait > ``slo_s`` or no reply), worker-seconds, scale events."""
-        from commander.simulate import quantile
+        from sim.scaling.simulate import quantile
 
         waits = [max(0.0, r.wait_s) for r in self.turns if r.ok]
         unanswered = sum(1 for r in self.turns if not r.ok)
@@ -199,7 +199,7 @@ class _Run:
 
 async def replay(url: str, turns: list[TraceTurn], *, speed: float, tier: str = "chat",
                  grace_s: float = 30.0, progress: bool = True) -> ReplayResult:
-    """Submit ``turns`` (already sped up: ``commander.trace.speed_up``) to the fleet at ``url``."""
+    """Submit ``turns`` (already sped up: ``sim.scaling.trace.speed_up``) to the fleet at ``url``."""
     check_loopback(url)
     fleet = AsyncFleet(url)
     since_ms = int(time.time() * 1000)
@@ -242,9 +242,9 @@ def write_outputs(result: ReplayResult, out: Path, slo_s: float) -> dict[str, An
 # --- the command -----------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``fleet replay``'s options; the epilog documents the trace model."""
-    from commander import trace
+    from sim.scaling import trace
 
-    p.epilog = "How the trace becomes turns (commander/trace.py):\n" + (trace.__doc__ or "")
+    p.epilog = "How the trace becomes turns (sim/scaling/trace.py):\n" + (trace.__doc__ or "")
     p.add_argument("trace", type=Path, help="CSV with TIMESTAMP,ContextTokens,GeneratedTokens")
     p.add_argument("--speed", type=float, default=10.0, help="replay K times faster (default 10)")
     p.add_argument("--tier", default="chat")

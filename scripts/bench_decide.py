@@ -1,6 +1,6 @@
 """How long one judge pass takes: ``decide`` over every tier of a synthetic fleet.
 
-``python -m commander.bench_decide`` prints median and p95 milliseconds for one full pass
+``python scripts/bench_decide.py`` prints median and p95 milliseconds for one full pass
 (all tiers), with realistic mixes of idle, busy, stale, starting and draining workers.
 """
 
