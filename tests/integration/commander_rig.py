@@ -23,8 +23,10 @@ from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import decode, encode
 from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots, WorkerInfo
+from stores.policies import read_policy
 
 INTERVAL_S = 0.2  # the pass interval of the real-process scenarios
+HANDLERS = ("echo", "noop", "sleep")  # the built-ins every simulated worker has
 
 
 class VirtualClock:
@@ -80,9 +82,10 @@ class SimRuntime(Runtime):
         """A registered, reporting worker: ours (in ``list()``), or one started ``outside``."""
         handle = WorkerHandle(wid, tier, 10_000 + len(self.workers), WorkerState.RUNNING, self.clock.time())
         info = WorkerInfo(worker=wid, tier=tier, pid=handle.pid, host="sim", started=handle.started,
-                          handlers=["sleep", "echo"])
+                          handlers=list(HANDLERS))
         self.r.hset(keys.WORKERS, wid, encode(info))
         self.r.set(keys.heartbeat(wid), "1", px=600_000)
+        read_policy(self.r, tier, HANDLERS, record=True, reader=wid)  # as a worker does at start
         self.workers[wid] = worker = SimWorker(handle, self.concurrency, outside=outside)
         return worker
 
@@ -114,10 +117,12 @@ class SimRuntime(Runtime):
         return [w.handle for w in self.workers.values() if not w.outside]
 
     def report(self, dt: float) -> None:
-        """Every unfrozen worker reports its slots as of now (handler time accrued over ``dt``)."""
+        """Every unfrozen worker reports its slots as of now (handler time accrued over ``dt``)
+        and reads its tier's policy as a worker does (recording an accepted key as last good)."""
         for wid, w in self.workers.items():
             if w.frozen:
                 continue
+            read_policy(self.r, w.handle.tier, HANDLERS, record=True, reader=wid)
             w.handler_seconds += w.busy * dt
             state = "draining" if w.handle.state is WorkerState.DRAINING else "ready"
             rep = OccupancyReport(worker=wid, tier=w.handle.tier, ts=self.clock.time(), state=state,
