@@ -2,8 +2,9 @@
 
 A wait is for a condition, with a deadline, and "nothing happened" is asserted after the
 commander ran a number of passes (``passes``); the one fixed sleep is the length of a fault
-(Redis paused). The scenarios that need no real process
-(stabilization window, stale reports, a stall) run on a virtual clock in test_commander_passes.py.
+(Redis paused). The decision scenarios also run pass by pass on a virtual clock, with simulated
+workers, in test_commander_passes.py; those that need no real process live only there (the
+stabilization window measured exactly, stale reports of frozen workers).
 """
 
 from __future__ import annotations
