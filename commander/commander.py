@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,12 +67,14 @@ class Commander:
     """One commander process: a standby until it wins the lease, then the fleet's only actor."""
 
     def __init__(self, r: redis.Redis, runtime: Runtime, settings: CommanderSettings,
-                 metrics: Any | None = None) -> None:
+                 metrics: Any | None = None, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.r, self.runtime, self.settings, self.metrics = r, runtime, settings, metrics
+        self.clock, self.monotonic = clock, monotonic  # wall and monotonic time (tests: virtual)
         self.leader = Leadership(r, settings.commander_id, settings.lease_ttl_ms)
         self.observer = Observer(r)
         self.tiers: dict[str, _Tier] = {}
-        self.started = time.time()
+        self.started = self.clock()
         self._adopted_at = 0.0
         self._pressure_total: dict[str, int] = {}
         self._last_pass: float | None = None  # monotonic start of the last completed pass
@@ -87,7 +90,7 @@ class Commander:
         while not stop.is_set():
             try:
                 if self.leader.leading or self._campaign():
-                    self.pass_once(time.time())
+                    self.pass_once(self.clock())
                     self._wait(stop)
                 else:
                     stop.wait(self.settings.standby_poll_s)
@@ -106,11 +109,11 @@ class Commander:
         if not self.leader.campaign():
             return False
         self.runtime.adopt()  # a new leader takes over the workers its predecessor left
-        self._adopted_at = time.monotonic()
+        self._adopted_at = self.monotonic()
         self._last_pass = None  # and trusts only reports made after it took over
         for tier in self.tiers.values():
             tier.loaded = False  # re-read the stabilization history the last leader saved
-        self._append(LedgerEvent(ts=time.time(), tier="*", epoch=self.leader.epoch or 0,
+        self._append(LedgerEvent(ts=self.clock(), tier="*", epoch=self.leader.epoch or 0,
                                  commander=self.settings.commander_id, action="leader",
                                  reason=f"{self.settings.commander_id} leads"))
         return self.leader.leading
@@ -118,9 +121,9 @@ class Commander:
     def _wait(self, stop: threading.Event) -> None:
         """Until the next pass: block on pressure events, so a burst wakes us at once, in slices
         of ``EXIT_CHECK_S``, so a worker's exit does too (its users are taken over at once)."""
-        deadline = time.monotonic() + self.settings.interval_s
+        deadline = self.monotonic() + self.settings.interval_s
         while not stop.is_set():
-            left = deadline - time.monotonic()
+            left = deadline - self.monotonic()
             if left <= 0 or (self.leader.leading and self.runtime.has_exits()):
                 return
             if self.observer.wait_for_pressure(self.tiers, max(1, int(min(left, EXIT_CHECK_S) * 1000))):
@@ -133,9 +136,9 @@ class Commander:
             return
         self._note_outage(now)
         self._reap(now)
-        if time.monotonic() - self._adopted_at > ADOPT_EVERY_S:
+        if self.monotonic() - self._adopted_at > ADOPT_EVERY_S:
             self.runtime.adopt()  # workers started separately with `fleet worker` on this host
-            self._adopted_at = time.monotonic()
+            self._adopted_at = self.monotonic()
         self.observer.read_reports()
         registry = self.observer.registry()
         handles = self.runtime.list()
@@ -161,7 +164,7 @@ class Commander:
         """The first pass of a leadership, a pass after a failed one, or after a long stall
         (Redis paused): reports from before now do not describe the workers' load (they could
         not reach Redis, or we did not see them), so scale-in waits for reports made after."""
-        mono = time.monotonic()
+        mono = self.monotonic()
         if self._last_pass is None or mono - self._last_pass > max(3 * self.settings.interval_s, 2.0):
             if self.trusted_since:
                 log.warning("observations were interrupted: scale-in waits for new reports")
@@ -255,7 +258,7 @@ class Commander:
         try:
             self.runtime.retire(worker_id, reason, drain_timeout_s)
         except UnknownWorker:  # registered elsewhere (another host): drain it over Redis
-            body = encode(Control(kind="drain", ts=time.time(), reason=reason[:200]))
+            body = encode(Control(kind="drain", ts=self.clock(), reason=reason[:200]))
             self.r.xadd(keys.control(worker_id), {"m": body}, maxlen=100, approximate=True)
 
     def _reap(self, now: float) -> None:
@@ -278,7 +281,7 @@ class Commander:
         ours = {h.worker_id for h in handles}
         # right after an outage every heartbeat may have expired, the live workers' too: they
         # beat again once Redis is back, so a missing one is believed only after a grace
-        settled = time.time() - self.trusted_since >= self.settings.heartbeat_grace_s
+        settled = self.clock() - self.trusted_since >= self.settings.heartbeat_grace_s
         expired = {wid: info.tier for wid, (info, alive) in registry.items()
                    if not alive and wid not in ours} if settled else {}
         self._taken &= set(expired)  # alive again, or gone from the registry: forget it
@@ -295,7 +298,7 @@ class Commander:
             del self._dead[wid]
             self._taken.add(wid)
             self._record_takeover(done, dead.why, dead.unasked)
-        if settled and time.monotonic() - self._swept_at >= self.settings.sweep_interval_s:
+        if settled and self.monotonic() - self._swept_at >= self.settings.sweep_interval_s:
             self._sweep(names, ours)
 
     def _sweep(self, names: list[str], ours: set[str]) -> None:
@@ -309,7 +312,7 @@ class Commander:
                 continue
             for one in done:
                 self._record_takeover(one, f"consumer {one.worker} is no live worker")
-        self._swept_at = time.monotonic()
+        self._swept_at = self.monotonic()
 
     def _record_takeover(self, done: Takeover, why: str, unasked: bool = False) -> None:
         """Log and count a takeover; a ledger event when it did something, or when the exit
@@ -337,7 +340,7 @@ class Commander:
                victims: list[str] | None = None, reason: str = "",
                why: dict[str, Any] | None = None) -> LedgerEvent:
         current = plan.current if plan else 0
-        return LedgerEvent(ts=time.time(), tier=tier, epoch=self.leader.epoch or 0,
+        return LedgerEvent(ts=self.clock(), tier=tier, epoch=self.leader.epoch or 0,
                            commander=self.settings.commander_id, action=action,  # type: ignore[arg-type]
                            from_count=current, to_count=current if to is None else to,
                            victims=victims or [], reason=reason or (plan.reason if plan else ""),
@@ -369,10 +372,10 @@ class Commander:
                              host=socket.gethostname(), started=self.started,
                              role="leader" if self.leader.leading else "standby",
                              epoch=self.leader.epoch or 0,
-                             metrics=getattr(self.metrics, "address", ""), seen=time.time())
+                             metrics=getattr(self.metrics, "address", ""), seen=self.clock())
         self.r.hset(keys.COMMANDERS, self.settings.commander_id, encode(info))
         if self.leader.leading:
-            forget_commanders(self.r, time.time() - FORGET_COMMANDER_S)
+            forget_commanders(self.r, self.clock() - FORGET_COMMANDER_S)
 
     def _shutdown(self, redis_away: bool = False) -> None:
         """Stop the workers if asked (fleet down), give up the lease, leave the registry. With

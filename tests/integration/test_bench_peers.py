@@ -30,6 +30,7 @@ def _require_peers() -> None:
     pytest.skip(msg)
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(600)
 def test_bench_peers_quick_every_system_answers_turns(tmp_path):
     _require_peers()

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.integration
 KINDS = {"worker-kill", "drain-kill", "worker-pause", "commander-kill", "redis-restart", "redis-pause"}
 
 
+@pytest.mark.smoke
 def test_chaos_quick_holds_every_invariant(tmp_path):
     out = tmp_path / "chaos.json"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "chaos.py"), "--quick", "--json", str(out)],

@@ -53,6 +53,7 @@ def test_replay_needs_the_sleep_handler(r, fleet_env, tmp_path):
     assert run.returncode == 1 and "handler=sleep" in run.stderr
 
 
+@pytest.mark.smoke
 def test_bench_trace_quick(tmp_path):
     out = tmp_path / "bench"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_trace.py"), "--quick",

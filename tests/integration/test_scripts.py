@@ -13,6 +13,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.smoke
 def test_bench_pipeline_quick(tmp_path):
     out = tmp_path / "bench.json"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_pipeline.py"), "--quick",
@@ -30,6 +31,7 @@ def test_bench_pipeline_rejects_bad_arguments():
     assert run.returncode == 2 and "must be positive" in run.stderr and run.stderr.count("\n") == 1
 
 
+@pytest.mark.smoke
 def test_bench_report_quick_assembles_the_report(tmp_path):
     # peers and trace have their own smoke tests; here the orchestrator runs the rest and renders
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_report.py"), "--quick",

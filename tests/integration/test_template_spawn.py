@@ -266,6 +266,7 @@ def test_exec_mode_starts_no_template(make_runtime) -> None:
 
 
 # --- the benchmark ------------------------------------------------------------------------
+@pytest.mark.smoke
 def test_bench_spawn_quick(tmp_path) -> None:
     out = tmp_path / "spawn.json"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_spawn.py"), "--quick",

@@ -65,6 +65,7 @@ def test_the_cli_draws_the_same_schedules_as_these_rows() -> None:
     assert next(iter(explore.schedules(args))) == schedule(9260, {"users": 3, "turns": 4, "workers": 2}, 6)
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(2400)
 def test_explore_short_mode_finds_no_violation(tmp_path: Path) -> None:
     """The suite's exploration: 2,000 random, PCT and sweep schedules over drawn workloads, on
