@@ -160,8 +160,9 @@ class Worker:
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, waking early when the worker stops."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
+        with contextlib.suppress(TimeoutError):  # (not wait_for: it can drop a cancellation, gh-86296)
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
 
     async def _start(self) -> None:
         await self._refresh_policy()
