@@ -34,6 +34,7 @@ from protocol.models import CommanderInfo, Control, LedgerEvent
 from protocol.policy import Policy
 from stores.commanders import forget_commanders
 from stores.policies import PolicyRead, list_tiers, read_policy
+from stores.retry import Backoff
 from stores.takeover import Takeover, sweep, take_over
 
 log = logging.getLogger("fleet.commander")
@@ -41,6 +42,7 @@ STATE_TTL_S = 86_400
 ADOPT_EVERY_S = 10.0
 FORGET_COMMANDER_S = 3600.0  # the leader removes entries of commanders not seen for this long
 EXIT_CHECK_S = 0.05  # while waiting for the next pass, look for exited workers this often
+_BACKOFF = Backoff(base=0.1, cap=5.0)  # Redis away: a wait in [0, 0.2 s], doubling up to [0, 5 s]
 
 
 @dataclass
@@ -99,7 +101,7 @@ class Commander:
             except (redis.RedisError, OSError) as exc:
                 failures += 1
                 self._last_pass = None  # the next pass that succeeds ends an outage
-                delay = min(5.0, 0.1 * 2 ** min(failures, 6))
+                delay = _BACKOFF.compute(failures)
                 log.warning("Redis unavailable (%s); retrying in %.1fs, acting on nothing", exc, delay)
                 stop.wait(delay)
         self._shutdown(redis_away=failures > 0)

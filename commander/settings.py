@@ -1,4 +1,5 @@
-"""One settings object for the commander process (env ``FLEET_COMMANDER_*`` or CLI flags)."""
+"""One settings object for the commander process (env ``FLEET_COMMANDER_*``, or the CLI flags derived
+from it by ``protocol.flags``)."""
 
 from __future__ import annotations
 
@@ -17,18 +18,25 @@ class CommanderSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FLEET_COMMANDER_", frozen=True)
 
-    redis_url: str | None = None
-    commander_id: str = ""
-    interval_s: float = Field(0.5, gt=0, le=60, description="seconds between passes")
+    redis_url: str | None = Field(None, description="default: $REDIS_URL, else the local fleet")
+    commander_id: str = Field("", description="unique id (default: cmd-<host>-<random>)")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    interval_s: float = Field(0.5, gt=0, le=60, description="seconds between passes",
+                              json_schema_extra={"flag": "--interval"})
     lease_ttl_ms: int = Field(3000, ge=500, description="a dead leader is replaced after this")
-    standby_poll_s: float = Field(1.0, gt=0, le=60)
-    always_tiers: tuple[str, ...] = ("chat",)
-    spawn_mode: Literal["fork", "exec"] = "fork"
-    log_dir: str = ".fleet/logs"
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = Field(9464, ge=0, le=65535, description="None: no /metrics")
-    metrics_token: str | None = None
-    stop_workers_on_exit: bool = False
+    standby_poll_s: float = Field(1.0, gt=0, le=60, description="seconds between a standby's campaigns")
+    always_tiers: tuple[str, ...] = Field(("chat",), json_schema_extra={"flag": None})  # (read by nothing)
+    spawn_mode: Literal["fork", "exec"] = Field(
+        "fork", description="fork workers from a pre-imported template (fast) or exec them")
+    log_dir: str = Field(".fleet/logs", description="worker logs")
+    metrics_host: str = Field("127.0.0.1", description="bind address of /metrics")
+    metrics_port: int | None = Field(9464, ge=0, le=65535, description="port of /metrics (0: any); "
+                                     "None: no /metrics",
+                                     json_schema_extra={"off_flag": ("--no-metrics", "serve no /metrics")})
+    metrics_token: str | None = Field(None, description="bearer token /metrics requires (env only: a "
+                                      "command line shows in ps)", json_schema_extra={"flag": None})
+    stop_workers_on_exit: bool = Field(False, description="drain every worker when this commander exits "
+                                       "(used by `fleet up`)")
     takeover_batch: int = Field(100, ge=1, le=10_000, description="pending entries of a dead worker "
                                 "handed on per round trip")
     sweep_interval_s: float = Field(5.0, gt=0, le=3600, description="seconds between sweeps of the "

@@ -335,14 +335,9 @@ def cmd_commander(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from worker.__main__ import main as worker_main
+    from worker.__main__ import run
 
-    argv = ["--tier", args.tier, "--log-level", args.log_level]
-    if args.worker_id:
-        argv += ["--worker-id", args.worker_id]
-    if args.redis_url:
-        argv += ["--redis-url", args.redis_url]
-    return worker_main(argv)
+    return run(args)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -460,10 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     cm.set_defaults(func=cmd_commander)
 
     w = sub.add_parser("worker", help="run one worker process in the foreground")
-    w.add_argument("--tier", required=True, help="the tier this worker serves (required)")
-    w.add_argument("--worker-id", default=None, help="default: <tier>-<random hex>")
-    w.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="default: INFO")
+    from worker.__main__ import add_arguments as add_worker_arguments
+
+    add_worker_arguments(w, tier_required=True, redis_url=False)
     w.set_defaults(func=cmd_worker)
 
     rp = sub.add_parser("replay", help="drive a real fleet with a trace (sleep handler)",

@@ -258,7 +258,7 @@ def run(schedule: Schedule) -> Outcome:
                                 stop_bound_s=STOP_BOUND_S, zombie_bound_s=ZOMBIE_BOUND_S,
                                 starve_bound_s=STARVE_BOUND_S, end=end)
             wait_list = waits(world.record, net.sync_client())
-            _wind_down(loop, net)
+            _wind_down(loop, net, world)
     finally:
         asyncio.set_event_loop(None)
         loop.close()
@@ -299,11 +299,17 @@ async def _drive(world: World, schedule: Schedule) -> None:
     await world.shutdown()
 
 
-def _wind_down(loop: SimLoop, net: Network) -> None:
-    """Cancel what still runs, with the store gone, so nothing is left pending at close."""
+def _wind_down(loop: SimLoop, net: Network, world: World) -> None:
+    """Cancel what still runs, with the store gone, so nothing is left pending at close. Each
+    worker is drained and told to stop as well, as ``Worker._stop_background`` does: a loop whose
+    cancellation redis-py's ``wait_for`` dropped (CPython gh-86296) would retry the gone store
+    for ever otherwise."""
     net.restart(1e9)
     loop.before_step = None
     loop.revive_all()
+    for worker in world.instances.values():
+        worker.drain("wind-down")  # (the checks are done: what it records now is read by none)
+        worker._stopping.set()
     tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
     for task in tasks:
         task.cancel()

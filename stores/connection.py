@@ -16,11 +16,12 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import AuthenticationError, BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+
+from stores.retry import Backoff
 
 RETRY_ERRORS = [RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionResetError]
 CONNECT_TIMEOUT_S = 5.0  # TCP connect, and the TLS handshake of a rediss:// URL
@@ -113,9 +114,9 @@ class _AsyncRetry(AsyncRetry):
         return await super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
-def _backoff() -> ExponentialWithJitterBackoff:
+def _backoff() -> Backoff:
     # 50 ms doubling to 2 s, full jitter: a restart of Redis is ridden out in a few seconds
-    return ExponentialWithJitterBackoff(cap=2.0, base=0.05)
+    return Backoff(base=0.05, cap=2.0)
 
 
 def _retry(retries: int) -> Retry:

@@ -7,18 +7,22 @@ import asyncio
 import logging
 import sys
 
-from pydantic import ValidationError
-
+from protocol.flags import Parser, add_flags, settings_from_flags
 from worker.app import Worker
 from worker.settings import WorkerSettings
 
 
+def add_arguments(p: argparse.ArgumentParser, *, tier_required: bool = False,
+                  redis_url: bool = True) -> None:
+    """The worker's options: one flag per field of ``WorkerSettings`` (shared with ``fleet
+    worker``, which requires ``--tier`` and has ``--redis-url`` of its own)."""
+    add_flags(p, WorkerSettings, skip=() if redis_url else ("redis_url",),
+              required=("tier",) if tier_required else ())
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="fleet worker", description="Run one Fleet worker process.")
-    p.add_argument("--tier", default=None, help="tier to serve (default: chat)")
-    p.add_argument("--worker-id", default=None, help="unique id (default: <tier>-<random>)")
-    p.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else the local fleet")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p = Parser(prog="fleet worker", description="Run one Fleet worker process.")
+    add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -30,20 +34,19 @@ def set_process_title(tier: str, worker_id: str) -> None:
     setproctitle.setproctitle(f"fleet-worker {tier} {worker_id}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    overrides = {k: v for k, v in {"tier": args.tier, "worker_id": args.worker_id,
-                                   "redis_url": args.redis_url}.items() if v is not None}
-    try:
-        settings = WorkerSettings(**overrides)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        print(f"fleet worker: {'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}", file=sys.stderr)
+def run(args: argparse.Namespace) -> int:
+    """Run a worker until it is drained (SIGTERM/SIGINT or a drain command)."""
+    settings = settings_from_flags(WorkerSettings, args, "fleet worker")
+    if settings is None:
         return 2
     set_process_title(settings.tier, settings.worker_id)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+    logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.worker_id} %(message)s")
     return asyncio.run(Worker(settings).run())
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
 
 
 if __name__ == "__main__":

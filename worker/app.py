@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import RedisError, ResponseError
 
 from protocol import keys
@@ -28,6 +27,7 @@ from protocol.models import Control, Counters, Slots, WorkerInfo
 from protocol.policy import Policy
 from stores.connection import connect_async
 from stores.policies import PolicyRead, read_policy_async, tier_defined_async
+from stores.retry import Backoff, until_ok
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
 from worker.intake import Fields
@@ -36,7 +36,7 @@ from worker.sensor import Sensor
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("fleet.worker")
-_BACKOFF = ExponentialWithJitterBackoff(cap=2.0, base=0.05)
+_BACKOFF = Backoff(base=0.05, cap=2.0)  # the loops' waits: 50 ms doubling to 2 s, full jitter
 REPORTS_MAXLEN = 100_000
 DEAD_MAXLEN = 100_000
 _DEAD_FIELD_BYTES = 2048
@@ -160,8 +160,9 @@ class Worker:
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, waking early when the worker stops."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
+        with contextlib.suppress(TimeoutError):  # (not wait_for: it can drop a cancellation, gh-86296)
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
 
     async def _start(self) -> None:
         await self._refresh_policy()
@@ -205,26 +206,7 @@ class Worker:
         and on Python 3.11 a cancellation that lands in the step the send ends is dropped
         (CPython gh-86296), so the call fails as if Redis were away and the loop would go on
         (issue 8, seed 32878)."""
-        failures = 0
-        while True:
-            try:
-                await fn()
-                return
-            except (RedisError, OSError) as exc:
-                failures += 1
-                if unless is not None and unless.is_set():
-                    log.info("%s failed (%s); not retried: stopping", what, exc)
-                    return
-                if attempts and failures >= attempts:
-                    log.error("%s failed %d times, giving up: %s", what, failures, exc)
-                    return
-                log.warning("%s failed (%s); retrying", what, exc)
-                if unless is None:
-                    await asyncio.sleep(_BACKOFF.compute(failures))
-                else:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(_BACKOFF.compute(failures)):
-                            await unless.wait()
+        await until_ok(what, fn, backoff=_BACKOFF, log=log, attempts=attempts, unless=unless)
 
     async def _every(self, what: str, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
         failures = 0

@@ -13,12 +13,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from redis.backoff import ExponentialWithJitterBackoff
-
 from protocol.codec import CodecError, encode
 from protocol.ids import InvalidId, validate_user_id
 from protocol.models import HandlerResult, Reply, SessionEntry, Turn
 from stores.memory import new_member
+from stores.retry import Backoff
 from stores.turns import Busy, Fenced, Lease, Pulled, Writes
 from worker import handlers
 from worker.intake import Fields, decode_entry, reply_route
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
     from worker.app import Worker
 
 log = logging.getLogger("fleet.worker")
-_RETRY_BACKOFF = ExponentialWithJitterBackoff(cap=5.0, base=0.2)
+_RETRY_BACKOFF = Backoff(base=0.2, cap=5.0)  # between a failed handler call and its retry
 INBOX_BATCH = 16
 Rows = list[tuple[str, Fields]]
 

@@ -1,9 +1,11 @@
-"""One settings object per worker process (env ``FLEET_WORKER_*`` or CLI flags)."""
+"""One settings object per worker process (env ``FLEET_WORKER_*``, or the CLI flags derived from it
+by ``protocol.flags``)."""
 
 from __future__ import annotations
 
 import os
 import secrets
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,27 +18,28 @@ class WorkerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FLEET_WORKER_", frozen=True)
 
-    redis_url: str | None = Field(None, description="default: REDIS_URL, else the local fleet")
-    tier: str = "chat"
-    worker_id: str = ""
-    batch: int = Field(32, ge=1, le=1000)
-    block_ms: int = Field(1000, ge=10, le=60_000)
-    lane_ttl_ms: int = Field(6000, ge=500)
-    renew_interval_s: float = Field(1.5, gt=0)
+    redis_url: str | None = Field(None, description="default: $REDIS_URL, else the local fleet")
+    tier: str = Field("chat", description="tier to serve")
+    worker_id: str = Field("", description="unique id (default: <tier>-<random hex>)")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    batch: int = Field(32, ge=1, le=1000, description="notifications read at most per XREADGROUP")
+    block_ms: int = Field(1000, ge=10, le=60_000, description="how long a read of the ready stream blocks")
+    lane_ttl_ms: int = Field(6000, ge=500, description="a lane expires this long after its renewal")
+    renew_interval_s: float = Field(1.5, gt=0, description="seconds between renewals of lanes, heartbeat")
     reclaim_idle_ms: int = Field(6000, ge=100, description="pending this long = its owner is gone")
-    reclaim_interval_s: float = Field(1.0, gt=0)
-    housekeeping_interval_s: float = Field(10.0, gt=0)
-    policy_refresh_s: float = Field(2.0, gt=0)
+    reclaim_interval_s: float = Field(1.0, gt=0, description="seconds between reclaims of idle notifications")
+    housekeeping_interval_s: float = Field(10.0, gt=0, description="seconds between stream trims")
+    policy_refresh_s: float = Field(2.0, gt=0, description="seconds between reads of the tier's policy")
     handler_rescan_s: float = Field(30.0, gt=0, description="a policy names a handler this worker "
                                     "lacks: look for newly installed ones (entry points) this often")
-    heartbeat_ttl_ms: int = Field(5000, ge=500)
-    max_turn_bytes: int = Field(64 * 1024, ge=256)
-    max_reply_bytes: int = Field(256 * 1024, ge=256)
-    handler_timeout_s: float = Field(300.0, gt=0)
-    session_max: int = Field(200, ge=1)
-    context_turns: int = Field(20, ge=0)
-    memory_k: int = Field(5, ge=0)
-    reply_ttl_s: int = Field(3600, ge=1)
+    heartbeat_ttl_ms: int = Field(5000, ge=500, description="the heartbeat key's TTL")
+    max_turn_bytes: int = Field(64 * 1024, ge=256, description="a larger encoded turn is dead-lettered")
+    max_reply_bytes: int = Field(256 * 1024, ge=256, description="a larger reply is a handler failure")
+    handler_timeout_s: float = Field(300.0, gt=0, description="an async handler running longer fails")
+    session_max: int = Field(200, ge=1, description="turns kept in a user's session")
+    context_turns: int = Field(20, ge=0, description="the newest session turns given to the handler")
+    memory_k: int = Field(5, ge=0, description="memories given to the handler")
+    reply_ttl_s: int = Field(3600, ge=1, description="seconds a reply waits for its reader")
     handler_trace: str | None = Field(
         None, description="append a JSON line per handler entry and exit here (exclusivity checks)")
 
