@@ -91,7 +91,7 @@ def note_found_home() -> None:
 
 
 def logs_dir() -> Path:
-    """Where the supervisor, the local Redis and every worker log."""
+    """Where the commander, the local Redis and every worker log."""
     return fleet_home() / "logs"
 
 

@@ -151,7 +151,7 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
 
 def connect_sync(url: str | None = None, *, retries: int = 8, socket_timeout: float | None = None,
                  **kwargs: object) -> redis.Redis:
-    """A blocking client with the same retry behaviour (CLI, supervisor).
+    """A blocking client with the same retry behaviour (CLI, commander).
 
     A ``rediss://`` URL gets a TLS connection whose handshake is bounded like its connect.
     """

@@ -1,9 +1,9 @@
 """The ``process`` runtime: workers are local processes, each in its own session.
 
-Own session (``start_new_session``) so a worker outlives a supervisor restart and a Ctrl-C in
-the supervisor's terminal does not reach it: the supervisor drains it instead. Every spawn is
+Own session (``start_new_session``) so a worker outlives a commander restart and a Ctrl-C in
+the commander's terminal does not reach it: the commander drains it instead. Every spawn is
 written to a small record under ``run_dir`` (pid + process creation time) so that the next
-supervisor can adopt workers that had not registered yet when the previous one died.
+commander can adopt workers that had not registered yet when the previous one died.
 
 Spawning (``spawn_mode``): ``fork`` (default) asks a pre-imported template process
 (``template.py``) to fork the worker, which serves within ~100 ms instead of the ~350-500 ms

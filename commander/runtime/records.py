@@ -1,7 +1,7 @@
 """Run records of the ``process`` runtime: one small JSON file per spawned worker.
 
 ``<run_dir>/<worker id>.json`` holds the tier, pid, start time and the process creation
-time, so that the next supervisor or commander can adopt a worker that had not registered
+time, so that the next commander can adopt a worker that had not registered
 yet when the previous one died, and never mistake a reused pid for it.
 """
 
