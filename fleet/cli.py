@@ -24,7 +24,7 @@ from protocol import keys
 from protocol.ids import InvalidId
 from protocol.models import MAX_TEXT_CHARS, Reply
 from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
-from stores.connection import NoFleetFound, connect_sync, resolve_url
+from stores.connection import NoFleetFound, connect_sync, redact_url, resolve_url
 from stores.policies import read_policy, write_policy
 
 EXIT_ERROR_REPLY = 1
@@ -60,14 +60,9 @@ def _client(args: argparse.Namespace) -> redis.Redis:
         r.ping()
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         url = resolve_url(getattr(args, "redis_url", None))
-        raise CliError(f"cannot reach Redis at {_redact(url)}: {exc} (is the fleet up? `fleet up`)"
+        raise CliError(f"cannot reach Redis at {redact_url(url)}: {exc} (is the fleet up? `fleet up`)"
                        ) from None
     return r
-
-
-def _redact(url: str) -> str:
-    head, at, tail = url.rpartition("@")
-    return f"{head.split('//')[0]}//***@{tail}" if at else url
 
 
 def _print(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
@@ -466,7 +461,7 @@ def _bad_url(url: str | None) -> str | None:
     try:
         parse_url(url)
     except ValueError as exc:
-        return f"{_redact(url)!r}: {exc}"
+        return f"{redact_url(url)!r}: {exc}"
     return None
 
 

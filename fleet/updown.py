@@ -27,7 +27,7 @@ from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import CommanderInfo
 from protocol.policy import Policy
-from stores.connection import connect_sync
+from stores.connection import connect_sync, redact_url
 from stores.policies import read_policy, write_policy
 from stores.registry import read_registry
 
@@ -137,7 +137,7 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
             local.stop_local_redis()
         if not resumed:
             local.clear_state()
-        raise FleetError(f"cannot use Redis at {local.redact_url(url)}: {_one_line(exc)}") from exc
+        raise FleetError(f"cannot use Redis at {redact_url(url)}: {_one_line(exc)}") from exc
     # a resumed commander adopts the workers its predecessor left (run records, registry)
     pid = local.spawn_detached([sys.executable, "-m", "commander", "--stop-workers-on-exit",
                                 "--metrics-port", "0", "--log-dir", str(local.logs_dir())],
@@ -383,7 +383,7 @@ def _describe(state: dict[str, Any]) -> dict[str, Any]:
     redis_part = dict(state.get("redis") or {})
     return {
         "home": str(local.fleet_home()),
-        "url": local.redact_url(state.get("url", "")),
+        "url": redact_url(state.get("url", "")),
         "redis": {k: v for k, v in redis_part.items() if k != "create_time"},
         "commander": {"pid": (state.get("commander") or {}).get("pid"),
                        "log": str(local.logs_dir() / "commander.log")},

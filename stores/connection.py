@@ -22,6 +22,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from stores import home
+
 RETRY_ERRORS = [RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionResetError]
 CONNECT_TIMEOUT_S = 5.0  # TCP connect, and the TLS handshake of a rediss:// URL
 
@@ -46,14 +48,19 @@ def resolve_url(url: str | None = None) -> str:
         return url
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]
-    from fleet import local  # late: fleet/ depends on stores/, not the reverse
-
-    found = local.recorded_url()
+    found = home.recorded_url()
     if found is None:
-        raise NoFleetFound(f"no Redis to use: no --redis-url, no REDIS_URL, and {local.no_fleet_reason()}"
+        raise NoFleetFound(f"no Redis to use: no --redis-url, no REDIS_URL, and {home.no_fleet_reason()}"
                            "; run `fleet up`, or set REDIS_URL")
-    local.note_found_home()
+    home.note_found_home()
     return found
+
+
+def redact_url(url: str) -> str:
+    """The URL without its credentials (``scheme://***@host…``), fit for logs, errors and
+    ``fleet status``."""
+    head, at, tail = url.rpartition("@")
+    return f"{head.split('//')[0]}//***@{tail}" if at else url
 
 
 class _SSLConnection(redis.SSLConnection):
