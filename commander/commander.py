@@ -23,8 +23,7 @@ import redis
 from commander.decide import Plan, TierState, decide
 from commander.leader import Deposed, Leadership
 from commander.observe import Observer
-from commander.runtime import Runtime, WorkerHandle, WorkerState
-from commander.runtime.process import UnknownWorker
+from commander.runtime import Runtime, UnknownWorker, WorkerHandle, WorkerState
 from commander.settings import CommanderSettings
 from commander.views import snapshot, tier_rps, worker_views
 from protocol import keys

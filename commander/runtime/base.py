@@ -51,6 +51,10 @@ Handles = list[WorkerHandle]
 WorkerIds = list[str]
 
 
+class UnknownWorker(KeyError):
+    """A worker id this runtime does not track (``retire`` raises it)."""
+
+
 class Runtime(ABC):
     """Start, drain and kill workers; report them. Non-blocking except ``stop_all``."""
 

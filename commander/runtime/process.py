@@ -35,7 +35,7 @@ from typing import Literal
 import psutil
 import redis
 
-from commander.runtime.base import Handles, Runtime, WorkerHandle, WorkerIds, WorkerState
+from commander.runtime.base import Handles, Runtime, UnknownWorker, WorkerHandle, WorkerIds, WorkerState
 from commander.runtime.procs import (
     SpawnError,
     child_env,
@@ -67,10 +67,6 @@ EXIT_REPORT_WAIT_S = 0.2  # how long to wait for the template's report of a fork
 CONTROL_MAXLEN = 64
 __all__ = ["ProcessRuntime", "SpawnError", "UnknownWorker", "child_env", "new_worker_id",
            "worker_command"]
-
-
-class UnknownWorker(KeyError):
-    """A worker id this runtime does not track."""
 
 
 def new_worker_id(tier: str) -> str:
