@@ -56,6 +56,12 @@ def workers_unserved_after_ms() -> int:
         return unserved_after_ms()
 
 
+def write_starting(r: redis.Redis, tier: str, slots: int, ttl_ms: int) -> None:
+    """Publish the turn slots of ``tier``'s workers still starting (the client's
+    ``no_free_slot`` reads them); they expire after ``ttl_ms`` without a new pass."""
+    r.set(keys.starting(tier), slots, px=ttl_ms)
+
+
 @dataclass(frozen=True)
 class TierBacklog:
     """One tier's ready stream, counted in notifications."""

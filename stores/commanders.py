@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError, decode, encode
 from protocol.models import CommanderInfo
 
 STALE_S = 15.0  # several standby polls and leader passes: a live commander is never this late
@@ -35,6 +35,16 @@ def read_commanders(r: redis.Redis, now: float | None = None) -> list[dict[str, 
                     metrics_url=f"http://{info['metrics']}/metrics" if info["metrics"] else None)
         out.append(info)
     return sorted(out, key=lambda c: str(c.get("commander")))
+
+
+def register_commander(r: redis.Redis, info: CommanderInfo) -> None:
+    """Write (or rewrite) this commander's entry."""
+    r.hset(keys.COMMANDERS, info.commander, encode(info))
+
+
+def deregister_commander(r: redis.Redis, commander_id: str) -> None:
+    """Remove this commander's entry (a clean exit)."""
+    r.hdel(keys.COMMANDERS, commander_id)
 
 
 def forget_commanders(r: redis.Redis, before: float) -> int:

@@ -50,11 +50,12 @@ from commander.runtime.procs import (
 from commander.runtime.records import drop_record, read_records, write_record
 from commander.runtime.template import TemplateSpawner
 from protocol import keys
-from protocol.codec import CodecError, decode, encode
+from protocol.codec import CodecError, decode
 from protocol.ids import validate_tier, validate_token
 from protocol.models import Control, WorkerInfo
 from protocol.policy import Policy, PolicyError, parse_policy
 from stores.connection import connect_sync, resolve_url
+from stores.control import send_control
 
 log = logging.getLogger(__name__)
 
@@ -192,10 +193,9 @@ class ProcessRuntime(Runtime):
                  worker_id, handle.tier, handle.pid, reason or "no reason given", timeout)
 
     def _send_drain(self, worker_id: str, reason: str) -> bool:
-        body = encode(Control(kind="drain", ts=time.time(), reason=reason[:200]))
         try:
-            self.r.xadd(keys.control(worker_id), {"m": body}, maxlen=CONTROL_MAXLEN,
-                        approximate=True)
+            send_control(self.r, worker_id, Control(kind="drain", ts=time.time(), reason=reason[:200]),
+                         maxlen=CONTROL_MAXLEN)
         except redis.RedisError as exc:
             log.warning("cannot send drain to %s over Redis (%s): sending SIGTERM", worker_id, exc)
             return False
