@@ -8,14 +8,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Iterable
-from typing import Any
 
 import redis
 
 from commander.evaluator import Evaluator
 from commander.views import TierSignals
 from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError, as_str, decode
 from protocol.models import OccupancyReport, WorkerInfo
 from stores.backlog import (
     COMMANDS_PER_TIER,
@@ -29,10 +28,6 @@ from stores.registry import read_registry
 log = logging.getLogger("fleet.commander")
 REPORT_BATCH = 5_000
 WARM_REPORTS = 2_000  # on start, rebuild the evaluator's windows from this many recent reports
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class Observer:
@@ -59,14 +54,14 @@ class Observer:
             resp = self.r.xread({keys.REPORTS: self.reports_from}, count=REPORT_BATCH)
             rows = resp[0][1] if resp else []
             for rid, fields in rows:
-                self.reports_from = _s(rid)
+                self.reports_from = as_str(rid)
                 n += self._add(fields)
             if len(rows) < REPORT_BATCH:
                 return n
 
     def _warm_up(self) -> int:
         rows = self.r.xrevrange(keys.REPORTS, count=WARM_REPORTS)
-        self.reports_from = _s(rows[0][0]) if rows else "0-0"
+        self.reports_from = as_str(rows[0][0]) if rows else "0-0"
         return sum(self._add(fields) for _rid, fields in reversed(rows))
 
     def _add(self, fields: dict[bytes, bytes]) -> int:
@@ -125,7 +120,7 @@ class Observer:
         for tier in tiers:
             if tier not in self.pressure_from:
                 last = self.r.xrevrange(keys.pressure(tier), count=1)
-                self.pressure_from[tier] = _s(last[0][0]) if last else "0-0"
+                self.pressure_from[tier] = as_str(last[0][0]) if last else "0-0"
             streams[keys.pressure(tier)] = self.pressure_from[tier]
         if not streams:
             time.sleep(block_ms / 1000)
@@ -133,9 +128,8 @@ class Observer:
         resp = self.r.xread(streams, count=10_000, block=block_ms)
         total = 0
         for stream, rows in resp or []:
-            tier = _s(stream).split("{", 1)[1].split("}", 1)[0]
-            self.pressure_from[tier] = _s(rows[-1][0])
+            tier = as_str(stream).split("{", 1)[1].split("}", 1)[0]
+            self.pressure_from[tier] = as_str(rows[-1][0])
             self.pressure_pending[tier] = self.pressure_pending.get(tier, 0) + len(rows)
             total += len(rows)
         return total
-

@@ -39,7 +39,7 @@ import redis
 import redis.asyncio as aioredis
 
 from protocol import keys
-from protocol.codec import CodecError, decode, encode
+from protocol.codec import CodecError, as_str, decode, encode
 from protocol.ids import InvalidId, validate_tier, validate_user_id
 from protocol.models import MAX_TEXT_CHARS, Reply, Turn, WorkerInfo
 from protocol.policy import Policy
@@ -167,7 +167,7 @@ def _queue_tier_probe(pipe: Any, tier: str) -> None:
 
 def tier_defined(tier: str, has_policy: Any, tiers: Iterable[Any]) -> bool:
     """Whether the tier has a policy key or ``fleet:tiers`` names it."""
-    return bool(has_policy) or tier in {_s(t) for t in tiers}
+    return bool(has_policy) or tier in {as_str(t) for t in tiers}
 
 
 def heartbeats_of(tier: str, registry: Mapping[Any, Any]) -> list[str]:
@@ -188,7 +188,7 @@ def no_free_slot(groups: Any, starting: Any) -> bool:
     """Whether a submit just found the tier without a free slot, net of starting workers."""
     if isinstance(groups, Exception):
         return False  # unknown: the commander still sees the backlog
-    group = next((g for g in groups if _s(g.get("name")) == keys.GROUP), None)
+    group = next((g for g in groups if as_str(g.get("name")) == keys.GROUP), None)
     if group is None:
         return True  # no worker ever served this tier: a parked turn needs one
     lag = group.get("lag")
@@ -203,10 +203,6 @@ def no_free_slot(groups: Any, starting: Any) -> bool:
 
 def _pressure_fields(tier: str, user: str) -> dict[str, str]:
     return {"tier": tier, "user": user, "ts": f"{time.time():.3f}"}
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _raise_first_error(results: list[Any]) -> None:

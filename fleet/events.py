@@ -7,6 +7,7 @@ as such: one bad entry never hides the rest of the ledger.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -17,7 +18,7 @@ from typing import Any, TextIO
 import redis
 
 from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError, as_str, decode
 from protocol.ids import validate_tier
 from protocol.models import LedgerEvent
 
@@ -25,6 +26,8 @@ PAGE = 200  # entries per XREVRANGE when a tier filter makes us scan back
 MAX_SCAN = 100_000  # never scan more of the ledger than this for one read
 BLOCK_MS = 1000
 RETRY_CAP_S = 5.0
+
+_s = functools.partial(as_str, errors="replace")  # a monitor shows bad bytes, never fails on them
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +39,6 @@ class CorruptEvent:
 
 
 Entry = tuple[str, LedgerEvent | CorruptEvent]
-
-
-def _s(v: Any) -> str:
-    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
 def _field(fields: dict[Any, Any], name: str) -> Any:

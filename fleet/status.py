@@ -9,14 +9,11 @@ from typing import Any
 import redis
 
 from protocol import keys
+from protocol.codec import as_str
 from protocol.models import WorkerInfo
 from stores.backlog import TierBacklog, live_ids, read_backlog
 from stores.policies import list_tiers, read_policy, read_policy_status
 from stores.registry import Registry, read_registry
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def backlog_json(b: TierBacklog) -> dict[str, int]:
@@ -89,11 +86,11 @@ def control_plane(r: redis.Redis, events: int = 5) -> dict[str, Any]:
     from stores.commanders import read_commanders
 
     leader = r.get(keys.LEADER)  # the lease says who leads; an entry's role is what it last said
-    return {"leader": _s(leader) if leader else None, "commanders": read_commanders(r),
+    return {"leader": as_str(leader) if leader else None, "commanders": read_commanders(r),
             "events": [event_json(i, e) for i, e in read_events(r, None, events)]}
 
 
 def dead_letters(r: redis.Redis, tier: str, count: int) -> list[dict[str, str]]:
     """The newest ``count`` dead-letter entries of a tier, newest first."""
     rows = r.xrevrange(keys.dead(tier), count=count)
-    return [{"id": _s(i), **{_s(k): _s(v) for k, v in f.items()}} for i, f in rows]
+    return [{"id": as_str(i), **{as_str(k): as_str(v) for k, v in f.items()}} for i, f in rows]

@@ -10,6 +10,7 @@ the last ledger events. ``collect`` reads, ``render`` is a pure function of what
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import shutil
@@ -26,7 +27,7 @@ from fleet.events import Entry, clip, format_event, read_events
 from fleet.status import tier_backlog
 from fleet.status import workers as registry_workers
 from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError, as_str, decode
 from protocol.models import CommanderInfo, OccupancyReport
 from stores.policies import PolicyRead, list_tiers, read_policy
 
@@ -44,6 +45,8 @@ DESCRIPTION = ("A live view of tiers, workers, occupancy, the leader and the las
                "in the last minute / since the previous report; AGE = time since the worker started "
                "(as in `fleet status`); LAST = time since its last occupancy report. "
                "q (in a terminal) or Ctrl-C quits.")
+
+_s = functools.partial(as_str, errors="replace")  # a monitor shows bad bytes, never fails on them
 
 
 @dataclass(frozen=True)
@@ -94,10 +97,6 @@ class Frame:
     commanders: list[CommanderInfo | str] = field(default_factory=list)  # a str: a corrupt entry
     events: list[Entry] = field(default_factory=list)
     corrupt_reports: int = 0
-
-
-def _s(v: Any) -> str:
-    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
 # --- reading --------------------------------------------------------------------------

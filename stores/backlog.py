@@ -30,14 +30,11 @@ from typing import Any
 import redis
 
 from protocol import keys
+from protocol.codec import as_str
 
 COMMANDS_PER_TIER = 4  # what queue_backlog adds to a pipeline for one tier
 STALE_LIMIT = 2_000  # idle pending entries read per tier and pass (beyond, held ones count as served)
 DEFAULT_RENEW_INTERVAL_S = 1.5  # the workers' default (worker.settings)
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def unserved_after_ms(renew_interval_s: float = DEFAULT_RENEW_INTERVAL_S) -> int:
@@ -89,7 +86,7 @@ def tier_backlog(groups: Any, consumers: Any, stale: Any, length: Any, live: Col
     if isinstance(groups, Exception) or isinstance(length, Exception):
         return TierBacklog()
     length = int(length)
-    group = next((g for g in groups if _s(g.get("name")) == keys.GROUP), None)
+    group = next((g for g in groups if as_str(g.get("name")) == keys.GROUP), None)
     if group is None:
         return TierBacklog(undelivered=length, backlog=length)
     pending = int(group.get("pending") or 0)
@@ -97,11 +94,11 @@ def tier_backlog(groups: Any, consumers: Any, stale: Any, length: Any, live: Col
     undelivered = max(0, length - pending) if lag is None else max(0, int(lag))
     unserved: dict[str, int] = {}
     for entry in [] if isinstance(stale, Exception) else stale:
-        name = _s(entry.get("consumer"))
+        name = as_str(entry.get("consumer"))
         unserved[name] = unserved.get(name, 0) + 1
     held: dict[str, int] = {}
     for c in [] if isinstance(consumers, Exception) else consumers:
-        name = _s(c.get("name"))
+        name = as_str(c.get("name"))
         n = int(c.get("pending") or 0) - unserved.get(name, 0)
         if name in live and n > 0:
             held[name] = n

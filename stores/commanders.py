@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from protocol import keys
-from protocol.codec import CodecError, decode, encode
+from protocol.codec import CodecError, as_str, decode, encode
 from protocol.models import CommanderInfo
 
 STALE_S = 15.0  # several standby polls and leader passes: a live commander is never this late
@@ -27,7 +27,7 @@ def read_commanders(r: redis.Redis, now: float | None = None) -> list[dict[str, 
         try:
             info = decode(CommanderInfo, blob).model_dump()
         except CodecError:
-            out.append({"commander": _s(cid), "role": "unreadable entry", "alive": False})
+            out.append({"commander": as_str(cid), "role": "unreadable entry", "alive": False})
             continue
         ago = now - info["seen"] if info["seen"] else None
         info.update(alive=ago is not None and ago <= STALE_S,
@@ -58,7 +58,3 @@ def forget_commanders(r: redis.Redis, before: float) -> int:
         if seen and seen < before:
             gone.append(cid)
     return int(r.hdel(keys.COMMANDERS, *gone)) if gone else 0
-
-
-def _s(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
