@@ -143,6 +143,11 @@ async def write_policy_async(r: aioredis.Redis, tier: str, policy: Policy) -> No
     await pipe.execute()
 
 
+def read_good_policy(r: redis.Redis, tier: str) -> Any:
+    """The tier's last good policy as stored (``keys.policy_good``), or None."""
+    return r.get(keys.policy_good(tier))
+
+
 def list_tiers(r: redis.Redis) -> list[str]:
     """Tiers known to the fleet: registered ones, and any with a policy key (even a raw ``SET``)."""
     names = {t.decode() if isinstance(t, bytes) else t for t in r.smembers(keys.TIERS)}

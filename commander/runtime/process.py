@@ -49,13 +49,13 @@ from commander.runtime.procs import (
 )
 from commander.runtime.records import drop_record, read_records, write_record
 from commander.runtime.template import TemplateSpawner
-from protocol import keys
-from protocol.codec import CodecError, decode
 from protocol.ids import validate_tier, validate_token
 from protocol.models import Control, WorkerInfo
 from protocol.policy import Policy, PolicyError, parse_policy
 from stores.connection import connect_sync, resolve_url
 from stores.control import send_control
+from stores.policies import read_good_policy
+from stores.registry import forget_workers, heartbeat_alive, read_entries, registered_and_beating
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class ProcessRuntime(Runtime):
     def _policy_drain_timeout(self, tier: str) -> float:
         """The tier's last good policy's ``drain_timeout_s`` (the default if unreadable)."""
         try:
-            return parse_policy(self.r.get(keys.policy_good(tier)) or b"{}").drain_timeout_s
+            return parse_policy(read_good_policy(self.r, tier) or b"{}").drain_timeout_s
         except (redis.RedisError, PolicyError):
             return Policy().drain_timeout_s
 
@@ -286,16 +286,12 @@ class ProcessRuntime(Runtime):
         if not starting:
             return True
         try:
-            pipe = self.r.pipeline(transaction=False)
-            for handle in starting:
-                pipe.hexists(keys.WORKERS, handle.worker_id)
-                pipe.exists(keys.heartbeat(handle.worker_id))
-            answers = pipe.execute()
+            answers = registered_and_beating(self.r, [h.worker_id for h in starting])
         except redis.RedisError as exc:
             log.debug("registry not readable, registrations not checked: %s", exc)
             return False
-        for i, handle in enumerate(starting):
-            if answers[2 * i] and answers[2 * i + 1]:
+        for handle, registered in zip(starting, answers, strict=True):
+            if registered:
                 handle.state = WorkerState.RUNNING
                 log.info("worker %s (tier %s) is running", handle.worker_id, handle.tier)
         return True
@@ -352,16 +348,12 @@ class ProcessRuntime(Runtime):
 
     def _registry(self) -> list[WorkerInfo]:
         try:
-            raw = self.r.hgetall(keys.WORKERS)
+            infos, unreadable = read_entries(self.r)
         except redis.RedisError as exc:
             log.warning("registry not readable, adopting from run records only: %s", exc)
             return []
-        infos = []
-        for field, value in raw.items():
-            try:
-                infos.append(decode(WorkerInfo, value))
-            except CodecError as exc:
-                log.warning("registry entry %r does not decode: %s", field, exc)
+        for worker_id in unreadable:
+            log.warning("registry entry %r does not decode", worker_id)
         return infos
 
     def _forget_stale(self, worker_id: str, certain: bool) -> None:
@@ -372,7 +364,7 @@ class ProcessRuntime(Runtime):
         """
         drop_record(self.run_dir, worker_id)
         try:
-            if certain or not self.r.exists(keys.heartbeat(worker_id)):
+            if certain or not heartbeat_alive(self.r, worker_id):
                 self._unclean.add(worker_id)
         except redis.RedisError:
             pass
@@ -432,10 +424,7 @@ class ProcessRuntime(Runtime):
             return
         ids = sorted(self._unclean)
         try:
-            pipe = self.r.pipeline(transaction=False)
-            pipe.hdel(keys.WORKERS, *ids)
-            pipe.delete(*(keys.heartbeat(w) for w in ids), *(keys.control(w) for w in ids))
-            pipe.execute()
+            forget_workers(self.r, ids)
         except redis.RedisError as exc:
             log.debug("registry cleanup of %d workers postponed: %s", len(ids), exc)
             return
