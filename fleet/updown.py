@@ -29,6 +29,7 @@ from protocol.models import CommanderInfo
 from protocol.policy import Policy
 from stores.connection import connect_sync, redact_url
 from stores.policies import read_policy, write_policy
+from stores.records import read_records
 from stores.registry import read_registry
 
 DEFAULT_TIER = "chat"
@@ -322,16 +323,11 @@ def _stop_commander(sup: dict[str, Any], timeout: float) -> bool:
 
 def _live_records() -> list[dict[str, Any]]:
     records = []
-    for path in sorted(local.run_dir().glob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-            pid, create_time = int(rec["pid"]), rec.get("create_time")
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if local.pid_alive(pid, create_time):
-            records.append({**rec, "pid": pid, "path": path})
+    for rec in read_records(local.run_dir(), quiet=True):
+        if local.pid_alive(rec["pid"], rec.get("create_time")):
+            records.append(rec)
         else:
-            path.unlink(missing_ok=True)
+            rec["path"].unlink(missing_ok=True)
     return records
 
 

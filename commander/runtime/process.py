@@ -47,7 +47,6 @@ from commander.runtime.procs import (
     start_fresh,
     worker_command,
 )
-from commander.runtime.records import drop_record, read_records, write_record
 from commander.runtime.template import TemplateSpawner
 from protocol.ids import validate_tier, validate_token
 from protocol.models import Control, WorkerInfo
@@ -55,6 +54,7 @@ from protocol.policy import Policy, PolicyError, parse_policy
 from stores.connection import connect_sync, resolve_url
 from stores.control import send_control
 from stores.policies import read_good_policy
+from stores.records import drop_record, read_records, write_record
 from stores.registry import forget_workers, heartbeat_alive, read_entries, registered_and_beating
 
 log = logging.getLogger(__name__)
