@@ -20,6 +20,7 @@ from stores.backlog import (
     COMMANDS_PER_TIER,
     live_ids,
     parse_backlog,
+    queue_active_users,
     queue_backlog,
     workers_unserved_after_ms,
 )
@@ -99,7 +100,7 @@ class Observer:
         pipe = self.r.pipeline(transaction=False)
         for tier in tiers:
             queue_backlog(pipe, tier, self.unserved_ms)
-            pipe.zcount(keys.active(tier), now - windows.get(tier, 60.0), "+inf")
+            queue_active_users(pipe, tier, now - windows.get(tier, 60.0))
         res = pipe.execute(raise_on_error=False)
         out = {}
         for i, tier in enumerate(tiers):

@@ -43,6 +43,7 @@ from protocol.codec import CodecError, as_str, decode, encode
 from protocol.ids import InvalidId, validate_tier, validate_user_id
 from protocol.models import MAX_TEXT_CHARS, Reply, Turn, WorkerInfo
 from protocol.policy import Policy
+from stores.backlog import no_free_slot, queue_submit_gauges
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy, write_policy_async
 
@@ -113,11 +114,6 @@ def _queue_submit(pipe: Any, turn: Turn, payload: bytes) -> None:
 SUBMIT_COMMANDS = 3  # per turn, inside the transaction
 
 
-def _queue_gauges(pipe: Any, tier: str) -> None:
-    pipe.xinfo_groups(keys.ready(tier))
-    pipe.get(keys.starting(tier))
-
-
 def _submit_pipeline(r: Any) -> Any:
     """A plain pipeline to carry ``MULTI`` .. ``EXEC`` and then the gauges, in one round trip.
 
@@ -137,7 +133,7 @@ def _queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str) -> 
     for turn, payload in built:
         _queue_submit(pipe, turn, payload)
     pipe.execute_command("EXEC")
-    _queue_gauges(pipe, tier)
+    queue_submit_gauges(pipe, tier)
 
 
 def committed(results: list[Any], turns: int) -> list[Any]:
@@ -182,23 +178,6 @@ def heartbeats_of(tier: str, registry: Mapping[Any, Any]) -> list[str]:
         except (CodecError, InvalidId):
             continue
     return beats
-
-
-def no_free_slot(groups: Any, starting: Any) -> bool:
-    """Whether a submit just found the tier without a free slot, net of starting workers."""
-    if isinstance(groups, Exception):
-        return False  # unknown: the commander still sees the backlog
-    group = next((g for g in groups if as_str(g.get("name")) == keys.GROUP), None)
-    if group is None:
-        return True  # no worker ever served this tier: a parked turn needs one
-    lag = group.get("lag")
-    if lag is None:
-        return False  # Redis cannot tell after deletions: leave it to the backlog signal
-    try:
-        absorbed = int(starting or 0)
-    except ValueError:
-        absorbed = 0
-    return int(lag) > absorbed
 
 
 def _pressure_fields(tier: str, user: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ import redis
 from protocol import keys
 from protocol.codec import as_str
 from protocol.models import WorkerInfo
-from stores.backlog import TierBacklog, live_ids, read_backlog
+from stores.backlog import TierBacklog, active_users, live_ids, read_backlog
 from stores.policies import list_tiers, read_policy, read_policy_status
 from stores.registry import Registry, read_registry
 
@@ -62,8 +62,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
             "workers_alive": sum(1 for w in ws if w["tier"] == tier and w["alive"]),
             **backlog_json(backlogs[tier]),
             "dead_letters": int(r.xlen(keys.dead(tier))),
-            "active_users": int(r.zcount(keys.active(tier), time.time() - read.policy.active_window_s,
-                                         "+inf")),
+            "active_users": active_users(r, tier, time.time() - read.policy.active_window_s),
         }
     return out
 

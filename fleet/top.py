@@ -29,6 +29,7 @@ from fleet.status import workers as registry_workers
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode
 from protocol.models import CommanderInfo, OccupancyReport
+from stores.backlog import active_users
 from stores.policies import PolicyRead, list_tiers, read_policy
 
 REPORT_ROWS = 500
@@ -147,7 +148,7 @@ def _tier_row(r: redis.Redis, tier: str, read: PolicyRead, rows: list[WorkerRow]
         policy_source=read.source, policy_error=read.error, running=count["ready"],
         starting=count["starting"], draining=count["draining"], dead_workers=count["dead"],
         backlog=tier_backlog(r, tier)["backlog"],
-        active_users=int(r.zcount(keys.active(tier), now - window, "+inf")),
+        active_users=active_users(r, tier, now - window),
         dead_letters=int(r.xlen(keys.dead(tier))),
     )
 

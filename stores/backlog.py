@@ -86,7 +86,7 @@ def tier_backlog(groups: Any, consumers: Any, stale: Any, length: Any, live: Col
     if isinstance(groups, Exception) or isinstance(length, Exception):
         return TierBacklog()
     length = int(length)
-    group = next((g for g in groups if as_str(g.get("name")) == keys.GROUP), None)
+    group = workers_group(groups)
     if group is None:
         return TierBacklog(undelivered=length, backlog=length)
     pending = int(group.get("pending") or 0)
@@ -105,6 +105,45 @@ def tier_backlog(groups: Any, consumers: Any, stale: Any, length: Any, live: Col
     in_progress = min(sum(held.values()), pending)  # replies a moment apart: never more than the group
     return TierBacklog(undelivered=undelivered, pending=pending, in_progress=in_progress,
                        backlog=undelivered + pending - in_progress, held=held)
+
+
+def workers_group(groups: Any) -> Any:
+    """The ``workers`` group's entry of an ``XINFO GROUPS`` reply, or None if there is none."""
+    return next((g for g in groups if as_str(g.get("name")) == keys.GROUP), None)
+
+
+def queue_submit_gauges(pipe: Any, tier: str) -> None:
+    """Add what a submit reads after its ``EXEC`` to a pipeline: the ready stream's groups
+    (the lag) and the slots of workers already starting (:func:`no_free_slot` judges them)."""
+    pipe.xinfo_groups(keys.ready(tier))
+    pipe.get(keys.starting(tier))
+
+
+def no_free_slot(groups: Any, starting: Any) -> bool:
+    """Whether a submit just found the tier without a free slot, net of starting workers."""
+    if isinstance(groups, Exception):
+        return False  # unknown: the commander still sees the backlog
+    group = workers_group(groups)
+    if group is None:
+        return True  # no worker ever served this tier: a parked turn needs one
+    lag = group.get("lag")
+    if lag is None:
+        return False  # Redis cannot tell after deletions: leave it to the backlog signal
+    try:
+        absorbed = int(starting or 0)
+    except ValueError:
+        absorbed = 0
+    return int(lag) > absorbed
+
+
+def queue_active_users(pipe: Any, tier: str, since: float) -> None:
+    """Add the count of the tier's users active since ``since`` to a pipeline."""
+    pipe.zcount(keys.active(tier), since, "+inf")
+
+
+def active_users(r: redis.Redis, tier: str, since: float) -> int:
+    """How many of the tier's users were active since ``since``."""
+    return int(r.zcount(keys.active(tier), since, "+inf"))
 
 
 def queue_backlog(pipe: Any, tier: str, unserved_ms: int) -> None:
