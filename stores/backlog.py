@@ -178,6 +178,25 @@ def read_backlog(r: redis.Redis, tiers: Iterable[str], live: Collection[str],
     return {tier: parse_backlog(res[n * i: n * i + n], live) for i, tier in enumerate(tiers)}
 
 
+def read_tier_load(r: redis.Redis, tiers: Iterable[str], live: Collection[str], unserved_ms: int,
+                   active_since: Mapping[str, float]) -> dict[str, tuple[TierBacklog, int]]:
+    """Every tier's backlog and its users active since ``active_since[tier]``, in one round
+    trip (a count that cannot be read is 0)."""
+    tiers = list(tiers)
+    n = COMMANDS_PER_TIER + 1
+    pipe = r.pipeline(transaction=False)
+    for tier in tiers:
+        queue_backlog(pipe, tier, unserved_ms)
+        queue_active_users(pipe, tier, active_since[tier])
+    res = pipe.execute(raise_on_error=False)
+    out = {}
+    for i, tier in enumerate(tiers):
+        *backlog_replies, active = res[n * i: n * i + n]
+        out[tier] = (parse_backlog(backlog_replies, live),
+                     0 if isinstance(active, Exception) else int(active))
+    return out
+
+
 def live_ids(workers: Mapping[str, tuple[Any, bool]]) -> frozenset[str]:
     """The ids with a live heartbeat of a ``Registry.workers`` mapping."""
     return frozenset(wid for wid, (_info, alive) in workers.items() if alive)
