@@ -24,9 +24,10 @@ import redis
 
 from fleet import local
 from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError
 from protocol.models import CommanderInfo
 from protocol.policy import Policy
+from stores.commanders import commander_entries, deregister_commander
 from stores.connection import connect_sync, redact_url
 from stores.policies import read_policy, write_policy
 from stores.records import read_records
@@ -208,11 +209,7 @@ def _wait_for_metrics(r: redis.Redis, pid: int, deadline: float) -> str:
 
 
 def _commanders(r: redis.Redis) -> list[CommanderInfo]:
-    infos = []
-    for blob in r.hvals(keys.COMMANDERS):
-        with contextlib.suppress(CodecError):
-            infos.append(decode(CommanderInfo, blob))
-    return infos
+    return [entry for _cid, entry in commander_entries(r) if not isinstance(entry, CodecError)]
 
 
 def _ready_workers(r: redis.Redis, tier: str) -> list[str]:
@@ -349,13 +346,11 @@ def _forget_commander_entry(url: str, sup: dict[str, Any]) -> None:
     """A killed commander could not unregister from an external Redis: do it for it."""
     try:
         r = connect_sync(url, retries=1, socket_timeout=3)
-        for cid, blob in r.hgetall(keys.COMMANDERS).items():
-            try:
-                info = decode(CommanderInfo, blob)
-            except CodecError:
+        for cid, info in commander_entries(r):
+            if isinstance(info, CodecError):
                 continue
             if info.pid == sup.get("pid") and info.host == socket.gethostname():
-                r.hdel(keys.COMMANDERS, cid)
+                deregister_commander(r, cid)
     except redis.RedisError:
         pass
 

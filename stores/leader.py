@@ -10,6 +10,7 @@ from __future__ import annotations
 import redis
 
 from protocol import keys
+from protocol.codec import as_str
 from stores.scripts import source
 
 
@@ -33,3 +34,15 @@ class LeaderLease:
     def drop(self, holder: str) -> None:
         """Give up the lease if ``holder`` holds it."""
         self._drop(keys=[keys.LEADER], args=[holder])
+
+
+def lease_holder(r: redis.Redis) -> str | None:
+    """Who holds the lease now (``"<commander>|<epoch>"``), or None."""
+    holder = r.get(keys.LEADER)
+    return None if holder is None else as_str(holder)
+
+
+def lease_ttl_ms(r: redis.Redis) -> int | None:
+    """The lease's remaining time in ms, or None if it has none (no lease, or no TTL)."""
+    ttl = r.pttl(keys.LEADER)
+    return int(ttl) if ttl is not None and ttl >= 0 else None
