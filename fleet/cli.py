@@ -25,7 +25,7 @@ from protocol.ids import InvalidId
 from protocol.models import MAX_TEXT_CHARS, Reply
 from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
 from stores.connection import NoFleetFound, connect_sync, redact_url, resolve_url
-from stores.policies import read_policy, write_policy
+from stores.policies import has_policy_key, read_policy, write_policy
 
 EXIT_ERROR_REPLY = 1
 EXIT_USAGE = 2
@@ -144,7 +144,7 @@ def _defaults_line() -> str:
 
 def cmd_policy_get(args: argparse.Namespace) -> int:
     r = _client(args)
-    if not r.exists(keys.policy(args.tier)):  # checked first: reading would record a verdict
+    if not has_policy_key(r, args.tier):  # checked first: reading would record a verdict
         raise CliError(f"tier {args.tier!r} has no policy (defaults would apply: {_defaults_line()}; "
                        f"`fleet policy set {args.tier} key=value ...` creates it)")
     from fleet.status import policy_verdict

@@ -23,13 +23,11 @@ import psutil
 import redis
 
 from fleet import local
-from protocol import keys
 from protocol.codec import CodecError
 from protocol.models import CommanderInfo
-from protocol.policy import Policy
 from stores.commanders import commander_entries, deregister_commander
 from stores.connection import connect_sync, redact_url
-from stores.policies import read_policy, write_policy
+from stores.policies import ensure_policy, read_policy
 from stores.records import read_records
 from stores.registry import read_registry
 
@@ -174,10 +172,7 @@ def _redis_url(args: argparse.Namespace) -> tuple[str, bool]:
 
 def _ensure_default_tier(r: redis.Redis) -> int:
     """Write the default chat policy if the tier has none; return its ``min_workers``."""
-    if r.get(keys.policy(DEFAULT_TIER)) is None:
-        write_policy(r, DEFAULT_TIER, Policy())
-    else:
-        r.sadd(keys.TIERS, DEFAULT_TIER)
+    ensure_policy(r, DEFAULT_TIER)
     return read_policy(r, DEFAULT_TIER).policy.min_workers
 
 

@@ -143,6 +143,19 @@ async def write_policy_async(r: aioredis.Redis, tier: str, policy: Policy) -> No
     await pipe.execute()
 
 
+def has_policy_key(r: redis.Redis, tier: str) -> bool:
+    """Whether the tier's policy key exists (without reading it, so no verdict is recorded)."""
+    return bool(r.exists(keys.policy(tier)))
+
+
+def ensure_policy(r: redis.Redis, tier: str) -> None:
+    """Write the default policy if the tier has no key; else make sure ``fleet:tiers`` names it."""
+    if r.get(keys.policy(tier)) is None:
+        write_policy(r, tier, Policy())
+    else:
+        r.sadd(keys.TIERS, tier)
+
+
 def read_good_policy(r: redis.Redis, tier: str) -> Any:
     """The tier's last good policy as stored (``keys.policy_good``), or None."""
     return r.get(keys.policy_good(tier))
