@@ -48,14 +48,13 @@ from stores.policies import write_policy, write_policy_async
 from stores.submit import (
     any_beating,
     any_beating_async,
-    committed,
     heartbeats_of,
     post_pressure,
     post_pressure_async,
-    queue_round_trip,
     read_tier_probe,
     read_tier_probe_async,
-    submit_pipeline,
+    submit_round_trip,
+    submit_round_trip_async,
     tier_defined,
     wait_reply,
     wait_reply_async,
@@ -156,9 +155,7 @@ class Fleet:
             return []
         tier = built[0][0].tier
         self._ensure_tier(tier, create_tier)
-        pipe = submit_pipeline(self.r)
-        queue_round_trip(pipe, built, tier)
-        gauges = committed(pipe.execute(raise_on_error=False), len(built))
+        gauges = submit_round_trip(self.r, built, tier)
         if no_free_slot(*gauges):
             post_pressure(self.r, tier, _pressure_fields(tier, built[-1][0].user))
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
@@ -217,9 +214,7 @@ class AsyncFleet:
         """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
         turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
         await self._ensure_tier(turn.tier, create_tier)
-        pipe = submit_pipeline(self.r)
-        queue_round_trip(pipe, [(turn, payload)], turn.tier)
-        gauges = committed(await pipe.execute(raise_on_error=False), 1)
+        gauges = await submit_round_trip_async(self.r, [(turn, payload)], turn.tier)
         if no_free_slot(*gauges):
             await post_pressure_async(self.r, turn.tier, _pressure_fields(turn.tier, turn.user))
         return turn

@@ -53,6 +53,21 @@ def queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str) -> N
     queue_submit_gauges(pipe, tier)
 
 
+def submit_round_trip(r: redis.Redis, built: list[tuple[Turn, bytes]], tier: str) -> list[Any]:
+    """Submit ``built`` in one transaction and round trip; the gauges read after it."""
+    pipe = submit_pipeline(r)
+    queue_round_trip(pipe, built, tier)
+    return committed(pipe.execute(raise_on_error=False), len(built))
+
+
+async def submit_round_trip_async(r: aioredis.Redis, built: list[tuple[Turn, bytes]],
+                                  tier: str) -> list[Any]:
+    """:func:`submit_round_trip` on an asyncio client."""
+    pipe = submit_pipeline(r)
+    queue_round_trip(pipe, built, tier)
+    return committed(await pipe.execute(raise_on_error=False), len(built))
+
+
 def committed(results: list[Any], turns: int) -> list[Any]:
     """Raise the first error of the submit transaction; return the gauges read after it.
 
