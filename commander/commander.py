@@ -9,7 +9,6 @@ tier, per dead worker and per pass; the loop never dies.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -24,15 +23,15 @@ import redis
 from commander.decide import Plan, TierState, decide
 from commander.leader import Deposed, Leadership
 from commander.observe import Observer
-from commander.runtime import Runtime, WorkerHandle, WorkerState
-from commander.runtime.process import UnknownWorker
+from commander.runtime import Runtime, UnknownWorker, WorkerHandle, WorkerState
 from commander.settings import CommanderSettings
 from commander.views import snapshot, tier_rps, worker_views
-from protocol import keys
-from protocol.codec import encode
 from protocol.models import CommanderInfo, Control, LedgerEvent
 from protocol.policy import Policy
-from stores.commanders import forget_commanders
+from stores.backlog import write_starting
+from stores.commanders import deregister_commander, forget_commanders, register_commander
+from stores.control import send_control
+from stores.decide_state import read_decide_state, write_decide_state
 from stores.policies import PolicyRead, list_tiers, read_policy
 from stores.retry import Backoff
 from stores.takeover import Takeover, sweep, take_over
@@ -220,8 +219,8 @@ class Commander:
             memo.state = state
             self._save_state(tier, state)
         starting = sum(1 for v in views if v.state == "starting")
-        self.r.set(keys.starting(tier), starting * read.policy.concurrency,
-                   px=int(3 * self.settings.interval_s * 1000) + 1000)
+        write_starting(self.r, tier, starting * read.policy.concurrency,
+                       ttl_ms=int(3 * self.settings.interval_s * 1000) + 1000)
         self._observe_metrics(tier, snap, plan, views, starting, elapsed)
 
     def _act(self, plan: Plan, policy: Policy) -> None:
@@ -260,8 +259,8 @@ class Commander:
         try:
             self.runtime.retire(worker_id, reason, drain_timeout_s)
         except UnknownWorker:  # registered elsewhere (another host): drain it over Redis
-            body = encode(Control(kind="drain", ts=self.clock(), reason=reason[:200]))
-            self.r.xadd(keys.control(worker_id), {"m": body}, maxlen=100, approximate=True)
+            send_control(self.r, worker_id, Control(kind="drain", ts=self.clock(), reason=reason[:200]),
+                         maxlen=100)
 
     def _reap(self, now: float) -> None:
         for handle in self.runtime.reap():
@@ -352,11 +351,10 @@ class Commander:
         self.leader.append(event)
 
     def _load_state(self, tier: str) -> TierState:
-        raw = self.r.get(keys.decide_state(tier))
-        if not raw:
-            return TierState()
         try:
-            body = json.loads(raw)
+            body = read_decide_state(self.r, tier)
+            if body is None:
+                return TierState()
             return TierState(history=tuple((float(t), int(d)) for t, d in body["history"]),
                              last_scale_up=body.get("last_scale_up"),
                              last_scale_down=body.get("last_scale_down"))
@@ -367,7 +365,7 @@ class Commander:
     def _save_state(self, tier: str, state: TierState) -> None:
         body = {"history": [list(h) for h in state.history], "last_scale_up": state.last_scale_up,
                 "last_scale_down": state.last_scale_down}
-        self.r.set(keys.decide_state(tier), json.dumps(body), ex=STATE_TTL_S)
+        write_decide_state(self.r, tier, body, STATE_TTL_S)
 
     def _register(self) -> None:
         info = CommanderInfo(commander=self.settings.commander_id, pid=os.getpid(),
@@ -375,7 +373,7 @@ class Commander:
                              role="leader" if self.leader.leading else "standby",
                              epoch=self.leader.epoch or 0,
                              metrics=getattr(self.metrics, "address", ""), seen=self.clock())
-        self.r.hset(keys.COMMANDERS, self.settings.commander_id, encode(info))
+        register_commander(self.r, info)
         if self.leader.leading:
             forget_commanders(self.r, self.clock() - FORGET_COMMANDER_S)
 
@@ -391,7 +389,7 @@ class Commander:
                 log.info("stopping every worker before exit (fleet down)")
                 self.runtime.stop_all()
             self.leader.step_down()
-            self.r.hdel(keys.COMMANDERS, self.settings.commander_id)
+            deregister_commander(self.r, self.settings.commander_id)
         except (redis.RedisError, OSError) as exc:
             log.warning("clean shutdown incomplete (%s); the lease expires on its own", exc)
 

@@ -10,15 +10,12 @@ from __future__ import annotations
 import logging
 
 import redis
-from redis.exceptions import ResponseError
 
-from protocol import keys
-from protocol.codec import encode
 from protocol.models import LedgerEvent
-from stores.scripts import source
+from stores.leader import LeaderLease
+from stores.ledger import Ledger, NotLeading
 
 log = logging.getLogger("fleet.commander")
-EVENTS_MAXLEN = 100_000
 
 
 class Deposed(Exception):
@@ -33,10 +30,8 @@ class Leadership:
         self.commander_id = commander_id
         self.ttl_ms = ttl_ms
         self.epoch: int | None = None
-        self._acquire = r.register_script(source("leader_acquire"))
-        self._renew = r.register_script(source("lease_renew"))
-        self._drop = r.register_script(source("lease_drop"))
-        self._append = r.register_script(source("ledger_append"))
+        self._lease = LeaderLease(r)
+        self._ledger = Ledger(r)
 
     @property
     def leading(self) -> bool:
@@ -48,9 +43,8 @@ class Leadership:
 
     def campaign(self) -> bool:
         """Take the lease if it is free (or already ours); True when leading."""
-        res = self._acquire(keys=[keys.LEADER, keys.EPOCH], args=[self.commander_id, self.ttl_ms])
-        if int(res[0]) == 1:
-            epoch = int(res[1])
+        epoch = self._lease.acquire(self.commander_id, self.ttl_ms)
+        if epoch is not None:
             if self.epoch != epoch:
                 log.info("commander %s leads with epoch %d", self.commander_id, epoch)
             self.epoch = epoch
@@ -62,7 +56,7 @@ class Leadership:
         """Extend the lease; on loss, become a standby (``leading`` turns False)."""
         if self.epoch is None:
             return False
-        if int(self._renew(keys=[keys.LEADER], args=[self.holder, self.ttl_ms])) == 1:
+        if self._lease.renew(self.holder, self.ttl_ms):
             return True
         log.warning("commander %s lost the lease of epoch %d", self.commander_id, self.epoch)
         self.epoch = None
@@ -71,17 +65,13 @@ class Leadership:
     def step_down(self) -> None:
         """Give up the lease now (a clean shutdown), so a standby takes over at once."""
         if self.epoch is not None:
-            self._drop(keys=[keys.LEADER], args=[self.holder])
+            self._lease.drop(self.holder)
             self.epoch = None
 
     def append(self, event: LedgerEvent) -> str:
         """Append to the ledger, fenced: raises ``Deposed`` if another commander leads."""
         try:
-            entry = self._append(keys=[keys.LEADER, keys.EVENTS],
-                                 args=[self.holder, EVENTS_MAXLEN, encode(event), event.tier])
-        except ResponseError as exc:
-            if str(exc).startswith("FENCED"):
-                self.epoch = None
-                raise Deposed(self.commander_id) from None
-            raise
-        return entry.decode() if isinstance(entry, bytes) else str(entry)
+            return self._ledger.append(self.holder, event)
+        except NotLeading:
+            self.epoch = None
+            raise Deposed(self.commander_id) from None

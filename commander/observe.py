@@ -8,31 +8,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Iterable
-from typing import Any
 
 import redis
 
 from commander.evaluator import Evaluator
 from commander.views import TierSignals
-from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import OccupancyReport, WorkerInfo
 from stores.backlog import (
-    COMMANDS_PER_TIER,
     live_ids,
-    parse_backlog,
-    queue_backlog,
+    read_tier_load,
     workers_unserved_after_ms,
 )
 from stores.registry import read_registry
+from stores.reports import last_pressure_id, newest_reports, reports_after, wait_pressure
 
 log = logging.getLogger("fleet.commander")
 REPORT_BATCH = 5_000
 WARM_REPORTS = 2_000  # on start, rebuild the evaluator's windows from this many recent reports
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class Observer:
@@ -56,17 +49,16 @@ class Observer:
             return self._warm_up()
         n = 0
         while True:
-            resp = self.r.xread({keys.REPORTS: self.reports_from}, count=REPORT_BATCH)
-            rows = resp[0][1] if resp else []
+            rows = reports_after(self.r, self.reports_from, REPORT_BATCH)
             for rid, fields in rows:
-                self.reports_from = _s(rid)
+                self.reports_from = rid
                 n += self._add(fields)
             if len(rows) < REPORT_BATCH:
                 return n
 
     def _warm_up(self) -> int:
-        rows = self.r.xrevrange(keys.REPORTS, count=WARM_REPORTS)
-        self.reports_from = _s(rows[0][0]) if rows else "0-0"
+        rows = newest_reports(self.r, WARM_REPORTS)
+        self.reports_from = rows[0][0] if rows else "0-0"
         return sum(self._add(fields) for _rid, fields in reversed(rows))
 
     def _add(self, fields: dict[bytes, bytes]) -> int:
@@ -100,42 +92,32 @@ class Observer:
             if self._live is None:
                 self.registry()
             live, self._live = self._live, None  # used once: the next pass reads it afresh
-        n = COMMANDS_PER_TIER + 1
-        pipe = self.r.pipeline(transaction=False)
-        for tier in tiers:
-            queue_backlog(pipe, tier, self.unserved_ms)
-            pipe.zcount(keys.active(tier), now - windows.get(tier, 60.0), "+inf")
-        res = pipe.execute(raise_on_error=False)
+        loads = read_tier_load(self.r, tiers, live or (), self.unserved_ms,
+                               {tier: now - windows.get(tier, 60.0) for tier in tiers})
         out = {}
-        for i, tier in enumerate(tiers):
-            *backlog_replies, active = res[n * i: n * i + n]
-            backlog = parse_backlog(backlog_replies, live or ())
+        for tier in tiers:
+            backlog, active = loads[tier]
             events = self.pressure_pending.pop(tier, 0)
             # a pressure event is a client's momentary view: it counts only while turns still
             # wait undelivered now, so a notification a worker took a moment later is no demand
-            out[tier] = TierSignals(backlog=backlog.backlog,
-                                    active_users=0 if isinstance(active, Exception) else int(active),
+            out[tier] = TierSignals(backlog=backlog.backlog, active_users=active,
                                     pressure_events=events if backlog.undelivered > 0 else 0,
                                     held=backlog.held)
         return out
 
     def wait_for_pressure(self, tiers: Iterable[str], block_ms: int) -> int:
         """Block up to ``block_ms`` for pressure events on any tier; count them per tier."""
-        streams = {}
+        after = {}
         for tier in tiers:
             if tier not in self.pressure_from:
-                last = self.r.xrevrange(keys.pressure(tier), count=1)
-                self.pressure_from[tier] = _s(last[0][0]) if last else "0-0"
-            streams[keys.pressure(tier)] = self.pressure_from[tier]
-        if not streams:
+                self.pressure_from[tier] = last_pressure_id(self.r, tier)
+            after[tier] = self.pressure_from[tier]
+        if not after:
             time.sleep(block_ms / 1000)
             return 0
-        resp = self.r.xread(streams, count=10_000, block=block_ms)
         total = 0
-        for stream, rows in resp or []:
-            tier = _s(stream).split("{", 1)[1].split("}", 1)[0]
-            self.pressure_from[tier] = _s(rows[-1][0])
+        for tier, rows in wait_pressure(self.r, after, 10_000, block_ms).items():
+            self.pressure_from[tier] = rows[-1][0]
             self.pressure_pending[tier] = self.pressure_pending.get(tier, 0) + len(rows)
             total += len(rows)
         return total
-

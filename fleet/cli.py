@@ -24,8 +24,8 @@ from protocol import keys
 from protocol.ids import InvalidId
 from protocol.models import MAX_TEXT_CHARS, Reply
 from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
-from stores.connection import NoFleetFound, connect_sync, resolve_url
-from stores.policies import read_policy, write_policy
+from stores.connection import NoFleetFound, connect_sync, redact_url, resolve_url
+from stores.policies import has_policy_key, read_policy, write_policy
 
 EXIT_ERROR_REPLY = 1
 EXIT_USAGE = 2
@@ -85,14 +85,9 @@ def _client(args: argparse.Namespace) -> redis.Redis:
         r.ping()
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         url = resolve_url(getattr(args, "redis_url", None))
-        raise CliError(f"cannot reach Redis at {_redact(url)}: {exc} (is the fleet up? `fleet up`)"
+        raise CliError(f"cannot reach Redis at {redact_url(url)}: {exc} (is the fleet up? `fleet up`)"
                        ) from None
     return r
-
-
-def _redact(url: str) -> str:
-    head, at, tail = url.rpartition("@")
-    return f"{head.split('//')[0]}//***@{tail}" if at else url
 
 
 def _print(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
@@ -174,7 +169,7 @@ def _defaults_line() -> str:
 
 def cmd_policy_get(args: argparse.Namespace) -> int:
     r = _client(args)
-    if not r.exists(keys.policy(args.tier)):  # checked first: reading would record a verdict
+    if not has_policy_key(r, args.tier):  # checked first: reading would record a verdict
         raise CliError(f"tier {args.tier!r} has no policy (defaults would apply: {_defaults_line()}; "
                        f"`fleet policy set {args.tier} key=value ...` creates it)")
     from fleet.status import policy_verdict
@@ -490,7 +485,7 @@ def _bad_url(url: str | None) -> str | None:
     try:
         parse_url(url)
     except ValueError as exc:
-        return f"{_redact(url)!r}: {exc}"
+        return f"{redact_url(url)!r}: {exc}"
     return None
 
 

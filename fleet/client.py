@@ -38,13 +38,27 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from protocol import keys
-from protocol.codec import CodecError, decode, encode
-from protocol.ids import InvalidId, validate_tier, validate_user_id
-from protocol.models import MAX_TEXT_CHARS, Reply, Turn, WorkerInfo
+from protocol.codec import decode, encode
+from protocol.ids import validate_tier, validate_user_id
+from protocol.models import MAX_TEXT_CHARS, Reply, Turn
 from protocol.policy import Policy
+from stores.backlog import no_free_slot
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy, write_policy_async
+from stores.submit import (
+    any_beating,
+    any_beating_async,
+    heartbeats_of,
+    post_pressure,
+    post_pressure_async,
+    read_tier_probe,
+    read_tier_probe_async,
+    submit_round_trip,
+    submit_round_trip_async,
+    tier_defined,
+    wait_reply,
+    wait_reply_async,
+)
 
 DEFAULT_MAX_TURN_BYTES = 64 * 1024
 DEFAULT_MAX_REPLY_BYTES = 1024 * 1024
@@ -101,118 +115,8 @@ def _build_turn(user: str, text: str, tier: str, meta: Mapping[str, Any] | None,
     return turn, payload
 
 
-PRESSURE_MAXLEN = 10_000
-
-
-def _queue_submit(pipe: Any, turn: Turn, payload: bytes) -> None:
-    pipe.xadd(keys.inbox(turn.user), {"m": payload})
-    pipe.xadd(keys.ready(turn.tier), {"user": turn.user})
-    pipe.zadd(keys.active(turn.tier), {turn.user: turn.ts})
-
-
-SUBMIT_COMMANDS = 3  # per turn, inside the transaction
-
-
-def _queue_gauges(pipe: Any, tier: str) -> None:
-    pipe.xinfo_groups(keys.ready(tier))
-    pipe.get(keys.starting(tier))
-
-
-def _submit_pipeline(r: Any) -> Any:
-    """A plain pipeline to carry ``MULTI`` .. ``EXEC`` and then the gauges, in one round trip.
-
-    redis-py's ``transaction=True`` would put the gauges inside the transaction too (see the
-    module docstring). Inside ``MULTI`` every reply is ``+QUEUED`` and the real ones come in
-    ``EXEC``'s array, so no response callback may parse them (redis-py's RESP2 ``ZADD`` one
-    would choke on ``QUEUED``): only the gauge that needs one keeps it.
-    """
-    pipe = r.pipeline(transaction=False)
-    pipe.response_callbacks = {name: r.response_callbacks[name] for name in ("XINFO GROUPS",)
-                               if name in r.response_callbacks}
-    return pipe
-
-
-def _queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str) -> None:
-    pipe.execute_command("MULTI")
-    for turn, payload in built:
-        _queue_submit(pipe, turn, payload)
-    pipe.execute_command("EXEC")
-    _queue_gauges(pipe, tier)
-
-
-def committed(results: list[Any], turns: int) -> list[Any]:
-    """Raise the first error of the submit transaction; return the gauges read after it.
-
-    ``results`` are the round trip's replies: ``MULTI``, one ``QUEUED`` per command, ``EXEC``,
-    then the gauges. A command refused when queued (``NOPERM``, a syntax error) makes Redis
-    discard the whole transaction (``EXECABORT``): that first refusal is the one raised.
-    """
-    queued = 1 + SUBMIT_COMMANDS * turns
-    _raise_first_error(results[:queued])
-    applied = results[queued]
-    if isinstance(applied, Exception):
-        raise applied
-    if not isinstance(applied, list) or len(applied) != queued - 1:
-        raise redis.ResponseError(f"unexpected reply to the submit's EXEC: {applied!r}")
-    _raise_first_error(applied)
-    return results[queued + 1:]
-
-
-# --- does the tier exist? ---------------------------------------------------------------
-def _queue_tier_probe(pipe: Any, tier: str) -> None:
-    pipe.exists(keys.policy(tier))
-    pipe.smembers(keys.TIERS)  # not SISMEMBER: the documented ACL (SECURITY.md) grants SMEMBERS
-    pipe.hgetall(keys.WORKERS)
-
-
-def tier_defined(tier: str, has_policy: Any, tiers: Iterable[Any]) -> bool:
-    """Whether the tier has a policy key or ``fleet:tiers`` names it."""
-    return bool(has_policy) or tier in {_s(t) for t in tiers}
-
-
-def heartbeats_of(tier: str, registry: Mapping[Any, Any]) -> list[str]:
-    """Heartbeat keys of the registered workers of ``tier`` (``fleet:workers``, as in
-    ``stores.registry``: the worker is live while its key exists); unreadable entries are skipped."""
-    beats = []
-    for blob in registry.values():
-        try:
-            info = decode(WorkerInfo, blob)
-            if info.tier == tier:
-                beats.append(keys.heartbeat(info.worker))
-        except (CodecError, InvalidId):
-            continue
-    return beats
-
-
-def no_free_slot(groups: Any, starting: Any) -> bool:
-    """Whether a submit just found the tier without a free slot, net of starting workers."""
-    if isinstance(groups, Exception):
-        return False  # unknown: the commander still sees the backlog
-    group = next((g for g in groups if _s(g.get("name")) == keys.GROUP), None)
-    if group is None:
-        return True  # no worker ever served this tier: a parked turn needs one
-    lag = group.get("lag")
-    if lag is None:
-        return False  # Redis cannot tell after deletions: leave it to the backlog signal
-    try:
-        absorbed = int(starting or 0)
-    except ValueError:
-        absorbed = 0
-    return int(lag) > absorbed
-
-
 def _pressure_fields(tier: str, user: str) -> dict[str, str]:
     return {"tier": tier, "user": user, "ts": f"{time.time():.3f}"}
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _raise_first_error(results: list[Any]) -> None:
-    for res in results:
-        if isinstance(res, Exception):
-            raise res
 
 
 def _decode_reply(raw: bytes, max_bytes: int) -> Reply:
@@ -251,12 +155,9 @@ class Fleet:
             return []
         tier = built[0][0].tier
         self._ensure_tier(tier, create_tier)
-        pipe = _submit_pipeline(self.r)
-        _queue_round_trip(pipe, built, tier)
-        gauges = committed(pipe.execute(raise_on_error=False), len(built))
+        gauges = submit_round_trip(self.r, built, tier)
         if no_free_slot(*gauges):
-            self.r.xadd(keys.pressure(tier), _pressure_fields(tier, built[-1][0].user),
-                        maxlen=PRESSURE_MAXLEN, approximate=True)
+            post_pressure(self.r, tier, _pressure_fields(tier, built[-1][0].user))
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
 
     def _ensure_tier(self, tier: str, create: bool) -> None:
@@ -269,13 +170,10 @@ class Fleet:
         self._tiers.add(tier)
 
     def _tier_exists(self, tier: str) -> bool:
-        pipe = self.r.pipeline(transaction=False)
-        _queue_tier_probe(pipe, tier)
-        has_policy, tiers, registry = pipe.execute()
+        has_policy, tiers, registry = read_tier_probe(self.r, tier)
         if tier_defined(tier, has_policy, tiers):
             return True
-        beats = heartbeats_of(tier, registry)
-        return bool(beats) and int(self.r.exists(*beats)) > 0
+        return any_beating(self.r, heartbeats_of(tier, registry))
 
     def results(self, handles: Iterable[TurnHandle], timeout: float = 30.0) -> list[Reply]:
         """Wait for every handle, sharing one deadline."""
@@ -283,11 +181,11 @@ class Fleet:
         return [h.result(max(0.01, deadline - time.monotonic())) for h in handles]
 
     def _wait(self, user: str, turn_id: str, timeout: float) -> Reply:
-        got = self.r.blpop([keys.reply(user, turn_id)], timeout=max(timeout, 0.01))
-        if got is None:
+        raw = wait_reply(self.r, user, turn_id, timeout)
+        if raw is None:
             raise TurnTimeout(f"no reply to turn {turn_id} of {user} within {timeout:g}s "
                               "(is a worker running for its tier? `fleet status`)")
-        return _decode_reply(got[1], self.max_reply_bytes)
+        return _decode_reply(raw, self.max_reply_bytes)
 
     def close(self) -> None:
         self.r.close()
@@ -316,12 +214,9 @@ class AsyncFleet:
         """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
         turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
         await self._ensure_tier(turn.tier, create_tier)
-        pipe = _submit_pipeline(self.r)
-        _queue_round_trip(pipe, [(turn, payload)], turn.tier)
-        gauges = committed(await pipe.execute(raise_on_error=False), 1)
+        gauges = await submit_round_trip_async(self.r, [(turn, payload)], turn.tier)
         if no_free_slot(*gauges):
-            await self.r.xadd(keys.pressure(turn.tier), _pressure_fields(turn.tier, turn.user),
-                              maxlen=PRESSURE_MAXLEN, approximate=True)
+            await post_pressure_async(self.r, turn.tier, _pressure_fields(turn.tier, turn.user))
         return turn
 
     async def _ensure_tier(self, tier: str, create: bool) -> None:
@@ -334,20 +229,17 @@ class AsyncFleet:
         self._tiers.add(tier)
 
     async def _tier_exists(self, tier: str) -> bool:
-        pipe = self.r.pipeline(transaction=False)
-        _queue_tier_probe(pipe, tier)
-        has_policy, tiers, registry = await pipe.execute()
+        has_policy, tiers, registry = await read_tier_probe_async(self.r, tier)
         if tier_defined(tier, has_policy, tiers):
             return True
-        beats = heartbeats_of(tier, registry)
-        return bool(beats) and int(await self.r.exists(*beats)) > 0
+        return await any_beating_async(self.r, heartbeats_of(tier, registry))
 
     async def wait(self, user: str, turn_id: str, timeout: float = 30.0) -> Reply:
         """The reply of a submitted turn; ``TurnTimeout`` if none in time."""
-        got = await self.r.blpop([keys.reply(user, turn_id)], timeout=max(timeout, 0.01))
-        if got is None:
+        raw = await wait_reply_async(self.r, user, turn_id, timeout)
+        if raw is None:
             raise TurnTimeout(f"no reply to turn {turn_id} of {user} within {timeout:g}s")
-        return _decode_reply(got[1], self.max_reply_bytes)
+        return _decode_reply(raw, self.max_reply_bytes)
 
     async def ask(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
                   meta: Mapping[str, Any] | None = None, *, create_tier: bool = False) -> Reply:

@@ -7,6 +7,7 @@ as such: one bad entry never hides the rest of the ledger.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -16,15 +17,17 @@ from typing import Any, TextIO
 
 import redis
 
-from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError, as_str, decode
 from protocol.ids import validate_tier
 from protocol.models import LedgerEvent
+from stores.ledger import ledger_after, ledger_page, ledger_tip
 
 PAGE = 200  # entries per XREVRANGE when a tier filter makes us scan back
 MAX_SCAN = 100_000  # never scan more of the ledger than this for one read
 BLOCK_MS = 1000
 RETRY_CAP_S = 5.0
+
+_s = functools.partial(as_str, errors="replace")  # a monitor shows bad bytes, never fails on them
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +39,6 @@ class CorruptEvent:
 
 
 Entry = tuple[str, LedgerEvent | CorruptEvent]
-
-
-def _s(v: Any) -> str:
-    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
 def _field(fields: dict[Any, Any], name: str) -> Any:
@@ -72,7 +71,7 @@ def read_events(r: redis.Redis, tier: str | None = None, count: int = 50) -> lis
     upper, scanned = "+", 0
     page = count if tier is None else max(count, PAGE)
     while len(found) < count and scanned < MAX_SCAN:
-        rows = r.xrevrange(keys.EVENTS, max=upper, min="-", count=page)
+        rows = ledger_page(r, upper, page)
         if not rows:
             break
         scanned += len(rows)
@@ -85,8 +84,7 @@ def read_events(r: redis.Redis, tier: str | None = None, count: int = 50) -> lis
 
 def stream_tip(r: redis.Redis) -> str:
     """The id of the newest ledger entry, or ``0-0`` when the ledger is empty."""
-    rows = r.xrevrange(keys.EVENTS, count=1)
-    return _s(rows[0][0]) if rows else "0-0"
+    return ledger_tip(r)
 
 
 def follow(r: redis.Redis, tier: str | None, since: str,
@@ -96,18 +94,17 @@ def follow(r: redis.Redis, tier: str | None, since: str,
     failures = 0
     while True:
         try:
-            resp = r.xread({keys.EVENTS: last}, count=100, block=block_ms)
+            rows = ledger_after(r, last, 100, block_ms)
             failures = 0
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             failures += 1  # Redis restarting: keep the place in the ledger and try again
             print(f"fleet events: Redis unreachable ({exc}); retrying", file=sys.stderr, flush=True)
             time.sleep(min(RETRY_CAP_S, 0.25 * 2 ** min(failures, 5)))
             continue
-        for _stream, rows in resp or ():
-            for entry_id, fields in rows:
-                last = _s(entry_id)
-                if _tier_matches(fields, tier):
-                    yield parse_entry(entry_id, fields)
+        for entry_id, fields in rows:
+            last = _s(entry_id)
+            if _tier_matches(fields, tier):
+                yield parse_entry(entry_id, fields)
 
 
 _follow = follow  # run_events' ``follow`` argument shadows the name

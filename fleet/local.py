@@ -24,13 +24,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import redis
 
-ROOT = Path(__file__).resolve().parents[1]  # the directory holding fleet/, worker/, ...
-STATE_FILE = "state.json"
+from stores.home import (
+    STATE_FILE,
+    fleet_home,
+    no_fleet_reason,
+    pid_alive,
+    read_state,
+    recorded_url,
+)
+from stores.home import child_env as _child_env
 
 EMBEDDED_WARNING = """\
 WARNING: redis-server was not found on PATH: starting an EMBEDDED in-memory Redis (fakeredis).
@@ -45,68 +51,14 @@ class LocalRedisError(RuntimeError):
 
 
 # --- state dir ---------------------------------------------------------------------------
-def fleet_home() -> Path:
-    """The state directory, as an absolute path: ``$FLEET_HOME``, else the nearest ``.fleet/``
-    here or above (up to ``$HOME`` or the root), else ``./.fleet`` (``fleet up`` creates it)."""
-    if os.environ.get("FLEET_HOME"):
-        return Path(os.environ["FLEET_HOME"]).resolve()
-    return _find_upward() or Path(".fleet").resolve()
-
-
-def _search_path() -> list[Path]:
-    """The directories searched for ``.fleet/``: here, then each parent, ending at ``$HOME``
-    if here is inside it, else at the root."""
-    here = Path.cwd().resolve()
-    home = Path(os.environ.get("HOME") or "/").resolve()
-    dirs = [here, *here.parents]
-    return dirs[:dirs.index(home) + 1] if home in dirs else dirs
-
-
-def _find_upward() -> Path | None:
-    for directory in _search_path():
-        if (directory / ".fleet").is_dir():
-            return directory / ".fleet"
-    return None
-
-
-def no_fleet_reason() -> str:
-    """Why no running local fleet was found, in words (for the one-line refusal)."""
-    home = fleet_home()
-    if os.environ.get("FLEET_HOME") or home.is_dir():
-        return f"the fleet of {home} is not up"
-    dirs = _search_path()
-    return f"no .fleet/ in {dirs[0]} or above it (up to {dirs[-1]})"
-
-
-_noted: set[Path] = set()
-
-
-def note_found_home() -> None:
-    """Say once on stderr which fleet is used when it was found above the current directory."""
-    home = fleet_home()
-    if os.environ.get("FLEET_HOME") or home.parent == Path.cwd().resolve() or home in _noted:
-        return
-    _noted.add(home)
-    sys.stderr.write(f"fleet: using the fleet of {home} (found above the current directory)\n")
-
-
 def logs_dir() -> Path:
-    """Where the supervisor, the local Redis and every worker log."""
+    """Where the commander, the local Redis and every worker log."""
     return fleet_home() / "logs"
 
 
 def run_dir() -> Path:
     """Spawn records of the process runtime (used to adopt workers after a restart)."""
     return fleet_home() / "run"
-
-
-def read_state() -> dict[str, Any] | None:
-    """What the running local setup recorded, or None (no file or an unreadable one)."""
-    try:
-        state = json.loads((fleet_home() / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
 
 
 def write_state(state: dict[str, Any]) -> None:
@@ -150,19 +102,6 @@ def state_lock() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def recorded_url() -> str | None:
-    """The Redis URL of a running local setup, or None if there is none or its Redis died."""
-    state = read_state()
-    if not state or not isinstance(state.get("url"), str):
-        return None
-    local = state.get("redis") or {}
-    if local.get("pid"):
-        return state["url"] if pid_alive(local["pid"], local.get("create_time")) else None
-    sup = state.get("supervisor") or {}  # an external Redis: trust it while fleet is up
-    alive = bool(sup.get("pid")) and pid_alive(sup["pid"], sup.get("create_time"))
-    return state["url"] if alive else None
-
-
 def env_text(url: str | None = None) -> str:
     """The shell lines that point a shell at the fleet found (``eval "$(fleet env)"``):
     ``url`` if given, else the running local fleet, else ``$REDIS_URL``.
@@ -183,19 +122,6 @@ def process_record(pid: int) -> dict[str, Any]:
         return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
     except psutil.Error:
         return {"pid": pid, "create_time": None}
-
-
-def pid_alive(pid: int, create_time: float | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, if given, was created at ``create_time``."""
-    try:
-        proc = psutil.Process(int(pid))
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(proc.pid, os.WNOHANG)  # ours: collect it
-            return False
-        return create_time is None or abs(proc.create_time() - float(create_time)) <= 1.0
-    except (psutil.Error, ValueError, TypeError):
-        return False
 
 
 def terminate(pid: int, create_time: float | None, timeout: float) -> bool:
@@ -221,18 +147,6 @@ def wait_gone(pid: int, create_time: float | None, timeout: float) -> bool:
     return True
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for our helper processes: the code importable, output unbuffered."""
-    env = dict(os.environ)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(ROOT) not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
-    env["PYTHONUNBUFFERED"] = "1"
-    env["FLEET_HOME"] = str(fleet_home())
-    env.update(extra or {})
-    return env
-
-
 def spawn_detached(argv: list[str], log_name: str, env: dict[str, str] | None = None) -> int:
     """Start a process in its own session, output appended to ``logs/<log_name>``.
 
@@ -254,15 +168,9 @@ def spawn_detached(argv: list[str], log_name: str, env: dict[str, str] | None = 
         raise LocalRedisError(f"cannot start {argv[0]}: {exc}") from exc
 
 
-def redact_url(url: str) -> str:
-    """The URL without its password, fit for logs and ``fleet status``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for our helper processes: the code importable, output unbuffered, this home."""
+    return _child_env({"FLEET_HOME": str(fleet_home()), **(extra or {})})
 
 
 # --- local Redis -------------------------------------------------------------------------

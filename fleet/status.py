@@ -8,15 +8,13 @@ from typing import Any
 
 import redis
 
-from protocol import keys
+from protocol.codec import as_str
 from protocol.models import WorkerInfo
-from stores.backlog import TierBacklog, live_ids, read_backlog
+from stores.backlog import TierBacklog, active_users, live_ids, read_backlog
+from stores.deadletters import dead_letter_count, newest_dead_letters
+from stores.leader import lease_holder
 from stores.policies import list_tiers, read_policy, read_policy_status
 from stores.registry import Registry, read_registry
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def backlog_json(b: TierBacklog) -> dict[str, int]:
@@ -64,9 +62,8 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
             "handler": read.policy.handler,
             "workers_alive": sum(1 for w in ws if w["tier"] == tier and w["alive"]),
             **backlog_json(backlogs[tier]),
-            "dead_letters": int(r.xlen(keys.dead(tier))),
-            "active_users": int(r.zcount(keys.active(tier), time.time() - read.policy.active_window_s,
-                                         "+inf")),
+            "dead_letters": dead_letter_count(r, tier),
+            "active_users": active_users(r, tier, time.time() - read.policy.active_window_s),
         }
     return out
 
@@ -88,12 +85,12 @@ def control_plane(r: redis.Redis, events: int = 5) -> dict[str, Any]:
     from fleet.events import event_json, read_events
     from stores.commanders import read_commanders
 
-    leader = r.get(keys.LEADER)  # the lease says who leads; an entry's role is what it last said
-    return {"leader": _s(leader) if leader else None, "commanders": read_commanders(r),
+    leader = lease_holder(r)  # the lease says who leads; an entry's role is what it last said
+    return {"leader": leader or None, "commanders": read_commanders(r),
             "events": [event_json(i, e) for i, e in read_events(r, None, events)]}
 
 
 def dead_letters(r: redis.Redis, tier: str, count: int) -> list[dict[str, str]]:
     """The newest ``count`` dead-letter entries of a tier, newest first."""
-    rows = r.xrevrange(keys.dead(tier), count=count)
-    return [{"id": _s(i), **{_s(k): _s(v) for k, v in f.items()}} for i, f in rows]
+    rows = newest_dead_letters(r, tier, count)
+    return [{"id": i, **{as_str(k): as_str(v) for k, v in f.items()}} for i, f in rows]

@@ -10,6 +10,7 @@ the last ledger events. ``collect`` reads, ``render`` is a pure function of what
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import shutil
@@ -25,10 +26,14 @@ from commander.evaluator import Evaluator, Occupancy, memory_limit_bytes
 from fleet.events import Entry, clip, format_event, read_events
 from fleet.status import tier_backlog
 from fleet.status import workers as registry_workers
-from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError, as_str, decode
 from protocol.models import CommanderInfo, OccupancyReport
+from stores.backlog import active_users
+from stores.commanders import commander_entries
+from stores.deadletters import dead_letter_count
+from stores.leader import lease_holder, lease_ttl_ms
 from stores.policies import PolicyRead, list_tiers, read_policy
+from stores.reports import newest_reports
 
 REPORT_ROWS = 500
 LAST_EVENTS = 5
@@ -44,6 +49,8 @@ DESCRIPTION = ("A live view of tiers, workers, occupancy, the leader and the las
                "in the last minute / since the previous report; AGE = time since the worker started "
                "(as in `fleet status`); LAST = time since its last occupancy report. "
                "q (in a terminal) or Ctrl-C quits.")
+
+_s = functools.partial(as_str, errors="replace")  # a monitor shows bad bytes, never fails on them
 
 
 @dataclass(frozen=True)
@@ -96,15 +103,11 @@ class Frame:
     corrupt_reports: int = 0
 
 
-def _s(v: Any) -> str:
-    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
-
-
 # --- reading --------------------------------------------------------------------------
 def load_reports(r: redis.Redis, evaluator: Evaluator, count: int = REPORT_ROWS) -> int:
     """Feed the newest ``count`` reports to ``evaluator``, oldest first; returns the corrupt ones."""
     corrupt = 0
-    for _id, fields in reversed(r.xrevrange(keys.REPORTS, count=count)):
+    for _id, fields in reversed(newest_reports(r, count)):
         blob = fields.get(b"m", fields.get("m"))
         try:
             if blob is None:
@@ -117,11 +120,8 @@ def load_reports(r: redis.Redis, evaluator: Evaluator, count: int = REPORT_ROWS)
 
 def _commanders(r: redis.Redis) -> list[CommanderInfo | str]:
     out: list[CommanderInfo | str] = []
-    for cid, blob in sorted(r.hgetall(keys.COMMANDERS).items()):
-        try:
-            out.append(decode(CommanderInfo, blob))
-        except CodecError as exc:
-            out.append(f"{_s(cid)}: corrupt entry ({exc})")
+    for cid, entry in sorted(commander_entries(r), key=lambda e: e[0]):
+        out.append(f"{cid}: corrupt entry ({entry})" if isinstance(entry, CodecError) else entry)
     return out
 
 
@@ -148,8 +148,8 @@ def _tier_row(r: redis.Redis, tier: str, read: PolicyRead, rows: list[WorkerRow]
         policy_source=read.source, policy_error=read.error, running=count["ready"],
         starting=count["starting"], draining=count["draining"], dead_workers=count["dead"],
         backlog=tier_backlog(r, tier)["backlog"],
-        active_users=int(r.zcount(keys.active(tier), now - window, "+inf")),
-        dead_letters=int(r.xlen(keys.dead(tier))),
+        active_users=active_users(r, tier, now - window),
+        dead_letters=dead_letter_count(r, tier),
     )
 
 
@@ -173,9 +173,9 @@ def collect(r: redis.Redis, tier: str | None = None, handlers: Iterable[str] | N
         limit = memory_limit_bytes(read.policy) if read else None
         rows.append(_worker_row(info, evaluator, limit, now))
     tiers = [_tier_row(r, t, read, rows, now) for t, read in reads.items()]
-    leader = r.get(keys.LEADER)
-    ttl = r.pttl(keys.LEADER) if leader is not None else None
-    return Frame(ts=now, tiers=tiers, workers=rows, leader=_s(leader) if leader is not None else None,
+    leader = lease_holder(r)
+    ttl = lease_ttl_ms(r) if leader is not None else None
+    return Frame(ts=now, tiers=tiers, workers=rows, leader=leader,
                  leader_ttl_ms=ttl if ttl is not None and ttl >= 0 else None,
                  commanders=_commanders(r), events=read_events(r, tier, LAST_EVENTS),
                  corrupt_reports=corrupt)

@@ -23,12 +23,12 @@ import psutil
 import redis
 
 from fleet import local
-from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError
 from protocol.models import CommanderInfo
-from protocol.policy import Policy
-from stores.connection import connect_sync
-from stores.policies import read_policy, write_policy
+from stores.commanders import commander_entries, deregister_commander
+from stores.connection import connect_sync, redact_url
+from stores.policies import ensure_policy, read_policy
+from stores.records import read_records
 from stores.registry import read_registry
 
 DEFAULT_TIER = "chat"
@@ -137,7 +137,7 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
             local.stop_local_redis()
         if not resumed:
             local.clear_state()
-        raise FleetError(f"cannot use Redis at {local.redact_url(url)}: {_one_line(exc)}") from exc
+        raise FleetError(f"cannot use Redis at {redact_url(url)}: {_one_line(exc)}") from exc
     # a resumed commander adopts the workers its predecessor left (run records, registry)
     pid = local.spawn_detached([sys.executable, "-m", "commander", "--stop-workers-on-exit",
                                 "--metrics-port", "0", "--log-dir", str(local.logs_dir())],
@@ -172,10 +172,7 @@ def _redis_url(args: argparse.Namespace) -> tuple[str, bool]:
 
 def _ensure_default_tier(r: redis.Redis) -> int:
     """Write the default chat policy if the tier has none; return its ``min_workers``."""
-    if r.get(keys.policy(DEFAULT_TIER)) is None:
-        write_policy(r, DEFAULT_TIER, Policy())
-    else:
-        r.sadd(keys.TIERS, DEFAULT_TIER)
+    ensure_policy(r, DEFAULT_TIER)
     return read_policy(r, DEFAULT_TIER).policy.min_workers
 
 
@@ -207,11 +204,7 @@ def _wait_for_metrics(r: redis.Redis, pid: int, deadline: float) -> str:
 
 
 def _commanders(r: redis.Redis) -> list[CommanderInfo]:
-    infos = []
-    for blob in r.hvals(keys.COMMANDERS):
-        with contextlib.suppress(CodecError):
-            infos.append(decode(CommanderInfo, blob))
-    return infos
+    return [entry for _cid, entry in commander_entries(r) if not isinstance(entry, CodecError)]
 
 
 def _ready_workers(r: redis.Redis, tier: str) -> list[str]:
@@ -322,16 +315,11 @@ def _stop_commander(sup: dict[str, Any], timeout: float) -> bool:
 
 def _live_records() -> list[dict[str, Any]]:
     records = []
-    for path in sorted(local.run_dir().glob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-            pid, create_time = int(rec["pid"]), rec.get("create_time")
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if local.pid_alive(pid, create_time):
-            records.append({**rec, "pid": pid, "path": path})
+    for rec in read_records(local.run_dir(), quiet=True):
+        if local.pid_alive(rec["pid"], rec.get("create_time")):
+            records.append(rec)
         else:
-            path.unlink(missing_ok=True)
+            rec["path"].unlink(missing_ok=True)
     return records
 
 
@@ -353,13 +341,11 @@ def _forget_commander_entry(url: str, sup: dict[str, Any]) -> None:
     """A killed commander could not unregister from an external Redis: do it for it."""
     try:
         r = connect_sync(url, retries=1, socket_timeout=3)
-        for cid, blob in r.hgetall(keys.COMMANDERS).items():
-            try:
-                info = decode(CommanderInfo, blob)
-            except CodecError:
+        for cid, info in commander_entries(r):
+            if isinstance(info, CodecError):
                 continue
             if info.pid == sup.get("pid") and info.host == socket.gethostname():
-                r.hdel(keys.COMMANDERS, cid)
+                deregister_commander(r, cid)
     except redis.RedisError:
         pass
 
@@ -383,7 +369,7 @@ def _describe(state: dict[str, Any]) -> dict[str, Any]:
     redis_part = dict(state.get("redis") or {})
     return {
         "home": str(local.fleet_home()),
-        "url": local.redact_url(state.get("url", "")),
+        "url": redact_url(state.get("url", "")),
         "redis": {k: v for k, v in redis_part.items() if k != "create_time"},
         "commander": {"pid": (state.get("commander") or {}).get("pid"),
                        "log": str(local.logs_dir() / "commander.log")},

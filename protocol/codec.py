@@ -68,6 +68,12 @@ def decode_valid(cls: type[M], items: Iterable[bytes]) -> list[M]:
     return out
 
 
+def as_str(value: Any, errors: str = "strict") -> str:
+    """A Redis reply field as text: bytes decoded as UTF-8 (``errors`` as for ``bytes.decode``),
+    anything else by ``str``."""
+    return value.decode(errors=errors) if isinstance(value, bytes) else str(value)
+
+
 def _one_line(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:3]:

@@ -18,7 +18,6 @@ REPORTS = f"{PREFIX}:reports"  # stream of OccupancyReport
 EVENTS = f"{PREFIX}:events"  # stream: the scaling ledger
 WORKERS = f"{PREFIX}:workers"  # hash: worker id -> msgpack WorkerInfo (the registry)
 TIERS = f"{PREFIX}:tiers"  # set of tier names that have a policy
-SUPERVISOR = f"{PREFIX}:supervisor"  # hash: pid/host of the running supervisor (for status)
 # The commander's leader lease and epoch counter carry ``fleet:events`` as their hash tag: a
 # key without braces hashes whole, so ``{fleet:events}:leader`` shares the ledger's slot and
 # the fenced ledger append (one Lua script over the three keys) is Cluster-safe.

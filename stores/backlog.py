@@ -30,14 +30,11 @@ from typing import Any
 import redis
 
 from protocol import keys
+from protocol.codec import as_str
 
 COMMANDS_PER_TIER = 4  # what queue_backlog adds to a pipeline for one tier
 STALE_LIMIT = 2_000  # idle pending entries read per tier and pass (beyond, held ones count as served)
 DEFAULT_RENEW_INTERVAL_S = 1.5  # the workers' default (worker.settings)
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def unserved_after_ms(renew_interval_s: float = DEFAULT_RENEW_INTERVAL_S) -> int:
@@ -54,6 +51,12 @@ def workers_unserved_after_ms() -> int:
         return unserved_after_ms(WorkerSettings().renew_interval_s)
     except ValueError:  # settings that would not start a worker: assume the default
         return unserved_after_ms()
+
+
+def write_starting(r: redis.Redis, tier: str, slots: int, ttl_ms: int) -> None:
+    """Publish the turn slots of ``tier``'s workers still starting (the client's
+    ``no_free_slot`` reads them); they expire after ``ttl_ms`` without a new pass."""
+    r.set(keys.starting(tier), slots, px=ttl_ms)
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def tier_backlog(groups: Any, consumers: Any, stale: Any, length: Any, live: Col
     if isinstance(groups, Exception) or isinstance(length, Exception):
         return TierBacklog()
     length = int(length)
-    group = next((g for g in groups if _s(g.get("name")) == keys.GROUP), None)
+    group = workers_group(groups)
     if group is None:
         return TierBacklog(undelivered=length, backlog=length)
     pending = int(group.get("pending") or 0)
@@ -91,17 +94,56 @@ def tier_backlog(groups: Any, consumers: Any, stale: Any, length: Any, live: Col
     undelivered = max(0, length - pending) if lag is None else max(0, int(lag))
     unserved: dict[str, int] = {}
     for entry in [] if isinstance(stale, Exception) else stale:
-        name = _s(entry.get("consumer"))
+        name = as_str(entry.get("consumer"))
         unserved[name] = unserved.get(name, 0) + 1
     held: dict[str, int] = {}
     for c in [] if isinstance(consumers, Exception) else consumers:
-        name = _s(c.get("name"))
+        name = as_str(c.get("name"))
         n = int(c.get("pending") or 0) - unserved.get(name, 0)
         if name in live and n > 0:
             held[name] = n
     in_progress = min(sum(held.values()), pending)  # replies a moment apart: never more than the group
     return TierBacklog(undelivered=undelivered, pending=pending, in_progress=in_progress,
                        backlog=undelivered + pending - in_progress, held=held)
+
+
+def workers_group(groups: Any) -> Any:
+    """The ``workers`` group's entry of an ``XINFO GROUPS`` reply, or None if there is none."""
+    return next((g for g in groups if as_str(g.get("name")) == keys.GROUP), None)
+
+
+def queue_submit_gauges(pipe: Any, tier: str) -> None:
+    """Add what a submit reads after its ``EXEC`` to a pipeline: the ready stream's groups
+    (the lag) and the slots of workers already starting (:func:`no_free_slot` judges them)."""
+    pipe.xinfo_groups(keys.ready(tier))
+    pipe.get(keys.starting(tier))
+
+
+def no_free_slot(groups: Any, starting: Any) -> bool:
+    """Whether a submit just found the tier without a free slot, net of starting workers."""
+    if isinstance(groups, Exception):
+        return False  # unknown: the commander still sees the backlog
+    group = workers_group(groups)
+    if group is None:
+        return True  # no worker ever served this tier: a parked turn needs one
+    lag = group.get("lag")
+    if lag is None:
+        return False  # Redis cannot tell after deletions: leave it to the backlog signal
+    try:
+        absorbed = int(starting or 0)
+    except ValueError:
+        absorbed = 0
+    return int(lag) > absorbed
+
+
+def queue_active_users(pipe: Any, tier: str, since: float) -> None:
+    """Add the count of the tier's users active since ``since`` to a pipeline."""
+    pipe.zcount(keys.active(tier), since, "+inf")
+
+
+def active_users(r: redis.Redis, tier: str, since: float) -> int:
+    """How many of the tier's users were active since ``since``."""
+    return int(r.zcount(keys.active(tier), since, "+inf"))
 
 
 def queue_backlog(pipe: Any, tier: str, unserved_ms: int) -> None:
@@ -134,6 +176,25 @@ def read_backlog(r: redis.Redis, tiers: Iterable[str], live: Collection[str],
     res = pipe.execute(raise_on_error=False)
     n = COMMANDS_PER_TIER
     return {tier: parse_backlog(res[n * i: n * i + n], live) for i, tier in enumerate(tiers)}
+
+
+def read_tier_load(r: redis.Redis, tiers: Iterable[str], live: Collection[str], unserved_ms: int,
+                   active_since: Mapping[str, float]) -> dict[str, tuple[TierBacklog, int]]:
+    """Every tier's backlog and its users active since ``active_since[tier]``, in one round
+    trip (a count that cannot be read is 0)."""
+    tiers = list(tiers)
+    n = COMMANDS_PER_TIER + 1
+    pipe = r.pipeline(transaction=False)
+    for tier in tiers:
+        queue_backlog(pipe, tier, unserved_ms)
+        queue_active_users(pipe, tier, active_since[tier])
+    res = pipe.execute(raise_on_error=False)
+    out = {}
+    for i, tier in enumerate(tiers):
+        *backlog_replies, active = res[n * i: n * i + n]
+        out[tier] = (parse_backlog(backlog_replies, live),
+                     0 if isinstance(active, Exception) else int(active))
+    return out
 
 
 def live_ids(workers: Mapping[str, tuple[Any, bool]]) -> frozenset[str]:

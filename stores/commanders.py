@@ -13,22 +13,32 @@ from typing import Any
 import redis
 
 from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError, as_str, decode, encode
 from protocol.models import CommanderInfo
 
 STALE_S = 15.0  # several standby polls and leader passes: a live commander is never this late
+
+
+def commander_entries(r: redis.Redis) -> list[tuple[str, CommanderInfo | CodecError]]:
+    """Every entry by commander id: decoded, or the error that kept it from decoding."""
+    out: list[tuple[str, CommanderInfo | CodecError]] = []
+    for cid, blob in r.hgetall(keys.COMMANDERS).items():
+        try:
+            out.append((as_str(cid), decode(CommanderInfo, blob)))
+        except CodecError as exc:
+            out.append((as_str(cid), exc))
+    return out
 
 
 def read_commanders(r: redis.Redis, now: float | None = None) -> list[dict[str, Any]]:
     """Every entry with ``alive`` (seen within ``STALE_S``) and ``seen_ago_s``."""
     now = time.time() if now is None else now
     out = []
-    for cid, blob in r.hgetall(keys.COMMANDERS).items():
-        try:
-            info = decode(CommanderInfo, blob).model_dump()
-        except CodecError:
-            out.append({"commander": _s(cid), "role": "unreadable entry", "alive": False})
+    for cid, entry in commander_entries(r):
+        if isinstance(entry, CodecError):
+            out.append({"commander": cid, "role": "unreadable entry", "alive": False})
             continue
+        info = entry.model_dump()
         ago = now - info["seen"] if info["seen"] else None
         info.update(alive=ago is not None and ago <= STALE_S,
                     seen_ago_s=None if ago is None else round(ago, 1),
@@ -37,18 +47,18 @@ def read_commanders(r: redis.Redis, now: float | None = None) -> list[dict[str, 
     return sorted(out, key=lambda c: str(c.get("commander")))
 
 
+def register_commander(r: redis.Redis, info: CommanderInfo) -> None:
+    """Write (or rewrite) this commander's entry."""
+    r.hset(keys.COMMANDERS, info.commander, encode(info))
+
+
+def deregister_commander(r: redis.Redis, commander_id: str) -> None:
+    """Remove this commander's entry (a clean exit)."""
+    r.hdel(keys.COMMANDERS, commander_id)
+
+
 def forget_commanders(r: redis.Redis, before: float) -> int:
     """Remove the entries of commanders last seen before ``before`` (the leader does this)."""
-    gone = []
-    for cid, blob in r.hgetall(keys.COMMANDERS).items():
-        try:
-            seen = decode(CommanderInfo, blob).seen
-        except CodecError:
-            continue
-        if seen and seen < before:
-            gone.append(cid)
+    gone = [cid for cid, entry in commander_entries(r)
+            if not isinstance(entry, CodecError) and entry.seen and entry.seen < before]
     return int(r.hdel(keys.COMMANDERS, *gone)) if gone else 0
-
-
-def _s(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v

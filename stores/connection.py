@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from stores import home
 from stores.retry import Backoff
 
 RETRY_ERRORS = [RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionResetError]
@@ -47,14 +48,19 @@ def resolve_url(url: str | None = None) -> str:
         return url
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]
-    from fleet import local  # late: fleet/ depends on stores/, not the reverse
-
-    found = local.recorded_url()
+    found = home.recorded_url()
     if found is None:
-        raise NoFleetFound(f"no Redis to use: no --redis-url, no REDIS_URL, and {local.no_fleet_reason()}"
+        raise NoFleetFound(f"no Redis to use: no --redis-url, no REDIS_URL, and {home.no_fleet_reason()}"
                            "; run `fleet up`, or set REDIS_URL")
-    local.note_found_home()
+    home.note_found_home()
     return found
+
+
+def redact_url(url: str) -> str:
+    """The URL without its credentials (``scheme://***@host…``), fit for logs, errors and
+    ``fleet status``."""
+    head, at, tail = url.rpartition("@")
+    return f"{head.split('//')[0]}//***@{tail}" if at else url
 
 
 class _SSLConnection(redis.SSLConnection):
@@ -152,7 +158,7 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
 
 def connect_sync(url: str | None = None, *, retries: int = 8, socket_timeout: float | None = None,
                  **kwargs: object) -> redis.Redis:
-    """A blocking client with the same retry behaviour (CLI, supervisor).
+    """A blocking client with the same retry behaviour (CLI, commander).
 
     A ``rediss://`` URL gets a TLS connection whose handshake is bounded like its connect.
     """

@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
 from protocol import keys
+from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_tier
 from protocol.policy import Policy, PolicyError, parse_policy
 
@@ -118,11 +119,7 @@ async def read_policy_async(r: aioredis.Redis, tier: str, handlers: Iterable[str
 
 def read_policy_status(r: redis.Redis, tier: str) -> dict[str, str]:
     """What the tier's processes last recorded about its key: ok, error, source, by, ts."""
-    return {_s(k): _s(v) for k, v in r.hgetall(keys.policy_status(tier)).items()}
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return {as_str(k): as_str(v) for k, v in r.hgetall(keys.policy_status(tier)).items()}
 
 
 def _queue_policy_write(pipe: Any, tier: str, policy: Policy) -> None:
@@ -144,6 +141,24 @@ async def write_policy_async(r: aioredis.Redis, tier: str, policy: Policy) -> No
     pipe = r.pipeline(transaction=True)
     _queue_policy_write(pipe, tier, policy)
     await pipe.execute()
+
+
+def has_policy_key(r: redis.Redis, tier: str) -> bool:
+    """Whether the tier's policy key exists (without reading it, so no verdict is recorded)."""
+    return bool(r.exists(keys.policy(tier)))
+
+
+def ensure_policy(r: redis.Redis, tier: str) -> None:
+    """Write the default policy if the tier has no key; else make sure ``fleet:tiers`` names it."""
+    if r.get(keys.policy(tier)) is None:
+        write_policy(r, tier, Policy())
+    else:
+        r.sadd(keys.TIERS, tier)
+
+
+def read_good_policy(r: redis.Redis, tier: str) -> Any:
+    """The tier's last good policy as stored (``keys.policy_good``), or None."""
+    return r.get(keys.policy_good(tier))
 
 
 def list_tiers(r: redis.Redis) -> list[str]:

@@ -7,12 +7,13 @@ decode is skipped and named in ``unreadable``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import redis
 
 from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError, as_str, decode
 from protocol.models import WorkerInfo
 
 
@@ -29,14 +30,20 @@ class Registry:
                 if alive and (tier is None or info.tier == tier)]
 
 
-def read_registry(r: redis.Redis) -> Registry:
-    """The registry with every worker's liveness, in two round trips."""
+def read_entries(r: redis.Redis) -> tuple[list[WorkerInfo], list[str]]:
+    """Every registry entry that decodes, and the ids of those that do not (one HGETALL)."""
     infos, bad = [], []
     for wid, blob in r.hgetall(keys.WORKERS).items():
         try:
             infos.append(decode(WorkerInfo, blob))
         except CodecError:
-            bad.append(wid.decode(errors="replace") if isinstance(wid, bytes) else str(wid))
+            bad.append(as_str(wid, errors="replace"))
+    return infos, bad
+
+
+def read_registry(r: redis.Redis) -> Registry:
+    """The registry with every worker's liveness, in two round trips."""
+    infos, bad = read_entries(r)
     if not infos:
         return Registry(unreadable=tuple(bad))
     pipe = r.pipeline(transaction=False)
@@ -44,3 +51,26 @@ def read_registry(r: redis.Redis) -> Registry:
         pipe.exists(keys.heartbeat(info.worker))
     alive = pipe.execute()
     return Registry({i.worker: (i, bool(a)) for i, a in zip(infos, alive, strict=True)}, tuple(bad))
+
+
+def registered_and_beating(r: redis.Redis, worker_ids: Sequence[str]) -> list[bool]:
+    """For each id, whether it has both a registry entry and a heartbeat (one round trip)."""
+    pipe = r.pipeline(transaction=False)
+    for wid in worker_ids:
+        pipe.hexists(keys.WORKERS, wid)
+        pipe.exists(keys.heartbeat(wid))
+    answers = pipe.execute()
+    return [bool(answers[2 * i] and answers[2 * i + 1]) for i in range(len(worker_ids))]
+
+
+def heartbeat_alive(r: redis.Redis, worker_id: str) -> bool:
+    """Whether the worker's heartbeat key still exists."""
+    return bool(r.exists(keys.heartbeat(worker_id)))
+
+
+def forget_workers(r: redis.Redis, worker_ids: Sequence[str]) -> None:
+    """Remove what dead workers could not: registry entries, heartbeats, control streams."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hdel(keys.WORKERS, *worker_ids)
+    pipe.delete(*(keys.heartbeat(w) for w in worker_ids), *(keys.control(w) for w in worker_ids))
+    pipe.execute()

@@ -31,6 +31,7 @@ import redis
 from redis.exceptions import ResponseError
 
 from protocol import keys
+from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_token, validate_user_id
 from stores.scripts import SyncScripts
 
@@ -84,7 +85,7 @@ def take_over(r: redis.Redis, tier: str, worker: str, batch: int = BATCH) -> Tak
                                     consumername=worker)
             if not rows:
                 break
-            ids = [_s(row["message_id"]) for row in rows]
+            ids = [as_str(row["message_id"]) for row in rows]
             _hand_on(r, scripts, stream, worker, ids, done)
             start = f"({ids[-1]}"
             if len(rows) < batch:
@@ -151,7 +152,7 @@ def consumers(r: redis.Redis, tier: str) -> dict[str, int]:
         if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
             return {}
         raise
-    return {_s(c["name"]): int(c["pending"]) for c in listed}
+    return {as_str(c["name"]): int(c["pending"]) for c in listed}
 
 
 def sweep(r: redis.Redis, tier: str, live: Collection[str] = (), batch: int = BATCH) -> list[Takeover]:
@@ -190,7 +191,3 @@ def _is_worker_id(name: str) -> bool:
     except InvalidId:
         return False
     return True
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from protocol import keys
-from protocol.codec import decode_valid
+from protocol.codec import as_str, decode_valid
 from protocol.models import MemoryItem, SessionEntry
 from stores.memory import parse_members
 from stores.scripts import Scripts
@@ -82,10 +82,6 @@ class Writes:
     usage: dict[str, int] = field(default_factory=dict)
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class UserStore:
     """Per-user operations for one worker, on one asyncio client."""
 
@@ -100,15 +96,15 @@ class UserStore:
         keys_ = [keys.lane(user), keys.fence(user), keys.state(user), keys.inbox(user)]
         res = await self.scripts.lane_acquire(keys=keys_, args=[self.worker, self.cfg.lane_ttl_ms, batch])
         if int(res[0]) == 1:
-            entries = [(_s(e), _pairs(f)) for e, f in res[3]]
-            return Lease(user, f"{self.worker}|{_s(res[1])}", _s(res[2]), entries)
-        return Busy(_s(res[1]), int(res[2]))
+            entries = [(as_str(e), _pairs(f)) for e, f in res[3]]
+            return Lease(user, f"{self.worker}|{as_str(res[1])}", as_str(res[2]), entries)
+        return Busy(as_str(res[1]), int(res[2]))
 
     async def read_inbox(self, user: str, cursor: str, count: int) -> list[tuple[str, dict[bytes, bytes]]]:
         """Up to ``count`` inbox entries after ``cursor``, oldest first."""
         start = f"({cursor}" if cursor else "-"
         rows = await self.r.xrange(keys.inbox(user), min=start, max="+", count=count)
-        return [(_s(entry), fields) for entry, fields in rows]
+        return [(as_str(entry), fields) for entry, fields in rows]
 
     async def pull(self, user: str, turn_id: str, entry: str) -> Pulled:
         """The context pack, the duplicate check and the attempt count, in one round trip."""
@@ -121,7 +117,7 @@ class UserStore:
         session_raw, profile_raw, memories_raw, seen, attempts = await pipe.execute()
         pack = ContextPack(
             session=_parse_session(session_raw),
-            profile={_s(k): _s(v) for k, v in profile_raw.items()},
+            profile={as_str(k): as_str(v) for k, v in profile_raw.items()},
             memories=parse_members(memories_raw),
         )
         return Pulled(pack, seen is not None, int(attempts))
@@ -147,7 +143,7 @@ class UserStore:
             if str(exc).startswith("FENCED"):
                 raise Fenced(user) from None
             raise
-        return _s(res)
+        return as_str(res)
 
     async def release(self, lease: Lease) -> int:
         """1 released, 0 kept (newer turns wait), -1 lost."""

@@ -11,24 +11,49 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from concurrent.futures import Executor
+from typing import Protocol
 
 from protocol.codec import CodecError, encode
 from protocol.ids import InvalidId, validate_user_id
 from protocol.models import HandlerResult, Reply, SessionEntry, Turn
+from protocol.policy import Policy
 from stores.memory import new_member
 from stores.retry import Backoff
-from stores.turns import Busy, Fenced, Lease, Pulled, Writes
+from stores.turns import Busy, Fenced, Lease, Pulled, UserStore, Writes
 from worker import handlers
 from worker.intake import Fields, decode_entry, reply_route
-
-if TYPE_CHECKING:
-    from worker.app import Worker
+from worker.settings import WorkerSettings
 
 log = logging.getLogger("fleet.worker")
 _RETRY_BACKOFF = Backoff(base=0.2, cap=5.0)  # between a failed handler call and its retry
 INBOX_BATCH = 16
 Rows = list[tuple[str, Fields]]
+
+
+class JobHost(Protocol):
+    """What a job needs from the worker that runs it (``worker.app.Worker`` is one)."""
+
+    worker_id: str
+    tier: str
+    draining: bool
+    settings: WorkerSettings  # max_turn_bytes, max_reply_bytes, handler_timeout_s
+    policy: Policy  # max_attempts, handler_options
+    handler: handlers.Handler
+    store: UserStore
+
+    @property
+    def executor(self) -> Executor: ...  # the threads of sync handlers
+
+    async def ack(self, nids: list[str]) -> None: ...
+    async def ack_covered(self, holder: str, user: str, nids: list[str]) -> None: ...
+    async def notify(self, user: str, tier: str) -> None: ...
+    async def tier_defined(self, tier: str) -> bool: ...
+    async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str,
+                          fields: Fields) -> None: ...
+    def job_done(self, job: UserJob) -> None: ...
+    def counters_add(self, turns: int = 0, errors: int = 0, handler_seconds: float = 0.0) -> None: ...
+    def trace_handler(self, event: str, ctx: handlers.TurnContext) -> None: ...
 
 
 class OtherTier(Exception):
@@ -42,7 +67,7 @@ class OtherTier(Exception):
 class UserJob:
     """Serves one user's inbox under its lane; created per user, gone when the lane is."""
 
-    def __init__(self, worker: Worker, user: str) -> None:
+    def __init__(self, worker: JobHost, user: str) -> None:
         self.w = worker
         self.user = user
         self.fresh: list[str] = []  # notification ids read as new deliveries

@@ -4,9 +4,10 @@ from commander.runtime.base import (
     LIVE_STATES,
     Handles,
     Runtime,
+    UnknownWorker,
     WorkerHandle,
     WorkerIds,
     WorkerState,
 )
 
-__all__ = ["LIVE_STATES", "Handles", "Runtime", "WorkerHandle", "WorkerIds", "WorkerState"]
+__all__ = ["LIVE_STATES", "Handles", "Runtime", "UnknownWorker", "WorkerHandle", "WorkerIds", "WorkerState"]

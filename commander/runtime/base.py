@@ -1,8 +1,8 @@
 """The runtime interface: how the control plane starts and stops workers (DESIGN §5 "Act").
 
 A runtime only *acts*: it spawns, drains and kills workers and reports what it sees. It never
-decides how many there should be; the supervisor (fixed count) or the commander (autoscaling)
-does. One runtime per file behind this interface: ``process`` now, ``kubernetes`` later.
+decides how many there should be; the commander does. One runtime per file behind this
+interface: ``process`` now, ``kubernetes`` later.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ class WorkerHandle:
 # module-level aliases: inside ``Runtime`` the name ``list`` is the method, not the builtin
 Handles = list[WorkerHandle]
 WorkerIds = list[str]
+
+
+class UnknownWorker(KeyError):
+    """A worker id this runtime does not track (``retire`` raises it)."""
 
 
 class Runtime(ABC):

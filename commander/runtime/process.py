@@ -1,9 +1,9 @@
 """The ``process`` runtime: workers are local processes, each in its own session.
 
-Own session (``start_new_session``) so a worker outlives a supervisor restart and a Ctrl-C in
-the supervisor's terminal does not reach it: the supervisor drains it instead. Every spawn is
+Own session (``start_new_session``) so a worker outlives a commander restart and a Ctrl-C in
+the commander's terminal does not reach it: the commander drains it instead. Every spawn is
 written to a small record under ``run_dir`` (pid + process creation time) so that the next
-supervisor can adopt workers that had not registered yet when the previous one died.
+commander can adopt workers that had not registered yet when the previous one died.
 
 Spawning (``spawn_mode``): ``fork`` (default) asks a pre-imported template process
 (``template.py``) to fork the worker, which serves within ~100 ms instead of the ~350-500 ms
@@ -35,7 +35,7 @@ from typing import Literal
 import psutil
 import redis
 
-from commander.runtime.base import Handles, Runtime, WorkerHandle, WorkerIds, WorkerState
+from commander.runtime.base import Handles, Runtime, UnknownWorker, WorkerHandle, WorkerIds, WorkerState
 from commander.runtime.procs import (
     SpawnError,
     child_env,
@@ -47,14 +47,15 @@ from commander.runtime.procs import (
     start_fresh,
     worker_command,
 )
-from commander.runtime.records import drop_record, read_records, write_record
 from commander.runtime.template import TemplateSpawner
-from protocol import keys
-from protocol.codec import CodecError, decode, encode
 from protocol.ids import validate_tier, validate_token
 from protocol.models import Control, WorkerInfo
 from protocol.policy import Policy, PolicyError, parse_policy
 from stores.connection import connect_sync, resolve_url
+from stores.control import send_control
+from stores.policies import read_good_policy
+from stores.records import drop_record, read_records, write_record
+from stores.registry import forget_workers, heartbeat_alive, read_entries, registered_and_beating
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,6 @@ EXIT_REPORT_WAIT_S = 0.2  # how long to wait for the template's report of a fork
 CONTROL_MAXLEN = 64
 __all__ = ["ProcessRuntime", "SpawnError", "UnknownWorker", "child_env", "new_worker_id",
            "worker_command"]
-
-
-class UnknownWorker(KeyError):
-    """A worker id this runtime does not track."""
 
 
 def new_worker_id(tier: str) -> str:
@@ -138,7 +135,7 @@ class ProcessRuntime(Runtime):
     def _policy_drain_timeout(self, tier: str) -> float:
         """The tier's last good policy's ``drain_timeout_s`` (the default if unreadable)."""
         try:
-            return parse_policy(self.r.get(keys.policy_good(tier)) or b"{}").drain_timeout_s
+            return parse_policy(read_good_policy(self.r, tier) or b"{}").drain_timeout_s
         except (redis.RedisError, PolicyError):
             return Policy().drain_timeout_s
 
@@ -196,10 +193,9 @@ class ProcessRuntime(Runtime):
                  worker_id, handle.tier, handle.pid, reason or "no reason given", timeout)
 
     def _send_drain(self, worker_id: str, reason: str) -> bool:
-        body = encode(Control(kind="drain", ts=time.time(), reason=reason[:200]))
         try:
-            self.r.xadd(keys.control(worker_id), {"m": body}, maxlen=CONTROL_MAXLEN,
-                        approximate=True)
+            send_control(self.r, worker_id, Control(kind="drain", ts=time.time(), reason=reason[:200]),
+                         maxlen=CONTROL_MAXLEN)
         except redis.RedisError as exc:
             log.warning("cannot send drain to %s over Redis (%s): sending SIGTERM", worker_id, exc)
             return False
@@ -290,16 +286,12 @@ class ProcessRuntime(Runtime):
         if not starting:
             return True
         try:
-            pipe = self.r.pipeline(transaction=False)
-            for handle in starting:
-                pipe.hexists(keys.WORKERS, handle.worker_id)
-                pipe.exists(keys.heartbeat(handle.worker_id))
-            answers = pipe.execute()
+            answers = registered_and_beating(self.r, [h.worker_id for h in starting])
         except redis.RedisError as exc:
             log.debug("registry not readable, registrations not checked: %s", exc)
             return False
-        for i, handle in enumerate(starting):
-            if answers[2 * i] and answers[2 * i + 1]:
+        for handle, registered in zip(starting, answers, strict=True):
+            if registered:
                 handle.state = WorkerState.RUNNING
                 log.info("worker %s (tier %s) is running", handle.worker_id, handle.tier)
         return True
@@ -356,16 +348,12 @@ class ProcessRuntime(Runtime):
 
     def _registry(self) -> list[WorkerInfo]:
         try:
-            raw = self.r.hgetall(keys.WORKERS)
+            infos, unreadable = read_entries(self.r)
         except redis.RedisError as exc:
             log.warning("registry not readable, adopting from run records only: %s", exc)
             return []
-        infos = []
-        for field, value in raw.items():
-            try:
-                infos.append(decode(WorkerInfo, value))
-            except CodecError as exc:
-                log.warning("registry entry %r does not decode: %s", field, exc)
+        for worker_id in unreadable:
+            log.warning("registry entry %r does not decode", worker_id)
         return infos
 
     def _forget_stale(self, worker_id: str, certain: bool) -> None:
@@ -376,7 +364,7 @@ class ProcessRuntime(Runtime):
         """
         drop_record(self.run_dir, worker_id)
         try:
-            if certain or not self.r.exists(keys.heartbeat(worker_id)):
+            if certain or not heartbeat_alive(self.r, worker_id):
                 self._unclean.add(worker_id)
         except redis.RedisError:
             pass
@@ -436,10 +424,7 @@ class ProcessRuntime(Runtime):
             return
         ids = sorted(self._unclean)
         try:
-            pipe = self.r.pipeline(transaction=False)
-            pipe.hdel(keys.WORKERS, *ids)
-            pipe.delete(*(keys.heartbeat(w) for w in ids), *(keys.control(w) for w in ids))
-            pipe.execute()
+            forget_workers(self.r, ids)
         except redis.RedisError as exc:
             log.debug("registry cleanup of %d workers postponed: %s", len(ids), exc)
             return

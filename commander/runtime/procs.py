@@ -16,8 +16,9 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[2]  # the directory holding protocol/, worker/, ...
-TEMPLATE_MODULE = "commander.runtime.template"  # in the command line of every forked worker
+from stores import home
+
+TEMPLATE_MODULE = "worker.template"  # in the command line of every forked worker
 
 
 class SpawnError(RuntimeError):
@@ -31,13 +32,7 @@ def worker_command(tier: str, worker_id: str) -> list[str]:
 
 def child_env(url: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker: ``REDIS_URL`` set, the code importable, output unbuffered."""
-    env = dict(os.environ if base is None else base)
-    env["REDIS_URL"] = url
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(ROOT) not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return home.child_env({"REDIS_URL": url}, base)
 
 
 def start_fresh(argv: list[str], env: Mapping[str, str], log_path: Path,

@@ -1,4 +1,4 @@
-"""The process runtime, the fixed-count supervisor and ``fleet up``/``down`` on a real Redis.
+"""The process runtime and ``fleet up``/``down`` on a real Redis.
 
 Workers here are a stand-in script that keeps the worker contract (register in
 ``fleet:workers``, heartbeat, drain on SIGTERM or a control-stream ``drain``), so the runtime
@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,12 +23,9 @@ import redis
 
 from commander.runtime import WorkerHandle, WorkerState
 from commander.runtime.process import ProcessRuntime, new_worker_id
-from commander.supervisor import Supervisor, SupervisorSettings, backoff_delay
 from protocol import keys
 from protocol.codec import decode, encode
 from protocol.models import WorkerInfo
-from protocol.policy import Policy
-from stores.policies import write_policy
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -253,7 +249,7 @@ def test_adopt_finds_workers_from_the_registry(make_runtime, r, tmp_path: Path) 
 def test_adopt_finds_unregistered_workers_from_run_records(make_runtime, r) -> None:
     first = make_runtime()
     (wid,) = first.spawn("late", 1)
-    second = make_runtime()  # same run dir: a restarted supervisor
+    second = make_runtime()  # same run dir: a restarted commander
     (handle,) = second.adopt()
     assert handle.worker_id == wid and handle.state is WorkerState.STARTING and handle.adopted
     second.stop_all(timeout=0.5)
@@ -278,77 +274,6 @@ def test_adopt_ignores_dead_and_foreign_entries(make_runtime, r, tmp_path: Path)
     assert rt.adopt() == []
     # local entries that are dead and silent are cleaned up; the others are not ours to touch
     assert set(_registry(r)) == {"chat-0ddba11a", "chat-0000beef"}
-
-
-# --- supervisor ------------------------------------------------------------------------------
-def _supervise(rt: ProcessRuntime, r: redis.Redis,
-               tmp_path: Path) -> tuple[Supervisor, threading.Event, list[int]]:
-    settings = SupervisorSettings(url="redis://:secret@127.0.0.1:1/0",
-                                  log_dir=tmp_path / "logs", interval_s=0.1)
-    sup = Supervisor(r, rt, settings, handlers=lambda: ["echo"], rng=lambda: 0.0)
-    stop, code = threading.Event(), []
-    sup.register()
-    thread = threading.Thread(target=lambda: code.append(sup.run(stop)), daemon=True)
-    thread.start()
-    sup.thread = thread  # type: ignore[attr-defined]
-    return sup, stop, code
-
-
-def _live_count(rt: ProcessRuntime, tier: str, n: int) -> Callable[[], bool]:
-    def count() -> bool:
-        return len([h for h in rt.list() if h.state is WorkerState.RUNNING and h.tier == tier]) == n
-
-    return count
-
-
-def test_supervisor_keeps_min_workers(make_runtime, r, tmp_path: Path) -> None:
-    write_policy(r, "chat", Policy(min_workers=2, drain_timeout_s=5))
-    write_policy(r, "batch", Policy(min_workers=1, max_workers=2))
-    rt = make_runtime()
-    sup, stop, code = _supervise(rt, r, tmp_path)
-    try:
-        _until(_live_count(rt, "chat", 2), what="2 chat workers")
-        _until(_live_count(rt, "batch", 1), what="1 batch worker")
-        entry = r.hgetall(keys.SUPERVISOR)
-        assert entry[b"pid"] == str(os.getpid()).encode() and b"secret" not in entry[b"url"]
-
-        victim = next(h for h in rt.list() if h.tier == "chat")
-        os.kill(victim.pid, 9)  # a crash: replaced
-        _until(lambda: victim.worker_id not in {h.worker_id for h in rt.list()}, what="reap")
-        _until(_live_count(rt, "chat", 2), what="a replacement")
-
-        write_policy(r, "chat", Policy(min_workers=1))  # scale in: by drain, not kill
-        _until(lambda: len(rt.live("chat")) == 1, what="scale in")
-        r.srem(keys.TIERS, "batch")
-        r.delete(keys.policy("batch"))  # a tier that is gone keeps no workers
-        _until(lambda: not rt.live("batch"), what="batch retired")
-    finally:
-        pids = [h.pid for h in rt.list()]
-        stop.set()
-        sup.thread.join(30)  # type: ignore[attr-defined]
-    assert code == [0]
-    assert not [p for p in pids if _exists(p)]
-    assert not r.exists(keys.SUPERVISOR)
-
-
-def test_a_second_supervisor_refuses_to_run(make_runtime, r, tmp_path: Path) -> None:
-    from commander.supervisor import AlreadyRunning
-
-    rt = make_runtime()
-    settings = SupervisorSettings(url="redis://x", log_dir=tmp_path)
-    Supervisor(r, rt, settings).register()
-    r.hset(keys.SUPERVISOR, mapping={"pid": "1", "host": "elsewhere", "ts": str(time.time())})
-    with pytest.raises(AlreadyRunning):
-        Supervisor(r, rt, settings).register()
-    r.hset(keys.SUPERVISOR, "ts", str(time.time() - 60))  # a stale entry is taken over
-    Supervisor(r, rt, settings).register()
-
-
-def test_backoff_is_capped_and_jittered() -> None:
-    assert backoff_delay(0, 0.5) == 0.0
-    assert backoff_delay(1, 0.0) == 0.25 and backoff_delay(1, 0.999) < 0.5
-    assert backoff_delay(3, 0.0) == 1.0
-    assert backoff_delay(100, 0.999) <= 30.0
 
 
 # --- fleet up / down (the real worker) -------------------------------------------------------
@@ -391,7 +316,7 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
     assert not [p for p in pids if _exists(p)]
     assert not state_file.exists()
     if external:
-        assert not r.exists(keys.SUPERVISOR) and r.hlen(keys.WORKERS) == 0
+        assert not r.exists("fleet:supervisor") and r.hlen(keys.WORKERS) == 0  # the removed supervisor's key
     again = _fleet(["down"], env, tmp_path)
     assert again.returncode == 0 and "not up" in again.stdout
 

@@ -102,3 +102,18 @@ def test_the_readme_documents_async_wait_and_every_size_limit() -> None:
     assert f"{worker.max_reply_bytes:,} bytes" in limits and DEFAULT_MAX_REPLY_BYTES == 1024 * 1024
     assert f"1–{USER_ID_MAX} characters" in limits
     assert f"{worker.session_max} turns, the newest {worker.context_turns}" in limits
+
+
+def test_the_cli_imports_the_replay_driver_only_for_fleet_replay() -> None:
+    """`fleet replay` runs the scaling benchmark's library (sim.scaling): building the parser,
+    and any other command, must not import it (tests/unit/test_layers.py allows this one
+    import only because it is deferred)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from fleet.cli import build_parser; p = build_parser(); "
+             "p.parse_args(['status']); print(any(m == 'sim' or m.startswith('sim.') for m in sys.modules)); "
+             "p.parse_args(['replay', '--help'])")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert run.stdout.splitlines()[0] == "False", run.stdout + run.stderr
+    assert "replay" in run.stdout

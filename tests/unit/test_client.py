@@ -14,21 +14,13 @@ import pytest
 import redis
 
 import fleet
-from fleet.client import (
-    AsyncFleet,
-    Fleet,
-    UnknownTier,
-    _build_turn,
-    _queue_round_trip,
-    committed,
-    heartbeats_of,
-    tier_defined,
-)
+from fleet.client import AsyncFleet, Fleet, UnknownTier, _build_turn
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import WorkerInfo
 from protocol.policy import Policy
 from stores.policies import read_policy, write_policy
+from stores.submit import committed, heartbeats_of, queue_round_trip, tier_defined
 
 
 class Recorder:
@@ -61,7 +53,7 @@ def info(worker: str, tier: str) -> bytes:
 def test_the_submit_commands_are_inside_multi_exec_and_the_gauges_after_it() -> None:
     built = [_build_turn(u, "hi", "chat", None, None, 1 << 16) for u in ("alice", "bob")]
     pipe = Recorder()
-    _queue_round_trip(pipe, built, "chat")
+    queue_round_trip(pipe, built, "chat")
     per_turn = [("XADD", keys.inbox(u)) for u in ("alice", "bob")]
     assert pipe.sent == [
         ("MULTI",),

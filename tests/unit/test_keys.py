@@ -174,5 +174,5 @@ def test_worker_builders_reject_bad_worker_ids(name: str, bad: object) -> None:
 
 
 def test_global_keys_share_the_prefix() -> None:
-    for key in (keys.REPORTS, keys.EVENTS, keys.WORKERS, keys.TIERS, keys.SUPERVISOR):
+    for key in (keys.REPORTS, keys.EVENTS, keys.WORKERS, keys.TIERS):
         assert key.startswith(f"{keys.PREFIX}:")

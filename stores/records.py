@@ -1,7 +1,9 @@
 """Run records of the ``process`` runtime: one small JSON file per spawned worker.
 
+Written by ``commander/runtime/process.py``; read by it (adoption) and by ``fleet down``.
+
 ``<run_dir>/<worker id>.json`` holds the tier, pid, start time and the process creation
-time, so that the next supervisor or commander can adopt a worker that had not registered
+time, so that the next commander can adopt a worker that had not registered
 yet when the previous one died, and never mistake a reused pid for it.
 """
 
@@ -11,17 +13,25 @@ import contextlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
-from commander.runtime.base import WorkerHandle
 from protocol.ids import validate_tier, validate_token
 
 log = logging.getLogger(__name__)
 
 
-def write_record(run_dir: Path, handle: WorkerHandle, proc: psutil.Process | None) -> None:
+class Recorded(Protocol):
+    """What a record keeps of a worker (``commander.runtime.WorkerHandle`` has it)."""
+
+    worker_id: str
+    tier: str
+    pid: int
+    started: float
+
+
+def write_record(run_dir: Path, handle: Recorded, proc: psutil.Process | None) -> None:
     """Record a worker we track (atomically; a failure is logged, never raised)."""
     create_time = None
     with contextlib.suppress(psutil.Error):
@@ -38,17 +48,20 @@ def write_record(run_dir: Path, handle: WorkerHandle, proc: psutil.Process | Non
         log.warning("cannot write run record %s: %s", path, exc)
 
 
-def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    """Every readable record, validated; unreadable ones are logged and skipped."""
+def read_records(run_dir: Path, quiet: bool = False) -> list[dict[str, Any]]:
+    """Every readable record, validated, with its ``path``; unreadable ones are skipped (and
+    logged unless ``quiet``)."""
     records = []
     for path in sorted(run_dir.glob("*.json")):
         try:
             rec = json.loads(path.read_text())
             validate_tier(rec["tier"])
             validate_token(rec["worker"], "worker id")
-            records.append({**rec, "pid": int(rec["pid"]), "started": float(rec["started"])})
+            records.append({**rec, "pid": int(rec["pid"]), "started": float(rec["started"]),
+                            "path": path})
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring unreadable run record %s: %s", path, exc)
+            if not quiet:
+                log.warning("ignoring unreadable run record %s: %s", path, exc)
     return records
 
 
