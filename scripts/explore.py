@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import random
 import sys
 import time
@@ -182,5 +183,19 @@ def summarize(args, done: int, failed: int, steps: int, virtual: float, faults: 
     return 1 if failed else 0
 
 
+def _pin_hash_seed() -> None:
+    """Run under PYTHONHASHSEED=0: the order of a set of strings follows the hash seed, and
+    the workers' and the commander's sets (lanes taken over, live consumers) take part in the
+    schedule, so a seed replays exactly only under the same hash seed. ./scripts/test runs the
+    suite's schedules under 0 too. An explicit PYTHONHASHSEED is kept (and printed)."""
+    if "PYTHONHASHSEED" not in os.environ:
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    if os.environ["PYTHONHASHSEED"] != "0":
+        print(f"explore: PYTHONHASHSEED={os.environ['PYTHONHASHSEED']} (replays need the same)",
+              file=sys.stderr)
+
+
 if __name__ == "__main__":
+    _pin_hash_seed()
     sys.exit(main())
