@@ -24,7 +24,8 @@ def encode(model: BaseModel) -> bytes:
     """Serialize a model with the protocol version."""
     body = model.model_dump(mode="json")
     body["v"] = PROTOCOL_VERSION
-    return msgpack.packb(body, use_bin_type=True)
+    packed: bytes = msgpack.packb(body, use_bin_type=True)  # msgpack ships no types
+    return packed
 
 
 def unpack(data: bytes, max_bytes: int | None = None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import redis
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode, encode
 from protocol.models import CommanderInfo
+from stores.replies import hash_reply
 
 STALE_S = 15.0  # several standby polls and leader passes: a live commander is never this late
 
@@ -22,7 +23,7 @@ STALE_S = 15.0  # several standby polls and leader passes: a live commander is n
 def commander_entries(r: redis.Redis) -> list[tuple[str, CommanderInfo | CodecError]]:
     """Every entry by commander id: decoded, or the error that kept it from decoding."""
     out: list[tuple[str, CommanderInfo | CodecError]] = []
-    for cid, blob in r.hgetall(keys.COMMANDERS).items():
+    for cid, blob in hash_reply(r.hgetall(keys.COMMANDERS)).items():
         try:
             out.append((as_str(cid), decode(CommanderInfo, blob)))
         except CodecError as exc:

@@ -74,7 +74,7 @@ class _SSLConnection(redis.SSLConnection):
     def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
         sock.settimeout(self.socket_connect_timeout)
         try:
-            tls = super()._wrap_socket_with_ssl(sock)
+            tls = super()._wrap_socket_with_ssl(sock)  # type: ignore[no-untyped-call]  # unannotated in redis-py
         except TimeoutError:
             raise HandshakeTimeout(
                 f"no TLS handshake from {self.host}:{self.port} within {self.socket_connect_timeout:g} s "
@@ -136,7 +136,7 @@ def async_retry_options(retries: int = 8) -> dict[str, Any]:
 
 
 def connect_async(url: str | None = None, *, retries: int = 8, max_connections: int = 10_000,
-                  socket_timeout: float | None = None, **kwargs: object) -> aioredis.Redis:
+                  socket_timeout: float | None = None, **kwargs: Any) -> aioredis.Redis:
     """An asyncio client that retries connection errors with capped, jittered backoff.
 
     Every concurrent blocking call (BLPOP of a waiting reply, XREADGROUP) holds a connection,

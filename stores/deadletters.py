@@ -4,12 +4,11 @@ The worker appends them (``worker/app.py``, ``Worker.dead_letter``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import redis
 
 from protocol import keys
 from protocol.codec import as_str
+from stores.replies import Row, raw_rows
 
 
 def dead_letter_count(r: redis.Redis, tier: str) -> int:
@@ -17,6 +16,6 @@ def dead_letter_count(r: redis.Redis, tier: str) -> int:
     return int(r.xlen(keys.dead(tier)))
 
 
-def newest_dead_letters(r: redis.Redis, tier: str, count: int) -> list[tuple[str, Any]]:
+def newest_dead_letters(r: redis.Redis, tier: str, count: int) -> list[Row]:
     """The newest ``count`` dead letters as ``(id, fields)``, newest first."""
-    return [(as_str(i), f) for i, f in r.xrevrange(keys.dead(tier), count=count)]
+    return [(as_str(i), f) for i, f in raw_rows(r.xrevrange(keys.dead(tier), count=count))]

@@ -6,14 +6,13 @@ so a commander paused past its lease never records (nor acts on) a stale decisio
 
 from __future__ import annotations
 
-from typing import Any
-
 import redis
 from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import as_str, encode
 from protocol.models import LedgerEvent
+from stores.replies import RawRow, raw_rows, raw_streams
 from stores.scripts import source
 
 EVENTS_MAXLEN = 100_000
@@ -41,18 +40,18 @@ class Ledger:
         return entry.decode() if isinstance(entry, bytes) else str(entry)
 
 
-def ledger_page(r: redis.Redis, upper: str, count: int) -> list[tuple[Any, Any]]:
+def ledger_page(r: redis.Redis, upper: str, count: int) -> list[RawRow]:
     """Up to ``count`` entries at or below id ``upper`` (``(id`` excludes it), newest first."""
-    return r.xrevrange(keys.EVENTS, max=upper, min="-", count=count)
+    return raw_rows(r.xrevrange(keys.EVENTS, max=upper, min="-", count=count))
 
 
 def ledger_tip(r: redis.Redis) -> str:
     """The id of the newest entry, or ``0-0`` when the ledger is empty."""
-    rows = r.xrevrange(keys.EVENTS, count=1)
+    rows = raw_rows(r.xrevrange(keys.EVENTS, count=1))
     return as_str(rows[0][0]) if rows else "0-0"
 
 
-def ledger_after(r: redis.Redis, last: str, count: int, block_ms: int) -> list[tuple[Any, Any]]:
+def ledger_after(r: redis.Redis, last: str, count: int, block_ms: int) -> list[RawRow]:
     """Up to ``count`` entries after id ``last``, waiting up to ``block_ms`` for one."""
-    resp = r.xread({keys.EVENTS: last}, count=count, block=block_ms)
-    return [row for _stream, rows in resp or () for row in rows]
+    resp = raw_streams(r.xread({keys.EVENTS: last}, count=count, block=block_ms))
+    return [row for _stream, rows in resp for row in rows]

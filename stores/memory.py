@@ -28,7 +28,8 @@ def rank_key(importance: float, ts: float, half_life_s: float = DEFAULT_HALF_LIF
 
 def weight(item: MemoryItem, now: float, half_life_s: float = DEFAULT_HALF_LIFE_S) -> float:
     """The memory's weight at ``now``: importance decayed by its age."""
-    return item.importance * 2.0 ** (-(now - item.ts) / half_life_s)
+    decay: float = 2.0 ** (-(now - item.ts) / half_life_s)  # float ** float is Any in typeshed
+    return item.importance * decay
 
 
 def new_member(text: str, importance: float, ts: float,

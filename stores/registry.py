@@ -15,6 +15,7 @@ import redis
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode
 from protocol.models import WorkerInfo
+from stores.replies import hash_reply
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Registry:
 def read_entries(r: redis.Redis) -> tuple[list[WorkerInfo], list[str]]:
     """Every registry entry that decodes, and the ids of those that do not (one HGETALL)."""
     infos, bad = [], []
-    for wid, blob in r.hgetall(keys.WORKERS).items():
+    for wid, blob in hash_reply(r.hgetall(keys.WORKERS)).items():
         try:
             infos.append(decode(WorkerInfo, blob))
         except CodecError:

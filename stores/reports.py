@@ -4,39 +4,35 @@ and the tiers' pressure events (``fleet:{T}:pressure``), with their ids as text.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import redis
 
 from protocol import keys
 from protocol.codec import as_str
+from stores.replies import Row, raw_rows, raw_streams, rows
 
-Rows = list[tuple[str, Any]]  # (entry id, fields)
-
-
-def _rows(rows: Any) -> Rows:
-    return [(as_str(rid), fields) for rid, fields in rows or []]
+Rows = list[Row]  # (entry id, fields)
 
 
 def reports_after(r: redis.Redis, last_id: str, count: int) -> Rows:
     """Up to ``count`` reports after ``last_id``, oldest first."""
-    resp = r.xread({keys.REPORTS: last_id}, count=count)
-    return _rows(resp[0][1] if resp else [])
+    resp = raw_streams(r.xread({keys.REPORTS: last_id}, count=count))
+    return rows(resp[0][1] if resp else [])
 
 
 def newest_reports(r: redis.Redis, count: int) -> Rows:
     """The newest ``count`` reports, newest first."""
-    return _rows(r.xrevrange(keys.REPORTS, count=count))
+    return rows(r.xrevrange(keys.REPORTS, count=count))
 
 
 def last_pressure_id(r: redis.Redis, tier: str) -> str:
     """The id of the tier's newest pressure event, or ``0-0`` if there is none."""
-    last = r.xrevrange(keys.pressure(tier), count=1)
+    last = raw_rows(r.xrevrange(keys.pressure(tier), count=1))
     return as_str(last[0][0]) if last else "0-0"
 
 
 def wait_pressure(r: redis.Redis, after: Mapping[str, str], count: int, block_ms: int) -> dict[str, Rows]:
     """Block up to ``block_ms`` for pressure events after ``after[tier]``; the new ones per tier."""
-    resp = r.xread({keys.pressure(tier): last for tier, last in after.items()}, count=count,
-                   block=block_ms)
-    return {as_str(stream).split("{", 1)[1].split("}", 1)[0]: _rows(rows) for stream, rows in resp or []}
+    resp = raw_streams(r.xread({keys.pressure(tier): last for tier, last in after.items()}, count=count,
+                               block=block_ms))
+    return {as_str(stream).split("{", 1)[1].split("}", 1)[0]: rows(entries) for stream, entries in resp}

@@ -94,7 +94,7 @@ async def until_ok(what: str, fn: Callable[[], Awaitable[None]], *, backoff: Bac
     async def attempt() -> None:
         await fn()
 
-    stop = stop_after_attempt(attempts) if attempts else stop_never
+    stop: stop_base = stop_after_attempt(attempts) if attempts else stop_never
     if unless is not None:
         stop = stop | _event_set(unless)
     # a new AsyncRetrying per call: one keeps its state per thread, not per task

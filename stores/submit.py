@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode
@@ -134,12 +135,14 @@ def _raise_first_error(results: list[Any]) -> None:
 
 def post_pressure(r: redis.Redis, tier: str, fields: Mapping[str, str]) -> None:
     """Append a pressure event to the tier's stream (it wakes the commander)."""
-    r.xadd(keys.pressure(tier), dict(fields), maxlen=PRESSURE_MAXLEN, approximate=True)
+    entry: dict[FieldT, EncodableT] = {k: v for k, v in fields.items()}  # a dict is invariant in its key
+    r.xadd(keys.pressure(tier), entry, maxlen=PRESSURE_MAXLEN, approximate=True)
 
 
 async def post_pressure_async(r: aioredis.Redis, tier: str, fields: Mapping[str, str]) -> None:
     """:func:`post_pressure` on an asyncio client."""
-    await r.xadd(keys.pressure(tier), dict(fields), maxlen=PRESSURE_MAXLEN, approximate=True)
+    entry: dict[FieldT, EncodableT] = {k: v for k, v in fields.items()}  # a dict is invariant in its key
+    await r.xadd(keys.pressure(tier), entry, maxlen=PRESSURE_MAXLEN, approximate=True)
 
 
 def any_beating(r: redis.Redis, beats: list[str]) -> bool:

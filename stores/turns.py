@@ -16,6 +16,7 @@ from protocol import keys
 from protocol.codec import as_str, decode_valid
 from protocol.models import MemoryItem, SessionEntry
 from stores.memory import parse_members
+from stores.replies import raw_rows
 from stores.scripts import Scripts
 
 
@@ -103,7 +104,7 @@ class UserStore:
     async def read_inbox(self, user: str, cursor: str, count: int) -> list[tuple[str, dict[bytes, bytes]]]:
         """Up to ``count`` inbox entries after ``cursor``, oldest first."""
         start = f"({cursor}" if cursor else "-"
-        rows = await self.r.xrange(keys.inbox(user), min=start, max="+", count=count)
+        rows = raw_rows(await self.r.xrange(keys.inbox(user), min=start, max="+", count=count))
         return [(as_str(entry), fields) for entry, fields in rows]
 
     async def pull(self, user: str, turn_id: str, entry: str) -> Pulled:
