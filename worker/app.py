@@ -27,6 +27,7 @@ from protocol.models import Control, Counters, Slots, WorkerInfo
 from protocol.policy import Policy
 from stores.connection import connect_async
 from stores.policies import PolicyRead, read_policy_async, tier_defined_async
+from stores.replies import raw_streams
 from stores.retry import Backoff, until_ok
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
@@ -434,7 +435,7 @@ class Worker:
         key = keys.control(self.worker_id)
         while not self._stopping.is_set():
             try:
-                resp = await self.r.xread({key: last}, count=10, block=1000)
+                resp = raw_streams(await self.r.xread({key: last}, count=10, block=1000))
                 failures = 0
             except asyncio.CancelledError:
                 raise

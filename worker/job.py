@@ -132,6 +132,7 @@ class UserJob:
 
     async def _run(self) -> None:
         store = self.w.store
+        covered: list[str] | int | None  # the notification ids a holder covers, then a count
         while True:
             asked = len(self.fresh)  # the notifications whose turns are in the inbox by now
             got = await store.acquire(self.user, INBOX_BATCH)
@@ -165,6 +166,7 @@ class UserJob:
 
     async def _serve_until_released(self, lease: Lease) -> int | None:
         """Serve until the inbox is empty and the lane released; return how many ids that covers."""
+        rows: Rows | None
         cursor, rows = lease.cursor, lease.entries
         while True:
             try:

@@ -30,7 +30,8 @@ class Sensor:
         prev, self._last_cpu = self._last_cpu, sample
         if prev is None or sample[1] <= prev[1]:
             return None
-        return max(0.0, (sample[0] - prev[0]) / (sample[1] - prev[1]))
+        fraction: float = max(0.0, (sample[0] - prev[0]) / (sample[1] - prev[1]))  # psutil: untyped
+        return fraction
 
     def _users(self, now: float, interval: float) -> tuple[int, int]:
         horizon = now - self.users_window_s

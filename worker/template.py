@@ -75,7 +75,8 @@ class Template:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
         self.post({"ready": os.getpid()})
         while not self.closed and os.getppid() == self.parent:
-            readable, _, _ = select.select([self.sock, self.wake_r], [], [], 1.0)
+            watched: list[socket.socket | int] = [self.sock, self.wake_r]
+            readable, _, _ = select.select(watched, [], [], 1.0)
             with contextlib.suppress(BlockingIOError):
                 os.read(self.wake_r, 4096)
             self.reap()
