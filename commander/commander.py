@@ -342,7 +342,7 @@ class Commander:
                why: dict[str, Any] | None = None) -> LedgerEvent:
         current = plan.current if plan else 0
         return LedgerEvent(ts=self.clock(), tier=tier, epoch=self.leader.epoch or 0,
-                           commander=self.settings.commander_id, action=action,  # type: ignore[arg-type]
+                           commander=self.settings.commander_id, action=action,
                            from_count=current, to_count=current if to is None else to,
                            victims=victims or [], reason=reason or (plan.reason if plan else ""),
                            why=why if why is not None else (plan.why() if plan else {}))

@@ -102,6 +102,8 @@ def busy_workers(workers: Iterable[WorkerView]) -> float:
 class Metrics:
     """The commander's metrics, in a registry of their own."""
 
+    address: str  # ``host:port`` of /metrics, set once it serves (commander.__main__)
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry

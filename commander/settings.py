@@ -32,7 +32,7 @@ class CommanderSettings(BaseSettings):
     metrics_host: str = Field("127.0.0.1", description="bind address of /metrics")
     metrics_port: int | None = Field(9464, ge=0, le=65535, description="port of /metrics (0: any); "
                                      "None: no /metrics",
-                                     json_schema_extra={"off_flag": ("--no-metrics", "serve no /metrics")})
+                                     json_schema_extra={"off_flag": ["--no-metrics", "serve no /metrics"]})
     metrics_token: str | None = Field(None, description="bearer token /metrics requires (env only: a "
                                       "command line shows in ps)", json_schema_extra={"flag": None})
     stop_workers_on_exit: bool = Field(False, description="drain every worker when this commander exits "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from commander.evaluator import Evaluator, memory_limit_bytes
 from commander.runtime import WorkerHandle, WorkerState
@@ -53,6 +54,7 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
     """
     by_id: dict[str, WorkerHandle | None] = {
         h.worker_id: h for h in handles if h.tier == tier and h.state is not WorkerState.EXITED}
+    info: WorkerInfo | None
     for wid, (info, alive) in registry.items():
         if info.tier == tier and alive:
             by_id.setdefault(wid, None)
@@ -82,8 +84,8 @@ def _mark_reception(views: list[WorkerView]) -> tuple[WorkerView, ...]:
     return tuple(WorkerView(**{**_fields(v), "is_reception": v.id == first}) for v in views)
 
 
-def _fields(v: WorkerView) -> dict[str, object]:
-    return {name: getattr(v, name) for name in WorkerView.__slots__}  # type: ignore[attr-defined]
+def _fields(v: WorkerView) -> dict[str, Any]:
+    return {name: getattr(v, name) for name in WorkerView.__slots__}
 
 
 def tier_rps(views: Iterable[WorkerView], evaluator: Evaluator) -> float:

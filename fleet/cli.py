@@ -483,7 +483,7 @@ def _bad_url(url: str | None) -> str | None:
     if not url:
         return None
     try:
-        parse_url(url)
+        parse_url(url)  # type: ignore[no-untyped-call]  # unannotated in redis-py
     except ValueError as exc:
         return f"{redact_url(url)!r}: {exc}"
     return None

@@ -30,13 +30,13 @@ import redis
 
 from stores.home import (
     STATE_FILE,
-    fleet_home,
     no_fleet_reason,
-    pid_alive,
-    read_state,
     recorded_url,
 )
 from stores.home import child_env as _child_env
+from stores.home import fleet_home as fleet_home  # re-exported: fleet.updown calls them through us
+from stores.home import pid_alive as pid_alive
+from stores.home import read_state as read_state
 
 EMBEDDED_WARNING = """\
 WARNING: redis-server was not found on PATH: starting an EMBEDDED in-memory Redis (fakeredis).

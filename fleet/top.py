@@ -16,7 +16,7 @@ import select
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -108,7 +108,8 @@ def load_reports(r: redis.Redis, evaluator: Evaluator, count: int = REPORT_ROWS)
     """Feed the newest ``count`` reports to ``evaluator``, oldest first; returns the corrupt ones."""
     corrupt = 0
     for _id, fields in reversed(newest_reports(r, count)):
-        blob = fields.get(b"m", fields.get("m"))
+        loose: Mapping[Any, bytes | str] = fields  # keyed by str too, should a client decode replies
+        blob = loose.get(b"m", loose.get("m"))
         try:
             if blob is None:
                 raise CodecError("no field 'm'")

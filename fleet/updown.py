@@ -52,7 +52,7 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def add_up_down_arguments(subparsers: argparse._SubParsersAction) -> None:
+def add_up_down_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``up``, ``down`` and ``env`` (``--redis-url``/``--json`` do not clobber the
     global ones)."""
     up = subparsers.add_parser("up", help="start Redis, the commander and a chat tier here",
@@ -123,11 +123,11 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
     state = local.read_state()
     if state and _alive(state.get("commander")):
         return {**_describe(state), "status": "already-up"}
-    resumed = bool(state) and _redis_reusable(state, args)
+    resumed = bool(state and _redis_reusable(state, args))
     if state and not resumed:
         _teardown(state, DOWN_TIMEOUT_S)  # a previous setup whose Redis is gone too
         local.clear_state()
-    url, started_redis = (state["url"], False) if resumed else _redis_url(args)
+    url, started_redis = (state["url"], False) if state and resumed else _redis_url(args)
     try:
         r = connect_sync(url, retries=2, socket_timeout=5)
         r.ping()

@@ -18,6 +18,7 @@ which checks the creation time so a reused pid is never mistaken for (or killed 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
@@ -346,7 +347,7 @@ class ProcessRuntime(Runtime):
                        partial(looks_like_worker, worker_id=info.worker, started=info.started),
                        False)
 
-    def _registry(self) -> list[WorkerInfo]:
+    def _registry(self) -> builtins.list[WorkerInfo]:  # `list` is a method here
         try:
             infos, unreadable = read_entries(self.r)
         except redis.RedisError as exc:

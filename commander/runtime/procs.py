@@ -95,7 +95,8 @@ def looks_like_worker(pid: int, worker_id: str, started: float) -> psutil.Proces
 def alive(proc: psutil.Process) -> bool:
     """Running and not a zombie (a zombie has exited; only its parent's wait is missing)."""
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        running: bool = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE  # psutil: untyped
+        return running
     except psutil.Error:
         return False
 

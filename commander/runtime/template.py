@@ -81,7 +81,10 @@ class TemplateSpawner:
     def pid(self) -> int | None:
         """The running template's pid (None if there is none)."""
         with self._lock:
-            return self._proc.pid if self._running() else None
+            if not self._running():
+                return None
+            assert self._proc is not None  # _running() is False without one
+            return self._proc.pid
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self, wait: bool = True) -> bool:
@@ -256,7 +259,7 @@ class TemplateSpawner:
 
     def _pump(self, sock: socket.socket) -> list[Message]:
         """Every message already received (exit codes recorded); TemplateError on EOF."""
-        got = []
+        got: list[Message] = []
         while True:
             try:
                 data = sock.recv(MAX_MSG, socket.MSG_DONTWAIT)
