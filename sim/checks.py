@@ -27,6 +27,7 @@ from protocol.codec import CodecError, decode
 from protocol.models import Reply, SessionEntry
 from sim.clock import EPOCH
 from sim.world import GHOST, WORKER_TIMING, Call, Record, Submitted
+from stores.replies import bytes_list
 
 STARTING_STOP_S = 1.0  # SIGTERM -> stopped, for a worker that serves nothing yet
 CONTEXT_TURNS = 20  # WorkerSettings.context_turns: how much of the session a handler sees
@@ -43,7 +44,7 @@ class Violation:
 
 def _replies(r: fakeredis.FakeRedis, sub: Submitted) -> list[Reply]:
     out = []
-    for raw in r.lrange(keys.reply(sub.user, sub.turn), 0, -1):
+    for raw in bytes_list(r.lrange(keys.reply(sub.user, sub.turn), 0, -1)):
         try:
             out.append(Reply.model_validate_json(raw) if raw[:1] == b"{" else decode(Reply, raw))
         except (CodecError, ValueError):
@@ -103,7 +104,8 @@ def _i2(r: fakeredis.FakeRedis, record: Record, replies: Replies) -> list[Violat
         ok = [s.turn for s in sorted(subs, key=lambda s: s.index)
               if any(rep.ok for rep in replies[(user, s.turn)])]
         try:
-            session = [decode(SessionEntry, e).turn_id for e in r.lrange(keys.session(user), 0, -1)]
+            stored = bytes_list(r.lrange(keys.session(user), 0, -1))
+            session = [decode(SessionEntry, e).turn_id for e in stored]
         except CodecError as exc:
             out.append(Violation("I2", f"session of {user} does not decode: {exc}"))
             continue

@@ -17,12 +17,14 @@ There is no I/O: the store is in-process (``sim.store``), so the selector is abs
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import heapq
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVarTuple
 
 NODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("sim_node", default=None)
+_Ts = TypeVarTuple("_Ts")
 
 
 class Deadlock(RuntimeError):
@@ -36,8 +38,32 @@ class Chooser:
         return 0
 
 
+class _Handle(Protocol):
+    """The private side of an ``asyncio.Handle`` this loop drives (typeshed declares only part)."""
+
+    _cancelled: bool
+    _context: contextvars.Context  # asyncio always sets one (a copy of the current context)
+
+    def _run(self) -> None: ...
+
+
+class _TimerHandle(_Handle, Protocol):
+    """The same of an ``asyncio.TimerHandle``."""
+
+    _when: float
+    _scheduled: bool
+
+    def __lt__(self, other: Any) -> bool: ...
+
+
 class SimLoop(asyncio.BaseEventLoop):
     """An event loop whose time is virtual and whose every step is chosen."""
+
+    # BaseEventLoop's private state this loop drives, which typeshed leaves out
+    _ready: collections.deque[_Handle]
+    _scheduled: list[_TimerHandle]
+    _stopping: bool
+    _timer_cancelled_count: int
 
     def __init__(self, chooser: Chooser, *, max_steps: int = 2_000_000) -> None:
         super().__init__()
@@ -47,8 +73,8 @@ class SimLoop(asyncio.BaseEventLoop):
         self.max_steps = max_steps
         self.dead: set[str] = set()
         self.paused: set[str] = set()
-        self._parked: dict[str, list[asyncio.Handle]] = {}
-        self._graveyard: list[asyncio.Handle] = []  # a killed node's callbacks, for ``revive_all``
+        self._parked: dict[str, list[_Handle]] = {}
+        self._graveyard: list[_Handle] = []  # a killed node's callbacks, for ``revive_all``
         self.before_step: Callable[[int], None] | None = None  # fault injection point
         self.signal_handlers: dict[tuple[str | None, int], tuple[Callable[..., Any], tuple[Any, ...]]] = {}
 
@@ -82,7 +108,7 @@ class SimLoop(asyncio.BaseEventLoop):
         self._ready.extend(self._graveyard)
         self._graveyard.clear()
 
-    def add_signal_handler(self, sig: int, callback: Callable[..., Any], *args: Any) -> None:
+    def add_signal_handler(self, sig: int, callback: Callable[[*_Ts], object], *args: *_Ts) -> None:
         self.signal_handlers[(NODE.get(), int(sig))] = (callback, args)
 
     def remove_signal_handler(self, sig: int) -> bool:
@@ -123,7 +149,7 @@ class SimLoop(asyncio.BaseEventLoop):
         if handle is not None:
             handle._run()
 
-    def _pick(self) -> asyncio.Handle | None:
+    def _pick(self) -> _Handle | None:
         """The chosen ready callback, skipping cancelled ones and those of dead or paused nodes."""
         while self._ready:
             if self.steps >= self.max_steps:

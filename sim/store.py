@@ -190,8 +190,8 @@ class SimConnection(FakeAsyncRedisConnection):
         if self._lose_reply:
             net.drop_next.discard(node)
 
-    async def read_response(self, **kwargs: Any) -> Any:
-        response = await super().read_response(**kwargs)
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        response = await super().read_response(*args, **kwargs)
         try:
             await asyncio.sleep(self.network.delay())
         except BaseException:

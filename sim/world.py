@@ -14,18 +14,19 @@ import asyncio
 import contextvars
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 from redis.exceptions import RedisError
 
 from fleet.client import AsyncFleet
 from protocol import keys
+from protocol.codec import as_str
 from protocol.models import HandlerResult
 from protocol.policy import Policy
 from sim.loop import NODE, SimLoop
 from sim.store import Network
 from stores.policies import write_policy
 from stores.takeover import sweep, take_over
+from stores.turns import Lease, Writes
 from worker import handlers
 from worker.app import Worker
 from worker.settings import WorkerSettings
@@ -175,10 +176,10 @@ class World:
         real = worker.store.commit
         commits = self.record.commits
 
-        async def commit(lease: Any, entry: str, reply_turn: str, writes: Any, now_ms: int) -> str:
-            res = await real(lease, entry, reply_turn, writes, now_ms)
-            if res == "ok" and writes.turn_id:
-                commits.add((lease.owner, writes.turn_id))
+        async def commit(lease: Lease, entry: str, reply_key_turn: str, w: Writes, now_ms: int) -> str:
+            res = await real(lease, entry, reply_key_turn, w, now_ms)
+            if res == "ok" and w.turn_id:
+                commits.add((lease.owner, w.turn_id))
             return res
 
         worker.store.commit = commit  # type: ignore[method-assign]
@@ -233,7 +234,7 @@ class World:
         held = r.get(keys.lane(user))
         if held is not None:
             r.delete(keys.lane(user))
-            self.record.expired.append((self.loop.time(), user, held.decode()))
+            self.record.expired.append((self.loop.time(), user, as_str(held)))
 
     def terminate(self, wid: str) -> None:
         """SIGTERM: the worker drains and stops; a replacement starts a little later."""

@@ -35,3 +35,8 @@ def raw_streams(reply: object) -> list[tuple[bytes, list[RawRow]]]:
 def hash_reply(reply: object) -> dict[bytes, bytes]:
     """An HGETALL reply: field -> value, both bytes."""
     return cast("dict[bytes, bytes]", reply)
+
+
+def bytes_list(reply: object) -> list[bytes]:
+    """An LRANGE (or HVALS, ...) reply: a list of bytes."""
+    return cast("list[bytes]", reply)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from commander.decide import TierState, decide
 from commander.snapshot import TierSnapshot
@@ -245,5 +246,5 @@ def _trial(sim: Simulator, m: int, count: int) -> Simulator:
     trial = sim.fork()
     trial.policy.counts[m] = count  # type: ignore[attr-defined]
     if m == 0:  # the first minute's workers are there from the start
-        trial = Simulator(sim.turns, replace(sim.policy, counts={0: count}), sim.cfg)  # type: ignore[arg-type]
+        trial = Simulator(sim.turns, replace(cast(Schedule, sim.policy), counts={0: count}), sim.cfg)
     return trial

@@ -37,6 +37,7 @@ from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import LedgerEvent, WorkerInfo
 from sim.scaling.trace import TraceModel, TraceTurn, load_turns, speed_up
+from stores.replies import hash_reply, raw_rows
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", ""}
 SAMPLE_S = 0.5
@@ -109,7 +110,7 @@ def check_loopback(url: str) -> None:
 
 async def _live_workers(r: aioredis.Redis, tier: str) -> int:
     infos = []
-    for blob in (await r.hgetall(keys.WORKERS)).values():
+    for blob in hash_reply(await r.hgetall(keys.WORKERS)).values():
         try:
             info = decode(WorkerInfo, blob)
         except CodecError:
@@ -126,7 +127,7 @@ async def _live_workers(r: aioredis.Redis, tier: str) -> int:
 
 async def _scale_events(r: aioredis.Redis, tier: str, since_ms: int) -> tuple[int, int]:
     ups = downs = 0
-    for _id, fields in await r.xrange(keys.EVENTS, min=f"{since_ms}-0", max="+"):
+    for _id, fields in raw_rows(await r.xrange(keys.EVENTS, min=f"{since_ms}-0", max="+")):
         try:
             event = decode(LedgerEvent, fields.get(b"m", b""))
         except CodecError:

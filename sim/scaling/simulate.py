@@ -36,7 +36,7 @@ from bisect import insort
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from commander.evaluator import Evaluator
 from commander.runtime.base import WorkerHandle, WorkerState
@@ -99,7 +99,7 @@ class SimConfig:
 class SimWorker:
     id: str
     started: float
-    state: str = "starting"
+    state: Literal["starting", "ready", "draining"] = "starting"
     busy: dict[str, int] = field(default_factory=dict)  # user -> turn index in service
     last_take: float = -1.0
     turns: int = 0
