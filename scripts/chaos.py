@@ -45,7 +45,7 @@ from chaos_check import Injected, TraceTail, UserLog
 from fleet.client import AsyncFleet
 from protocol import keys
 from protocol.codec import CodecError, decode, encode
-from protocol.models import Control, OccupancyReport, WorkerInfo
+from protocol.models import Control, LedgerEvent, OccupancyReport, WorkerInfo
 from protocol.policy import Policy
 from stores.connection import connect_async
 from stores.policies import write_policy
@@ -171,6 +171,7 @@ class Faults:
         self.injected: list[Injected] = []  # worker kills and pauses, for the takeover figures
         self.killed: dict[str, float] = {}  # worker id -> when we SIGKILLed it
         self.drained: set[str] = set()  # workers sent a drain (not capacity from then on)
+        self.timeline: list[tuple[float, str]] = []  # (when it started, kind) of every fault
         self.first: float | None = None  # when the first fault started: the faulty period begins
         self.seconds = seconds
         scale = min(1.0, seconds / 300)
@@ -190,6 +191,7 @@ class Faults:
             if stop.is_set() or time.monotonic() > deadline:
                 return
             self.first = self.first or time.time()
+            self.timeline.append((time.time(), kind))
             try:
                 getattr(self, kind.replace("-", "_"))(r)
                 self.count[kind] += 1
@@ -351,6 +353,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.cluster, self.stop, self.drained = cluster, stop, drained
         self.max_seen = self.max_running = 0
+        self.max_at = 0.0  # when max_seen was first seen
         self.at_max: list[str] = []  # "worker:state" of every running worker at max_seen
 
     def run(self) -> None:
@@ -367,11 +370,24 @@ class Sampler(threading.Thread):
                         if states.get(w.worker) != "draining" and w.worker not in self.drained]
             self.max_running = max(self.max_running, len(running))
             if len(capacity) > self.max_seen:
-                self.max_seen = len(capacity)
+                self.max_seen, self.max_at = len(capacity), time.time()
                 self.at_max = [f"{w.worker}:{self._state(w.worker, states)}" for w in running]
 
     def _state(self, worker: str, states: dict[str, str]) -> str:
         return "drain sent" if worker in self.drained else states.get(worker, "no report")
+
+
+def _ledger_near(r: redis.Redis, when: float, before_s: float = 15.0, after_s: float = 5.0) -> list[str]:
+    """The ledger entries around ``when`` (what the commanders did), oldest first."""
+    out = []
+    for _id, fields in reversed(r.xrevrange(keys.EVENTS, count=500)):
+        try:
+            event = decode(LedgerEvent, fields[b"m"])
+        except (CodecError, KeyError):
+            continue
+        if when - before_s <= event.ts <= when + after_s:
+            out.append(f"{event.ts - when:+.1f}s {event.action} {event.reason[:160]}")
+    return out
 
 
 def latest_states(r: redis.Redis, count: int = 200) -> dict[str, str]:
@@ -413,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         r = redis.Redis.from_url(cluster.url, socket_timeout=30)
         result, answers = chaos_check.check(r, logs)
         epochs_ok, epochs = chaos_check.check_epochs(r)
+        ledger_near_max = _ledger_near(r, sampler.max_at) if sampler.max_seen > POLICY.max_workers else []
         cluster.pids_seen.update(info.pid for info in live_workers(r))
         cluster.stop()  # the workers drain: every handler still open writes its exit
         time.sleep(0.5)
@@ -428,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
                    "fault_errors": faults.errors, "epochs": epochs,
                    "max_live_workers": sampler.max_seen, "max_workers": POLICY.max_workers,
                    "max_running_workers": sampler.max_running, "workers_at_max": sampler.at_max,
+                   "ledger_near_max": ledger_near_max,
+                   "faults_before_max": [f"{kind} {sampler.max_at - t:.1f} s before" for t, kind in
+                                         faults.timeline if 0 <= sampler.max_at - t <= 30],
                    "orphans": len(left), "seconds": seconds, "users": args.users})
     result["invariants_failed"] = chaos_check.failures(result, epochs_ok)
     chaos_check.table(result)

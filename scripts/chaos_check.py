@@ -274,7 +274,8 @@ def failures(res: dict[str, object], epochs_ok: bool) -> list[str]:
     if res["orphans"]:
         fails.append("I6 orphan processes")
     if int(res["max_live_workers"]) > int(res["max_workers"]):  # type: ignore[call-overload]
-        fails.append(f"I6 more live workers than max_workers (double spawn): {res.get('workers_at_max')}")
+        fails.append(f"I6 more live workers than max_workers (double spawn): {res.get('workers_at_max')}; "
+                     f"faults in the 30 s before: {res.get('faults_before_max')}")
     return fails
 
 
