@@ -3,7 +3,7 @@
 Each function sends exactly the commands the worker's loops send (same order, same pipelines,
 one await per round trip), so the data plane's schedule is the same whoever calls them:
 joining the consumer group, registering and deregistering, the blocking read of new
-notifications, the reclaim scan, the renew's touch and heartbeat, housekeeping's trim, and a
+notifications, the reclaim scan, the acks, the renew's touch and heartbeat, housekeeping's trim, and a
 fresh notification (a hand-over).
 """
 
@@ -68,6 +68,19 @@ async def reclaim_idle(r: aioredis.Redis, tier: str, worker_id: str, min_idle_ms
     nxt, claimed, *_deleted = await r.xautoclaim(keys.ready(tier), keys.GROUP, worker_id, min_idle_ms,
                                                  start_id=start_id, count=count)
     return as_str(nxt), cast("list[tuple[bytes, dict[bytes, bytes] | None]]", claimed)
+
+
+async def ack_notifications(scripts: Scripts, tier: str, worker_id: str, nids: Sequence[str]) -> None:
+    """Ack those of ``nids`` still pending under ``worker_id`` (``notification_ack.lua``)."""
+    await scripts.notification_ack(keys=[keys.ready(tier)], args=[keys.GROUP, worker_id, *nids])
+
+
+async def ack_covered(scripts: Scripts, tier: str, worker_id: str, holder_worker: str, user: str,
+                      nids: Sequence[str]) -> int:
+    """Ack ``nids`` if ``holder_worker`` has one of ``user``'s notifications pending
+    (``notification_ack_covered.lua``); negative when it has none and they stay pending."""
+    return int(await scripts.notification_ack_covered(
+        keys=[keys.ready(tier)], args=[keys.GROUP, worker_id, holder_worker, user, *nids]))
 
 
 async def touch_and_beat(r: aioredis.Redis, scripts: Scripts, tier: str, worker_id: str,

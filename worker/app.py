@@ -433,8 +433,7 @@ class Worker:
         """Ack notifications of the tier's ready stream that are still ours: one another worker
         reclaimed meanwhile carries a duty for it now, and stays."""
         if nids:
-            await self.store.scripts.notification_ack(keys=[self._ready_key],
-                                                      args=[keys.GROUP, self.worker_id, *nids])
+            await worker_ops.ack_notifications(self.store.scripts, self.tier, self.worker_id, nids)
 
     async def ack_covered(self, holder: str, user: str, nids: list[str]) -> None:
         """Ack notifications for ``user`` whose turns the lane's ``holder`` ("<worker>|<token>")
@@ -442,10 +441,9 @@ class Worker:
         duty, should it die); else keep them pending: they are reclaimed once idle."""
         if not nids:
             return
-        acked = await self.store.scripts.notification_ack_covered(
-            keys=[self._ready_key],
-            args=[keys.GROUP, self.worker_id, holder.rpartition("|")[0], user, *nids])
-        if int(acked) < 0:
+        acked = await worker_ops.ack_covered(self.store.scripts, self.tier, self.worker_id,
+                                             holder.rpartition("|")[0], user, nids)
+        if acked < 0:
             log.info("lane of %s is held by %s with none of its notifications pending: ours stay "
                      "pending", user, holder)
 
