@@ -1,14 +1,17 @@
 """The streams the commander reads each pass: workers' occupancy reports (``fleet:reports``)
-and the tiers' pressure events (``fleet:{T}:pressure``), with their ids as text."""
+and the tiers' pressure events (``fleet:{T}:pressure``), with their ids as text; and the
+workers' append of their reports."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 import redis
+import redis.asyncio as aioredis
 
 from protocol import keys
-from protocol.codec import as_str
+from protocol.codec import as_str, encode
+from protocol.models import OccupancyReport
 from stores.replies import Row, raw_rows, raw_streams, rows
 
 Rows = list[Row]  # (entry id, fields)
@@ -36,3 +39,8 @@ def wait_pressure(r: redis.Redis, after: Mapping[str, str], count: int, block_ms
     resp = raw_streams(r.xread({keys.pressure(tier): last for tier, last in after.items()}, count=count,
                                block=block_ms))
     return {as_str(stream).split("{", 1)[1].split("}", 1)[0]: rows(entries) for stream, entries in resp}
+
+
+async def post_report_async(r: aioredis.Redis, report: OccupancyReport, maxlen: int) -> None:
+    """Append a worker's occupancy report to ``fleet:reports``, kept to about ``maxlen``."""
+    await r.xadd(keys.REPORTS, {"m": encode(report)}, maxlen=maxlen, approximate=True)

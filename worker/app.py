@@ -22,12 +22,16 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from protocol import keys
-from protocol.codec import CodecError, decode, encode
+from protocol.codec import CodecError, as_str, decode
 from protocol.models import Control, Counters, Slots, WorkerInfo
 from protocol.policy import Policy
+from stores import worker_ops
 from stores.connection import connect_async
+from stores.control import read_control_async
+from stores.deadletters import dead_letter_async
 from stores.policies import PolicyRead, read_policy_async, tier_defined_async
-from stores.replies import raw_streams
+from stores.replies import RawRow
+from stores.reports import post_report_async
 from stores.retry import Backoff, until_ok
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
@@ -39,8 +43,6 @@ from worker.settings import WorkerSettings
 log = logging.getLogger("fleet.worker")
 _BACKOFF = Backoff(base=0.05, cap=2.0)  # the loops' waits: 50 ms doubling to 2 s, full jitter
 REPORTS_MAXLEN = 100_000
-DEAD_MAXLEN = 100_000
-_DEAD_FIELD_BYTES = 2048
 DEREGISTER_S = 5.0  # at most this long to leave the registry on the way out
 DEREGISTER_AWAY_S = 1.0  # ... when the last read found Redis gone (the commander clears it)
 DRAIN_READ_GRACE_S = 0.5  # a drain waits this much past a read's block time before abandoning it
@@ -167,11 +169,7 @@ class Worker:
 
     async def _start(self) -> None:
         await self._refresh_policy()
-        try:  # from 0: turns parked before any worker existed are served
-            await self.r.xgroup_create(self._ready_key, keys.GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        await worker_ops.join_ready_group(self.r, self.tier)
         self._started = time.time()
         await self._register()
 
@@ -179,20 +177,10 @@ class Worker:
         info = WorkerInfo(worker=self.worker_id, tier=self.tier, pid=os.getpid(),
                           host=self.settings.host, started=self._started,
                           handlers=handlers.registered_names())
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hset(keys.WORKERS, self.worker_id, encode(info))
-        pipe.set(keys.heartbeat(self.worker_id), "1", px=self.settings.heartbeat_ttl_ms)
-        await pipe.execute()
+        await worker_ops.register_worker(self.r, info, self.settings.heartbeat_ttl_ms)
 
     async def _deregister(self) -> None:
-        info = await self.r.xpending_range(self._ready_key, keys.GROUP, "-", "+", 1,
-                                           consumername=self.worker_id)
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hdel(keys.WORKERS, self.worker_id)
-        pipe.delete(keys.heartbeat(self.worker_id), keys.control(self.worker_id))
-        if not info:  # deleting a consumer drops its pending entries: only when it has none
-            pipe.xgroup_delconsumer(self._ready_key, keys.GROUP, self.worker_id)
-        await pipe.execute()
+        await worker_ops.deregister_worker(self.r, self.tier, self.worker_id)
 
     async def _finish_jobs(self) -> None:
         while self._tasks:
@@ -248,15 +236,15 @@ class Worker:
                 continue
             for _stream, entries in resp or []:
                 for nid, fields in entries:
-                    self.dispatch(_s(nid), fields, reclaimed=False)
+                    self.dispatch(as_str(nid), fields, reclaimed=False)
 
-    async def _read_ready(self, count: int) -> Any:
+    async def _read_ready(self, count: int) -> list[tuple[bytes, list[RawRow]]] | None:
         """One XREADGROUP. A drain lets it finish within its block time (what it delivers is
         handed back); one still running past that is stuck in the client's reconnect attempts
         (Redis is gone) and is abandoned, so SIGTERM does not wait them out. Anything it may
         have delivered stays pending under this consumer: the commander's sweep hands it on."""
-        read = asyncio.ensure_future(self.r.xreadgroup(keys.GROUP, self.worker_id, {self._ready_key: ">"},
-                                                       count=count, block=self.settings.block_ms))
+        read = asyncio.ensure_future(worker_ops.read_ready(self.r, self.tier, self.worker_id, count,
+                                                           self.settings.block_ms))
         drained = asyncio.ensure_future(self._drained.wait())
         try:
             await asyncio.wait({read, drained}, return_when=asyncio.FIRST_COMPLETED)
@@ -316,16 +304,15 @@ class Worker:
         # from 0-0 every pass would meet the same notifications at the head of the pending
         # list (those of jobs in progress, and reclaimed ones whose lane is busy, which stay)
         # and never reach an idle one further on (issue 8, hole 2). "0-0" back = wrapped.
-        nxt, claimed, *_deleted = await self.r.xautoclaim(
-            self._ready_key, keys.GROUP, self.worker_id, self.settings.reclaim_idle_ms,
+        self._reclaim_from, claimed = await worker_ops.reclaim_idle(
+            self.r, self.tier, self.worker_id, self.settings.reclaim_idle_ms,
             start_id=self._reclaim_from, count=free)
-        self._reclaim_from = _s(nxt)
         for nid, fields in claimed:
             if fields:
-                log.info("reclaimed notification %s (%s)", _s(nid), fields.get(b"user"))
-                self.dispatch(_s(nid), fields, reclaimed=True)
+                log.info("reclaimed notification %s (%s)", as_str(nid), fields.get(b"user"))
+                self.dispatch(as_str(nid), fields, reclaimed=True)
             else:  # trimmed away under its consumer: nothing left to do
-                await self.ack([_s(nid)])
+                await self.ack([as_str(nid)])
 
     async def _renew(self) -> None:
         """Extend our lanes and keep their notifications ours; beat the heartbeat."""
@@ -346,14 +333,10 @@ class Worker:
             else:
                 log.warning("lane of %s expired under us: stopping the turn in progress", job.user)
                 job.lane_lost()
-        async with self.r.pipeline(transaction=False) as pipe:  # (a failed script load left
-            # the pipeline holding its connection: the context gives it back)
-            if nids:  # touching resets their idle time, so no one reclaims a live holder's:
-                # only the ones still pending under us (one another worker reclaimed is its duty)
-                await self.store.scripts.notification_touch(
-                    keys=[self._ready_key], args=[keys.GROUP, self.worker_id, *nids], client=pipe)
-            pipe.set(keys.heartbeat(self.worker_id), "1", px=self.settings.heartbeat_ttl_ms)
-            await pipe.execute()
+        # touching resets their idle time, so no one reclaims a live holder's: only the ones
+        # still pending under us (one another worker reclaimed is its duty)
+        await worker_ops.touch_and_beat(self.r, self.store.scripts, self.tier, self.worker_id, nids,
+                                        self.settings.heartbeat_ttl_ms)
 
     async def _refresh_policy(self) -> None:
         """Apply the tier's policy. One naming a handler this worker cannot load is rejected here
@@ -392,17 +375,7 @@ class Worker:
 
     async def _housekeeping(self) -> None:
         """Trim the ready stream below what is pending or undelivered; forget stale users."""
-        groups = await self.r.xinfo_groups(self._ready_key)
-        group = next((g for g in groups if _s(g["name"]) == keys.GROUP), None)
-        if group is None:
-            return
-        summary = await self.r.xpending(self._ready_key, keys.GROUP)
-        floor = _s(summary["min"]) if summary["pending"] else _next_id(_s(group["last-delivered-id"]))
-        pipe = self.r.pipeline(transaction=False)
-        pipe.xtrim(self._ready_key, minid=floor, approximate=True)
-        horizon = time.time() - 10 * self.policy.active_window_s
-        pipe.zremrangebyscore(keys.active(self.tier), "-inf", horizon)
-        await pipe.execute()
+        await worker_ops.trim_ready(self.r, self.tier, 10 * self.policy.active_window_s)
 
     async def _report_loop(self) -> None:
         failures = 0
@@ -427,15 +400,13 @@ class Worker:
             slots=Slots(busy=busy, total=self.policy.concurrency,
                         queue_depth=len(self.jobs) - busy),
             counters=self._counters_now(), interval=self.policy.report_interval_s)
-        await self.r.xadd(keys.REPORTS, {"m": encode(report)}, maxlen=REPORTS_MAXLEN,
-                          approximate=True)
+        await post_report_async(self.r, report, REPORTS_MAXLEN)
 
     async def _control_loop(self) -> None:
         last, failures = "0-0", 0
-        key = keys.control(self.worker_id)
         while not self._stopping.is_set():
             try:
-                resp = raw_streams(await self.r.xread({key: last}, count=10, block=1000))
+                rows = await read_control_async(self.r, self.worker_id, last, count=10, block_ms=1000)
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -444,10 +415,9 @@ class Worker:
                 log.warning("reading control stream failed (%s)", exc)
                 await self._pause(_BACKOFF.compute(failures))
                 continue
-            for _stream, entries in resp or []:
-                for cid, fields in entries:
-                    last = _s(cid)
-                    self._on_control(fields)
+            for cid, fields in rows:
+                last = as_str(cid)
+                self._on_control(fields)
 
     def _on_control(self, fields: Fields) -> None:
         try:
@@ -463,8 +433,7 @@ class Worker:
         """Ack notifications of the tier's ready stream that are still ours: one another worker
         reclaimed meanwhile carries a duty for it now, and stays."""
         if nids:
-            await self.store.scripts.notification_ack(keys=[self._ready_key],
-                                                      args=[keys.GROUP, self.worker_id, *nids])
+            await worker_ops.ack_notifications(self.store.scripts, self.tier, self.worker_id, nids)
 
     async def ack_covered(self, holder: str, user: str, nids: list[str]) -> None:
         """Ack notifications for ``user`` whose turns the lane's ``holder`` ("<worker>|<token>")
@@ -472,10 +441,9 @@ class Worker:
         duty, should it die); else keep them pending: they are reclaimed once idle."""
         if not nids:
             return
-        acked = await self.store.scripts.notification_ack_covered(
-            keys=[self._ready_key],
-            args=[keys.GROUP, self.worker_id, holder.rpartition("|")[0], user, *nids])
-        if int(acked) < 0:
+        acked = await worker_ops.ack_covered(self.store.scripts, self.tier, self.worker_id,
+                                             holder.rpartition("|")[0], user, nids)
+        if acked < 0:
             log.info("lane of %s is held by %s with none of its notifications pending: ours stay "
                      "pending", user, holder)
 
@@ -485,7 +453,7 @@ class Worker:
 
     async def notify(self, user: str, tier: str) -> None:
         """Post a fresh notification for ``user`` on ``tier``'s ready stream (a hand-over)."""
-        await self.r.xadd(keys.ready(tier), {"user": user})
+        await worker_ops.notify_ready(self.r, tier, user)
 
     def _counters_now(self) -> Counters:
         """The counters with the handler time of turns still running: slot-seconds up to now.
@@ -526,12 +494,8 @@ class Worker:
 
     async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str, fields: Fields) -> None:
         """Record a turn that could not be served, with the reason, on the tier's dead letters."""
-        payload = {_s(k)[:64]: v[:_DEAD_FIELD_BYTES].decode(errors="replace") for k, v in fields.items()}
-        await self.r.xadd(keys.dead(self.tier), {
-            "user": user, "entry": entry, "turn_id": turn_id, "reason": reason,
-            "worker": self.worker_id, "ts": f"{time.time():.3f}",
-            "size": str(sum(len(k) + len(v) for k, v in fields.items())),
-            "payload": json.dumps(payload)[: 4 * _DEAD_FIELD_BYTES]}, maxlen=DEAD_MAXLEN, approximate=True)
+        await dead_letter_async(self.r, self.tier, user=user, entry=entry, turn_id=turn_id, reason=reason,
+                                worker=self.worker_id, fields=fields)
         log.warning("dead-lettered turn %s of %s: %s", turn_id, user, reason)
 
     async def _hand_back(self, nid: str, user: str) -> None:
@@ -558,15 +522,6 @@ def _dump_tasks() -> None:
         buf = io.StringIO()
         task.print_stack(limit=8, file=buf)
         log.warning("task %s:\n%s", task.get_name(), buf.getvalue())
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _next_id(stream_id: str) -> str:
-    ms, _, seq = stream_id.partition("-")
-    return f"{ms}-{int(seq or 0) + 1}"
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:
