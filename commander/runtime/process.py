@@ -18,52 +18,45 @@ which checks the creation time so a reused pid is never mistaken for (or killed 
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import logging
 import os
 import secrets
 import signal
 import socket
-import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from functools import partial
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-import psutil
 import redis
 
+from commander.runtime.adoption import Adoption, _Tracked
 from commander.runtime.base import Handles, Runtime, UnknownWorker, WorkerHandle, WorkerIds, WorkerState
 from commander.runtime.procs import (
     SpawnError,
     child_env,
     leads_group,
-    looks_like_worker,
     poll_foreign,
     process_of,
-    same_process,
     start_fresh,
     worker_command,
 )
 from commander.runtime.template import TemplateSpawner
 from protocol.ids import validate_tier, validate_token
-from protocol.models import Control, WorkerInfo
+from protocol.models import Control
 from protocol.policy import Policy, PolicyError, parse_policy
 from stores.connection import connect_sync, resolve_url
 from stores.control import send_control
 from stores.policies import read_good_policy
-from stores.records import drop_record, read_records, write_record
-from stores.registry import forget_workers, heartbeat_alive, read_entries, registered_and_beating
+from stores.records import write_record
+from stores.registry import registered_and_beating
 
 log = logging.getLogger(__name__)
 
 CommandBuilder = Callable[[str, str], Sequence[str]]  # (tier, worker id) -> argv
 SpawnMode = Literal["fork", "exec"]
-# (worker id, tier, pid, started, identity check, from a run record?)
-_Candidate = tuple[str, str, int, float, Callable[[int], "psutil.Process | None"], bool]
 KILL_WAIT_S = 5.0  # how long stop_all waits for a SIGKILLed process to vanish
 EXIT_REPORT_WAIT_S = 0.2  # how long to wait for the template's report of a forked worker's exit
 CONTROL_MAXLEN = 64
@@ -76,16 +69,7 @@ def new_worker_id(tier: str) -> str:
     return validate_token(f"{validate_tier(tier)}-{secrets.token_hex(4)}", "worker id")
 
 
-@dataclass
-class _Tracked:
-    handle: WorkerHandle
-    proc: psutil.Process | None  # None when it died before we could look at it
-    popen: subprocess.Popen[bytes] | None = None  # only for our own children
-    start_mono: float = 0.0
-    template: TemplateSpawner | None = None  # the template that forked it (reports its exit)
-
-
-class ProcessRuntime(Runtime):
+class ProcessRuntime(Adoption, Runtime):
     """Local worker processes. Not thread-safe: one loop owns it."""
 
     name = "process"
@@ -315,61 +299,6 @@ class ProcessRuntime(Runtime):
         tracked.handle.killed = True
         self._signal(tracked, signal.SIGKILL)
 
-    # --- adopt ---------------------------------------------------------------------------
-    def adopt(self) -> Handles:
-        """Track live local workers from run records and the registry; drop dead records."""
-        adopted = []
-        for worker_id, tier, pid, started, check, from_record in self._candidates():
-            if worker_id in self._workers:
-                continue
-            proc = check(pid)
-            if proc is None:
-                self._forget_stale(worker_id, certain=from_record)
-                continue
-            handle = WorkerHandle(worker_id, tier, pid, WorkerState.STARTING, started, adopted=True)
-            self._workers[worker_id] = _Tracked(handle, proc, None, time.monotonic())
-            write_record(self.run_dir, handle, proc)
-            adopted.append(handle)
-            log.info("adopted worker %s (tier %s, pid %d)", worker_id, tier, pid)
-        self._note_registrations()
-        self._clean_registry()
-        return [replace(h) for h in adopted]
-
-    def _candidates(self) -> Iterable[_Candidate]:
-        seen = set()
-        for rec in read_records(self.run_dir):
-            seen.add(rec["worker"])
-            yield (rec["worker"], rec["tier"], rec["pid"], rec["started"],
-                   partial(same_process, create_time=rec.get("create_time")), True)
-        for info in self._registry():
-            if info.worker not in seen and info.host == self.host and info.runtime == self.name:
-                yield (info.worker, info.tier, info.pid, info.started,
-                       partial(looks_like_worker, worker_id=info.worker, started=info.started),
-                       False)
-
-    def _registry(self) -> builtins.list[WorkerInfo]:  # `list` is a method here
-        try:
-            infos, unreadable = read_entries(self.r)
-        except redis.RedisError as exc:
-            log.warning("registry not readable, adopting from run records only: %s", exc)
-            return []
-        for worker_id in unreadable:
-            log.warning("registry entry %r does not decode", worker_id)
-        return infos
-
-    def _forget_stale(self, worker_id: str, certain: bool) -> None:
-        """A local worker whose process is gone: drop its record and registry entry.
-
-        A registry entry alone is removed only once its heartbeat has expired too: the same
-        host name may be shared with another pid namespace (a container on the host network).
-        """
-        drop_record(self.run_dir, worker_id)
-        try:
-            if certain or not heartbeat_alive(self.r, worker_id):
-                self._unclean.add(worker_id)
-        except redis.RedisError:
-            pass
-
     # --- stop ----------------------------------------------------------------------------
     def stop_all(self, timeout: float | None = None) -> Handles:
         """Drain every worker (control stream and SIGTERM), wait, SIGKILL the rest.
@@ -413,20 +342,3 @@ class ProcessRuntime(Runtime):
                     log.error("still alive %.0fs after SIGKILL: %s", KILL_WAIT_S, ids)
                     return
             time.sleep(0.05)
-
-    # --- bookkeeping ---------------------------------------------------------------------
-    def _forget(self, handle: WorkerHandle) -> None:
-        drop_record(self.run_dir, handle.worker_id)
-        self._unclean.add(handle.worker_id)
-
-    def _clean_registry(self) -> None:
-        """Remove what a killed worker could not: registry entry, heartbeat, control stream."""
-        if not self._unclean:
-            return
-        ids = sorted(self._unclean)
-        try:
-            forget_workers(self.r, ids)
-        except redis.RedisError as exc:
-            log.debug("registry cleanup of %d workers postponed: %s", len(ids), exc)
-            return
-        self._unclean.clear()

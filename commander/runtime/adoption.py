@@ -1,0 +1,129 @@
+"""The ``process`` runtime's adoption and bookkeeping (a mixin of ``ProcessRuntime``).
+
+``adopt`` tracks the live local workers a previous commander left: from the run records under
+``run_dir`` (pid + creation time) and from the registry (this host and runtime, command line
+checked); a worker whose process is gone loses its record, and its registry entry once it is
+certainly dead. ``_clean_registry`` removes what a killed worker could not.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import psutil
+import redis
+
+from commander.runtime.base import Handles, WorkerHandle, WorkerState
+from commander.runtime.procs import looks_like_worker, same_process
+from commander.runtime.template import TemplateSpawner
+from protocol.models import WorkerInfo
+from stores.records import drop_record, read_records, write_record
+from stores.registry import forget_workers, heartbeat_alive, read_entries
+
+log = logging.getLogger("commander.runtime.process")  # the runtime's logger, as before the split
+
+
+# (worker id, tier, pid, started, identity check, from a run record?)
+_Candidate = tuple[str, str, int, float, Callable[[int], "psutil.Process | None"], bool]
+
+
+@dataclass
+class _Tracked:
+    handle: WorkerHandle
+    proc: psutil.Process | None  # None when it died before we could look at it
+    popen: subprocess.Popen[bytes] | None = None  # only for our own children
+    start_mono: float = 0.0
+    template: TemplateSpawner | None = None  # the template that forked it (reports its exit)
+
+
+class Adoption:
+    """Adoption and registry bookkeeping for ``ProcessRuntime``, which provides the state below."""
+
+    name: str
+    host: str
+    run_dir: Path
+    r: redis.Redis
+    _workers: dict[str, _Tracked]
+    _unclean: set[str]
+
+    def _note_registrations(self) -> bool:
+        raise NotImplementedError  # ProcessRuntime's
+
+    # --- adopt ---------------------------------------------------------------------------
+    def adopt(self) -> Handles:
+        """Track live local workers from run records and the registry; drop dead records."""
+        adopted = []
+        for worker_id, tier, pid, started, check, from_record in self._candidates():
+            if worker_id in self._workers:
+                continue
+            proc = check(pid)
+            if proc is None:
+                self._forget_stale(worker_id, certain=from_record)
+                continue
+            handle = WorkerHandle(worker_id, tier, pid, WorkerState.STARTING, started, adopted=True)
+            self._workers[worker_id] = _Tracked(handle, proc, None, time.monotonic())
+            write_record(self.run_dir, handle, proc)
+            adopted.append(handle)
+            log.info("adopted worker %s (tier %s, pid %d)", worker_id, tier, pid)
+        self._note_registrations()
+        self._clean_registry()
+        return [replace(h) for h in adopted]
+
+    def _candidates(self) -> Iterable[_Candidate]:
+        seen = set()
+        for rec in read_records(self.run_dir):
+            seen.add(rec["worker"])
+            yield (rec["worker"], rec["tier"], rec["pid"], rec["started"],
+                   partial(same_process, create_time=rec.get("create_time")), True)
+        for info in self._registry():
+            if info.worker not in seen and info.host == self.host and info.runtime == self.name:
+                yield (info.worker, info.tier, info.pid, info.started,
+                       partial(looks_like_worker, worker_id=info.worker, started=info.started),
+                       False)
+
+    def _registry(self) -> builtins.list[WorkerInfo]:  # `list` is a method here
+        try:
+            infos, unreadable = read_entries(self.r)
+        except redis.RedisError as exc:
+            log.warning("registry not readable, adopting from run records only: %s", exc)
+            return []
+        for worker_id in unreadable:
+            log.warning("registry entry %r does not decode", worker_id)
+        return infos
+
+    def _forget_stale(self, worker_id: str, certain: bool) -> None:
+        """A local worker whose process is gone: drop its record and registry entry.
+
+        A registry entry alone is removed only once its heartbeat has expired too: the same
+        host name may be shared with another pid namespace (a container on the host network).
+        """
+        drop_record(self.run_dir, worker_id)
+        try:
+            if certain or not heartbeat_alive(self.r, worker_id):
+                self._unclean.add(worker_id)
+        except redis.RedisError:
+            pass
+
+    # --- bookkeeping ---------------------------------------------------------------------
+    def _forget(self, handle: WorkerHandle) -> None:
+        drop_record(self.run_dir, handle.worker_id)
+        self._unclean.add(handle.worker_id)
+
+    def _clean_registry(self) -> None:
+        """Remove what a killed worker could not: registry entry, heartbeat, control stream."""
+        if not self._unclean:
+            return
+        ids = sorted(self._unclean)
+        try:
+            forget_workers(self.r, ids)
+        except redis.RedisError as exc:
+            log.debug("registry cleanup of %d workers postponed: %s", len(ids), exc)
+            return
+        self._unclean.clear()

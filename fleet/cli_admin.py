@@ -1,0 +1,167 @@
+"""``fleet policy`` (get, set, edit), ``fleet status`` and ``fleet dead-letters``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import redis
+
+from fleet.cli_base import EXIT_USAGE, CliError, _client, _handlers, _print
+from protocol import keys
+from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
+from stores.policies import has_policy_key, read_policy, write_policy
+
+
+# --- policy ---------------------------------------------------------------------------
+def _defaults_line() -> str:
+    p = Policy()
+    return (f"handler={p.handler}, concurrency={p.concurrency}, min_workers={p.min_workers}, "
+            f"max_workers={p.max_workers}")
+
+
+def cmd_policy_get(args: argparse.Namespace) -> int:
+    r = _client(args)
+    if not has_policy_key(r, args.tier):  # checked first: reading would record a verdict
+        raise CliError(f"tier {args.tier!r} has no policy (defaults would apply: {_defaults_line()}; "
+                       f"`fleet policy set {args.tier} key=value ...` creates it)")
+    from fleet.status import policy_verdict
+
+    read = read_policy(r, args.tier, _handlers())
+    error, by = policy_verdict(r, args.tier, read.error)
+    data = {"tier": args.tier, "source": read.source, "rejected": error, "rejected_by": by,
+            "policy": read.policy.model_dump(mode="json")}
+
+    def text(_: Any) -> str:
+        lines = [f"tier {args.tier} (policy from {read.source})"]
+        if error:
+            lines.append(f"REJECTED edit of {keys.policy(args.tier)}{f' by {by}' if by else ''}: "
+                         f"{error}; running the last good one")
+        lines += [f"  {k} = {json.dumps(v)}" for k, v in data["policy"].items()]
+        return "\n".join(lines)
+
+    _print(data, args.json, text)
+    return 0
+
+
+def cmd_policy_set(args: argparse.Namespace) -> int:
+    r = _client(args)
+    try:
+        changes = parse_assignments(args.assignments)
+        current = read_policy(r, args.tier, _handlers()).policy
+        policy = updated(current, changes, _handlers())
+    except PolicyError as exc:
+        raise CliError(f"policy not changed: {exc}", EXIT_USAGE) from None
+    write_policy(r, args.tier, policy)
+    _print(policy.model_dump(mode="json"), args.json,
+           lambda _: f"tier {args.tier}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in changes.items()))
+    _warn_if_no_worker_has(r, args.tier, policy.handler)
+    return 0
+
+
+def _warn_if_no_worker_has(r: redis.Redis, tier: str, handler: str) -> None:
+    """The handler check that matters is the workers': say so when none of the tier's live
+    workers lists ``handler`` (they keep their last good policy until one does)."""
+    from stores.registry import read_registry
+
+    live = [w for w in read_registry(r).live(tier) if w.handlers]
+    if live and not any(handler in w.handlers for w in live):
+        have = sorted({h for w in live for h in w.handlers})
+        print(f"warning: no live worker of tier {tier} has handler {handler!r} (they have: "
+              f"{', '.join(have)}): they keep running their last good policy until it is "
+              f"installed where they run; see README, 'Your own handler'", file=sys.stderr)
+
+
+def cmd_policy_edit(args: argparse.Namespace) -> int:
+    r = _client(args)
+    current = read_policy(r, args.tier, _handlers()).policy
+    with tempfile.NamedTemporaryFile("w+", suffix=".json", delete=False) as f:
+        f.write(json.dumps(current.model_dump(mode="json"), indent=2) + "\n")
+        path = f.name
+    try:
+        subprocess.run([os.environ.get("EDITOR", "vi"), path], check=True)
+        with open(path) as f:
+            policy = parse_policy(f.read(), _handlers())
+    except PolicyError as exc:
+        raise CliError(f"policy not changed: {exc}", EXIT_USAGE) from None
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise CliError(f"editor failed: {exc}") from None
+    finally:
+        os.unlink(path)
+    write_policy(r, args.tier, policy)
+    print(f"tier {args.tier}: policy saved")
+    _warn_if_no_worker_has(r, args.tier, policy.handler)
+    return 0
+
+
+# --- status / dead letters / worker ---------------------------------------------------
+def cmd_status(args: argparse.Namespace) -> int:
+    from fleet.status import snapshot
+
+    snap = snapshot(_client(args), _handlers())
+    _print(snap, args.json, _status_text)
+    return 0
+
+
+def _status_text(snap: dict[str, Any]) -> str:
+    lines = [_commander_line(snap), ""]
+    lines += [f"{'TIER':<12}{'WORKERS':>8}{'MIN':>5}{'MAX':>5}{'BACKLOG':>9}{'PENDING':>9}"
+             f"{'ACTIVE':>8}{'DEAD':>6}  POLICY"]
+    for tier, t in snap["tiers"].items():
+        by = f" by {t['policy_rejected_by']}" if t.get("policy_rejected_by") else ""
+        policy = t["policy_source"] + (f" (REJECTED{by}: {t['policy_error']})" if t["policy_error"] else "")
+        lines.append(f"{tier:<12}{t['workers_alive']:>8}{t['min_workers']:>5}{t['max_workers']:>5}"
+                     f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}"
+                     f"  {policy}")
+    lines.append("")
+    lines.append(f"{'WORKER':<24}{'TIER':<10}{'PID':>8}  {'HOST':<16}{'AGE':>8}  STATE")
+    for w in sorted(snap["workers"], key=lambda w: (w["tier"], w["worker"])):
+        state = "alive" if w["alive"] else "no heartbeat"
+        lines.append(f"{w['worker']:<24}{w['tier']:<10}{w['pid']:>8}  {w['host'][:15]:<16}"
+                     f"{w['age_s']:>7.0f}s  {state}")
+    if snap.get("events"):
+        lines += ["", "LAST EVENTS"]
+        lines += [f"  {_event_line(e)}" for e in snap["events"]]
+    return "\n".join(lines)
+
+
+def _commander_line(snap: dict[str, Any]) -> str:
+    leader, _, epoch = (snap.get("leader") or "").partition("|")
+    head = f"commander: {leader} leads (epoch {epoch})" if leader else "commander: none leads"
+    url = next((c.get("metrics_url") for c in snap.get("commanders", [])
+                if c.get("commander") == leader and c.get("metrics_url")), None)
+    head += f", metrics {url}" if url else ""
+    others = [f"{c.get('commander')} {c.get('role')}" if c.get("alive") else
+              f"{c.get('commander')} gone (last seen {_ago(c.get('seen_ago_s'))})"
+              for c in snap.get("commanders", []) if c.get("commander") != leader]
+    return head + (f"; {', '.join(others)}" if others else "")
+
+
+def _ago(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.0f} s ago"
+
+
+def _event_line(e: dict[str, Any]) -> str:
+    if "error" in e and "action" not in e:
+        return f"{e.get('id', '?')}  unreadable: {e['error']}"
+    from fleet.events import counts
+
+    action = e.get("action", "?")
+    return (f"{e.get('tier', '?')}  {action}  {counts(action, e.get('from_count'), e.get('to_count'))}"
+            f"  {e.get('reason', '')}"
+            f"  (epoch {e.get('epoch', '?')})")
+
+
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    from fleet.status import dead_letters
+
+    rows = dead_letters(_client(args), args.tier, args.count)
+    _print(rows, args.json, lambda rows: "\n".join(
+        f"{d['id']}  user={d.get('user', '')!r} turn={d.get('turn_id', '')}  {d.get('reason', '')}"
+        for d in rows) or "no dead letters")
+    return 0

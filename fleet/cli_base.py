@@ -1,0 +1,115 @@
+"""The ``fleet`` command's common parts: the one-line error and exit codes, the parser class,
+the Redis client, output, and the argparse types shared by the commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import redis
+
+from stores.connection import connect_sync, redact_url, resolve_url
+
+EXIT_ERROR_REPLY = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 3
+
+
+class CliError(Exception):
+    """A failure to report in one line, with its exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """One-line errors. ``load``: a function that adds the options (and texts) on first use, so a
+    subcommand's module is imported only when that subcommand is parsed or shows its help."""
+
+    def __init__(self, *args: Any, load: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._load = load
+
+    def _loaded(self) -> None:
+        if self._load is not None:
+            load, self._load = self._load, None
+            load(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._loaded()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._loaded()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._loaded()
+        return super().format_help()
+
+    def error(self, message: str) -> NoReturn:  # one line, not the usage block
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
+
+
+def _handlers() -> list[str]:
+    from worker.handlers import registered_names
+
+    return registered_names()
+
+
+def _client(args: argparse.Namespace) -> redis.Redis:
+    try:
+        r = connect_sync(getattr(args, "redis_url", None), retries=2)
+    except ValueError as exc:  # a URL redis-py cannot parse (main checks --redis-url and $REDIS_URL)
+        raise CliError(f"bad Redis URL: {exc}", EXIT_USAGE) from None
+    try:
+        r.ping()
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        url = resolve_url(getattr(args, "redis_url", None))
+        raise CliError(f"cannot reach Redis at {redact_url(url)}: {exc} (is the fleet up? `fleet up`)"
+                       ) from None
+    return r
+
+
+def _print(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
+    print(json.dumps(data, indent=2, default=str) if as_json else text(data))
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what} is not JSON: {exc}", EXIT_USAGE) from None
+    if not isinstance(value, dict):
+        raise CliError(f"{what} must be a JSON object, got {text[:40]!r}", EXIT_USAGE)
+    return value
+
+
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _seconds(minimum: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds, at least ``minimum``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not value >= minimum:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g} seconds, got {text}")
+        return value
+    return parse
