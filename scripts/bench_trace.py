@@ -45,8 +45,20 @@ from sim.scaling.replay import ReplayResult, replay
 from sim.scaling.simulate import SimConfig, SimResult, quantile, simulate
 from sim.scaling.trace import TraceModel, TraceTurn, assign_users, read_trace, speed_up, window
 
-# beside the repository: <repo>/../shared/traces (not in git; --trace or $FLEET_TRACE elsewhere)
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_conv_2023.csv"
+TRACE_NAME = Path("shared") / "traces" / "azure_llm_conv_2023.csv"
+
+
+def default_trace(root: Path = ROOT) -> Path:
+    """The trace beside the repository, <repo>/../shared/traces (not in git), else in the
+    nearest folder above that has shared/traces (a clone a level deeper, as CI may make);
+    --trace or $FLEET_TRACE anywhere else."""
+    for folder in root.parents:
+        if (folder / TRACE_NAME).is_file():
+            return folder / TRACE_NAME
+    return root.parent / TRACE_NAME
+
+
+DEFAULT_TRACE = default_trace()
 SPAWN_DELAY = {"fork": 0.1, "exec": 0.35}
 COLUMNS = [("policy", "policy"), ("p50_wait_s", "p50 wait s"), ("p99_wait_s", "p99 wait s"),
            ("max_wait_s", "max wait s"), ("slo_violations", "waits > SLO"),
@@ -59,8 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineParser(prog="scripts/bench_trace", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, default=Path(os.environ.get("FLEET_TRACE", DEFAULT_TRACE)),
-                   help="the Azure LLM conversation trace CSV (default: $FLEET_TRACE, else "
-                        "<repo>/../shared/traces/azure_llm_conv_2023.csv)")
+                   help="the Azure LLM conversation trace CSV (default: $FLEET_TRACE, else the nearest "
+                        "shared/traces/azure_llm_conv_2023.csv above the repository)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "bench-out")
     p.add_argument("--quick", action="store_true",
                    help="compare on the first 10 minutes; validate on 60 trace seconds")

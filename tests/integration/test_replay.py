@@ -69,3 +69,20 @@ def test_bench_trace_quick(tmp_path):
     assert (out / "trace.md").read_text().count("| fleet") >= 2
     assert (out / "trace-comparison.png").stat().st_size > 0
     assert (out / "trace-validation.png").stat().st_size > 0
+
+
+def test_the_default_trace_is_found_beside_the_repository_or_above_it(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_trace
+
+    repo = tmp_path / "ci" / "clone" / "repo"
+    repo.mkdir(parents=True)
+    assert bench_trace.default_trace(repo) == repo.parent / "shared" / "traces" / "azure_llm_conv_2023.csv"
+    trace = tmp_path / "shared" / "traces" / "azure_llm_conv_2023.csv"  # two levels up
+    trace.parent.mkdir(parents=True)
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    assert bench_trace.default_trace(repo) == trace
+    beside = repo.parent / "shared" / "traces" / "azure_llm_conv_2023.csv"  # the nearest wins
+    beside.parent.mkdir(parents=True)
+    beside.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    assert bench_trace.default_trace(repo) == beside
