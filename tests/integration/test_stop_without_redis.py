@@ -20,6 +20,8 @@ import pytest
 import redis
 
 from protocol import keys
+from protocol.codec import decode
+from protocol.models import OccupancyReport
 from tests.conftest import RedisServer, free_port
 from tests.integration.conftest import wait_until
 
@@ -33,6 +35,14 @@ def _drain(proc: subprocess.Popen[str]) -> str:
         return proc.stderr.read()
 
 
+def _reported_ready(r: redis.Redis, worker: str) -> bool:
+    for _id, fields in r.xrevrange(keys.REPORTS, count=20):
+        report = decode(OccupancyReport, fields[b"m"])
+        if report.worker == worker and report.state == "ready":
+            return True
+    return False
+
+
 def test_a_serving_worker_whose_redis_is_gone_stops_promptly_on_sigterm(tmp_path: Path, fleet_env) -> None:
     server = RedisServer(port=free_port(), workdir=tmp_path)
     server.start()
@@ -41,7 +51,9 @@ def test_a_serving_worker_whose_redis_is_gone_stops_promptly_on_sigterm(tmp_path
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         r = redis.Redis.from_url(server.url)
-        wait_until(lambda: r.exists(keys.heartbeat("chat-w1")), 20, "the worker serving")
+        # serving = its first "ready" report (the heartbeat alone is set inside the start,
+        # whose reply the kill below can still cut: the worker would be starting, not serving)
+        wait_until(lambda: _reported_ready(r, "chat-w1"), 20, "the worker serving")
         r.close()
         server.stop(sig_kill=True)
         time.sleep(1.5)  # it notices: its reads fail and it is reconnecting
