@@ -8,47 +8,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import json
 import logging
 import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode
-from protocol.models import Control, Counters, Slots, WorkerInfo
+from protocol.models import Control, Counters, WorkerInfo
 from protocol.policy import Policy
 from stores import worker_ops
 from stores.connection import connect_async
 from stores.control import read_control_async
-from stores.deadletters import dead_letter_async
-from stores.policies import PolicyRead, read_policy_async, tier_defined_async
+from stores.policies import PolicyRead, read_policy_async
 from stores.replies import RawRow
-from stores.reports import post_report_async
-from stores.retry import Backoff, until_ok
+from stores.retry import until_ok
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
+from worker.aio import Abandoned, dump_tasks, unless_stuck
 from worker.intake import Fields
 from worker.job import UserJob, notification_user
 from worker.sensor import Sensor
+from worker.services import BACKOFF, JobServices
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("fleet.worker")
-_BACKOFF = Backoff(base=0.05, cap=2.0)  # the loops' waits: 50 ms doubling to 2 s, full jitter
-REPORTS_MAXLEN = 100_000
 DEREGISTER_S = 5.0  # at most this long to leave the registry on the way out
 DEREGISTER_AWAY_S = 1.0  # ... when the last read found Redis gone (the commander clears it)
 DRAIN_READ_GRACE_S = 0.5  # a drain waits this much past a read's block time before abandoning it
 
 
-class Worker:
+class Worker(JobServices):
     """One worker process of one tier."""
 
     def __init__(self, settings: WorkerSettings, r: aioredis.Redis | None = None) -> None:
@@ -89,7 +84,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.drain, sig.name)
-        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)  # `kill -USR1 <pid>`: what is it waiting on
+        loop.add_signal_handler(signal.SIGUSR1, dump_tasks)  # `kill -USR1 <pid>`: what is it waiting on
         if not await self._start_unless_drained():
             await self._close()
             log.info("worker %s stopped before it started serving", self.worker_id)
@@ -161,12 +156,6 @@ class Worker:
         if pending:
             log.warning("%d background loops did not stop in time; exiting anyway", len(pending))
 
-    async def _pause(self, seconds: float) -> None:
-        """Sleep, waking early when the worker stops."""
-        with contextlib.suppress(TimeoutError):  # (not wait_for: it can drop a cancellation, gh-86296)
-            async with asyncio.timeout(seconds):
-                await self._stopping.wait()
-
     async def _start(self) -> None:
         await self._refresh_policy()
         await worker_ops.join_ready_group(self.r, self.tier)
@@ -189,13 +178,8 @@ class Worker:
     # --- the loops -------------------------------------------------------------------
     async def _until_ok(self, what: str, fn: Callable[[], Awaitable[None]], attempts: int = 0,
                         unless: asyncio.Event | None = None) -> None:
-        """Call ``fn`` until it succeeds, backing off; give up after ``attempts`` failures, or at
-        the first failure once ``unless`` is set. That event, not the task's cancellation alone,
-        is what ends a start on SIGTERM: redis-py waits on its sends with ``asyncio.wait_for``,
-        and on Python 3.11 a cancellation that lands in the step the send ends is dropped
-        (CPython gh-86296), so the call fails as if Redis were away and the loop would go on
-        (issue 8, seed 32878)."""
-        await until_ok(what, fn, backoff=_BACKOFF, log=log, attempts=attempts, unless=unless)
+        """``stores.retry.until_ok`` with the worker's backoff and logger."""
+        await until_ok(what, fn, backoff=BACKOFF, log=log, attempts=attempts, unless=unless)
 
     async def _every(self, what: str, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
         failures = 0
@@ -209,7 +193,7 @@ class Worker:
             except Exception as exc:  # a loop never dies: log, back off, go on
                 failures += 1
                 log.warning("%s pass failed (%s: %s)", what, type(exc).__name__, exc)
-                await self._pause(max(interval, _BACKOFF.compute(failures)))
+                await self._pause(max(interval, BACKOFF.compute(failures)))
 
     async def _pull_loop(self) -> None:
         failures = 0
@@ -232,7 +216,7 @@ class Worker:
                 failures += 1
                 self._redis_away = True
                 log.warning("reading %s failed (%s); retrying", self._ready_key, exc)
-                await asyncio.sleep(_BACKOFF.compute(failures))
+                await asyncio.sleep(BACKOFF.compute(failures))
                 continue
             for _stream, entries in resp or []:
                 for nid, fields in entries:
@@ -243,38 +227,28 @@ class Worker:
         handed back); one still running past that is stuck in the client's reconnect attempts
         (Redis is gone) and is abandoned, so SIGTERM does not wait them out. Anything it may
         have delivered stays pending under this consumer: the commander's sweep hands it on."""
-        read = asyncio.ensure_future(worker_ops.read_ready(self.r, self.tier, self.worker_id, count,
-                                                           self.settings.block_ms))
-        drained = asyncio.ensure_future(self._drained.wait())
+        read = worker_ops.read_ready(self.r, self.tier, self.worker_id, count, self.settings.block_ms)
         try:
-            await asyncio.wait({read, drained}, return_when=asyncio.FIRST_COMPLETED)
-            if not read.done():
-                await asyncio.wait({read}, timeout=self.settings.block_ms / 1000 + DRAIN_READ_GRACE_S)
-            if not read.done():
-                read.cancel()  # (bounded: the cancellation may be dropped, see _until_ok)
-                self._redis_away = True
-                await asyncio.wait({read}, timeout=DRAIN_READ_GRACE_S)
-                read.add_done_callback(_retrieved)  # whatever it ends with is no news now
-                log.warning("reading %s abandoned on drain: Redis is not answering", self._ready_key)
-                return None
-            self._redis_away = False
-            return read.result()
-        finally:
-            drained.cancel()
-            if not read.done():  # we are being cancelled: the read goes with us
-                read.cancel()
+            rows = await unless_stuck(read, self._drained, self.settings.block_ms / 1000 + DRAIN_READ_GRACE_S,
+                                      DRAIN_READ_GRACE_S)
+        except Abandoned:
+            self._redis_away = True
+            log.warning("reading %s abandoned on drain: Redis is not answering", self._ready_key)
+            return None
+        self._redis_away = False
+        return rows
 
     def dispatch(self, nid: str, fields: Fields | None, reclaimed: bool) -> None:
         """Hand a notification to its user's job, starting one if needed."""
         try:
             user = notification_user(fields or {})
         except CodecError as exc:
-            self._spawn(self._reject_notification(nid, fields or {}, str(exc)))
+            self._spawn(self.reject_notification(nid, fields or {}, str(exc)))
             return
         job = self.jobs.get(user)
         if job is None and self.draining:
             # delivered by a read that was in flight when the drain began: give it back
-            self._spawn(self._hand_back(nid, user))
+            self._spawn(self.hand_back(nid, user))
             return
         if job is None:
             job = self.jobs[user] = UserJob(self, user)
@@ -377,31 +351,6 @@ class Worker:
         """Trim the ready stream below what is pending or undelivered; forget stale users."""
         await worker_ops.trim_ready(self.r, self.tier, 10 * self.policy.active_window_s)
 
-    async def _report_loop(self) -> None:
-        failures = 0
-        while not self._stopping.is_set():
-            try:
-                await self._report()
-                failures = 0
-                self._wake_report.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake_report.wait(), self.policy.report_interval_s)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                failures += 1
-                log.warning("report failed (%s); retrying", exc)
-                await self._pause(_BACKOFF.compute(failures))
-
-    async def _report(self) -> None:
-        busy = sum(1 for job in self.jobs.values() if job.lease is not None)
-        report = self.sensor.sample(
-            worker=self.worker_id, tier=self.tier, state=self.state,  # type: ignore[arg-type]
-            slots=Slots(busy=busy, total=self.policy.concurrency,
-                        queue_depth=len(self.jobs) - busy),
-            counters=self._counters_now(), interval=self.policy.report_interval_s)
-        await post_report_async(self.r, report, REPORTS_MAXLEN)
-
     async def _control_loop(self) -> None:
         last, failures = "0-0", 0
         while not self._stopping.is_set():
@@ -413,7 +362,7 @@ class Worker:
             except (RedisError, OSError) as exc:
                 failures += 1
                 log.warning("reading control stream failed (%s)", exc)
-                await self._pause(_BACKOFF.compute(failures))
+                await self._pause(BACKOFF.compute(failures))
                 continue
             for cid, fields in rows:
                 last = as_str(cid)
@@ -427,104 +376,3 @@ class Worker:
             return
         if msg.kind == "drain":
             self.drain(msg.reason or "drain command")
-
-    # --- used by jobs ------------------------------------------------------------------
-    async def ack(self, nids: list[str]) -> None:
-        """Ack notifications of the tier's ready stream that are still ours: one another worker
-        reclaimed meanwhile carries a duty for it now, and stays."""
-        if nids:
-            await worker_ops.ack_notifications(self.store.scripts, self.tier, self.worker_id, nids)
-
-    async def ack_covered(self, holder: str, user: str, nids: list[str]) -> None:
-        """Ack notifications for ``user`` whose turns the lane's ``holder`` ("<worker>|<token>")
-        will see, if the holder has one of the user's notifications pending (its carrier of the
-        duty, should it die); else keep them pending: they are reclaimed once idle."""
-        if not nids:
-            return
-        acked = await worker_ops.ack_covered(self.store.scripts, self.tier, self.worker_id,
-                                             holder.rpartition("|")[0], user, nids)
-        if acked < 0:
-            log.info("lane of %s is held by %s with none of its notifications pending: ours stay "
-                     "pending", user, holder)
-
-    async def tier_defined(self, tier: str) -> bool:
-        """Whether a policy defines ``tier``: a turn for one that does not is dead-lettered."""
-        return await tier_defined_async(self.r, tier)
-
-    async def notify(self, user: str, tier: str) -> None:
-        """Post a fresh notification for ``user`` on ``tier``'s ready stream (a hand-over)."""
-        await worker_ops.notify_ready(self.r, tier, user)
-
-    def _counters_now(self) -> Counters:
-        """The counters with the handler time of turns still running: slot-seconds up to now.
-
-        Counting a turn's time only when it ends would put a long turn's seconds all in one
-        report interval; counted as it runs, the delta between two reports is the exact
-        time-averaged slot use in between.
-        """
-        now = time.monotonic()
-        running = sum(now - job.busy_since for job in self.jobs.values() if job.busy_since is not None)
-        c = self.counters
-        return Counters(turns=c.turns, errors=c.errors, handler_seconds=c.handler_seconds + running)
-
-    @property
-    def executor(self) -> ThreadPoolExecutor:
-        """The threads of sync handlers: as many as the tier's concurrency, so a turn never
-        queues for a thread behind other turns (and the default executor stays free)."""
-        want = self.policy.concurrency
-        if self._executor is None or self._executor_size != want:
-            if self._executor is not None:
-                self._executor.shutdown(wait=False)  # its running threads finish their turns
-            self._executor = ThreadPoolExecutor(max_workers=want, thread_name_prefix="handler")
-            self._executor_size = want
-        return self._executor
-
-    def trace_handler(self, event: str, ctx: handlers.TurnContext) -> None:
-        """With ``handler_trace`` set, record a handler entry or exit with its lease (I3 checks)."""
-        if self._trace is None:
-            return
-        self._trace.write(json.dumps({"ev": event, "t": time.time(), "worker": self.worker_id,
-                                      "lease": ctx.lease, "user": ctx.turn.user,
-                                      "turn": ctx.turn.turn_id}) + "\n")
-
-    def counters_add(self, turns: int = 0, errors: int = 0, handler_seconds: float = 0.0) -> None:
-        c = self.counters
-        self.counters = Counters(turns=c.turns + turns, errors=c.errors + errors,
-                                 handler_seconds=c.handler_seconds + handler_seconds)
-
-    async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str, fields: Fields) -> None:
-        """Record a turn that could not be served, with the reason, on the tier's dead letters."""
-        await dead_letter_async(self.r, self.tier, user=user, entry=entry, turn_id=turn_id, reason=reason,
-                                worker=self.worker_id, fields=fields)
-        log.warning("dead-lettered turn %s of %s: %s", turn_id, user, reason)
-
-    async def _hand_back(self, nid: str, user: str) -> None:
-        """A draining worker returns a notification: a fresh one for others, then the ack."""
-        try:
-            await self.notify(user, self.tier)
-            await self.ack([nid])
-        except (RedisError, OSError) as exc:
-            log.warning("could not hand back notification %s (%s); it stays pending", nid, exc)
-
-    async def _reject_notification(self, nid: str, fields: Fields, reason: str) -> None:
-        """A notification that names no valid user: dead-letter it (nobody to reply to), ack it."""
-        raw_user = fields.get(b"user", b"")[:100].decode(errors="replace")
-        try:
-            await self.dead_letter(raw_user, "", "", f"bad notification {nid}: {reason}", fields)
-            await self.ack([nid])
-        except (RedisError, OSError) as exc:
-            log.warning("could not dead-letter notification %s (%s); it stays pending", nid, exc)
-
-
-def _dump_tasks() -> None:
-    """Log the stack of every asyncio task (a stuck drain, a slow handler)."""
-    for task in asyncio.all_tasks():
-        buf = io.StringIO()
-        task.print_stack(limit=8, file=buf)
-        log.warning("task %s:\n%s", task.get_name(), buf.getvalue())
-
-
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    """Mark an abandoned task's outcome as seen, so asyncio does not log it at exit."""
-    if not task.cancelled():
-        task.exception()

@@ -1,0 +1,53 @@
+"""asyncio helpers of the worker: a read that a drain may abandon, and a task dump."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+log = logging.getLogger("fleet.worker")
+T = TypeVar("T")
+
+
+class Abandoned(Exception):
+    """The awaitable was still running past its grace after the stop event: it is left behind."""
+
+
+async def unless_stuck(aw: Awaitable[T], stop: asyncio.Event, grace_s: float, cancel_s: float) -> T:
+    """Await ``aw``; once ``stop`` is set, give it ``grace_s`` more to finish, then cancel it and
+    wait at most ``cancel_s`` for the cancellation (which the library under it may drop:
+    CPython gh-86296) before raising ``Abandoned``; its eventual outcome is marked seen. If the
+    caller is cancelled, ``aw`` is cancelled with it."""
+    task = asyncio.ensure_future(aw)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait({task}, timeout=grace_s)
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=cancel_s)
+            task.add_done_callback(_retrieved)
+            raise Abandoned
+        return task.result()
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+
+
+def dump_tasks() -> None:
+    """Log the stack of every asyncio task (a stuck drain, a slow handler)."""
+    for task in asyncio.all_tasks():
+        buf = io.StringIO()
+        task.print_stack(limit=8, file=buf)
+        log.warning("task %s:\n%s", task.get_name(), buf.getvalue())
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark an abandoned task's outcome as seen, so asyncio does not log it at exit."""
+    if not task.cancelled():
+        task.exception()
