@@ -15,11 +15,7 @@ from commander.evaluator import Evaluator
 from commander.views import TierSignals
 from protocol.codec import CodecError, decode
 from protocol.models import OccupancyReport, WorkerInfo
-from stores.backlog import (
-    live_ids,
-    read_tier_load,
-    workers_unserved_after_ms,
-)
+from stores.backlog import live_ids, read_tier_load, unserved_by_tier
 from stores.registry import read_registry
 from stores.reports import last_pressure_id, newest_reports, reports_after, wait_pressure
 
@@ -35,12 +31,14 @@ class Observer:
                  unserved_ms: int | None = None) -> None:
         self.r = r
         self.evaluator = evaluator or Evaluator()
-        # a live worker's pending notification idle this long is no job's: it is backlog
-        self.unserved_ms = workers_unserved_after_ms() if unserved_ms is None else unserved_ms
+        # a live worker's pending notification idle this long is no job's: it is backlog (by
+        # default two renews of the tier's slowest live worker, from this pass's registry)
+        self.unserved_ms = unserved_ms
         self.reports_from: str | None = None  # last report id read
         self.pressure_from: dict[str, str] = {}  # tier -> last pressure id read
         self.pressure_pending: dict[str, int] = {}  # tier -> events read, not yet judged
         self._live: frozenset[str] | None = None  # live worker ids of this pass's registry read
+        self._workers: dict[str, tuple[WorkerInfo, bool]] = {}  # ... and the entries
 
     # --- reports -----------------------------------------------------------------------
     def read_reports(self) -> int:
@@ -75,6 +73,7 @@ class Observer:
         for wid in reg.unreadable:
             log.warning("ignored a bad registry entry for %s", wid)
         self._live = live_ids(reg.workers)
+        self._workers = reg.workers
         return reg.workers
 
     # --- per tier ----------------------------------------------------------------------
@@ -92,7 +91,9 @@ class Observer:
             if self._live is None:
                 self.registry()
             live, self._live = self._live, None  # used once: the next pass reads it afresh
-        loads = read_tier_load(self.r, tiers, live or (), self.unserved_ms,
+        unserved = self.unserved_ms if self.unserved_ms is not None \
+            else unserved_by_tier(self._workers, tiers)
+        loads = read_tier_load(self.r, tiers, live or (), unserved,
                                {tier: now - windows.get(tier, 60.0) for tier in tiers})
         out = {}
         for tier in tiers:

@@ -10,7 +10,7 @@ import redis
 
 from protocol.codec import as_str
 from protocol.models import WorkerInfo
-from stores.backlog import TierBacklog, active_users, live_ids, read_backlog
+from stores.backlog import TierBacklog, active_users, live_ids, read_backlog, unserved_by_tier
 from stores.deadletters import dead_letter_count, newest_dead_letters
 from stores.leader import lease_holder
 from stores.policies import list_tiers, read_policy, read_policy_status
@@ -26,9 +26,12 @@ def backlog_json(b: TierBacklog) -> dict[str, int]:
 
 
 def tier_backlog(r: redis.Redis, tier: str, live: Collection[str] | None = None) -> dict[str, int]:
-    """One tier's backlog (``stores.backlog``); ``live`` worker ids are read if not given."""
+    """One tier's backlog (``stores.backlog``); ``live`` worker ids (and their renew intervals)
+    are read if not given."""
     if live is None:
-        live = live_ids(read_registry(r).workers)
+        reg = read_registry(r)
+        bound = unserved_by_tier(reg.workers, [tier])
+        return backlog_json(read_backlog(r, [tier], live_ids(reg.workers), bound)[tier])
     return backlog_json(read_backlog(r, [tier], live)[tier])
 
 
@@ -48,7 +51,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
     tiers = sorted(set(list_tiers(r)) | {"chat"})
     reg = read_registry(r)
     ws = workers(r, reg)
-    backlogs = read_backlog(r, tiers, live_ids(reg.workers))
+    backlogs = read_backlog(r, tiers, live_ids(reg.workers), unserved_by_tier(reg.workers, tiers))
     out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r)}
     for tier in tiers:
         read = read_policy(r, tier, handlers)

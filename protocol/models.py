@@ -141,6 +141,9 @@ class CommanderInfo(_Model):
     seen: float = 0.0  # when it last wrote this entry (every pass, or every standby poll)
 
 
+RENEW_INTERVAL_S = 1.5  # the workers' default seconds between renewals (lanes, claims, heartbeat)
+
+
 class WorkerInfo(_Model):
     """A worker's entry in the registry ``fleet:workers``."""
 
@@ -151,3 +154,4 @@ class WorkerInfo(_Model):
     started: float
     runtime: str = "process"
     handlers: list[str] = []  # the handler names it can load (policy set warns if none has one)
+    renew_interval_s: float = RENEW_INTERVAL_S  # how often it claims its jobs' notifications again

@@ -8,8 +8,9 @@ being done. The backlog counts only what waits:
 - pending notifications whose consumer is not a live worker (SIGKILLed workers stay in the
   group as consumers; a name the registry does not know is not live either);
 - pending notifications of a live worker that it has stopped claiming again: idle past
-  ``unserved_after_ms`` (two renew intervals), no job of it serves them (its lane was lost,
-  say after a Redis pause), and they wait for a reclaim.
+  ``unserved_after_ms`` (two renew intervals of the tier's slowest live worker, as each
+  registered it), no job of it serves them (its lane was lost, say after a Redis pause), and
+  they wait for a reclaim.
 
 The rest, pending with a live worker and refreshed, is ``in_progress``: not backlog.
 ``held`` says which worker holds how many of those (fresh from Redis: such a worker is not
@@ -31,26 +32,25 @@ import redis
 
 from protocol import keys
 from protocol.codec import as_str
+from protocol.models import RENEW_INTERVAL_S, WorkerInfo
 
 COMMANDS_PER_TIER = 4  # what queue_backlog adds to a pipeline for one tier
 STALE_LIMIT = 2_000  # idle pending entries read per tier and pass (beyond, held ones count as served)
-DEFAULT_RENEW_INTERVAL_S = 1.5  # the workers' default (worker.settings)
 
 
-def unserved_after_ms(renew_interval_s: float = DEFAULT_RENEW_INTERVAL_S) -> int:
+def unserved_after_ms(renew_interval_s: float = RENEW_INTERVAL_S) -> int:
     """A job's notification is claimed again every renew: idle two renews, no job serves it."""
     return max(1, int(2_000 * renew_interval_s))
 
 
-def workers_unserved_after_ms() -> int:
-    """:func:`unserved_after_ms` for the renew interval of the workers this process would start
-    (``FLEET_WORKER_*`` environment, else the workers' default)."""
-    from worker.settings import WorkerSettings
-
-    try:
-        return unserved_after_ms(WorkerSettings().renew_interval_s)
-    except ValueError:  # settings that would not start a worker: assume the default
-        return unserved_after_ms()
+def unserved_by_tier(workers: Mapping[str, tuple[WorkerInfo, bool]], tiers: Iterable[str]) -> dict[str, int]:
+    """:func:`unserved_after_ms` per tier, for the slowest renew among its live workers (a
+    ``Registry.workers`` mapping; the workers' default where none is live)."""
+    slowest: dict[str, float] = {}
+    for info, alive in workers.values():
+        if alive:
+            slowest[info.tier] = max(slowest.get(info.tier, 0.0), info.renew_interval_s)
+    return {tier: unserved_after_ms(slowest.get(tier, RENEW_INTERVAL_S)) for tier in tiers}
 
 
 def write_starting(r: redis.Redis, tier: str, slots: int, ttl_ms: int) -> None:
@@ -162,31 +162,33 @@ def parse_backlog(replies: Sequence[Any], live: Collection[str]) -> TierBacklog:
 
 
 def read_backlog(r: redis.Redis, tiers: Iterable[str], live: Collection[str],
-                 unserved_ms: int | None = None) -> dict[str, TierBacklog]:
+                 unserved_ms: int | Mapping[str, int] | None = None) -> dict[str, TierBacklog]:
     """Every tier's backlog in one round trip. ``live`` are the worker ids with a heartbeat
-    (``stores.registry.read_registry(r)``); ``unserved_ms`` defaults to
-    :func:`workers_unserved_after_ms`."""
+    (``stores.registry.read_registry(r)``); ``unserved_ms``, one bound or one per tier
+    (:func:`unserved_by_tier`), defaults to the workers' default renew's."""
     tiers = list(tiers)
     if not tiers:
         return {}
-    unserved_ms = workers_unserved_after_ms() if unserved_ms is None else unserved_ms
+    bound = _per_tier(unserved_ms, tiers)
     pipe = r.pipeline(transaction=False)
     for tier in tiers:
-        queue_backlog(pipe, tier, unserved_ms)
+        queue_backlog(pipe, tier, bound[tier])
     res = pipe.execute(raise_on_error=False)
     n = COMMANDS_PER_TIER
     return {tier: parse_backlog(res[n * i: n * i + n], live) for i, tier in enumerate(tiers)}
 
 
-def read_tier_load(r: redis.Redis, tiers: Iterable[str], live: Collection[str], unserved_ms: int,
+def read_tier_load(r: redis.Redis, tiers: Iterable[str], live: Collection[str],
+                   unserved_ms: int | Mapping[str, int] | None,
                    active_since: Mapping[str, float]) -> dict[str, tuple[TierBacklog, int]]:
-    """Every tier's backlog and its users active since ``active_since[tier]``, in one round
-    trip (a count that cannot be read is 0)."""
+    """Every tier's backlog (``unserved_ms`` as for :func:`read_backlog`) and its users active
+    since ``active_since[tier]``, in one round trip (a count that cannot be read is 0)."""
     tiers = list(tiers)
+    bound = _per_tier(unserved_ms, tiers)
     n = COMMANDS_PER_TIER + 1
     pipe = r.pipeline(transaction=False)
     for tier in tiers:
-        queue_backlog(pipe, tier, unserved_ms)
+        queue_backlog(pipe, tier, bound[tier])
         queue_active_users(pipe, tier, active_since[tier])
     res = pipe.execute(raise_on_error=False)
     out = {}
@@ -195,6 +197,14 @@ def read_tier_load(r: redis.Redis, tiers: Iterable[str], live: Collection[str], 
         out[tier] = (parse_backlog(backlog_replies, live),
                      0 if isinstance(active, Exception) else int(active))
     return out
+
+
+def _per_tier(unserved_ms: int | Mapping[str, int] | None, tiers: list[str]) -> dict[str, int]:
+    if unserved_ms is None:
+        unserved_ms = unserved_after_ms()
+    if isinstance(unserved_ms, int):
+        return dict.fromkeys(tiers, unserved_ms)
+    return {tier: unserved_ms.get(tier, unserved_after_ms()) for tier in tiers}
 
 
 def live_ids(workers: Mapping[str, tuple[Any, bool]]) -> frozenset[str]:

@@ -165,7 +165,8 @@ class Worker(JobServices):
     async def _register(self) -> None:
         info = WorkerInfo(worker=self.worker_id, tier=self.tier, pid=os.getpid(),
                           host=self.settings.host, started=self._started,
-                          handlers=handlers.registered_names())
+                          handlers=handlers.registered_names(),
+                          renew_interval_s=self.settings.renew_interval_s)
         await worker_ops.register_worker(self.r, info, self.settings.heartbeat_ttl_ms)
 
     async def _deregister(self) -> None:

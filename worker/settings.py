@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.ids import validate_tier, validate_token
+from protocol.models import RENEW_INTERVAL_S
 
 
 class WorkerSettings(BaseSettings):
@@ -25,7 +26,8 @@ class WorkerSettings(BaseSettings):
     batch: int = Field(32, ge=1, le=1000, description="notifications read at most per XREADGROUP")
     block_ms: int = Field(1000, ge=10, le=60_000, description="how long a read of the ready stream blocks")
     lane_ttl_ms: int = Field(6000, ge=500, description="a lane expires this long after its renewal")
-    renew_interval_s: float = Field(1.5, gt=0, description="seconds between renewals of lanes, heartbeat")
+    renew_interval_s: float = Field(RENEW_INTERVAL_S, gt=0,
+                                    description="seconds between renewals of lanes, heartbeat")
     reclaim_idle_ms: int = Field(6000, ge=100, description="pending this long = its owner is gone")
     reclaim_interval_s: float = Field(1.0, gt=0, description="seconds between reclaims of idle notifications")
     housekeeping_interval_s: float = Field(10.0, gt=0, description="seconds between stream trims")

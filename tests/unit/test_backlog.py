@@ -20,7 +20,7 @@ from fleet.status import snapshot, tier_backlog
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import WorkerInfo
-from stores.backlog import TierBacklog, read_backlog, unserved_after_ms, workers_unserved_after_ms
+from stores.backlog import TierBacklog, read_backlog, unserved_after_ms, unserved_by_tier
 from stores.backlog import tier_backlog as judge
 
 NOGROUP = redis.ResponseError("NOGROUP No such key or consumer group")
@@ -147,13 +147,33 @@ def test_entries_a_live_worker_stopped_claiming_are_backlog(r: fakeredis.FakeRed
     assert obs.tier_signals(["chat"], {}, 0.0, live={"w1"})["chat"].backlog == 2
 
 
-def test_the_bound_is_two_worker_renews(monkeypatch: pytest.MonkeyPatch) -> None:
+def _entry(wid: str, tier: str, renew: float | None = None) -> WorkerInfo:
+    extra = {} if renew is None else {"renew_interval_s": renew}
+    return WorkerInfo(worker=wid, tier=tier, pid=1, host="h", started=0.0, **extra)
+
+
+def test_the_bound_is_two_renews_of_the_tiers_slowest_live_worker() -> None:
     assert unserved_after_ms() == 3_000  # the workers' default renew: 1.5 s
-    monkeypatch.setenv("FLEET_WORKER_RENEW_INTERVAL_S", "0.4")
-    assert workers_unserved_after_ms() == 800
-    assert Observer(fakeredis.FakeRedis()).unserved_ms == 800
-    monkeypatch.setenv("FLEET_WORKER_RENEW_INTERVAL_S", "10")  # invalid with the other defaults
-    assert workers_unserved_after_ms() == 3_000
+    workers = {"a": (_entry("a", "chat", 0.4), True), "b": (_entry("b", "chat", 0.2), True),
+               "c": (_entry("c", "chat", 10.0), False),  # dead: its renew is no one's now
+               "d": (_entry("d", "batch", 2.0), True), "e": (_entry("e", "old"), True)}
+    assert unserved_by_tier(workers, ["chat", "batch", "old", "none"]) == {
+        "chat": 800, "batch": 4_000, "old": 3_000, "none": 3_000}  # "old": an entry without it
+
+
+def test_the_observer_takes_the_bound_from_the_registry(r: fakeredis.FakeRedis) -> None:
+    """A live worker renewing every 0.05 s has not claimed an entry idle 200 ms: backlog. With
+    the default bound (3 s) that entry would count as its job in progress."""
+    ready = keys.ready("chat")
+    r.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
+    r.xadd(ready, {"user": "u1"})
+    r.xreadgroup(keys.GROUP, "w1", {ready: ">"})
+    r.hset(keys.WORKERS, "w1", encode(_entry("w1", "chat", 0.05)))
+    r.set(keys.heartbeat("w1"), "1")
+    time.sleep(0.2)  # the entry's idle time: what is measured, not a race
+    assert Observer(r).tier_signals(["chat"], {}, 0.0)["chat"].backlog == 1
+    r.hset(keys.WORKERS, "w1", encode(_entry("w1", "chat")))
+    assert Observer(r).tier_signals(["chat"], {}, 0.0)["chat"].backlog == 0
 
 
 def test_observer_backlog_counts_only_unstarted_work(r: fakeredis.FakeRedis) -> None:
