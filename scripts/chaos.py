@@ -59,6 +59,7 @@ WORKER_ENV = {"FLEET_WORKER_LANE_TTL_MS": "2000", "FLEET_WORKER_RENEW_INTERVAL_S
               "FLEET_WORKER_RECLAIM_IDLE_MS": "2000", "FLEET_WORKER_RECLAIM_INTERVAL_S": "0.5",
               "FLEET_WORKER_HOUSEKEEPING_INTERVAL_S": "2"}
 PAUSE_S = (3.0, 4.5)  # a worker pause: past the lane TTL (2 s), short of the heartbeat TTL (5 s)
+DRAIN_OBEYED_S = 15.0  # a worker told to drain shows it by then (past a pause, a Redis pause)
 
 
 def parse_args(argv: list[str] | None = None):
@@ -356,9 +357,9 @@ class Sampler(threading.Thread):
     """Samples the live workers, to check that those counted as capacity never exceed
     max_workers (no double spawn). A draining worker is not capacity: the commander starts its
     replacement while it finishes its turns (as a Deployment does while a pod terminates), so
-    it is left out, whether its report says so or chaos sent it the drain; the live count with
-    it is kept too. The workers seen at the highest count are kept, to explain it, and every
-    sample."""
+    it is left out, whether its report says so, chaos sent it the drain, or its control stream
+    holds one it has not acted on yet (a paused worker); the live count with it is kept too.
+    The workers seen at the highest count are kept, to explain it, and every sample."""
 
     def __init__(self, cluster: Cluster, stop: threading.Event, drained: set[str]) -> None:
         super().__init__(daemon=True)
@@ -367,6 +368,8 @@ class Sampler(threading.Thread):
         self.max_at = 0.0  # when max_seen was first seen
         self.at_max: list[str] = []  # "worker:state" of every running worker at max_seen
         self.samples: list[tuple[float, int, list[str]]] = []  # (when, capacity, "worker:state")
+        self.ordered_at: dict[str, float] = {}  # worker -> when a drain it did not show was first seen
+        self.ignored: set[str] = set()  # told to drain, still not draining DRAIN_OBEYED_S later
 
     def run(self) -> None:
         r = redis.Redis.from_url(self.cluster.url, socket_timeout=2, socket_connect_timeout=1)
@@ -383,19 +386,59 @@ class Sampler(threading.Thread):
                 continue
             self.max_running = max(self.max_running, len(running))
             seen = [f"{w.worker}:{labels[w.worker]}" for w in running]
+            self.note_orders(labels, time.time())
             self.samples.append((time.time(), len(capacity), seen))
             if len(capacity) > self.max_seen:
                 self.max_seen, self.max_at, self.at_max = len(capacity), time.time(), seen
+
+    def note_orders(self, labels: dict[str, str], now: float) -> None:
+        """Leaving a worker told to drain out of the count is sound only if it does drain: one
+        whose reports still do not say so ``DRAIN_OBEYED_S`` later (a pause and a Redis pause
+        are over by then) is a surplus the commander kept."""
+        for worker, state in labels.items():
+            if state.startswith("drain ordered"):
+                since = self.ordered_at.setdefault(worker, now)
+                if now - since > DRAIN_OBEYED_S:
+                    self.ignored.add(worker)
 
 
 def capacity_of(r: redis.Redis, running: list[WorkerInfo],
                 drained: set[str]) -> tuple[list[WorkerInfo], dict[str, str]]:
     """The running workers that count as capacity, and each one's state as the sampler sees it:
-    its latest report's, or "drain sent" (by chaos: ``drained``)."""
+    its latest report's, "drain sent" (by chaos: ``drained``), or "drain ordered" when its
+    control stream holds a drain its reports do not show yet: a worker paused by SIGSTOP
+    cannot report one until its SIGCONT, yet the commander counts it out (and replaces it)
+    from the moment it sent it (seed 1: 7 'ready' against max_workers 6)."""
     states = latest_states(r)
-    labels = {w.worker: "drain sent" if w.worker in drained else states.get(w.worker, "no report")
-              for w in running}
-    return [w for w in running if labels[w.worker] not in ("draining", "drain sent")], labels
+    ordered = drain_ordered(r, [w.worker for w in running])
+    labels, capacity = {}, []
+    for w in running:
+        state = states.get(w.worker, "no report")
+        if w.worker in drained:
+            state = "drain sent"
+        elif w.worker in ordered and state != "draining":
+            state = f"drain ordered (report: {state})"
+        elif state != "draining":
+            capacity.append(w)
+        labels[w.worker] = state
+    return capacity, labels
+
+
+def drain_ordered(r: redis.Redis, worker_ids: list[str]) -> set[str]:
+    """The workers whose control stream holds a drain (one pipelined XRANGE per worker)."""
+    pipe = r.pipeline(transaction=False)
+    for wid in worker_ids:
+        pipe.xrange(keys.control(wid))
+    out = set()
+    for wid, rows in zip(worker_ids, pipe.execute(), strict=True):
+        for _id, fields in rows:
+            try:
+                if decode(Control, fields.get(b"m", b""), max_bytes=4096).kind == "drain":
+                    out.add(wid)
+                    break
+            except CodecError:
+                continue
+    return out
 
 
 def _ledger_near(r: redis.Redis, when: float, before_s: float = 15.0, after_s: float = 5.0,
@@ -471,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                    "fault_errors": faults.errors, "epochs": epochs,
                    "max_live_workers": sampler.max_seen, "max_workers": POLICY.max_workers,
                    "max_running_workers": sampler.max_running, "workers_at_max": sampler.at_max,
-                   "ledger_near_max": ledger_near_max,
+                   "ledger_near_max": ledger_near_max, "drains_ignored": sorted(sampler.ignored),
                    "faults_before_max": faults.before(sampler.max_at),
                    "orphans": len(left), "seconds": seconds, "users": args.users})
     result["invariants_failed"] = chaos_check.failures(result, epochs_ok)
