@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +59,7 @@ WORKER_ENV = {"FLEET_WORKER_LANE_TTL_MS": "2000", "FLEET_WORKER_RENEW_INTERVAL_S
               "FLEET_WORKER_RECLAIM_IDLE_MS": "2000", "FLEET_WORKER_RECLAIM_INTERVAL_S": "0.5",
               "FLEET_WORKER_HOUSEKEEPING_INTERVAL_S": "2"}
 PAUSE_S = (3.0, 4.5)  # a worker pause: past the lane TTL (2 s), short of the heartbeat TTL (5 s)
+DRAIN_OBEYED_S = 15.0  # a worker told to drain shows it by then (past a pause, a Redis pause)
 
 
 def parse_args(argv: list[str] | None = None):
@@ -68,6 +70,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--every", type=float, default=None, help="seconds between faults (default: fits quotas)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--keep", type=Path, help="copy the run's logs, handler trace and samples here")
     args = p.parse_args(argv)
     if args.quick:
         args.minutes = 1.0
@@ -172,6 +175,7 @@ class Faults:
         self.killed: dict[str, float] = {}  # worker id -> when we SIGKILLed it
         self.drained: set[str] = set()  # workers sent a drain (not capacity from then on)
         self.timeline: list[tuple[float, str]] = []  # (when it started, kind) of every fault
+        self.victims: dict[float, str] = {}  # when a worker fault started -> its worker
         self.first: float | None = None  # when the first fault started: the faulty period begins
         self.seconds = seconds
         scale = min(1.0, seconds / 300)
@@ -199,6 +203,11 @@ class Faults:
                 self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
             stop.wait(self.every * self.rng.uniform(0.6, 1.4))
 
+    def before(self, when: float, window_s: float = 30.0) -> list[str]:
+        """The faults that started in the ``window_s`` before ``when``, with their victims."""
+        return [" ".join(filter(None, (kind, self.victims.get(t)))) + f" {when - t:.1f} s before"
+                for t, kind in self.timeline if 0 <= when - t <= window_s]
+
     def missed(self) -> list[str]:
         return [f"{k} {self.count[k]}/{n}" for k, n in self.quota.items() if self.count[k] < n]
 
@@ -214,6 +223,7 @@ class Faults:
     def _kill(self, kind: str, victim: WorkerInfo) -> None:
         os.kill(victim.pid, signal.SIGKILL)
         now = time.time()
+        self.victims[self.timeline[-1][0]] = victim.worker
         self.killed[victim.worker] = now
         self.injected.append(Injected(kind, now, now, victim.worker))
 
@@ -236,6 +246,7 @@ class Faults:
         victim = self._victim(r)
         os.kill(victim.pid, signal.SIGSTOP)
         stopped = time.time()
+        self.victims[self.timeline[-1][0]] = victim.worker
         try:
             time.sleep(self.rng.uniform(*PAUSE_S))
         finally:
@@ -346,8 +357,9 @@ class Sampler(threading.Thread):
     """Samples the live workers, to check that those counted as capacity never exceed
     max_workers (no double spawn). A draining worker is not capacity: the commander starts its
     replacement while it finishes its turns (as a Deployment does while a pod terminates), so
-    it is left out, whether its report says so or chaos sent it the drain; the live count with
-    it is kept too. The workers seen at the highest count are kept, to explain it."""
+    it is left out, whether its report says so, chaos sent it the drain, or its control stream
+    holds one it has not acted on yet (a paused worker); the live count with it is kept too.
+    The workers seen at the highest count are kept, to explain it, and every sample."""
 
     def __init__(self, cluster: Cluster, stop: threading.Event, drained: set[str]) -> None:
         super().__init__(daemon=True)
@@ -355,38 +367,92 @@ class Sampler(threading.Thread):
         self.max_seen = self.max_running = 0
         self.max_at = 0.0  # when max_seen was first seen
         self.at_max: list[str] = []  # "worker:state" of every running worker at max_seen
+        self.samples: list[tuple[float, int, list[str]]] = []  # (when, capacity, "worker:state")
+        self.ordered_at: dict[str, float] = {}  # worker -> when a drain it did not show was first seen
+        self.ignored: set[str] = set()  # told to drain, still not draining DRAIN_OBEYED_S later
 
     def run(self) -> None:
         r = redis.Redis.from_url(self.cluster.url, socket_timeout=2, socket_connect_timeout=1)
         while not self.stop.wait(0.5):
             try:
                 live = live_workers(r)
-                states = latest_states(r)
             except (redis.RedisError, OSError):
                 continue
             self.cluster.pids_seen.update(w.pid for w in live)
             running = [w for w in live if _running(w.pid)]
-            capacity = [w for w in running
-                        if states.get(w.worker) != "draining" and w.worker not in self.drained]
+            try:
+                capacity, labels = capacity_of(r, running, self.drained)
+            except (redis.RedisError, OSError):
+                continue
             self.max_running = max(self.max_running, len(running))
+            seen = [f"{w.worker}:{labels[w.worker]}" for w in running]
+            self.note_orders(labels, time.time())
+            self.samples.append((time.time(), len(capacity), seen))
             if len(capacity) > self.max_seen:
-                self.max_seen, self.max_at = len(capacity), time.time()
-                self.at_max = [f"{w.worker}:{self._state(w.worker, states)}" for w in running]
+                self.max_seen, self.max_at, self.at_max = len(capacity), time.time(), seen
 
-    def _state(self, worker: str, states: dict[str, str]) -> str:
-        return "drain sent" if worker in self.drained else states.get(worker, "no report")
+    def note_orders(self, labels: dict[str, str], now: float) -> None:
+        """Leaving a worker told to drain out of the count is sound only if it does drain: one
+        whose reports still do not say so ``DRAIN_OBEYED_S`` later (a pause and a Redis pause
+        are over by then) is a surplus the commander kept."""
+        for worker, state in labels.items():
+            if state.startswith("drain ordered"):
+                since = self.ordered_at.setdefault(worker, now)
+                if now - since > DRAIN_OBEYED_S:
+                    self.ignored.add(worker)
 
 
-def _ledger_near(r: redis.Redis, when: float, before_s: float = 15.0, after_s: float = 5.0) -> list[str]:
+def capacity_of(r: redis.Redis, running: list[WorkerInfo],
+                drained: set[str]) -> tuple[list[WorkerInfo], dict[str, str]]:
+    """The running workers that count as capacity, and each one's state as the sampler sees it:
+    its latest report's, "drain sent" (by chaos: ``drained``), or "drain ordered" when its
+    control stream holds a drain its reports do not show yet: a worker paused by SIGSTOP
+    cannot report one until its SIGCONT, yet the commander counts it out (and replaces it)
+    from the moment it sent it (seed 1: 7 'ready' against max_workers 6)."""
+    states = latest_states(r)
+    ordered = drain_ordered(r, [w.worker for w in running])
+    labels, capacity = {}, []
+    for w in running:
+        state = states.get(w.worker, "no report")
+        if w.worker in drained:
+            state = "drain sent"
+        elif w.worker in ordered and state != "draining":
+            state = f"drain ordered (report: {state})"
+        elif state != "draining":
+            capacity.append(w)
+        labels[w.worker] = state
+    return capacity, labels
+
+
+def drain_ordered(r: redis.Redis, worker_ids: list[str]) -> set[str]:
+    """The workers whose control stream holds a drain (one pipelined XRANGE per worker)."""
+    pipe = r.pipeline(transaction=False)
+    for wid in worker_ids:
+        pipe.xrange(keys.control(wid))
+    out = set()
+    for wid, rows in zip(worker_ids, pipe.execute(), strict=True):
+        for _id, fields in rows:
+            try:
+                if decode(Control, fields.get(b"m", b""), max_bytes=4096).kind == "drain":
+                    out.add(wid)
+                    break
+            except CodecError:
+                continue
+    return out
+
+
+def _ledger_near(r: redis.Redis, when: float, before_s: float = 15.0, after_s: float = 5.0,
+                 count: int | None = 500) -> list[str]:
     """The ledger entries around ``when`` (what the commanders did), oldest first."""
     out = []
-    for _id, fields in reversed(r.xrevrange(keys.EVENTS, count=500)):
+    for _id, fields in reversed(r.xrevrange(keys.EVENTS, count=count)):
         try:
             event = decode(LedgerEvent, fields[b"m"])
         except (CodecError, KeyError):
             continue
         if when - before_s <= event.ts <= when + after_s:
-            out.append(f"{event.ts - when:+.1f}s {event.action} {event.reason[:160]}")
+            victims = f" {','.join(event.victims)}" if event.victims else ""
+            out.append(f"{event.ts - when:+.1f}s {event.action}{victims} {event.reason[:160]}")
     return out
 
 
@@ -430,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         result, answers = chaos_check.check(r, logs)
         epochs_ok, epochs = chaos_check.check_epochs(r)
         ledger_near_max = _ledger_near(r, sampler.max_at) if sampler.max_seen > POLICY.max_workers else []
+        ledger = _ledger_near(r, 0.0, before_s=0.0, after_s=float("inf"), count=None) if args.keep else []
         cluster.pids_seen.update(info.pid for info in live_workers(r))
         cluster.stop()  # the workers drain: every handler still open writes its exit
         time.sleep(0.5)
@@ -438,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             os.kill(pid, signal.SIGKILL)
         intervals, trace = chaos_check.read_trace(cluster.trace, faults.killed, time.time()) \
             if cluster.trace.exists() else ([], {})
+        if args.keep:
+            keep(cluster, args.keep, ledger, sampler, faults)
     result.update(chaos_check.check_exclusivity(intervals, answers))
     result.update(chaos_check.waits(logs, faults.first or load_ended, load_ended))
     result.update({"takeover": chaos_check.takeovers(faults.injected, intervals, answers), "trace": trace,
@@ -445,15 +514,23 @@ def main(argv: list[str] | None = None) -> int:
                    "fault_errors": faults.errors, "epochs": epochs,
                    "max_live_workers": sampler.max_seen, "max_workers": POLICY.max_workers,
                    "max_running_workers": sampler.max_running, "workers_at_max": sampler.at_max,
-                   "ledger_near_max": ledger_near_max,
-                   "faults_before_max": [f"{kind} {sampler.max_at - t:.1f} s before" for t, kind in
-                                         faults.timeline if 0 <= sampler.max_at - t <= 30],
+                   "ledger_near_max": ledger_near_max, "drains_ignored": sorted(sampler.ignored),
+                   "faults_before_max": faults.before(sampler.max_at),
                    "orphans": len(left), "seconds": seconds, "users": args.users})
     result["invariants_failed"] = chaos_check.failures(result, epochs_ok)
     chaos_check.table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 1 if result["invariants_failed"] or result["quota_missed"] else 0
+
+
+def keep(cluster: Cluster, dest: Path, ledger: list[str], sampler: Sampler, faults: Faults) -> None:
+    """Copy the logs and the handler trace to ``dest``, with every sample and fault (unix times)."""
+    shutil.copytree(cluster.home, dest, ignore=shutil.ignore_patterns("redis"), dirs_exist_ok=True)
+    (dest / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sampler.samples))
+    (dest / "faults.jsonl").write_text("".join(json.dumps([t, k, faults.victims.get(t)]) + "\n"
+                                               for t, k in faults.timeline))
+    (dest / "ledger.txt").write_text("".join(line + "\n" for line in ledger))
 
 
 def _progress(faults: Faults, stop: threading.Event, seconds: float) -> None:

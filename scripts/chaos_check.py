@@ -273,6 +273,8 @@ def failures(res: dict[str, object], epochs_ok: bool) -> list[str]:
         fails.append("I4 two commanders in one epoch, or epochs going back")
     if res["orphans"]:
         fails.append("I6 orphan processes")
+    if res.get("drains_ignored"):
+        fails.append(f"I6 workers told to drain kept serving: {res['drains_ignored']}")
     if int(res["max_live_workers"]) > int(res["max_workers"]):  # type: ignore[call-overload]
         fails.append(f"I6 more live workers than max_workers (double spawn): {res.get('workers_at_max')}; "
                      f"faults in the 30 s before: {res.get('faults_before_max')}")

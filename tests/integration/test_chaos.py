@@ -107,3 +107,60 @@ def test_the_sampler_reads_each_workers_latest_state(monkeypatch):
     r.xadd(keys.REPORTS, {"m": report("b", "draining")})
     r.xadd(keys.REPORTS, {"m": b"not a report"})
     assert chaos.latest_states(r) == {"a": "ready", "b": "draining"}
+
+
+def test_the_sampler_leaves_out_a_worker_told_to_drain_before_it_reports_it(monkeypatch):
+    """Seed 1, issue I6: the commander consolidated a worker that chaos had SIGSTOPped (its
+    last report, 1.5 s old, was still fresh), counted it as draining and started replacements;
+    the sampler saw 7 'ready' workers against max_workers 6, because the frozen worker could not
+    report 'draining' until its SIGCONT. A drain ordered on the worker's control stream makes it
+    no capacity, whoever sent it and whatever its last report says."""
+    import fakeredis
+
+    from protocol import keys
+    from protocol.codec import encode
+    from protocol.models import Control, Counters, OccupancyReport, Slots, WorkerInfo
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import chaos
+
+    def report(worker, state):
+        return encode(OccupancyReport(worker=worker, tier="chat", ts=1.0, state=state, users=0,
+                                      active_users=0, slots=Slots(busy=0, total=4), rss=1,
+                                      counters=Counters(), load=(0, 0, 0)))
+
+    def info(worker):
+        return WorkerInfo(worker=worker, tier="chat", pid=1, host="h", started=1.0)
+
+    r = fakeredis.FakeRedis()
+    for worker, state in (("a", "ready"), ("paused", "ready"), ("c", "draining")):
+        r.xadd(keys.REPORTS, {"m": report(worker, state)})
+    drain = encode(Control(kind="drain", ts=2.0, reason="consolidate: scale in 6->5"))
+    r.xadd(keys.control("paused"), {"m": drain})
+    r.xadd(keys.control("a"), {"m": b"not a control message"})
+    running = [info(w) for w in ("a", "paused", "c", "chaos-drained", "new")]
+    capacity, labels = chaos.capacity_of(r, running, drained={"chaos-drained"})
+    assert [w.worker for w in capacity] == ["a", "new"]
+    assert labels == {"a": "ready", "paused": "drain ordered (report: ready)", "c": "draining",
+                      "chaos-drained": "drain sent", "new": "no report"}
+
+
+def test_a_worker_told_to_drain_that_never_shows_it_fails_i6(monkeypatch):
+    """Leaving a worker told to drain out of the count is sound only if it drains: one still
+    not draining DRAIN_OBEYED_S after the order was first seen is a surplus kept."""
+    import threading
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import chaos
+    import chaos_check
+
+    sampler = chaos.Sampler(None, threading.Event(), set())
+    sampler.note_orders({"p": "drain ordered (report: ready)", "q": "ready"}, 100.0)
+    sampler.note_orders({"p": "drain ordered (report: ready)"}, 100.0 + chaos.DRAIN_OBEYED_S)
+    assert sampler.ignored == set()
+    sampler.note_orders({"p": "drain ordered (report: ready)"}, 100.1 + chaos.DRAIN_OBEYED_S)
+    assert sampler.ignored == {"p"}
+    res = {"lost": 0, "duplicated": 0, "out_of_order_users": 0, "context_gaps": 0, "i3_violations": 0,
+           "answered": 0, "trace": {}, "orphans": 0, "max_live_workers": 6, "max_workers": 6,
+           "drains_ignored": ["p"]}
+    assert chaos_check.failures(res, True) == ["I6 workers told to drain kept serving: ['p']"]
