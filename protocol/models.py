@@ -11,6 +11,9 @@ from protocol.ids import validate_tier, validate_token, validate_user_id
 MAX_TEXT_CHARS = 32_000
 
 
+WorkerState = Literal["starting", "ready", "draining"]  # a worker's state, as its reports say
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -93,7 +96,7 @@ class OccupancyReport(_Model):
     worker: str
     tier: str
     ts: float
-    state: Literal["starting", "ready", "draining"]
+    state: WorkerState
     users: NonNegativeInt
     active_users: NonNegativeInt
     slots: Slots

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode
-from protocol.models import Control, Counters, WorkerInfo
+from protocol.models import Control, Counters, WorkerInfo, WorkerState
 from protocol.policy import Policy
 from stores import worker_ops
 from stores.connection import connect_async
@@ -61,7 +61,7 @@ class Worker(JobServices):
         self._executor_size = 0
         self.jobs: dict[str, UserJob] = {}
         self.draining = False
-        self.state: str = "starting"
+        self.state: WorkerState = "starting"
         self.counters = Counters()
         self.sensor = Sensor()
         self._tasks: set[asyncio.Task[None]] = set()

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Literal
 
 import psutil
 
-from protocol.models import Counters, OccupancyReport, Slots
+from protocol.models import Counters, OccupancyReport, Slots, WorkerState
 
 
 class Sensor:
@@ -39,7 +38,7 @@ class Sensor:
         recent = sum(1 for t in self.last_seen.values() if t >= now - interval)
         return len(self.last_seen), recent
 
-    def sample(self, *, worker: str, tier: str, state: Literal["starting", "ready", "draining"],
+    def sample(self, *, worker: str, tier: str, state: WorkerState,
                slots: Slots, counters: Counters, interval: float) -> OccupancyReport:
         """One report row."""
         now = time.time()

@@ -15,7 +15,7 @@ from typing import IO
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from protocol.models import Counters, Slots
+from protocol.models import Counters, Slots, WorkerState
 from protocol.policy import Policy
 from stores import worker_ops
 from stores.deadletters import dead_letter_async
@@ -46,7 +46,7 @@ class JobServices:
     _executor: ThreadPoolExecutor | None
     _executor_size: int
     _trace: IO[str] | None
-    state: str
+    state: WorkerState
     sensor: Sensor
     _stopping: asyncio.Event  # set once the jobs are done: the loops end
     _wake_report: asyncio.Event
@@ -163,7 +163,7 @@ class JobServices:
     async def _report(self) -> None:
         busy = sum(1 for job in self.jobs.values() if job.lease is not None)
         report = self.sensor.sample(
-            worker=self.worker_id, tier=self.tier, state=self.state,  # type: ignore[arg-type]
+            worker=self.worker_id, tier=self.tier, state=self.state,
             slots=Slots(busy=busy, total=self.policy.concurrency,
                         queue_depth=len(self.jobs) - busy),
             counters=self.counters_now(), interval=self.policy.report_interval_s)
