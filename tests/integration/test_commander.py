@@ -172,7 +172,9 @@ class Load:
 
 
 def test_burst_scales_up_then_quiet_scales_in_idle_first(r, redis_server, start_commander):
-    write_policy(r, "chat", policy())
+    # (the 3 s stabilization window is measured on the virtual clock: 1 s here is enough to
+    # see the order of the scale-in)
+    write_policy(r, "chat", policy(scale_down_stabilization_s=1))
     start_commander()
     first = wait_until(lambda: live_workers(r), 20, "the first worker")[0].worker
     fleet = Fleet(redis_server.url)
@@ -197,7 +199,7 @@ def test_burst_scales_up_then_quiet_scales_in_idle_first(r, redis_server, start_
 
 def test_raising_users_per_instance_consolidates_without_losing_turns(r, redis_server, start_commander):
     light = dict(target_backlog_per_worker=None, concurrency=16, handler_options={"sleep_ms": 50},
-                 min_workers=1, active_window_s=30)
+                 min_workers=1, active_window_s=30, scale_down_stabilization_s=1)
     write_policy(r, "chat", policy(users_per_instance=4, **light))
     start_commander()
     with Load(redis_server.url, users=12, pause_s=0.5) as load:
