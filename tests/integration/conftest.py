@@ -16,11 +16,9 @@ import redis
 
 from protocol import keys
 
-# Short leases so a killed worker's user is taken over in seconds, not the production 6 s;
-# a short block of the ready-stream read (1 s in production), which a drain lets finish: each
-# worker a test stops then exits in a fraction of a second instead of a second.
+# Short leases so a killed worker's user is taken over in seconds, not the production 6 s
+# (and, from fleet_env, tests/conftest.py's TEST_WORKER_ENV).
 FAST_WORKER_ENV = {
-    "FLEET_WORKER_BLOCK_MS": "200",
     "FLEET_WORKER_LANE_TTL_MS": "2000",
     "FLEET_WORKER_RENEW_INTERVAL_S": "0.4",
     "FLEET_WORKER_RECLAIM_IDLE_MS": "2000",
