@@ -16,7 +16,8 @@ import redis
 
 from protocol import keys
 
-# Short leases so a killed worker's user is taken over in seconds, not the production 6 s.
+# Short leases so a killed worker's user is taken over in seconds, not the production 6 s
+# (and, from fleet_env, tests/conftest.py's TEST_WORKER_ENV).
 FAST_WORKER_ENV = {
     "FLEET_WORKER_LANE_TTL_MS": "2000",
     "FLEET_WORKER_RENEW_INTERVAL_S": "0.4",

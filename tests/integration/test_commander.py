@@ -83,8 +83,9 @@ def start_commander(fleet_env: dict[str, str], r: redis.Redis,
     procs: list[subprocess.Popen[bytes]] = []
     seen_pids: set[int] = set()
 
-    def start(name: str = "c1", wait_leader: bool = True) -> subprocess.Popen[bytes]:
-        env = {**fleet_env, **FAST_WORKER_ENV}
+    def start(name: str = "c1", wait_leader: bool = True,
+              env_over: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        env = {**fleet_env, **FAST_WORKER_ENV, **(env_over or {})}
         log = tmp_path / f"commander-{name}.log"
         with log.open("ab") as out:
             proc = subprocess.Popen(
@@ -171,7 +172,9 @@ class Load:
 
 
 def test_burst_scales_up_then_quiet_scales_in_idle_first(r, redis_server, start_commander):
-    write_policy(r, "chat", policy())
+    # (the 3 s stabilization window is measured on the virtual clock: 1 s here is enough to
+    # see the order of the scale-in)
+    write_policy(r, "chat", policy(scale_down_stabilization_s=1))
     start_commander()
     first = wait_until(lambda: live_workers(r), 20, "the first worker")[0].worker
     fleet = Fleet(redis_server.url)
@@ -196,7 +199,7 @@ def test_burst_scales_up_then_quiet_scales_in_idle_first(r, redis_server, start_
 
 def test_raising_users_per_instance_consolidates_without_losing_turns(r, redis_server, start_commander):
     light = dict(target_backlog_per_worker=None, concurrency=16, handler_options={"sleep_ms": 50},
-                 min_workers=1, active_window_s=30)
+                 min_workers=1, active_window_s=30, scale_down_stabilization_s=1)
     write_policy(r, "chat", policy(users_per_instance=4, **light))
     start_commander()
     with Load(redis_server.url, users=12, pause_s=0.5) as load:
@@ -212,7 +215,10 @@ def test_raising_users_per_instance_consolidates_without_losing_turns(r, redis_s
 
 
 def test_scale_to_zero_serves_a_parked_turn(r, redis_server, start_commander):
-    write_policy(r, "chat", policy(min_workers=0, handler_options={"sleep_ms": 10}))
+    # a 1 s stabilization window: the window itself is measured on the virtual clock
+    # (test_commander_passes.py); here only that the tier goes back to zero
+    write_policy(r, "chat", policy(min_workers=0, handler_options={"sleep_ms": 10},
+                                   scale_down_stabilization_s=1))
     start_commander()
     passes(r, 5)
     assert live_workers(r) == []
@@ -223,11 +229,15 @@ def test_scale_to_zero_serves_a_parked_turn(r, redis_server, start_commander):
     wait_until(lambda: live_workers(r) == [], 30, "the tier to go back to zero")
 
 
+# a shorter lease (3 s by default) and standby poll (1 s): the standby takes over sooner
+FAST_TAKEOVER_ENV = {"FLEET_COMMANDER_LEASE_TTL_MS": "1500", "FLEET_COMMANDER_STANDBY_POLL_S": "0.2"}
+
+
 def test_commander_sigkill_standby_takes_over_and_adopts(r, redis_server, start_commander):
     write_policy(r, "chat", policy(min_workers=2, handler_options={"sleep_ms": 50}))
-    leader = start_commander("c1")
+    leader = start_commander("c1", env_over=FAST_TAKEOVER_ENV)
     wait_until(lambda: len(live_workers(r)) == 2, 20, "two workers")
-    standby = start_commander("c2", wait_leader=False)
+    standby = start_commander("c2", wait_leader=False, env_over=FAST_TAKEOVER_ENV)
     with Load(redis_server.url, users=10, pause_s=0.05) as load:
         served(load, 20)
         before = {w.worker for w in live_workers(r)}
