@@ -48,7 +48,8 @@ async def deregister_worker(r: aioredis.Redis, tier: str, worker_id: str) -> Non
     info = await r.xpending_range(ready, keys.GROUP, "-", "+", 1, consumername=worker_id)
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.WORKERS, worker_id)
-    pipe.delete(keys.heartbeat(worker_id), keys.control(worker_id))
+    pipe.delete(keys.heartbeat(worker_id))  # one DEL per key: a cluster pipeline refuses a
+    pipe.delete(keys.control(worker_id))  # multi-key DEL (the two share the worker's slot)
     if not info:
         pipe.xgroup_delconsumer(ready, keys.GROUP, worker_id)
     await pipe.execute()
