@@ -107,7 +107,11 @@ class Observer:
         return out
 
     def wait_for_pressure(self, tiers: Iterable[str], block_ms: int) -> int:
-        """Block up to ``block_ms`` for pressure events on any tier; count them per tier."""
+        """Block up to ``block_ms`` for pressure events on any tier; count them per tier.
+
+        ``stores.reports.wait_pressure`` picks how: one blocking read over every tier on one
+        node; on a Cluster, where the tiers' streams are in different slots, a blocking read of
+        the only tier, or a poll of each tier's stream every ``CLUSTER_POLL_MS``."""
         after = {}
         for tier in tiers:
             if tier not in self.pressure_from:

@@ -2,7 +2,8 @@
 
 Per-user keys carry the user id as a Redis Cluster hash tag (``fleet:u:{alice}:...``) so that
 every per-user operation, including the Lua scripts, stays in one slot. Per-tier keys carry
-the tier as their tag (``fleet:{chat}:ready``). Callers pass ids that were validated at the
+the tier as their tag (``fleet:{chat}:ready``), per-worker keys the worker id
+(``fleet:w:{w-1}:hb``). Callers pass ids that were validated at the
 boundary (``protocol.ids``); the builders re-check them because a key is the last line.
 """
 
@@ -138,12 +139,18 @@ def policy_status(tier: str) -> str:
     return f"{policy(tier)}:status"
 
 
-# --- per worker -------------------------------------------------------------------------
+# --- per worker (hash tag = worker id) ---------------------------------------------------
+# Tagged by worker, so the keys of one worker share a slot: deregistering deletes its
+# heartbeat and control stream together (``DEL``) on a Cluster too.
+def _w(worker: str, suffix: str) -> str:
+    return f"{PREFIX}:w:{{{validate_token(worker, 'worker id')}}}:{suffix}"
+
+
 def heartbeat(worker: str) -> str:
-    """String with a TTL; missing means the worker is dead."""
-    return f"{PREFIX}:w:{validate_token(worker, 'worker id')}:hb"
+    """String with a TTL; missing means the worker is dead: ``fleet:w:{<id>}:hb``."""
+    return _w(worker, "hb")
 
 
 def control(worker: str) -> str:
-    """Stream of Control messages (drain) for one worker."""
-    return f"{PREFIX}:w:{validate_token(worker, 'worker id')}:control"
+    """Stream of Control messages (drain) for one worker: ``fleet:w:{<id>}:control``."""
+    return _w(worker, "control")

@@ -1,4 +1,4 @@
-"""A worker's control stream (``fleet:w:<id>:control``): drain orders to one worker,
+"""A worker's control stream (``fleet:w:{<id>}:control``): drain orders to one worker,
 sent by the commander and read by the worker."""
 
 from __future__ import annotations

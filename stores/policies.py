@@ -1,6 +1,6 @@
 """Tier policies in Redis: read with fallback to the last good one, written only when valid.
 
-``fleet:policy:<tier>`` is the user's key (edited by ``fleet policy set`` or a raw ``SET``).
+``fleet:policy:{<tier>}`` is the user's key (edited by ``fleet policy set`` or a raw ``SET``).
 Whoever reads it validates it, against its own handler registry too: a policy naming a
 handler the reader cannot load is rejected *for that reader*, which runs the last good
 policy instead. Only the tier's workers, which run its handler, record what they found
@@ -74,7 +74,10 @@ def _plan_writes(tier: str, read: PolicyRead, raw: bytes | None, good: bytes | N
 
 
 def _queue_reads(pipe: Any, tier: str) -> None:
-    pipe.mget(keys.policy(tier), keys.policy_good(tier))
+    # two GETs, not one MGET: redis-py's cluster pipeline refuses MGET (the three keys share
+    # the tier's slot, ``fleet:policy:{T}...``, so either would be single-slot)
+    pipe.get(keys.policy(tier))
+    pipe.get(keys.policy_good(tier))
     pipe.hmget(keys.policy_status(tier), ["source", "error"])
 
 
@@ -92,7 +95,7 @@ def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None
     verdict and copy an accepted key to the last good one (for the tier's own processes)."""
     pipe = r.pipeline(transaction=False)
     _queue_reads(pipe, tier)
-    (raw, good), status = pipe.execute()
+    raw, good, status = pipe.execute()
     read = _resolve(tier, raw, good, handlers)
     if record:
         pipe = r.pipeline(transaction=False)
@@ -107,7 +110,7 @@ async def read_policy_async(r: aioredis.Redis, tier: str, handlers: Iterable[str
     """The asyncio twin of ``read_policy``."""
     pipe = r.pipeline(transaction=False)
     _queue_reads(pipe, tier)
-    (raw, good), status = await pipe.execute()
+    raw, good, status = await pipe.execute()
     read = _resolve(tier, raw, good, handlers)
     if record:
         pipe = r.pipeline(transaction=False)
@@ -124,21 +127,27 @@ def read_policy_status(r: redis.Redis, tier: str) -> dict[str, str]:
 
 def _queue_policy_write(pipe: Any, tier: str, policy: Policy) -> None:
     """The key only: it becomes the last good copy once the tier's processes accept it (a
-    handler they cannot load must not replace the policy they run)."""
+    handler they cannot load must not replace the policy they run).
+
+    The key, then ``fleet:tiers``, in a plain pipeline: no transaction, because the two are in
+    different slots (a Cluster refuses a cross-slot MULTI), and none is needed: whoever lists
+    or probes tiers takes a tier from its policy key *or* from ``fleet:tiers``
+    (``list_tiers``, the client's tier probe), so a write cut between the two still defines
+    the tier, and the next ``ensure_policy``/``write_policy`` adds the name."""
     pipe.set(keys.policy(tier), policy.to_json())
     pipe.sadd(keys.TIERS, tier)
 
 
 def write_policy(r: redis.Redis, tier: str, policy: Policy) -> None:
     """Store a validated policy as the tier's key (its workers make it the last good copy)."""
-    pipe = r.pipeline(transaction=True)
+    pipe = r.pipeline(transaction=False)
     _queue_policy_write(pipe, tier, policy)
     pipe.execute()
 
 
 async def write_policy_async(r: aioredis.Redis, tier: str, policy: Policy) -> None:
     """The asyncio twin of ``write_policy``."""
-    pipe = r.pipeline(transaction=True)
+    pipe = r.pipeline(transaction=False)
     _queue_policy_write(pipe, tier, policy)
     await pipe.execute()
 

@@ -70,8 +70,14 @@ def heartbeat_alive(r: redis.Redis, worker_id: str) -> bool:
 
 
 def forget_workers(r: redis.Redis, worker_ids: Sequence[str]) -> None:
-    """Remove what dead workers could not: registry entries, heartbeats, control streams."""
+    """Remove what dead workers could not: registry entries, heartbeats, control streams.
+
+    One round trip, one ``DEL`` per key: the workers' keys are in as many slots as there are
+    workers, and redis-py's cluster pipeline routes each single-key command to its node (it
+    refuses a multi-key ``DEL`` even within one slot)."""
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.WORKERS, *worker_ids)
-    pipe.delete(*(keys.heartbeat(w) for w in worker_ids), *(keys.control(w) for w in worker_ids))
+    for w in worker_ids:
+        pipe.delete(keys.heartbeat(w))
+        pipe.delete(keys.control(w))
     pipe.execute()

@@ -33,6 +33,7 @@ from redis.exceptions import ResponseError
 from protocol import keys
 from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_token, validate_user_id
+from stores import cluster
 from stores.scripts import SyncScripts
 
 BATCH = 100  # pending entries handled per round of XPENDING
@@ -138,6 +139,8 @@ def _clear_lanes(r: redis.Redis, scripts: SyncScripts, worker: str, users: list[
     """Delete the lanes of ``users`` that ``worker`` holds; return whose lanes were deleted."""
     if not users:
         return []
+    if cluster.is_cluster(r):  # its pipeline refuses EVALSHA: one call per user
+        return [u for u in users if int(scripts.lane_clear(keys=[keys.lane(u)], args=[worker])) == 1]
     pipe = r.pipeline(transaction=False)
     for user in users:
         scripts.lane_clear(keys=[keys.lane(user)], args=[worker], client=pipe)

@@ -6,6 +6,7 @@ taking and releasing the lane, and committing a turn together with the cursor ad
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from redis.exceptions import ResponseError
 from protocol import keys
 from protocol.codec import as_str, decode_valid
 from protocol.models import MemoryItem, SessionEntry
+from stores import cluster
 from stores.memory import parse_members
 from stores.replies import raw_rows
 from stores.scripts import Scripts
@@ -156,9 +158,17 @@ class UserStore:
         return bool(await self.scripts.lease_drop(keys=[keys.lane(lease.user)], args=[lease.owner]))
 
     async def renew(self, leases: list[Lease]) -> list[bool]:
-        """Extend several leases in one round trip; False where the lane was lost."""
+        """Extend several leases in one round trip; False where the lane was lost.
+
+        On a Cluster the renewals are sent one script call each, concurrently (redis-py's
+        cluster pipeline refuses ``EVALSHA``): as many requests, still one round trip of wait."""
         if not leases:
             return []
+        if cluster.is_cluster(self.r):
+            return [bool(x) for x in await asyncio.gather(*(
+                self.scripts.lease_renew(keys=[keys.lane(lease.user)],
+                                         args=[lease.owner, self.cfg.lane_ttl_ms])
+                for lease in leases))]
         async with self.r.pipeline(transaction=False) as pipe:  # gives its connection back on error
             for lease in leases:  # awaiting a script call on a pipeline queues it
                 await self.scripts.lease_renew(keys=[keys.lane(lease.user)],

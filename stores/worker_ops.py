@@ -9,6 +9,7 @@ fresh notification (a hand-over).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import cast
@@ -19,6 +20,7 @@ from redis.exceptions import ResponseError
 from protocol import keys
 from protocol.codec import as_str, encode
 from protocol.models import WorkerInfo
+from stores import cluster
 from stores.replies import RawRow, raw_streams
 from stores.scripts import Scripts
 
@@ -48,7 +50,8 @@ async def deregister_worker(r: aioredis.Redis, tier: str, worker_id: str) -> Non
     info = await r.xpending_range(ready, keys.GROUP, "-", "+", 1, consumername=worker_id)
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.WORKERS, worker_id)
-    pipe.delete(keys.heartbeat(worker_id), keys.control(worker_id))
+    pipe.delete(keys.heartbeat(worker_id))  # one DEL per key: a cluster pipeline refuses a
+    pipe.delete(keys.control(worker_id))  # multi-key DEL (the two share the worker's slot)
     if not info:
         pipe.xgroup_delconsumer(ready, keys.GROUP, worker_id)
     await pipe.execute()
@@ -86,7 +89,15 @@ async def ack_covered(scripts: Scripts, tier: str, worker_id: str, holder_worker
 async def touch_and_beat(r: aioredis.Redis, scripts: Scripts, tier: str, worker_id: str,
                          nids: Sequence[str], heartbeat_ttl_ms: int) -> None:
     """Touch the notifications still pending under us (resetting their idle time, so no one
-    reclaims a live holder's) and beat the heartbeat, in one round trip."""
+    reclaims a live holder's) and beat the heartbeat, in one round trip (on a Cluster, two
+    requests sent concurrently: its pipeline refuses ``EVALSHA``)."""
+    if cluster.is_cluster(r):
+        calls = [r.set(keys.heartbeat(worker_id), "1", px=heartbeat_ttl_ms)]
+        if nids:
+            calls.insert(0, scripts.notification_touch(keys=[keys.ready(tier)],
+                                                       args=[keys.GROUP, worker_id, *nids]))
+        await asyncio.gather(*calls)
+        return
     async with r.pipeline(transaction=False) as pipe:  # (a failed script load left
         # the pipeline holding its connection: the context gives it back)
         if nids:

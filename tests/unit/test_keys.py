@@ -173,6 +173,13 @@ def test_worker_builders_reject_bad_worker_ids(name: str, bad: object) -> None:
         PER_WORKER[name](bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("worker", ["w-1", "chat-host-4-1a2b"])
+def test_per_worker_keys_carry_the_worker_hash_tag(worker: str) -> None:
+    assert {key_slot(build(worker)) for build in PER_WORKER.values()} == {key_slot(worker)}
+    assert keys.heartbeat(worker) == f"fleet:w:{{{worker}}}:hb"
+    assert keys.control(worker) == f"fleet:w:{{{worker}}}:control"
+
+
 def test_global_keys_share_the_prefix() -> None:
     for key in (keys.REPORTS, keys.EVENTS, keys.WORKERS, keys.TIERS):
         assert key.startswith(f"{keys.PREFIX}:")
