@@ -128,7 +128,8 @@ class SubmitNotNotified(redis.RedisError):
 
     def __init__(self, turns: list[Turn], cause: BaseException) -> None:
         self.turns = turns
-        super().__init__(f"{len(turns)} turn(s) written to the inbox but not notified ({cause!r}); "
+        super().__init__(f"{len(turns)} turn(s) written to the inbox but not notified "
+                         f"({type(cause).__name__}: {cause}); "
                          "the user's next submit serves them in order, or retry with the same "
                          "turn_id (answered once)")
 
