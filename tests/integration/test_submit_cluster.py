@@ -29,7 +29,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from fleet.client import AsyncFleet, Fleet
+from fleet.client import AsyncFleet, Fleet, SubmitNotNotified
 from protocol import keys
 from protocol.codec import as_str, decode
 from protocol.models import Turn
@@ -290,3 +290,47 @@ def test_submit_many_batches_on_both_clients_write_every_inbox_entry_then_every_
     assert overtaken == [] and monitor.overtaken() == []
     assert sum(map(len, monitor.ready.values())) == 4 * len(users)
     _assert_all_written(rc, turn_ids)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_refused_inbox_entry_is_raised_and_gets_no_notification_on_a_real_cluster(
+        cluster: Cluster, rc: redis.RedisCluster, flavour: str) -> None:
+    rc.set(keys.inbox("bob"), "not a stream")  # bob's XADD is refused (WRONGTYPE) where it runs
+    batch = [("alice", "1"), ("bob", "2"), ("carol", "3")]
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        if flavour == "sync":
+            with Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])) as f:
+                f.submit_many(batch)
+        else:
+            async def run() -> None:
+                a = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]))
+                try:
+                    await a.submit_many(batch)
+                finally:
+                    await a.aclose()
+            asyncio.run(run())
+    users = [as_str(f[b"user"]) for _, f in rc.xrange(keys.ready("chat"))]
+    assert users == ["alice", "carol"]  # the others written and notified, bob's never
+    assert rc.xlen(keys.inbox("alice")) == rc.xlen(keys.inbox("carol")) == 1
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_refused_notification_leaves_the_turn_queued_and_raises_submit_not_notified(
+        cluster: Cluster, rc: redis.RedisCluster, flavour: str) -> None:
+    rc.set(keys.ready("chat"), "not a stream")  # every notification is refused
+    with pytest.raises(SubmitNotNotified) as caught:
+        if flavour == "sync":
+            with Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])) as f:
+                f.submit("alice", "hi", turn_id="t-1")
+        else:
+            async def run() -> None:
+                a = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]))
+                try:
+                    await a.submit("alice", "hi", turn_id="t-1")
+                finally:
+                    await a.aclose()
+            asyncio.run(run())
+    assert [t.turn_id for t in caught.value.turns] == ["t-1"]
+    assert isinstance(caught.value.__cause__, redis.ResponseError)
+    rows = rc.xrange(keys.inbox("alice"))
+    assert [decode(Turn, f[b"m"]).turn_id for _, f in rows] == ["t-1"]  # queued, for the next notification
