@@ -1,5 +1,14 @@
 """Fleet: stateless chat-turn workers on Redis. The client API and the ``fleet`` CLI."""
 
-from fleet.client import AsyncFleet, Fleet, TurnHandle, TurnTimeout, TurnTooLarge, UnknownTier
+from fleet.client import (
+    AsyncFleet,
+    Fleet,
+    SubmitNotNotified,
+    TurnHandle,
+    TurnTimeout,
+    TurnTooLarge,
+    UnknownTier,
+)
 
-__all__ = ["AsyncFleet", "Fleet", "TurnHandle", "TurnTimeout", "TurnTooLarge", "UnknownTier"]
+__all__ = ["AsyncFleet", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeout", "TurnTooLarge",
+           "UnknownTier"]

@@ -10,6 +10,19 @@ buy: Redis never rolls back, so a command that fails *while* ``EXEC`` runs (a ke
 type, out of memory) leaves the others applied; the client raises that error. The reply
 arrives on ``fleet:u:{U}:reply:<turn_id>`` for a ``BLPOP``.
 
+**On Redis Cluster** (``stores.cluster.is_cluster`` of the client) no transaction can span the
+user's slot (inbox) and the tier's (ready, active), and the cluster pipeline sends each node's
+batch concurrently, so the submit is *ordered* instead: one round trip writes the inbox entries
+(all of them, for ``submit_many``) and waits for their acknowledgement, a second writes the
+notifications and active marks and reads the gauges (``stores.submit.submit_ordered``). One
+extra round trip, only there. An inbox entry refused is a turn not submitted: no notification,
+and its error is raised (after the batch's other turns are notified). If the second round trip
+fails, the turns are in their inboxes without a notification: ``SubmitNotNotified`` names them.
+Nothing is lost or reordered: the user's next submit wakes a worker that serves the inbox in
+order, oldest first; and a retry with the same ``turn_id`` is answered once, because the worker
+skips a turn id already in the user's done-set (``fleet:u:{U}:done``, the last ``done_keep``
+ids; ``turn_commit.lua`` answers ``dup``). A retry under a new turn id is a second turn.
+
 **Tiers.** A turn for a tier that no policy defines and no worker serves would wait forever,
 so it is refused with ``UnknownTier`` before anything is written, unless ``create_tier=True``
 writes the tier's default policy (the commander then starts its workers). A tier exists if
@@ -46,6 +59,7 @@ from stores.backlog import no_free_slot
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy, write_policy_async
 from stores.submit import (
+    SubmitNotNotified,
     any_beating,
     any_beating_async,
     heartbeats_of,
@@ -59,6 +73,9 @@ from stores.submit import (
     wait_reply,
     wait_reply_async,
 )
+
+__all__ = ["AsyncFleet", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeout", "TurnTooLarge",
+           "UnknownTier"]
 
 DEFAULT_MAX_TURN_BYTES = 64 * 1024
 DEFAULT_MAX_REPLY_BYTES = 1024 * 1024
@@ -145,7 +162,8 @@ class Fleet:
                     meta: Mapping[str, Any] | None = None,
                     turn_ids: list[str | None] | None = None, *,
                     create_tier: bool = False) -> list[TurnHandle]:
-        """Enqueue many ``(user, text)`` turns in one transaction and round trip, in the given order.
+        """Enqueue many ``(user, text)`` turns in one transaction and round trip, in the given order
+        (on Redis Cluster: every inbox entry, then every notification, see the module docstring).
 
         ``create_tier=True`` writes the default policy of a tier that does not exist yet.
         """
@@ -218,6 +236,23 @@ class AsyncFleet:
         if no_free_slot(*gauges):
             await post_pressure_async(self.r, turn.tier, _pressure_fields(turn.tier, turn.user))
         return turn
+
+    async def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
+                          meta: Mapping[str, Any] | None = None,
+                          turn_ids: list[str | None] | None = None, *,
+                          create_tier: bool = False) -> list[Turn]:
+        """``Fleet.submit_many`` on asyncio: the turns, in the given order (one transaction and
+        round trip; on Redis Cluster every inbox entry, then every notification)."""
+        built = [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None,
+                             self.max_turn_bytes) for i, (u, t) in enumerate(turns)]
+        if not built:
+            return []
+        tier = built[0][0].tier
+        await self._ensure_tier(tier, create_tier)
+        gauges = await submit_round_trip_async(self.r, built, tier)
+        if no_free_slot(*gauges):
+            await post_pressure_async(self.r, tier, _pressure_fields(tier, built[-1][0].user))
+        return [t for t, _ in built]
 
     async def _ensure_tier(self, tier: str, create: bool) -> None:
         if tier in self._tiers:

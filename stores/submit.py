@@ -1,5 +1,7 @@
-"""The submit's commands (DESIGN §3, ``fleet/client.py`` explains them): one round trip of
-``MULTI`` .. ``EXEC`` then the gauges, the tier probe, pressure events and the reply wait.
+"""The submit's commands (DESIGN §3, ``fleet/client.py`` explains them): on one node one round
+trip of ``MULTI`` .. ``EXEC`` then the gauges; on Redis Cluster two round trips, the inbox
+entries first and only then their notifications (:func:`submit_ordered`); the tier probe,
+pressure events and the reply wait.
 
 The client builds and validates the turns; every Redis command it sends is queued or sent
 here, on a blocking or an asyncio client alike (the pipeline functions take either).
@@ -19,17 +21,32 @@ from protocol.codec import CodecError, as_str, decode
 from protocol.ids import InvalidId
 from protocol.models import Turn, WorkerInfo
 from stores.backlog import queue_submit_gauges
+from stores.cluster import is_cluster
 
 PRESSURE_MAXLEN = 10_000
 
 
-def queue_submit(pipe: Any, turn: Turn, payload: bytes) -> None:
+def queue_inbox(pipe: Any, turn: Turn, payload: bytes) -> None:
+    """The turn itself: its entry on the user's inbox (the user's slot)."""
     pipe.xadd(keys.inbox(turn.user), {"m": payload})
+
+
+NOTIFY_COMMANDS = 2  # per turn: the notification and the active mark
+
+
+def queue_notify(pipe: Any, turn: Turn) -> None:
+    """What wakes a worker and counts the user: the notification on the tier's ready stream,
+    the user in the tier's active set (the tier's slot)."""
     pipe.xadd(keys.ready(turn.tier), {"user": turn.user})
     pipe.zadd(keys.active(turn.tier), {turn.user: turn.ts})
 
 
-SUBMIT_COMMANDS = 3  # per turn, inside the transaction
+def queue_submit(pipe: Any, turn: Turn, payload: bytes) -> None:
+    queue_inbox(pipe, turn, payload)
+    queue_notify(pipe, turn)
+
+
+SUBMIT_COMMANDS = 1 + NOTIFY_COMMANDS  # per turn, inside the transaction
 
 
 def submit_pipeline(r: Any) -> Any:
@@ -55,7 +72,13 @@ def queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str) -> N
 
 
 def submit_round_trip(r: redis.Redis, built: list[tuple[Turn, bytes]], tier: str) -> list[Any]:
-    """Submit ``built`` in one transaction and round trip; the gauges read after it."""
+    """Submit ``built``; return the gauges read after it.
+
+    On one node: one transaction and round trip. On Redis Cluster (:func:`is_cluster`): the
+    ordered submit of :func:`submit_ordered`, two round trips, no ``MULTI``.
+    """
+    if is_cluster(r):
+        return submit_ordered(r, built, tier)
     pipe = submit_pipeline(r)
     queue_round_trip(pipe, built, tier)
     return committed(pipe.execute(raise_on_error=False), len(built))
@@ -64,6 +87,8 @@ def submit_round_trip(r: redis.Redis, built: list[tuple[Turn, bytes]], tier: str
 async def submit_round_trip_async(r: aioredis.Redis, built: list[tuple[Turn, bytes]],
                                   tier: str) -> list[Any]:
     """:func:`submit_round_trip` on an asyncio client."""
+    if is_cluster(r):
+        return await submit_ordered_async(r, built, tier)
     pipe = submit_pipeline(r)
     queue_round_trip(pipe, built, tier)
     return committed(await pipe.execute(raise_on_error=False), len(built))
@@ -85,6 +110,117 @@ def committed(results: list[Any], turns: int) -> list[Any]:
         raise redis.ResponseError(f"unexpected reply to the submit's EXEC: {applied!r}")
     _raise_first_error(applied)
     return results[queued + 1:]
+
+
+# --- the ordered submit (Redis Cluster) --------------------------------------------------
+class SubmitNotNotified(redis.RedisError):
+    """An ordered submit (Redis Cluster) wrote ``turns`` to their users' inboxes, but writing
+    their notifications failed, or its outcome is unknown: the turns are queued, unannounced.
+
+    Each is served, in its user's order, as soon as anything notifies its user: the user's next
+    submit (a worker woken for the user reads the whole inbox after the cursor, oldest first),
+    or the caller's retry. A retry with the same ``turn_id`` (``submit(..., turn_id=t.turn_id)``)
+    is answered once: the worker's write-back skips a turn id that is already in the user's
+    done-set (``turn_commit.lua`` returns ``dup``, moves the cursor past the copy, writes no
+    second reply or session entry); the done-set keeps the last ``done_keep`` turn ids of the
+    user. A retry with a new turn id is a second turn. The underlying error is ``__cause__``.
+    """
+
+    def __init__(self, turns: list[Turn], cause: BaseException) -> None:
+        self.turns = turns
+        super().__init__(f"{len(turns)} turn(s) written to the inbox but not notified "
+                         f"({type(cause).__name__}: {cause}); "
+                         "the user's next submit serves them in order, or retry with the same "
+                         "turn_id (answered once)")
+
+
+def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str) -> list[Any]:
+    """The submit on Redis Cluster; return the gauges read after it (DESIGN §3).
+
+    A turn's inbox entry lives in the user's slot, its notification and active mark in the
+    tier's: no transaction can hold both, and redis-py's async cluster pipeline sends each
+    node's batch concurrently, so a notification could overtake its turn (the worker finds the
+    inbox empty, acks, and the turn waits for the user's next submit). So round trip 1 writes
+    every inbox entry of the batch and waits for their replies; round trip 2 writes the
+    notifications and active marks of the turns whose entry was acknowledged, then reads the
+    gauges (all in the tier's slot: one node, in order, so the lag is read after our
+    notifications, as on one node). No ``MULTI``: a cluster pipeline refuses it.
+
+    - An inbox ``XADD`` refused: that turn is not submitted and gets no notification; the
+      others of the batch are notified, then the first refusal is raised (as the single-node
+      path raises an error of its ``EXEC``, the rest applied). Round trip 1 failing as a whole
+      (a connection lost) raises it and notifies nothing; an entry that did land in spite of it
+      waits, in order, for its user's next submit.
+    - Round trip 2 failing (inbox written, notification not): :class:`SubmitNotNotified`,
+      naming the turns; it says what becomes of them.
+    """
+    pipe = r.pipeline()
+    queue_inboxes(pipe, built)
+    written, refused = inbox_written(pipe.execute(raise_on_error=False), built)
+    pipe = r.pipeline()
+    queue_notifications(pipe, written, tier)
+    try:
+        results = pipe.execute(raise_on_error=False)
+    except Exception as exc:  # RedisClusterException is no RedisError: whatever it is, unnotified
+        raise SubmitNotNotified(written, exc) from exc
+    return notified(results, written, refused)
+
+
+async def submit_ordered_async(r: Any, built: list[tuple[Turn, bytes]], tier: str) -> list[Any]:
+    """:func:`submit_ordered` on an asyncio client."""
+    pipe = r.pipeline()
+    queue_inboxes(pipe, built)
+    written, refused = inbox_written(await pipe.execute(raise_on_error=False), built)
+    pipe = r.pipeline()
+    queue_notifications(pipe, written, tier)
+    try:
+        results = await pipe.execute(raise_on_error=False)
+    except Exception as exc:
+        raise SubmitNotNotified(written, exc) from exc
+    return notified(results, written, refused)
+
+
+def queue_inboxes(pipe: Any, built: list[tuple[Turn, bytes]]) -> None:
+    """Round trip 1 of the ordered submit: every inbox entry of the batch."""
+    for turn, payload in built:
+        queue_inbox(pipe, turn, payload)
+
+
+def queue_notifications(pipe: Any, written: list[Turn], tier: str) -> None:
+    """Round trip 2 of the ordered submit: the notifications and active marks, then the gauges."""
+    for turn in written:
+        queue_notify(pipe, turn)
+    queue_submit_gauges(pipe, tier)
+
+
+def inbox_written(results: Any, built: list[tuple[Turn, bytes]]) -> tuple[list[Turn], Exception | None]:
+    """The turns of ``built`` whose inbox ``XADD`` was acknowledged, in order, and the first
+    refusal; if every entry was refused, that refusal is raised (there is nothing to notify)."""
+    if not isinstance(results, list) or len(results) != len(built):
+        raise redis.ResponseError(f"unexpected replies to the submit's inbox entries: {results!r}")
+    written = [turn for (turn, _), res in zip(built, results, strict=True) if not isinstance(res, Exception)]
+    refused = next((res for res in results if isinstance(res, Exception)), None)
+    if refused is not None and not written:
+        raise refused
+    return written, refused
+
+
+def notified(results: Any, written: list[Turn], refused: Exception | None) -> list[Any]:
+    """Check round trip 2 of the ordered submit and return its gauges.
+
+    Raises :class:`SubmitNotNotified` if a notification or active mark failed, else the first
+    inbox refusal of round trip 1 if there was one.
+    """
+    queued = NOTIFY_COMMANDS * len(written)
+    if not isinstance(results, list) or len(results) != queued + 2:
+        raise SubmitNotNotified(written, redis.ResponseError(
+            f"unexpected replies to the submit's notifications: {results!r}"))
+    failed = next((res for res in results[:queued] if isinstance(res, Exception)), None)
+    if failed is not None:
+        raise SubmitNotNotified(written, failed) from failed
+    if refused is not None:
+        raise refused
+    return results[queued:]
 
 
 # --- does the tier exist? ---------------------------------------------------------------

@@ -1,0 +1,336 @@
+"""The ordered submit on a real 3-master Redis Cluster (issue 11): every turn's inbox entry is
+there before its notification can be read.
+
+The cluster is three ``redis-server --cluster-enabled yes`` on free loopback ports, joined with
+``redis-cli --cluster create``, stopped by pid. The clients are redis-py's ``RedisCluster``
+(blocking and asyncio), built directly. A watcher reads the tier's ready stream as a worker
+would (``XREAD``) and, for each notification of user U, checks at once that U's inbox already
+holds as many entries as U has had notifications. And ``MONITOR`` on every master timestamps
+each command where it ran (one machine, one clock, microseconds): U's k-th inbox ``XADD`` must
+run before U's k-th notification. A notification that overtook its turn (what redis-py's
+concurrent per-node pipeline did to a one-batch submit: 879/900 answered) is caught there; a
+one-batch submit fails this test. The workers themselves on a cluster are other parts of
+issue 11.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from fleet.client import AsyncFleet, Fleet, SubmitNotNotified
+from protocol import keys
+from protocol.codec import as_str, decode
+from protocol.models import Turn
+from stores.cluster import is_cluster
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+USERS, TURNS = 300, 3
+
+
+def cluster_port() -> int:
+    """A free loopback port whose cluster bus port (``port + 10000``) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+def node(port: int) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2)
+
+
+class Cluster:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.ports: list[int] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, masters: int = 3) -> None:
+        binary = shutil.which("redis-server")
+        if not binary or not shutil.which("redis-cli"):
+            pytest.skip("redis-server / redis-cli are not installed")
+        for _ in range(masters):
+            port = cluster_port()
+            node_dir = self.workdir / str(port)
+            node_dir.mkdir()
+            self.procs.append(subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                 "--cluster-node-timeout", "5000", "--dir", str(node_dir)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.ports.append(port)
+        for port in self.ports:
+            self._wait(lambda p=port: node(p).ping(), "ping")
+        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                        "--cluster-replicas", "0", "--cluster-yes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        for port in self.ports:
+            self._wait(lambda p=port: as_str(node(p).execute_command("CLUSTER INFO")
+                                             .get("cluster_state", "")) == "ok", "state ok")
+
+    @staticmethod
+    def _wait(ok: object, what: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if ok():  # type: ignore[operator]
+                    return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster: {what} timed out")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def rc(cluster: Cluster) -> Iterator[redis.RedisCluster]:
+    client = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+    client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+    client.sadd(keys.TIERS, "chat")
+    yield client
+    client.close()
+
+
+def test_the_cluster_spreads_the_users_over_the_masters(rc: redis.RedisCluster) -> None:
+    assert is_cluster(rc) and is_cluster(rc.pipeline())
+    owners = {rc.get_node_from_key(keys.inbox(f"u{i}")).name for i in range(USERS)}
+    assert len(owners) == 3
+
+
+async def _watch(port: int, stop: asyncio.Event, seen: Counter[str], overtaken: list[str]) -> None:
+    """Read the ready stream like a worker; a notification whose turn is not in the inbox yet
+    is recorded in ``overtaken``."""
+    r = aioredis.RedisCluster(host="127.0.0.1", port=port)
+    last = "0-0"
+    try:
+        while True:
+            got = await r.xread({keys.ready("chat"): last}, count=500, block=50)
+            if not got and stop.is_set():
+                return
+            for _stream, entries in got or []:
+                for entry_id, fields in entries:
+                    last = as_str(entry_id)
+                    user = as_str(fields[b"user"])
+                    seen[user] += 1
+                    if await r.xlen(keys.inbox(user)) < seen[user]:
+                        overtaken.append(f"{user}#{seen[user]}")
+    finally:
+        await r.aclose()
+
+
+class Monitor:
+    """``MONITOR`` on every master: when each inbox ``XADD`` and each notification ran."""
+
+    STOP = "fleet-test-monitor-stop"
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self.inbox: dict[str, list[float]] = defaultdict(list)
+        self.ready: dict[str, list[float]] = defaultdict(list)
+        self.lock = threading.Lock()
+        self.started = [threading.Event() for _ in ports]
+        self.threads = [threading.Thread(target=self._run, args=(p, e), daemon=True)
+                        for p, e in zip(ports, self.started, strict=True)]
+
+    def _run(self, port: int, started: threading.Event) -> None:
+        with redis.Redis(host="127.0.0.1", port=port).monitor() as m:
+            started.set()
+            for cmd in m.listen():
+                words = cmd["command"].split(" ")
+                if words[0] == "ECHO" and words[-1] == self.STOP:
+                    return
+                if words[0].upper() != "XADD":
+                    continue
+                with self.lock:
+                    if words[1].endswith(":inbox"):
+                        self.inbox[words[1]].append(cmd["time"])
+                    elif words[1] == keys.ready("chat"):
+                        self.ready[keys.inbox(words[-1])].append(cmd["time"])
+
+    def __enter__(self) -> Monitor:
+        for t in self.threads:
+            t.start()
+        for e in self.started:
+            assert e.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for port in self.ports:
+            redis.Redis(host="127.0.0.1", port=port).echo(self.STOP)
+        for t in self.threads:
+            t.join(10)
+
+    def overtaken(self) -> list[str]:
+        """Notifications that ran before (or with no) inbox entry of the same rank."""
+        bad = []
+        for inbox, times in self.ready.items():
+            entries = self.inbox.get(inbox, [])
+            for k, at in enumerate(times):
+                if k >= len(entries) or entries[k] >= at:
+                    bad.append(f"{inbox}#{k}")
+        return bad
+
+
+def _assert_all_written(rc: redis.RedisCluster, turn_ids: dict[str, list[str]]) -> None:
+    for user, ids in turn_ids.items():
+        rows = rc.xrange(keys.inbox(user))
+        assert len(rows) == len(ids), user
+    assert rc.xlen(keys.ready("chat")) == sum(len(ids) for ids in turn_ids.values())
+    assert rc.zcard(keys.active("chat")) == len(turn_ids)
+
+
+def test_async_submits_of_300_users_x_3_turns_never_notify_before_the_inbox(
+        cluster: Cluster, rc: redis.RedisCluster) -> None:
+    async def run() -> tuple[Counter[str], list[str], dict[str, list[str]]]:
+        stop = asyncio.Event()
+        seen: Counter[str] = Counter()
+        overtaken: list[str] = []
+        watcher = asyncio.create_task(_watch(cluster.ports[1], stop, seen, overtaken))
+        client = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]))
+        turn_ids: dict[str, list[str]] = {}
+
+        async def user(u: str) -> None:
+            turn_ids[u] = []
+            for k in range(TURNS):
+                turn = await client.submit(u, f"turn {k}")
+                turn_ids[u].append(turn.turn_id)
+
+        try:
+            await asyncio.gather(*(user(f"u{i}") for i in range(USERS)))
+            deadline = time.monotonic() + 20
+            while sum(seen.values()) < USERS * TURNS and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await watcher
+            await client.aclose()
+        return seen, overtaken, turn_ids
+
+    with Monitor(cluster.ports) as monitor:
+        seen, overtaken, turn_ids = asyncio.run(run())
+    assert overtaken == [] and monitor.overtaken() == []
+    assert sum(map(len, monitor.ready.values())) == USERS * TURNS
+    assert sum(seen.values()) == USERS * TURNS and set(seen.values()) == {TURNS}
+    _assert_all_written(rc, turn_ids)
+    for u, ids in turn_ids.items():  # each inbox in submission order
+        assert [decode(Turn, f[b"m"]).turn_id for _, f in rc.xrange(keys.inbox(u))] == ids
+
+
+def test_submit_many_batches_on_both_clients_write_every_inbox_entry_then_every_notification(
+        cluster: Cluster, rc: redis.RedisCluster) -> None:
+    users = [f"b{i}" for i in range(100)]
+
+    async def run() -> tuple[list[str], dict[str, list[str]]]:
+        stop = asyncio.Event()
+        seen: Counter[str] = Counter()
+        overtaken: list[str] = []
+        watcher = asyncio.create_task(_watch(cluster.ports[2], stop, seen, overtaken))
+        turn_ids: dict[str, list[str]] = {u: [] for u in users}
+        aclient = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[1]))
+        sync = Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[2]))
+        try:
+            for _ in range(2):
+                for turn in await aclient.submit_many([(u, "a") for u in users]):
+                    turn_ids[turn.user].append(turn.turn_id)
+                handles = await asyncio.to_thread(sync.submit_many, [(u, "s") for u in users])
+                for h in handles:
+                    turn_ids[h.user].append(h.turn_id)
+            deadline = time.monotonic() + 20
+            while sum(seen.values()) < 4 * len(users) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await watcher
+            await aclient.aclose()
+            sync.close()
+        return overtaken, turn_ids
+
+    with Monitor(cluster.ports) as monitor:
+        overtaken, turn_ids = asyncio.run(run())
+    assert overtaken == [] and monitor.overtaken() == []
+    assert sum(map(len, monitor.ready.values())) == 4 * len(users)
+    _assert_all_written(rc, turn_ids)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_refused_inbox_entry_is_raised_and_gets_no_notification_on_a_real_cluster(
+        cluster: Cluster, rc: redis.RedisCluster, flavour: str) -> None:
+    rc.set(keys.inbox("bob"), "not a stream")  # bob's XADD is refused (WRONGTYPE) where it runs
+    batch = [("alice", "1"), ("bob", "2"), ("carol", "3")]
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        if flavour == "sync":
+            with Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])) as f:
+                f.submit_many(batch)
+        else:
+            async def run() -> None:
+                a = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]))
+                try:
+                    await a.submit_many(batch)
+                finally:
+                    await a.aclose()
+            asyncio.run(run())
+    users = [as_str(f[b"user"]) for _, f in rc.xrange(keys.ready("chat"))]
+    assert users == ["alice", "carol"]  # the others written and notified, bob's never
+    assert rc.xlen(keys.inbox("alice")) == rc.xlen(keys.inbox("carol")) == 1
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_refused_notification_leaves_the_turn_queued_and_raises_submit_not_notified(
+        cluster: Cluster, rc: redis.RedisCluster, flavour: str) -> None:
+    rc.set(keys.ready("chat"), "not a stream")  # every notification is refused
+    with pytest.raises(SubmitNotNotified) as caught:
+        if flavour == "sync":
+            with Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])) as f:
+                f.submit("alice", "hi", turn_id="t-1")
+        else:
+            async def run() -> None:
+                a = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]))
+                try:
+                    await a.submit("alice", "hi", turn_id="t-1")
+                finally:
+                    await a.aclose()
+            asyncio.run(run())
+    assert [t.turn_id for t in caught.value.turns] == ["t-1"]
+    assert isinstance(caught.value.__cause__, redis.ResponseError)
+    rows = rc.xrange(keys.inbox("alice"))
+    assert [decode(Turn, f[b"m"]).turn_id for _, f in rows] == ["t-1"]  # queued, for the next notification

@@ -1,0 +1,283 @@
+"""The ordered submit on Redis Cluster (issue 11, DESIGN §3): every inbox entry is acknowledged in
+an earlier round trip than any notification; a refused inbox entry gets no notification and is
+raised; no ``MULTI`` is sent to a cluster. And the single-node path is still one ``MULTI`` ..
+``EXEC`` round trip.
+
+The client here is a recording fake: each ``execute`` of one of its pipelines (and each direct
+command) is one round trip, recorded with its commands; ``is_cluster`` is told which fakes are
+clusters. The same on a real 3-master cluster: tests/integration/test_submit_cluster.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+import fleet
+import stores.cluster
+import stores.submit
+from fleet.client import AsyncFleet, Fleet, SubmitNotNotified
+from protocol import keys
+
+Command = tuple[str, str]
+
+
+class FakeClient:
+    """Records round trips; answers like Redis (``MULTI`` queues, ``EXEC`` answers the queue)."""
+
+    def __init__(self, cluster: bool, *, lag: int = 0) -> None:
+        self.cluster = cluster
+        self.trips: list[list[Command]] = []
+        self.fail: dict[Command, Exception] = {}  # a command's error reply
+        self.drop_trip: int | None = None  # this round trip's connection is lost (it raises)
+        self.lag = lag
+        self.response_callbacks: dict[str, Any] = {}
+        self.seq = 0
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> FakePipe:
+        return FakePipe(self)
+
+    def reply(self, cmd: Command) -> Any:
+        if cmd in self.fail:
+            return self.fail[cmd]
+        name = cmd[0]
+        if name == "XADD":
+            self.seq += 1
+            return f"1-{self.seq}".encode()
+        if name == "ZADD":
+            return 1
+        if name == "XINFO GROUPS":
+            return [{"name": keys.GROUP.encode(), "lag": self.lag}]
+        if name == "GET":
+            return None
+        raise AssertionError(f"unexpected command {cmd}")
+
+    def run(self, commands: list[Command]) -> list[Any]:
+        self.trips.append(list(commands))
+        if self.drop_trip == len(self.trips) - 1:
+            raise redis.ConnectionError("connection lost")
+        out: list[Any] = []
+        queue: list[Any] | None = None
+        for cmd in commands:
+            if cmd[0] == "MULTI":
+                assert not self.cluster, "MULTI sent to a cluster"
+                queue = []
+                out.append(b"OK")
+            elif cmd[0] == "EXEC":
+                assert queue is not None
+                out.append(queue)
+                queue = None
+            elif queue is not None:
+                queue.append(self.reply(cmd))
+                out.append(b"QUEUED")
+            else:
+                out.append(self.reply(cmd))
+        return out
+
+    def xadd(self, key: str, fields: dict[str, Any], **_: Any) -> Any:
+        return self.run([("XADD", key)])[0]
+
+
+class FakePipe:
+    def __init__(self, owner: FakeClient) -> None:
+        self.owner = owner
+        self.queued: list[Command] = []
+        self.response_callbacks: dict[str, Any] = {}
+
+    def execute_command(self, *args: Any) -> None:
+        self.queued.append((str(args[0]), ""))
+
+    def xadd(self, key: str, fields: dict[str, Any], **_: Any) -> None:
+        self.queued.append(("XADD", key))
+
+    def zadd(self, key: str, mapping: dict[str, float]) -> None:
+        self.queued.append(("ZADD", key))
+
+    def xinfo_groups(self, key: str) -> None:
+        self.queued.append(("XINFO GROUPS", key))
+
+    def get(self, key: str) -> None:
+        self.queued.append(("GET", key))
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        assert raise_on_error is False
+        return self.owner.run(self.queued)
+
+
+class AsyncFakeClient(FakeClient):
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> AsyncFakePipe:
+        return AsyncFakePipe(self)
+
+    async def xadd(self, key: str, fields: dict[str, Any], **_: Any) -> Any:
+        return self.run([("XADD", key)])[0]
+
+
+class AsyncFakePipe(FakePipe):
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:  # type: ignore[override]
+        assert raise_on_error is False
+        return self.owner.run(self.queued)
+
+
+@pytest.fixture(autouse=True)
+def fakes_say_if_they_are_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = stores.cluster.is_cluster
+
+    def is_cluster(r: Any) -> bool:
+        return r.cluster if isinstance(r, FakeClient) else real(r)
+
+    monkeypatch.setattr(stores.submit, "is_cluster", is_cluster)
+
+
+USERS = ["alice", "bob", "carol", "alice"]
+
+
+def submit(mode: str, fake_cluster: bool = True, users: list[str] = USERS,
+           setup: Callable[[FakeClient], None] = lambda c: None) -> tuple[FakeClient, Callable[[], Any]]:
+    """A fake of ``mode`` ("sync"/"async", "many"/"one") and the call that submits on it."""
+    sync = mode.startswith("sync")
+    fake = (FakeClient if sync else AsyncFakeClient)(fake_cluster)
+    setup(fake)
+    many = mode.endswith("many")
+    turns = [(u, f"turn {i}") for i, u in enumerate(users if many else users[:1])]
+    if sync:
+        client = Fleet(client=fake)  # type: ignore[arg-type]
+        client._tiers.add("chat")
+        return fake, lambda: client.submit_many(turns) if many else client.submit(*turns[0])
+    aclient = AsyncFleet(client=fake)  # type: ignore[arg-type]
+    aclient._tiers.add("chat")
+    if many:
+        return fake, lambda: asyncio.run(aclient.submit_many(turns))
+    return fake, lambda: asyncio.run(aclient.submit(*turns[0]))
+
+
+MODES = ["sync-one", "sync-many", "async-one", "async-many"]
+
+NOTIFY = [("XADD", keys.ready("chat")), ("ZADD", keys.active("chat"))]
+GAUGES = [("XINFO GROUPS", keys.ready("chat")), ("GET", keys.starting("chat"))]
+
+
+def inbox(user: str) -> Command:
+    return ("XADD", keys.inbox(user))
+
+
+def sent(fake: FakeClient) -> list[Command]:
+    return [cmd for trip in fake.trips for cmd in trip]
+
+
+def trip_of(fake: FakeClient, cmd: Command) -> list[int]:
+    return [i for i, trip in enumerate(fake.trips) if cmd in trip]
+
+
+# --- on a cluster -------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_every_inbox_entry_is_acknowledged_a_round_trip_before_any_notification(mode: str) -> None:
+    fake, call = submit(mode)
+    call()
+    users = USERS if mode.endswith("many") else USERS[:1]
+    assert fake.trips == [[inbox(u) for u in users], NOTIFY * len(users) + GAUGES]
+    last_inbox = max(i for u in users for i in trip_of(fake, inbox(u)))
+    assert last_inbox < min(trip_of(fake, NOTIFY[0]))
+    assert not {("MULTI", ""), ("EXEC", "")} & set(sent(fake))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pressure_is_posted_after_the_notifications(mode: str) -> None:
+    def lagging(fake: FakeClient) -> None:
+        fake.lag = 5
+
+    fake, call = submit(mode, setup=lagging)
+    call()
+    assert len(fake.trips) == 3 and fake.trips[2] == [("XADD", keys.pressure("chat"))]
+    assert ("MULTI", "") not in sent(fake)
+
+
+@pytest.mark.parametrize("mode", ["sync-many", "async-many"])
+def test_a_refused_inbox_entry_gets_no_notification_and_is_raised(mode: str) -> None:
+    def refuse_bob(fake: FakeClient) -> None:
+        fake.fail[inbox("bob")] = redis.ResponseError("OOM command not allowed")
+
+    fake, call = submit(mode, setup=refuse_bob)
+    with pytest.raises(redis.ResponseError, match="OOM"):
+        call()
+    # bob's turn is not submitted; the others were written and are notified (as a runtime error
+    # inside the single-node EXEC leaves the others applied)
+    assert fake.trips == [[inbox(u) for u in USERS], NOTIFY * 3 + GAUGES]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_inbox_entry_refused_writes_no_notification_at_all(mode: str) -> None:
+    def refuse_all(fake: FakeClient) -> None:
+        for u in USERS:
+            fake.fail[inbox(u)] = redis.ResponseError("NOPERM no xadd")
+
+    fake, call = submit(mode, setup=refuse_all)
+    with pytest.raises(redis.ResponseError, match="NOPERM"):
+        call()
+    assert len(fake.trips) == 1 and NOTIFY[0] not in sent(fake)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_inbox_round_trip_lost_raises_and_writes_no_notification(mode: str) -> None:
+    def drop_first(fake: FakeClient) -> None:
+        fake.drop_trip = 0
+
+    fake, call = submit(mode, setup=drop_first)
+    with pytest.raises(redis.ConnectionError):
+        call()
+    assert len(fake.trips) == 1 and NOTIFY[0] not in sent(fake)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_notifications_lost_after_the_inbox_raise_submit_not_notified_naming_the_turns(mode: str) -> None:
+    def drop_second(fake: FakeClient) -> None:
+        fake.drop_trip = 1
+
+    fake, call = submit(mode, setup=drop_second)
+    with pytest.raises(SubmitNotNotified) as caught:
+        call()
+    users = USERS if mode.endswith("many") else USERS[:1]
+    assert [t.user for t in caught.value.turns] == users
+    assert isinstance(caught.value.__cause__, redis.ConnectionError)
+    assert isinstance(caught.value, redis.RedisError) and "same turn_id" in str(caught.value)
+    assert len(fake.trips) == 2  # no pressure, nothing else
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_refused_notification_raises_submit_not_notified(mode: str) -> None:
+    def refuse_ready(fake: FakeClient) -> None:
+        fake.fail[NOTIFY[0]] = redis.ResponseError("WRONGTYPE ready")
+
+    fake, call = submit(mode, setup=refuse_ready)
+    with pytest.raises(SubmitNotNotified, match="WRONGTYPE") as caught:
+        call()
+    assert isinstance(caught.value.__cause__, redis.ResponseError)
+    assert len(fake.trips) == 2
+
+
+def test_a_refused_notification_outranks_an_inbox_refusal() -> None:
+    def both(fake: FakeClient) -> None:
+        fake.fail[inbox("bob")] = redis.ResponseError("OOM inbox")
+        fake.fail[NOTIFY[1]] = redis.ResponseError("OOM active")
+
+    fake, call = submit("sync-many", setup=both)
+    with pytest.raises(SubmitNotNotified) as caught:
+        call()
+    assert [t.user for t in caught.value.turns] == ["alice", "carol", "alice"]
+
+
+def test_submit_not_notified_is_exported() -> None:
+    assert fleet.SubmitNotNotified is SubmitNotNotified and "SubmitNotNotified" in fleet.__all__
+
+
+# --- on one node: unchanged -----------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_one_node_is_still_one_multi_exec_round_trip(mode: str) -> None:
+    fake, call = submit(mode, fake_cluster=False)
+    call()
+    users = USERS if mode.endswith("many") else USERS[:1]
+    body = [cmd for u in users for cmd in (inbox(u), *NOTIFY)]
+    assert fake.trips == [[("MULTI", ""), *body, ("EXEC", ""), *GAUGES]]
