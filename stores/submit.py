@@ -154,10 +154,10 @@ def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str) -> list[A
     - Round trip 2 failing (inbox written, notification not): :class:`SubmitNotNotified`,
       naming the turns; it says what becomes of them.
     """
-    pipe = r.pipeline()
+    pipe = r.pipeline(transaction=False)
     queue_inboxes(pipe, built)
     written, refused = inbox_written(pipe.execute(raise_on_error=False), built)
-    pipe = r.pipeline()
+    pipe = r.pipeline(transaction=False)
     queue_notifications(pipe, written, tier)
     try:
         results = pipe.execute(raise_on_error=False)
@@ -168,10 +168,10 @@ def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str) -> list[A
 
 async def submit_ordered_async(r: Any, built: list[tuple[Turn, bytes]], tier: str) -> list[Any]:
     """:func:`submit_ordered` on an asyncio client."""
-    pipe = r.pipeline()
+    pipe = r.pipeline(transaction=False)
     queue_inboxes(pipe, built)
     written, refused = inbox_written(await pipe.execute(raise_on_error=False), built)
-    pipe = r.pipeline()
+    pipe = r.pipeline(transaction=False)
     queue_notifications(pipe, written, tier)
     try:
         results = await pipe.execute(raise_on_error=False)
@@ -282,13 +282,24 @@ async def post_pressure_async(r: aioredis.Redis, tier: str, fields: Mapping[str,
 
 
 def any_beating(r: redis.Redis, beats: list[str]) -> bool:
-    """Whether any of the heartbeat keys ``beats`` exists."""
-    return bool(beats) and int(r.exists(*beats)) > 0
+    """Whether any of the heartbeat keys ``beats`` exists: one ``EXISTS`` per key (each worker's
+    key has its own slot), pipelined in one round trip."""
+    if not beats:
+        return False
+    pipe = r.pipeline(transaction=False)
+    for beat in beats:
+        pipe.exists(beat)
+    return any(int(n) for n in pipe.execute())
 
 
 async def any_beating_async(r: aioredis.Redis, beats: list[str]) -> bool:
     """:func:`any_beating` on an asyncio client."""
-    return bool(beats) and int(await r.exists(*beats)) > 0
+    if not beats:
+        return False
+    pipe = r.pipeline(transaction=False)
+    for beat in beats:
+        pipe.exists(beat)
+    return any(int(n) for n in await pipe.execute())
 
 
 def wait_reply(r: redis.Redis, user: str, turn_id: str, timeout: float) -> Any:

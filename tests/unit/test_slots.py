@@ -425,6 +425,9 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.submit.tier_defined": "parses replies",
     "stores.submit.heartbeats_of": "parses replies",
     "stores.submit.SUBMIT_COMMANDS": "a constant",
+    "stores.submit.SubmitNotNotified": "an exception",
+    "stores.submit.inbox_written": "parses replies",
+    "stores.submit.notified": "parses replies",
     "stores.policies.PolicyRead": "a value",
     "stores.registry.Registry": "a value",
     "stores.ledger.NotLeading": "an exception",
@@ -452,14 +455,8 @@ SINGLE_NODE_EXCEPTIONS = {
         "at the first event); on a Cluster it blocks on one tier or polls each stream on its own "
         "(checked by the Cluster run and test_cluster_pressure_wait_wakes_on_an_event)",
 }
-# On a Cluster, the submit is exempt only while stores/submit.py has no Cluster path (another
-# helper makes it, issue 11): once it asks ``is_cluster``, the Cluster run checks submit too.
-SUBMIT_HAS_CLUSTER_PATH = "is_cluster" in (STORES_DIR / "submit.py").read_text()
-CLUSTER_EXCEPTIONS = {} if SUBMIT_HAS_CLUSTER_PATH else {
-    k: v for k, v in SINGLE_NODE_EXCEPTIONS.items() if k[0].startswith("stores.submit.")}
-PENDING_SUBMIT = {  # cross-slot in stores/submit.py in both modes; the submit-path branch fixes it
-    ("stores.submit.any_beating", "command"): "EXISTS of several workers' heartbeats (one slot per worker)",
-}
+# On a Cluster nothing is exempt: the submit is ordered there (stores.submit.submit_ordered).
+CLUSTER_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def store_modules() -> list[Any]:
@@ -517,7 +514,7 @@ def check(rec: Recorder, *, cluster_mode: bool) -> tuple[list[Finding], set[tupl
     """Every group's findings (cross-slot spans; in Cluster mode, what a ClusterPipeline
     refuses), and which listed exceptions were met. The test's own setup is checked too."""
     findings, used = [], set()
-    allowed = (CLUSTER_EXCEPTIONS if cluster_mode else SINGLE_NODE_EXCEPTIONS) | PENDING_SUBMIT
+    allowed = CLUSTER_EXCEPTIONS if cluster_mode else SINGLE_NODE_EXCEPTIONS
     for g in rec.groups:
         spans: list[tuple[str, list[Any]]] = []  # (kind, keys)
         in_multi: list[Any] | None = None
@@ -571,7 +568,10 @@ def test_every_stores_operation_is_single_slot(recorder: Recorder, clients: Any,
     assert expected <= used, f"stale exceptions (fixed? remove them): {expected - used}"
 
 
-def test_every_public_stores_callable_is_driven_or_listed(recorder: Recorder, clients: Any) -> None:
+def test_every_public_stores_callable_is_driven_or_listed(recorder: Recorder, clients: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    drive(*clients)  # the single-node paths, then the Cluster ones (ordered submit, ...)
+    force_cluster(monkeypatch)
     drive(*clients)
     missing = [q for q, mod in public_callables() if q not in recorder.callers and not listed(q, mod)]
     assert not missing, f"stores functions neither driven by test_slots.drive nor in NOT_DRIVEN: {missing}"
