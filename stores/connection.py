@@ -7,13 +7,13 @@ Every process builds its client from a URL (explicit, else ``REDIS_URL``, else t
 ``ssl_certfile``, ``ssl_keyfile`` for a client certificate, ``ssl_cert_reqs``). See SECURITY.md.
 
 **Redis Cluster.** The URL of any node of a cluster will do: at connect, one short-lived plain
-connection (same TLS, ACL and connect timeout) asks the node ``INFO cluster``, and a node with
-``cluster_enabled:1`` gets redis-py's cluster client (``redis.RedisCluster``, or the asyncio
-one), with the same retry, TLS, ACL and timeout options. ``FLEET_REDIS_CLUSTER`` forces the mode:
-``auto`` (the default: ask the node), ``yes`` (a cluster: an error if the node says it is not
-one) or ``no`` (a single node, never asked). In ``auto``, a node that cannot be asked (down,
-or INFO refused to the ACL user) is taken for a single node, with a warning: a cluster whose
-node may be away when a process starts wants ``FLEET_REDIS_CLUSTER=yes``.
+connection (same TLS, ACL and connect timeout) asks the node whether it runs in cluster mode
+(``_probe``), and a cluster node gets redis-py's cluster client (``redis.RedisCluster``, or the
+asyncio one), with the same retry, TLS, ACL and timeout options. ``FLEET_REDIS_CLUSTER`` forces
+the mode: ``auto`` (the default: ask the node), ``yes`` (a cluster: an error if the node says it
+is not one) or ``no`` (a single node, never asked). In ``auto``, a node that cannot be asked
+(down, refused) is taken for a single node (logged at INFO): a cluster whose node may be away
+when a process starts wants ``FLEET_REDIS_CLUSTER=yes``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, BusyLoadingError
+from redis.exceptions import AuthenticationError, BusyLoadingError, NoPermissionError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -171,28 +171,38 @@ def cluster_mode(value: str | None = None) -> ClusterMode:
 
 
 def _probe(url: str) -> bool | None:
-    """Whether the node of ``url`` is a cluster node (``INFO cluster``), None if it cannot say.
+    """Whether the node of ``url`` is a cluster node, None if it cannot say (away, refused).
 
     One plain connection with the URL's own TLS and ACL options and the usual connect timeout,
-    no retries, closed at once.
+    no retries, closed at once. It asks ``SELECT 1`` first, which a cluster node refuses "in
+    cluster mode" and SECURITY.md's least-privilege ACL allows; only if the ACL refuses that,
+    ``INFO cluster`` (``cluster_enabled:1``), which that ACL does not grant (a refusal lands in
+    ``ACL LOG``). A ``rediss://`` URL naming a plain port raises ``HandshakeTimeout`` here.
     """
     kwargs: dict[str, Any] = {}
     if url.startswith("rediss://"):
         kwargs["connection_class"] = _SSLConnection
     probe = redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S,
                                  socket_timeout=CONNECT_TIMEOUT_S, retry=Retry(NoBackoff(), 0), **kwargs)
-    # database 0 whatever the URL says: a cluster node refuses SELECT, and would not be asked
+    # database 0 whatever the URL says: a cluster node refuses SELECT of another at connect
     probe.connection_pool.connection_kwargs["db"] = 0
     try:
-        info = probe.info("cluster")
+        try:
+            probe.select(1)
+            return False
+        except NoPermissionError:
+            return str(probe.info("cluster").get("cluster_enabled", "0")) == "1"
+        except ResponseError as exc:
+            return "cluster mode" in str(exc)  # else: a single node with fewer databases
+    except HandshakeTimeout:
+        raise  # final, and the client built next would wait as long again for it
     except TRANSIENT as exc:
-        log.warning("could not ask %s whether it is a cluster node (%s: %s); taking it for a "
-                    "single node (%s=yes forces cluster mode)",
-                    redact_url(url), type(exc).__name__, exc, CLUSTER_ENV)
+        # the client built next meets the same error, and says so; a CLI prints one line
+        log.info("could not ask %s whether it is a cluster node (%s: %s)",
+                 redact_url(url), type(exc).__name__, exc)
         return None
     finally:
         probe.close()
-    return str(info.get("cluster_enabled", "0")) == "1"
 
 
 def _use_cluster(url: str, cluster: str | None) -> bool:
@@ -203,7 +213,9 @@ def _use_cluster(url: str, cluster: str | None) -> bool:
     enabled = _probe(url)
     if mode == "yes" and enabled is False:
         raise ClusterModeError(f"{CLUSTER_ENV}=yes, but {redact_url(url)} is not a cluster node "
-                               "(cluster_enabled:0); for a single Redis, set it to auto or no")
+                               "(it accepts SELECT 1); for a single Redis, set it to auto or no")
+    if mode == "auto" and enabled is None:
+        log.info("taking %s for a single node (%s=yes forces cluster mode)", redact_url(url), CLUSTER_ENV)
     use = mode == "yes" or bool(enabled)
     if use:
         db = redis.connection.parse_url(url).get("db", 0)  # type: ignore[no-untyped-call]  # unannotated in redis-py
@@ -224,7 +236,9 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
     own timeout; a process that must not hang on a paused Redis passes its own.
 
     A cluster node's URL gets redis-py's asyncio ``RedisCluster`` (``cluster`` overrides
-    ``$FLEET_REDIS_CLUSTER``; see the module's doc). The probe is a blocking round trip, once.
+    ``$FLEET_REDIS_CLUSTER``; see the module's doc). The probe is a blocking round trip, once;
+    unless the mode is ``no``, a ``rediss://`` URL naming a plain port raises
+    ``HandshakeTimeout`` from it.
     """
     url = resolve_url(url)
     if _use_cluster(url, cluster):
@@ -263,7 +277,8 @@ def connect_sync(url: str | None = None, *, retries: int = 8, socket_timeout: fl
     A ``rediss://`` URL gets a TLS connection whose handshake is bounded like its connect.
     A cluster node's URL gets redis-py's ``RedisCluster`` (``cluster`` overrides
     ``$FLEET_REDIS_CLUSTER``; see the module's doc), which connects at once to learn the slots:
-    a cluster none of whose nodes answers raises ``RedisClusterException`` here.
+    a cluster none of whose nodes answers raises ``RedisClusterException`` here. Unless the mode
+    is ``no``, a ``rediss://`` URL naming a plain port raises ``HandshakeTimeout`` here too.
     """
     url = resolve_url(url)
     if _use_cluster(url, cluster):

@@ -118,6 +118,30 @@ def test_a_cluster_url_naming_another_database_is_refused(redis_cluster: RedisCl
         connect_sync(redis_cluster.url.replace("/0", "/3"))
 
 
+@pytest.mark.parametrize("denied", ["info", "select"])
+def test_detection_needs_only_one_of_select_or_info(redis_cluster: RedisClusterRig, denied: str):
+    """SELECT 1 (in SECURITY.md's ACL) decides; INFO cluster only if SELECT is refused."""
+    admins = [n.client() for n in redis_cluster.nodes]
+    try:
+        for admin in admins:  # an ACL is per node
+            admin.acl_setuser("probe", enabled=True, passwords=["+pw"], keys=["*"],
+                              commands=["+@all", f"-{denied}"])
+            admin.acl_log_reset()
+        url = redis_cluster.url.replace("redis://", "redis://probe:pw@")
+        r = connect_sync(url)
+        try:
+            assert is_cluster(r) and r.set("k", 1)
+        finally:
+            r.close()
+        logged = [e for a in admins for e in a.acl_log()]
+        if denied == "info":
+            assert logged == [], logged  # INFO was never sent
+    finally:
+        for admin in admins:
+            admin.acl_deluser("probe")
+            admin.close()
+
+
 # --- commands on every master ------------------------------------------------------------------
 def test_a_key_of_each_master_works_through_the_cluster_client(redis_cluster: RedisClusterRig):
     keys = keys_per_master(redis_cluster)

@@ -77,7 +77,7 @@ def test_no_never_asks_the_node(monkeypatch: pytest.MonkeyPatch):
 def test_auto_takes_a_node_that_cannot_be_asked_for_a_single_node(monkeypatch: pytest.MonkeyPatch,
                                                                   caplog: pytest.LogCaptureFixture):
     monkeypatch.delenv("FLEET_REDIS_CLUSTER", raising=False)
-    caplog.set_level(logging.WARNING, logger="stores.connection")
+    caplog.set_level(logging.INFO, logger="stores.connection")
     r = connect_sync(URL)  # nothing listens on port 1
     assert not is_cluster(r)
     assert "FLEET_REDIS_CLUSTER=yes forces cluster mode" in caplog.text
@@ -99,3 +99,14 @@ def test_cluster_errors_are_transient_and_until_ok_retries_them():
 
     asyncio.run(until_ok("flaky", flaky, backoff=Backoff(base=0.001, cap=0.001), log=logging.getLogger("t")))
     assert len(calls) == 3
+
+
+def test_the_commander_stops_at_a_bad_mode_before_it_builds_anything(monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture):
+    import threading
+
+    from commander.__main__ import _connect
+
+    monkeypatch.setenv("FLEET_REDIS_CLUSTER", "maybe")
+    assert _connect(URL, threading.Event()) is None
+    assert "must be one of auto, yes, no" in caplog.text
