@@ -11,13 +11,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from commander.commander import Commander
 from commander.runtime.process import ProcessRuntime
 from commander.settings import CommanderSettings
 from protocol.flags import Parser, add_flags, settings_from_flags
-from stores.connection import connect_sync, resolve_url
+from stores.connection import ClusterModeError, connect_sync, resolve_url
+from stores.retry import TRANSIENT, Backoff
 
 log = logging.getLogger("fleet.commander")
+_BACKOFF = Backoff(base=0.1, cap=5.0)  # waiting for a Redis away at start, as the loop waits
 
 
 def add_arguments(p: argparse.ArgumentParser, *, redis_url: bool = False) -> None:
@@ -54,6 +58,28 @@ def _metrics(settings: CommanderSettings) -> Any | None:
     return metrics
 
 
+def _connect(url: str, stop: threading.Event) -> redis.Redis | None:
+    """The commander's client; None on a usage error (logged) or a stop before it connected.
+
+    A cluster client connects at once (it must learn the slots): a cluster that is away at
+    start is waited for here, with the loop's backoff, as an outage is waited for in the loop.
+    """
+    failures = 0
+    while not stop.is_set():
+        try:
+            # few client retries: an outage reaches the loop, whose own backoff a SIGTERM interrupts
+            return connect_sync(url, retries=3, socket_timeout=10)
+        except ClusterModeError as exc:
+            log.error("%s", exc)
+            return None
+        except TRANSIENT as exc:
+            failures += 1
+            delay = _BACKOFF.compute(failures)
+            log.warning("Redis unavailable at start (%s); retrying in %.1fs", exc, delay)
+            stop.wait(delay)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a commander until SIGTERM/SIGINT."""
     settings = settings_from(args)
@@ -65,11 +91,14 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    # first: a bad FLEET_REDIS_CLUSTER, or a cluster away at start, is met here, not in the
+    # runtime's own client (a single node's client connects lazily: this returns at once)
+    r = _connect(url, stop)
+    if r is None:
+        return 0 if stop.is_set() else 2
     metrics = _metrics(settings)
     runtime = _runtime(settings, url)
     try:
-        # few client retries: an outage reaches the loop, whose own backoff a SIGTERM interrupts
-        r = connect_sync(url, retries=3, socket_timeout=10)
         return Commander(r, runtime, settings, metrics).run(stop)
     finally:
         runtime.close()

@@ -30,7 +30,7 @@ from protocol.policy import Policy
 from stores.backlog import write_starting
 from stores.control import send_control
 from stores.policies import PolicyRead, list_tiers, read_policy
-from stores.retry import Backoff
+from stores.retry import TRANSIENT, Backoff
 from stores.takeover import Takeover, sweep, take_over
 
 log = logging.getLogger("fleet.commander")
@@ -92,7 +92,7 @@ class Commander(Records):
                     stop.wait(self.settings.standby_poll_s)
                 self._register()
                 failures = 0
-            except (redis.RedisError, OSError) as exc:
+            except TRANSIENT as exc:
                 failures += 1
                 self._last_pass = None  # the next pass that succeeds ends an outage
                 delay = _BACKOFF.compute(failures)

@@ -18,6 +18,7 @@ from commander.settings import CommanderSettings
 from protocol.models import CommanderInfo, LedgerEvent
 from stores.commanders import deregister_commander, forget_commanders, register_commander
 from stores.decide_state import read_decide_state, write_decide_state
+from stores.retry import TRANSIENT
 
 log = logging.getLogger("fleet.commander")  # the commander's logger, as before the split
 STATE_TTL_S = 86_400
@@ -92,7 +93,7 @@ class Records:
                 self.runtime.stop_all()
             self.leader.step_down()
             deregister_commander(self.r, self.settings.commander_id)
-        except (redis.RedisError, OSError) as exc:
+        except TRANSIENT as exc:
             log.warning("clean shutdown incomplete (%s); the lease expires on its own", exc)
 
     # --- metrics -------------------------------------------------------------------------

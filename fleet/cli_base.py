@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import redis
+from redis.exceptions import RedisClusterException
 
-from stores.connection import connect_sync, redact_url, resolve_url
+from stores.connection import ClusterModeError, NoFleetFound, connect_sync, redact_url, resolve_url
 
 EXIT_ERROR_REPLY = 1
 EXIT_USAGE = 2
@@ -63,12 +64,16 @@ def _handlers() -> list[str]:
 
 def _client(args: argparse.Namespace) -> redis.Redis:
     try:
+        # a cluster node's URL is asked at once, and redis-py's cluster client connects at once
         r = connect_sync(getattr(args, "redis_url", None), retries=2)
+        r.ping()
+    except NoFleetFound:
+        raise  # the caller says where it looked
+    except ClusterModeError as exc:  # FLEET_REDIS_CLUSTER: a bad value, or yes of a single node
+        raise CliError(str(exc), EXIT_USAGE) from None
     except ValueError as exc:  # a URL redis-py cannot parse (main checks --redis-url and $REDIS_URL)
         raise CliError(f"bad Redis URL: {exc}", EXIT_USAGE) from None
-    try:
-        r.ping()
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, RedisClusterException, OSError) as exc:
         url = resolve_url(getattr(args, "redis_url", None))
         raise CliError(f"cannot reach Redis at {redact_url(url)}: {exc} (is the fleet up? `fleet up`)"
                        ) from None

@@ -5,27 +5,43 @@ Every process builds its client from a URL (explicit, else ``REDIS_URL``, else t
 ``redis://user:password@host:port/0`` for an ACL user, and
 ``rediss://user:password@host:port/0?ssl_ca_certs=/path/ca.pem`` for TLS (also
 ``ssl_certfile``, ``ssl_keyfile`` for a client certificate, ``ssl_cert_reqs``). See SECURITY.md.
+
+**Redis Cluster.** The URL of any node of a cluster will do: at connect, one short-lived plain
+connection (same TLS, ACL and connect timeout) asks the node whether it runs in cluster mode
+(``_probe``), and a cluster node gets redis-py's cluster client (``redis.RedisCluster``, or the
+asyncio one), with the same retry, TLS, ACL and timeout options. ``FLEET_REDIS_CLUSTER`` forces
+the mode: ``auto`` (the default: ask the node), ``yes`` (a cluster: an error if the node says it
+is not one) or ``no`` (a single node, never asked). In ``auto``, a node that cannot be asked
+(down, refused) is taken for a single node (logged at INFO): a cluster whose node may be away
+when a process starts wants ``FLEET_REDIS_CLUSTER=yes``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
-from typing import Any
+from typing import Any, Literal, cast
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.exceptions import AuthenticationError, BusyLoadingError
+from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, BusyLoadingError, NoPermissionError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from stores import home
-from stores.retry import Backoff
+from stores.retry import TRANSIENT, Backoff
+
+log = logging.getLogger(__name__)
 
 RETRY_ERRORS = [RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionResetError]
 CONNECT_TIMEOUT_S = 5.0  # TCP connect, and the TLS handshake of a rediss:// URL
+CLUSTER_ENV = "FLEET_REDIS_CLUSTER"
+ClusterMode = Literal["auto", "yes", "no"]
+CLUSTER_MODES: tuple[ClusterMode, ...] = ("auto", "yes", "no")
 
 
 class NoFleetFound(RedisConnectionError):
@@ -33,6 +49,11 @@ class NoFleetFound(RedisConnectionError):
 
     Fleet never falls back to ``127.0.0.1:6379``: a Redis there is usually not Fleet's.
     """
+
+
+class ClusterModeError(ValueError):
+    """``FLEET_REDIS_CLUSTER`` is not one of its values, or says ``yes`` of a node that is not
+    a cluster node, or a cluster URL names a database other than 0 (a usage error, final)."""
 
 
 class HandshakeTimeout(RedisConnectionError):
@@ -135,17 +156,110 @@ def async_retry_options(retries: int = 8) -> dict[str, Any]:
     return {"retry": _AsyncRetry(_backoff(), retries), "retry_on_error": RETRY_ERRORS}
 
 
+def cluster_mode(value: str | None = None) -> ClusterMode:
+    """The cluster mode asked for: ``value``, else ``$FLEET_REDIS_CLUSTER``, else ``auto``.
+
+    Case and surrounding blanks do not matter; anything but auto/yes/no is a ``ClusterModeError``.
+    """
+    raw = os.environ.get(CLUSTER_ENV, "") if value is None else value
+    mode = raw.strip().lower() or "auto"
+    for known in CLUSTER_MODES:
+        if mode == known:
+            return known
+    raise ClusterModeError(f"{CLUSTER_ENV}={raw!r}: must be one of {', '.join(CLUSTER_MODES)} "
+                           "(auto: ask the node at connect)")
+
+
+def _probe(url: str) -> bool | None:
+    """Whether the node of ``url`` is a cluster node, None if it cannot say (away, refused).
+
+    One plain connection with the URL's own TLS and ACL options and the usual connect timeout,
+    no retries, closed at once. It asks ``SELECT 1`` first, which a cluster node refuses "in
+    cluster mode" and SECURITY.md's least-privilege ACL allows; only if the ACL refuses that,
+    ``INFO cluster`` (``cluster_enabled:1``), which that ACL does not grant (a refusal lands in
+    ``ACL LOG``). A ``rediss://`` URL naming a plain port raises ``HandshakeTimeout`` here.
+    """
+    kwargs: dict[str, Any] = {}
+    if url.startswith("rediss://"):
+        kwargs["connection_class"] = _SSLConnection
+    probe = redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S,
+                                 socket_timeout=CONNECT_TIMEOUT_S, retry=Retry(NoBackoff(), 0), **kwargs)
+    # database 0 whatever the URL says: a cluster node refuses SELECT of another at connect
+    probe.connection_pool.connection_kwargs["db"] = 0
+    try:
+        try:
+            probe.select(1)
+            return False
+        except NoPermissionError:
+            return str(probe.info("cluster").get("cluster_enabled", "0")) == "1"
+        except ResponseError as exc:
+            return "cluster mode" in str(exc)  # else: a single node with fewer databases
+    except HandshakeTimeout:
+        raise  # final, and the client built next would wait as long again for it
+    except TRANSIENT as exc:
+        # the client built next meets the same error, and says so; a CLI prints one line
+        log.info("could not ask %s whether it is a cluster node (%s: %s)",
+                 redact_url(url), type(exc).__name__, exc)
+        return None
+    finally:
+        probe.close()
+
+
+def _use_cluster(url: str, cluster: str | None) -> bool:
+    """Whether to build a cluster client for ``url`` (see the module's doc)."""
+    mode = cluster_mode(cluster)
+    if mode == "no":
+        return False
+    enabled = _probe(url)
+    if mode == "yes" and enabled is False:
+        raise ClusterModeError(f"{CLUSTER_ENV}=yes, but {redact_url(url)} is not a cluster node "
+                               "(it accepts SELECT 1); for a single Redis, set it to auto or no")
+    if mode == "auto" and enabled is None:
+        log.info("taking %s for a single node (%s=yes forces cluster mode)", redact_url(url), CLUSTER_ENV)
+    use = mode == "yes" or bool(enabled)
+    if use:
+        db = redis.connection.parse_url(url).get("db", 0)  # type: ignore[no-untyped-call]  # unannotated in redis-py
+        if db not in (0, None):
+            raise ClusterModeError(f"{redact_url(url)} names database {db}: "
+                                   "a Redis Cluster has only database 0")
+    return use
+
+
 def connect_async(url: str | None = None, *, retries: int = 8, max_connections: int = 10_000,
-                  socket_timeout: float | None = None, **kwargs: Any) -> aioredis.Redis:
+                  socket_timeout: float | None = None, cluster: str | None = None,
+                  **kwargs: Any) -> aioredis.Redis:
     """An asyncio client that retries connection errors with capped, jittered backoff.
 
     Every concurrent blocking call (BLPOP of a waiting reply, XREADGROUP) holds a connection,
     so the pool's cap is set far above redis-py's default of 100. ``socket_timeout`` is None by
     default (redis-py's is 5 s), or a ``BLPOP`` for a reply would fail after 5 s whatever its
     own timeout; a process that must not hang on a paused Redis passes its own.
+
+    A cluster node's URL gets redis-py's asyncio ``RedisCluster`` (``cluster`` overrides
+    ``$FLEET_REDIS_CLUSTER``; see the module's doc). The probe is a blocking round trip, once;
+    unless the mode is ``no``, a ``rediss://`` URL naming a plain port raises
+    ``HandshakeTimeout`` from it.
     """
+    url = resolve_url(url)
+    if _use_cluster(url, cluster):
+        # redis-py's asyncio cluster client: its ``max_connections`` is per node; it builds its
+        # own TLS connection class from ``ssl`` (no ``connection_class``), and uses the retry
+        # for the count of its own retries (MOVED, a lost node: the slots table is refreshed)
+        client = aioredis.RedisCluster.from_url(
+            url,
+            max_connections=max_connections,
+            socket_timeout=socket_timeout,
+            **async_retry_options(retries),
+            health_check_interval=15,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_keepalive=True,
+            **kwargs,
+        )
+        # RedisCluster is no subclass of Redis, but has the command API the stores use; the
+        # callers keep their one type, and ``stores.cluster.is_cluster`` tells the two apart
+        return cast(aioredis.Redis, client)
     return aioredis.Redis.from_url(
-        resolve_url(url),
+        url,
         max_connections=max_connections,
         socket_timeout=socket_timeout,
         **async_retry_options(retries),
@@ -157,12 +271,35 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
 
 
 def connect_sync(url: str | None = None, *, retries: int = 8, socket_timeout: float | None = None,
-                 **kwargs: object) -> redis.Redis:
+                 cluster: str | None = None, **kwargs: object) -> redis.Redis:
     """A blocking client with the same retry behaviour (CLI, commander).
 
     A ``rediss://`` URL gets a TLS connection whose handshake is bounded like its connect.
+    A cluster node's URL gets redis-py's ``RedisCluster`` (``cluster`` overrides
+    ``$FLEET_REDIS_CLUSTER``; see the module's doc), which connects at once to learn the slots:
+    a cluster none of whose nodes answers raises ``RedisClusterException`` here. Unless the mode
+    is ``no``, a ``rediss://`` URL naming a plain port raises ``HandshakeTimeout`` here too.
     """
     url = resolve_url(url)
+    if _use_cluster(url, cluster):
+        if url.startswith("rediss://"):
+            # redis-py's cluster client lets the URL's scheme pick the connection class over
+            # ours: given a redis:// URL (its TLS options ride in the query) it keeps ours
+            url = "redis://" + url.removeprefix("rediss://")
+            kwargs.setdefault("connection_class", _SSLConnection)
+        client = redis.RedisCluster.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            # used for its retry count: redis-py retries a lost node or a CLUSTERDOWN that many
+            # times, refreshing the slots table; each node's own connection does not retry
+            retry=_retry(retries),
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_keepalive=True,
+            **kwargs,
+        )
+        # RedisCluster is no subclass of Redis, but has the command API the stores use; the
+        # callers keep their one type, and ``stores.cluster.is_cluster`` tells the two apart
+        return cast(redis.Redis, client)
     if url.startswith("rediss://"):
         kwargs.setdefault("connection_class", _SSLConnection)
     return redis.Redis.from_url(

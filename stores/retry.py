@@ -24,12 +24,21 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from redis.backoff import AbstractBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import AskError, ClusterDownError, RedisClusterException, RedisError, TryAgainError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_never
 from tenacity.stop import stop_base
 from tenacity.wait import wait_random_exponential
 
-RETRIED: tuple[type[BaseException], ...] = (RedisError, OSError)  # Redis away, or the network
+# What every loop retries: Redis away, or the network, or a Redis Cluster between two
+# topologies. redis-py's cluster client raises ``RedisClusterException`` (not a ``RedisError``)
+# when it finds no node for a slot or cannot reach any startup node, e.g. while a replica is
+# promoted after its master died; MOVED/ASK/TRYAGAIN/CLUSTERDOWN that outlive its own few
+# retries reach us as ``ResponseError``s (``RedisError``). All of them mend with a wait.
+TRANSIENT: tuple[type[Exception], ...] = (RedisError, OSError, RedisClusterException)
+RETRIED = TRANSIENT  # the older name
+# The ``ResponseError``s of a Cluster whose slots are moving (MOVED is an AskError; MASTERDOWN a
+# ClusterDownError): a loop that raises other ``ResponseError``s still waits on these.
+CLUSTER_IN_MOTION: tuple[type[Exception], ...] = (AskError, TryAgainError, ClusterDownError)
 
 
 class Backoff(AbstractBackoff):
@@ -68,11 +77,12 @@ class _event_set(stop_base):
 
 async def until_ok(what: str, fn: Callable[[], Awaitable[None]], *, backoff: Backoff,
                    log: logging.Logger, attempts: int = 0, unless: asyncio.Event | None = None) -> None:
-    """Call ``fn`` until it succeeds, waiting ``backoff`` between tries; Redis and network errors
-    are retried, any other error (and a cancellation) is raised. Give up after ``attempts``
-    failures (0: never), or at the first failure once ``unless`` is set; a wait ends early when
-    ``unless`` is set (with ``asyncio.timeout``: never ``wait_for``, which can drop the
-    cancellation that ends the wait, CPython gh-86296). Giving up is logged, not raised."""
+    """Call ``fn`` until it succeeds, waiting ``backoff`` between tries; Redis, network and Cluster
+    errors (``TRANSIENT``) are retried, any other error (and a cancellation) is raised. Give up
+    after ``attempts`` failures (0: never), or at the first failure once ``unless`` is set; a
+    wait ends early when ``unless`` is set (with ``asyncio.timeout``: never ``wait_for``, which
+    can drop the cancellation that ends the wait, CPython gh-86296). Giving up is logged, not
+    raised."""
 
     def before_sleep(state: RetryCallState) -> None:
         log.warning("%s failed (%s); retrying", what, _error(state))
@@ -98,7 +108,7 @@ async def until_ok(what: str, fn: Callable[[], Awaitable[None]], *, backoff: Bac
     if unless is not None:
         stop = stop | _event_set(unless)
     # a new AsyncRetrying per call: one keeps its state per thread, not per task
-    await AsyncRetrying(sleep=sleep, stop=stop, wait=backoff.wait, retry=retry_if_exception_type(RETRIED),
+    await AsyncRetrying(sleep=sleep, stop=stop, wait=backoff.wait, retry=retry_if_exception_type(TRANSIENT),
                         before_sleep=before_sleep, retry_error_callback=gave_up)(attempt)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode
@@ -27,7 +27,7 @@ from stores.connection import connect_async
 from stores.control import read_control_async
 from stores.policies import PolicyRead, read_policy_async
 from stores.replies import RawRow
-from stores.retry import until_ok
+from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
 from worker.aio import Abandoned, dump_tasks, unless_stuck
@@ -123,7 +123,7 @@ class Worker(JobServices):
         start.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await start
-        with contextlib.suppress(TimeoutError, RedisError, OSError):  # it may have registered
+        with contextlib.suppress(TimeoutError, *TRANSIENT):  # it may have registered
             await asyncio.wait_for(self._deregister(), 1.0)
         return False
 
@@ -196,6 +196,13 @@ class Worker(JobServices):
                 log.warning("%s pass failed (%s: %s)", what, type(exc).__name__, exc)
                 await self._pause(max(interval, BACKOFF.compute(failures)))
 
+    async def _read_failed(self, failures: int, exc: Exception) -> int:
+        """A failed read of the ready stream: Redis is away (or failing over); back off."""
+        self._redis_away = True
+        log.warning("reading %s failed (%s); retrying", self._ready_key, exc)
+        await asyncio.sleep(BACKOFF.compute(failures + 1))
+        return failures + 1
+
     async def _pull_loop(self) -> None:
         failures = 0
         while not self.draining:
@@ -212,12 +219,12 @@ class Worker(JobServices):
                 if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate
                     await self._until_ok("recreate group", self._start, unless=self._drained)
                     continue
-                raise
-            except (RedisError, OSError) as exc:
-                failures += 1
-                self._redis_away = True
-                log.warning("reading %s failed (%s); retrying", self._ready_key, exc)
-                await asyncio.sleep(BACKOFF.compute(failures))
+                if not isinstance(exc, CLUSTER_IN_MOTION):  # a MOVED past the client's retries: wait
+                    raise
+                failures = await self._read_failed(failures, exc)
+                continue
+            except TRANSIENT as exc:
+                failures = await self._read_failed(failures, exc)
                 continue
             for _stream, entries in resp or []:
                 for nid, fields in entries:
@@ -360,7 +367,7 @@ class Worker(JobServices):
                 failures = 0
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as exc:
+            except TRANSIENT as exc:
                 failures += 1
                 log.warning("reading control stream failed (%s)", exc)
                 await self._pause(BACKOFF.compute(failures))

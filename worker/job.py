@@ -19,7 +19,7 @@ from protocol.ids import InvalidId, validate_user_id
 from protocol.models import HandlerResult, Reply, SessionEntry, Turn
 from protocol.policy import Policy
 from stores.memory import new_member
-from stores.retry import Backoff
+from stores.retry import TRANSIENT, Backoff
 from stores.turns import Busy, Fenced, Lease, Pulled, UserStore, Writes
 from worker import handlers
 from worker.intake import Fields, decode_entry, reply_route
@@ -100,6 +100,9 @@ class UserJob:
                 pass
         except asyncio.CancelledError:
             raise
+        except TRANSIENT as exc:  # Redis away, or a Cluster failing over: no traceback to show
+            log.warning("serving %s failed (%s: %s); its notification stays pending for a retry",
+                        self.user, type(exc).__name__, exc)
         except Exception:
             log.exception("serving %s failed; its notification stays pending for a retry", self.user)
         finally:

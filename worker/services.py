@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from protocol.models import Counters, Slots, WorkerState
 from protocol.policy import Policy
@@ -21,7 +20,7 @@ from stores import worker_ops
 from stores.deadletters import dead_letter_async
 from stores.policies import tier_defined_async
 from stores.reports import post_report_async
-from stores.retry import Backoff
+from stores.retry import TRANSIENT, Backoff
 from stores.turns import UserStore
 from worker import handlers
 from worker.intake import Fields
@@ -125,7 +124,7 @@ class JobServices:
         try:
             await self.notify(user, self.tier)
             await self.ack([nid])
-        except (RedisError, OSError) as exc:
+        except TRANSIENT as exc:
             log.warning("could not hand back notification %s (%s); it stays pending", nid, exc)
 
     async def reject_notification(self, nid: str, fields: Fields, reason: str) -> None:
@@ -134,7 +133,7 @@ class JobServices:
         try:
             await self.dead_letter(raw_user, "", "", f"bad notification {nid}: {reason}", fields)
             await self.ack([nid])
-        except (RedisError, OSError) as exc:
+        except TRANSIENT as exc:
             log.warning("could not dead-letter notification %s (%s); it stays pending", nid, exc)
 
     # --- reports ---------------------------------------------------------------------
