@@ -1,0 +1,179 @@
+"""Fleet end to end on a real Redis Cluster (3 masters + 3 replicas): workers, the asyncio
+client, the CLI (`fleet submit`, `fleet status`) and the commander, all given one node's
+plain URL (issue 11: before, not one turn was served on a cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+from redis.crc import key_slot
+
+from fleet.client import AsyncFleet
+from protocol import keys
+from protocol.codec import decode
+from protocol.models import SessionEntry
+from protocol.policy import Policy
+from stores.cluster import is_cluster
+from stores.connection import connect_sync
+from stores.policies import write_policy
+from stores.registry import read_registry
+from tests.cluster.conftest import RedisClusterRig
+from tests.conftest import ROOT, TEST_WORKER_ENV
+from tests.integration.conftest import FAST_WORKER_ENV, wait_until
+
+pytestmark = pytest.mark.integration
+FLEET = [sys.executable, "-c", "import sys; from fleet.cli import main; sys.exit(main())"]
+
+
+@pytest.fixture
+def cluster_env(redis_cluster: RedisClusterRig, tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"REDIS_URL": redis_cluster.url, "FLEET_HOME": str(tmp_path / "fleet-home"),
+                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+                "PYTHONUNBUFFERED": "1", **TEST_WORKER_ENV, **FAST_WORKER_ENV})
+    env.pop("FLEET_REDIS_CLUSTER", None)  # detected from the URL, not forced
+    return env
+
+
+@pytest.fixture
+def rc(redis_cluster: RedisClusterRig) -> Iterator[redis.Redis]:
+    client = connect_sync(redis_cluster.url)
+    assert is_cluster(client)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def start_workers(cluster_env: dict[str, str], rc: redis.Redis,
+                  tmp_path: Path) -> Iterator[Callable[[int], list[subprocess.Popen[bytes]]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(n: int) -> list[subprocess.Popen[bytes]]:
+        new = []
+        for _ in range(n):
+            wid = f"chat-c{len(procs)}"
+            with (tmp_path / f"{wid}.log").open("wb") as out:
+                proc = subprocess.Popen([sys.executable, "-m", "worker", "--tier", "chat",
+                                         "--worker-id", wid],
+                                        env=cluster_env, stdout=out, stderr=subprocess.STDOUT)
+            procs.append(proc)
+            new.append(proc)
+            wait_until(lambda w=wid, p=proc: rc.exists(keys.heartbeat(w)) or p.poll() is not None, 20,
+                       f"worker {wid} to register")
+            assert proc.poll() is None, (tmp_path / f"{wid}.log").read_text()[-2000:]
+        return new
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def session_of(r: redis.Redis, user: str) -> list[str]:
+    return [decode(SessionEntry, raw).text for raw in r.lrange(keys.session(user), 0, -1)]
+
+
+def test_turns_of_users_on_every_master_are_all_answered_in_order(
+        redis_cluster: RedisClusterRig, rc: redis.Redis, start_workers: Callable[[int], object]) -> None:
+    write_policy(rc, "chat", Policy(concurrency=16))
+    start_workers(2)
+    users, turns = 150, 3
+    names = [f"u{i}" for i in range(users)]
+    masters = {redis_cluster.master_of_slot(key_slot(keys.inbox(u).encode())).port for u in names}
+    assert len(masters) == 3  # the users' keys live on every master
+
+    async def run() -> list[list[str]]:
+        fleet = AsyncFleet(redis_cluster.url)
+
+        async def one(user: str) -> list[str]:
+            return [(await fleet.ask(user, f"turn {k}", timeout=30)).text for k in range(turns)]
+
+        try:
+            return await asyncio.gather(*(one(u) for u in names))
+        finally:
+            await fleet.aclose()
+
+    replies = asyncio.run(run())
+    for user, texts in zip(names, replies, strict=True):
+        assert [t.split(" | ")[0] for t in texts] == [f"echo: turn {k}" for k in range(turns)], user
+        assert session_of(rc, user) == [f"turn {k}" for k in range(turns)], user
+
+
+def test_the_cli_submits_and_shows_status_on_a_cluster(
+        rc: redis.Redis, cluster_env: dict[str, str], start_workers: Callable[[int], object]) -> None:
+    start_workers(1)
+    out = subprocess.run([*FLEET, "submit", "--user", "cli", "hello"], env=cluster_env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("echo: hello")
+    out = subprocess.run([*FLEET, "status", "--json"], env=cluster_env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)
+    assert status["tiers"]["chat"]["backlog"] == 0
+    assert [w["worker"] for w in status["workers"] if w["alive"]] == ["chat-c0"]
+    out = subprocess.run([*FLEET, "policy", "set", "chat", "max_workers=5"], env=cluster_env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run([*FLEET, "policy", "get", "chat"], env=cluster_env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "max_workers = 5" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_commander_scales_a_tier_on_a_cluster(rc: redis.Redis, cluster_env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    write_policy(rc, "chat", Policy(min_workers=2, max_workers=4, concurrency=4))
+    log = tmp_path / "commander.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "commander", "--commander-id", "c1", "--no-metrics", "--interval", "0.2",
+             "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit"],
+            env=cluster_env, stdout=out, stderr=subprocess.STDOUT)
+    pids: set[int] = set()
+    try:
+        def live() -> list[str]:
+            workers = read_registry(rc).workers
+            pids.update(info.pid for info, _alive in workers.values())
+            return [wid for wid, (_info, alive) in workers.items() if alive]
+
+        wait_until(lambda: len(live()) == 2 or proc.poll() is not None, 60, "the commander's 2 workers")
+        assert proc.poll() is None, log.read_text()[-3000:]
+
+        async def ask() -> str:
+            fleet = AsyncFleet(cluster_env["REDIS_URL"])
+            try:
+                return (await fleet.ask("alice", "hi", timeout=30)).text
+            finally:
+                await fleet.aclose()
+
+        assert asyncio.run(ask()).startswith("echo: hi")
+        assert rc.get(keys.LEADER) is not None
+        events = rc.xrange(keys.EVENTS)
+        assert any(b"scale-up" in fields[b"m"] for _id, fields in events), events
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.1)
+    leftovers = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not leftovers, f"workers left behind: {leftovers}"
