@@ -1,29 +1,25 @@
-"""The ordered submit on a real 3-master Redis Cluster (issue 11): every turn's inbox entry is
-there before its notification can be read.
+"""The ordered submit on a real Redis Cluster (issue 11): every turn's inbox entry is there
+before its notification can be read.
 
-The cluster is three ``redis-server --cluster-enabled yes`` on free loopback ports, joined with
-``redis-cli --cluster create``, stopped by pid. The clients are redis-py's ``RedisCluster``
-(blocking and asyncio), built directly. A watcher reads the tier's ready stream as a worker
-would (``XREAD``) and, for each notification of user U, checks at once that U's inbox already
-holds as many entries as U has had notifications. And ``MONITOR`` on every master timestamps
-each command where it ran (one machine, one clock, microseconds): U's k-th inbox ``XADD`` must
-run before U's k-th notification. A notification that overtook its turn (what redis-py's
-concurrent per-node pipeline did to a one-batch submit: 879/900 answered) is caught there; a
-one-batch submit fails this test. The workers themselves on a cluster are other parts of
-issue 11.
+The cluster is the session's 3 masters + 3 replicas (tests/cluster/conftest.py). The clients
+are redis-py's ``RedisCluster`` (blocking and asyncio), built directly. A watcher reads the
+tier's ready stream as a worker would (``XREAD``) and, for each notification of user U,
+checks at once that U's inbox already holds as many entries as U has had notifications. And
+``MONITOR`` on every master timestamps each command where it ran (one machine, one clock,
+microseconds): U's k-th inbox ``XADD`` must run before U's k-th notification. A notification
+that overtook its turn (what redis-py's concurrent per-node pipeline did to a one-batch
+submit: 879/900 answered) is caught there; a one-batch submit fails this test. The workers on
+a cluster: test_fleet_on_cluster.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -34,99 +30,29 @@ from protocol import keys
 from protocol.codec import as_str, decode
 from protocol.models import Turn
 from stores.cluster import is_cluster
-from tests.conftest import free_port
+from tests.cluster.conftest import RedisClusterRig
 
 pytestmark = pytest.mark.integration
 
 USERS, TURNS = 300, 3
 
 
-def cluster_port() -> int:
-    """A free loopback port whose cluster bus port (``port + 10000``) is free too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-
-
-def node(port: int) -> redis.Redis:
-    return redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2)
-
-
+@dataclass(frozen=True)
 class Cluster:
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.ports: list[int] = []
-        self.procs: list[subprocess.Popen[bytes]] = []
+    """The masters' ports of the session's cluster (tests/cluster/conftest.py)."""
 
-    def start(self, masters: int = 3) -> None:
-        binary = shutil.which("redis-server")
-        if not binary or not shutil.which("redis-cli"):
-            pytest.skip("redis-server / redis-cli are not installed")
-        for _ in range(masters):
-            port = cluster_port()
-            node_dir = self.workdir / str(port)
-            node_dir.mkdir()
-            self.procs.append(subprocess.Popen(
-                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                 "--cluster-node-timeout", "5000", "--dir", str(node_dir)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            self.ports.append(port)
-        for port in self.ports:
-            self._wait(lambda p=port: node(p).ping(), "ping")
-        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-                        "--cluster-replicas", "0", "--cluster-yes"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
-        for port in self.ports:
-            self._wait(lambda p=port: as_str(node(p).execute_command("CLUSTER INFO")
-                                             .get("cluster_state", "")) == "ok", "state ok")
-
-    @staticmethod
-    def _wait(ok: object, what: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if ok():  # type: ignore[operator]
-                    return
-            except redis.RedisError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"cluster: {what} timed out")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+    ports: list[int]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+@pytest.fixture
+def cluster(redis_cluster: RedisClusterRig) -> Cluster:
+    return Cluster([m.port for m in redis_cluster.masters()])
 
 
 @pytest.fixture
 def rc(cluster: Cluster) -> Iterator[redis.RedisCluster]:
     client = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
-    client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
-    client.sadd(keys.TIERS, "chat")
+    client.sadd(keys.TIERS, "chat")  # (the fixture emptied the cluster)
     yield client
     client.close()
 
