@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 from redis.connection import parse_url
+from redis.exceptions import RedisClusterException
 
 from fleet.cli_admin import cmd_dead_letters, cmd_policy_edit, cmd_policy_get, cmd_policy_set, cmd_status
 from fleet.cli_base import (
@@ -305,7 +306,7 @@ def _run(argv: list[str] | None) -> int:
     except NoFleetFound as exc:  # says where it looked; nothing is used by default
         print(f"fleet {args.command}: {exc}", file=sys.stderr)
         return 1
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:
         print(f"fleet {args.command}: Redis error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

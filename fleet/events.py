@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from protocol.codec import CodecError, as_str, decode
 from protocol.ids import validate_tier
@@ -96,7 +97,7 @@ def follow(r: redis.Redis, tier: str | None, since: str,
         try:
             rows = ledger_after(r, last, 100, block_ms)
             failures = 0
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
             failures += 1  # Redis restarting: keep the place in the ledger and try again
             print(f"fleet events: Redis unreachable ({exc}); retrying", file=sys.stderr, flush=True)
             time.sleep(min(RETRY_CAP_S, 0.25 * 2 ** min(failures, 5)))

@@ -12,6 +12,7 @@ from typing import Any
 
 import psutil
 import redis
+from redis.exceptions import RedisClusterException
 
 from fleet import local
 from protocol.codec import CodecError
@@ -65,7 +66,7 @@ def _others(url: str, sup: dict[str, Any], kind: str | None = None,
                  for c in _commanders(r) if c.pid != sup.get("pid") or c.host != socket.gethostname()]
         found += [{"kind": "worker", "id": w.worker, "pid": w.pid, "host": w.host,
                    "started": w.started, "what": f"{w.tier} worker"} for w in read_registry(r).live()]
-    except redis.RedisError:
+    except (redis.RedisError, RedisClusterException):
         return []
     found = [p for p in found if kind in (None, p["kind"])]
     if local_only:
@@ -148,7 +149,7 @@ def _forget_commander_entry(url: str, sup: dict[str, Any]) -> None:
                 continue
             if info.pid == sup.get("pid") and info.host == socket.gethostname():
                 deregister_commander(r, cid)
-    except redis.RedisError:
+    except (redis.RedisError, RedisClusterException):
         pass
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from commander.evaluator import Evaluator, Occupancy, memory_limit_bytes
 from fleet.events import Entry, clip, format_event, read_events
@@ -362,7 +363,7 @@ def run_top(r: redis.Redis, interval: float = 2.0, once: bool = False, tier: str
             while True:
                 try:
                     text = render(collect(r, tier, handlers), terminal_width())
-                except redis.RedisError as exc:
+                except (redis.RedisError, RedisClusterException) as exc:
                     text = f"fleet top: Redis error: {exc} (retrying every {interval:g}s; q quits)"
                 out.write(CLEAR + text + "\n")
                 out.flush()

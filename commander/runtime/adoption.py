@@ -26,6 +26,7 @@ from commander.runtime.template import TemplateSpawner
 from protocol.models import WorkerInfo
 from stores.records import drop_record, read_records, write_record
 from stores.registry import forget_workers, heartbeat_alive, read_entries
+from stores.retry import TRANSIENT
 
 log = logging.getLogger("commander.runtime.process")  # the runtime's logger, as before the split
 
@@ -91,7 +92,7 @@ class Adoption:
     def _registry(self) -> builtins.list[WorkerInfo]:  # `list` is a method here
         try:
             infos, unreadable = read_entries(self.r)
-        except redis.RedisError as exc:
+        except TRANSIENT as exc:
             log.warning("registry not readable, adopting from run records only: %s", exc)
             return []
         for worker_id in unreadable:
@@ -108,7 +109,7 @@ class Adoption:
         try:
             if certain or not heartbeat_alive(self.r, worker_id):
                 self._unclean.add(worker_id)
-        except redis.RedisError:
+        except TRANSIENT:
             pass
 
     # --- bookkeeping ---------------------------------------------------------------------
@@ -123,7 +124,7 @@ class Adoption:
         ids = sorted(self._unclean)
         try:
             forget_workers(self.r, ids)
-        except redis.RedisError as exc:
+        except TRANSIENT as exc:
             log.debug("registry cleanup of %d workers postponed: %s", len(ids), exc)
             return
         self._unclean.clear()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 import redis
+from redis.exceptions import RedisClusterException, RedisError
 
 from commander.runtime.adoption import Adoption, _Tracked
 from commander.runtime.base import Handles, Runtime, UnknownWorker, WorkerHandle, WorkerIds, WorkerState
@@ -52,6 +53,7 @@ from stores.control import send_control
 from stores.policies import read_good_policy
 from stores.records import write_record
 from stores.registry import registered_and_beating
+from stores.retry import TRANSIENT
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +123,7 @@ class ProcessRuntime(Adoption, Runtime):
         """The tier's last good policy's ``drain_timeout_s`` (the default if unreadable)."""
         try:
             return parse_policy(read_good_policy(self.r, tier) or b"{}").drain_timeout_s
-        except (redis.RedisError, PolicyError):
+        except (RedisError, OSError, RedisClusterException, PolicyError):  # TRANSIENT, or a bad policy
             return Policy().drain_timeout_s
 
     # --- spawn ---------------------------------------------------------------------------
@@ -181,7 +183,7 @@ class ProcessRuntime(Adoption, Runtime):
         try:
             send_control(self.r, worker_id, Control(kind="drain", ts=time.time(), reason=reason[:200]),
                          maxlen=CONTROL_MAXLEN)
-        except redis.RedisError as exc:
+        except TRANSIENT as exc:
             log.warning("cannot send drain to %s over Redis (%s): sending SIGTERM", worker_id, exc)
             return False
         return True
@@ -272,7 +274,7 @@ class ProcessRuntime(Adoption, Runtime):
             return True
         try:
             answers = registered_and_beating(self.r, [h.worker_id for h in starting])
-        except redis.RedisError as exc:
+        except TRANSIENT as exc:
             log.debug("registry not readable, registrations not checked: %s", exc)
             return False
         for handle, registered in zip(starting, answers, strict=True):
