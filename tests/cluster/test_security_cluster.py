@@ -1,0 +1,78 @@
+"""SECURITY.md's least-privilege ACL users on a real Redis Cluster: the documented lines plus
+the documented cluster addition are all a worker, a submit, a policy edit and the observer's
+`fleet status` need; no node's ``ACL LOG`` records a refusal."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from protocol import keys
+from tests.cluster.conftest import RedisClusterRig
+from tests.conftest import ROOT, TEST_WORKER_ENV
+from tests.integration.conftest import wait_until
+from tests.integration.test_security import SECURITY_MD, documented_rules, with_password
+
+pytestmark = pytest.mark.integration
+FLEET = [sys.executable, "-c", "import sys; from fleet.cli import main; sys.exit(main())"]
+
+
+def cluster_addition() -> list[str]:
+    """The rules SECURITY.md says to add on a Redis Cluster (its ``**Redis Cluster**`` item)."""
+    item = re.search(r"On a \*\*Redis Cluster\*\*, add these to both lines.*?: `([^`]+)`",
+                     SECURITY_MD.read_text(), re.S)
+    assert item, "SECURITY.md names no ACL addition for a Redis Cluster"
+    return item.group(1).split()
+
+
+@pytest.fixture
+def acl_cluster(redis_cluster: RedisClusterRig) -> Iterator[RedisClusterRig]:
+    for node in redis_cluster.nodes:
+        admin = node.client()
+        for user, password in (("fleet", "fleet-pw"), ("fleet-observer", "observer-pw")):
+            admin.execute_command("ACL", "SETUSER", user,
+                                  *with_password(documented_rules(user), password), *cluster_addition())
+        admin.execute_command("ACL", "LOG", "RESET")
+    yield redis_cluster
+    for node in redis_cluster.nodes:
+        if node.alive:
+            node.client().execute_command("ACL", "DELUSER", "fleet", "fleet-observer")
+
+
+def refusals(rig: RedisClusterRig) -> list[tuple[object, object]]:
+    return [(e.get("reason"), e.get("object")) for node in rig.nodes
+            for e in node.client().execute_command("ACL", "LOG")]
+
+
+def test_the_documented_users_run_fleet_on_a_cluster(acl_cluster: RedisClusterRig, tmp_path: Path) -> None:
+    port = acl_cluster.masters()[0].port
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "FLEET_HOME": str(tmp_path / "home"), **TEST_WORKER_ENV,
+           "REDIS_URL": f"redis://fleet:fleet-pw@127.0.0.1:{port}/0"}
+    env.pop("FLEET_REDIS_CLUSTER", None)
+    with (tmp_path / "worker.log").open("wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "worker", "--tier", "chat",
+                                   "--worker-id", "chat-acl"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        admin = redis.RedisCluster(host="127.0.0.1", port=port)
+        wait_until(lambda: admin.exists(keys.heartbeat("chat-acl")) or worker.poll() is not None, 20,
+                   "the worker to register")
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
+        for args in (["policy", "set", "chat", "concurrency=4"], ["submit", "--user", "bob", "hi"]):
+            run = subprocess.run([*FLEET, *args], env=env, capture_output=True, text=True, timeout=60)
+            assert run.returncode == 0, run.stderr
+        observer = {**env, "REDIS_URL": f"redis://fleet-observer:observer-pw@127.0.0.1:{port}/0"}
+        run = subprocess.run([*FLEET, "status"], env=observer, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert "chat-acl" in run.stdout
+    finally:
+        worker.terminate()
+        worker.wait(timeout=15)
+    assert refusals(acl_cluster) == []
