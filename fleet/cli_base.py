@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 import redis
 from redis.exceptions import RedisClusterException
 
-from stores.connection import ClusterModeError, NoFleetFound, connect_sync, redact_url, resolve_url
+from stores.connection import ClusterModeError, NoFleetFound, connect_sync, ping, redact_url, resolve_url
 
 EXIT_ERROR_REPLY = 1
 EXIT_USAGE = 2
@@ -66,7 +66,7 @@ def _client(args: argparse.Namespace) -> redis.Redis:
     try:
         # a cluster node's URL is asked at once, and redis-py's cluster client connects at once
         r = connect_sync(getattr(args, "redis_url", None), retries=2)
-        r.ping()
+        ping(r)
     except NoFleetFound:
         raise  # the caller says where it looked
     except ClusterModeError as exc:  # FLEET_REDIS_CLUSTER: a bad value, or yes of a single node

@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import redis
 
+from stores.connection import ping
 from stores.home import (
     STATE_FILE,
     no_fleet_reason,
@@ -253,7 +254,7 @@ def _wait_ping(url: str, record: dict[str, Any], timeout: float) -> tuple[bool, 
     try:
         while True:
             try:
-                if client.ping():
+                if ping(client):
                     return True, ""
             except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
                 error = str(exc)

@@ -27,7 +27,7 @@ from fleet.teardown import (  # WORKER_STOP_S re-exported: it was defined here
     _stop_recorded_workers,
     _teardown,
 )
-from stores.connection import connect_sync, redact_url
+from stores.connection import connect_sync, ping, redact_url
 from stores.policies import ensure_policy, read_policy
 from stores.registry import read_registry
 
@@ -129,7 +129,7 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
     url, started_redis = (state["url"], False) if state and resumed else _redis_url(args)
     try:
         r = connect_sync(url, retries=2, socket_timeout=5)
-        r.ping()
+        ping(r)
         min_workers = _ensure_default_tier(r)
     except (redis.RedisError, ValueError) as exc:
         if started_redis:

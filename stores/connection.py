@@ -311,3 +311,8 @@ def connect_sync(url: str | None = None, *, retries: int = 8, socket_timeout: fl
         socket_keepalive=True,
         **kwargs,
     )
+
+
+def ping(r: redis.Redis) -> bool:
+    """``PING``: whether the server answers (a connection error is raised, as by any command)."""
+    return bool(r.ping())
