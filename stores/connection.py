@@ -241,33 +241,18 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
     ``HandshakeTimeout`` from it.
     """
     url = resolve_url(url)
+    options = dict(max_connections=max_connections, socket_timeout=socket_timeout,
+                   **async_retry_options(retries), health_check_interval=15,
+                   socket_connect_timeout=CONNECT_TIMEOUT_S, socket_keepalive=True, **kwargs)
     if _use_cluster(url, cluster):
         # redis-py's asyncio cluster client: its ``max_connections`` is per node; it builds its
         # own TLS connection class from ``ssl`` (no ``connection_class``), and uses the retry
         # for the count of its own retries (MOVED, a lost node: the slots table is refreshed)
-        client = aioredis.RedisCluster.from_url(
-            url,
-            max_connections=max_connections,
-            socket_timeout=socket_timeout,
-            **async_retry_options(retries),
-            health_check_interval=15,
-            socket_connect_timeout=CONNECT_TIMEOUT_S,
-            socket_keepalive=True,
-            **kwargs,
-        )
+        client = aioredis.RedisCluster.from_url(url, **options)
         # RedisCluster is no subclass of Redis, but has the command API the stores use; the
         # callers keep their one type, and ``stores.cluster.is_cluster`` tells the two apart
         return cast(aioredis.Redis, client)
-    return aioredis.Redis.from_url(
-        url,
-        max_connections=max_connections,
-        socket_timeout=socket_timeout,
-        **async_retry_options(retries),
-        health_check_interval=15,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_keepalive=True,
-        **kwargs,
-    )
+    return aioredis.Redis.from_url(url, **options)
 
 
 def connect_sync(url: str | None = None, *, retries: int = 8, socket_timeout: float | None = None,
