@@ -22,13 +22,13 @@ from fleet.cli_base import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
     CliError,
-    _client,
-    _count,
-    _handlers,
-    _json_object,
-    _Parser,
-    _print,
-    _seconds,
+    Parser,
+    cli_client,
+    count_arg,
+    json_object_arg,
+    known_handlers,
+    print_result,
+    seconds_arg,
 )
 from fleet.client import UnknownTier
 from protocol.ids import InvalidId
@@ -54,8 +54,8 @@ def _unknown_tier(exc: UnknownTier) -> CliError:
 def cmd_submit(args: argparse.Namespace) -> int:
     from fleet.client import Fleet, TurnTimeout, TurnTooLarge
 
-    meta = _json_object(args.meta, "--meta") if args.meta else None
-    client = Fleet(client=_client(args))
+    meta = json_object_arg(args.meta, "--meta") if args.meta else None
+    client = Fleet(client=cli_client(args))
     try:
         handle = client.submit(args.user, " ".join(args.text), tier=args.tier, meta=meta,
                                create_tier=args.create_tier)
@@ -67,14 +67,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except TurnTimeout as exc:
         print(f"fleet submit: {exc}", file=sys.stderr)
         return EXIT_TIMEOUT
-    _print(reply.model_dump(), args.json, lambda _: _reply_line(reply))
+    print_result(reply.model_dump(), args.json, lambda _: _reply_line(reply))
     return 0 if reply.ok else EXIT_ERROR_REPLY
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from fleet.client import Fleet, TurnTimeout, TurnTooLarge
 
-    client = Fleet(client=_client(args))
+    client = Fleet(client=cli_client(args))
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"chatting as {args.user} on tier {args.tier}; an empty line or Ctrl-D ends")
@@ -101,15 +101,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_events(args: argparse.Namespace) -> int:
     from fleet.events import run_events
 
-    return run_events(_client(args), tier=args.tier, count=args.count, follow=args.follow,
+    return run_events(cli_client(args), tier=args.tier, count=args.count, follow=args.follow,
                       as_json=args.json)
 
 
 def cmd_top(args: argparse.Namespace) -> int:
     from fleet.top import run_top
 
-    return run_top(_client(args), interval=args.interval, once=args.once, tier=args.tier,
-                   handlers=_handlers())
+    return run_top(cli_client(args), interval=args.interval, once=args.once, tier=args.tier,
+                   handlers=known_handlers())
 
 
 def cmd_commander(args: argparse.Namespace) -> int:
@@ -134,9 +134,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fleet", description="Stateless chat-turn workers on Redis.")
+    p = Parser(prog="fleet", description="Stateless chat-turn workers on Redis.")
     p.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else the local fleet")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_up_down(sub)
     _add_turn_commands(sub)
     _add_policy_commands(sub)
@@ -154,7 +154,7 @@ def _add_turn_commands(sub: _Sub[Any]) -> None:
     s.add_argument("--user", required=True, help="user id: 1-64 of A-Z a-z 0-9 _ . @ + -")
     s.add_argument("--tier", default="chat", help="tier to serve the turn (default: chat)")
     s.add_argument("--meta", help="JSON object passed to the handler")
-    s.add_argument("--timeout", type=_seconds(0.01), default=30.0,
+    s.add_argument("--timeout", type=seconds_arg(0.01), default=30.0,
                    help="seconds to wait for the reply; exit 3 if none (default: 30)")
     s.add_argument("--json", action="store_true", help="print the whole reply as JSON")
     s.add_argument("--create-tier", action="store_true",
@@ -165,7 +165,7 @@ def _add_turn_commands(sub: _Sub[Any]) -> None:
     c = sub.add_parser("chat", help="interactive chat as a user (one turn per line)")
     c.add_argument("--user", required=True, help="user id: 1-64 of A-Z a-z 0-9 _ . @ + -")
     c.add_argument("--tier", default="chat", help="tier to serve the turns (default: chat)")
-    c.add_argument("--timeout", type=_seconds(0.01), default=60.0,
+    c.add_argument("--timeout", type=seconds_arg(0.01), default=60.0,
                    help="seconds to wait for each reply (default: 60)")
     c.add_argument("--create-tier", action="store_true",
                    help="create the tier (its default policy) if it does not exist")
@@ -175,7 +175,7 @@ def _add_turn_commands(sub: _Sub[Any]) -> None:
 def _add_policy_commands(sub: _Sub[Any]) -> None:
     """``fleet policy get|set|edit``."""
     pol = sub.add_parser("policy", help="read or change a tier's policy")
-    psub = pol.add_subparsers(dest="policy_command", required=True, parser_class=_Parser)
+    psub = pol.add_subparsers(dest="policy_command", required=True, parser_class=Parser)
     g = psub.add_parser("get", help="show the policy in force (and a rejected edit)")
     g.add_argument("tier")
     g.add_argument("--json", action="store_true")
@@ -203,13 +203,13 @@ def _add_observe_commands(sub: _Sub[Any]) -> None:
 
     d = sub.add_parser("dead-letters", help="turns that could not be served, with reasons")
     d.add_argument("--tier", default="chat", help="tier whose dead letters to show (default: chat)")
-    d.add_argument("--count", type=_count, default=20, help="show the newest N (default: 20)")
+    d.add_argument("--count", type=count_arg, default=20, help="show the newest N (default: 20)")
     d.add_argument("--json", action="store_true", help="print a JSON array")
     d.set_defaults(func=cmd_dead_letters)
 
     ev = sub.add_parser("events", help="the scaling ledger: what changed, and why")
     ev.add_argument("--tier", default=None, help="only this tier's events (default: every tier)")
-    ev.add_argument("--count", type=_count, default=50,
+    ev.add_argument("--count", type=count_arg, default=50,
                     help="show the newest N, oldest first (default: 50; 0 with --follow: only new ones)")
     ev.add_argument("--follow", "-f", action="store_true", help="keep printing new events (Ctrl-C ends)")
     ev.add_argument("--json", action="store_true",
@@ -218,7 +218,7 @@ def _add_observe_commands(sub: _Sub[Any]) -> None:
 
     tp = sub.add_parser("top", help="live view of tiers, workers, occupancy and the ledger",
                         description=TOP_DESCRIPTION)
-    tp.add_argument("--interval", type=_seconds(MIN_INTERVAL_S), default=2.0,
+    tp.add_argument("--interval", type=seconds_arg(MIN_INTERVAL_S), default=2.0,
                     help=f"seconds between frames, at least {MIN_INTERVAL_S:g} (default: 2)")
     tp.add_argument("--once", action="store_true", help="print one frame and exit")
     tp.add_argument("--tier", default=None, help="only this tier (default: every tier)")

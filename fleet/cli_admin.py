@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from fleet.cli_base import EXIT_USAGE, CliError, _client, _handlers, _print
+from fleet.cli_base import EXIT_USAGE, CliError, cli_client, known_handlers, print_result
 from protocol import keys
 from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
 from stores.policies import has_policy_key, read_policy, write_policy
@@ -26,13 +26,13 @@ def _defaults_line() -> str:
 
 
 def cmd_policy_get(args: argparse.Namespace) -> int:
-    r = _client(args)
+    r = cli_client(args)
     if not has_policy_key(r, args.tier):  # checked first: reading would record a verdict
         raise CliError(f"tier {args.tier!r} has no policy (defaults would apply: {_defaults_line()}; "
                        f"`fleet policy set {args.tier} key=value ...` creates it)")
     from fleet.status import policy_verdict
 
-    read = read_policy(r, args.tier, _handlers())
+    read = read_policy(r, args.tier, known_handlers())
     error, by = policy_verdict(r, args.tier, read.error)
     data = {"tier": args.tier, "source": read.source, "rejected": error, "rejected_by": by,
             "policy": read.policy.model_dump(mode="json")}
@@ -45,20 +45,20 @@ def cmd_policy_get(args: argparse.Namespace) -> int:
         lines += [f"  {k} = {json.dumps(v)}" for k, v in data["policy"].items()]
         return "\n".join(lines)
 
-    _print(data, args.json, text)
+    print_result(data, args.json, text)
     return 0
 
 
 def cmd_policy_set(args: argparse.Namespace) -> int:
-    r = _client(args)
+    r = cli_client(args)
     try:
         changes = parse_assignments(args.assignments)
-        current = read_policy(r, args.tier, _handlers()).policy
-        policy = updated(current, changes, _handlers())
+        current = read_policy(r, args.tier, known_handlers()).policy
+        policy = updated(current, changes, known_handlers())
     except PolicyError as exc:
         raise CliError(f"policy not changed: {exc}", EXIT_USAGE) from None
     write_policy(r, args.tier, policy)
-    _print(policy.model_dump(mode="json"), args.json,
+    print_result(policy.model_dump(mode="json"), args.json,
            lambda _: f"tier {args.tier}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in changes.items()))
     _warn_if_no_worker_has(r, args.tier, policy.handler)
     return 0
@@ -78,15 +78,15 @@ def _warn_if_no_worker_has(r: redis.Redis, tier: str, handler: str) -> None:
 
 
 def cmd_policy_edit(args: argparse.Namespace) -> int:
-    r = _client(args)
-    current = read_policy(r, args.tier, _handlers()).policy
+    r = cli_client(args)
+    current = read_policy(r, args.tier, known_handlers()).policy
     with tempfile.NamedTemporaryFile("w+", suffix=".json", delete=False) as f:
         f.write(json.dumps(current.model_dump(mode="json"), indent=2) + "\n")
         path = f.name
     try:
         subprocess.run([os.environ.get("EDITOR", "vi"), path], check=True)
         with open(path) as f:
-            policy = parse_policy(f.read(), _handlers())
+            policy = parse_policy(f.read(), known_handlers())
     except PolicyError as exc:
         raise CliError(f"policy not changed: {exc}", EXIT_USAGE) from None
     except (OSError, subprocess.CalledProcessError) as exc:
@@ -103,8 +103,8 @@ def cmd_policy_edit(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from fleet.status import snapshot
 
-    snap = snapshot(_client(args), _handlers())
-    _print(snap, args.json, _status_text)
+    snap = snapshot(cli_client(args), known_handlers())
+    print_result(snap, args.json, _status_text)
     return 0
 
 
@@ -160,8 +160,8 @@ def _event_line(e: dict[str, Any]) -> str:
 def cmd_dead_letters(args: argparse.Namespace) -> int:
     from fleet.status import dead_letters
 
-    rows = dead_letters(_client(args), args.tier, args.count)
-    _print(rows, args.json, lambda rows: "\n".join(
+    rows = dead_letters(cli_client(args), args.tier, args.count)
+    print_result(rows, args.json, lambda rows: "\n".join(
         f"{d['id']}  user={d.get('user', '')!r} turn={d.get('turn_id', '')}  {d.get('reason', '')}"
         for d in rows) or "no dead letters")
     return 0

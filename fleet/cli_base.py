@@ -26,7 +26,7 @@ class CliError(Exception):
         self.code = code
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """One-line errors. ``load``: a function that adds the options (and texts) on first use, so a
     subcommand's module is imported only when that subcommand is parsed or shows its help."""
 
@@ -56,13 +56,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
 
 
-def _handlers() -> list[str]:
+def known_handlers() -> list[str]:
     from worker.handlers import registered_names
 
     return registered_names()
 
 
-def _client(args: argparse.Namespace) -> redis.Redis:
+def cli_client(args: argparse.Namespace) -> redis.Redis:
     try:
         # a cluster node's URL is asked at once, and redis-py's cluster client connects at once
         r = connect_sync(getattr(args, "redis_url", None), retries=2)
@@ -80,11 +80,11 @@ def _client(args: argparse.Namespace) -> redis.Redis:
     return r
 
 
-def _print(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
+def print_result(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
     print(json.dumps(data, indent=2, default=str) if as_json else text(data))
 
 
-def _json_object(text: str, what: str) -> dict[str, Any]:
+def json_object_arg(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -96,7 +96,7 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
 
 
 
-def _count(text: str) -> int:
+def count_arg(text: str) -> int:
     """An argparse type: a whole number, 0 or more."""
     try:
         value = int(text)
@@ -107,7 +107,7 @@ def _count(text: str) -> int:
     return value
 
 
-def _seconds(minimum: float) -> Callable[[str], float]:
+def seconds_arg(minimum: float) -> Callable[[str], float]:
     """An argparse type: a number of seconds, at least ``minimum``."""
     def parse(text: str) -> float:
         try:
