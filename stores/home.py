@@ -83,8 +83,8 @@ def recorded_url() -> str | None:
     local = state.get("redis") or {}
     if local.get("pid"):
         return state["url"] if pid_alive(local["pid"], local.get("create_time")) else None
-    sup = state.get("supervisor") or {}  # an external Redis: trust it while fleet is up
-    alive = bool(sup.get("pid")) and pid_alive(sup["pid"], sup.get("create_time"))
+    commander = state.get("commander") or {}  # an external Redis: trust it while fleet is up
+    alive = bool(commander.get("pid")) and pid_alive(commander["pid"], commander.get("create_time"))
     return state["url"] if alive else None
 
 
