@@ -10,11 +10,15 @@ process (so their stores' WAIT counters can be read), the asyncio client, one ti
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from redis.crc import key_slot
@@ -25,6 +29,7 @@ from protocol.policy import Policy
 from stores.connection import connect_sync
 from stores.policies import write_policy
 from tests.cluster.conftest import RedisClusterRig
+from tests.conftest import ROOT
 from worker.app import Worker
 from worker.settings import WorkerSettings
 
@@ -125,3 +130,23 @@ async def test_a_stopped_replica_makes_the_wait_short_not_the_turn(
     while not redis_cluster._replica_linked(replica):
         assert time.monotonic() < deadline, "the replica did not link up again"
         await asyncio.sleep(0.1)
+
+
+@pytest.mark.smoke
+def test_bench_wait_quick(redis_cluster: RedisClusterRig, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_wait.py"), "--quick",
+                          "--url", redis_cluster.url, "--json", str(out)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    without, with_wait = result["replica_acks_0"], result["replica_acks_1"]
+    assert without["turns"] == with_wait["turns"] == 40 * 3
+    assert without["wait_commands"] == 0 and with_wait["wait_commands"] >= with_wait["turns"]
+    assert set(result["ratio_1_to_0"]) == {"turns_per_s", "p50_ms", "p99_ms"}
+
+
+def test_bench_wait_rejects_bad_arguments() -> None:
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_wait.py"), "--rounds", "3"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert run.returncode == 2 and "must be even" in run.stderr and run.stderr.count("\n") == 1
