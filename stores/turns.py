@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,7 +84,7 @@ class ReplicaAcks:
     waits: dict[str, int] = field(default_factory=lambda: {"acquire": 0, "commit": 0})
     short: dict[str, int] = field(default_factory=lambda: {"acquire": 0, "commit": 0})
     acked: dict[str, int] = field(default_factory=lambda: {"acquire": 0, "commit": 0})  # replicas, summed
-    logged_at: float = float("-inf")  # monotonic time of the last shortfall warning
+    logged_at: float = float("-inf")  # the event loop's time of the last shortfall warning
     logged_short: int = 0  # shortfalls counted at that warning
 
 
@@ -268,7 +267,7 @@ class UserStore:
             return
         a.short[op] += 1
         total = sum(a.short.values())
-        now = time.monotonic()
+        now = asyncio.get_running_loop().time()  # the loop's clock: virtual in the simulator
         if now - a.logged_at >= SHORTFALL_LOG_EVERY_S:
             why = (f"failed: {acked}" if isinstance(acked, Exception)
                    else f"got {got} within {wait.timeout_ms} ms")
