@@ -25,6 +25,8 @@ from pydantic import (
 
 _HANDLER_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _HHMM_RE = re.compile(r"([01]\d|2[0-3]):[0-5]\d")
+MAX_REPLICA_ACKS = 8
+MAX_REPLICA_ACK_TIMEOUT_MS = 2_000
 Fraction = float  # (0, 1], enforced by Field(gt=0, le=1)
 
 
@@ -101,6 +103,11 @@ class Policy(BaseModel):
     drain_timeout_s: PositiveFloat = Field(30.0, le=3_600)
     report_interval_s: PositiveFloat = Field(5.0, le=300)
     no_scale_in_windows: tuple[TimeWindow, ...] = ()
+    # durability against asynchronous replication (docs/ARCHITECTURE.md, "Failover: what Fleet
+    # promises"): after the lane acquire and after the turn commit, WAIT until this many replicas
+    # have the write, or replica_ack_timeout_ms. 0: no WAIT is sent.
+    replica_acks: int = 0
+    replica_ack_timeout_ms: int = 100
 
     @field_validator("handler")
     @classmethod
@@ -110,6 +117,24 @@ class Policy(BaseModel):
                 f"{v!r} is not a handler name (registered names are lowercase words, "
                 "never import paths)"
             )
+        return v
+
+    @field_validator("replica_acks")
+    @classmethod
+    def _replica_acks(cls, v: int) -> int:
+        if not 0 <= v <= MAX_REPLICA_ACKS:
+            raise ValueError(f"{v} is not a replica count: 0 (no WAIT) .. {MAX_REPLICA_ACKS}")
+        return v
+
+    @field_validator("replica_ack_timeout_ms")
+    @classmethod
+    def _replica_ack_timeout(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"{v} ms: at least 1 (Redis' WAIT with timeout 0 blocks for ever, "
+                             "holding the user's lane)")
+        if v > MAX_REPLICA_ACK_TIMEOUT_MS:
+            raise ValueError(f"{v} ms: at most {MAX_REPLICA_ACK_TIMEOUT_MS} (a WAIT holds the user's "
+                             "lane, whose lease is a few seconds; two WAITs per turn)")
         return v
 
     @model_validator(mode="after")

@@ -7,19 +7,28 @@ taking and releasing the lane, and committing a turn together with the cursor ad
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.asyncio.cluster import PipelineCommand
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MovedError, NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from protocol import keys
 from protocol.codec import as_str, decode_valid
 from protocol.models import MemoryItem, SessionEntry
+from protocol.policy import Policy
 from stores import cluster
 from stores.memory import parse_members
 from stores.replies import raw_rows
 from stores.scripts import Scripts
+
+log = logging.getLogger("fleet.turns")
+SHORTFALL_LOG_EVERY_S = 10.0  # a replica away makes every WAIT short: one warning per this long
 
 
 class Fenced(Exception):
@@ -47,6 +56,36 @@ class Lease:
     owner: str
     cursor: str
     entries: list[tuple[str, dict[bytes, bytes]]] = field(default_factory=list)  # first inbox batch
+
+
+@dataclass(frozen=True)
+class ReplicaWait:
+    """``WAIT replicas timeout_ms`` after a script, on the connection that ran it (policy
+    ``replica_acks`` / ``replica_ack_timeout_ms``)."""
+
+    replicas: int
+    timeout_ms: int
+
+    @classmethod
+    def of(cls, policy: Policy) -> ReplicaWait | None:
+        """The policy's WAIT, or None when it asks for none (``replica_acks`` 0: no WAIT sent)."""
+        if policy.replica_acks <= 0:
+            return None
+        return cls(policy.replica_acks, policy.replica_ack_timeout_ms)
+
+
+@dataclass
+class ReplicaAcks:
+    """What the WAITs of one store got, per operation (``acquire``, ``commit``).
+
+    ``short``: WAITs that timed out with fewer replicas than asked (or failed): the write is
+    on the master only, as if no WAIT had been asked; the turn went on (see ``UserStore``)."""
+
+    waits: dict[str, int] = field(default_factory=lambda: {"acquire": 0, "commit": 0})
+    short: dict[str, int] = field(default_factory=lambda: {"acquire": 0, "commit": 0})
+    acked: dict[str, int] = field(default_factory=lambda: {"acquire": 0, "commit": 0})  # replicas, summed
+    logged_at: float = float("-inf")  # the event loop's time of the last shortfall warning
+    logged_short: int = 0  # shortfalls counted at that warning
 
 
 @dataclass(frozen=True)
@@ -93,11 +132,20 @@ class UserStore:
         self.worker = worker
         self.cfg = config or StoreConfig()
         self.scripts = Scripts(r)
+        self.acks = ReplicaAcks()
+        # WAIT after the lane acquire and the turn commit (the worker sets it from the tier's
+        # policy, ``ReplicaWait.of``); None: no WAIT is sent, the commands of a store without it
+        self.replica_wait: ReplicaWait | None = None
 
     async def acquire(self, user: str, batch: int = 16) -> Lease | Busy:
-        """Take the lane with up to ``batch`` inbox entries after the cursor, or learn who holds it."""
+        """Take the lane with up to ``batch`` inbox entries after the cursor, or learn who holds it.
+
+        With ``replica_wait``, the new fencing token reached that many replicas before this
+        returns, or the WAIT timed out: counted in ``acks``, logged, and the lane is served anyway
+        (docs/ARCHITECTURE.md, "Failover: what Fleet promises", says why)."""
         keys_ = [keys.lane(user), keys.fence(user), keys.state(user), keys.inbox(user)]
-        res = await self.scripts.lane_acquire(keys=keys_, args=[self.worker, self.cfg.lane_ttl_ms, batch])
+        res = await self._run(self.scripts.lane_acquire, keys_, [self.worker, self.cfg.lane_ttl_ms, batch],
+                              "acquire")
         if int(res[0]) == 1:
             entries = [(as_str(e), _pairs(f)) for e, f in res[3]]
             return Lease(user, f"{self.worker}|{as_str(res[1])}", as_str(res[2]), entries)
@@ -126,7 +174,11 @@ class UserStore:
         return Pulled(pack, seen is not None, int(attempts))
 
     async def commit(self, lease: Lease, entry: str, reply_key_turn: str, w: Writes, now_ms: int) -> str:
-        """Write the turn back and advance the cursor: 'ok', or 'stale' if already done."""
+        """Write the turn back and advance the cursor: 'ok', or 'stale' if already done.
+
+        With ``replica_wait``, the commit (cursor, reply, done-set) reached that many replicas
+        before this returns, or the WAIT timed out: the turn is committed on the master all the
+        same (counted in ``acks`` and logged, never an error)."""
         user = lease.user
         keys_ = [keys.lane(user), keys.state(user), keys.inbox(user), keys.session(user),
                  keys.done(user), keys.reply(user, reply_key_turn), keys.usage(user),
@@ -141,12 +193,88 @@ class UserStore:
         for counter, n in w.usage.items():
             args += [counter, int(n)]
         try:
-            res = await self.scripts.turn_commit(keys=keys_, args=args)
+            res = await self._run(self.scripts.turn_commit, keys_, args, "commit")
         except ResponseError as exc:
             if str(exc).startswith("FENCED"):
                 raise Fenced(user) from None
             raise
         return as_str(res)
+
+    async def _run(self, script: AsyncScript, keys_: list[str], args: list[Any], op: str) -> Any:
+        """Run a script; with ``replica_wait``, then ``WAIT`` on the same connection (WAIT counts
+        the writes of the connection it is sent on: sent apart, it could go on another of the pool's)."""
+        wait = self.replica_wait
+        if wait is None:
+            return await script(keys=keys_, args=args)  # exactly the commands of before: no WAIT
+        if cluster.is_cluster(self.r):
+            res, acked = await self._script_wait_on_node(script, keys_, args, wait)
+        else:
+            res, acked = await self._script_wait_pipelined(script, keys_, args, wait)
+        self._count(op, wait, acked)
+        if isinstance(res, Exception):
+            raise res
+        return res
+
+    async def _script_wait_pipelined(self, script: AsyncScript, keys_: list[str], args: list[Any],
+                                     wait: ReplicaWait) -> tuple[Any, Any]:
+        """One node: a non-transactional pipeline (one connection) of EVALSHA + WAIT."""
+        for attempt in range(2):
+            async with self.r.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(keys_), *keys_, *args)
+                pipe.wait(wait.replicas, wait.timeout_ms)
+                res, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(res, NoScriptError) and attempt == 0:  # a restarted Redis: nothing was run
+                await self.r.script_load(script.script)
+                continue
+            break
+        return res, acked
+
+    async def _script_wait_on_node(self, script: AsyncScript, keys_: list[str], args: list[Any],
+                                   wait: ReplicaWait) -> tuple[Any, Any]:
+        """A Cluster: redis-py's cluster pipeline refuses scripts, so EVALSHA + WAIT go together
+        on one connection of the master serving the user's slot. A MOVED there patches the
+        client's slot table, a connection error has it learn the topology again, and both are
+        raised: the caller retries them like any transient error."""
+        rc: Any = self.r
+        await rc.initialize()  # a no-op unless the client must learn the topology (again)
+        node = rc.get_node_from_key(keys_[0])
+        for attempt in range(2):
+            cmds = [PipelineCommand(0, "EVALSHA", script.sha, len(keys_), *keys_, *args),
+                    PipelineCommand(1, "WAIT", wait.replicas, wait.timeout_ms)]
+            try:
+                await node.execute_pipeline(cmds)
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                # what redis-py's own cluster commands do on a connection error
+                rc.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
+                rc._initialize = True
+                raise
+            res, acked = cmds[0].result, cmds[1].result
+            if isinstance(res, MovedError):
+                await rc.nodes_manager.move_slot(res)
+            if isinstance(res, NoScriptError) and attempt == 0:  # e.g. a replica just promoted
+                await node.execute_command("SCRIPT", "LOAD", script.script)
+                continue
+            break
+        return res, acked
+
+    def _count(self, op: str, wait: ReplicaWait, acked: Any) -> None:
+        """Count a WAIT's outcome; a shortfall is logged (at most every SHORTFALL_LOG_EVERY_S)."""
+        a = self.acks
+        a.waits[op] += 1
+        got = acked if isinstance(acked, int) else 0  # a failed WAIT (e.g. unknown command) got none
+        a.acked[op] += got
+        if got >= wait.replicas:
+            return
+        a.short[op] += 1
+        total = sum(a.short.values())
+        now = asyncio.get_running_loop().time()  # the loop's clock: virtual in the simulator
+        if now - a.logged_at >= SHORTFALL_LOG_EVERY_S:
+            why = (f"failed: {acked}" if isinstance(acked, Exception)
+                   else f"got {got} within {wait.timeout_ms} ms")
+            log.warning("WAIT %d after %s %s; going on (the write is on the master only, a failover "
+                        "may lose it); %d such shortfalls (%d since the last warning)", wait.replicas, op,
+                        why, total, total - a.logged_short)
+            a.logged_at, a.logged_short = now, total
 
     async def release(self, lease: Lease) -> int:
         """1 released, 0 kept (newer turns wait), -1 lost."""

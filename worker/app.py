@@ -28,7 +28,7 @@ from stores.control import read_control_async
 from stores.policies import PolicyRead, read_policy_async
 from stores.replies import RawRow
 from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok
-from stores.turns import StoreConfig, UserStore
+from stores.turns import ReplicaWait, StoreConfig, UserStore
 from worker import handlers
 from worker.aio import Abandoned, dump_tasks, unless_stuck
 from worker.intake import Fields
@@ -335,6 +335,7 @@ class Worker(JobServices):
             if read.policy.handler != self.policy.handler:
                 self.handler = handlers.get(read.policy.handler)
             self.policy = read.policy
+            self.store.replica_wait = ReplicaWait.of(read.policy)  # WAIT after acquire and commit
             log.info("policy of %s now from %s (handler=%s, concurrency=%d)%s", self.tier,
                      read.source, read.policy.handler, read.policy.concurrency,
                      f"; key rejected: {read.error}" if read.error else "")

@@ -418,6 +418,8 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.scripts.source": "reads a file",
     "stores.scripts.Scripts": "registers scripts (no command until called: the calls are driven)",
     "stores.scripts.SyncScripts": "as Scripts",
+    "stores.turns.ReplicaWait": "a value (its keyless WAIT rides with a script: test_replica_wait)",
+    "stores.turns.ReplicaAcks": "counters",
     "stores.connection": "builds clients (another helper's file on issue 11): no data commands",
     "stores.retry": "retry policy (another helper's file on issue 11): no commands of its own",
     "stores.submit.committed": "parses replies",
