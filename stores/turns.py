@@ -96,6 +96,15 @@ class Busy:
     ttl_ms: int
 
 
+@dataclass(frozen=True)
+class Release:
+    """What a release did: ``code`` 1 released, 0 kept (turns wait after ``cursor``, the
+    cursor as Redis has it, '' for none yet), -1 the lane was lost."""
+
+    code: int
+    cursor: str = ""
+
+
 @dataclass
 class ContextPack:
     """What a handler sees of the user: pulled at the start of the turn, forgotten after."""
@@ -276,10 +285,12 @@ class UserStore:
                         why, total, total - a.logged_short)
             a.logged_at, a.logged_short = now, total
 
-    async def release(self, lease: Lease) -> int:
-        """1 released, 0 kept (newer turns wait), -1 lost."""
+    async def release(self, lease: Lease) -> Release:
+        """Give the lane up unless turns wait after the cursor: ``code`` 1 released, 0 kept
+        (serve on from ``cursor``, Redis's), -1 lost."""
         keys_ = [keys.lane(lease.user), keys.state(lease.user), keys.inbox(lease.user)]
-        return int(await self.scripts.lane_release(keys=keys_, args=[lease.owner]))
+        reply = await self.scripts.lane_release(keys=keys_, args=[lease.owner])
+        return Release(int(reply[0]), as_str(reply[1]) if len(reply) > 1 else "")
 
     async def drop(self, lease: Lease) -> bool:
         """Give the lane up whatever waits in the inbox (the caller re-notifies)."""

@@ -183,11 +183,15 @@ class UserJob:
                 return None
             covered = len(self.nids)
             res = await self.w.store.release(lease)
-            if res == 1:
+            if res.code == 1:
                 self.lease = None
                 return covered
-            if res == -1:
+            if res.code == -1:
                 raise Fenced(self.user)
+            if res.cursor != cursor:  # ours is ahead: a failover lost a commit we were told of
+                log.warning("cursor of %s is %s in Redis, not %s: a lost commit; serving from there",
+                            self.user, res.cursor or "(none)", cursor)
+                cursor = res.cursor
 
     async def _give_up(self, lease: Lease, tier: str) -> None:
         """Drop the lane with turns still queued and notify ``tier``, whose workers take over.

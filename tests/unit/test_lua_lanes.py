@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 
 from protocol import keys
 from stores.scripts import NAMES, source
-from stores.turns import Busy, Fenced, Lease, StoreConfig, UserStore, Writes
+from stores.turns import Busy, Fenced, Lease, Release, StoreConfig, UserStore, Writes
 
 U = "alice"
 TTL = 6_000
@@ -188,7 +188,7 @@ async def test_renew_extends_held_leases_and_reports_lost_ones(rig: Rig) -> None
 async def test_release_with_an_empty_inbox(rig: Rig) -> None:
     lease = await rig.w1.acquire(U)
     assert isinstance(lease, Lease)
-    assert await rig.w1.release(lease) == 1
+    assert (await rig.w1.release(lease)).code == 1
     assert await rig.lane() is None
 
 
@@ -196,7 +196,7 @@ async def test_release_is_refused_while_a_turn_waits(rig: Rig) -> None:
     await rig.submit()
     lease = await rig.w1.acquire(U)
     assert isinstance(lease, Lease)
-    assert await rig.w1.release(lease) == 0
+    assert await rig.w1.release(lease) == Release(0, "")  # kept; no cursor yet
     assert await rig.lane() == lease.owner
 
 
@@ -206,7 +206,7 @@ async def test_release_returns_0_when_a_newer_entry_came_after_the_cursor(rig: R
     assert isinstance(lease, Lease)
     assert await rig.w1.commit(lease, e1, "t1", writes("t1"), 1) == "ok"
     await rig.submit("two")  # arrives while the worker is about to let go
-    assert await rig.w1.release(lease) == 0
+    assert await rig.w1.release(lease) == Release(0, e1)  # kept, with Redis's cursor
     assert await rig.lane() == lease.owner
 
 
@@ -216,7 +216,7 @@ async def test_release_after_everything_is_done(rig: Rig) -> None:
     assert isinstance(lease, Lease)
     assert await rig.w1.commit(lease, e1, "t1", writes("t1"), 1) == "ok"
     assert await rig.w1.commit(lease, e2, "t2", writes("t2"), 2) == "ok"
-    assert await rig.w1.release(lease) == 1
+    assert (await rig.w1.release(lease)).code == 1
     assert await rig.lane() is None
 
 
@@ -224,9 +224,9 @@ async def test_release_of_a_lost_lane(rig: Rig) -> None:
     lease = await rig.w1.acquire(U)
     assert isinstance(lease, Lease)
     await rig.expire_lane()
-    assert await rig.w1.release(lease) == -1
+    assert (await rig.w1.release(lease)).code == -1
     taken = await rig.w2.acquire(U)
-    assert await rig.w1.release(lease) == -1
+    assert (await rig.w1.release(lease)).code == -1
     assert isinstance(taken, Lease) and await rig.lane() == taken.owner  # not released by the stale owner
 
 
@@ -328,7 +328,7 @@ async def test_a_resubmitted_turn_is_answered_once_even_on_the_reject_path(rig: 
     assert await rig.r.lrange(keys.session(U), 0, -1) == [b"session"]
     assert await rig.cursor() == e2
     assert await rig.r.xlen(keys.inbox(U)) == 0
-    assert await rig.w1.release(lease) == 1
+    assert (await rig.w1.release(lease)).code == 1
 
 
 async def test_commit_out_of_order_is_stale(rig: Rig) -> None:

@@ -438,6 +438,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.turns.StoreConfig": "a value",
     "stores.turns.Lease": "a value",
     "stores.turns.Busy": "a value",
+    "stores.turns.Release": "a value",
     "stores.turns.ContextPack": "a value",
     "stores.turns.Pulled": "a value",
     "stores.turns.Writes": "a value",

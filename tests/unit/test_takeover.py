@@ -251,7 +251,7 @@ async def test_a_paused_workers_commit_and_release_are_fenced(server: fakeredis.
 
     with pytest.raises(Fenced):  # w1 wakes up: its write-back is refused
         await w1.commit(lease, entry, "t1", Writes(turn_id="t1", reply=b"late"), 1)
-    assert await w1.release(lease) == -1
+    assert (await w1.release(lease)).code == -1
     assert await w1.renew([lease]) == [False]
     assert await aio.hget(keys.state("alice"), "cursor") is None  # nothing was written
     assert await aio.llen(keys.reply("alice", "t1")) == 0

@@ -1,0 +1,53 @@
+"""A commit that a Redis failover lost is served again, not spun on (issue 11).
+
+With asynchronous replication a master can acknowledge a turn's commit (cursor advance, inbox
+entry deleted, reply) and die before its replica has it; the promoted replica still has the
+entry after the cursor. The worker believed its own cursor: it read the inbox after it, found
+nothing, and the release kept the lane because the server still saw a turn after *its* cursor
+-- around again, forever, holding the lane (and a later turn of the user came back 'stale'
+and got no reply). Found reading the code for the WAIT option; here the lost write is a commit
+that answers "ok" and writes nothing, exactly what the worker sees across such a failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import fakeredis
+
+from fleet.client import AsyncFleet
+from protocol.policy import Policy
+from stores.policies import write_policy_async
+from worker.app import Worker
+from worker.settings import WorkerSettings
+
+
+async def test_a_commit_lost_in_a_failover_is_served_again_and_the_next_turn_too() -> None:
+    r = fakeredis.FakeAsyncRedis()
+    await write_policy_async(r, "chat", Policy(concurrency=2))
+    worker = Worker(WorkerSettings(worker_id="w1", block_ms=50), r=r)
+    real_commit = worker.store.commit
+    lost: list[str] = []
+
+    async def commit(*args: Any, **kwargs: Any) -> str:
+        if not lost:  # acknowledged by the old master, gone with it
+            lost.append(args[1])
+            return "ok"
+        return await real_commit(*args, **kwargs)
+
+    worker.store.commit = commit  # type: ignore[method-assign]
+    run = asyncio.ensure_future(worker.run())
+    fleet = AsyncFleet(client=r)
+    try:
+        first = await fleet.submit("alice", "one")
+        second = await fleet.submit("alice", "two")
+        # before the fix: neither came (the first commit was lost, the second was 'stale')
+        assert (await fleet.wait("alice", first.turn_id, timeout=5)).text.startswith("echo: one")
+        assert (await fleet.wait("alice", second.turn_id, timeout=5)).text.startswith("echo: two")
+        assert lost  # the lost commit did happen
+    finally:
+        worker.drain("test over")
+        await asyncio.wait({run}, timeout=10)
+        await r.aclose()
+    assert run.done() and run.result() == 0
