@@ -101,6 +101,8 @@ class Policy(BaseModel):
     drain_timeout_s: PositiveFloat = Field(30.0, le=3_600)
     report_interval_s: PositiveFloat = Field(5.0, le=300)
     no_scale_in_windows: tuple[TimeWindow, ...] = ()
+    # the tier's ready stream spread over this many streams (keys.ready(tier, k)), by user
+    ready_shards: PositiveInt = Field(1, le=64)
 
     @field_validator("handler")
     @classmethod
