@@ -59,12 +59,15 @@ from stores.backlog import no_free_slot
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy, write_policy_async
 from stores.submit import (
+    SHARDS_TTL_S,
     SubmitNotNotified,
     any_beating,
     any_beating_async,
     heartbeats_of,
     post_pressure,
     post_pressure_async,
+    read_ready_shards,
+    read_ready_shards_async,
     read_tier_probe,
     read_tier_probe_async,
     submit_round_trip,
@@ -150,6 +153,16 @@ class Fleet:
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
         self._tiers: set[str] = set()  # tiers found to exist: not checked again
+        self._shards: dict[str, tuple[int, float]] = {}  # tier -> (ready_shards, read at, monotonic)
+
+    def _ready_shards(self, tier: str) -> int:
+        """The tier's ``ready_shards``, read again every ``SHARDS_TTL_S`` (a stale count is
+        still served: workers read every shard that exists)."""
+        n, at = self._shards.get(tier, (1, -SHARDS_TTL_S))
+        if time.monotonic() - at >= SHARDS_TTL_S:
+            n = read_ready_shards(self.r, tier)
+            self._shards[tier] = (n, time.monotonic())
+        return n
 
     def submit(self, user: str, text: str, tier: str = "chat", meta: Mapping[str, Any] | None = None,
                turn_id: str | None = None, *, create_tier: bool = False) -> TurnHandle:
@@ -173,7 +186,7 @@ class Fleet:
             return []
         tier = built[0][0].tier
         self._ensure_tier(tier, create_tier)
-        gauges = submit_round_trip(self.r, built, tier)
+        gauges = submit_round_trip(self.r, built, tier, self._ready_shards(tier))
         if no_free_slot(*gauges):
             post_pressure(self.r, tier, _pressure_fields(tier, built[-1][0].user))
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
@@ -225,6 +238,15 @@ class AsyncFleet:
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
         self._tiers: set[str] = set()  # tiers found to exist: not checked again
+        self._shards: dict[str, tuple[int, float]] = {}  # tier -> (ready_shards, read at, monotonic)
+
+    async def _ready_shards(self, tier: str) -> int:
+        """``Fleet._ready_shards`` on asyncio."""
+        n, at = self._shards.get(tier, (1, -SHARDS_TTL_S))
+        if time.monotonic() - at >= SHARDS_TTL_S:
+            n = await read_ready_shards_async(self.r, tier)
+            self._shards[tier] = (n, time.monotonic())
+        return n
 
     async def submit(self, user: str, text: str, tier: str = "chat",
                      meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
@@ -232,7 +254,8 @@ class AsyncFleet:
         """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
         turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
         await self._ensure_tier(turn.tier, create_tier)
-        gauges = await submit_round_trip_async(self.r, [(turn, payload)], turn.tier)
+        gauges = await submit_round_trip_async(self.r, [(turn, payload)], turn.tier,
+                                               await self._ready_shards(turn.tier))
         if no_free_slot(*gauges):
             await post_pressure_async(self.r, turn.tier, _pressure_fields(turn.tier, turn.user))
         return turn
@@ -249,7 +272,7 @@ class AsyncFleet:
             return []
         tier = built[0][0].tier
         await self._ensure_tier(tier, create_tier)
-        gauges = await submit_round_trip_async(self.r, built, tier)
+        gauges = await submit_round_trip_async(self.r, built, tier, await self._ready_shards(tier))
         if no_free_slot(*gauges):
             await post_pressure_async(self.r, tier, _pressure_fields(tier, built[-1][0].user))
         return [t for t, _ in built]

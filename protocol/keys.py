@@ -9,6 +9,8 @@ boundary (``protocol.ids``); the builders re-check them because a key is the las
 
 from __future__ import annotations
 
+import zlib
+
 from protocol.ids import validate_tier, validate_token, validate_user_id
 
 PREFIX = "fleet"
@@ -87,9 +89,43 @@ def _t(tier: str, suffix: str) -> str:
     return f"{PREFIX}:{{{validate_tier(tier)}}}:{suffix}"
 
 
-def ready(tier: str) -> str:
-    """Stream of notifications ``{user: U}``; read through consumer group ``GROUP``."""
-    return _t(tier, "ready")
+def ready(tier: str, shard: int = 0) -> str:
+    """Stream of notifications ``{user: U}``; read through consumer group ``GROUP``.
+
+    A tier spreads over ``ready_shards`` streams (the policy's): shard 0 is ``fleet:{T}:ready``
+    (so a tier of one shard is what it always was), shard ``k >= 1`` is ``fleet:{T#k}:ready``.
+    The tag ``T#k`` hashes to its own slot (``#`` is no tier character, so ``T#k`` is never
+    another tier's tag); of the tag schemes tried (``T:k``, ``T-k``, ``T#k``, ``T/k``), ``T#k``
+    puts the 3 shards of ``chat`` in 3 different thirds of the slot space (``redis.crc``:
+    14028, 5216, 9219), where ``T:k`` puts two of them in one (tests/unit/test_shards.py).
+    """
+    if shard == 0:
+        return _t(tier, "ready")
+    if not 0 < shard < MAX_READY_SHARDS:
+        raise ValueError(f"ready shard {shard} is not in 0..{MAX_READY_SHARDS - 1}")
+    return f"{PREFIX}:{{{validate_tier(tier)}#{shard}}}:ready"
+
+
+MAX_READY_SHARDS = 64  # the policy's bound on ready_shards; workers look for shards up to it
+
+
+def ready_shard(user: str, shards: int) -> int:
+    """The shard of ``user``'s notifications on a tier of ``shards`` ready streams: CRC-32 of
+    the user id mod ``shards`` (stable across processes and versions, never ``hash()``)."""
+    if shards <= 1:
+        return 0
+    return zlib.crc32(validate_user_id(user).encode()) % shards
+
+
+def shard_of_ready(tier: str, key: str | bytes) -> int:
+    """The shard number of one of ``tier``'s ready stream keys (as an XREADGROUP reply names it)."""
+    name = key.decode() if isinstance(key, bytes) else key
+    if name == ready(tier):
+        return 0
+    head = f"{PREFIX}:{{{tier}#"
+    if name.startswith(head) and name.endswith("}:ready"):
+        return int(name[len(head):-len("}:ready")])
+    raise ValueError(f"{name!r} is not a ready stream of tier {tier!r}")
 
 
 def active(tier: str) -> str:

@@ -108,6 +108,8 @@ class Policy(BaseModel):
     # have the write, or replica_ack_timeout_ms. 0: no WAIT is sent.
     replica_acks: int = 0
     replica_ack_timeout_ms: int = 100
+    # the tier's ready stream spread over this many streams (keys.ready(tier, k)), by user
+    ready_shards: PositiveInt = Field(1, le=64)
 
     @field_validator("handler")
     @classmethod

@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--users", type=int)
     p.add_argument("--turns", type=int)
     p.add_argument("--concurrency", type=int)
+    p.add_argument("--ready-shards", type=int, help="the tier's ready_shards (drawn: 1-3, sometimes "
+                   "changed mid-run)")
     p.add_argument("--faults", type=int, default=3, help="at most this many faults per schedule")
     p.add_argument("--replay", help="a schedule file (or its JSON) to run once, exactly")
     p.add_argument("--no-shrink", action="store_true", help="report a violation as found")
@@ -51,7 +53,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--json", type=Path, help="also write the summary here")
     p.add_argument("--jobs", type=int, default=1, help="processes exploring side by side")
     args = p.parse_args(argv)
-    for name in ("schedules", "workers", "users", "turns", "concurrency"):
+    for name in ("schedules", "workers", "users", "turns", "concurrency", "ready_shards"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name} must be at least 1")
@@ -64,7 +66,8 @@ def parse_args(argv: list[str] | None = None):
 
 def workload(args, seed: int) -> Workload:
     drawn = Workload.draw(random.Random(seed))
-    fixed = {k: getattr(args, k) for k in ("workers", "users", "turns", "concurrency") if getattr(args, k)}
+    fixed = {k: getattr(args, k) for k in ("workers", "users", "turns", "concurrency", "ready_shards")
+             if getattr(args, k)}
     return replace(drawn, **fixed)
 
 

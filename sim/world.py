@@ -11,9 +11,10 @@ lease it ran under, every fault.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from redis.exceptions import RedisError
 
@@ -54,12 +55,20 @@ class Workload:
     turns: int = 3
     concurrency: int = 2
     ghosts: bool = True  # some users also submit a turn for a tier that runs nowhere
+    ready_shards: int = 1  # the tier's ready shards (Policy.ready_shards) at the start
+    reshard_at_s: float | None = None  # at this virtual time the policy's count changes
+    reshard_to: int = 1  # ... to this many
 
     @classmethod
     def draw(cls, rng: random.Random) -> Workload:
-        """A small random fleet: small enough to explore fast, big enough to contend."""
-        return cls(workers=rng.randint(1, 3), users=rng.randint(1, 8), turns=rng.randint(1, 6),
-                   concurrency=rng.randint(1, 4), ghosts=rng.random() < 0.3)
+        """A small random fleet: small enough to explore fast, big enough to contend. (The
+        shard draws come last: a seed's earlier fields are what they were before shards.)"""
+        drawn = cls(workers=rng.randint(1, 3), users=rng.randint(1, 8), turns=rng.randint(1, 6),
+                    concurrency=rng.randint(1, 4), ghosts=rng.random() < 0.3)
+        shards = rng.choice((1, 1, 2, 3))
+        reshard = rng.random() < 0.3
+        return replace(drawn, ready_shards=shards, reshard_at_s=rng.uniform(0.5, 6.0) if reshard else None,
+                       reshard_to=rng.choice([n for n in (1, 2, 3) if n != shards]))
 
 
 @dataclass
@@ -138,7 +147,7 @@ class World:
         self.instances: dict[str, Worker] = {}
         self._spawned = 0
         self.policy = Policy(handler="sim", concurrency=workload.concurrency, max_attempts=50,
-                             report_interval_s=5.0)
+                             report_interval_s=5.0, ready_shards=workload.ready_shards)
 
     # --- nodes -------------------------------------------------------------------------------
     def _in_node(self, node: str) -> contextvars.Context:
@@ -245,6 +254,9 @@ class World:
     async def main(self, horizon_s: float) -> None:
         """Serve every user's turns; return when all are answered or at ``horizon_s``."""
         write_policy(self.net.sync_client(), TIER, self.policy)
+        if self.workload.reshard_at_s is not None:  # a live tier's ready_shards changes
+            self.loop.call_later(self.workload.reshard_at_s, self._reshard,
+                                 context=self._in_node("commander"))
         for _ in range(self.workload.workers):
             self.start_worker()
         commander = self.loop.create_task(self._commander(), context=self._in_node("commander"))
@@ -260,6 +272,12 @@ class World:
                     break
         for task in [*clients, commander]:
             task.cancel()
+
+    def _reshard(self) -> None:
+        """``fleet policy set chat ready_shards=<n>`` mid-run (a Redis that is down skips it)."""
+        self.policy = self.policy.model_copy(update={"ready_shards": self.workload.reshard_to})
+        with contextlib.suppress(RedisError):
+            write_policy(self.net.sync_client(), TIER, self.policy)
 
     async def shutdown(self, grace_s: float = 30.0) -> None:
         """SIGTERM every live worker and wait for them to drain (bounded)."""

@@ -16,8 +16,12 @@ The rest, pending with a live worker and refreshed, is ``in_progress``: not back
 ``held`` says which worker holds how many of those (fresh from Redis: such a worker is not
 idle, whatever its last report said).
 
+A tier spread over ready shards (``Policy.ready_shards``) is counted per shard and summed:
+every shard whose stream exists (:func:`existing_shards`, one round trip of ``EXISTS``), not
+only the policy's count, since a tier that shrank may still hold notifications on the others.
+
 Per pass it is one pipelined round trip of ``XINFO GROUPS``, ``XINFO CONSUMERS``,
-``XPENDING … IDLE`` and ``XLEN`` per tier (:func:`queue_backlog` adds them to a caller's
+``XPENDING … IDLE`` and ``XLEN`` per tier and shard (:func:`queue_backlog` adds them to a caller's
 pipeline, so the commander reads the rest of its signals in the same round trip);
 :func:`tier_backlog` is the pure judgement over the raw replies.
 """
@@ -107,15 +111,46 @@ def tier_backlog(groups: Any, consumers: Any, stale: Any, length: Any, live: Col
                        backlog=undelivered + pending - in_progress, held=held)
 
 
+def summed(parts: Iterable[TierBacklog]) -> TierBacklog:
+    """One tier's backlog from its shards' backlogs."""
+    parts = list(parts)
+    held: dict[str, int] = {}
+    for part in parts:
+        for name, n in part.held.items():
+            held[name] = held.get(name, 0) + n
+    return TierBacklog(undelivered=sum(p.undelivered for p in parts), pending=sum(p.pending for p in parts),
+                       in_progress=sum(p.in_progress for p in parts), backlog=sum(p.backlog for p in parts),
+                       held=held)
+
+
+def existing_shards(r: redis.Redis, tiers: Iterable[str]) -> dict[str, list[int]]:
+    """Per tier, its ready shards to count: 0, and every higher one whose stream exists (one
+    round trip of ``EXISTS`` per possible shard and tier)."""
+    tiers = list(tiers)
+    high = range(1, keys.MAX_READY_SHARDS)
+    pipe = r.pipeline(transaction=False)
+    for tier in tiers:
+        for k in high:
+            pipe.exists(keys.ready(tier, k))
+    res = pipe.execute(raise_on_error=False) if tiers else []
+    out = {}
+    for i, tier in enumerate(tiers):
+        row = res[i * len(high): (i + 1) * len(high)]
+        out[tier] = [0] + [k for k, n in zip(high, row, strict=True)
+                           if not isinstance(n, Exception) and int(n)]
+    return out
+
+
 def workers_group(groups: Any) -> Any:
     """The ``workers`` group's entry of an ``XINFO GROUPS`` reply, or None if there is none."""
     return next((g for g in groups if as_str(g.get("name")) == keys.GROUP), None)
 
 
-def queue_submit_gauges(pipe: Any, tier: str) -> None:
-    """Add what a submit reads after its ``EXEC`` to a pipeline: the ready stream's groups
-    (the lag) and the slots of workers already starting (:func:`no_free_slot` judges them)."""
-    pipe.xinfo_groups(keys.ready(tier))
+def queue_submit_gauges(pipe: Any, tier: str, shard: int = 0) -> None:
+    """Add what a submit reads after its ``EXEC`` to a pipeline: the groups of the ready shard
+    it wrote last (the lag there: a sample of the tier's) and the slots of workers already
+    starting (:func:`no_free_slot` judges them)."""
+    pipe.xinfo_groups(keys.ready(tier, shard))
     pipe.get(keys.starting(tier))
 
 
@@ -146,19 +181,25 @@ def active_users(r: redis.Redis, tier: str, since: float) -> int:
     return int(r.zcount(keys.active(tier), since, "+inf"))
 
 
-def queue_backlog(pipe: Any, tier: str, unserved_ms: int) -> None:
-    """Add the ``COMMANDS_PER_TIER`` reads of ``tier``'s ready stream to a pipeline."""
-    ready = keys.ready(tier)
-    pipe.xinfo_groups(ready)
-    pipe.xinfo_consumers(ready, keys.GROUP)
-    pipe.xpending_range(ready, keys.GROUP, "-", "+", STALE_LIMIT, idle=unserved_ms)
-    pipe.xlen(ready)
+def queue_backlog(pipe: Any, tier: str, unserved_ms: int, shards: Sequence[int] = (0,)) -> None:
+    """Add the ``COMMANDS_PER_TIER`` reads of each of ``tier``'s ready ``shards`` to a pipeline."""
+    for shard in shards:
+        ready = keys.ready(tier, shard)
+        pipe.xinfo_groups(ready)
+        pipe.xinfo_consumers(ready, keys.GROUP)
+        pipe.xpending_range(ready, keys.GROUP, "-", "+", STALE_LIMIT, idle=unserved_ms)
+        pipe.xlen(ready)
 
 
 def parse_backlog(replies: Sequence[Any], live: Collection[str]) -> TierBacklog:
-    """The backlog from the ``COMMANDS_PER_TIER`` replies :func:`queue_backlog` asked for."""
-    groups, consumers, stale, length = replies
-    return tier_backlog(groups, consumers, stale, length, live)
+    """The backlog from the replies :func:`queue_backlog` asked for (``COMMANDS_PER_TIER`` per
+    shard), summed over the shards."""
+    n = COMMANDS_PER_TIER
+    parts = []
+    for i in range(0, len(replies), n):
+        groups, consumers, stale, length = replies[i: i + n]
+        parts.append(tier_backlog(groups, consumers, stale, length, live))
+    return summed(parts)
 
 
 def read_backlog(r: redis.Redis, tiers: Iterable[str], live: Collection[str],
@@ -170,12 +211,16 @@ def read_backlog(r: redis.Redis, tiers: Iterable[str], live: Collection[str],
     if not tiers:
         return {}
     bound = _per_tier(unserved_ms, tiers)
+    shards = existing_shards(r, tiers)
     pipe = r.pipeline(transaction=False)
     for tier in tiers:
-        queue_backlog(pipe, tier, bound[tier])
+        queue_backlog(pipe, tier, bound[tier], shards[tier])
     res = pipe.execute(raise_on_error=False)
-    n = COMMANDS_PER_TIER
-    return {tier: parse_backlog(res[n * i: n * i + n], live) for i, tier in enumerate(tiers)}
+    out, at = {}, 0
+    for tier in tiers:
+        n = COMMANDS_PER_TIER * len(shards[tier])
+        out[tier], at = parse_backlog(res[at: at + n], live), at + n
+    return out
 
 
 def read_tier_load(r: redis.Redis, tiers: Iterable[str], live: Collection[str],
@@ -185,15 +230,17 @@ def read_tier_load(r: redis.Redis, tiers: Iterable[str], live: Collection[str],
     since ``active_since[tier]``, in one round trip (a count that cannot be read is 0)."""
     tiers = list(tiers)
     bound = _per_tier(unserved_ms, tiers)
-    n = COMMANDS_PER_TIER + 1
+    shards = existing_shards(r, tiers)
     pipe = r.pipeline(transaction=False)
     for tier in tiers:
-        queue_backlog(pipe, tier, bound[tier])
+        queue_backlog(pipe, tier, bound[tier], shards[tier])
         queue_active_users(pipe, tier, active_since[tier])
-    res = pipe.execute(raise_on_error=False)
-    out = {}
-    for i, tier in enumerate(tiers):
-        *backlog_replies, active = res[n * i: n * i + n]
+    res = pipe.execute(raise_on_error=False) if tiers else []
+    out, at = {}, 0
+    for tier in tiers:
+        n = COMMANDS_PER_TIER * len(shards[tier]) + 1
+        *backlog_replies, active = res[at: at + n]
+        at += n
         out[tier] = (parse_backlog(backlog_replies, live),
                      0 if isinstance(active, Exception) else int(active))
     return out

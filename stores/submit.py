@@ -9,6 +9,7 @@ here, on a blocking or an asyncio client alike (the pipeline functions take eith
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -34,16 +35,17 @@ def queue_inbox(pipe: Any, turn: Turn, payload: bytes) -> None:
 NOTIFY_COMMANDS = 2  # per turn: the notification and the active mark
 
 
-def queue_notify(pipe: Any, turn: Turn) -> None:
-    """What wakes a worker and counts the user: the notification on the tier's ready stream,
-    the user in the tier's active set (the tier's slot)."""
-    pipe.xadd(keys.ready(turn.tier), {"user": turn.user})
+def queue_notify(pipe: Any, turn: Turn, shards: int = 1) -> None:
+    """What wakes a worker and counts the user: the notification on the user's shard of the
+    tier's ``shards`` ready streams (``keys.ready_shard``), the user in the tier's active set
+    (tier-wide, the tier's slot)."""
+    pipe.xadd(keys.ready(turn.tier, keys.ready_shard(turn.user, shards)), {"user": turn.user})
     pipe.zadd(keys.active(turn.tier), {turn.user: turn.ts})
 
 
-def queue_submit(pipe: Any, turn: Turn, payload: bytes) -> None:
+def queue_submit(pipe: Any, turn: Turn, payload: bytes, shards: int = 1) -> None:
     queue_inbox(pipe, turn, payload)
-    queue_notify(pipe, turn)
+    queue_notify(pipe, turn, shards)
 
 
 SUBMIT_COMMANDS = 1 + NOTIFY_COMMANDS  # per turn, inside the transaction
@@ -63,34 +65,35 @@ def submit_pipeline(r: Any) -> Any:
     return pipe
 
 
-def queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str) -> None:
+def queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str, shards: int = 1) -> None:
     pipe.execute_command("MULTI")
     for turn, payload in built:
-        queue_submit(pipe, turn, payload)
+        queue_submit(pipe, turn, payload, shards)
     pipe.execute_command("EXEC")
-    queue_submit_gauges(pipe, tier)
+    queue_submit_gauges(pipe, tier, keys.ready_shard(built[-1][0].user, shards) if built else 0)
 
 
-def submit_round_trip(r: redis.Redis, built: list[tuple[Turn, bytes]], tier: str) -> list[Any]:
+def submit_round_trip(r: redis.Redis, built: list[tuple[Turn, bytes]], tier: str,
+                      shards: int = 1) -> list[Any]:
     """Submit ``built``; return the gauges read after it.
 
     On one node: one transaction and round trip. On Redis Cluster (:func:`is_cluster`): the
     ordered submit of :func:`submit_ordered`, two round trips, no ``MULTI``.
     """
     if is_cluster(r):
-        return submit_ordered(r, built, tier)
+        return submit_ordered(r, built, tier, shards)
     pipe = submit_pipeline(r)
-    queue_round_trip(pipe, built, tier)
+    queue_round_trip(pipe, built, tier, shards)
     return committed(pipe.execute(raise_on_error=False), len(built))
 
 
 async def submit_round_trip_async(r: aioredis.Redis, built: list[tuple[Turn, bytes]],
-                                  tier: str) -> list[Any]:
+                                  tier: str, shards: int = 1) -> list[Any]:
     """:func:`submit_round_trip` on an asyncio client."""
     if is_cluster(r):
-        return await submit_ordered_async(r, built, tier)
+        return await submit_ordered_async(r, built, tier, shards)
     pipe = submit_pipeline(r)
-    queue_round_trip(pipe, built, tier)
+    queue_round_trip(pipe, built, tier, shards)
     return committed(await pipe.execute(raise_on_error=False), len(built))
 
 
@@ -134,7 +137,7 @@ class SubmitNotNotified(redis.RedisError):
                          "turn_id (answered once)")
 
 
-def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str) -> list[Any]:
+def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str, shards: int = 1) -> list[Any]:
     """The submit on Redis Cluster; return the gauges read after it (DESIGN §3).
 
     A turn's inbox entry lives in the user's slot, its notification and active mark in the
@@ -143,8 +146,8 @@ def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str) -> list[A
     inbox empty, acks, and the turn waits for the user's next submit). So round trip 1 writes
     every inbox entry of the batch and waits for their replies; round trip 2 writes the
     notifications and active marks of the turns whose entry was acknowledged, then reads the
-    gauges (all in the tier's slot: one node, in order, so the lag is read after our
-    notifications, as on one node). No ``MULTI``: a cluster pipeline refuses it.
+    gauges (the lag of the last turn's ready shard: on that shard's node, after our
+    notification there, in order, as on one node). No ``MULTI``: a cluster pipeline refuses it.
 
     - An inbox ``XADD`` refused: that turn is not submitted and gets no notification; the
       others of the batch are notified, then the first refusal is raised (as the single-node
@@ -158,7 +161,7 @@ def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str) -> list[A
     queue_inboxes(pipe, built)
     written, refused = inbox_written(pipe.execute(raise_on_error=False), built)
     pipe = r.pipeline(transaction=False)
-    queue_notifications(pipe, written, tier)
+    queue_notifications(pipe, written, tier, shards)
     try:
         results = pipe.execute(raise_on_error=False)
     except Exception as exc:  # RedisClusterException is no RedisError: whatever it is, unnotified
@@ -166,13 +169,14 @@ def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str) -> list[A
     return notified(results, written, refused)
 
 
-async def submit_ordered_async(r: Any, built: list[tuple[Turn, bytes]], tier: str) -> list[Any]:
+async def submit_ordered_async(r: Any, built: list[tuple[Turn, bytes]], tier: str,
+                               shards: int = 1) -> list[Any]:
     """:func:`submit_ordered` on an asyncio client."""
     pipe = r.pipeline(transaction=False)
     queue_inboxes(pipe, built)
     written, refused = inbox_written(await pipe.execute(raise_on_error=False), built)
     pipe = r.pipeline(transaction=False)
-    queue_notifications(pipe, written, tier)
+    queue_notifications(pipe, written, tier, shards)
     try:
         results = await pipe.execute(raise_on_error=False)
     except Exception as exc:
@@ -186,11 +190,11 @@ def queue_inboxes(pipe: Any, built: list[tuple[Turn, bytes]]) -> None:
         queue_inbox(pipe, turn, payload)
 
 
-def queue_notifications(pipe: Any, written: list[Turn], tier: str) -> None:
+def queue_notifications(pipe: Any, written: list[Turn], tier: str, shards: int = 1) -> None:
     """Round trip 2 of the ordered submit: the notifications and active marks, then the gauges."""
     for turn in written:
-        queue_notify(pipe, turn)
-    queue_submit_gauges(pipe, tier)
+        queue_notify(pipe, turn, shards)
+    queue_submit_gauges(pipe, tier, keys.ready_shard(written[-1].user, shards) if written else 0)
 
 
 def inbox_written(results: Any, built: list[tuple[Turn, bytes]]) -> tuple[list[Turn], Exception | None]:
@@ -221,6 +225,47 @@ def notified(results: Any, written: list[Turn], refused: Exception | None) -> li
     if refused is not None:
         raise refused
     return results[queued:]
+
+
+# --- how many ready shards? ---------------------------------------------------------------
+SHARDS_TTL_S = 5.0  # a client reads the tier's ready_shards again after this long
+
+
+def queue_shards_probe(pipe: Any, tier: str) -> None:
+    """The tier's policy key and its last good copy: :func:`ready_shards_of` reads them."""
+    pipe.get(keys.policy(tier))
+    pipe.get(keys.policy_good(tier))
+
+
+def ready_shards_of(raw: Any, good: Any) -> int:
+    """``ready_shards`` of the policy JSON ``raw`` (else of ``good``, the last valid one), in
+    1..``keys.MAX_READY_SHARDS``; 1 when neither names it. Lenient on purpose: a submit that
+    uses a stale or odd count is still served (every worker of the tier reads every shard that
+    exists, up to the bound), only its shard may differ from the policy's."""
+    for blob in (raw, good):
+        if not blob:
+            continue
+        try:
+            n = json.loads(blob).get("ready_shards", 1)
+        except (ValueError, AttributeError, RecursionError):
+            continue
+        if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= keys.MAX_READY_SHARDS:
+            return n
+    return 1
+
+
+def read_ready_shards(r: redis.Redis, tier: str) -> int:
+    """The tier's ``ready_shards`` (:func:`ready_shards_of`), in one round trip."""
+    pipe = r.pipeline(transaction=False)
+    queue_shards_probe(pipe, tier)
+    return ready_shards_of(*pipe.execute())
+
+
+async def read_ready_shards_async(r: aioredis.Redis, tier: str) -> int:
+    """:func:`read_ready_shards` on an asyncio client."""
+    pipe = r.pipeline(transaction=False)
+    queue_shards_probe(pipe, tier)
+    return ready_shards_of(*await pipe.execute())
 
 
 # --- does the tier exist? ---------------------------------------------------------------

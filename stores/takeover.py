@@ -69,16 +69,40 @@ class _Progress:
     unreadable: int = 0
 
 
+def shard_streams(r: redis.Redis, tier: str) -> list[str]:
+    """The tier's ready streams that exist: shard 0 always (it may be missing, the callers
+    handle that), and each higher shard whose stream exists (one ``EXISTS`` each, pipelined)."""
+    pipe = r.pipeline(transaction=False)
+    for k in range(1, keys.MAX_READY_SHARDS):
+        pipe.exists(keys.ready(tier, k))
+    found = pipe.execute()
+    return [keys.ready(tier)] + [keys.ready(tier, k) for k, n in zip(range(1, keys.MAX_READY_SHARDS), found,
+                                                                      strict=True) if int(n)]
+
+
 def take_over(r: redis.Redis, tier: str, worker: str, batch: int = BATCH) -> Takeover:
     """Hand on every notification pending on ``worker``'s consumer, then remove the consumer.
 
     Only for a worker known to be dead: its lanes are cleared (a paused one is fenced).
     Safe to repeat and to run concurrently (a lane re-taken by a live worker is not its own
-    any more; a second fresh notification for a user costs one extra read).
+    any more; a second fresh notification for a user costs one extra read). On every ready
+    shard of the tier that exists, one fresh notification per user in all (any shard's carries
+    the user's duty: every worker reads every shard), on the shard of one it replaces.
     """
     validate_token(worker, "worker id")
-    stream, scripts = keys.ready(tier), SyncScripts(r)
     done = _Progress()
+    scripts = SyncScripts(r)
+    dropped = [_take_over_stream(r, scripts, stream, worker, batch, done)
+               for stream in shard_streams(r, tier)]
+    left = -1 in dropped
+    return Takeover(tier, worker, tuple(done.users), tuple(done.cleared), done.acked, done.trimmed,
+                    done.unreadable, consumer_removed=1 in dropped and not left, pending_left=left)
+
+
+def _take_over_stream(r: redis.Redis, scripts: SyncScripts, stream: str, worker: str, batch: int,
+                      done: _Progress) -> int:
+    """:func:`take_over` on one ready shard; ``consumer_drop.lua``'s answer (1 dropped, 0
+    absent, -1 pending left)."""
     start = "-"
     try:
         while True:
@@ -91,13 +115,11 @@ def take_over(r: redis.Redis, tier: str, worker: str, batch: int = BATCH) -> Tak
             start = f"({ids[-1]}"
             if len(rows) < batch:
                 break
-        dropped = int(scripts.consumer_drop(keys=[stream], args=[keys.GROUP, worker]))
+        return int(scripts.consumer_drop(keys=[stream], args=[keys.GROUP, worker]))
     except ResponseError as exc:
         if "NOGROUP" not in str(exc):
             raise
-        dropped = 0  # no stream or no group: nothing was ever pending there
-    return Takeover(tier, worker, tuple(done.users), tuple(done.cleared), done.acked, done.trimmed,
-                    done.unreadable, consumer_removed=dropped == 1, pending_left=dropped == -1)
+        return 0  # no stream or no group: nothing was ever pending there
 
 
 def _hand_on(r: redis.Redis, scripts: SyncScripts, stream: str, worker: str, ids: list[str],
@@ -148,14 +170,20 @@ def _clear_lanes(r: redis.Redis, scripts: SyncScripts, worker: str, users: list[
 
 
 def consumers(r: redis.Redis, tier: str) -> dict[str, int]:
-    """The consumers of the tier's group with their pending counts ({} if there is no group)."""
-    try:
-        listed = r.xinfo_consumers(keys.ready(tier), keys.GROUP)
-    except ResponseError as exc:
-        if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
-            return {}
-        raise
-    return {as_str(c["name"]): int(c["pending"]) for c in listed}
+    """The consumers of the tier's group, on every ready shard, with their pending counts
+    summed over the shards ({} if there is no group)."""
+    out: dict[str, int] = {}
+    for stream in shard_streams(r, tier):
+        try:
+            listed = r.xinfo_consumers(stream, keys.GROUP)
+        except ResponseError as exc:
+            if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
+                continue
+            raise
+        for c in listed:
+            name = as_str(c["name"])
+            out[name] = out.get(name, 0) + int(c["pending"])
+    return out
 
 
 def sweep(r: redis.Redis, tier: str, live: Collection[str] = (), batch: int = BATCH) -> list[Takeover]:

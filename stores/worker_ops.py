@@ -10,6 +10,7 @@ fresh notification (a hand-over).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import cast
@@ -21,18 +22,70 @@ from protocol import keys
 from protocol.codec import as_str, encode
 from protocol.models import WorkerInfo
 from stores import cluster
-from stores.replies import RawRow, raw_streams
+from stores.replies import raw_streams
 from stores.scripts import Scripts
 
+log = logging.getLogger("fleet.worker")
 
-async def join_ready_group(r: aioredis.Redis, tier: str) -> None:
-    """Create the workers' group on the tier's ready stream (with the stream) unless it exists.
-    From id 0: turns parked before any worker existed are served."""
-    try:
-        await r.xgroup_create(keys.ready(tier), keys.GROUP, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
+
+# --- ready shards ---------------------------------------------------------------------
+# A notification is named by its stream id on shard 0 (as it always was) and by "<k>/<id>" on
+# shard k >= 1: the worker's jobs carry these names as they are; only the functions here read
+# the shard out of them.
+def nid_of(shard: int, stream_id: str) -> str:
+    """The name a worker's jobs carry for notification ``stream_id`` of ready shard ``shard``."""
+    return stream_id if shard == 0 else f"{shard}/{stream_id}"
+
+
+def split_nid(nid: str) -> tuple[int, str]:
+    """``(shard, stream id)`` of a notification name made by :func:`nid_of`."""
+    shard, sep, stream_id = nid.partition("/")
+    return (int(shard), stream_id) if sep else (0, nid)
+
+
+def by_shard(nids: Sequence[str]) -> dict[int, list[str]]:
+    """Stream ids grouped by ready shard, in the order given."""
+    out: dict[int, list[str]] = {}
+    for nid in nids:
+        shard, stream_id = split_nid(nid)
+        out.setdefault(shard, []).append(stream_id)
+    return out
+
+
+async def shards_in_use(r: aioredis.Redis, tier: str, want: int) -> int:
+    """How many ready shards a worker of ``tier`` must read: the policy's ``want``, or more while
+    a stream of a higher shard exists (a tier that shrank, or a client that still writes the
+    old count): one ``EXISTS`` per possible shard, pipelined. Shard streams are never deleted
+    by Fleet (each holds the workers' group), so a shrink never strands a notification."""
+    pipe = r.pipeline(transaction=False)
+    for k in range(1, keys.MAX_READY_SHARDS):
+        pipe.exists(keys.ready(tier, k))
+    found = [k for k, n in zip(range(1, keys.MAX_READY_SHARDS), await pipe.execute(), strict=True)
+             if int(n)]
+    return max(want, 1, (found[-1] + 1) if found else 1)
+
+
+async def more_shards(r: aioredis.Redis, tier: str, want: int, have: int) -> int:
+    """The ready shards a worker reading ``have`` must read now (:func:`shards_in_use`, never
+    fewer: a shrink must not strand what is there); the group is joined on a new shard before
+    it is read."""
+    shards = await shards_in_use(r, tier, want)
+    if shards <= have:
+        return have
+    await join_ready_group(r, tier, shards)
+    log.info("reading %d ready shards of %s (policy: %d)", shards, tier, want)
+    return shards
+
+
+async def join_ready_group(r: aioredis.Redis, tier: str, shards: int = 1) -> None:
+    """Create the workers' group on each of the tier's ``shards`` ready streams (with the
+    stream) unless it exists. From id 0: turns parked before any worker existed are served."""
+    for k in range(shards):
+        try:
+            await r.xgroup_create(keys.ready(tier, k), keys.GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
 
 
 async def register_worker(r: aioredis.Redis, info: WorkerInfo, heartbeat_ttl_ms: int) -> None:
@@ -43,90 +96,148 @@ async def register_worker(r: aioredis.Redis, info: WorkerInfo, heartbeat_ttl_ms:
     await pipe.execute()
 
 
-async def deregister_worker(r: aioredis.Redis, tier: str, worker_id: str) -> None:
-    """Leave the registry: entry, heartbeat and control stream; and the group's consumer, when
-    it has no pending entries (deleting a consumer drops them)."""
-    ready = keys.ready(tier)
-    info = await r.xpending_range(ready, keys.GROUP, "-", "+", 1, consumername=worker_id)
+async def deregister_worker(r: aioredis.Redis, tier: str, worker_id: str, shards: int = 1) -> None:
+    """Leave the registry: entry, heartbeat and control stream; and the group's consumer on
+    each ready shard where it has no pending entries (deleting a consumer drops them)."""
+    idle = []
+    for k in range(shards):
+        ready = keys.ready(tier, k)
+        if not await r.xpending_range(ready, keys.GROUP, "-", "+", 1, consumername=worker_id):
+            idle.append(ready)
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.WORKERS, worker_id)
     pipe.delete(keys.heartbeat(worker_id))  # one DEL per key: a cluster pipeline refuses a
     pipe.delete(keys.control(worker_id))  # multi-key DEL (the two share the worker's slot)
-    if not info:
+    for ready in idle:
         pipe.xgroup_delconsumer(ready, keys.GROUP, worker_id)
     await pipe.execute()
 
 
-async def read_ready(r: aioredis.Redis, tier: str, worker_id: str, count: int,
-                     block_ms: int) -> list[tuple[bytes, list[RawRow]]]:
-    """One XREADGROUP of new notifications for ``worker_id`` (``[]`` when the block ends empty)."""
-    return raw_streams(await r.xreadgroup(keys.GROUP, worker_id, {keys.ready(tier): ">"},
-                                          count=count, block=block_ms))
+Delivered = list[tuple[str, dict[bytes, bytes]]]  # (notification name, fields), as read
+
+
+def _delivered(tier: str, reply: object) -> Delivered:
+    return [(nid_of(keys.shard_of_ready(tier, stream), as_str(nid)), fields)
+            for stream, entries in raw_streams(reply) for nid, fields in entries]
+
+
+CLUSTER_SHARD_BLOCK_MS = 100  # on a Cluster, the blocking read of one shard: the others' latency
+
+
+async def read_ready(r: aioredis.Redis, tier: str, worker_id: str, count: int, block_ms: int,
+                     shards: int = 1, turn: int = 0) -> Delivered:
+    """New notifications for ``worker_id`` from the tier's ``shards`` ready streams, named as
+    :func:`nid_of` (``[]`` when the block ends empty).
+
+    On one node: one ``XREADGROUP`` over every shard. On a Cluster (the shards sit in different
+    slots, so on different masters): a non-blocking read of every shard, sent concurrently
+    (``COUNT`` shared out), and only if they all come back empty a blocking read of shard
+    ``turn % shards`` for at most ``CLUSTER_SHARD_BLOCK_MS``: the caller rotates ``turn``.
+    """
+    streams = {keys.ready(tier, k): ">" for k in range(shards)}
+    if shards == 1 or not cluster.is_cluster(r):
+        return _delivered(tier, await r.xreadgroup(keys.GROUP, worker_id, streams,  # type: ignore[arg-type]
+                                                   count=count, block=block_ms))
+    names = list(streams)
+    share = {names[(turn + i) % shards]: count // shards + (1 if i < count % shards else 0)
+             for i in range(shards)}  # COUNT shared out, the remainder rotating: never more in all
+    replies = await asyncio.gather(*(r.xreadgroup(keys.GROUP, worker_id, {name: ">"}, count=n)
+                                     for name, n in share.items() if n > 0))
+    got = [row for reply in replies for row in _delivered(tier, reply)]
+    if got:
+        return got
+    name = keys.ready(tier, turn % shards)
+    return _delivered(tier, await r.xreadgroup(keys.GROUP, worker_id, {name: ">"}, count=count,
+                                               block=min(block_ms, CLUSTER_SHARD_BLOCK_MS)))
 
 
 async def reclaim_idle(r: aioredis.Redis, tier: str, worker_id: str, min_idle_ms: int, start_id: str,
-                       count: int) -> tuple[str, list[tuple[bytes, dict[bytes, bytes] | None]]]:
-    """One XAUTOCLAIM from ``start_id``: the next cursor ("0-0" = wrapped) and the claimed
-    entries (fields ``None`` or empty for one trimmed away under its consumer)."""
-    nxt, claimed, *_deleted = await r.xautoclaim(keys.ready(tier), keys.GROUP, worker_id, min_idle_ms,
-                                                 start_id=start_id, count=count)
-    return as_str(nxt), cast("list[tuple[bytes, dict[bytes, bytes] | None]]", claimed)
+                       count: int, shard: int = 0) -> tuple[str, list[tuple[str, dict[bytes, bytes] | None]]]:
+    """One XAUTOCLAIM of ready shard ``shard`` from ``start_id``: the next cursor ("0-0" =
+    wrapped) and the claimed entries, named as :func:`nid_of` (fields ``None`` or empty for one
+    trimmed away under its consumer)."""
+    nxt, claimed, *_deleted = await r.xautoclaim(keys.ready(tier, shard), keys.GROUP, worker_id,
+                                                 min_idle_ms, start_id=start_id, count=count)
+    rows = cast("list[tuple[bytes, dict[bytes, bytes] | None]]", claimed)
+    return as_str(nxt), [(nid_of(shard, as_str(nid)), fields) for nid, fields in rows]
 
 
 async def ack_notifications(scripts: Scripts, tier: str, worker_id: str, nids: Sequence[str]) -> None:
-    """Ack those of ``nids`` still pending under ``worker_id`` (``notification_ack.lua``)."""
-    await scripts.notification_ack(keys=[keys.ready(tier)], args=[keys.GROUP, worker_id, *nids])
+    """Ack those of ``nids`` still pending under ``worker_id`` (``notification_ack.lua``, one
+    call per ready shard)."""
+    for shard, ids in by_shard(nids).items():
+        await scripts.notification_ack(keys=[keys.ready(tier, shard)], args=[keys.GROUP, worker_id, *ids])
 
 
 async def ack_covered(scripts: Scripts, tier: str, worker_id: str, holder_worker: str, user: str,
                       nids: Sequence[str]) -> int:
     """Ack ``nids`` if ``holder_worker`` has one of ``user``'s notifications pending
-    (``notification_ack_covered.lua``); negative when it has none and they stay pending."""
-    return int(await scripts.notification_ack_covered(
-        keys=[keys.ready(tier)], args=[keys.GROUP, worker_id, holder_worker, user, *nids]))
+    (``notification_ack_covered.lua``); negative when it has none and they stay pending.
+
+    Per ready shard, atomically: the ids on shard k are acked only if the holder has one of
+    the user's notifications pending on shard k. A user's notifications all sit on one shard
+    while the tier's shard count stays; after a change the holder's may sit on the old shard
+    and ours on the new one: then ours stay pending, and are reclaimed once idle (safe, late).
+    """
+    acked, carried = 0, False
+    for shard, ids in by_shard(nids).items():
+        n = int(await scripts.notification_ack_covered(
+            keys=[keys.ready(tier, shard)], args=[keys.GROUP, worker_id, holder_worker, user, *ids]))
+        if n >= 0:
+            acked, carried = acked + n, True
+    return acked if carried else -1
 
 
 async def touch_and_beat(r: aioredis.Redis, scripts: Scripts, tier: str, worker_id: str,
                          nids: Sequence[str], heartbeat_ttl_ms: int) -> None:
     """Touch the notifications still pending under us (resetting their idle time, so no one
-    reclaims a live holder's) and beat the heartbeat, in one round trip (on a Cluster, two
-    requests sent concurrently: its pipeline refuses ``EVALSHA``)."""
+    reclaims a live holder's; one script call per ready shard) and beat the heartbeat, in one
+    round trip (on a Cluster, requests sent concurrently: its pipeline refuses ``EVALSHA``)."""
+    shards = by_shard(nids)
     if cluster.is_cluster(r):
         calls = [r.set(keys.heartbeat(worker_id), "1", px=heartbeat_ttl_ms)]
-        if nids:
-            calls.insert(0, scripts.notification_touch(keys=[keys.ready(tier)],
-                                                       args=[keys.GROUP, worker_id, *nids]))
+        for shard, ids in shards.items():
+            calls.insert(0, scripts.notification_touch(keys=[keys.ready(tier, shard)],
+                                                       args=[keys.GROUP, worker_id, *ids]))
         await asyncio.gather(*calls)
         return
     async with r.pipeline(transaction=False) as pipe:  # (a failed script load left
         # the pipeline holding its connection: the context gives it back)
-        if nids:
+        for shard, ids in shards.items():
             await scripts.notification_touch(
-                keys=[keys.ready(tier)], args=[keys.GROUP, worker_id, *nids], client=pipe)
+                keys=[keys.ready(tier, shard)], args=[keys.GROUP, worker_id, *ids], client=pipe)
         pipe.set(keys.heartbeat(worker_id), "1", px=heartbeat_ttl_ms)
         await pipe.execute()
 
 
-async def trim_ready(r: aioredis.Redis, tier: str, forget_after_s: float) -> None:
-    """Trim the ready stream below what is pending or undelivered, and forget users inactive
-    for ``forget_after_s``; nothing when the group is missing."""
-    ready = keys.ready(tier)
-    groups = await r.xinfo_groups(ready)
-    group = next((g for g in groups if as_str(g["name"]) == keys.GROUP), None)
-    if group is None:
-        return
-    summary = await r.xpending(ready, keys.GROUP)
-    floor = as_str(summary["min"]) if summary["pending"] else _next_id(as_str(group["last-delivered-id"]))
+async def trim_ready(r: aioredis.Redis, tier: str, forget_after_s: float, shards: int = 1) -> None:
+    """Trim each ready shard below what is pending or undelivered there, and forget users
+    inactive for ``forget_after_s`` (the active set is tier-wide); a shard without the group
+    is left alone."""
     pipe = r.pipeline(transaction=False)
-    pipe.xtrim(ready, minid=floor, approximate=True)
+    for k in range(shards):
+        ready = keys.ready(tier, k)
+        try:
+            groups = await r.xinfo_groups(ready)
+        except ResponseError as exc:
+            if "no such key" not in str(exc).lower():
+                raise
+            continue
+        group = next((g for g in groups if as_str(g["name"]) == keys.GROUP), None)
+        if group is None:
+            continue
+        summary = await r.xpending(ready, keys.GROUP)
+        floor = as_str(summary["min"]) if summary["pending"] else _next_id(as_str(group["last-delivered-id"]))
+        pipe.xtrim(ready, minid=floor, approximate=True)
     horizon = time.time() - forget_after_s
     pipe.zremrangebyscore(keys.active(tier), "-inf", horizon)
     await pipe.execute()
 
 
-async def notify_ready(r: aioredis.Redis, tier: str, user: str) -> None:
-    """Post a fresh notification for ``user`` on ``tier``'s ready stream."""
-    await r.xadd(keys.ready(tier), {"user": user})
+async def notify_ready(r: aioredis.Redis, tier: str, user: str, shards: int = 1) -> None:
+    """Post a fresh notification for ``user`` on its shard of ``tier``'s ``shards`` ready
+    streams (any shard would do: every worker of the tier reads every shard)."""
+    await r.xadd(keys.ready(tier, keys.ready_shard(user, shards)), {"user": user})
 
 
 def _next_id(stream_id: str) -> str:

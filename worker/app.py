@@ -26,7 +26,6 @@ from stores import worker_ops
 from stores.connection import connect_async
 from stores.control import read_control_async
 from stores.policies import PolicyRead, read_policy_async
-from stores.replies import RawRow
 from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok
 from stores.turns import ReplicaWait, StoreConfig, UserStore
 from worker import handlers
@@ -69,7 +68,9 @@ class Worker(JobServices):
         self._wake_report = asyncio.Event()
         self._stopping = asyncio.Event()  # set once the jobs are done: the loops end
         self._drained = asyncio.Event()  # set by drain(): ends a start still retrying
-        self._reclaim_from = "0-0"  # XAUTOCLAIM's cursor over the pending list
+        self._reclaim_from: dict[int, str] = {}  # ready shard -> XAUTOCLAIM's cursor over its pending list
+        self._shards = 1  # ready shards read: the policy's, or more while higher ones exist
+        self._read_turn = 0  # on a Cluster, the shard whose read blocks next (worker_ops.read_ready)
         self._policy_rejected: str | None = None  # why the key is not applied here (logged once)
         self._rescanned: dict[str, float] = {}  # missing handler -> when entry points were re-read
         self._started = 0.0
@@ -158,7 +159,7 @@ class Worker(JobServices):
 
     async def _start(self) -> None:
         await self._refresh_policy()
-        await worker_ops.join_ready_group(self.r, self.tier)
+        await worker_ops.join_ready_group(self.r, self.tier, self._shards)
         self._started = time.time()
         await self._register()
 
@@ -170,7 +171,7 @@ class Worker(JobServices):
         await worker_ops.register_worker(self.r, info, self.settings.heartbeat_ttl_ms)
 
     async def _deregister(self) -> None:
-        await worker_ops.deregister_worker(self.r, self.tier, self.worker_id)
+        await worker_ops.deregister_worker(self.r, self.tier, self.worker_id, self._shards)
 
     async def _finish_jobs(self) -> None:
         while self._tasks:
@@ -226,16 +227,17 @@ class Worker(JobServices):
             except TRANSIENT as exc:
                 failures = await self._read_failed(failures, exc)
                 continue
-            for _stream, entries in resp or []:
-                for nid, fields in entries:
-                    self.dispatch(as_str(nid), fields, reclaimed=False)
+            for nid, fields in resp or []:
+                self.dispatch(nid, fields, reclaimed=False)
 
-    async def _read_ready(self, count: int) -> list[tuple[bytes, list[RawRow]]] | None:
+    async def _read_ready(self, count: int) -> worker_ops.Delivered | None:
         """One XREADGROUP. A drain lets it finish within its block time (what it delivers is
         handed back); one still running past that is stuck in the client's reconnect attempts
         (Redis is gone) and is abandoned, so SIGTERM does not wait them out. Anything it may
         have delivered stays pending under this consumer: the commander's sweep hands it on."""
-        read = worker_ops.read_ready(self.r, self.tier, self.worker_id, count, self.settings.block_ms)
+        self._read_turn += 1
+        read = worker_ops.read_ready(self.r, self.tier, self.worker_id, count, self.settings.block_ms,
+                                     self._shards, self._read_turn)
         try:
             rows = await unless_stuck(read, self._drained, self.settings.block_ms / 1000 + DRAIN_READ_GRACE_S,
                                       DRAIN_READ_GRACE_S)
@@ -286,15 +288,20 @@ class Worker(JobServices):
         # from 0-0 every pass would meet the same notifications at the head of the pending
         # list (those of jobs in progress, and reclaimed ones whose lane is busy, which stay)
         # and never reach an idle one further on (issue 8, hole 2). "0-0" back = wrapped.
-        self._reclaim_from, claimed = await worker_ops.reclaim_idle(
-            self.r, self.tier, self.worker_id, self.settings.reclaim_idle_ms,
-            start_id=self._reclaim_from, count=free)
-        for nid, fields in claimed:
-            if fields:
-                log.info("reclaimed notification %s (%s)", as_str(nid), fields.get(b"user"))
-                self.dispatch(as_str(nid), fields, reclaimed=True)
-            else:  # trimmed away under its consumer: nothing left to do
-                await self.ack([as_str(nid)])
+        # Each ready shard has its own pending list and cursor.
+        for shard in range(self._shards):
+            free = self.policy.concurrency - len(self.jobs)
+            if self.draining or free <= 0:
+                return
+            self._reclaim_from[shard], claimed = await worker_ops.reclaim_idle(
+                self.r, self.tier, self.worker_id, self.settings.reclaim_idle_ms,
+                start_id=self._reclaim_from.get(shard, "0-0"), count=free, shard=shard)
+            for nid, fields in claimed:
+                if fields:
+                    log.info("reclaimed notification %s (%s)", nid, fields.get(b"user"))
+                    self.dispatch(nid, fields, reclaimed=True)
+                else:  # trimmed away under its consumer: nothing left to do
+                    await self.ack([nid])
 
     async def _renew(self) -> None:
         """Extend our lanes and keep their notifications ours; beat the heartbeat."""
@@ -340,6 +347,7 @@ class Worker(JobServices):
                      read.source, read.policy.handler, read.policy.concurrency,
                      f"; key rejected: {read.error}" if read.error else "")
             self._slot_freed.set()
+        self._shards = await worker_ops.more_shards(self.r, self.tier, self.policy.ready_shards, self._shards)
 
     async def _read_policy(self) -> PolicyRead:
         read = await read_policy_async(self.r, self.tier, handlers.registered_names(), record=True,
@@ -358,7 +366,7 @@ class Worker(JobServices):
 
     async def _housekeeping(self) -> None:
         """Trim the ready stream below what is pending or undelivered; forget stale users."""
-        await worker_ops.trim_ready(self.r, self.tier, 10 * self.policy.active_window_s)
+        await worker_ops.trim_ready(self.r, self.tier, 10 * self.policy.active_window_s, self._shards)
 
     async def _control_loop(self) -> None:
         last, failures = "0-0", 0

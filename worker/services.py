@@ -74,7 +74,10 @@ class JobServices:
 
     async def notify(self, user: str, tier: str) -> None:
         """Post a fresh notification for ``user`` on ``tier``'s ready stream (a hand-over)."""
-        await worker_ops.notify_ready(self.r, tier, user)
+        # the user's shard of this tier; another tier's count is not known here: its shard 0,
+        # which every worker of that tier reads
+        await worker_ops.notify_ready(self.r, tier, user,
+                                      self.policy.ready_shards if tier == self.tier else 1)
 
     def counters_now(self) -> Counters:
         """The counters with the handler time of turns still running: slot-seconds up to now.

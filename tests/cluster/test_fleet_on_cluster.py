@@ -177,3 +177,36 @@ def test_the_commander_scales_a_tier_on_a_cluster(rc: redis.Redis, cluster_env: 
         time.sleep(0.1)
     leftovers = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert not leftovers, f"workers left behind: {leftovers}"
+
+
+def test_a_tier_on_three_ready_shards_spreads_over_three_masters_in_order(
+        redis_cluster: RedisClusterRig, rc: redis.Redis, start_workers: Callable[[int], object]) -> None:
+    """``ready_shards=3``: the tier's ready streams sit on 3 different masters, and every turn
+    of every user is answered once, in order (workers read each shard on its own there)."""
+    write_policy(rc, "chat", Policy(concurrency=16, ready_shards=3))
+    shards = [keys.ready("chat", k) for k in range(3)]
+    assert len({redis_cluster.master_of_slot(key_slot(s.encode())).port for s in shards}) == 3
+    start_workers(2)
+    users, turns = 90, 3
+    names = [f"s{i}" for i in range(users)]
+
+    async def run() -> list[list[str]]:
+        fleet = AsyncFleet(redis_cluster.url)
+
+        async def one(user: str) -> list[str]:
+            return [(await fleet.ask(user, f"turn {k}", timeout=30)).text for k in range(turns)]
+
+        try:
+            return await asyncio.gather(*(one(u) for u in names))
+        finally:
+            await fleet.aclose()
+
+    replies = asyncio.run(run())
+    for user, texts in zip(names, replies, strict=True):
+        assert [t.split(" | ")[0] for t in texts] == [f"echo: turn {k}" for k in range(turns)], user
+        assert session_of(rc, user) == [f"turn {k}" for k in range(turns)], user
+    # each shard carried its users' notifications: all read by the workers' group there
+    for k, stream in enumerate(shards):
+        group = next(g for g in rc.xinfo_groups(stream) if g["name"] == keys.GROUP.encode())
+        expect = sum(1 for u in names if keys.ready_shard(u, 3) == k) * turns
+        assert int(group["entries-read"]) == expect > 0, k

@@ -272,6 +272,7 @@ def drive_sync(r: redis.Redis) -> None:
         policies.read_policy(r, tier, ["echo"], record=True, reader="w")  # status write branch
         policies.write_policy(r, tier, Policy())
         policies.read_policy_status(r, tier)
+        submit.read_ready_shards(r, tier)
         policies.has_policy_key(r, tier)
         policies.read_good_policy(r, tier)
     policies.ensure_policy(r, "gpu")
@@ -359,7 +360,19 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     scripts = Scripts(ar)
     tier, wid, other = "chat", WORKERS[0], WORKERS[1]
     got = await worker_ops.read_ready(ar, tier, wid, 100, 0)
-    nids = [e.decode() for _s, entries in got for e, _f in entries]
+    nids = [nid for nid, _f in got]
+    # a tier of 3 ready shards: notifications on each, read, reclaimed, acked per shard
+    shards = await worker_ops.more_shards(ar, "gpu", 3, 1)
+    await submit.submit_round_trip_async(ar, [turn(u, "gpu", 40 + i) for i, u in enumerate(USERS)], "gpu", 3)
+    await submit.read_ready_shards_async(ar, "gpu")
+    sharded = [nid for nid, _f in await worker_ops.read_ready(ar, "gpu", wid, 100, 0, shards, 1)]
+    for k in range(shards):
+        await worker_ops.reclaim_idle(ar, "gpu", wid, 0, "0-0", 10, shard=k)
+    await worker_ops.touch_and_beat(ar, scripts, "gpu", wid, sharded, 60_000)
+    await worker_ops.ack_covered(scripts, "gpu", other, wid, USERS[0], sharded)
+    await worker_ops.ack_notifications(scripts, "gpu", wid, sharded)
+    await worker_ops.notify_ready(ar, "gpu", USERS[1], 3)
+    await worker_ops.trim_ready(ar, "gpu", 60.0, shards)
     await worker_ops.reclaim_idle(ar, tier, other, 0, "0-0", 1)  # one of w1's moves to w2
     store = UserStore(ar, wid, cfg)
     leases: list[Lease] = []
@@ -430,6 +443,11 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.submit.SubmitNotNotified": "an exception",
     "stores.submit.inbox_written": "parses replies",
     "stores.submit.notified": "parses replies",
+    "stores.submit.ready_shards_of": "parses replies",
+    "stores.worker_ops.nid_of": "names a notification",
+    "stores.worker_ops.split_nid": "reads a notification's name",
+    "stores.worker_ops.by_shard": "groups names",
+    "stores.backlog.summed": "arithmetic",
     "stores.policies.PolicyRead": "a value",
     "stores.registry.Registry": "a value",
     "stores.ledger.NotLeading": "an exception",
@@ -453,6 +471,10 @@ SINGLE_NODE_EXCEPTIONS = {
         "the single-node submit: MULTI over the user's inbox and the tier's ready stream and active "
         "set (user slot + tier slot), atomic by design on one node; on a Cluster the submit is "
         "ordered instead (inbox acknowledged, then notification): stores/submit.py's Cluster path",
+    ("stores.worker_ops.read_ready", "command"):
+        "the single-node worker blocks on every ready shard of its tier in one XREADGROUP (shard k "
+        "has its own slot, so that a Cluster spreads the tier); on a Cluster it reads each shard "
+        "on its own (stores/worker_ops.py read_ready)",
     ("stores.reports.wait_pressure", "command"):
         "the single-node commander blocks on every tier's pressure stream in one XREAD (it wakes "
         "at the first event); on a Cluster it blocks on one tier or polls each stream on its own "
