@@ -35,8 +35,9 @@ async def unless_stuck(aw: Awaitable[T], stop: asyncio.Event, grace_s: float, ca
         return task.result()
     finally:
         stopped.cancel()
-        if not task.done():
-            task.cancel()
+        if not task.done():  # the caller is cancelled: the read goes too, and what it ends with
+            task.cancel()    # (an error, if the cancellation was dropped) is no news
+            task.add_done_callback(_retrieved)
 
 
 def dump_tasks() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -62,3 +63,33 @@ async def test_a_cancelled_caller_takes_the_read_with_it() -> None:
     with pytest.raises(asyncio.CancelledError):
         await caller
     await asyncio.wait_for(cancelled.wait(), 1.0)
+
+
+async def test_a_read_left_by_a_cancelled_caller_that_then_fails_is_not_reported() -> None:
+    """Seen in explorations: the read dropped its cancellation, then failed (Redis down), and
+    asyncio logged "Task exception was never retrieved" at exit."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    release = asyncio.Event()
+
+    async def read() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:  # dropped, as wait_for on 3.11 may
+            await release.wait()
+            raise ConnectionError("Redis is down") from None
+        return "never"
+
+    caller = asyncio.ensure_future(unless_stuck(read(), asyncio.Event(), grace_s=0.0, cancel_s=0.0))
+    await asyncio.sleep(0.01)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    release.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    gc.collect()  # an unretrieved exception is reported when its task is collected
+    await asyncio.sleep(0)
+    loop.set_exception_handler(None)
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
