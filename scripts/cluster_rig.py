@@ -243,7 +243,7 @@ def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
         port = cluster_port(taken)
         taken |= {port, port + 10_000}
         node_dir = workdir / f"node-{i}"
-        node_dir.mkdir()
+        node_dir.mkdir(parents=True)
         nodes.append(ClusterNode(port=port, workdir=node_dir, node_timeout_ms=node_timeout_ms))
     rig = RedisClusterRig(nodes=nodes)
     try:
