@@ -234,12 +234,13 @@ class Faults:
                "commander-kill": 1.0, "redis-restart": 1.5, "redis-pause": 3.0,  # how long each lasts, about
                "master-kill": 12.0, "master-pause": sum(MASTER_PAUSE_S) / 2}
     CLUSTER = {"redis-restart": "master-kill", "redis-pause": "master-pause"}  # --cluster's Redis faults
+    CLUSTER_QUOTA = {"master-kill": 4, "master-pause": 3}  # per 5 minutes, as QUOTA
 
     def __init__(self, cluster: Cluster, seconds: float, every: float | None, rng: random.Random,
                  trace: TraceTail) -> None:
         self.cluster, self.rng, self.trace = cluster, rng, trace
         if cluster.cluster:
-            self.QUOTA = {self.CLUSTER.get(k, k): n for k, n in self.QUOTA.items()}
+            self.QUOTA = {self.CLUSTER.get(k, k): n for k, n in self.QUOTA.items()} | self.CLUSTER_QUOTA
             self.WEIGHTS = {self.CLUSTER.get(k, k): n for k, n in self.WEIGHTS.items()}
         self.master_kills: list[MasterKill] = []  # --cluster: every failover, with its promotion time
         self.failovers_in_pauses = 0  # --cluster: a master pause that was failed over all the same
