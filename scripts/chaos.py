@@ -94,6 +94,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--keep", type=Path, help="copy the run's logs, handler trace and samples here")
     p.add_argument("--cluster", action="store_true",
                    help="on a 3-master + 3-replica Redis Cluster, with master kills (failovers) and pauses")
+    p.add_argument("--lagging-replica", type=float, default=0.0, metavar="SECONDS",
+                   help="--cluster: pause the killed master's replica this long before each master kill "
+                        "(it falls behind: the failover can lose acknowledged writes)")
     p.add_argument("--replica-acks", type=int, default=None,
                    help="set the tier policy's replica_acks (WAIT after lane acquire and commit), "
                         "if this Fleet's Policy has that field")
@@ -108,6 +111,8 @@ def parse_args(argv: list[str] | None = None):
         args.minutes = 1.0
     if args.minutes <= 0 or args.users < 1:
         p.error("--minutes and --users must be positive")
+    if args.lagging_replica and not args.cluster:
+        p.error("--lagging-replica needs --cluster")
     return args
 
 
@@ -244,6 +249,7 @@ class Faults:
             self.WEIGHTS = {self.CLUSTER.get(k, k): n for k, n in self.WEIGHTS.items()}
         self.master_kills: list[MasterKill] = []  # --cluster: every failover, with its promotion time
         self.failovers_in_pauses = 0  # --cluster: a master pause that was failed over all the same
+        self.lag_s = 0.0  # --cluster: how long a master's replicas are paused before its kill
         self.count: Counter[str] = Counter()
         self.errors: list[str] = []
         self.injected: list[Injected] = []  # worker kills and pauses, for the takeover figures
@@ -349,14 +355,15 @@ class Faults:
         assert rig is not None and self.cluster.spared is not None
         victim = self.rng.choice([m for m in rig.masters() if m.port != self.cluster.spared.port])
         slots = served_slots(victim)
+        rig.kill_master(victim, lag_s=self.lag_s)
         killed_at = time.time()
-        rig.kill_master(victim)
         try:
             promoted = rig.wait_promoted(victim, timeout=60)
             promoted_at = time.time()
-            self.master_kills.append(MasterKill(killed_at, promoted_at, victim.port, promoted.port, slots))
+            self.master_kills.append(MasterKill(killed_at, promoted_at, victim.port, promoted.port, slots,
+                                                lag_s=self.lag_s))
         except TimeoutError:
-            self.master_kills.append(MasterKill(killed_at, None, victim.port, None, slots))
+            self.master_kills.append(MasterKill(killed_at, None, victim.port, None, slots, lag_s=self.lag_s))
             raise
         finally:
             time.sleep(self.rng.uniform(1.0, 3.0))
@@ -621,6 +628,7 @@ def _run(args: Any, cluster: Cluster, policy: Policy, seconds: float, rng: rando
     cluster.start_commander()
     stop = threading.Event()
     faults = Faults(cluster, seconds, args.every, rng, TraceTail(cluster.trace))
+    faults.lag_s = args.lagging_replica
     sampler = Sampler(cluster, stop, faults.drained)
     injector = threading.Thread(target=faults.run, args=(stop, r), daemon=True)
     where = f"a 6-node Redis Cluster ({cluster.url} spared)" if cluster.cluster else "one redis-server"
@@ -668,10 +676,12 @@ def _run(args: Any, cluster: Cluster, policy: Policy, seconds: float, rng: rando
     if cluster.cluster:
         split = chaos_check.failover_split(inboxes, logs, faults.master_kills, detail, epochs_ok)
         result.update({"cluster": True, "seed": args.seed, "failover": split,
+                       "lagging_replica_s": faults.lag_s,
                        "replica_acks": getattr(policy, "replica_acks", "n/a (no such policy field)"),
                        "master_kills": [k._asdict() | {"promotion_s": k.promotion_s,
                                                        "healed_s": None if k.healed is None
-                                                       else round(k.healed - k.t, 3)}
+                                                       else round(k.healed - k.t, 3),
+                                                       **chaos_check.on_master(k, list(logs))}
                                         for k in faults.master_kills],
                        "failovers_in_pauses": faults.failovers_in_pauses,
                        "all_invariants_as_on_one_redis": result["invariants_failed"]})

@@ -52,7 +52,8 @@ class Injected:
 class MasterKill(NamedTuple):
     """One failover of ``chaos --cluster``: the SIGKILL of the master on ``port`` (unix time
     ``t``), its replica on ``promoted_port`` a master at ``promoted`` (None: not within 60 s),
-    the killed node back as a replica at ``healed``; ``slots`` the ranges it served."""
+    the killed node back as a replica at ``healed``; ``slots`` the ranges it served; ``lag_s``
+    how long its replicas were paused just before the kill (0: they were up to date)."""
 
     t: float
     promoted: float | None
@@ -60,6 +61,7 @@ class MasterKill(NamedTuple):
     promoted_port: int | None
     slots: list[tuple[int, int]]
     healed: float | None = None
+    lag_s: float = 0.0  # its replicas were paused this long before the kill (--lagging-replica)
 
     @property
     def promotion_s(self) -> float | None:
@@ -366,6 +368,15 @@ def failover_split(inboxes: dict[str, set[str]], logs: dict[str, UserLog], kills
             "window_s": [FAILOVER_BEFORE_S, FAILOVER_AFTER_S]}
 
 
+def on_master(kill: MasterKill, users: list[str], tier: str = "chat") -> dict[str, object]:
+    """What the killed master held: how many of the users' slots, and the tier's keys or not."""
+    def held(key: str) -> bool:
+        return any(lo <= _slot(key) <= hi for lo, hi in kill.slots)
+
+    return {"users_on_it": sum(held(keys.inbox(u)) for u in users),
+            "tier_keys_on_it": held(keys.ready(tier)) or held(keys.active(tier))}
+
+
 def cluster_failures(res: dict[str, Any], split: dict[str, Any],
                      epochs_ok: bool) -> tuple[list[str], list[str]]:
     """(what fails the run, what a failover explains: expected without WAIT). Must hold across
@@ -469,8 +480,12 @@ def _cluster_rows(res: dict[str, Any]) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = [("redis", f"cluster 3 masters + 3 replicas, replica_acks "
                                                 f"{res.get('replica_acks')}")]
     for i, k in enumerate(res["master_kills"], 1):
+        lag = f", replica lagging {k['lag_s']:.1f} s" if k.get("lag_s") else ""
         rows.append((f"master kill {i}", f"port {k['port']} -> replica {k['promoted_port']} promoted "
-                                         f"in {_s(k['promotion_s'])}, healed {_s(k['healed_s'])} after"))
+                                         f"in {_s(k['promotion_s'])}, healed {_s(k['healed_s'])} after "
+                                         f"(held {k.get('users_on_it')} users"
+                                         f"{lag}"
+                                         f"{', the tier keys' if k.get('tier_keys_on_it') else ''})"))
     rows.append(("master pauses failed over all the same", res.get("failovers_in_pauses", 0)))
     for kind in SPLIT_KINDS:
         rows.append((f"{kind}: across a failover / outside",

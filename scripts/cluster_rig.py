@@ -168,15 +168,26 @@ class RedisClusterRig:
                         out.append(node)
         return out
 
-    def kill_master(self, master: ClusterNode | None = None) -> ClusterNode:
+    def kill_master(self, master: ClusterNode | None = None, lag_s: float = 0.0) -> ClusterNode:
         """SIGKILL a master (by pid); returns it. Its replica is promoted within a few seconds:
-        ``wait_promoted`` waits for that."""
+        ``wait_promoted`` waits for that. ``lag_s``: its replicas are paused (SIGSTOP) that long
+        before the kill and resumed (SIGCONT) right after it, so they fall behind: what the
+        master acknowledged meanwhile and had not handed to the kernel is lost with it."""
         master = master or self.masters()[0]
         assert master.role == "master", f"port {master.port} is not a master"
         replicas = self.replicas_of(master)
         assert replicas, f"master on port {master.port} has no replica to promote"
         self._replicas_at_kill[master.port] = replicas
-        master.kill()
+        if lag_s > 0:
+            for replica in replicas:
+                replica.pause()
+            time.sleep(lag_s)
+        try:
+            master.kill()
+        finally:
+            if lag_s > 0:
+                for replica in replicas:
+                    replica.resume()
         self.killed.append(master)
         return master
 
