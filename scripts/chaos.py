@@ -360,8 +360,9 @@ class Faults:
         try:
             promoted = rig.wait_promoted(victim, timeout=60)
             promoted_at = time.time()
+            lost = rig.stream_lost(victim, promoted)
             self.master_kills.append(MasterKill(killed_at, promoted_at, victim.port, promoted.port, slots,
-                                                lag_s=self.lag_s))
+                                                lag_s=self.lag_s, stream_lost=lost))
         except TimeoutError:
             self.master_kills.append(MasterKill(killed_at, None, victim.port, None, slots, lag_s=self.lag_s))
             raise

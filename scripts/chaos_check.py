@@ -62,6 +62,7 @@ class MasterKill(NamedTuple):
     slots: list[tuple[int, int]]
     healed: float | None = None
     lag_s: float = 0.0  # its replicas were paused this long before the kill (--lagging-replica)
+    stream_lost: int | None = None  # bytes of replication stream the promoted replica never got
 
     @property
     def promotion_s(self) -> float | None:
@@ -149,12 +150,20 @@ def _note(detail: dict[str, list[Any]] | None, kind: str, user: str, turn: str) 
 
 
 def _first_difference(ids: list[str], expected: list[str]) -> str:
-    """The first turn where a session differs from the history it must be."""
-    tail = expected[-len(ids):] if ids else expected
-    for got, want in zip(ids, tail, strict=False):
+    """The first turn where a session differs from the history it must be: aligned on the
+    session's oldest entry (it keeps the newest SESSION_MAX), the turn expected where the
+    session holds another or ends (a lost turn missing from it is that turn)."""
+    if not ids:
+        return expected[0] if expected else ""
+    try:
+        start = expected.index(ids[0])
+    except ValueError:
+        return ids[0]
+    for j, got in enumerate(ids):
+        want = expected[start + j] if start + j < len(expected) else None
         if got != want:
-            return got
-    return tail[len(ids)] if len(ids) < len(tail) else (ids[-1] if ids else "")
+            return want or got
+    return expected[start + len(ids)] if start + len(ids) < len(expected) else ids[-1]
 
 
 def check_epochs(r: redis.Redis) -> tuple[bool, str]:
@@ -481,6 +490,8 @@ def _cluster_rows(res: dict[str, Any]) -> list[tuple[str, object]]:
                                                 f"{res.get('replica_acks')}")]
     for i, k in enumerate(res["master_kills"], 1):
         lag = f", replica lagging {k['lag_s']:.1f} s" if k.get("lag_s") else ""
+        if k.get("stream_lost") is not None:
+            lag += f", replication stream lost >= {k['stream_lost']} B"
         rows.append((f"master kill {i}", f"port {k['port']} -> replica {k['promoted_port']} promoted "
                                          f"in {_s(k['promotion_s'])}, healed {_s(k['healed_s'])} after "
                                          f"(held {k.get('users_on_it')} users"

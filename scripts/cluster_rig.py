@@ -133,6 +133,7 @@ class RedisClusterRig:
     started_in_s: float = 0.0
     killed: list[ClusterNode] = field(default_factory=list)
     _replicas_at_kill: dict[int, list[ClusterNode]] = field(default_factory=dict)
+    offset_at_kill: dict[int, int] = field(default_factory=dict)  # port -> master_repl_offset just before
 
     @property
     def url(self) -> str:
@@ -183,6 +184,8 @@ class RedisClusterRig:
                 replica.pause()
             time.sleep(lag_s)
         try:
+            with master.client() as c:
+                self.offset_at_kill[master.port] = int(c.info("replication")["master_repl_offset"])
             master.kill()
         finally:
             if lag_s > 0:
@@ -201,6 +204,18 @@ class RedisClusterRig:
                 return promoted[0]
             time.sleep(0.1)
         raise TimeoutError(f"no replica of port {killed.port} was promoted within {timeout:g} s")
+
+    def stream_lost(self, killed: ClusterNode, promoted: ClusterNode) -> int | None:
+        """Bytes of the killed master's replication stream its promoted replica never got (at
+        least: the master's offset is read just before the SIGKILL), from the offset the replica
+        had when it took over (``second_repl_offset`` - 1). None if unknown."""
+        try:
+            with promoted.client() as c:
+                took_over_at = int(c.info("replication")["second_repl_offset"]) - 1
+        except (redis.RedisError, KeyError, ValueError):
+            return None
+        before = self.offset_at_kill.get(killed.port)
+        return None if before is None or took_over_at < 0 else max(0, before - took_over_at)
 
     def heal(self, timeout: float = 30.0) -> None:
         """Start the killed nodes again (each rejoins as a replica) and wait until all is ok."""

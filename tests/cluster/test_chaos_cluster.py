@@ -140,3 +140,15 @@ def test_the_policy_hooks(monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         chaos.parse_args(["--policy-json", "[1]"])
     assert exit_.value.code == 2
+
+
+def test_a_session_out_of_order_is_dated_by_its_first_difference(monkeypatch):
+    """A session that misses a lost turn differs first at that turn (its submit dates it, not
+    the session's oldest entry); a truncated session is aligned on its oldest entry."""
+    ck = _checker(monkeypatch)
+    expected = ["a", "b", "c", "d", "e"]
+    assert ck._first_difference(["a", "b", "d", "e"], expected) == "c"
+    assert ck._first_difference(["a", "c", "b", "d", "e"], expected) == "b"
+    assert ck._first_difference(["b", "c", "d"], expected) == "e"
+    assert ck._first_difference(["x"], expected) == "x"
+    assert ck._first_difference([], expected) == "a"
