@@ -17,6 +17,21 @@ It also measures the wait (submit -> reply) over the faulty period, longest and 
 takeover after each worker SIGKILL or pause: for every user the worker was inside a handler
 for at that moment, the time to that user's next reply. Exit status 1 if any invariant
 fails or a fault quota was not met.
+
+``--cluster``: the same load, commander, workers and worker/commander faults on a Redis Cluster
+of 3 masters + 3 replicas (scripts/cluster_rig.py), every process given the URL of one node
+(FLEET_REDIS_CLUSTER=yes). The Redis faults become cluster faults: ``master-kill`` (SIGKILL of
+a master by pid, its replica promoted by the cluster, the time to promotion measured, then the
+killed node started again: it rejoins as a replica) and ``master-pause`` (SIGSTOP/SIGCONT of a
+master, shorter than cluster-node-timeout: no failover). Replication is asynchronous, so a
+failover may lose or double writes: every anomaly (lost, duplicated, out of order, context gap,
+I3 violation, shared epoch) is attributed to a failover when its user's slot (or the tier's,
+or the ledger's) was on the killed master and it was submitted from FAILOVER_BEFORE_S before
+the kill to FAILOVER_AFTER_S after the promotion; those are reported as "across a failover
+(expected without WAIT)" and do not fail the run. Everything else must hold as on one Redis,
+and so must liveness: a turn whose inbox entry survived but that was never answered
+("stranded") fails the run, failover or not. A lost turn whose inbox entry is gone lost its
+submit to the failover (the master acknowledged it, then died before its replica had it).
 """
 
 from __future__ import annotations
@@ -36,21 +51,24 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import chaos_check
+import cluster_rig
 import psutil
 import redis
 from benchlib import ROOT, OneLineParser, free_port
-from chaos_check import Injected, TraceTail, UserLog
+from chaos_check import Injected, MasterKill, TraceTail, UserLog
 
 from fleet.client import AsyncFleet
 from protocol import keys
 from protocol.codec import CodecError, decode, encode
 from protocol.models import Control, LedgerEvent, OccupancyReport, WorkerInfo
 from protocol.policy import Policy
-from stores.connection import connect_async
+from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy
 from stores.registry import read_registry
+from stores.retry import TRANSIENT
 
 POLICY = Policy(handler="sleep", handler_options={"sleep_ms": 40}, concurrency=4, min_workers=2,
                 max_workers=6, target_backlog_per_worker=4, users_per_instance=None, report_interval_s=0.5,
@@ -60,6 +78,9 @@ WORKER_ENV = {"FLEET_WORKER_LANE_TTL_MS": "2000", "FLEET_WORKER_RENEW_INTERVAL_S
               "FLEET_WORKER_HOUSEKEEPING_INTERVAL_S": "2"}
 PAUSE_S = (3.0, 4.5)  # a worker pause: past the lane TTL (2 s), short of the heartbeat TTL (5 s)
 DRAIN_OBEYED_S = 15.0  # a worker told to drain shows it by then (past a pause, a Redis pause)
+CLUSTER_NODE_TIMEOUT_MS = 2000  # --cluster: a master silent this long is failed over
+MASTER_PAUSE_S = (0.4, 1.2)  # a master pause: well short of the node timeout (no failover)
+REPLY_GRACE_S = 60.0  # --cluster: a client stops waiting for a reply this long after the load ends
 
 
 def parse_args(argv: list[str] | None = None):
@@ -71,12 +92,41 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--keep", type=Path, help="copy the run's logs, handler trace and samples here")
+    p.add_argument("--cluster", action="store_true",
+                   help="on a 3-master + 3-replica Redis Cluster, with master kills (failovers) and pauses")
+    p.add_argument("--lagging-replica", type=float, default=0.0, metavar="SECONDS",
+                   help="--cluster: pause the killed master's replica this long before each master kill "
+                        "(it falls behind: the failover can lose acknowledged writes)")
+    p.add_argument("--replica-acks", type=int, default=None,
+                   help="set the tier policy's replica_acks (WAIT after lane acquire and commit), "
+                        "if this Fleet's Policy has that field")
+    p.add_argument("--policy-json", default=None,
+                   help='extra tier policy fields as JSON, e.g. \'{"replica_acks": 1}\' (checked by Policy)')
     args = p.parse_args(argv)
+    try:
+        args.policy = chaos_policy(args.replica_acks, args.policy_json)
+    except ValueError as exc:
+        p.error(str(exc).replace("\n", " "))
     if args.quick:
         args.minutes = 1.0
     if args.minutes <= 0 or args.users < 1:
         p.error("--minutes and --users must be positive")
+    if args.lagging_replica and not args.cluster:
+        p.error("--lagging-replica needs --cluster")
     return args
+
+
+def chaos_policy(replica_acks: int | None, policy_json: str | None) -> Policy:
+    """POLICY with the fields asked for. ``--replica-acks`` is the hook of the per-tier WAIT
+    option (issue 11): a Policy without a ``replica_acks`` field refuses it, and says so."""
+    extra = json.loads(policy_json) if policy_json else {}
+    if not isinstance(extra, dict):
+        raise ValueError("--policy-json must be a JSON object")
+    if replica_acks is not None:
+        if "replica_acks" not in Policy.model_fields:
+            raise ValueError("--replica-acks: this Fleet's Policy has no replica_acks field (yet)")
+        extra["replica_acks"] = replica_acks
+    return Policy.model_validate({**POLICY.model_dump(), **extra}) if extra else POLICY
 
 
 # --- the processes ----------------------------------------------------------------------------
@@ -87,13 +137,31 @@ class Cluster:
     home: Path
     port: int = field(default_factory=free_port)
     redis_proc: subprocess.Popen[bytes] | None = None
+    cluster: bool = False  # a Redis Cluster (``rig``) instead of one redis-server
+    rig: cluster_rig.RedisClusterRig | None = None
+    spared: cluster_rig.ClusterNode | None = None  # the node of ``url``: never killed (see start_rig)
     commander: subprocess.Popen[bytes] | None = None
     commanders_started: int = 0
     pids_seen: set[int] = field(default_factory=set)
 
     @property
     def url(self) -> str:
+        if self.spared is not None:
+            return f"redis://127.0.0.1:{self.spared.port}/0"
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, socket_timeout: float = 30) -> redis.Redis:
+        """A blocking client of the run's Redis: a cluster client on a cluster."""
+        if self.cluster:
+            return connect_sync(self.url, retries=12, socket_timeout=socket_timeout, cluster="yes")
+        return redis.Redis.from_url(self.url, socket_timeout=socket_timeout)
+
+    def start_rig(self) -> None:
+        """3 masters + 3 replicas. Every process gets the URL of one master that no fault kills:
+        a process (re)started while a killed master is down must find a node to learn the slots
+        from (Fleet takes one URL; a deployment would point it at a stable name)."""
+        self.rig = cluster_rig.start_cluster(self.home / "cluster", node_timeout_ms=CLUSTER_NODE_TIMEOUT_MS)
+        self.spared = self.rig.masters()[0]
 
     @property
     def trace(self) -> Path:
@@ -130,6 +198,8 @@ class Cluster:
         self.commanders_started += 1
         env = {**os.environ, **WORKER_ENV, "FLEET_WORKER_HANDLER_TRACE": str(self.trace),
                "REDIS_URL": self.url, "PYTHONPATH": str(ROOT)}
+        if self.cluster:
+            env["FLEET_REDIS_CLUSTER"] = "yes"  # never taken for a single node if its node is away
         log = open(self.home / f"commander-{self.commanders_started}.log", "ab")  # noqa: SIM115
         self.commander = subprocess.Popen(
             [sys.executable, "-m", "commander", "--commander-id", f"chaos-{self.commanders_started}",
@@ -149,6 +219,8 @@ class Cluster:
         if self.redis_proc and self.redis_proc.poll() is None:
             self.redis_proc.terminate()
             self.redis_proc.wait(timeout=20)
+        if self.rig is not None:
+            self.rig.stop()
 
 
 def live_workers(r: redis.Redis) -> list[WorkerInfo]:
@@ -164,11 +236,20 @@ class Faults:
     WEIGHTS = {"worker-kill": 6, "drain-kill": 2, "worker-pause": 2, "commander-kill": 1, "redis-restart": 1,
                "redis-pause": 1}
     TAKES_S = {"worker-kill": 0.0, "drain-kill": 0.15, "worker-pause": sum(PAUSE_S) / 2,
-               "commander-kill": 1.0, "redis-restart": 1.5, "redis-pause": 3.0}  # how long each lasts, about
+               "commander-kill": 1.0, "redis-restart": 1.5, "redis-pause": 3.0,  # how long each lasts, about
+               "master-kill": 12.0, "master-pause": sum(MASTER_PAUSE_S) / 2}
+    CLUSTER = {"redis-restart": "master-kill", "redis-pause": "master-pause"}  # --cluster's Redis faults
+    CLUSTER_QUOTA = {"master-kill": 4, "master-pause": 3}  # per 5 minutes, as QUOTA
 
     def __init__(self, cluster: Cluster, seconds: float, every: float | None, rng: random.Random,
                  trace: TraceTail) -> None:
         self.cluster, self.rng, self.trace = cluster, rng, trace
+        if cluster.cluster:
+            self.QUOTA = {self.CLUSTER.get(k, k): n for k, n in self.QUOTA.items()} | self.CLUSTER_QUOTA
+            self.WEIGHTS = {self.CLUSTER.get(k, k): n for k, n in self.WEIGHTS.items()}
+        self.master_kills: list[MasterKill] = []  # --cluster: every failover, with its promotion time
+        self.failovers_in_pauses = 0  # --cluster: a master pause that was failed over all the same
+        self.lag_s = 0.0  # --cluster: how long a master's replicas are paused before its kill
         self.count: Counter[str] = Counter()
         self.errors: list[str] = []
         self.injected: list[Injected] = []  # worker kills and pauses, for the takeover figures
@@ -266,11 +347,58 @@ class Faults:
         time.sleep(self.rng.uniform(0.3, 1.5))
         self.cluster.start_redis()
 
+    def master_kill(self, r: redis.Redis) -> None:
+        """SIGKILL of a master (not the spared URL node) mid-load; the cluster promotes its
+        replica (timed); a little later the killed node is started again and rejoins as a
+        replica of the promoted one."""
+        rig = self.cluster.rig
+        assert rig is not None and self.cluster.spared is not None
+        victim = self.rng.choice([m for m in rig.masters() if m.port != self.cluster.spared.port])
+        slots = served_slots(victim)
+        rig.kill_master(victim, lag_s=self.lag_s)
+        killed_at = time.time()
+        try:
+            promoted = rig.wait_promoted(victim, timeout=60)
+            promoted_at = time.time()
+            lost = rig.stream_lost(victim, promoted)
+            self.master_kills.append(MasterKill(killed_at, promoted_at, victim.port, promoted.port, slots,
+                                                lag_s=self.lag_s, stream_lost=lost))
+        except TimeoutError:
+            self.master_kills.append(MasterKill(killed_at, None, victim.port, None, slots, lag_s=self.lag_s))
+            raise
+        finally:
+            time.sleep(self.rng.uniform(1.0, 3.0))
+            rig.heal(timeout=60)
+        self.master_kills[-1] = self.master_kills[-1]._replace(healed=time.time())
+
+    def master_pause(self, r: redis.Redis) -> None:
+        """SIGSTOP/SIGCONT of a master, shorter than cluster-node-timeout (no failover expected;
+        one all the same is counted)."""
+        rig = self.cluster.rig
+        assert rig is not None
+        victim = self.rng.choice(rig.masters())
+        victim.pause()
+        try:
+            time.sleep(self.rng.uniform(*MASTER_PAUSE_S))
+        finally:
+            victim.resume()
+        time.sleep(0.2)
+        if victim.role != "master":
+            self.failovers_in_pauses += 1
+            rig.heal(timeout=60)
+
     def redis_pause(self, r: redis.Redis) -> None:
         assert self.cluster.redis_proc is not None
         self.cluster.redis_proc.send_signal(signal.SIGSTOP)
         time.sleep(self.rng.uniform(2.0, 4.0))
         self.cluster.redis_proc.send_signal(signal.SIGCONT)
+
+
+def served_slots(node: cluster_rig.ClusterNode) -> list[tuple[int, int]]:
+    """The slot ranges ``node`` serves now (asked of the node itself)."""
+    with node.client() as c:
+        return [(int(lo), int(hi)) for lo, hi, master, *_ in c.execute_command("CLUSTER", "SLOTS")
+                if int(master[1]) == node.port]
 
 
 def _running(pid: int) -> bool:
@@ -282,7 +410,7 @@ def _running(pid: int) -> bool:
 
 # --- the load and its records ----------------------------------------------------------------
 async def user_loop(fleet: AsyncFleet, user: str, log: UserLog, stop: asyncio.Event,
-                    rng: random.Random) -> None:
+                    rng: random.Random, grace_s: float = 300.0) -> None:
     n = 0
     while not stop.is_set():
         batch = []
@@ -297,7 +425,7 @@ async def user_loop(fleet: AsyncFleet, user: str, log: UserLog, stop: asyncio.Ev
             else:
                 log.uncertain.add(turn_id)
         for turn_id, t0 in batch:
-            await _await_reply(fleet, user, turn_id, t0, log, stop)
+            await _await_reply(fleet, user, turn_id, t0, log, stop, grace_s)
         await asyncio.sleep(rng.uniform(0.0, 0.3))
 
 
@@ -308,34 +436,42 @@ async def _submit(fleet: AsyncFleet, user: str, turn_id: str, sleep_ms: int, log
         try:
             await fleet.submit(user, f"turn {turn_id}", turn_id=turn_id, meta={"sleep_ms": sleep_ms})
             return True
-        except (redis.RedisError, OSError) as exc:
+        except TRANSIENT as exc:
             log.errors[type(exc).__name__] += 1
             await asyncio.sleep(min(2.0, 0.05 * 2 ** attempt) * random.random())
     return False
 
 
 async def _await_reply(fleet: AsyncFleet, user: str, turn_id: str, t0: float, log: UserLog,
-                       stop: asyncio.Event) -> None:
-    """Poll for the reply without consuming it: the checker counts the replies afterwards."""
+                       stop: asyncio.Event, grace_s: float = 300.0) -> None:
+    """Poll for the reply without consuming it: the checker counts the replies afterwards.
+    Gives up after 300 s, or ``grace_s`` after the load stopped (a turn a failover lost never
+    gets one: the checker still finds a late reply, and its wait)."""
     key = keys.reply(user, turn_id)
     deadline = time.monotonic() + 300
+    stopped_at: float | None = None
     while time.monotonic() < deadline:
+        if stop.is_set():
+            stopped_at = stopped_at or time.monotonic()
+            if time.monotonic() - stopped_at > grace_s:
+                return
         try:
             if await fleet.r.llen(key):
                 log.answered[turn_id] = time.monotonic() - t0
                 return
-        except (redis.RedisError, OSError):
+        except TRANSIENT:
             pass
         await asyncio.sleep(0.05)
 
 
-async def run_load(url: str, users: int, seconds: float, seed: int) -> tuple[dict[str, UserLog], float]:
+async def run_load(url: str, users: int, seconds: float, seed: int,
+                   grace_s: float = 300.0) -> tuple[dict[str, UserLog], float]:
     """Every user's record, and when the load stopped submitting (unix time)."""
     fleet = AsyncFleet(client=connect_async(url, retries=12))  # rides out a Redis restart
     logs = {f"c{i:03d}": UserLog() for i in range(users)}
     stop = asyncio.Event()
     rng = random.Random(seed)
-    tasks = [asyncio.create_task(user_loop(fleet, u, log, stop, random.Random(rng.random())))
+    tasks = [asyncio.create_task(user_loop(fleet, u, log, stop, random.Random(rng.random()), grace_s))
              for u, log in logs.items()]
     await asyncio.sleep(seconds)
     stop.set()
@@ -372,17 +508,17 @@ class Sampler(threading.Thread):
         self.ignored: set[str] = set()  # told to drain, still not draining DRAIN_OBEYED_S later
 
     def run(self) -> None:
-        r = redis.Redis.from_url(self.cluster.url, socket_timeout=2, socket_connect_timeout=1)
+        r = self.cluster.client(socket_timeout=2)
         while not self.stop.wait(0.5):
             try:
                 live = live_workers(r)
-            except (redis.RedisError, OSError):
+            except TRANSIENT:
                 continue
             self.cluster.pids_seen.update(w.pid for w in live)
             running = [w for w in live if _running(w.pid)]
             try:
                 capacity, labels = capacity_of(r, running, self.drained)
-            except (redis.RedisError, OSError):
+            except TRANSIENT:
                 continue
             self.max_running = max(self.max_running, len(running))
             seen = [f"{w.worker}:{labels[w.worker]}" for w in running]
@@ -472,52 +608,86 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     seconds = args.minutes * 60
     rng = random.Random(args.seed)
+    if args.cluster:
+        os.environ["FLEET_REDIS_CLUSTER"] = "yes"  # this process's clients too
+    policy: Policy = args.policy
     with tempfile.TemporaryDirectory(prefix="fleet-chaos-") as tmp:
-        cluster = Cluster(home=Path(tmp))
+        cluster = Cluster(home=Path(tmp), cluster=args.cluster)
+        try:
+            return _run(args, cluster, policy, seconds, rng)
+        finally:
+            cluster.stop()  # (done already on the way out; here if the run failed on its way)
+
+
+def _run(args: Any, cluster: Cluster, policy: Policy, seconds: float, rng: random.Random) -> int:
+    if cluster.cluster:
+        cluster.start_rig()
+    else:
         cluster.start_redis()
-        r = redis.Redis.from_url(cluster.url, socket_timeout=30)
-        write_policy(r, "chat", POLICY)
-        cluster.start_commander()
-        stop = threading.Event()
-        faults = Faults(cluster, seconds, args.every, rng, TraceTail(cluster.trace))
-        sampler = Sampler(cluster, stop, faults.drained)
-        injector = threading.Thread(target=faults.run, args=(stop, r), daemon=True)
-        print(f"chaos: {args.users} users for {seconds:.0f} s, {len(faults.plan)} faults planned "
-              f"every ~{faults.every:.1f} s", file=sys.stderr, flush=True)
-        sampler.start()
-        injector.start()
-        progress = threading.Thread(target=_progress, args=(faults, stop, seconds), daemon=True)
-        progress.start()
-        logs, load_ended = asyncio.run(run_load(cluster.url, args.users, seconds, args.seed))
-        stop.set()
-        injector.join(timeout=30)
-        sampler.join(timeout=5)
-        r = redis.Redis.from_url(cluster.url, socket_timeout=30)
-        result, answers = chaos_check.check(r, logs)
-        epochs_ok, epochs = chaos_check.check_epochs(r)
-        ledger_near_max = _ledger_near(r, sampler.max_at) if sampler.max_seen > POLICY.max_workers else []
-        ledger = _ledger_near(r, 0.0, before_s=0.0, after_s=float("inf"), count=None) if args.keep else []
-        cluster.pids_seen.update(info.pid for info in live_workers(r))
-        cluster.stop()  # the workers drain: every handler still open writes its exit
-        time.sleep(0.5)
-        left = orphans(cluster)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        intervals, trace = chaos_check.read_trace(cluster.trace, faults.killed, time.time()) \
-            if cluster.trace.exists() else ([], {})
-        if args.keep:
-            keep(cluster, args.keep, ledger, sampler, faults)
-    result.update(chaos_check.check_exclusivity(intervals, answers))
+    r = cluster.client()
+    write_policy(r, "chat", policy)
+    cluster.start_commander()
+    stop = threading.Event()
+    faults = Faults(cluster, seconds, args.every, rng, TraceTail(cluster.trace))
+    faults.lag_s = args.lagging_replica
+    sampler = Sampler(cluster, stop, faults.drained)
+    injector = threading.Thread(target=faults.run, args=(stop, r), daemon=True)
+    where = f"a 6-node Redis Cluster ({cluster.url} spared)" if cluster.cluster else "one redis-server"
+    print(f"chaos: {args.users} users for {seconds:.0f} s on {where}, {len(faults.plan)} faults planned "
+          f"every ~{faults.every:.1f} s", file=sys.stderr, flush=True)
+    sampler.start()
+    injector.start()
+    progress = threading.Thread(target=_progress, args=(faults, stop, seconds), daemon=True)
+    progress.start()
+    grace = REPLY_GRACE_S if cluster.cluster else 300.0
+    logs, load_ended = asyncio.run(run_load(cluster.url, args.users, seconds, args.seed, grace))
+    stop.set()
+    injector.join(timeout=120)
+    sampler.join(timeout=5)
+    r = cluster.client()
+    detail: dict[str, list[Any]] = {}
+    result, answers = chaos_check.check(r, logs, detail)
+    epochs_ok, epochs = chaos_check.check_epochs(r)
+    ledger_near_max = _ledger_near(r, sampler.max_at) if sampler.max_seen > policy.max_workers else []
+    ledger = _ledger_near(r, 0.0, before_s=0.0, after_s=float("inf"), count=None) if args.keep else []
+    cluster.pids_seen.update(info.pid for info in live_workers(r))
+    # what is left in the inbox of each user with a lost turn (a committed turn's entry is deleted)
+    inboxes = {user: chaos_check.inbox_turns(r, user) for user, _t in detail.get("lost", [])}
+    r.close()
+    cluster.stop()  # the workers drain: every handler still open writes its exit
+    time.sleep(0.5)
+    left = orphans(cluster)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    intervals, trace = chaos_check.read_trace(cluster.trace, faults.killed, time.time()) \
+        if cluster.trace.exists() else ([], {})
+    if args.keep:
+        keep(cluster, args.keep, ledger, sampler, faults)
+    result.update(chaos_check.check_exclusivity(intervals, answers, detail))
     result.update(chaos_check.waits(logs, faults.first or load_ended, load_ended))
     result.update({"takeover": chaos_check.takeovers(faults.injected, intervals, answers), "trace": trace,
                    "faults": dict(faults.count), "quota": faults.quota, "quota_missed": faults.missed(),
                    "fault_errors": faults.errors, "epochs": epochs,
-                   "max_live_workers": sampler.max_seen, "max_workers": POLICY.max_workers,
+                   "max_live_workers": sampler.max_seen, "max_workers": policy.max_workers,
                    "max_running_workers": sampler.max_running, "workers_at_max": sampler.at_max,
                    "ledger_near_max": ledger_near_max, "drains_ignored": sorted(sampler.ignored),
                    "faults_before_max": faults.before(sampler.max_at),
                    "orphans": len(left), "seconds": seconds, "users": args.users})
     result["invariants_failed"] = chaos_check.failures(result, epochs_ok)
+    if cluster.cluster:
+        split = chaos_check.failover_split(inboxes, logs, faults.master_kills, detail, epochs_ok)
+        result.update({"cluster": True, "seed": args.seed, "failover": split,
+                       "lagging_replica_s": faults.lag_s,
+                       "replica_acks": getattr(policy, "replica_acks", "n/a (no such policy field)"),
+                       "master_kills": [k._asdict() | {"promotion_s": k.promotion_s,
+                                                       "healed_s": None if k.healed is None
+                                                       else round(k.healed - k.t, 3),
+                                                       **chaos_check.on_master(k, list(logs))}
+                                        for k in faults.master_kills],
+                       "failovers_in_pauses": faults.failovers_in_pauses,
+                       "all_invariants_as_on_one_redis": result["invariants_failed"]})
+        result["invariants_failed"], result["expected_across_failover"] = chaos_check.cluster_failures(
+            result, split, epochs_ok)
     chaos_check.table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -5,7 +5,8 @@ submission order), the context check (each turn saw every earlier turn), I4 (led
 From the workers' handler trace (FLEET_WORKER_HANDLER_TRACE): I3 as real exclusivity — per
 user, handler intervals under two different leases must not overlap unless one of them was
 fenced (its turn was committed by another worker) — and the takeover time after a worker
-SIGKILL or pause.
+SIGKILL or pause. On a Redis Cluster (``chaos --cluster``), ``failover_split`` tells the
+anomalies a master failover explains (asynchronous replication) from those it does not.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import redis
 from benchlib import percentile
+from redis.crc import key_slot
 
 from protocol import keys
-from protocol.codec import decode
-from protocol.models import LedgerEvent, Reply, SessionEntry
+from protocol.codec import CodecError, decode
+from protocol.models import LedgerEvent, Reply, SessionEntry, Turn
 
 SESSION_MAX, CONTEXT_TURNS = 200, 20  # the worker's defaults (WorkerSettings)
 KILLS = ("worker-kill", "drain-kill")  # the faults that SIGKILL a worker
@@ -44,6 +47,26 @@ class Injected:
     t: float
     until: float
     worker: str = ""
+
+
+class MasterKill(NamedTuple):
+    """One failover of ``chaos --cluster``: the SIGKILL of the master on ``port`` (unix time
+    ``t``), its replica on ``promoted_port`` a master at ``promoted`` (None: not within 60 s),
+    the killed node back as a replica at ``healed``; ``slots`` the ranges it served; ``lag_s``
+    how long its replicas were paused just before the kill (0: they were up to date)."""
+
+    t: float
+    promoted: float | None
+    port: int
+    promoted_port: int | None
+    slots: list[tuple[int, int]]
+    healed: float | None = None
+    lag_s: float = 0.0  # its replicas were paused this long before the kill (--lagging-replica)
+    stream_lost: int | None = None  # bytes of replication stream the promoted replica never got
+
+    @property
+    def promotion_s(self) -> float | None:
+        return None if self.promoted is None else round(self.promoted - self.t, 3)
 
 
 @dataclass(frozen=True)
@@ -69,8 +92,11 @@ class Answer:
 Answers = dict[tuple[str, str], Answer]  # (user, turn id) -> its reply
 
 
-def check(r: redis.Redis, logs: dict[str, UserLog]) -> tuple[dict[str, object], Answers]:
-    """The figures of I1/I2 and the context check, and every turn's (first) reply."""
+def check(r: redis.Redis, logs: dict[str, UserLog],
+          detail: dict[str, list[Any]] | None = None) -> tuple[dict[str, object], Answers]:
+    """The figures of I1/I2 and the context check, and every turn's (first) reply. ``detail``,
+    if given, gets every anomaly (not just the examples): (user, turn) pairs, and for a user
+    out of order (user, the first turn where its session differs)."""
     submitted = sum(len(v.sent) - len(v.uncertain) for v in logs.values())
     lost, duplicated, out_of_order, unseen_context = [], [], [], []
     answers: Answers = {}
@@ -88,18 +114,26 @@ def check(r: redis.Redis, logs: dict[str, UserLog]) -> tuple[dict[str, object], 
         expected = [t for t in log.sent if t not in log.uncertain or replies_of[t]]
         if ids != expected[-len(ids):] or len(ids) != min(len(expected), SESSION_MAX):
             out_of_order.append(user)
+            if detail is not None:
+                detail.setdefault("out_of_order", []).append((user, _first_difference(ids, expected)))
         for i, t in enumerate(expected):
             replies = replies_of[t]
             if not replies:
                 lost.append(t)
+                _note(detail, "lost", user, t)
                 continue
             if len(replies) > 1:
                 duplicated.append(t)
             rep = decode(Reply, replies[0])
             answers[(user, t)] = Answer(rep.worker, rep.ts)
+            if t not in log.answered and t in log.sent_at:  # the client gave up: the reply came late
+                log.answered[t] = max(0.0, rep.ts - log.sent_at[t])
             # each turn saw every earlier one (its context pack holds the last CONTEXT_TURNS)
             if rep.ok and rep.context.get("session_turns") != min(i, CONTEXT_TURNS):
                 unseen_context.append(t)
+                _note(detail, "context_gaps", user, t)
+        for t in dict.fromkeys(t for t in duplicated if t.startswith(f"{user}-")):
+            _note(detail, "duplicated", user, t)
     result: dict[str, object] = {
         "submitted": submitted, "answered": len(answers), "lost": len(lost), "duplicated": len(duplicated),
         "out_of_order_users": len(out_of_order), "context_gaps": len(unseen_context),
@@ -108,6 +142,28 @@ def check(r: redis.Redis, logs: dict[str, UserLog]) -> tuple[dict[str, object], 
         "examples": {"lost": lost[:5], "duplicated": duplicated[:5], "out_of_order": out_of_order[:5],
                      "context_gaps": unseen_context[:5]}}
     return result, answers
+
+
+def _note(detail: dict[str, list[Any]] | None, kind: str, user: str, turn: str) -> None:
+    if detail is not None:
+        detail.setdefault(kind, []).append((user, turn))
+
+
+def _first_difference(ids: list[str], expected: list[str]) -> str:
+    """The first turn where a session differs from the history it must be: aligned on the
+    session's oldest entry (it keeps the newest SESSION_MAX), the turn expected where the
+    session holds another or ends (a lost turn missing from it is that turn)."""
+    if not ids:
+        return expected[0] if expected else ""
+    try:
+        start = expected.index(ids[0])
+    except ValueError:
+        return ids[0]
+    for j, got in enumerate(ids):
+        want = expected[start + j] if start + j < len(expected) else None
+        if got != want:
+            return want or got
+    return expected[start + len(ids)] if start + len(ids) < len(expected) else ids[-1]
 
 
 def check_epochs(r: redis.Redis) -> tuple[bool, str]:
@@ -181,7 +237,8 @@ def read_trace(path: Path, killed: dict[str, float], end: float) -> tuple[list[I
     return out, dict(stats)
 
 
-def check_exclusivity(intervals: list[Interval], answers: Answers) -> dict[str, object]:
+def check_exclusivity(intervals: list[Interval], answers: Answers,
+                      detail: dict[str, list[Any]] | None = None) -> dict[str, object]:
     """I3: per user, two handler intervals of different leases that overlap. Allowed (fenced)
     when one of them did not commit its turn (its reply names another worker, or both ran the
     same turn, which only one commit can answer); a violation when both committed theirs."""
@@ -205,7 +262,10 @@ def check_exclusivity(intervals: list[Interval], answers: Answers) -> dict[str, 
                 overlaps += 1
                 pair = (f"{a.user}: {a.turn} by {a.lease} [{a.start:.3f}, {a.end:.3f}, {a.closed_by}] "
                         f"and {b.turn} by {b.lease} [{b.start:.3f}, {b.end:.3f}, {b.closed_by}]")
-                (violations if a.turn != b.turn and own(a) and own(b) else fenced).append(pair)
+                violation = a.turn != b.turn and own(a) and own(b)
+                (violations if violation else fenced).append(pair)
+                if violation and detail is not None:
+                    detail.setdefault("i3_violations", []).append((a.user, b.start))
     return {"i3_overlaps": overlaps, "i3_violations": len(violations), "i3_fenced": len(fenced),
             "i3_examples": {"violations": violations[:5], "fenced": fenced[:5]}}
 
@@ -252,6 +312,101 @@ def takeovers(faults: list[Injected], intervals: list[Interval],
             else:
                 missing += 1
     return {"kill": _stats(out["kill"]), "pause": _stats(out["pause"]), "users_never_answered_after": missing}
+
+
+# --- a Redis Cluster: what a failover explains ---------------------------------------------------------
+FAILOVER_BEFORE_S = 10.0  # a turn submitted this long before a master kill may be in flight at it
+FAILOVER_AFTER_S = 10.0  # ...and one this long after the promotion may meet what the kill undid
+SPLIT_KINDS = ("lost", "duplicated", "out_of_order", "context_gaps", "i3_violations")
+
+
+def _slot(key: str) -> int:
+    return int(key_slot(key.encode()))
+
+
+def inbox_turns(r: redis.Redis, user: str) -> set[str]:
+    """The turn ids still in the user's inbox (a committed turn's entry is deleted)."""
+    out = set()
+    for _id, fields in r.xrange(keys.inbox(user)):
+        try:
+            out.add(decode(Turn, fields[b"m"]).turn_id)
+        except (CodecError, KeyError):
+            continue
+    return out
+
+
+def failover_split(inboxes: dict[str, set[str]], logs: dict[str, UserLog], kills: list[MasterKill],
+                   detail: dict[str, list[Any]], epochs_ok: bool, tier: str = "chat") -> dict[str, Any]:
+    """Each anomaly of ``detail`` is "across a failover" when the user's slot or the tier's
+    (its ready stream and active set: a lost notification) was on a killed master and the turn
+    was submitted (an I3 violation: started) from FAILOVER_BEFORE_S before the kill to
+    FAILOVER_AFTER_S after the promotion; else "outside". A lost turn whose inbox entry is
+    still there is "stranded" (never answered though its data survived: a liveness failure,
+    failover or not); one whose entry is gone lost its submit to the failover (or, outside
+    one, to a bug). ``inboxes``: the turn ids left in each user's inbox (``inbox_turns``)."""
+    shared = {_slot(keys.ready(tier)), _slot(keys.active(tier))}
+
+    def across(user: str, when: float | None) -> bool:
+        slots = {_slot(keys.inbox(user)), *shared}
+        for k in kills:
+            end = (k.promoted or k.healed or k.t) + FAILOVER_AFTER_S
+            if when is not None and k.t - FAILOVER_BEFORE_S <= when <= end and any(
+                    lo <= slot <= hi for slot in slots for lo, hi in k.slots):
+                return True
+        return False
+
+    counts = {"across": Counter[str](), "outside": Counter[str]()}
+    examples: dict[str, list[str]] = defaultdict(list)
+    stranded = []
+    for kind in SPLIT_KINDS:
+        for user, what in detail.get(kind, []):
+            when = what if isinstance(what, float) else logs[user].sent_at.get(what)
+            if kind == "lost" and what in inboxes.get(user, set()):
+                stranded.append(what)
+                continue
+            side = "across" if across(user, when) else "outside"
+            counts[side][kind] += 1
+            if len(examples[f"{side} {kind}"]) < 5:
+                examples[f"{side} {kind}"].append(str(what))
+    epoch_slots = {_slot(keys.EPOCH), _slot(keys.LEADER), _slot(keys.EVENTS)}
+    epochs_hit = any(lo <= slot <= hi for k in kills for slot in epoch_slots for lo, hi in k.slots)
+    return {"across": {k: counts["across"][k] for k in SPLIT_KINDS},
+            "outside": {k: counts["outside"][k] for k in SPLIT_KINDS},
+            "stranded": len(stranded), "stranded_examples": stranded[:5], "examples": dict(examples),
+            "epochs_shared_across_failover": (not epochs_ok) and epochs_hit,
+            "window_s": [FAILOVER_BEFORE_S, FAILOVER_AFTER_S]}
+
+
+def on_master(kill: MasterKill, users: list[str], tier: str = "chat") -> dict[str, object]:
+    """What the killed master held: how many of the users' slots, and the tier's keys or not."""
+    def held(key: str) -> bool:
+        return any(lo <= _slot(key) <= hi for lo, hi in kill.slots)
+
+    return {"users_on_it": sum(held(keys.inbox(u)) for u in users),
+            "tier_keys_on_it": held(keys.ready(tier)) or held(keys.active(tier))}
+
+
+def cluster_failures(res: dict[str, Any], split: dict[str, Any],
+                     epochs_ok: bool) -> tuple[list[str], list[str]]:
+    """(what fails the run, what a failover explains: expected without WAIT). Must hold across
+    a failover: liveness (no stranded turn), every invariant outside a failover's window and
+    shard, I6 (no orphan, no double spawn, drains obeyed)."""
+    out = split["outside"]
+    fails = failures({**res, "lost": out["lost"], "duplicated": out["duplicated"],
+                      "out_of_order_users": out["out_of_order"], "context_gaps": out["context_gaps"],
+                      "i3_violations": out["i3_violations"]},
+                     epochs_ok or split["epochs_shared_across_failover"])
+    if split["stranded"]:
+        fails.append(f"liveness: {split['stranded']} turns never answered though their inbox entry survived "
+                     f"(e.g. {split['stranded_examples']})")
+    names = {"lost": "I1 turns lost (their submit did not survive the failover)",
+             "duplicated": "I1 duplicated replies or session entries",
+             "out_of_order": "I2 users out of order", "context_gaps": "I3 context gaps",
+             "i3_violations": "I3 two leases committed at once"}
+    expected = [f"{names[k]}: {n}" for k, n in split["across"].items() if n]
+    if split["epochs_shared_across_failover"]:
+        expected.append("I4 two commanders in one epoch (the epoch's master was failed over)")
+    return fails, expected
 
 
 # --- the verdict and the table ----------------------------------------------------------------------
@@ -312,11 +467,39 @@ def table(res: dict[str, object]) -> None:
                                                 f"{res['max_live_workers']} / {res['max_workers']} "
                                                 f"({res.get('max_running_workers', '?')} with the draining)"),
              ("orphan processes after shutdown", res["orphans"])]
+    rows += _cluster_rows(res)
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     if res["fault_errors"]:
         print("faults not injected: " + "; ".join(res["fault_errors"]))  # type: ignore[arg-type]
     if res["quota_missed"]:
         print("QUOTAS MISSED: " + ", ".join(res["quota_missed"]))  # type: ignore[arg-type]
+    if "failover" in res:
+        expected = res["expected_across_failover"]
+        print("ACROSS A FAILOVER (expected without WAIT): "
+              + ("nothing" if not expected else "; ".join(expected)))
     fails = res["invariants_failed"]
     print("INVARIANTS: " + ("all hold" if not fails else "FAILED: " + "; ".join(fails)))  # type: ignore[arg-type]
+
+
+def _cluster_rows(res: dict[str, Any]) -> list[tuple[str, object]]:
+    if "failover" not in res:
+        return []
+    split = res["failover"]
+    rows: list[tuple[str, object]] = [("redis", f"cluster 3 masters + 3 replicas, replica_acks "
+                                                f"{res.get('replica_acks')}")]
+    for i, k in enumerate(res["master_kills"], 1):
+        lag = f", replica lagging {k['lag_s']:.1f} s" if k.get("lag_s") else ""
+        if k.get("stream_lost") is not None:
+            lag += f", replication stream lost >= {k['stream_lost']} B"
+        rows.append((f"master kill {i}", f"port {k['port']} -> replica {k['promoted_port']} promoted "
+                                         f"in {_s(k['promotion_s'])}, healed {_s(k['healed_s'])} after "
+                                         f"(held {k.get('users_on_it')} users"
+                                         f"{lag}"
+                                         f"{', the tier keys' if k.get('tier_keys_on_it') else ''})"))
+    rows.append(("master pauses failed over all the same", res.get("failovers_in_pauses", 0)))
+    for kind in SPLIT_KINDS:
+        rows.append((f"{kind}: across a failover / outside",
+                     f"{split['across'][kind]} / {split['outside'][kind]}"))
+    rows.append(("stranded (inbox entry kept, never answered)", split["stranded"]))
+    return rows

@@ -1,5 +1,6 @@
 """A real Redis Cluster for tests: 3 masters + 3 replicas of ``redis-server`` on free loopback
-ports, built once per session (it takes a few seconds), emptied before each test.
+ports, built once per session (it takes a few seconds), emptied before each test. The rig
+itself is scripts/cluster_rig.py; its names are importable from here as before.
 
 Every process is ours, started and stopped by pid; never the machine's 6379. A test may kill a
 master (SIGKILL) and wait for its replica's promotion; the node is started again afterwards
@@ -9,43 +10,30 @@ master (SIGKILL) and wait for its replica's promotion; the node is started again
 from __future__ import annotations
 
 import os
-import random
 import shutil
-import signal
-import socket
-import subprocess
-import time
+import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
-import redis
 
-from tests.conftest import _require_redis_server
+from tests.conftest import ROOT, _require_redis_server
 
-NODE_TIMEOUT_MS = 1000  # how long a master may be silent before its replica takes over
+# the rig lives with the scripts (scripts/chaos --cluster starts one too); the scripts are
+# imported as top-level modules, as the chaos tests import chaos_check
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
 
+from cluster_rig import (  # noqa: E402  (after the path)
+    NODE_TIMEOUT_MS,
+    ClusterNode,
+    RedisClusterRig,
+    _bindable,
+    cluster_port,
+    start_cluster,
+)
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def cluster_port(taken: set[int]) -> int:
-    """A free loopback port whose cluster bus port (+10000) is free too and below 65536.
-
-    (``tests.conftest.free_port`` hands out ephemeral ports, up to 60999: +10000 can overflow.)
-    """
-    for _ in range(1000):
-        port = random.randint(20_000, 45_000)
-        if port not in taken and port + 10_000 not in taken and _bindable(port) and _bindable(port + 10_000):
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
+__all__ = ["NODE_TIMEOUT_MS", "ClusterNode", "RedisClusterRig", "_bindable", "_require_cluster_tools",
+           "cluster_port", "redis_cluster", "redis_cluster_rig", "start_cluster"]
 
 
 def _require_cluster_tools() -> None:
@@ -56,216 +44,6 @@ def _require_cluster_tools() -> None:
     if os.environ.get("CI"):
         pytest.fail(msg)
     pytest.skip(msg)
-
-
-@dataclass
-class ClusterNode:
-    """One redis-server of the cluster."""
-
-    port: int
-    workdir: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def client(self, timeout: float = 2.0) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_connect_timeout=timeout, socket_timeout=timeout)
-
-    @property
-    def role(self) -> str:
-        """``master`` or ``slave`` (what the node says now), ``down`` if it is not running."""
-        if not self.alive:
-            return "down"
-        with self.client() as c:
-            return str(c.info("replication")["role"])
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.workdir), "--cluster-enabled", "yes",
-                "--cluster-config-file", str(self.workdir / "nodes.conf"),
-                "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-                # a replica may take over however long it was cut off (tests kill at any time)
-                "--cluster-replica-validity-factor", "0",
-                "--logfile", str(self.workdir / "redis.log")]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        with self.client(0.2) as c:
-            while True:
-                try:
-                    if c.ping():
-                        return
-                except (redis.ConnectionError, redis.BusyLoadingError):
-                    if time.monotonic() > deadline or self.proc.poll() is not None:
-                        raise RuntimeError(f"cluster node on port {self.port} did not start") from None
-                    time.sleep(0.02)
-
-    def kill(self) -> None:
-        """SIGKILL, by pid."""
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-
-@dataclass
-class RedisClusterRig:
-    """The cluster of a test session: ``url`` of one node, ``nodes`` with pid, port and role."""
-
-    nodes: list[ClusterNode]
-    started_in_s: float = 0.0
-    killed: list[ClusterNode] = field(default_factory=list)
-    _replicas_at_kill: dict[int, list[ClusterNode]] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        """A URL of one live node (a master if there is one alive)."""
-        return f"redis://127.0.0.1:{self.masters()[0].port}/0"
-
-    def urls(self) -> list[str]:
-        return [f"redis://127.0.0.1:{n.port}/0" for n in self.nodes if n.alive]
-
-    def masters(self) -> list[ClusterNode]:
-        return [n for n in self.nodes if n.alive and n.role == "master"]
-
-    def replicas(self) -> list[ClusterNode]:
-        return [n for n in self.nodes if n.alive and n.role == "slave"]
-
-    def master_of_slot(self, slot: int) -> ClusterNode:
-        """The node serving ``slot`` now (asked of a node, not of a client's cache)."""
-        with self.masters()[0].client() as c:
-            for lo, hi, master, *_replicas in c.execute_command("CLUSTER", "SLOTS"):
-                if lo <= slot <= hi:
-                    return next(n for n in self.nodes if n.port == int(master[1]))
-        raise LookupError(f"no master serves slot {slot}")
-
-    def replicas_of(self, master: ClusterNode) -> list[ClusterNode]:
-        with master.client() as c:
-            my_id = c.execute_command("CLUSTER", "MYID").decode()
-        out = []
-        for node in self.replicas():
-            with node.client() as c:
-                for line in c.execute_command("CLUSTER", "NODES").decode().splitlines():
-                    parts = line.split()
-                    if "myself" in parts[2] and parts[3] == my_id:
-                        out.append(node)
-        return out
-
-    def kill_master(self, master: ClusterNode | None = None) -> ClusterNode:
-        """SIGKILL a master (by pid); returns it. Its replica is promoted within a few seconds:
-        ``wait_promoted`` waits for that."""
-        master = master or self.masters()[0]
-        assert master.role == "master", f"port {master.port} is not a master"
-        replicas = self.replicas_of(master)
-        assert replicas, f"master on port {master.port} has no replica to promote"
-        self._replicas_at_kill[master.port] = replicas
-        master.kill()
-        self.killed.append(master)
-        return master
-
-    def wait_promoted(self, killed: ClusterNode, timeout: float = 30.0) -> ClusterNode:
-        """Wait until a replica of ``killed`` is a master and the cluster is ok; return it."""
-        candidates = self._replicas_at_kill[killed.port]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            promoted = [n for n in candidates if n.alive and n.role == "master"]
-            if promoted and self._all_ok():
-                return promoted[0]
-            time.sleep(0.1)
-        raise TimeoutError(f"no replica of port {killed.port} was promoted within {timeout:g} s")
-
-    def heal(self, timeout: float = 30.0) -> None:
-        """Start the killed nodes again (each rejoins as a replica) and wait until all is ok."""
-        for node in self.killed:
-            node.start()
-        self.killed.clear()
-        deadline = time.monotonic() + timeout
-        while not (self._all_ok() and len(self.masters()) == 3 and len(self.replicas()) == 3
-                   and all(self._replica_linked(n) for n in self.replicas())):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the cluster did not heal")
-            time.sleep(0.1)
-
-    def flush(self) -> None:
-        """FLUSHALL on every master."""
-        for node in self.masters():
-            with node.client() as c:
-                c.flushall()
-
-    def _all_ok(self) -> bool:
-        alive = [n for n in self.nodes if n.alive]
-        try:
-            for node in alive:
-                with node.client() as c:
-                    info = c.execute_command("CLUSTER", "INFO").decode()
-                    if "cluster_state:ok" not in info:
-                        return False
-                    # every live node must agree that all slots are served
-                    if "cluster_slots_ok:16384" not in info:
-                        return False
-        except redis.RedisError:
-            return False
-        return True
-
-    @staticmethod
-    def _replica_linked(node: ClusterNode) -> bool:
-        with node.client() as c:
-            return str(c.info("replication").get("master_link_status")) == "up"
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
-
-
-def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1) -> RedisClusterRig:
-    began = time.monotonic()
-    taken: set[int] = set()
-    nodes = []
-    for i in range(masters * (1 + replicas_per_master)):
-        port = cluster_port(taken)
-        taken |= {port, port + 10_000}
-        node_dir = workdir / f"node-{i}"
-        node_dir.mkdir()
-        nodes.append(ClusterNode(port=port, workdir=node_dir))
-    rig = RedisClusterRig(nodes=nodes)
-    try:
-        for node in nodes:
-            node.start()
-        cli = shutil.which("redis-cli")
-        assert cli
-        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
-                        "--cluster-replicas", str(replicas_per_master), "--cluster-yes"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
-        deadline = time.monotonic() + 30
-        while not (rig._all_ok() and len(rig.masters()) == masters
-                   and all(rig._replica_linked(n) for n in rig.replicas())
-                   and len(rig.replicas()) == masters * replicas_per_master):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the cluster did not reach cluster_state:ok")
-            time.sleep(0.05)
-    except BaseException:
-        rig.stop()
-        raise
-    rig.started_in_s = time.monotonic() - began
-    return rig
 
 
 @pytest.fixture(scope="session")
