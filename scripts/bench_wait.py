@@ -19,17 +19,17 @@ import asyncio
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import cluster_rig
 import redis
-from benchlib import ROOT, OneLineParser, emit, free_port, percentile, stop_processes
+from benchlib import ROOT, OneLineParser, emit, percentile, stop_processes
 
 from fleet.client import AsyncFleet
 from protocol.policy import Policy
@@ -63,63 +63,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 @contextmanager
 def private_cluster(masters: int = 3) -> Iterator[str]:
-    """A private cluster of ``masters`` masters + one replica each (``redis-server`` processes on
-    free loopback ports, started and stopped by pid); yields one node's URL.
-
-    (The tests' rig, ``tests/cluster/conftest.py``, does the same; scripts may not import
-    tests, see tests/unit/test_layers.py.)"""
-    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    if not server or not cli:
-        sys.exit("redis-server and redis-cli are needed (scripts/setup installs them)")
-    ports: list[int] = []
-    while len(ports) < 2 * masters:
-        port = free_port()
-        if port + 10_000 < 65_536 and port not in ports:  # the cluster bus is port + 10000
-            ports.append(port)
-    procs: list[subprocess.Popen[bytes]] = []
+    """A private cluster of ``masters`` masters + one replica each (scripts/cluster_rig.py, the
+    tests' and chaos's rig: processes on free loopback ports, stopped by pid); yields one
+    node's URL."""
     with tempfile.TemporaryDirectory(prefix="fleet-bench-wait-") as tmp:
+        rig = cluster_rig.start_cluster(Path(tmp), masters=masters)
         try:
-            for port in ports:
-                d = Path(tmp) / str(port)
-                d.mkdir()
-                procs.append(subprocess.Popen(
-                    [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                     "--dir", str(d), "--cluster-enabled", "yes", "--cluster-node-timeout", "1000"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            for port in ports:
-                _until(lambda p=port: _ping(p), 10, f"node {port} to start")
-            subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
-                            "--cluster-replicas", "1", "--cluster-yes"],
-                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
-            _until(lambda: all(_cluster_ok(p) for p in ports), 30, "the cluster to be ok")
-            yield f"redis://127.0.0.1:{ports[0]}/0"
+            yield rig.url
         finally:
-            stop_processes(procs, timeout=10)
-
-
-def _ping(port: int) -> bool:
-    try:
-        with redis.Redis(port=port, socket_timeout=0.5) as c:
-            return bool(c.ping())
-    except redis.RedisError:
-        return False
-
-
-def _cluster_ok(port: int) -> bool:
-    with redis.Redis(port=port, socket_timeout=1) as c:
-        info = c.execute_command("CLUSTER", "INFO").decode()
-        if "cluster_state:ok" not in info or "cluster_slots_ok:16384" not in info:
-            return False
-        repl = c.info("replication")
-        return repl["role"] == "master" or repl.get("master_link_status") == "up"
-
-
-def _until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+            rig.stop()
 
 
 @contextmanager
