@@ -88,17 +88,12 @@ def session_of(r: redis.Redis, user: str) -> list[str]:
     return [decode(SessionEntry, raw).text for raw in r.lrange(keys.session(user), 0, -1)]
 
 
-def test_turns_of_users_on_every_master_are_all_answered_in_order(
-        redis_cluster: RedisClusterRig, rc: redis.Redis, start_workers: Callable[[int], object]) -> None:
-    write_policy(rc, "chat", Policy(concurrency=16))
-    start_workers(2)
-    users, turns = 150, 3
-    names = [f"u{i}" for i in range(users)]
-    masters = {redis_cluster.master_of_slot(key_slot(keys.inbox(u).encode())).port for u in names}
-    assert len(masters) == 3  # the users' keys live on every master
+def answered_in_order(url: str, rc: redis.Redis, names: list[str], turns: int) -> None:
+    """Every user of ``names`` sends ``turns`` turns one after another, all users at once; each
+    reply answers its turn and each session holds the turns in order."""
 
     async def run() -> list[list[str]]:
-        fleet = AsyncFleet(redis_cluster.url)
+        fleet = AsyncFleet(url)
 
         async def one(user: str) -> list[str]:
             return [(await fleet.ask(user, f"turn {k}", timeout=30)).text for k in range(turns)]
@@ -112,6 +107,18 @@ def test_turns_of_users_on_every_master_are_all_answered_in_order(
     for user, texts in zip(names, replies, strict=True):
         assert [t.split(" | ")[0] for t in texts] == [f"echo: turn {k}" for k in range(turns)], user
         assert session_of(rc, user) == [f"turn {k}" for k in range(turns)], user
+
+
+def test_turns_of_users_on_every_master_are_all_answered_in_order(
+        redis_cluster: RedisClusterRig, rc: redis.Redis, start_workers: Callable[[int], object]) -> None:
+    write_policy(rc, "chat", Policy(concurrency=16))
+    start_workers(2)
+    users, turns = 150, 3
+    names = [f"u{i}" for i in range(users)]
+    masters = {redis_cluster.master_of_slot(key_slot(keys.inbox(u).encode())).port for u in names}
+    assert len(masters) == 3  # the users' keys live on every master
+
+    answered_in_order(redis_cluster.url, rc, names, turns)
 
 
 def test_the_cli_submits_and_shows_status_on_a_cluster(
@@ -190,21 +197,7 @@ def test_a_tier_on_three_ready_shards_spreads_over_three_masters_in_order(
     users, turns = 90, 3
     names = [f"s{i}" for i in range(users)]
 
-    async def run() -> list[list[str]]:
-        fleet = AsyncFleet(redis_cluster.url)
-
-        async def one(user: str) -> list[str]:
-            return [(await fleet.ask(user, f"turn {k}", timeout=30)).text for k in range(turns)]
-
-        try:
-            return await asyncio.gather(*(one(u) for u in names))
-        finally:
-            await fleet.aclose()
-
-    replies = asyncio.run(run())
-    for user, texts in zip(names, replies, strict=True):
-        assert [t.split(" | ")[0] for t in texts] == [f"echo: turn {k}" for k in range(turns)], user
-        assert session_of(rc, user) == [f"turn {k}" for k in range(turns)], user
+    answered_in_order(redis_cluster.url, rc, names, turns)
     # each shard carried its users' notifications: all read by the workers' group there
     for k, stream in enumerate(shards):
         group = next(g for g in rc.xinfo_groups(stream) if g["name"] == keys.GROUP.encode())
