@@ -1,0 +1,32 @@
+"""The commander's scenario tests (tests/integration/test_commander_passes.py: pass by pass on
+a virtual clock, simulated workers), run again with their Redis a real 3+3 Redis Cluster: the
+same test functions, with ``r`` a cluster client (issue 11: "the commander scenario tests run
+on it as well as on a single node")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from stores.cluster import is_cluster
+from stores.connection import connect_sync
+from tests.cluster.conftest import RedisClusterRig
+from tests.integration import test_commander_passes
+from tests.integration.test_commander_passes import rig  # noqa: F401  (the fixture, on our r)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def r(redis_cluster: RedisClusterRig) -> Iterator[redis.Redis]:
+    client = connect_sync(redis_cluster.url)
+    assert is_cluster(client)
+    yield client
+    client.close()
+
+
+for _name in dir(test_commander_passes):
+    if _name.startswith("test_"):
+        globals()[f"{_name}_on_a_cluster"] = getattr(test_commander_passes, _name)
