@@ -115,8 +115,12 @@ class Network:
         class _Conn(SimConnection):
             network = net
 
-        return fakeredis.FakeAsyncRedis(server=self.server, connection_class=_Conn,
-                                        **async_retry_options(retries))
+        client = fakeredis.FakeAsyncRedis(server=self.server, connection_class=_Conn)
+        # fakeredis hands its connections none of the client's retry options (only a fixed set of
+        # keywords): its connections would not retry at all, where production's retry a broken
+        # connection on a fresh one. Give them production's, before the first is made.
+        client.connection_pool.connection_kwargs.update(async_retry_options(retries))
+        return client
 
     def sync_client(self) -> fakeredis.FakeRedis:
         """A direct client for the checker and setup: no latency, no faults."""
@@ -182,7 +186,8 @@ class SimConnection(FakeAsyncRedisConnection):
             # or a command sent before this one (the handshake's) would leave its reply behind
             await self.disconnect(nowait=True)
             raise
-        self._check_alive()
+        if self.is_connected:  # one dropped is connected afresh by the send, as redis-py's is
+            self._check_alive()
         await super().send_packed_command(command, check_health)
         net.commands += 1
         node = NODE.get()

@@ -43,6 +43,8 @@ HOLES = [
      "sim/world.py World._watch_drain"),
     (32878, None, 3, "SIGTERM during a start in an outage: redis-py's wait_for dropped the cancellation",
      "test_worker_stop.py::test_sigterm_stops_a_start_whose_redis_call_swallowed_the_cancellation"),
+    (68743, None, 3, "(the simulator's) a connection the outage broke never reconnected: its user starved",
+     "test_sim.py::test_a_connection_broken_by_an_outage_reconnects_once_redis_is_back"),
 ]
 
 

@@ -154,7 +154,7 @@ def test_a_stuck_user_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     from stores import turns
 
     async def never_lets_go(self, lease):  # type: ignore[no-untyped-def]
-        return 1  # says released, keeps the lane: the next turn waits for the lease to expire
+        return turns.Release(1)  # says released, keeps the lane: the next turn waits for its expiry
 
     monkeypatch.setattr(turns.UserStore, "release", never_lets_go)
     monkeypatch.setattr("sim.explore.STARVE_BOUND_S", 1.0)
@@ -164,3 +164,19 @@ def test_a_stuck_user_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_schedules_draw_varied_workloads() -> None:
     drawn = {Workload.draw(random.Random(s)) for s in range(50)}
     assert len(drawn) > 40
+
+
+async def test_a_connection_broken_by_an_outage_reconnects_once_redis_is_back() -> None:
+    """As a real client's does: redis-py's retry drops a broken connection and sends again on it,
+    which connects it afresh. The simulated one still carried its old generation after the drop
+    and failed each retry before connecting: a command drew the broken connection, spent its
+    retries on it and failed with Redis up, and the user whose job kept drawing it starved
+    (seed 68743)."""
+    from sim.store import Network
+
+    net = Network(asyncio.get_running_loop(), random.Random(1))
+    r = net.client(retries=2)
+    await r.set("k", "1")  # a pooled connection, from before the restart
+    net.restart(0.0)  # it is broken; the server is back at once
+    assert await r.get("k") == b"1"  # the retry reconnects
+    await r.aclose()
