@@ -28,8 +28,12 @@ from protocol.models import Reply, SessionEntry
 from sim.clock import EPOCH
 from sim.world import GHOST, WORKER_TIMING, Call, Record, Submitted
 from stores.replies import bytes_list
+from worker.app import DEREGISTER_UNSTARTED_S
 
-STARTING_STOP_S = 1.0  # SIGTERM -> stopped, for a worker that serves nothing yet
+# SIGTERM -> stopped, for a worker that serves nothing yet: its start cancelled, then at most
+# DEREGISTER_UNSTARTED_S to leave the registry (a command on a connection the cancellation broke
+# retries on a new one), and the exit
+STARTING_STOP_S = DEREGISTER_UNSTARTED_S + 0.5
 CONTEXT_TURNS = 20  # WorkerSettings.context_turns: how much of the session a handler sees
 
 

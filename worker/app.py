@@ -38,6 +38,7 @@ from worker.settings import WorkerSettings
 
 log = logging.getLogger("fleet.worker")
 DEREGISTER_S = 5.0  # at most this long to leave the registry on the way out
+DEREGISTER_UNSTARTED_S = 1.0  # a worker drained before it served leaves the registry within this
 DEREGISTER_AWAY_S = 1.0  # ... when the last read found Redis gone (the commander clears it)
 DRAIN_READ_GRACE_S = 0.5  # a drain waits this much past a read's block time before abandoning it
 
@@ -125,7 +126,7 @@ class Worker(JobServices):
         with contextlib.suppress(asyncio.CancelledError):
             await start
         with contextlib.suppress(TimeoutError, *TRANSIENT):  # it may have registered
-            await asyncio.wait_for(self._deregister(), 1.0)
+            await asyncio.wait_for(self._deregister(), DEREGISTER_UNSTARTED_S)
         return False
 
     async def _close(self) -> None:
