@@ -21,8 +21,15 @@ import tempfile
 from pathlib import Path
 
 import redis
-from bench_wait import REFRESH_S, cluster_workers, one_round, private_cluster
-from benchlib import OneLineParser, emit, percentile
+from bench_wait import (
+    REFRESH_S,
+    cluster_workers,
+    interleaved_args,
+    interleaved_parser,
+    one_round,
+    private_cluster,
+)
+from benchlib import emit, percentile
 
 from fleet.client import AsyncFleet
 from protocol.policy import Policy
@@ -33,24 +40,7 @@ SETTINGS = (1, 3)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = OneLineParser(prog="scripts/bench_shards", description=__doc__,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--users", type=int, default=300)
-    p.add_argument("--turns", type=int, default=5, help="turns per user per round")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--concurrency", type=int, default=64, help="slots per worker")
-    p.add_argument("--rounds", type=int, default=6, help="rounds in all (half each), interleaved")
-    p.add_argument("--url", help="an existing cluster's node (default: start a private 3+3 cluster)")
-    p.add_argument("--quick", action="store_true", help="40 users x 3 turns, 2 rounds (smoke test)")
-    p.add_argument("--json", type=Path, help="also write the results here")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.users, args.turns, args.rounds = min(args.users, 40), min(args.turns, 3), 2
-    if min(args.users, args.turns, args.workers, args.concurrency, args.rounds) < 1:
-        p.error("--users, --turns, --workers, --concurrency and --rounds must be positive")
-    if args.rounds % 2:
-        p.error("--rounds must be even (as many rounds of each setting)")
-    return args
+    return interleaved_args(interleaved_parser("scripts/bench_shards", __doc__, users=300), argv)
 
 
 def masters_cpu(r: redis.RedisCluster) -> dict[str, float]:

@@ -39,26 +39,36 @@ from stores.policies import write_policy
 REFRESH_S = 0.2  # the workers' policy refresh here: a new replica_acks applies within this
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = OneLineParser(prog="scripts/bench_wait", description=__doc__,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--users", type=int, default=200)
+def interleaved_parser(prog: str, doc: str | None, users: int) -> OneLineParser:
+    """The arguments of an interleaved benchmark on a cluster (this one, scripts/bench_shards)."""
+    p = OneLineParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--users", type=int, default=users)
     p.add_argument("--turns", type=int, default=5, help="turns per user per round")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=64, help="slots per worker")
-    p.add_argument("--rounds", type=int, default=6, help="rounds in all (half with WAIT), interleaved")
-    p.add_argument("--timeout-ms", type=int, default=100, help="replica_ack_timeout_ms")
+    p.add_argument("--rounds", type=int, default=6, help="rounds in all (half of each setting), interleaved")
     p.add_argument("--url", help="an existing cluster's node (default: start a private 3+3 cluster)")
     p.add_argument("--quick", action="store_true", help="40 users x 3 turns, 2 rounds (smoke test)")
     p.add_argument("--json", type=Path, help="also write the results here")
+    return p
+
+
+def interleaved_args(p: OneLineParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse and check what :func:`interleaved_parser` declared (``--quick`` shrinks the load)."""
     args = p.parse_args(argv)
     if args.quick:
         args.users, args.turns, args.rounds = min(args.users, 40), min(args.turns, 3), 2
     if min(args.users, args.turns, args.workers, args.concurrency, args.rounds) < 1:
         p.error("--users, --turns, --workers, --concurrency and --rounds must be positive")
     if args.rounds % 2:
-        p.error("--rounds must be even (as many with WAIT as without)")
+        p.error("--rounds must be even (as many with each setting)")
     return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = interleaved_parser("scripts/bench_wait", __doc__, users=200)
+    p.add_argument("--timeout-ms", type=int, default=100, help="replica_ack_timeout_ms")
+    return interleaved_args(p, argv)
 
 
 @contextmanager

@@ -15,7 +15,10 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+import redis
 
+from stores.cluster import is_cluster
+from stores.connection import connect_sync
 from tests.conftest import ROOT, _require_redis_server
 
 # the rig lives with the scripts (scripts/chaos --cluster starts one too); the scripts are
@@ -68,3 +71,12 @@ def redis_cluster(redis_cluster_rig: RedisClusterRig,
         redis_cluster_rig.heal()
     redis_cluster_rig.flush()
     yield redis_cluster_rig
+
+
+@pytest.fixture
+def rc(redis_cluster: RedisClusterRig) -> Iterator[redis.Redis]:
+    """Fleet's client of the cluster (``stores.connection.connect_sync``, detected from the URL)."""
+    client = connect_sync(redis_cluster.url)
+    assert is_cluster(client)
+    yield client
+    client.close()

@@ -5,14 +5,9 @@ on it as well as on a single node")."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 
-from stores.cluster import is_cluster
-from stores.connection import connect_sync
-from tests.cluster.conftest import RedisClusterRig
 from tests.integration import test_commander_passes
 from tests.integration.test_commander_passes import rig  # noqa: F401  (the fixture, on our r)
 
@@ -20,11 +15,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def r(redis_cluster: RedisClusterRig) -> Iterator[redis.Redis]:
-    client = connect_sync(redis_cluster.url)
-    assert is_cluster(client)
-    yield client
-    client.close()
+def r(rc: redis.Redis) -> redis.Redis:
+    return rc  # the tests' client is Fleet's cluster client
 
 
 for _name in dir(test_commander_passes):

@@ -23,8 +23,6 @@ from protocol import keys
 from protocol.codec import decode
 from protocol.models import SessionEntry
 from protocol.policy import Policy
-from stores.cluster import is_cluster
-from stores.connection import connect_sync
 from stores.policies import write_policy
 from stores.registry import read_registry
 from tests.cluster.conftest import RedisClusterRig
@@ -43,14 +41,6 @@ def cluster_env(redis_cluster: RedisClusterRig, tmp_path: Path) -> dict[str, str
                 "PYTHONUNBUFFERED": "1", **TEST_WORKER_ENV, **FAST_WORKER_ENV})
     env.pop("FLEET_REDIS_CLUSTER", None)  # detected from the URL, not forced
     return env
-
-
-@pytest.fixture
-def rc(redis_cluster: RedisClusterRig) -> Iterator[redis.Redis]:
-    client = connect_sync(redis_cluster.url)
-    assert is_cluster(client)
-    yield client
-    client.close()
 
 
 @pytest.fixture

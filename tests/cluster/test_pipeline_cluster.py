@@ -10,13 +10,11 @@ tests/cluster/test_connection.py's failover test and ``scripts/chaos --cluster``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 import redis
 
-from stores.cluster import is_cluster
 from stores.connection import connect_sync
 from tests.cluster.conftest import RedisClusterRig
 from tests.integration import test_pipeline, test_pipeline_shards
@@ -45,11 +43,8 @@ def redis_server(redis_cluster: RedisClusterRig) -> ClusterAsServer:
 
 
 @pytest.fixture
-def r(redis_cluster: RedisClusterRig) -> Iterator[redis.Redis]:
-    client = connect_sync(redis_cluster.url)
-    assert is_cluster(client)
-    yield client
-    client.close()
+def r(rc: redis.Redis) -> redis.Redis:
+    return rc  # the tests' client is Fleet's cluster client
 
 
 for _module in (test_pipeline, test_pipeline_shards):
