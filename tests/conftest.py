@@ -25,6 +25,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PortTaken(RuntimeError):
+    """The free port was taken by another process before the server bound it."""
+
+
 @dataclass
 class RedisServer:
     """A redis-server process owned by a test: it can be killed and restarted on its port."""
@@ -47,15 +51,23 @@ class RedisServer:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
-        while True:
-            try:
-                if client.ping():
+        try:
+            while True:
+                try:
+                    pid = int(client.info("server")["process_id"])
                     break
-            except (redis.ConnectionError, redis.BusyLoadingError):
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
-                time.sleep(0.02)
-        client.close()
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    if time.monotonic() > deadline or self.proc.poll() is not None:
+                        raise RuntimeError(f"redis-server on port {self.port} did not start") from None
+                    time.sleep(0.02)
+        finally:
+            client.close()
+        if pid != self.proc.pid:
+            # another process (a parallel test run's server) took the port between free_port()
+            # and this start: ours failed to bind; never use theirs
+            self.proc.wait(timeout=10)
+            self.proc = None
+            raise PortTaken(f"port {self.port} is another redis-server's (pid {pid})")
 
     def stop(self, sig_kill: bool = False) -> None:
         if self.proc is None:
@@ -71,6 +83,18 @@ class RedisServer:
         return redis.Redis.from_url(self.url)
 
 
+def start_on_free_port(workdir: Path, extra: tuple[str, ...] = ()) -> RedisServer:
+    """A started RedisServer on a free port; a port another process took first is tried again."""
+    for _ in range(4):
+        server = RedisServer(port=free_port(), workdir=workdir, extra=extra)
+        try:
+            server.start()
+        except PortTaken:
+            continue
+        return server
+    raise RuntimeError("no free port for redis-server after 4 tries")
+
+
 def _require_redis_server() -> None:
     if shutil.which("redis-server"):
         return
@@ -84,8 +108,7 @@ def _require_redis_server() -> None:
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A fresh redis-server on a free port for the module; stopped (by pid) afterwards."""
     _require_redis_server()
-    server = RedisServer(port=free_port(), workdir=tmp_path_factory.mktemp("redis"))
-    server.start()
+    server = start_on_free_port(tmp_path_factory.mktemp("redis"))
     try:
         yield server
     finally:
@@ -111,6 +134,10 @@ TEST_WORKER_ENV = {"FLEET_WORKER_BLOCK_MS": "200"}
 def fleet_env(redis_server: RedisServer, tmp_path: Path) -> dict[str, str]:
     """Environment for child processes (workers, CLI) pointed at the test server."""
     env = dict(os.environ)
+    # pytest-xdist's workers carry COLUMNS/LINES of a pretend terminal; a child writing into a
+    # pipe must see none, as it would under a plain run
+    env.pop("COLUMNS", None)
+    env.pop("LINES", None)
     env["REDIS_URL"] = redis_server.url
     env["FLEET_HOME"] = str(tmp_path / "fleet-home")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

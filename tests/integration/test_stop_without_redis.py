@@ -22,7 +22,7 @@ import redis
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import OccupancyReport
-from tests.conftest import RedisServer, free_port
+from tests.conftest import start_on_free_port
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -44,8 +44,7 @@ def _reported_ready(r: redis.Redis, worker: str) -> bool:
 
 
 def test_a_serving_worker_whose_redis_is_gone_stops_promptly_on_sigterm(tmp_path: Path, fleet_env) -> None:
-    server = RedisServer(port=free_port(), workdir=tmp_path)
-    server.start()
+    server = start_on_free_port(tmp_path)
     env = dict(fleet_env, REDIS_URL=server.url)
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--tier", "chat", "--worker-id", "chat-w1"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -76,8 +75,7 @@ def test_a_commander_whose_redis_is_gone_stops_promptly_on_sigterm(tmp_path: Pat
     """Before: ~13 s (a pass stuck in the client's 8 reconnect attempts, then the lease and the
     registry entry given up through as many). Its workers are left running, by design (a new
     leader adopts them): the test stops them by pid."""
-    server = RedisServer(port=free_port(), workdir=tmp_path)
-    server.start()
+    server = start_on_free_port(tmp_path)
     env = dict(fleet_env, REDIS_URL=server.url)
     commander = subprocess.Popen([sys.executable, "-m", "commander", "--no-metrics", "--log-dir",
                                   str(tmp_path / "logs")], env=env, stdout=subprocess.DEVNULL,

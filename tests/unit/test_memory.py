@@ -26,9 +26,14 @@ def _item(i: int, importance: float, ts: float) -> MemoryItem:
     return MemoryItem(id=f"m{i}", text=f"t{i}", importance=importance, ts=ts)
 
 
-def _clearly_ordered(a: float, b: float) -> bool:
-    """Two weights far enough apart that float rounding cannot swap them."""
-    return abs(a - b) > 1e-9 * max(abs(a), abs(b))
+def _clearly_ordered(a: float, b: float, key_scale: float) -> bool:
+    """Two weights far enough apart that float rounding cannot swap them: their logs differ
+    by more than a few units in the last place of the rank keys (``key_scale``: the largest
+    key's magnitude; a key near 2e7, ts=1.7e9 over a 60 s half-life, resolves weight ratios
+    only to ~4e-9, so two memories 0.1 us apart can share a key)."""
+    if min(a, b) <= 0.0:  # a weight that underflowed: ordered unless both did
+        return a != b
+    return abs(math.log(a) - math.log(b)) > max(1e-9, 8 * math.ulp(key_scale))
 
 
 @settings(database=None, deadline=None, max_examples=300)
@@ -41,11 +46,12 @@ def test_rank_key_order_is_weight_order_at_any_now(memories: list[tuple[float, f
                                                    half_life: float) -> None:
     items = [_item(i, imp, NOW0 - age) for i, (imp, age) in enumerate(memories)]
     keys_ = [rank_key(it.importance, it.ts, half_life) for it in items]
+    key_scale = max(abs(k) for k in keys_)
     for now in [NOW0, *(NOW0 + d for d in later)]:
         weights = [weight(it, now, half_life) for it in items]
         for i in range(len(items)):
             for j in range(len(items)):
-                if _clearly_ordered(weights[i], weights[j]):
+                if _clearly_ordered(weights[i], weights[j], key_scale):
                     assert (weights[i] > weights[j]) == (keys_[i] > keys_[j]), (i, j, now)
 
 
