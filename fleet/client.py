@@ -23,6 +23,15 @@ order, oldest first; and a retry with the same ``turn_id`` is answered once, bec
 skips a turn id already in the user's done-set (``fleet:u:{U}:done``, the last ``done_keep``
 ids; ``turn_commit.lua`` answers ``dup``). A retry under a new turn id is a second turn.
 
+**Replicas.** With the tier's ``replica_acks`` N (the policy; read with ``ready_shards`` and
+again every ``OPTIONS_TTL_S``), the submit sends ``WAIT N replica_ack_timeout_ms`` after its
+writes, on their connection: on one node after ``EXEC`` in the same round trip; on a Cluster
+after each master's share of the inbox entries (before any notification is written) and again
+after the notifications, one more round trip for the gauges. Once the submit returns with N
+acknowledgements, a failover to one of those replicas keeps the turn. A WAIT that gets fewer
+(its timeout) is counted in ``acks`` (``waits``, ``acked``, ``short``) and logged; the turn
+stays submitted, queued on the master, as without the option.
+
 **Tiers.** A turn for a tier that no policy defines and no worker serves would wait forever,
 so it is refused with ``UnknownTier`` before anything is written, unless ``create_tier=True``
 writes the tier's default policy (the commander then starts its workers). A tier exists if
@@ -58,20 +67,20 @@ from protocol.policy import Policy
 from stores.backlog import no_free_slot
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy, write_policy_async
-from stores.submit import (
-    SHARDS_TTL_S,
-    SubmitNotNotified,
+from stores.replicas import ReplicaAcks
+from stores.submit import SubmitNotNotified, Submitted, submit_round_trip, submit_round_trip_async
+from stores.tier_probe import (
+    OPTIONS_TTL_S,
+    SubmitOptions,
     any_beating,
     any_beating_async,
     heartbeats_of,
     post_pressure,
     post_pressure_async,
-    read_ready_shards,
-    read_ready_shards_async,
+    read_submit_options,
+    read_submit_options_async,
     read_tier_probe,
     read_tier_probe_async,
-    submit_round_trip,
-    submit_round_trip_async,
     tier_defined,
     wait_reply,
     wait_reply_async,
@@ -139,6 +148,14 @@ def _pressure_fields(tier: str, user: str) -> dict[str, str]:
     return {"tier": tier, "user": user, "ts": f"{time.time():.3f}"}
 
 
+def _count_wait(acks: ReplicaAcks, opts: SubmitOptions, done: Submitted) -> None:
+    """Count a submit's WAIT (the tier's ``replica_acks``); a shortfall is logged, and the turn
+    stays submitted: it is queued on the master, as without a WAIT (docs/ARCHITECTURE.md,
+    "Failover: what Fleet promises")."""
+    if opts.wait is not None:
+        acks.count("submit", opts.wait, done.acked, time.monotonic())
+
+
 def _decode_reply(raw: bytes, max_bytes: int) -> Reply:
     return decode(Reply, raw, max_bytes=max_bytes)
 
@@ -153,16 +170,17 @@ class Fleet:
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
         self._tiers: set[str] = set()  # tiers found to exist: not checked again
-        self._shards: dict[str, tuple[int, float]] = {}  # tier -> (ready_shards, read at, monotonic)
+        self._options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
+        self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
 
-    def _ready_shards(self, tier: str) -> int:
-        """The tier's ``ready_shards``, read again every ``SHARDS_TTL_S`` (a stale count is
-        still served: workers read every shard that exists)."""
-        n, at = self._shards.get(tier, (1, -SHARDS_TTL_S))
-        if time.monotonic() - at >= SHARDS_TTL_S:
-            n = read_ready_shards(self.r, tier)
-            self._shards[tier] = (n, time.monotonic())
-        return n
+    def _submit_options(self, tier: str) -> SubmitOptions:
+        """The tier's ``ready_shards`` and ``replica_acks``, read again every ``OPTIONS_TTL_S``
+        (a stale shard count is still served: workers read every shard that exists)."""
+        opts, at = self._options.get(tier, (SubmitOptions(), -OPTIONS_TTL_S))
+        if time.monotonic() - at >= OPTIONS_TTL_S:
+            opts = read_submit_options(self.r, tier)
+            self._options[tier] = (opts, time.monotonic())
+        return opts
 
     def submit(self, user: str, text: str, tier: str = "chat", meta: Mapping[str, Any] | None = None,
                turn_id: str | None = None, *, create_tier: bool = False) -> TurnHandle:
@@ -186,8 +204,10 @@ class Fleet:
             return []
         tier = built[0][0].tier
         self._ensure_tier(tier, create_tier)
-        gauges = submit_round_trip(self.r, built, tier, self._ready_shards(tier))
-        if no_free_slot(*gauges):
+        opts = self._submit_options(tier)
+        done = submit_round_trip(self.r, built, tier, opts)
+        _count_wait(self.acks, opts, done)
+        if no_free_slot(*done.gauges):
             post_pressure(self.r, tier, _pressure_fields(tier, built[-1][0].user))
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
 
@@ -238,15 +258,16 @@ class AsyncFleet:
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
         self._tiers: set[str] = set()  # tiers found to exist: not checked again
-        self._shards: dict[str, tuple[int, float]] = {}  # tier -> (ready_shards, read at, monotonic)
+        self._options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
+        self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
 
-    async def _ready_shards(self, tier: str) -> int:
-        """``Fleet._ready_shards`` on asyncio."""
-        n, at = self._shards.get(tier, (1, -SHARDS_TTL_S))
-        if time.monotonic() - at >= SHARDS_TTL_S:
-            n = await read_ready_shards_async(self.r, tier)
-            self._shards[tier] = (n, time.monotonic())
-        return n
+    async def _submit_options(self, tier: str) -> SubmitOptions:
+        """``Fleet._submit_options`` on asyncio."""
+        opts, at = self._options.get(tier, (SubmitOptions(), -OPTIONS_TTL_S))
+        if time.monotonic() - at >= OPTIONS_TTL_S:
+            opts = await read_submit_options_async(self.r, tier)
+            self._options[tier] = (opts, time.monotonic())
+        return opts
 
     async def submit(self, user: str, text: str, tier: str = "chat",
                      meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
@@ -254,9 +275,10 @@ class AsyncFleet:
         """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
         turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
         await self._ensure_tier(turn.tier, create_tier)
-        gauges = await submit_round_trip_async(self.r, [(turn, payload)], turn.tier,
-                                               await self._ready_shards(turn.tier))
-        if no_free_slot(*gauges):
+        opts = await self._submit_options(turn.tier)
+        done = await submit_round_trip_async(self.r, [(turn, payload)], turn.tier, opts)
+        _count_wait(self.acks, opts, done)
+        if no_free_slot(*done.gauges):
             await post_pressure_async(self.r, turn.tier, _pressure_fields(turn.tier, turn.user))
         return turn
 
@@ -272,8 +294,10 @@ class AsyncFleet:
             return []
         tier = built[0][0].tier
         await self._ensure_tier(tier, create_tier)
-        gauges = await submit_round_trip_async(self.r, built, tier, await self._ready_shards(tier))
-        if no_free_slot(*gauges):
+        opts = await self._submit_options(tier)
+        done = await submit_round_trip_async(self.r, built, tier, opts)
+        _count_wait(self.acks, opts, done)
+        if no_free_slot(*done.gauges):
             await post_pressure_async(self.r, tier, _pressure_fields(tier, built[-1][0].user))
         return [t for t, _ in built]
 

@@ -1,7 +1,9 @@
 """The submit's commands (DESIGN §3, ``fleet/client.py`` explains them): on one node one round
 trip of ``MULTI`` .. ``EXEC`` then the gauges; on Redis Cluster two round trips, the inbox
-entries first and only then their notifications (:func:`submit_ordered`); the tier probe,
-pressure events and the reply wait.
+entries first and only then their notifications (:func:`submit_ordered`). With the tier's
+``replica_acks`` (:class:`stores.tier_probe.SubmitOptions`), a ``WAIT`` follows the writes on
+their own connections (``stores.replicas``). The tier probe, pressure events and the reply
+wait are in ``stores.tier_probe``.
 
 The client builds and validates the turns; every Redis command it sends is queued or sent
 here, on a blocking or an asyncio client alike (the pipeline functions take either).
@@ -9,38 +11,57 @@ here, on a blocking or an asyncio client alike (the pipeline functions take eith
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from redis.typing import EncodableT, FieldT
 
 from protocol import keys
-from protocol.codec import CodecError, as_str, decode
-from protocol.ids import InvalidId
-from protocol.models import Turn, WorkerInfo
+from protocol.models import Turn
+from stores import replicas
 from stores.backlog import queue_submit_gauges
 from stores.cluster import is_cluster
+from stores.replicas import Command
+from stores.tier_probe import SubmitOptions
 
-PRESSURE_MAXLEN = 10_000
+NO_OPTIONS = SubmitOptions()
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submit read after its writes: the gauges (:func:`stores.backlog.no_free_slot`
+    judges them) and, with a ``WAIT``, its reply: the replicas that acknowledged the writes
+    (the fewest over the masters written), or the error it failed with; None: no WAIT sent."""
+
+    gauges: list[Any]
+    acked: Any = None
+
+def inbox_command(turn: Turn, payload: bytes) -> tuple[str, Command]:
+    """The turn itself: its entry on the user's inbox (the user's slot), and that key."""
+    key = keys.inbox(turn.user)
+    return key, ("XADD", key, "*", "m", payload)
 
 
 def queue_inbox(pipe: Any, turn: Turn, payload: bytes) -> None:
-    """The turn itself: its entry on the user's inbox (the user's slot)."""
-    pipe.xadd(keys.inbox(turn.user), {"m": payload})
+    pipe.execute_command(*inbox_command(turn, payload)[1])
 
 
 NOTIFY_COMMANDS = 2  # per turn: the notification and the active mark
 
 
-def queue_notify(pipe: Any, turn: Turn, shards: int = 1) -> None:
+def notify_commands(turn: Turn, shards: int = 1) -> list[tuple[str, Command]]:
     """What wakes a worker and counts the user: the notification on the user's shard of the
     tier's ``shards`` ready streams (``keys.ready_shard``), the user in the tier's active set
-    (tier-wide, the tier's slot)."""
-    pipe.xadd(keys.ready(turn.tier, keys.ready_shard(turn.user, shards)), {"user": turn.user})
-    pipe.zadd(keys.active(turn.tier), {turn.user: turn.ts})
+    (tier-wide, the tier's slot); each with its key."""
+    ready = keys.ready(turn.tier, keys.ready_shard(turn.user, shards))
+    active = keys.active(turn.tier)
+    return [(ready, ("XADD", ready, "*", "user", turn.user)), (active, ("ZADD", active, turn.ts, turn.user))]
+
+
+def queue_notify(pipe: Any, turn: Turn, shards: int = 1) -> None:
+    for _key, cmd in notify_commands(turn, shards):
+        pipe.execute_command(*cmd)
 
 
 def queue_submit(pipe: Any, turn: Turn, payload: bytes, shards: int = 1) -> None:
@@ -65,44 +86,49 @@ def submit_pipeline(r: Any) -> Any:
     return pipe
 
 
-def queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str, shards: int = 1) -> None:
+def queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str,
+                     opts: SubmitOptions = NO_OPTIONS) -> None:
     pipe.execute_command("MULTI")
     for turn, payload in built:
-        queue_submit(pipe, turn, payload, shards)
+        queue_submit(pipe, turn, payload, opts.shards)
     pipe.execute_command("EXEC")
-    queue_submit_gauges(pipe, tier, keys.ready_shard(built[-1][0].user, shards) if built else 0)
+    if opts.wait is not None:  # on the transaction's connection: WAIT counts its writes
+        pipe.wait(opts.wait.replicas, opts.wait.timeout_ms)
+    queue_submit_gauges(pipe, tier, keys.ready_shard(built[-1][0].user, opts.shards) if built else 0)
 
 
 def submit_round_trip(r: redis.Redis, built: list[tuple[Turn, bytes]], tier: str,
-                      shards: int = 1) -> list[Any]:
-    """Submit ``built``; return the gauges read after it.
+                      opts: SubmitOptions = NO_OPTIONS) -> Submitted:
+    """Submit ``built``; return what was read after it.
 
-    On one node: one transaction and round trip. On Redis Cluster (:func:`is_cluster`): the
-    ordered submit of :func:`submit_ordered`, two round trips, no ``MULTI``.
+    On one node: one transaction and round trip (``WAIT`` after ``EXEC`` in it, if asked). On
+    Redis Cluster (:func:`is_cluster`): the ordered submit of :func:`submit_ordered`, two
+    round trips (three with a ``WAIT``), no ``MULTI``.
     """
     if is_cluster(r):
-        return submit_ordered(r, built, tier, shards)
+        return submit_ordered(r, built, tier, opts)
     pipe = submit_pipeline(r)
-    queue_round_trip(pipe, built, tier, shards)
-    return committed(pipe.execute(raise_on_error=False), len(built))
+    queue_round_trip(pipe, built, tier, opts)
+    return committed(pipe.execute(raise_on_error=False), len(built), opts.wait is not None)
 
 
 async def submit_round_trip_async(r: aioredis.Redis, built: list[tuple[Turn, bytes]],
-                                  tier: str, shards: int = 1) -> list[Any]:
+                                  tier: str, opts: SubmitOptions = NO_OPTIONS) -> Submitted:
     """:func:`submit_round_trip` on an asyncio client."""
     if is_cluster(r):
-        return await submit_ordered_async(r, built, tier, shards)
+        return await submit_ordered_async(r, built, tier, opts)
     pipe = submit_pipeline(r)
-    queue_round_trip(pipe, built, tier, shards)
-    return committed(await pipe.execute(raise_on_error=False), len(built))
+    queue_round_trip(pipe, built, tier, opts)
+    return committed(await pipe.execute(raise_on_error=False), len(built), opts.wait is not None)
 
 
-def committed(results: list[Any], turns: int) -> list[Any]:
-    """Raise the first error of the submit transaction; return the gauges read after it.
+def committed(results: list[Any], turns: int, waited: bool = False) -> Submitted:
+    """Raise the first error of the submit transaction; return what was read after it.
 
     ``results`` are the round trip's replies: ``MULTI``, one ``QUEUED`` per command, ``EXEC``,
-    then the gauges. A command refused when queued (``NOPERM``, a syntax error) makes Redis
-    discard the whole transaction (``EXECABORT``): that first refusal is the one raised.
+    the ``WAIT`` if ``waited``, then the gauges. A command refused when queued (``NOPERM``, a
+    syntax error) makes Redis discard the whole transaction (``EXECABORT``): that first refusal
+    is the one raised.
     """
     queued = 1 + SUBMIT_COMMANDS * turns
     _raise_first_error(results[:queued])
@@ -112,7 +138,8 @@ def committed(results: list[Any], turns: int) -> list[Any]:
     if not isinstance(applied, list) or len(applied) != queued - 1:
         raise redis.ResponseError(f"unexpected reply to the submit's EXEC: {applied!r}")
     _raise_first_error(applied)
-    return results[queued + 1:]
+    after = results[queued + 1:]
+    return Submitted(after[1:], after[0]) if waited else Submitted(after)
 
 
 # --- the ordered submit (Redis Cluster) --------------------------------------------------
@@ -137,7 +164,8 @@ class SubmitNotNotified(redis.RedisError):
                          "turn_id (answered once)")
 
 
-def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str, shards: int = 1) -> list[Any]:
+def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str,
+                   opts: SubmitOptions = NO_OPTIONS) -> Submitted:
     """The submit on Redis Cluster; return the gauges read after it (DESIGN §3).
 
     A turn's inbox entry lives in the user's slot, its notification and active mark in the
@@ -156,32 +184,71 @@ def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str, shards: i
       waits, in order, for its user's next submit.
     - Round trip 2 failing (inbox written, notification not): :class:`SubmitNotNotified`,
       naming the turns; it says what becomes of them.
+
+    With ``opts.wait`` (the tier's ``replica_acks``), each round trip's writes go to each
+    master down one of its connections followed by ``WAIT`` (``stores.replicas.on_node``):
+    the inbox entries reach their replicas before any notification is written, and the
+    notifications theirs before the gauges are read (a third round trip: the gauges cannot
+    ride a node's own pipeline). ``Submitted.acked`` is the fewest replicas any WAIT got.
     """
-    pipe = r.pipeline(transaction=False)
-    queue_inboxes(pipe, built)
-    written, refused = inbox_written(pipe.execute(raise_on_error=False), built)
-    pipe = r.pipeline(transaction=False)
-    queue_notifications(pipe, written, tier, shards)
+    wait, acked1 = opts.wait, list[Any]()
+    if wait is None:
+        pipe = r.pipeline(transaction=False)
+        queue_inboxes(pipe, built)
+        inboxed = pipe.execute(raise_on_error=False)
+    else:
+        inboxed, acked1 = replicas.on_node(r, [inbox_command(t, p) for t, p in built], wait)
+    written, refused = inbox_written(inboxed, built)
+    acked2: list[Any] = []
     try:
-        results = pipe.execute(raise_on_error=False)
+        pipe = r.pipeline(transaction=False)
+        if wait is None:
+            queue_notifications(pipe, written, tier, opts.shards)
+            results = pipe.execute(raise_on_error=False)
+        else:
+            notes, acked2 = replicas.on_node(r, _notifications(written, opts.shards), wait)
+            queue_submit_gauges(pipe, tier, _last_shard(written, opts.shards))
+            results = notes + pipe.execute(raise_on_error=False)
     except Exception as exc:  # RedisClusterException is no RedisError: whatever it is, unnotified
         raise SubmitNotNotified(written, exc) from exc
-    return notified(results, written, refused)
+    gauges = notified(results, written, refused)
+    return Submitted(gauges) if wait is None else Submitted(gauges, replicas.fewest(acked1 + acked2))
 
 
 async def submit_ordered_async(r: Any, built: list[tuple[Turn, bytes]], tier: str,
-                               shards: int = 1) -> list[Any]:
-    """:func:`submit_ordered` on an asyncio client."""
-    pipe = r.pipeline(transaction=False)
-    queue_inboxes(pipe, built)
-    written, refused = inbox_written(await pipe.execute(raise_on_error=False), built)
-    pipe = r.pipeline(transaction=False)
-    queue_notifications(pipe, written, tier, shards)
+                               opts: SubmitOptions = NO_OPTIONS) -> Submitted:
+    """:func:`submit_ordered` on an asyncio client (each master's share sent concurrently)."""
+    wait, acked1 = opts.wait, list[Any]()
+    if wait is None:
+        pipe = r.pipeline(transaction=False)
+        queue_inboxes(pipe, built)
+        inboxed = await pipe.execute(raise_on_error=False)
+    else:
+        inboxed, acked1 = await replicas.on_node_async(r, [inbox_command(t, p) for t, p in built], wait)
+    written, refused = inbox_written(inboxed, built)
+    acked2: list[Any] = []
     try:
-        results = await pipe.execute(raise_on_error=False)
+        pipe = r.pipeline(transaction=False)
+        if wait is None:
+            queue_notifications(pipe, written, tier, opts.shards)
+            results = await pipe.execute(raise_on_error=False)
+        else:
+            notes, acked2 = await replicas.on_node_async(r, _notifications(written, opts.shards), wait)
+            queue_submit_gauges(pipe, tier, _last_shard(written, opts.shards))
+            results = notes + await pipe.execute(raise_on_error=False)
     except Exception as exc:
         raise SubmitNotNotified(written, exc) from exc
-    return notified(results, written, refused)
+    gauges = notified(results, written, refused)
+    return Submitted(gauges) if wait is None else Submitted(gauges, replicas.fewest(acked1 + acked2))
+
+
+def _notifications(written: list[Turn], shards: int) -> list[tuple[str, Command]]:
+    return [cmd for turn in written for cmd in notify_commands(turn, shards)]
+
+
+def _last_shard(written: list[Turn], shards: int) -> int:
+    """The ready shard of the batch's last turn: the gauges read its lag."""
+    return keys.ready_shard(written[-1].user, shards) if written else 0
 
 
 def queue_inboxes(pipe: Any, built: list[tuple[Turn, bytes]]) -> None:
@@ -194,7 +261,7 @@ def queue_notifications(pipe: Any, written: list[Turn], tier: str, shards: int =
     """Round trip 2 of the ordered submit: the notifications and active marks, then the gauges."""
     for turn in written:
         queue_notify(pipe, turn, shards)
-    queue_submit_gauges(pipe, tier, keys.ready_shard(written[-1].user, shards) if written else 0)
+    queue_submit_gauges(pipe, tier, _last_shard(written, shards))
 
 
 def inbox_written(results: Any, built: list[tuple[Turn, bytes]]) -> tuple[list[Turn], Exception | None]:
@@ -227,133 +294,7 @@ def notified(results: Any, written: list[Turn], refused: Exception | None) -> li
     return results[queued:]
 
 
-# --- how many ready shards? ---------------------------------------------------------------
-SHARDS_TTL_S = 5.0  # a client reads the tier's ready_shards again after this long
-
-
-def queue_shards_probe(pipe: Any, tier: str) -> None:
-    """The tier's policy key and its last good copy: :func:`ready_shards_of` reads them."""
-    pipe.get(keys.policy(tier))
-    pipe.get(keys.policy_good(tier))
-
-
-def ready_shards_of(raw: Any, good: Any) -> int:
-    """``ready_shards`` of the policy JSON ``raw`` (else of ``good``, the last valid one), in
-    1..``keys.MAX_READY_SHARDS``; 1 when neither names it. Lenient on purpose: a submit that
-    uses a stale or odd count is still served (every worker of the tier reads every shard that
-    exists, up to the bound), only its shard may differ from the policy's."""
-    for blob in (raw, good):
-        if not blob:
-            continue
-        try:
-            n = json.loads(blob).get("ready_shards", 1)
-        except (ValueError, AttributeError, RecursionError):
-            continue
-        if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= keys.MAX_READY_SHARDS:
-            return n
-    return 1
-
-
-def read_ready_shards(r: redis.Redis, tier: str) -> int:
-    """The tier's ``ready_shards`` (:func:`ready_shards_of`), in one round trip."""
-    pipe = r.pipeline(transaction=False)
-    queue_shards_probe(pipe, tier)
-    return ready_shards_of(*pipe.execute())
-
-
-async def read_ready_shards_async(r: aioredis.Redis, tier: str) -> int:
-    """:func:`read_ready_shards` on an asyncio client."""
-    pipe = r.pipeline(transaction=False)
-    queue_shards_probe(pipe, tier)
-    return ready_shards_of(*await pipe.execute())
-
-
-# --- does the tier exist? ---------------------------------------------------------------
-def queue_tier_probe(pipe: Any, tier: str) -> None:
-    pipe.exists(keys.policy(tier))
-    pipe.smembers(keys.TIERS)  # not SISMEMBER: the documented ACL (SECURITY.md) grants SMEMBERS
-    pipe.hgetall(keys.WORKERS)
-
-
-def read_tier_probe(r: redis.Redis, tier: str) -> list[Any]:
-    """``[has_policy, tiers, registry]`` of :func:`queue_tier_probe`, in one round trip."""
-    pipe = r.pipeline(transaction=False)
-    queue_tier_probe(pipe, tier)
-    return pipe.execute()
-
-
-async def read_tier_probe_async(r: aioredis.Redis, tier: str) -> list[Any]:
-    """:func:`read_tier_probe` on an asyncio client."""
-    pipe = r.pipeline(transaction=False)
-    queue_tier_probe(pipe, tier)
-    return await pipe.execute()
-
-
-def tier_defined(tier: str, has_policy: Any, tiers: Iterable[Any]) -> bool:
-    """Whether the tier has a policy key or ``fleet:tiers`` names it."""
-    return bool(has_policy) or tier in {as_str(t) for t in tiers}
-
-
-def heartbeats_of(tier: str, registry: Mapping[Any, Any]) -> list[str]:
-    """Heartbeat keys of the registered workers of ``tier`` (``fleet:workers``, as in
-    ``stores.registry``: the worker is live while its key exists); unreadable entries are skipped."""
-    beats = []
-    for blob in registry.values():
-        try:
-            info = decode(WorkerInfo, blob)
-            if info.tier == tier:
-                beats.append(keys.heartbeat(info.worker))
-        except (CodecError, InvalidId):
-            continue
-    return beats
-
-
 def _raise_first_error(results: list[Any]) -> None:
     for res in results:
         if isinstance(res, Exception):
             raise res
-
-
-def post_pressure(r: redis.Redis, tier: str, fields: Mapping[str, str]) -> None:
-    """Append a pressure event to the tier's stream (it wakes the commander)."""
-    entry: dict[FieldT, EncodableT] = {k: v for k, v in fields.items()}  # a dict is invariant in its key
-    r.xadd(keys.pressure(tier), entry, maxlen=PRESSURE_MAXLEN, approximate=True)
-
-
-async def post_pressure_async(r: aioredis.Redis, tier: str, fields: Mapping[str, str]) -> None:
-    """:func:`post_pressure` on an asyncio client."""
-    entry: dict[FieldT, EncodableT] = {k: v for k, v in fields.items()}  # a dict is invariant in its key
-    await r.xadd(keys.pressure(tier), entry, maxlen=PRESSURE_MAXLEN, approximate=True)
-
-
-def any_beating(r: redis.Redis, beats: list[str]) -> bool:
-    """Whether any of the heartbeat keys ``beats`` exists: one ``EXISTS`` per key (each worker's
-    key has its own slot), pipelined in one round trip."""
-    if not beats:
-        return False
-    pipe = r.pipeline(transaction=False)
-    for beat in beats:
-        pipe.exists(beat)
-    return any(int(n) for n in pipe.execute())
-
-
-async def any_beating_async(r: aioredis.Redis, beats: list[str]) -> bool:
-    """:func:`any_beating` on an asyncio client."""
-    if not beats:
-        return False
-    pipe = r.pipeline(transaction=False)
-    for beat in beats:
-        pipe.exists(beat)
-    return any(int(n) for n in await pipe.execute())
-
-
-def wait_reply(r: redis.Redis, user: str, turn_id: str, timeout: float) -> Any:
-    """The raw reply of a turn (``BLPOP`` up to ``timeout`` s), or None if none came."""
-    got = r.blpop([keys.reply(user, turn_id)], timeout=max(timeout, 0.01))
-    return None if got is None else got[1]
-
-
-async def wait_reply_async(r: aioredis.Redis, user: str, turn_id: str, timeout: float) -> Any:
-    """:func:`wait_reply` on an asyncio client."""
-    got = await r.blpop([keys.reply(user, turn_id)], timeout=max(timeout, 0.01))
-    return None if got is None else got[1]

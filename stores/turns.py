@@ -7,28 +7,20 @@ taking and releasing the lane, and committing a turn together with the cursor ad
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import PipelineCommand
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MovedError, NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError, ResponseError
 
 from protocol import keys
 from protocol.codec import as_str, decode_valid
 from protocol.models import MemoryItem, SessionEntry
-from protocol.policy import Policy
-from stores import cluster
+from stores import cluster, replicas
 from stores.memory import parse_members
 from stores.replies import raw_rows
 from stores.scripts import Scripts
-
-log = logging.getLogger("fleet.turns")
-SHORTFALL_LOG_EVERY_S = 10.0  # a replica away makes every WAIT short: one warning per this long
 
 
 class Fenced(Exception):
@@ -56,36 +48,6 @@ class Lease:
     owner: str
     cursor: str
     entries: list[tuple[str, dict[bytes, bytes]]] = field(default_factory=list)  # first inbox batch
-
-
-@dataclass(frozen=True)
-class ReplicaWait:
-    """``WAIT replicas timeout_ms`` after a script, on the connection that ran it (policy
-    ``replica_acks`` / ``replica_ack_timeout_ms``)."""
-
-    replicas: int
-    timeout_ms: int
-
-    @classmethod
-    def of(cls, policy: Policy) -> ReplicaWait | None:
-        """The policy's WAIT, or None when it asks for none (``replica_acks`` 0: no WAIT sent)."""
-        if policy.replica_acks <= 0:
-            return None
-        return cls(policy.replica_acks, policy.replica_ack_timeout_ms)
-
-
-@dataclass
-class ReplicaAcks:
-    """What the WAITs of one store got, per operation (``acquire``, ``commit``).
-
-    ``short``: WAITs that timed out with fewer replicas than asked (or failed): the write is
-    on the master only, as if no WAIT had been asked; the turn went on (see ``UserStore``)."""
-
-    waits: dict[str, int] = field(default_factory=lambda: {"acquire": 0, "commit": 0})
-    short: dict[str, int] = field(default_factory=lambda: {"acquire": 0, "commit": 0})
-    acked: dict[str, int] = field(default_factory=lambda: {"acquire": 0, "commit": 0})  # replicas, summed
-    logged_at: float = float("-inf")  # the event loop's time of the last shortfall warning
-    logged_short: int = 0  # shortfalls counted at that warning
 
 
 @dataclass(frozen=True)
@@ -141,10 +103,10 @@ class UserStore:
         self.worker = worker
         self.cfg = config or StoreConfig()
         self.scripts = Scripts(r)
-        self.acks = ReplicaAcks()
+        self.acks = replicas.ReplicaAcks.of("acquire", "commit")
         # WAIT after the lane acquire and the turn commit (the worker sets it from the tier's
         # policy, ``ReplicaWait.of``); None: no WAIT is sent, the commands of a store without it
-        self.replica_wait: ReplicaWait | None = None
+        self.replica_wait: replicas.ReplicaWait | None = None
 
     async def acquire(self, user: str, batch: int = 16) -> Lease | Busy:
         """Take the lane with up to ``batch`` inbox entries after the cursor, or learn who holds it.
@@ -215,75 +177,35 @@ class UserStore:
         wait = self.replica_wait
         if wait is None:
             return await script(keys=keys_, args=args)  # exactly the commands of before: no WAIT
-        if cluster.is_cluster(self.r):
-            res, acked = await self._script_wait_on_node(script, keys_, args, wait)
-        else:
-            res, acked = await self._script_wait_pipelined(script, keys_, args, wait)
-        self._count(op, wait, acked)
+        for attempt in range(2):
+            cmd = ("EVALSHA", script.sha, len(keys_), *keys_, *args)
+            if cluster.is_cluster(self.r):
+                # redis-py's cluster pipeline refuses scripts: EVALSHA + WAIT down one connection
+                # of the master serving the user's slot (a MOVED there patches the slot table,
+                # and is raised below: the caller retries it like any transient error)
+                replies, waited = await replicas.on_node_async(self.r, [(keys_[0], cmd)], wait)
+                res, acked = replies[0], waited[0]
+            else:  # one node: a non-transactional pipeline (one connection) of EVALSHA + WAIT
+                async with self.r.pipeline(transaction=False) as pipe:
+                    pipe.execute_command(*cmd)
+                    pipe.wait(wait.replicas, wait.timeout_ms)
+                    res, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(res, NoScriptError) and attempt == 0:  # a restarted Redis, a promoted replica
+                await self._load(script, keys_[0])
+                continue
+            break
+        self.acks.count(op, wait, acked, asyncio.get_running_loop().time())  # virtual in the simulator
         if isinstance(res, Exception):
             raise res
         return res
 
-    async def _script_wait_pipelined(self, script: AsyncScript, keys_: list[str], args: list[Any],
-                                     wait: ReplicaWait) -> tuple[Any, Any]:
-        """One node: a non-transactional pipeline (one connection) of EVALSHA + WAIT."""
-        for attempt in range(2):
-            async with self.r.pipeline(transaction=False) as pipe:
-                pipe.evalsha(script.sha, len(keys_), *keys_, *args)
-                pipe.wait(wait.replicas, wait.timeout_ms)
-                res, acked = await pipe.execute(raise_on_error=False)
-            if isinstance(res, NoScriptError) and attempt == 0:  # a restarted Redis: nothing was run
-                await self.r.script_load(script.script)
-                continue
-            break
-        return res, acked
-
-    async def _script_wait_on_node(self, script: AsyncScript, keys_: list[str], args: list[Any],
-                                   wait: ReplicaWait) -> tuple[Any, Any]:
-        """A Cluster: redis-py's cluster pipeline refuses scripts, so EVALSHA + WAIT go together
-        on one connection of the master serving the user's slot. A MOVED there patches the
-        client's slot table, a connection error has it learn the topology again, and both are
-        raised: the caller retries them like any transient error."""
-        rc: Any = self.r
-        await rc.initialize()  # a no-op unless the client must learn the topology (again)
-        node = rc.get_node_from_key(keys_[0])
-        for attempt in range(2):
-            cmds = [PipelineCommand(0, "EVALSHA", script.sha, len(keys_), *keys_, *args),
-                    PipelineCommand(1, "WAIT", wait.replicas, wait.timeout_ms)]
-            try:
-                await node.execute_pipeline(cmds)
-            except (RedisConnectionError, RedisTimeoutError, OSError):
-                # what redis-py's own cluster commands do on a connection error
-                rc.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
-                rc._initialize = True
-                raise
-            res, acked = cmds[0].result, cmds[1].result
-            if isinstance(res, MovedError):
-                await rc.nodes_manager.move_slot(res)
-            if isinstance(res, NoScriptError) and attempt == 0:  # e.g. a replica just promoted
-                await node.execute_command("SCRIPT", "LOAD", script.script)
-                continue
-            break
-        return res, acked
-
-    def _count(self, op: str, wait: ReplicaWait, acked: Any) -> None:
-        """Count a WAIT's outcome; a shortfall is logged (at most every SHORTFALL_LOG_EVERY_S)."""
-        a = self.acks
-        a.waits[op] += 1
-        got = acked if isinstance(acked, int) else 0  # a failed WAIT (e.g. unknown command) got none
-        a.acked[op] += got
-        if got >= wait.replicas:
-            return
-        a.short[op] += 1
-        total = sum(a.short.values())
-        now = asyncio.get_running_loop().time()  # the loop's clock: virtual in the simulator
-        if now - a.logged_at >= SHORTFALL_LOG_EVERY_S:
-            why = (f"failed: {acked}" if isinstance(acked, Exception)
-                   else f"got {got} within {wait.timeout_ms} ms")
-            log.warning("WAIT %d after %s %s; going on (the write is on the master only, a failover "
-                        "may lose it); %d such shortfalls (%d since the last warning)", wait.replicas, op,
-                        why, total, total - a.logged_short)
-            a.logged_at, a.logged_short = now, total
+    async def _load(self, script: AsyncScript, key: str) -> None:
+        """Load ``script`` where ``key`` lives (nothing was run: EVALSHA found no script)."""
+        if cluster.is_cluster(self.r):
+            rc: Any = self.r
+            await rc.get_node_from_key(key).execute_command("SCRIPT", "LOAD", script.script)
+        else:
+            await self.r.script_load(script.script)
 
     async def release(self, lease: Lease) -> Release:
         """Give the lane up unless turns wait after the cursor: ``code`` 1 released, 0 kept

@@ -26,8 +26,9 @@ from stores import worker_ops
 from stores.connection import connect_async
 from stores.control import read_control_async
 from stores.policies import PolicyRead, read_policy_async
+from stores.replicas import ReplicaWait
 from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok
-from stores.turns import ReplicaWait, StoreConfig, UserStore
+from stores.turns import StoreConfig, UserStore
 from worker import handlers
 from worker.aio import Abandoned, dump_tasks, unless_stuck
 from worker.intake import Fields

@@ -4,7 +4,9 @@ process (so their stores' WAIT counters can be read), the asyncio client, one ti
 - ``replica_acks`` 1: every turn answered; every acquire's and every commit's WAIT got its
   replica (each master has one, linked);
 - a replica SIGSTOPped (by pid; SIGCONT after): the WAITs after turns of users on its master
-  time out with 0, the turns are answered all the same, the shortfalls counted and logged.
+  time out with 0, the turns are answered all the same, the shortfalls counted and logged;
+- the client's submits wait too (the same policy fields): after each master's share of the
+  inbox entries and after the notifications, counted in ``Fleet.acks``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 import pytest
 from redis.crc import key_slot
 
-from fleet.client import AsyncFleet
+from fleet.client import AsyncFleet, Fleet
 from protocol import keys
 from protocol.policy import Policy
 from stores.connection import connect_sync
@@ -81,6 +83,9 @@ async def test_every_turn_waits_for_its_replica(redis_cluster: RedisClusterRig,
         for n in range(3):
             replies = await asyncio.gather(*(fleet.ask(u, f"turn {n}", timeout=30) for u in users))
             assert all(r.ok and r.text.startswith(f"echo: turn {n}") for r in replies)
+        # every submit waited for a replica (the policy's, read with ready_shards), and got it
+        assert fleet.acks.waits == fleet.acks.acked == {"submit": 120}
+        assert fleet.acks.short == {"submit": 0}
     finally:
         await fleet.aclose()
     await settle(workers, 120)
@@ -103,7 +108,7 @@ async def test_a_stopped_replica_makes_the_wait_short_not_the_turn(
     assert replica.pid is not None
     os.kill(replica.pid, signal.SIGSTOP)
     try:
-        with caplog.at_level(logging.WARNING, logger="fleet.turns"):
+        with caplog.at_level(logging.WARNING, logger="fleet.replicas"):
             t0 = time.monotonic()
             replies = await asyncio.gather(*(fleet.ask(u, "while the replica sleeps", timeout=30)
                                              for u in mine))
@@ -116,8 +121,13 @@ async def test_a_stopped_replica_makes_the_wait_short_not_the_turn(
         assert short["commit"] == len(mine)  # each of their commits' WAIT timed out
         assert short["acquire"] >= 1
         assert elapsed >= TIMEOUT_MS / 1000  # the acquire's WAIT timed out before the handler ran
-        assert any("WAIT 1 after" in rec.getMessage() and "got 0 within 200 ms" in rec.getMessage()
+        assert any(rec.getMessage().startswith(("WAIT 1 after acquire got 0 within 200 ms",
+                                                "WAIT 1 after commit got 0 within 200 ms"))
                    for rec in caplog.records)
+        # the submits of those users waited for the stopped replica too (their inbox entries are
+        # on its master): each came back short, and was queued and answered all the same
+        assert fleet.acks.short == {"submit": len(mine)}
+        assert any("WAIT 1 after submit got 0 within 200 ms" in rec.getMessage() for rec in caplog.records)
         # users on the other masters are not slowed: their replicas answer
         before = totals(workers, "short")
         replies = await asyncio.gather(*(fleet.ask(u, "elsewhere", timeout=30) for u in others))
@@ -130,6 +140,21 @@ async def test_a_stopped_replica_makes_the_wait_short_not_the_turn(
     while not redis_cluster._replica_linked(replica):
         assert time.monotonic() < deadline, "the replica did not link up again"
         await asyncio.sleep(0.1)
+
+
+async def test_a_blocking_batch_submit_waits_on_every_master_it_wrote(
+        redis_cluster: RedisClusterRig, workers: list[Worker]) -> None:
+    users = [f"b{i:03d}" for i in range(30)]
+    masters = {redis_cluster.master_of_slot(key_slot(keys.inbox(u).encode())).port for u in users}
+    assert len(masters) == 3  # the batch spans every master
+    fleet = Fleet(redis_cluster.url)
+    try:
+        handles = await asyncio.to_thread(fleet.submit_many, [(u, "batch") for u in users])
+        assert fleet.acks.waits == fleet.acks.acked == {"submit": 1}  # one batch: its fewest got 1
+        replies = await asyncio.gather(*(asyncio.to_thread(h.result, 30) for h in handles))
+        assert [r.text for r in replies] == ["echo: batch"] * len(users)
+    finally:
+        fleet.close()
 
 
 @pytest.mark.smoke

@@ -154,3 +154,31 @@ def test_an_unknown_tier_writes_nothing_on_a_real_server(r, redis_server) -> Non
     with Fleet(redis_server.url) as client, pytest.raises(UnknownTier):
         client.submit("frank", "hi", tier="nosuchtier")
     assert r.keys("*") == []
+
+
+# --- replica_acks: a WAIT after the submit --------------------------------------------------
+def test_a_submit_waits_for_replicas_when_the_tier_asks_and_goes_on_without_them(r, redis_server) -> None:
+    """One node without replicas: ``WAIT 1 30`` times out with 0; the turn is queued anyway
+    (one round trip: the WAIT rides after EXEC), and the shortfall is counted."""
+    write_policy(r, "chat", Policy(replica_acks=1, replica_ack_timeout_ms=30))
+    client = Fleet(client=connect_sync(redis_server.url))
+    before = int(r.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+    client.submit_many([("alice", "one"), ("bob", "two")])
+    client.submit("alice", "three")
+    assert landed(r, "alice") == (2, 3) and r.xlen(keys.inbox("bob")) == 1
+    assert int(r.info("commandstats")["cmdstat_wait"]["calls"]) - before == 2  # one per round trip
+    assert client.acks.waits == client.acks.short == {"submit": 2}
+    assert client.acks.acked == {"submit": 0}
+
+
+async def test_async_a_tier_without_replica_acks_sends_no_wait(r, redis_server) -> None:
+    write_policy(r, "chat", Policy())
+    r.config_resetstat()
+    client = AsyncFleet(client=connect_async(redis_server.url))
+    try:
+        await client.submit("alice", "hi")
+        await client.submit_many([("bob", "a"), ("carol", "b")])
+    finally:
+        await client.aclose()
+    assert "cmdstat_wait" not in r.info("commandstats")
+    assert client.acks.waits == {"submit": 0}

@@ -20,7 +20,9 @@ from protocol.codec import encode
 from protocol.models import WorkerInfo
 from protocol.policy import Policy
 from stores.policies import read_policy, write_policy
-from stores.submit import committed, heartbeats_of, queue_round_trip, tier_defined
+from stores.replicas import ReplicaWait
+from stores.submit import Submitted, committed, queue_round_trip
+from stores.tier_probe import SubmitOptions, heartbeats_of, tier_defined
 
 
 class Recorder:
@@ -44,6 +46,9 @@ class Recorder:
     def get(self, key: str) -> None:
         self.sent.append(("GET", key))
 
+    def wait(self, replicas: int, timeout_ms: int) -> None:
+        self.sent.append(("WAIT", replicas, timeout_ms))
+
 
 def info(worker: str, tier: str) -> bytes:
     return encode(WorkerInfo(worker=worker, tier=tier, pid=1, host="h", started=0.0))
@@ -55,7 +60,7 @@ def test_the_submit_commands_are_inside_multi_exec_and_the_gauges_after_it() -> 
     pipe = Recorder()
     queue_round_trip(pipe, built, "chat")
     per_turn = [("XADD", keys.inbox(u)) for u in ("alice", "bob")]
-    assert pipe.sent == [
+    assert [cmd[:2] for cmd in pipe.sent] == [
         ("MULTI",),
         per_turn[0], ("XADD", keys.ready("chat")), ("ZADD", keys.active("chat")),
         per_turn[1], ("XADD", keys.ready("chat")), ("ZADD", keys.active("chat")),
@@ -64,12 +69,26 @@ def test_the_submit_commands_are_inside_multi_exec_and_the_gauges_after_it() -> 
     ]
 
 
+def test_with_replica_acks_a_wait_follows_exec_on_the_same_round_trip() -> None:
+    built = [_build_turn("alice", "hi", "chat", None, None, 1 << 16)]
+    pipe = Recorder()
+    queue_round_trip(pipe, built, "chat", SubmitOptions(wait=ReplicaWait(1, 50)))
+    assert [cmd[:2] for cmd in pipe.sent] == [
+        ("MULTI",), ("XADD", keys.inbox("alice")), ("XADD", keys.ready("chat")),
+        ("ZADD", keys.active("chat")), ("EXEC",), ("WAIT", 1),
+        ("XINFO GROUPS", keys.ready("chat")), ("GET", keys.starting("chat")),
+    ]
+    assert pipe.sent[5] == ("WAIT", 1, 50)
+    replies = [b"OK", *[b"QUEUED"] * 3, [b"1-0", b"1-1", 1], 1, ["groups"], b"2"]
+    assert committed(replies, 1, waited=True) == Submitted([["groups"], b"2"], 1)
+
+
 def _replies(exec_reply: Any, queued: list[Any] | None = None, multi: Any = b"OK") -> list[Any]:
     return [multi, *(queued or [b"QUEUED"] * 3), exec_reply, ["groups"], b"2"]
 
 
 def test_committed_returns_the_gauges_of_an_applied_transaction() -> None:
-    assert committed(_replies([b"1-0", b"1-1", 1]), 1) == [["groups"], b"2"]
+    assert committed(_replies([b"1-0", b"1-1", 1]), 1) == Submitted([["groups"], b"2"])
 
 
 @pytest.mark.parametrize(("replies", "error"), [

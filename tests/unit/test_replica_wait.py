@@ -21,12 +21,14 @@ from typing import Any
 import fakeredis
 import pytest
 import redis.asyncio.client as aclient
-from redis.exceptions import MovedError
+from redis.exceptions import MovedError, ResponseError
 
 from protocol import keys
 from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
 from stores import cluster
-from stores.turns import Lease, ReplicaWait, UserStore, Writes
+from stores.replicas import ReplicaAcks, ReplicaWait, fewest
+from stores.tier_probe import SubmitOptions, submit_options_of
+from stores.turns import Lease, UserStore, Writes
 
 U = "alice"
 
@@ -235,7 +237,7 @@ async def test_on_a_cluster_evalsha_and_wait_go_to_the_slot_master(r: fakeredis.
     lease = await store.acquire(U)
     assert isinstance(lease, Lease)
     assert await store.commit(lease, entry, "t1", Writes(turn_id="t1", reply=b"r"), 0) == "ok"
-    assert rc.asked == [keys.lane(U), keys.lane(U)]  # the user's slot
+    assert set(rc.asked) == {keys.lane(U)}  # the user's slot, for every call and the script load
     assert node.sent == [["EVALSHA", "WAIT"], ["SCRIPT LOAD"], ["EVALSHA", "WAIT"],  # NOSCRIPT: loaded
                          ["EVALSHA", "WAIT"], ["SCRIPT LOAD"], ["EVALSHA", "WAIT"]]
     assert store.acks.short == {"acquire": 0, "commit": 0}
@@ -258,3 +260,44 @@ async def test_a_moved_on_the_node_path_patches_the_slots_and_is_raised(
     with pytest.raises(MovedError):
         await store.acquire(U)
     assert rc.nodes_manager.moved_to == [("127.0.0.1", 7001)]
+
+
+# --- the client's submit ------------------------------------------------------------------
+
+
+def test_a_client_takes_the_submit_wait_from_the_policy() -> None:
+    assert submit_options_of(Policy().to_json(), None) == SubmitOptions(1, None)
+    wanted = Policy(replica_acks=1, replica_ack_timeout_ms=30, ready_shards=2).to_json()
+    assert submit_options_of(wanted, None) == SubmitOptions(2, ReplicaWait(1, 30))
+    # lenient as the shard count is: an odd value means no WAIT (or the default timeout)
+    assert submit_options_of(b'{"replica_acks": 9}', None).wait is None
+    assert submit_options_of(b'{"replica_acks": true}', None).wait is None
+    zero_timeout = b'{"replica_acks": 1, "replica_ack_timeout_ms": 0}'
+    assert submit_options_of(zero_timeout, None).wait == ReplicaWait(1, 100)
+    # a policy key being edited into nonsense: the last good one holds
+    assert submit_options_of(b"{oops", Policy(replica_acks=2).to_json()).wait == ReplicaWait(2, 100)
+    assert submit_options_of(None, None) == SubmitOptions()
+
+
+def test_the_fewest_acknowledgements_of_a_multi_master_write_count() -> None:
+    assert fewest([1, 2, 1]) == 1
+    assert fewest([2, 0]) == 0
+    err = ResponseError("ERR WAIT cannot be used with replica instances")
+    assert fewest([1, err]) is err
+    assert fewest([]) == 0
+
+
+def test_a_short_submit_wait_is_counted_and_logged_once_per_interval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    acks = ReplicaAcks.of("submit")
+    wait = ReplicaWait(1, 20)
+    with caplog.at_level("WARNING", logger="fleet.replicas"):
+        acks.count("submit", wait, 1, 0.0)
+        acks.count("submit", wait, 0, 1.0)
+        acks.count("submit", wait, 0, 2.0)  # within 10 s of the last warning: counted, not logged
+        acks.count("submit", wait, ResponseError("ERR unknown command 'WAIT'"), 12.0)
+    assert (acks.waits, acks.acked, acks.short) == ({"submit": 4}, {"submit": 1}, {"submit": 3})
+    messages = [rec.getMessage() for rec in caplog.records]
+    assert len(messages) == 2
+    assert messages[0].startswith("WAIT 1 after submit got 0 within 20 ms")
+    assert "failed: ERR unknown command" in messages[1] and "3 such shortfalls (2 since" in messages[1]

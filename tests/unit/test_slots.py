@@ -70,6 +70,7 @@ from stores import (
     reports,
     submit,
     takeover,
+    tier_probe,
     worker_ops,
 )
 from stores.scripts import NAMES, Scripts, SyncScripts, source
@@ -272,7 +273,7 @@ def drive_sync(r: redis.Redis) -> None:
         policies.read_policy(r, tier, ["echo"], record=True, reader="w")  # status write branch
         policies.write_policy(r, tier, Policy())
         policies.read_policy_status(r, tier)
-        submit.read_ready_shards(r, tier)
+        tier_probe.read_submit_options(r, tier)
         policies.has_policy_key(r, tier)
         policies.read_good_policy(r, tier)
     policies.ensure_policy(r, "gpu")
@@ -281,14 +282,14 @@ def drive_sync(r: redis.Redis) -> None:
     for tier in TIERS:
         built = [turn(u, tier, i) for i, u in enumerate(USERS)]
         submit.submit_round_trip(r, built, tier)
-        submit.read_tier_probe(r, tier)
-        submit.post_pressure(r, tier, {"user": USERS[0]})
+        tier_probe.read_tier_probe(r, tier)
+        tier_probe.post_pressure(r, tier, {"user": USERS[0]})
     r.hset(keys.WORKERS, mapping={w: encode(worker_info(w)) for w in WORKERS})
     for w in WORKERS:
         r.set(keys.heartbeat(w), "1", px=60_000)
-    submit.any_beating(r, [keys.heartbeat(w) for w in WORKERS])
+    tier_probe.any_beating(r, [keys.heartbeat(w) for w in WORKERS])
     r.rpush(keys.reply(USERS[0], "t-x"), b"r")
-    submit.wait_reply(r, USERS[0], "t-x", 0.01)
+    tier_probe.wait_reply(r, USERS[0], "t-x", 0.01)
     # registry
     registry.read_entries(r)
     registry.read_registry(r)
@@ -348,11 +349,11 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         await policies.tier_defined_async(ar, tier)
         built = [turn(u, tier, 10 + i) for i, u in enumerate(USERS)]
         await submit.submit_round_trip_async(ar, built, tier)
-        await submit.read_tier_probe_async(ar, tier)
-        await submit.post_pressure_async(ar, tier, {"user": USERS[0]})
-    await submit.any_beating_async(ar, [keys.heartbeat(w) for w in WORKERS])
+        await tier_probe.read_tier_probe_async(ar, tier)
+        await tier_probe.post_pressure_async(ar, tier, {"user": USERS[0]})
+    await tier_probe.any_beating_async(ar, [keys.heartbeat(w) for w in WORKERS])
     await ar.rpush(keys.reply(USERS[0], "t-y"), b"r")
-    await submit.wait_reply_async(ar, USERS[0], "t-y", 0.01)
+    await tier_probe.wait_reply_async(ar, USERS[0], "t-y", 0.01)
     for wid in WORKERS:
         await worker_ops.register_worker(ar, worker_info(wid), 60_000)
     await reports.post_report_async(ar, report(WORKERS[0]), 100)
@@ -363,8 +364,9 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     nids = [nid for nid, _f in got]
     # a tier of 3 ready shards: notifications on each, read, reclaimed, acked per shard
     shards = await worker_ops.more_shards(ar, "gpu", 3, 1)
-    await submit.submit_round_trip_async(ar, [turn(u, "gpu", 40 + i) for i, u in enumerate(USERS)], "gpu", 3)
-    await submit.read_ready_shards_async(ar, "gpu")
+    await submit.submit_round_trip_async(ar, [turn(u, "gpu", 40 + i) for i, u in enumerate(USERS)], "gpu",
+                                         tier_probe.SubmitOptions(shards=3))
+    await tier_probe.read_submit_options_async(ar, "gpu")
     sharded = [nid for nid, _f in await worker_ops.read_ready(ar, "gpu", wid, 100, 0, shards, 1)]
     for k in range(shards):
         await worker_ops.reclaim_idle(ar, "gpu", wid, 0, "0-0", 10, shard=k)
@@ -431,19 +433,28 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.scripts.source": "reads a file",
     "stores.scripts.Scripts": "registers scripts (no command until called: the calls are driven)",
     "stores.scripts.SyncScripts": "as Scripts",
-    "stores.turns.ReplicaWait": "a value (its keyless WAIT rides with a script: test_replica_wait)",
-    "stores.turns.ReplicaAcks": "counters",
+    "stores.replicas.ReplicaWait": "a value (its keyless WAIT rides with the writes: test_replica_wait)",
+    "stores.replicas.ReplicaAcks": "counters",
+    "stores.replicas.by_node": "groups keys by master (no command)",
+    "stores.replicas.fewest": "arithmetic",
+    "stores.replicas.on_node": "a Cluster's per-master pipelines (fakeredis has none): test_submit_wait",
+    "stores.replicas.on_node_async": "as on_node: test_replica_wait, tests/cluster",
     "stores.connection": "builds clients (another helper's file on issue 11): no data commands",
     "stores.retry": "retry policy (another helper's file on issue 11): no commands of its own",
     "stores.submit.committed": "parses replies",
     "stores.submit.submit_pipeline": "builds a pipeline",
-    "stores.submit.tier_defined": "parses replies",
-    "stores.submit.heartbeats_of": "parses replies",
+    "stores.tier_probe.tier_defined": "parses replies",
+    "stores.tier_probe.heartbeats_of": "parses replies",
+    "stores.tier_probe.SubmitOptions": "a value",
+    "stores.tier_probe.submit_options_of": "parses replies",
+    "stores.submit.Submitted": "a value",
+    "stores.submit.inbox_command": "names a command",
+    "stores.submit.notify_commands": "names commands",
     "stores.submit.SUBMIT_COMMANDS": "a constant",
     "stores.submit.SubmitNotNotified": "an exception",
     "stores.submit.inbox_written": "parses replies",
     "stores.submit.notified": "parses replies",
-    "stores.submit.ready_shards_of": "parses replies",
+    "stores.tier_probe.ready_shards_of": "parses replies",
     "stores.worker_ops.nid_of": "names a notification",
     "stores.worker_ops.split_nid": "reads a notification's name",
     "stores.worker_ops.by_shard": "groups names",

@@ -22,6 +22,7 @@ import stores.cluster
 import stores.submit
 from fleet.client import AsyncFleet, Fleet, SubmitNotNotified
 from protocol import keys
+from stores.tier_probe import SubmitOptions
 
 Command = tuple[str, str]
 
@@ -89,7 +90,7 @@ class FakePipe:
         self.response_callbacks: dict[str, Any] = {}
 
     def execute_command(self, *args: Any) -> None:
-        self.queued.append((str(args[0]), ""))
+        self.queued.append((str(args[0]), str(args[1]) if len(args) > 1 else ""))  # name, key
 
     def xadd(self, key: str, fields: dict[str, Any], **_: Any) -> None:
         self.queued.append(("XADD", key))
@@ -146,11 +147,11 @@ def submit(mode: str, fake_cluster: bool = True, users: list[str] = USERS,
     if sync:
         client = Fleet(client=fake)  # type: ignore[arg-type]
         client._tiers.add("chat")
-        client._shards["chat"] = (1, float("inf"))  # the tier's ready_shards known: no probe trip
+        client._options["chat"] = (SubmitOptions(), float("inf"))  # the tier's options known: no probe trip
         return fake, lambda: client.submit_many(turns) if many else client.submit(*turns[0])
     aclient = AsyncFleet(client=fake)  # type: ignore[arg-type]
     aclient._tiers.add("chat")
-    aclient._shards["chat"] = (1, float("inf"))
+    aclient._options["chat"] = (SubmitOptions(), float("inf"))
     if many:
         return fake, lambda: asyncio.run(aclient.submit_many(turns))
     return fake, lambda: asyncio.run(aclient.submit(*turns[0]))
