@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,7 @@ __all__ = ["AsyncFleet", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeou
 
 DEFAULT_MAX_TURN_BYTES = 64 * 1024
 DEFAULT_MAX_REPLY_BYTES = 1024 * 1024
+UNREPLICATED_KEEP = 10_000  # turn ids of submits whose WAIT came back short, newest kept
 
 
 class TurnTimeout(TimeoutError):
@@ -148,12 +150,18 @@ def _pressure_fields(tier: str, user: str) -> dict[str, str]:
     return {"tier": tier, "user": user, "ts": f"{time.time():.3f}"}
 
 
-def _count_wait(acks: ReplicaAcks, opts: SubmitOptions, done: Submitted) -> None:
-    """Count a submit's WAIT (the tier's ``replica_acks``); a shortfall is logged, and the turn
-    stays submitted: it is queued on the master, as without a WAIT (docs/ARCHITECTURE.md,
-    "Failover: what Fleet promises")."""
-    if opts.wait is not None:
-        acks.count("submit", opts.wait, done.acked, time.monotonic())
+def _count_wait(client: Fleet | AsyncFleet, opts: SubmitOptions, done: Submitted,
+                built: list[tuple[Turn, bytes]]) -> None:
+    """Count a submit's WAIT (the tier's ``replica_acks``). A shortfall is logged and its turn
+    ids kept in ``client.unreplicated`` (the last ``UNREPLICATED_KEEP``: the turns a failover
+    may lose, for a caller that resubmits them); the turns stay submitted, queued on the
+    master, as without a WAIT (docs/ARCHITECTURE.md, "Failover: what Fleet promises")."""
+    if opts.wait is None:
+        return
+    short = client.acks.short.get("submit", 0)
+    client.acks.count("submit", opts.wait, done.acked, time.monotonic())
+    if client.acks.short.get("submit", 0) > short:
+        client.unreplicated.extend(t.turn_id for t, _ in built)
 
 
 def _decode_reply(raw: bytes, max_bytes: int) -> Reply:
@@ -172,6 +180,12 @@ class Fleet:
         self._tiers: set[str] = set()  # tiers found to exist: not checked again
         self._options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
         self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
+        self.unreplicated: deque[str] = deque(maxlen=UNREPLICATED_KEEP)  # turn ids of short WAITs
+
+    def reread_policies(self) -> None:
+        """Forget the tiers' submit options read so far (``ready_shards``, ``replica_acks``): the
+        next submit reads its tier's again (they are read again every ``OPTIONS_TTL_S`` anyway)."""
+        self._options.clear()
 
     def _submit_options(self, tier: str) -> SubmitOptions:
         """The tier's ``ready_shards`` and ``replica_acks``, read again every ``OPTIONS_TTL_S``
@@ -206,7 +220,7 @@ class Fleet:
         self._ensure_tier(tier, create_tier)
         opts = self._submit_options(tier)
         done = submit_round_trip(self.r, built, tier, opts)
-        _count_wait(self.acks, opts, done)
+        _count_wait(self, opts, done, built)
         if no_free_slot(*done.gauges):
             post_pressure(self.r, tier, _pressure_fields(tier, built[-1][0].user))
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
@@ -260,6 +274,11 @@ class AsyncFleet:
         self._tiers: set[str] = set()  # tiers found to exist: not checked again
         self._options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
         self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
+        self.unreplicated: deque[str] = deque(maxlen=UNREPLICATED_KEEP)  # turn ids of short WAITs
+
+    def reread_policies(self) -> None:
+        """``Fleet.reread_policies``."""
+        self._options.clear()
 
     async def _submit_options(self, tier: str) -> SubmitOptions:
         """``Fleet._submit_options`` on asyncio."""
@@ -277,7 +296,7 @@ class AsyncFleet:
         await self._ensure_tier(turn.tier, create_tier)
         opts = await self._submit_options(turn.tier)
         done = await submit_round_trip_async(self.r, [(turn, payload)], turn.tier, opts)
-        _count_wait(self.acks, opts, done)
+        _count_wait(self, opts, done, [(turn, payload)])
         if no_free_slot(*done.gauges):
             await post_pressure_async(self.r, turn.tier, _pressure_fields(turn.tier, turn.user))
         return turn
@@ -296,7 +315,7 @@ class AsyncFleet:
         await self._ensure_tier(tier, create_tier)
         opts = await self._submit_options(tier)
         done = await submit_round_trip_async(self.r, built, tier, opts)
-        _count_wait(self.acks, opts, done)
+        _count_wait(self, opts, done, built)
         if no_free_slot(*done.gauges):
             await post_pressure_async(self.r, tier, _pressure_fields(tier, built[-1][0].user))
         return [t for t, _ in built]

@@ -104,8 +104,8 @@ class Policy(BaseModel):
     report_interval_s: PositiveFloat = Field(5.0, le=300)
     no_scale_in_windows: tuple[TimeWindow, ...] = ()
     # durability against asynchronous replication (docs/ARCHITECTURE.md, "Failover: what Fleet
-    # promises"): after the lane acquire and after the turn commit, WAIT until this many replicas
-    # have the write, or replica_ack_timeout_ms. 0: no WAIT is sent.
+    # promises"): after the submit (the client), the lane acquire and the turn commit, WAIT
+    # until this many replicas have the write, or replica_ack_timeout_ms. 0: no WAIT is sent.
     replica_acks: int = 0
     replica_ack_timeout_ms: int = 100
     # the tier's ready stream spread over this many streams (keys.ready(tier, k)), by user

@@ -1,4 +1,4 @@
-"""The latency cost of ``replica_acks`` (WAIT after the lane acquire and the turn commit) on a
+"""The latency cost of ``replica_acks`` (WAIT after the submit, the lane acquire and the turn commit) on a
 Redis Cluster of 3 masters + 3 replicas on loopback (issue 11).
 
 The same load runs with ``replica_acks`` 0 and 1, interleaved (0, 1, 0, 1, ...: a drift of the
@@ -8,8 +8,9 @@ users at once). Reported per setting: turns/s (turns over the rounds' time), p50
 submit->reply latency, and the ratios 1 : 0.
 
 A reply is read on the master as soon as the commit ran, before its WAIT returns: what the
-client sees is one WAIT per lane acquire plus the commit WAIT of the user's previous turn
-(a lane stays held across a user's queued turns: the next turn waits for it).
+client sees is its submit's two WAITs (inbox entry, notification), one WAIT per lane acquire
+and the commit WAIT of the user's previous turn (a lane stays held across a user's queued
+turns: the next turn waits for it).
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
             write_policy(r, "chat", Policy(handler="echo", concurrency=args.concurrency, replica_acks=acks,
                                            replica_ack_timeout_ms=args.timeout_ms))
             await asyncio.sleep(5 * REFRESH_S)  # every worker has read it
+            fleet.reread_policies()  # and the client's submits take it at once
             users = [f"r{rnd}-u{i:04d}" for i in range(args.users)]
             before = wait_calls(r)
             got, elapsed = await one_round(fleet, users, args.turns)

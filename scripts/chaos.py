@@ -98,8 +98,8 @@ def parse_args(argv: list[str] | None = None):
                    help="--cluster: pause the killed master's replica this long before each master kill "
                         "(it falls behind: the failover can lose acknowledged writes)")
     p.add_argument("--replica-acks", type=int, default=None,
-                   help="set the tier policy's replica_acks (WAIT after lane acquire and commit), "
-                        "if this Fleet's Policy has that field")
+                   help="set the tier policy's replica_acks (WAIT after the submit, the lane acquire "
+                        "and the commit), if this Fleet's Policy has that field")
     p.add_argument("--policy-json", default=None,
                    help='extra tier policy fields as JSON, e.g. \'{"replica_acks": 1}\' (checked by Policy)')
     args = p.parse_args(argv)
@@ -435,6 +435,8 @@ async def _submit(fleet: AsyncFleet, user: str, turn_id: str, sleep_ms: int, log
     for attempt in range(40):
         try:
             await fleet.submit(user, f"turn {turn_id}", turn_id=turn_id, meta={"sleep_ms": sleep_ms})
+            if turn_id in fleet.unreplicated:  # its WAIT (replica_acks) came back short
+                log.unreplicated.add(turn_id)
             return True
         except TRANSIENT as exc:
             log.errors[type(exc).__name__] += 1

@@ -37,6 +37,7 @@ class UserLog:
     sent_at: dict[str, float] = field(default_factory=dict)  # turn id -> unix time of the submit
     answered: dict[str, float] = field(default_factory=dict)  # turn id -> wait seconds
     errors: Counter[str] = field(default_factory=Counter)  # why submits failed
+    unreplicated: set[str] = field(default_factory=set)  # submits whose WAIT came back short
 
 
 @dataclass(frozen=True)
@@ -358,12 +359,16 @@ def failover_split(inboxes: dict[str, set[str]], logs: dict[str, UserLog], kills
     counts = {"across": Counter[str](), "outside": Counter[str]()}
     examples: dict[str, list[str]] = defaultdict(list)
     stranded = []
+    lost_acknowledged = []  # lost though the submit's WAIT said a replica had it (replica_acks)
+    lost_short = []  # lost after a WAIT that came back short: the master alone had it
     for kind in SPLIT_KINDS:
         for user, what in detail.get(kind, []):
             when = what if isinstance(what, float) else logs[user].sent_at.get(what)
             if kind == "lost" and what in inboxes.get(user, set()):
                 stranded.append(what)
                 continue
+            if kind == "lost":
+                (lost_short if what in logs[user].unreplicated else lost_acknowledged).append(what)
             side = "across" if across(user, when) else "outside"
             counts[side][kind] += 1
             if len(examples[f"{side} {kind}"]) < 5:
@@ -373,6 +378,9 @@ def failover_split(inboxes: dict[str, set[str]], logs: dict[str, UserLog], kills
     return {"across": {k: counts["across"][k] for k in SPLIT_KINDS},
             "outside": {k: counts["outside"][k] for k in SPLIT_KINDS},
             "stranded": len(stranded), "stranded_examples": stranded[:5], "examples": dict(examples),
+            "lost_with_short_wait": len(lost_short),
+            "lost_acknowledged": len(lost_acknowledged), "lost_acknowledged_examples": lost_acknowledged[:5],
+            "short_submit_waits": sum(len(log.unreplicated) for log in logs.values()),
             "epochs_shared_across_failover": (not epochs_ok) and epochs_hit,
             "window_s": [FAILOVER_BEFORE_S, FAILOVER_AFTER_S]}
 
@@ -396,6 +404,9 @@ def cluster_failures(res: dict[str, Any], split: dict[str, Any],
                       "out_of_order_users": out["out_of_order"], "context_gaps": out["context_gaps"],
                       "i3_violations": out["i3_violations"]},
                      epochs_ok or split["epochs_shared_across_failover"])
+    if res.get("replica_acks") and split["lost_acknowledged"]:
+        fails.append(f"I1 {split['lost_acknowledged']} turns lost although their submit's WAIT was "
+                     f"acknowledged by a replica (e.g. {split['lost_acknowledged_examples']})")
     if split["stranded"]:
         fails.append(f"liveness: {split['stranded']} turns never answered though their inbox entry survived "
                      f"(e.g. {split['stranded_examples']})")
@@ -502,4 +513,8 @@ def _cluster_rows(res: dict[str, Any]) -> list[tuple[str, object]]:
         rows.append((f"{kind}: across a failover / outside",
                      f"{split['across'][kind]} / {split['outside'][kind]}"))
     rows.append(("stranded (inbox entry kept, never answered)", split["stranded"]))
+    if res.get("replica_acks"):
+        rows.append(("submits whose WAIT came back short", split["short_submit_waits"]))
+        rows.append(("lost: WAIT acknowledged / WAIT short",
+                     f"{split['lost_acknowledged']} / {split['lost_with_short_wait']}"))
     return rows

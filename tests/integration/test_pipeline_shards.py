@@ -75,7 +75,7 @@ def test_pipeline_resharding_a_live_tier_3_to_1_to_3_loses_nothing(r, redis_serv
 
     def submitter(mine: list[str]) -> None:
         own = Fleet(redis_server.url)
-        own._options.clear()
+        own.reread_policies()
         while not stop.is_set():
             with lock:
                 batch = [(u, f"{u} turn {len(handles[u])}") for u in mine]
