@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from protocol.ids import validate_tier, validate_token, validate_user_id
 from protocol.metrics_buckets import BUCKET_COUNT
@@ -133,6 +142,14 @@ class TurnStats(_Model):
     queue_wait: TurnHistogram = TurnHistogram()
     handler: TurnHistogram = TurnHistogram()
     latency: TurnHistogram = TurnHistogram()
+
+    @model_serializer(mode="wrap")
+    def _without_zeros(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Zero counts and empty histograms stay off the wire (every report carries these):
+        they are the defaults, so they decode the same."""
+        body: dict[str, Any] = handler(self)
+        fields = type(self).model_fields
+        return {k: v for k, v in body.items() if getattr(self, k) != fields[k].default}
 
 
 TURN_RESULTS = ("ok", "error", "dup", "stale")  # the result fields of TurnStats
