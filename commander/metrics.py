@@ -29,11 +29,26 @@ fleet_takeover_users_total             counter    tier             users handed 
 fleet_decide_seconds                   histogram  -                duration of one decide pass
 fleet_commander_is_leader              gauge      -                1 while this commander leads
 fleet_policy_rejected                  gauge      tier             1 while the tier's policy key is rejected
+fleet_turns_total                      counter    tier, result     turns committed: ok|error|dup|stale
+fleet_turn_retries_total               counter    tier             handler calls of an attempt after the first
+fleet_dead_letters_total               counter    tier             entries written to the dead letters
+fleet_fenced_total                     counter    tier             lanes lost to another worker (fencing)
+fleet_turn_queue_wait_seconds          histogram  tier             submit -> first attempt's handler start
+fleet_turn_handler_seconds             histogram  tier             each handler call
+fleet_turn_latency_seconds             histogram  tier             submit -> commit of the reply
 =====================================  =========  ===============  ===========================
 
 ``fleet_tier_busy_workers`` is Σ busy/total over ready workers with a fresh report: whole
 workers' worth of busy slots, the measure the warm-buffer proposal uses (three workers with
 one of four slots busy each read 0.75, not 3). Unreported workers are not counted in it.
+
+The turn metrics (``fleet_turns_total`` to ``fleet_turn_latency_seconds``) come from the
+counts each worker carries in its occupancy reports, added up per tier by the commander so
+that they never go down as workers come and go (``commander.turn_metrics`` says how, and why
+reports rather than scraping the workers). The histograms' buckets are
+``protocol.metrics_buckets.TURN_BUCKETS``. Results: ``ok`` answered; ``error`` answered with an
+error and dead-lettered; ``dup`` found answered before (a redelivery); ``stale`` a commit that
+found the entry already committed.
 """
 
 from __future__ import annotations
@@ -53,6 +68,8 @@ from prometheus_client.registry import Collector
 
 from commander.decide import Plan
 from commander.snapshot import TierSnapshot, WorkerView
+from commander.turn_metrics import TurnCollector
+from protocol.models import TurnStats
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +157,8 @@ class Metrics:
         self.decide_hist = Histogram("fleet_decide_seconds", "Duration of one decide pass.",
                                      buckets=DECIDE_BUCKETS, registry=reg)
         self.leader = Gauge("fleet_commander_is_leader", "1 while this commander leads.", registry=reg)
+        self.turns = TurnCollector()
+        reg.register(self.turns)
         self._workers: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -177,6 +196,10 @@ class Metrics:
         for worker in gone:
             self._remove_worker(tier, worker)
 
+    def observe_turns(self, tier: str, totals: TurnStats) -> None:
+        """Set a tier's turn totals (``commander.turn_metrics.TurnTotals``: never decreasing)."""
+        self.turns.set(tier, totals)
+
     def scale_event(self, tier: str, direction: Direction) -> None:
         """Count one scale action of a tier (``up`` or ``down``)."""
         if direction not in ("up", "down"):
@@ -211,6 +234,7 @@ class Metrics:
         _remove(self.takeovers, tier)
         _remove(self.takeover_users, tier)
         self.pressure.remove(tier)
+        self.turns.remove(tier)
         with self._lock:
             gone = self._workers.pop(tier, set())
         for worker in gone:

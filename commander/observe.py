@@ -12,6 +12,7 @@ from collections.abc import Collection, Iterable
 import redis
 
 from commander.evaluator import Evaluator
+from commander.turn_metrics import TurnTotals
 from commander.views import TierSignals
 from protocol.codec import CodecError, decode
 from protocol.models import OccupancyReport, WorkerInfo
@@ -39,10 +40,12 @@ class Observer:
         self.pressure_pending: dict[str, int] = {}  # tier -> events read, not yet judged
         self._live: frozenset[str] | None = None  # live worker ids of this pass's registry read
         self._workers: dict[str, tuple[WorkerInfo, bool]] = {}  # ... and the entries
+        self.turns = TurnTotals()  # the tiers' turn counts, from every report read
 
     # --- reports -----------------------------------------------------------------------
     def read_reports(self) -> int:
-        """Feed every new occupancy report to the evaluator; return how many were read."""
+        """Feed every new occupancy report to the evaluator (and its turn counts to ``turns``);
+        return how many the evaluator kept."""
         if self.reports_from is None:
             return self._warm_up()
         n = 0
@@ -61,10 +64,12 @@ class Observer:
 
     def _add(self, fields: dict[bytes, bytes]) -> int:
         try:
-            return int(self.evaluator.add(decode(OccupancyReport, fields.get(b"m", b""))))
+            report = decode(OccupancyReport, fields.get(b"m", b""))
         except CodecError as exc:
             log.warning("ignored a bad occupancy report: %s", exc)
             return 0
+        self.turns.add(report)
+        return int(self.evaluator.add(report))
 
     # --- registry ----------------------------------------------------------------------
     def registry(self) -> dict[str, tuple[WorkerInfo, bool]]:

@@ -13,6 +13,7 @@ import redis
 
 from commander.decide import Plan, TierState
 from commander.leader import Leadership
+from commander.observe import Observer
 from commander.runtime import Runtime
 from commander.settings import CommanderSettings
 from protocol.models import CommanderInfo, LedgerEvent
@@ -35,6 +36,7 @@ class Records:
     metrics: Any | None
     clock: Callable[[], float]
     leader: Leadership
+    observer: Observer
     started: float
     _pressure_total: dict[str, int]
 
@@ -105,6 +107,7 @@ class Records:
         running = sum(1 for v in views if v.state == "ready")
         self.metrics.observe_tier(tier, snap, plan, running, starting, self._pressure_total[tier])
         self.metrics.observe_workers(tier, list(views))
+        self.metrics.observe_turns(tier, self.observer.turns.tier(tier))
         self.metrics.decide_seconds(elapsed)
         self.metrics.is_leader(self.leader.leading)
 

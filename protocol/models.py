@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from protocol.ids import validate_tier, validate_token, validate_user_id
+from protocol.metrics_buckets import BUCKET_COUNT
 
 MAX_TEXT_CHARS = 32_000
 
@@ -90,6 +100,63 @@ class Counters(_Model):
     handler_seconds: NonNegativeFloat = 0.0
 
 
+class TurnHistogram(_Model):
+    """Observations of one duration since the worker started: a count per bucket of
+    ``protocol.metrics_buckets.TURN_BUCKETS`` (not cumulative across buckets; the last one is
+    over the top bound) and their sum. No counts at all: nothing observed yet."""
+
+    counts: tuple[NonNegativeInt, ...] = ()
+    sum: NonNegativeFloat = 0.0
+
+    @field_validator("counts")
+    @classmethod
+    def _one_per_bucket(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if v and len(v) != BUCKET_COUNT:
+            raise ValueError(f"expected {BUCKET_COUNT} bucket counts, got {len(v)}")
+        return v
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class TurnStats(_Model):
+    """A worker's turn counts, cumulative since it started (they only grow while it lives).
+
+    Results: ``ok`` answered, ``error`` answered with an error (dead-lettered), ``dup`` found
+    answered already, ``stale`` a commit that found the entry committed. ``retries``: handler
+    calls of an attempt after the first; ``dead_letters``: entries it wrote to the dead
+    letters (turns and bad notifications); ``fenced``: lanes it lost to another worker (a
+    fenced write, or a renewal that found the lane gone). Histograms: ``queue_wait`` submit to
+    the first attempt's handler start, ``handler`` every handler call, ``latency`` submit to
+    the commit of the reply.
+    """
+
+    ok: NonNegativeInt = 0
+    error: NonNegativeInt = 0
+    dup: NonNegativeInt = 0
+    stale: NonNegativeInt = 0
+    retries: NonNegativeInt = 0
+    dead_letters: NonNegativeInt = 0
+    fenced: NonNegativeInt = 0
+    queue_wait: TurnHistogram = TurnHistogram()
+    handler: TurnHistogram = TurnHistogram()
+    latency: TurnHistogram = TurnHistogram()
+
+    @model_serializer(mode="wrap")
+    def _without_zeros(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Zero counts and empty histograms stay off the wire (every report carries these):
+        they are the defaults, so they decode the same."""
+        body: dict[str, Any] = handler(self)
+        fields = type(self).model_fields
+        return {k: v for k, v in body.items() if getattr(self, k) != fields[k].default}
+
+
+TURN_RESULTS = ("ok", "error", "dup", "stale")  # the result fields of TurnStats
+TURN_COUNTERS = ("retries", "dead_letters", "fenced")  # its other counters
+TURN_HISTOGRAMS = ("queue_wait", "handler", "latency")  # and its histograms
+
+
 class OccupancyReport(_Model):
     """Raw quantities a worker reports every ``report_interval`` (DESIGN §4). No judgement."""
 
@@ -104,6 +171,7 @@ class OccupancyReport(_Model):
     rss: NonNegativeInt
     counters: Counters
     load: tuple[float, float, float]
+    turn_stats: TurnStats = TurnStats()  # absent from the reports of workers before issue 12
 
 
 class Control(_Model):

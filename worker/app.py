@@ -36,6 +36,7 @@ from worker.job import UserJob, notification_user
 from worker.sensor import Sensor
 from worker.services import BACKOFF, JobServices
 from worker.settings import WorkerSettings
+from worker.tally import TurnTally
 
 log = logging.getLogger("fleet.worker")
 DEREGISTER_S = 5.0  # at most this long to leave the registry on the way out
@@ -64,6 +65,7 @@ class Worker(JobServices):
         self.draining = False
         self.state: WorkerState = "starting"
         self.counters = Counters()
+        self.tally = TurnTally()
         self.sensor = Sensor()
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()

@@ -24,6 +24,7 @@ from stores.turns import Busy, Fenced, Lease, Pulled, UserStore, Writes
 from worker import handlers
 from worker.intake import Fields, decode_entry, reply_route
 from worker.settings import WorkerSettings
+from worker.tally import Result, TurnTally
 
 log = logging.getLogger("fleet.worker")
 _RETRY_BACKOFF = Backoff(base=0.2, cap=5.0)  # between a failed handler call and its retry
@@ -41,6 +42,7 @@ class JobHost(Protocol):
     policy: Policy  # max_attempts, handler_options
     handler: handlers.Handler
     store: UserStore
+    tally: TurnTally  # its turn counts since it started
 
     @property
     def executor(self) -> Executor: ...  # the threads of sync handlers
@@ -115,12 +117,14 @@ class UserJob:
             await self._run()
             return True
         except Fenced:
+            self.w.tally.fenced += 1
             log.warning("lane of %s lost to another worker: its write was fenced", self.user)
         except asyncio.CancelledError:
             task = self.task
             if not self._lost or task is None or task.cancelling() != 1:
                 raise  # the worker is stopping this job, not only the lost lane
             task.uncancel()
+            self.w.tally.fenced += 1
             log.warning("lane of %s lost mid-turn: the turn in progress was stopped", self.user)
         self._lost = False
         self.lease = None
@@ -234,7 +238,8 @@ class UserJob:
         if turn.tier != self.w.tier:  # per-user order holds across tiers: that tier goes next
             if not await self.w.tier_defined(turn.tier):  # ...unless no worker will ever serve it
                 await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt,
-                                   f"tier {turn.tier!r} has no policy: no worker serves it", attempts=0)
+                                   f"tier {turn.tier!r} has no policy: no worker serves it", attempts=0,
+                                   submitted=turn.ts)
                 return
             raise OtherTier(turn.tier)
         last_error = "the worker died during the turn"
@@ -242,12 +247,12 @@ class UserJob:
             pulled = await self.w.store.pull(self.user, turn.turn_id, entry)
             if pulled.answered:
                 log.info("turn %s of %s was answered before: skipped", turn.turn_id, self.user)
-                await self._commit(lease, entry, turn.turn_id, Writes())
+                await self._commit(lease, entry, turn.turn_id, Writes(), "dup")
                 return
             if pulled.attempts > self.w.policy.max_attempts:
                 reason = f"failed {pulled.attempts - 1} attempts; last: {last_error}"
                 await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt, reason,
-                                   attempts=pulled.attempts - 1)
+                                   attempts=pulled.attempts - 1, submitted=turn.ts)
                 return
             try:
                 result = await self._call(lease, turn, pulled)
@@ -267,6 +272,11 @@ class UserJob:
         """Run the tier's handler on the turn; its exceptions are the caller's to count."""
         ctx = handlers.TurnContext(turn, pulled.pack, dict(self.w.policy.handler_options),
                                    self.w.worker_id, pulled.attempts, lease.owner)
+        tally = self.w.tally
+        if pulled.attempts == 1:  # (a turn's first attempt is pulled once, whichever worker it is)
+            tally.observe("queue_wait", time.time() - turn.ts)
+        else:
+            tally.retries += 1
         started = time.monotonic()
         self.busy_since = started
         self.w.trace_handler("enter", ctx)
@@ -276,7 +286,9 @@ class UserJob:
         finally:
             self.w.trace_handler("exit", ctx)
             self.busy_since = None
-            self.w.counters_add(handler_seconds=time.monotonic() - started)
+            took = time.monotonic() - started
+            self.w.counters_add(handler_seconds=took)
+            tally.observe("handler", took)
         limit = self.w.settings.max_reply_bytes
         if len(result.text.encode()) > limit:
             raise handlers.HandlerError(f"reply text is over the limit of {limit} bytes")
@@ -299,21 +311,27 @@ class UserJob:
             memories=[new_member(text, imp, now) for text, imp in result.memories],
             usage={"turns": 1, "chars_in": len(turn.text), "chars_out": len(result.text)},
         )
-        await self._commit(lease, entry, turn.turn_id, writes)
+        await self._commit(lease, entry, turn.turn_id, writes, "ok", turn.ts)
         self.w.counters_add(turns=1)
 
     async def _reject(self, lease: Lease, entry: str, fields: Fields, reply_to: str, fmt: str,
-                      reason: str, attempts: int) -> None:
+                      reason: str, attempts: int, submitted: float | None = None) -> None:
         """Dead-letter a turn with its reason and tell the user; the lane moves on."""
         await self.w.dead_letter(self.user, entry, reply_to, reason, fields)
         reply = Reply(turn_id=reply_to, user=self.user, ok=False, error=reason,
                       worker=self.w.worker_id, ts=time.time(), attempts=attempts)
         writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt), usage={"errors": 1})
-        await self._commit(lease, entry, reply_to, writes)
+        await self._commit(lease, entry, reply_to, writes, "error", submitted)
         self.w.counters_add(turns=1, errors=1)
 
-    async def _commit(self, lease: Lease, entry: str, reply_to: str, writes: Writes) -> None:
+    async def _commit(self, lease: Lease, entry: str, reply_to: str, writes: Writes, result: Result,
+                      submitted: float | None = None) -> None:
+        """Commit the turn's writes and count what the commit found (``result`` if it wrote them;
+        with ``submitted``, the end-to-end latency too)."""
         res = await self.w.store.commit(lease, entry, reply_to, writes, int(time.time() * 1000))
+        self.w.tally.served(result if res == "ok" else "dup" if res == "dup" else "stale")
+        if res == "ok" and submitted is not None:
+            self.w.tally.observe("latency", time.time() - submitted)
         if res == "dup":
             log.info("turn %s of %s (entry %s) was answered before: not answered again", reply_to,
                      self.user, entry)

@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from protocol.models import Counters, OccupancyReport, Slots, WorkerState
+from protocol.models import Counters, OccupancyReport, Slots, TurnStats, WorkerState
 
 
 class Sensor:
@@ -39,7 +39,8 @@ class Sensor:
         return len(self.last_seen), recent
 
     def sample(self, *, worker: str, tier: str, state: WorkerState,
-               slots: Slots, counters: Counters, interval: float) -> OccupancyReport:
+               slots: Slots, counters: Counters, interval: float,
+               turn_stats: TurnStats | None = None) -> OccupancyReport:
         """One report row."""
         now = time.time()
         users, active = self._users(now, interval)
@@ -47,4 +48,4 @@ class Sensor:
         return OccupancyReport(worker=worker, tier=tier, ts=now, state=state, users=users,
                                active_users=active, slots=slots, cpu=self._cpu_fraction(),
                                rss=self.proc.memory_info().rss, counters=counters,
-                               load=(load[0], load[1], load[2]))
+                               load=(load[0], load[1], load[2]), turn_stats=turn_stats or TurnStats())

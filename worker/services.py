@@ -26,6 +26,7 @@ from worker import handlers
 from worker.intake import Fields
 from worker.job import UserJob
 from worker.sensor import Sensor
+from worker.tally import TurnTally
 
 log = logging.getLogger("fleet.worker")  # the worker's logger, as before the split
 BACKOFF = Backoff(base=0.05, cap=2.0)  # the loops' waits: 50 ms doubling to 2 s, full jitter
@@ -41,6 +42,7 @@ class JobServices:
     store: UserStore
     policy: Policy
     counters: Counters
+    tally: TurnTally  # the turn counts the reports carry (worker.tally)
     jobs: dict[str, UserJob]
     _executor: ThreadPoolExecutor | None
     _executor_size: int
@@ -120,6 +122,7 @@ class JobServices:
         """Record a turn that could not be served, with the reason, on the tier's dead letters."""
         await dead_letter_async(self.r, self.tier, user=user, entry=entry, turn_id=turn_id, reason=reason,
                                 worker=self.worker_id, fields=fields)
+        self.tally.dead_letters += 1
         log.warning("dead-lettered turn %s of %s: %s", turn_id, user, reason)
 
     async def hand_back(self, nid: str, user: str) -> None:
@@ -168,5 +171,6 @@ class JobServices:
             worker=self.worker_id, tier=self.tier, state=self.state,
             slots=Slots(busy=busy, total=self.policy.concurrency,
                         queue_depth=len(self.jobs) - busy),
-            counters=self.counters_now(), interval=self.policy.report_interval_s)
+            counters=self.counters_now(), interval=self.policy.report_interval_s,
+            turn_stats=self.tally.stats())
         await post_report_async(self.r, report, REPORTS_MAXLEN)

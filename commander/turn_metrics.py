@@ -1,0 +1,181 @@
+"""Turn metrics from the workers' reports: per-worker counts since start -> tier counters.
+
+Each worker's occupancy report carries its turn counts since it started
+(``protocol.models.TurnStats``; counted by ``worker.tally``). Why reports and not the workers'
+own ``/metrics``: workers are short-lived and stateless, started on loopback by the process
+runtime (pods come and go on Kubernetes), so a scraper may never reach them or lose a
+worker's last counts when it exits; the commander reads every report anyway, at no extra
+round trip. The cost: the counts are as fresh as the last report (``report_interval_s``).
+
+A tier's counter must not go down when one of its workers exits, so the commander keeps the
+last counts it saw per worker and adds the increase of each new report to the tier's total:
+
+- a worker seen for the first time adds its whole count (it started counting at zero);
+- a worker gone keeps what it contributed; a worker restarted under a new id is a new one;
+- a report whose counts are below the last seen (the same id counting afresh: a restart)
+  adds its whole count, as a fresh start;
+- a report not newer than the last seen of its worker adds nothing (read twice).
+
+A commander that starts (or is elected) starts its totals from the counts in the reports it
+reads then: Prometheus sees its counters reset, as for any restarted process.
+
+``TurnTotals`` does that bookkeeping (no clock, no I/O: table-tested); ``TurnCollector``
+exposes the totals as Prometheus counters and histograms (``commander.metrics`` registers it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from protocol.metrics_buckets import BUCKET_COUNT, TURN_BUCKETS
+from protocol.models import (
+    TURN_COUNTERS,
+    TURN_HISTOGRAMS,
+    TURN_RESULTS,
+    OccupancyReport,
+    TurnHistogram,
+    TurnStats,
+)
+
+FORGET_AFTER_S = 3600.0  # a worker unreported this long (by report time) is forgotten: gone
+EMPTY = TurnStats()
+
+
+def _counts(h: TurnHistogram) -> tuple[int, ...]:
+    return h.counts or (0,) * BUCKET_COUNT
+
+
+def went_down(last: TurnStats, new: TurnStats) -> bool:
+    """Whether any count of ``new`` is below ``last``'s: the worker started counting afresh."""
+    if any(getattr(new, f) < getattr(last, f) for f in (*TURN_RESULTS, *TURN_COUNTERS)):
+        return True
+    for f in TURN_HISTOGRAMS:
+        a, b = getattr(new, f), getattr(last, f)
+        if a.sum < b.sum or any(x < y for x, y in zip(_counts(a), _counts(b), strict=True)):
+            return True
+    return False
+
+
+def _histogram(a: TurnHistogram, b: TurnHistogram, sign: int) -> TurnHistogram:
+    if not (a.counts or b.counts):
+        return TurnHistogram()
+    counts = tuple(x + sign * y for x, y in zip(_counts(a), _counts(b), strict=True))
+    return TurnHistogram.model_construct(counts=counts, sum=max(0.0, a.sum + sign * b.sum))
+
+
+def combine(a: TurnStats, b: TurnStats, sign: int = 1) -> TurnStats:
+    """``a + b`` (or ``a - b`` with ``sign=-1``, for ``b`` no greater than ``a``), field by field."""
+    body: dict[str, Any] = {f: getattr(a, f) + sign * getattr(b, f) for f in (*TURN_RESULTS, *TURN_COUNTERS)}
+    body.update({f: _histogram(getattr(a, f), getattr(b, f), sign) for f in TURN_HISTOGRAMS})
+    return TurnStats.model_construct(**body)  # (sums and differences of valid counts)
+
+
+def delta(last: TurnStats | None, new: TurnStats) -> TurnStats:
+    """What a worker's newest counts add to its tier's total since ``last`` (None: first seen)."""
+    if last is None or went_down(last, new):
+        return new
+    return combine(new, last, sign=-1)
+
+
+class TurnTotals:
+    """The tiers' turn totals, and the last counts seen per worker (for the deltas)."""
+
+    def __init__(self, forget_after_s: float = FORGET_AFTER_S) -> None:
+        self.forget_after_s = forget_after_s
+        self._seen: dict[str, tuple[float, TurnStats]] = {}  # worker -> (report ts, its counts)
+        self._totals: dict[str, TurnStats] = {}  # tier -> Σ deltas
+        self._pruned_at: float | None = None
+
+    def add(self, report: OccupancyReport) -> bool:
+        """Add a report's increase to its tier; False (nothing added) if not newer than the
+        worker's last one."""
+        seen = self._seen.get(report.worker)
+        if seen is not None and report.ts <= seen[0]:
+            return False
+        step = delta(None if seen is None else seen[1], report.turn_stats)
+        self._seen[report.worker] = (report.ts, report.turn_stats)
+        self._totals[report.tier] = combine(self._totals.get(report.tier, EMPTY), step)
+        self._prune(report.ts)
+        return True
+
+    def tier(self, tier: str) -> TurnStats:
+        """A tier's totals (zeros before any report of it)."""
+        return self._totals.get(tier, EMPTY)
+
+    def workers(self) -> list[str]:
+        """The workers whose last counts are kept."""
+        return sorted(self._seen)
+
+    def _prune(self, now: float) -> None:
+        """Forget the last counts of workers not reported for ``forget_after_s`` (their
+        contribution stays in the totals), looking once per tenth of that."""
+        if self._pruned_at is not None and now - self._pruned_at < self.forget_after_s / 10:
+            return
+        self._pruned_at = now
+        horizon = now - self.forget_after_s
+        self._seen = {w: s for w, s in self._seen.items() if s[0] >= horizon}
+
+
+_COUNTERS = (  # (metric, TurnStats field, help)
+    ("fleet_turn_retries", "retries", "Handler calls of a turn's attempt after the first."),
+    ("fleet_dead_letters", "dead_letters", "Entries the tier's workers wrote to its dead letters."),
+    ("fleet_fenced", "fenced", "Lanes the tier's workers lost to another (a fenced write or a lost lease)."),
+)
+_HISTOGRAMS = (
+    ("fleet_turn_queue_wait_seconds", "queue_wait", "Submit to the handler start of a turn's first attempt."),
+    ("fleet_turn_handler_seconds", "handler", "Duration of each handler call."),
+    ("fleet_turn_latency_seconds", "latency", "Submit to the commit of the turn's reply (end to end)."),
+)
+_LE = (*(repr(float(b)) for b in TURN_BUCKETS), "+Inf")  # as prometheus_client writes them
+
+
+def _buckets(h: TurnHistogram) -> list[tuple[str, float]]:
+    """Prometheus' cumulative ``le`` buckets from per-bucket counts."""
+    out, running = [], 0
+    for le, n in zip(_LE, _counts(h), strict=True):
+        running += n
+        out.append((le, float(running)))
+    return out
+
+
+class TurnCollector(Collector):
+    """Exposes each tier's turn totals: counters, and histograms with the summed buckets."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # set by the commander's pass, read by the scrape
+        self._tiers: dict[str, TurnStats] = {}
+
+    def set(self, tier: str, stats: TurnStats) -> None:
+        with self._lock:
+            self._tiers[tier] = stats
+
+    def remove(self, tier: str) -> None:
+        with self._lock:
+            self._tiers.pop(tier, None)
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            tiers = sorted(self._tiers.items())
+        turns = CounterMetricFamily("fleet_turns", "Turns the tier's workers committed, by result: ok, "
+                                    "error (dead-lettered), dup (answered before), stale (committed before).",
+                                    labels=["tier", "result"])
+        for tier, stats in tiers:
+            for result in TURN_RESULTS:
+                turns.add_metric([tier, result], getattr(stats, result))
+        yield turns
+        for name, field, doc in _COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=["tier"])
+            for tier, stats in tiers:
+                family.add_metric([tier], getattr(stats, field))
+            yield family
+        for name, field, doc in _HISTOGRAMS:
+            hist = HistogramMetricFamily(name, doc, labels=["tier"])
+            for tier, stats in tiers:
+                h = getattr(stats, field)
+                hist.add_metric([tier], _buckets(h), sum_value=h.sum)
+            yield hist

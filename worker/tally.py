@@ -1,0 +1,59 @@
+"""The worker's turn counts since it started, as its occupancy reports carry them
+(``protocol.models.TurnStats``): results, retries, dead letters, lost lanes and three
+duration histograms. The commander adds every worker's counts into ``/metrics``
+(``commander.turn_metrics``): workers come and go and may not be reachable by a scraper, and
+the commander reads every report anyway. No clock here: the job passes the durations."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from protocol.metrics_buckets import BUCKET_COUNT, bucket_of
+from protocol.models import TurnHistogram, TurnStats
+
+Result = Literal["ok", "error", "dup", "stale"]
+Duration = Literal["queue_wait", "handler", "latency"]
+
+
+class _Histogram:
+    def __init__(self) -> None:
+        self.counts = [0] * BUCKET_COUNT
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)  # a submitter's clock ahead of ours: no negative wait
+        self.counts[bucket_of(seconds)] += 1
+        self.sum += seconds
+
+    def frozen(self) -> TurnHistogram:
+        if not any(self.counts):
+            return TurnHistogram()  # nothing observed: no counts on the wire
+        return TurnHistogram(counts=tuple(self.counts), sum=self.sum)
+
+
+class TurnTally:
+    """Cumulative turn counts of one worker; ``stats()`` is what its next report carries."""
+
+    def __init__(self) -> None:
+        self.results: dict[Result, int] = {"ok": 0, "error": 0, "dup": 0, "stale": 0}
+        self.retries = 0
+        self.dead_letters = 0
+        self.fenced = 0
+        self.durations: dict[Duration, _Histogram] = {
+            "queue_wait": _Histogram(), "handler": _Histogram(), "latency": _Histogram()}
+
+    def served(self, result: Result) -> None:
+        """A turn this worker committed, by what the commit found."""
+        self.results[result] += 1
+
+    def observe(self, duration: Duration, seconds: float) -> None:
+        """One observation of a duration."""
+        self.durations[duration].observe(seconds)
+
+    def stats(self) -> TurnStats:
+        """The counts so far, for a report."""
+        res, h = self.results, self.durations
+        return TurnStats(ok=res["ok"], error=res["error"], dup=res["dup"], stale=res["stale"],
+                         retries=self.retries, dead_letters=self.dead_letters, fenced=self.fenced,
+                         queue_wait=h["queue_wait"].frozen(), handler=h["handler"].frozen(),
+                         latency=h["latency"].frozen())
