@@ -92,9 +92,10 @@ def test_a_retry_that_crashed_before_the_delete_is_answered_once(r, redis_server
 
 
 def test_old_entries_cannot_be_retried_and_purge_removes(r, fleet_env, tmp_path):
-    old = r.xadd(keys.dead("chat"), {"user": "dan", "entry": "1-0", "turn_id": "t1", "reason": "boom"}).decode()
-    note = r.xadd(keys.dead("chat"), {"user": "x}{y", "entry": "", "turn_id": "", "reason": "bad notification"}
-                  ).decode()
+    # written before the turn was kept, and a bad notification's
+    old = r.xadd(keys.dead("chat"), {"user": "dan", "entry": "1-0", "turn_id": "t1", "reason": "boom"})
+    note = r.xadd(keys.dead("chat"), {"user": "x}{y", "entry": "", "turn_id": "", "reason": "bad note"})
+    old, note = old.decode(), note.decode()
     done = retry_dead_letters(r, "chat", [old, note, "9-9"])
     assert [(d.id, d.outcome, d.reason) for d in done] == [
         (old, "not_retriable", deadletters.NOT_KEPT),
