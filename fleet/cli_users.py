@@ -27,7 +27,7 @@ def add_user_command(sub: Any) -> None:
 def add_dead_letter_actions(d: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser]) -> None:
     """``fleet dead-letters retry|purge ID... | --all [--tier T]``; without one, the listing."""
     acts = d.add_subparsers(dest="dead_command", required=False, parser_class=parser_class,
-                            metavar="{retry,purge}")
+                            metavar="{retry,purge}", help="retry or purge (without one: the listing)")
     for name, help_text in (("retry", "re-enqueue the turns for their users, after what is queued "
                                       "(answered once, by turn id)"),
                             ("purge", "delete dead letters")):
