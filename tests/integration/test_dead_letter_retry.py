@@ -75,7 +75,7 @@ def test_a_retry_that_crashed_before_the_delete_is_answered_once(r, redis_server
     def lost(self, *ids):  # the process dies between the submit and the delete
         raise redis.ConnectionError("lost")
 
-    monkeypatch.setattr(redis.Redis, "xdel", lost)
+    monkeypatch.setattr(type(r), "xdel", lost)  # redis.Redis, or RedisCluster on the cluster run
     with pytest.raises(redis.ConnectionError):
         retry_dead_letters(r, "chat", [row.id])
     monkeypatch.undo()
