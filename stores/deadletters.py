@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from itertools import groupby
 from typing import Any, Literal
@@ -208,7 +208,8 @@ class Retried:
 
 
 def retry_dead_letters(r: redis.Redis, tier: str, ids: list[str] | None) -> list[Retried]:
-    """Re-enqueue the turns of ``tier``'s dead letters ``ids`` (None: all of them, oldest first),
+    """Re-enqueue the turns of ``tier``'s dead letters ``ids`` (None: all those there when it
+    starts, oldest first, a page at a time),
     each for its user, after what the user has queued: a normal submit (stores.submit, so the
     inbox entry precedes its notification, on a Cluster too) under :func:`retry_turn_id`, then
     the dead letter is deleted. The rest are reported (unknown id, not retriable) and kept.
@@ -221,7 +222,17 @@ def retry_dead_letters(r: redis.Redis, tier: str, ids: list[str] | None) -> list
     the same case. A submit that fails raises, and the batch's dead letters stay.
     """
     validate_tier(tier)
-    rows = _all_rows(r, tier) if ids is None else _rows_by_id(r, tier, ids)
+    if ids is not None:
+        return _retry_rows(r, tier, _rows_by_id(r, tier, ids))
+    out: list[Retried] = []
+    for page in _pages(r, tier):
+        out += _retry_rows(r, tier, page)
+    return out
+
+
+def _retry_rows(r: redis.Redis, tier: str, rows: list[tuple[str, Fields | None]]) -> list[Retried]:
+    """Retry the rows read (None: an unknown id), ``RETRY_BATCH`` submits at a time; the
+    outcomes in the rows' order."""
     now = time.time()
     out: list[Retried] = []
     todo: list[tuple[str, Turn]] = []
@@ -273,15 +284,21 @@ def _rows_by_id(r: redis.Redis, tier: str, ids: list[str]) -> list[tuple[str, Fi
     return [(entry_id, got[0][1] if got else None) for entry_id, got in zip(wanted, found, strict=True)]
 
 
-def _all_rows(r: redis.Redis, tier: str) -> list[tuple[str, Fields | None]]:
-    """Every dead letter of the tier, oldest first, read ``PAGE`` at a time."""
-    out: list[tuple[str, Fields | None]] = []
-    start = "-"
+def _pages(r: redis.Redis, tier: str) -> Iterator[list[tuple[str, Fields | None]]]:
+    """The tier's dead letters, oldest first, ``PAGE`` at a time, up to the newest one when the
+    walk began: a retried turn that fails again is a new dead letter, left for the next retry
+    (else ``--all`` could chase it for ever). Each page is retried before the next is read, so
+    memory holds one page, and a page starts after the last id of the one before."""
+    tip = raw_rows(r.xrevrange(keys.dead(tier), count=1))
+    if not tip:
+        return
+    last, start = as_str(tip[0][0]), "-"
     while True:
-        page = raw_rows(r.xrange(keys.dead(tier), start, "+", count=PAGE))
-        out += [(as_str(i), f) for i, f in page]
+        page = raw_rows(r.xrange(keys.dead(tier), start, last, count=PAGE))
+        if page:
+            yield [(as_str(i), f) for i, f in page]
         if len(page) < PAGE:
-            return out
+            return
         start = "(" + as_str(page[-1][0])
 
 

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from fleet.cli_users import user_text
-from protocol.codec import encode
+from protocol.codec import decode, encode
 from protocol.ids import InvalidId
 from protocol.models import MAX_TEXT_CHARS, SessionEntry, Turn
 from stores.deadletters import (
@@ -145,3 +145,37 @@ def test_user_text_and_json() -> None:
     assert "notification in: chat (not scanned to the end in: gpu)" in text
     assert "10s ago  t1  > hi there  < " + "r" * 49 + "…" in text
     assert json.loads(json.dumps(view.to_json()))["session"][0]["turn_id"] == "t1"
+
+
+def test_retry_all_walks_the_pages_once_and_stops_at_the_newest_it_saw(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import fakeredis
+
+    from protocol import keys
+    from stores import deadletters
+
+    r = fakeredis.FakeRedis()
+    monkeypatch.setattr(deadletters, "PAGE", 3)
+    ids = []
+    for i in range(7):  # every third one written before turns were kept
+        fields = {"user": "bob", "entry": f"{i + 1}-0", "turn_id": f"t{i}", "reason": "boom"}
+        if i % 3:
+            fields["turn"] = msgpack.packb({b"text": f"turn {i}".encode()})
+        ids.append(r.xadd(keys.dead("chat"), fields).decode())
+    real = deadletters._resubmit
+
+    def resubmit_and_fail_again(r_: object, tier: str, batch: list) -> list:  # a new dead letter each
+        done = real(r_, tier, batch)
+        for _id, turn in batch:
+            r.xadd(keys.dead("chat"), {"user": "bob", "entry": "9-0", "turn_id": turn.turn_id,
+                                       "reason": "again", "turn": msgpack.packb({b"text": b"x"})})
+        return done
+
+    monkeypatch.setattr(deadletters, "_resubmit", resubmit_and_fail_again)
+    done = deadletters.retry_dead_letters(r, "chat", None)
+    assert [d.id for d in done] == ids  # each once, in order, and none of the new ones
+    assert [d.outcome for d in done] == ["not_retriable", "retried", "retried"] * 2 + ["not_retriable"]
+    queued = [decode(Turn, f[b"m"]) for _i, f in r.xrange(keys.inbox("bob"))]
+    assert [(t.text, t.turn_id, t.reply_fmt) for t in queued] == \
+        [(f"turn {i}", f"t{i}.r1", "json") for i in (1, 2, 4, 5)]  # in the dead letters' order
+    assert r.xlen(keys.dead("chat")) == 3 + 4  # the unretriable ones and the new failures
