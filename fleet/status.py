@@ -85,8 +85,8 @@ def policy_verdict(r: redis.Redis, tier: str, own_error: str | None) -> tuple[st
 
 def control_plane(r: redis.Redis, events: int = 5) -> dict[str, Any]:
     """The commanders (leader and standbys), the lease holder and the last ledger events."""
-    from fleet.events import event_json, read_events
     from stores.commanders import read_commanders
+    from stores.ledger import event_json, read_events
 
     leader = lease_holder(r)  # the lease says who leads; an entry's role is what it last said
     return {"leader": leader or None, "commanders": read_commanders(r),
