@@ -4,7 +4,7 @@
 "use strict";
 
 const POLL_MS = 2000;      // tiers, workers and the open view
-const CHART_MS = 10000;    // the tier charts change slowly: their history is read less often
+const CHART_MS = 5000;     // the tier charts change slowly (a sample every 5 s): read less often
 const SVGNS = "http://www.w3.org/2000/svg";
 const state = { view: "overview", user: null, tiers: [], charts: {}, chartAt: {}, sort: "turns",
                 timer: null, busy: false };
@@ -18,7 +18,7 @@ function h(tag, attrs, ...kids) {
     else if (k === "style") el.style.cssText = v;  // CSSOM: allowed by the page's CSP, an attribute is not
     else el.setAttribute(k, v);
   }
-  for (const kid of kids.flat()) {
+  for (const kid of kids.flat(Infinity)) {
     if (kid === null || kid === undefined) continue;
     el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
   }
@@ -27,7 +27,7 @@ function h(tag, attrs, ...kids) {
 function s(tag, attrs, ...kids) {
   const el = document.createElementNS(SVGNS, tag);
   for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
-  for (const kid of kids.flat()) if (kid) el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  for (const kid of kids.flat(Infinity)) if (kid) el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
   return el;
 }
 const $ = (sel) => document.querySelector(sel);
@@ -86,6 +86,8 @@ function policyBlock(t) {
   const dl = h("dl", {}, keys.filter((k) => k in p).map((k) => [h("dt", {}, k), h("dd", {}, JSON.stringify(p[k]))]));
   return h("div", { class: "policy" },
     h("div", {}, `policy from ${t.policy_source}`, t.reason ? ` · ${t.reason}` : "", t.held ? ` · held: ${t.held}` : ""),
+    h("div", { class: "muted" }, "proposals: ", Object.entries(t.proposals || {}).filter(([, v]) => v !== null)
+      .map(([k, v]) => `${k} ${v}`).join(", ") || "none"),
     t.policy_error ? h("div", { class: "rejected" }, `rejected edit: ${t.policy_error}`) : null, dl);
 }
 function steps(points, x, y) {  // a step line through [ts, value] points
@@ -105,9 +107,12 @@ function chart(c) {
     workers.push([row[0], row[1] + row[2]]); desired.push([row[0], row[4]]); users.push([row[0], row[6]]);
   }
   if (workers.length) { workers.push([c.now, workers[workers.length - 1][1]]); desired.push([c.now, desired[desired.length - 1][1]]); }
+  // the last hour, or since the first point when the data covers less (a new fleet, a new leader)
+  const first = Math.min(...workers.map((p) => p[0]), ...users.map((p) => p[0]), c.now);
+  const since = Math.max(c.since, Math.min(first, c.now - 60));
   const top = Math.max(1, ...workers.map((p) => p[1]), ...desired.map((p) => p[1]));
   const utop = Math.max(1, ...users.map((p) => p[1]));
-  const x = (ts) => (L + ((ts - c.since) / Math.max(1, c.now - c.since)) * (W - L - R)).toFixed(1);
+  const x = (ts) => (L + ((Math.max(ts, since) - since) / Math.max(1, c.now - since)) * (W - L - R)).toFixed(1);
   const y = (v) => (T + (1 - v / top) * (H - T - B)).toFixed(1);
   const yu = (v) => (T + (1 - v / utop) * (H - T - B)).toFixed(1);
   svgEl.append(
@@ -115,7 +120,7 @@ function chart(c) {
     s("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }),
     s("text", { x: 2, y: T + 8 }, String(top)), s("text", { x: 2, y: H - B }, "0"),
     s("text", { x: W - R + 3, y: T + 8 }, String(utop)),
-    s("text", { x: L, y: H - 3 }, "-60 min"), s("text", { x: W - R - 24, y: H - 3 }, "now"),
+    s("text", { x: L, y: H - 3 }, `-${dur(c.now - since)}`), s("text", { x: W - R - 24, y: H - 3 }, "now"),
     s("path", { class: "users", d: steps(users, x, yu) }),
     s("path", { class: "desired", d: steps(desired, x, y) }),
     s("path", { class: "workers", d: steps(workers, x, y) }));
@@ -130,8 +135,7 @@ function tierPanel(t) {
       stat("min / max", `${t.min_workers} / ${t.max_workers}`), stat("backlog", t.backlog),
       stat("active users", t.active_users), stat("turns/s", fmt(t.rps, 1)),
       stat("busy slots", `${t.busy_slots} / ${t.slots}`), stat("pressure", t.pressure),
-      stat("dead letters", t.dead_letters === null ? "?" : t.dead_letters),
-      stat("proposals", Object.entries(t.proposals).filter(([, v]) => v !== null).map(([k, v]) => `${k} ${v}`).join(", ") || "–")),
+      stat("dead letters", t.dead_letters === null ? "?" : t.dead_letters)),
     chart(state.charts[t.tier]),
     h("div", { class: "legend" }, h("span", { class: "k-workers" }, "— workers (ready + starting)"),
       h("span", { class: "k-desired" }, "- - desired"), h("span", { class: "k-users" }, "— active users (right axis)")),
