@@ -11,6 +11,7 @@ be a second copy of them. A read that fails makes only its own section an ``{"er
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +43,8 @@ class Monitor:
     r: redis.Redis | None
     clock: Callable[[], float] = time.time
     timings: dict[str, float] = field(default_factory=dict)  # endpoint -> seconds of its last call
+    memo: views.RowMemo = field(default_factory=views.RowMemo)  # each report's history value, once
+    cache: dict[tuple[int, str | None], bytes] = field(default_factory=dict)  # (pass, tier) -> /workers
 
 
 MONITOR: web.AppKey[Monitor] = web.AppKey("monitor", Monitor)
@@ -132,7 +135,14 @@ async def workers(request: web.Request) -> web.Response:
     seen = m.board.seen
     if seen is None:
         return _json({"workers": [], **_no_pass(m)})
-    return _json({"now": m.clock(), "workers": views.workers_json(seen, m.clock(), tier)})
+    key = (seen.generation, tier)
+    body = m.cache.get(key)
+    if body is None:  # once per pass, however many pages are open
+        now = m.clock()
+        body = json.dumps({"now": now, "workers": views.workers_json(seen, now, tier, m.memo)}).encode()
+        m.cache.clear()
+        m.cache[key] = body
+    return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-store"})
 
 
 async def history(request: web.Request) -> web.Response:

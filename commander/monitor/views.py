@@ -13,7 +13,14 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from commander.evaluator import history_point, memory_limit_bytes, occupancy_of, rates_of
+from commander.evaluator import (
+    memory_limit_bytes,
+    occupancy_of,
+    rates_of,
+    row_cpu,
+    row_memory,
+    row_slots,
+)
 from commander.monitor.board import Sample, Seen, TierSeen
 from commander.snapshot import WorkerView
 from protocol.codec import as_str
@@ -76,7 +83,34 @@ def leader_json(holder: str | None, commanders: Sequence[Mapping[str, Any]]) -> 
 
 
 # --- workers ----------------------------------------------------------------------------
-def _report_json(window: Sequence[OccupancyReport], limit: float | None, now: float) -> dict[str, Any]:
+def row_percent(report: OccupancyReport, limit: float | None) -> int:
+    """One report's own occupancy (the max of its components, not averaged), in percent."""
+    parts = (row_cpu(report), row_memory(report, limit), row_slots(report))
+    return round(max((p for p in parts if p is not None), default=0.0) * 100)
+
+
+class RowMemo:
+    """Each report's ``row_percent``, computed once: a worker's window moves by a row or two
+    between two refreshes, so a refresh computes the new rows only. Keyed by (worker, the
+    report's ``ts``, the limit): a worker's reports have increasing times (the evaluator keeps
+    only newer ones). Holds no report; cleared whole past ``cap`` entries."""
+
+    def __init__(self, cap: int = 100_000) -> None:
+        self.cap = cap
+        self._values: dict[tuple[str, float, float | None], int] = {}
+
+    def percent(self, report: OccupancyReport, limit: float | None) -> int:
+        key = (report.worker, report.ts, limit)
+        value = self._values.get(key)
+        if value is None:
+            if len(self._values) >= self.cap:
+                self._values.clear()
+            value = self._values[key] = row_percent(report, limit)
+        return value
+
+
+def _report_json(window: Sequence[OccupancyReport], limit: float | None, now: float,
+                 memo: RowMemo | None = None) -> dict[str, Any]:
     latest = window[-1]
     occ = occupancy_of(window, limit)
     rates = rates_of(window)
@@ -90,13 +124,14 @@ def _report_json(window: Sequence[OccupancyReport], limit: float | None, now: fl
         "errors_per_s": _r(rates.errors_per_s if rates else None),
         "handler_s_per_turn": _r(per_turn, 4),
         "report_age_s": _r(max(0.0, now - latest.ts), 1),
-        "history": [round(history_point(r, limit).occupancy * 100) for r in window],
+        "history": [memo.percent(r, limit) if memo else row_percent(r, limit) for r in window],
         "history_span_s": _r(latest.ts - window[0].ts, 1),
     }
 
 
 def worker_json(view: WorkerView, tier: str, window: Sequence[OccupancyReport],
-                info: WorkerInfo | None, limit: float | None, now: float) -> dict[str, Any]:
+                info: WorkerInfo | None, limit: float | None, now: float,
+                memo: RowMemo | None = None) -> dict[str, Any]:
     """One worker row: occupancy and its components, its history over the evaluator's
     window (occupancy in percent, one value per report), rates, age, pid/host, state."""
     row: dict[str, Any] = {
@@ -106,13 +141,14 @@ def worker_json(view: WorkerView, tier: str, window: Sequence[OccupancyReport],
         "pid": info.pid if info else None, "host": info.host if info else None,
     }
     if window:
-        row.update(_report_json(window, limit, now))
+        row.update(_report_json(window, limit, now, memo))
     else:
         row["history"] = []
     return row
 
 
-def workers_json(seen: Seen, now: float, tier: str | None = None) -> list[dict[str, Any]]:
+def workers_json(seen: Seen, now: float, tier: str | None = None,
+                 memo: RowMemo | None = None) -> list[dict[str, Any]]:
     """Every worker of the last pass (of ``tier`` if given), by tier then id."""
     rows = []
     for name in sorted(seen.tiers):
@@ -122,7 +158,7 @@ def workers_json(seen: Seen, now: float, tier: str | None = None) -> list[dict[s
         limit = memory_limit_bytes(t.policy)
         for view in t.snapshot.workers:
             info = seen.registry.get(view.id, (None, False))[0]
-            rows.append(worker_json(view, name, seen.windows.get(view.id, ()), info, limit, now))
+            rows.append(worker_json(view, name, seen.windows.get(view.id, ()), info, limit, now, memo))
     return rows
 
 
