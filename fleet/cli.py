@@ -191,7 +191,7 @@ def _add_policy_commands(sub: _Sub[Any]) -> None:
 
 
 def _add_observe_commands(sub: _Sub[Any]) -> None:
-    """``fleet status``, ``dead-letters``, ``events`` and ``top``."""
+    """``fleet status``, ``dead-letters`` (and its ``retry``, ``purge``), ``user``, ``events`` and ``top``."""
     from fleet.top import DESCRIPTION as TOP_DESCRIPTION
     from fleet.top import MIN_INTERVAL_S
 
@@ -206,6 +206,10 @@ def _add_observe_commands(sub: _Sub[Any]) -> None:
     d.add_argument("--count", type=count_arg, default=20, help="show the newest N (default: 20)")
     d.add_argument("--json", action="store_true", help="print a JSON array")
     d.set_defaults(func=cmd_dead_letters)
+    from fleet.cli_users import add_dead_letter_actions, add_user_command
+
+    add_dead_letter_actions(d, Parser)
+    add_user_command(sub)
 
     ev = sub.add_parser("events", help="the scaling ledger: what changed, and why")
     ev.add_argument("--tier", default=None, help="only this tier's events (default: every tier)")

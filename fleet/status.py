@@ -98,7 +98,9 @@ def control_plane(r: redis.Redis, events: int = 5) -> dict[str, Any]:
             "events": [event_json(i, e) for i, e in read_events(r, None, events)]}
 
 
-def dead_letters(r: redis.Redis, tier: str, count: int) -> list[dict[str, str]]:
-    """The newest ``count`` dead-letter entries of a tier, newest first."""
+def dead_letters(r: redis.Redis, tier: str, count: int) -> list[dict[str, Any]]:
+    """The newest ``count`` dead-letter entries of a tier, newest first; the kept turn (binary)
+    is left out, ``retriable`` says whether there is one."""
     rows = newest_dead_letters(r, tier, count)
-    return [{"id": i, **{as_str(k): as_str(v) for k, v in f.items()}} for i, f in rows]
+    return [{"id": i, **{as_str(k): as_str(v, errors="replace") for k, v in f.items() if k != b"turn"},
+             "retriable": b"turn" in f} for i, f in rows]

@@ -78,7 +78,7 @@ def test_a_bad_url_does_not_print_its_password(fleet_env: dict[str, str]) -> Non
 # --- item 3: a closed stdout -------------------------------------------------------------
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["top", "--once"], ["events"],
                                   ["events", "--follow"], ["policy", "get", "chat"], ["dead-letters"],
-                                  ["--help"]])
+                                  ["user", "ann"], ["user", "ann", "--json"], ["--help"]])
 def test_a_closed_stdout_ends_quietly_with_exit_0(r: redis.Redis, fleet_env: dict[str, str],
                                                   args: list[str]) -> None:
     write_policy(r, "chat", Policy())
@@ -102,6 +102,10 @@ def test_a_closed_stdout_ends_quietly_with_exit_0(r: redis.Redis, fleet_env: dic
     ["top", "--interval", "0"],
     ["events", "--count", "-1"],
     ["dead-letters", "--count", "-1"],
+    ["dead-letters", "purge"],
+    ["dead-letters", "retry", "--all", "1-0"],
+    ["dead-letters", "retry", "not-an-id"],
+    ["user", "a b"],
     ["worker"],
 ])
 def test_bad_values_exit_2_with_one_line_and_write_nothing(r: redis.Redis, fleet_env: dict[str, str],

@@ -57,7 +57,7 @@ AS_IF_DEFAULT = ("import sys, stores.connection as c; c.DEFAULT_URL = sys.argv.p
 
 
 @pytest.mark.parametrize("args", [["status"], ["policy", "get", "chat"], ["events"],
-                                  ["dead-letters"], ["submit", "--user", "alice", "hi"]])
+                                  ["dead-letters"], ["user", "ann"], ["submit", "--user", "alice", "hi"]])
 def test_no_fleet_found_is_refused_and_nothing_is_written(bare_env, tmp_path, redis_server, r, args):
     work = tmp_path / "project" / "sub"
     work.mkdir(parents=True)
@@ -71,7 +71,8 @@ def test_no_fleet_found_is_refused_and_nothing_is_written(bare_env, tmp_path, re
 
 
 def test_reads_never_write(fleet_env, tmp_path, r):
-    for args in (["status"], ["status", "--json"], ["policy", "get", "chat"], ["events"], ["dead-letters"]):
+    for args in (["status"], ["status", "--json"], ["policy", "get", "chat"], ["events"], ["dead-letters"],
+                 ["user", "ann"], ["user", "ann", "--json"]):
         out = fleet(args, fleet_env, tmp_path)
         assert "Traceback" not in out.stderr, (args, out.stderr)
     assert r.keys("*") == []  # not even fleet:policy:{chat}:status

@@ -29,7 +29,9 @@ def session_of(r: redis.Redis, user: str) -> list[SessionEntry]:
 
 
 def dead_letters(r: redis.Redis, tier: str = "chat") -> list[dict[str, str]]:
-    return [{k.decode(): v.decode() for k, v in f.items()} for _, f in r.xrange(keys.dead(tier))]
+    """The tier's dead letters as text; the kept turn (msgpack, for a retry) as ``kept``."""
+    return [{**{k.decode(): v.decode() for k, v in f.items() if k != b"turn"}, "kept": str(b"turn" in f)}
+            for _, f in r.xrange(keys.dead(tier))]
 
 
 def test_turn_goes_end_to_end_and_reply_carries_context(r, redis_server, start_worker):
@@ -157,6 +159,11 @@ def test_bad_input_is_dead_lettered_and_the_worker_keeps_serving(r, redis_server
     assert any("invalid user id" in x for x in reasons)
     assert any("no 'user' field" in x for x in reasons)
     assert any("failed 2 attempts" in x for x in reasons)
+    def kept(why: str) -> list[str]:  # whether the whole entry was kept, for a retry
+        return [d["kept"] for d in dead_letters(r) if why in d["reason"]]
+
+    assert kept("failed 2 attempts") == kept("no 'text' field") == ["True"]
+    assert kept("over the limit") == kept("invalid user id") == ["False"]  # too big; a notification
     assert w.proc.poll() is None  # still alive, still serving
     ok = fleet.submit("bob", "fine now").result(10)
     assert ok.ok and ok.text == "slept: fine now"

@@ -70,6 +70,7 @@ from stores import (
     reports,
     submit,
     takeover,
+    users,
     worker_ops,
 )
 from stores.scripts import NAMES, Scripts, SyncScripts, source
@@ -398,6 +399,19 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     await deadletters.dead_letter_async(ar, tier, user=USERS[0], entry="1-0", turn_id="t-1", reason="x",
                                         worker=wid, fields={b"text": b"hi"})
     await worker_ops.trim_ready(ar, tier, 60.0)
+    # the operator's view of a user and the population, retry and purge (issue 12)
+    for user in USERS:
+        users.inspect_user(r, user, tiers=list(TIERS), session_n=5)
+    users.active_users(r, tier)
+    deadletters.dead_letter_rows(r, tier, 10, USERS[0])
+    await deadletters.dead_letter_async(ar, tier, user=USERS[1], entry="2-0", turn_id="t-2", reason="x",
+                                        worker=wid, fields={b"text": b"hi", b"tier": b"gpu"})
+    retried = deadletters.retry_dead_letters(r, tier, None)  # a turn of chat and one of gpu
+    assert sorted(d.tier for d in retried if d.outcome == "retried") == ["chat", "gpu"], retried
+    deadletters.retry_dead_letters(r, tier, ["1-1"])
+    r.xadd(keys.dead(tier), {"user": USERS[0], "reason": "old"})
+    deadletters.purge_dead_letters(r, tier, ["1-1"])
+    deadletters.purge_dead_letters(r, tier, None)
     # the commander's takeover of a dead worker (w1 still holds pending notifications, a lane)
     await worker_ops.deregister_worker(ar, tier, wid)  # pending: its consumer stays
     await worker_ops.deregister_worker(ar, "gpu", WORKERS[2])  # nothing pending: consumer dropped
@@ -461,6 +475,17 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.turns.Pulled": "a value",
     "stores.turns.Writes": "a value",
     "stores.registry.Registry.live": "filters a Registry",
+    "stores.deadletters.dead_letter_fields": "builds an entry",
+    "stores.deadletters.DeadLetterRow": "a value",
+    "stores.deadletters.parse_dead_letter": "parses replies",
+    "stores.deadletters.validate_dead_letter_id": "checks an id",
+    "stores.deadletters.retry_turn_id": "names a turn",
+    "stores.deadletters.retry_turn": "builds a turn from an entry",
+    "stores.deadletters.Retried": "a value",
+    "stores.users.UserView": "a value",
+    "stores.users.UserUsage": "a value",
+    "stores.users.lane_parts": "parses a reply",
+    "stores.users.counters": "parses a reply",
 }
 
 # Known exceptions: (stores function on the stack, span kind) -> why it may span slots. They

@@ -1,0 +1,91 @@
+"""``fleet user U`` and the stores behind it (issue 12): one user as an operator sees it, and the
+population of a tier, against a real redis-server and a real worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleet.client import Fleet
+from protocol import keys
+from protocol.policy import Policy
+from stores.policies import write_policy
+from stores.users import active_users, inspect_user
+from tests.integration.conftest import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def fleet_cli(env: dict[str, str], cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fleet.cli", *argv], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_fleet_user_shows_the_lane_holder_inbox_session_and_pending(r, redis_server, start_worker,
+                                                                   fleet_env, tmp_path):
+    write_policy(r, "chat", Policy(handler="sleep", handler_options={"sleep_ms": 1}))
+    w = start_worker()
+    fleet = Fleet(redis_server.url)
+    first = fleet.submit("ann", "hello there")
+    assert first.result(10).ok
+    slow = fleet.submit("ann", "slow one", meta={"sleep_ms": 4000})
+    queued = [fleet.submit("ann", f"then {i}") for i in range(2)]
+    wait_until(lambda: r.get(keys.lane("ann")), 10, "the worker to take ann's lane")
+    r.xadd(keys.dead("chat"), {"user": "ann", "entry": "1-0", "turn_id": "t-old", "reason": "boom"})
+    r.xadd(keys.dead("chat"), {"user": "someone-else", "reason": "boom"})
+
+    out = fleet_cli(fleet_env, tmp_path, "user", "ann", "--json")
+    assert out.returncode == 0, out.stderr
+    view = json.loads(out.stdout)
+    assert view["lane_holder"] == w.worker_id and 0 < view["lane_ttl_ms"] <= 2000
+    assert view["inbox_after_cursor"] == 3 and view["inbox_exact"]  # the slow one is not committed yet
+    assert [e["text"] for e in view["session"]] == ["hello there"]
+    assert view["pending"] == ["chat"]  # its job keeps the notification pending until it ends
+    assert view["usage"]["turns"] == 1 and view["usage"]["chars_in"] == len("hello there")
+    dead = [(d["turn_id"], d["reason"], d["retriable"]) for d in view["dead_letters"]]
+    assert dead == [("t-old", "boom", False)]
+
+    text = fleet_cli(fleet_env, tmp_path, "user", "ann", "--tier", "chat")
+    assert text.returncode == 0, text.stderr
+    assert f"lane     held by {w.worker_id}" in text.stdout
+    assert "inbox    3 turn(s) queued after the cursor" in text.stdout
+    assert "hello there" in text.stdout and "pending  notification in: chat" in text.stdout
+
+    assert slow.result(15).ok and all(h.result(10).ok for h in queued)
+    wait_until(lambda: not r.exists(keys.lane("ann")), 10, "the lane's release")
+    done = inspect_user(r, "ann")
+    assert (done.lane_holder, done.inbox_after_cursor, done.pending) == (None, 0, [])
+    assert len(done.session) == 4 and done.cursor
+    pop = active_users(r, "chat")
+    assert [(u.user, u.turns, u.errors) for u in pop] == [("ann", 4, 0)]
+    assert pop[0].chars_out > 0 and pop[0].last_active_ts > 0
+
+
+def test_an_undelivered_notification_is_pending_and_bad_ids_are_usage_errors(r, fleet_env, tmp_path):
+    r.xgroup_create(keys.ready("chat"), keys.GROUP, id="0", mkstream=True)
+    r.xadd(keys.inbox("zed"), {"text": "waiting"})
+    r.xadd(keys.ready("chat"), {"user": "zed"})
+    view = inspect_user(r, "zed", tiers=["chat", "gpu"])
+    assert (view.pending, view.pending_partial, view.inbox_after_cursor) == (["chat"], [], 1)
+    assert view.lane_holder is None and view.cursor == "" and view.session == []
+    assert inspect_user(r, "nobody").pending == []
+
+    for argv, why in ((["user", "a b"], "invalid user id"),
+                      (["user", "ann", "--tier", "Bad"], "invalid tier"), (["user"], "required")):
+        out = fleet_cli(fleet_env, tmp_path, *argv)
+        assert out.returncode == 2 and why in out.stderr and len(out.stderr.splitlines()) == 1, (argv, out)
+
+
+def test_active_users_newest_first_with_a_limit(r: redis.Redis):
+    r.zadd(keys.active("chat"), {"u1": 100.0, "u2": 300.0, "u3": 200.0, "bad}{id": 400.0})
+    r.hset(keys.usage("u2"), mapping={"turns": 5, "errors": 1, "chars_in": 10, "chars_out": 20})
+    got = active_users(r, "chat", limit=3)
+    assert [u.user for u in got] == ["u2", "u3"]  # the bad member is skipped, not a key
+    u2 = got[0]
+    assert (u2.turns, u2.errors, u2.chars_in, u2.chars_out, u2.handler_ms) == (5, 1, 10, 20, 0)
+    assert active_users(r, "chat", limit=0) == []
