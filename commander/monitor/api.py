@@ -25,7 +25,7 @@ from commander.monitor import views
 from commander.monitor.board import KEEP_S, Board
 from commander.monitor.views import BadRequest
 from stores.commanders import read_commanders
-from stores.deadletters import dead_letter_count, newest_dead_letters
+from stores.deadletters import dead_letter_count, dead_letter_rows, purge_dead_letters, retry_dead_letters
 from stores.leader import lease_holder
 from stores.ledger import events_since, read_events
 
@@ -176,17 +176,19 @@ async def dead_letters(request: web.Request) -> web.Response:
     tier = views.tier_param(request.query.get("tier"), required=True)
     assert tier is not None
     count = views.count_param(request.query.get("count"), 50, 1000)
-    rows = await section("dead letters", newest_dead_letters, _redis(m), tier, count)
+    rows = await section("dead letters", _dead_rows, _redis(m), tier, count)
     total = await section("dead-letter count", dead_letter_count, _redis(m), tier)
     error = rows.get("error") or total.get("error")
     return _json({"tier": tier, "total": total.get("data"), "error": error,
-                  "dead_letters": views.dead_letter_json(rows.get("data") or [])})
+                  "dead_letters": rows.get("data") or []})
+
+
+def _dead_rows(r: redis.Redis, tier: str, count: int) -> list[dict[str, Any]]:
+    return views.dead_letter_json(row.to_json() for row in dead_letter_rows(r, tier, count))
 
 
 def _active_users(r: redis.Redis, tier: str, limit: int) -> list[Any]:
-    from stores.users import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
-        active_users,  # (another part of issue 12: imported when used)
-    )
+    from stores.users import active_users  # (imported when used: the other views need none of it)
 
     return [views.plain(u) for u in active_users(r, tier, limit=limit)]
 
@@ -206,9 +208,7 @@ async def population(request: web.Request) -> web.Response:
 
 
 def _inspect(r: redis.Redis, user: str) -> Any:
-    from stores.users import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
-        inspect_user,  # (another part of issue 12)
-    )
+    from stores.users import inspect_user
 
     return views.plain(inspect_user(r, user))
 
@@ -233,14 +233,10 @@ async def _body(request: web.Request) -> tuple[str, list[str] | None]:
 
 
 def _retry(r: redis.Redis, tier: str, ids: list[str] | None) -> list[Any]:
-    from stores.deadletters import retry_dead_letters  # type: ignore[attr-defined,unused-ignore]
-
     return [views.plain(x) for x in retry_dead_letters(r, tier, ids)]
 
 
 def _purge(r: redis.Redis, tier: str, ids: list[str] | None) -> int:
-    from stores.deadletters import purge_dead_letters  # type: ignore[attr-defined,unused-ignore]
-
     return int(purge_dead_letters(r, tier, ids))
 
 

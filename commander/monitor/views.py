@@ -23,7 +23,6 @@ from commander.evaluator import (
 )
 from commander.monitor.board import Sample, Seen, TierSeen
 from commander.snapshot import WorkerView
-from protocol.codec import as_str
 from protocol.ids import validate_tier, validate_user_id
 from protocol.models import LedgerEvent, OccupancyReport, WorkerInfo
 from stores.ledger import CorruptEvent, Entry, event_json
@@ -201,13 +200,12 @@ def corrupt_count(entries: Iterable[Entry]) -> int:
     return sum(1 for _i, e in entries if isinstance(e, CorruptEvent))
 
 
-def dead_letter_json(rows: Iterable[tuple[str, Mapping[bytes, bytes]]]) -> list[dict[str, Any]]:
-    """Dead-letter entries as plain data: id, user, turn_id, reason, worker, ts, payload."""
+def dead_letter_json(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Dead-letter rows (``DeadLetterRow.to_json()``) with their JSON preview decoded."""
     out = []
-    for entry_id, fields in rows:
-        row: dict[str, Any] = {"id": entry_id}
-        row.update({as_str(k, errors="replace"): as_str(v, errors="replace") for k, v in fields.items()})
-        if "payload" in row:
+    for row in rows:
+        row = dict(row)
+        if isinstance(row.get("payload"), str):
             with contextlib.suppress(ValueError):  # not JSON: shown as the text it is
                 row["payload"] = json.loads(row["payload"])
         out.append(row)

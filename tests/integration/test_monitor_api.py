@@ -15,7 +15,6 @@ from aiohttp.test_utils import TestClient, TestServer
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-import stores.deadletters
 from commander.metrics import Metrics
 from commander.monitor.api import Monitor
 from commander.monitor.server import COOKIE, build_app, cookie_value
@@ -126,30 +125,23 @@ def _dead(r: redis.Redis, user: str, reason: str = "max attempts (3) reached") -
     return entry.decode() if isinstance(entry, bytes) else str(entry)
 
 
-async def test_dead_letters_list_and_retry_and_purge_call_the_stores(
-        api: TestClient[Any, Any], r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_dead_letters_list_and_retry_and_purge_through_the_stores(
+        api: TestClient[Any, Any], r: redis.Redis) -> None:
     first, second = _dead(r, "alice"), _dead(r, "bob")
     body = await _get(api, "/api/dead-letters?tier=chat")
     assert body["total"] == 2 and [d["id"] for d in body["dead_letters"]] == [second, first]
-    assert body["dead_letters"][0]["payload"] == {"text": "hi"}
+    row = body["dead_letters"][0]
+    assert row["payload"] == {"text": "hi"} and row["user"] == "bob" and row["retriable"] is False
 
-    calls: list[tuple[str, str, list[str] | None]] = []
-
-    def retry(_r: Any, tier: str, ids: list[str] | None) -> list[dict[str, str]]:
-        calls.append(("retry", tier, ids))
-        return [{"id": i, "turn_id": "t"} for i in ids or [first, second]]
-
-    def purge(_r: Any, tier: str, ids: list[str] | None) -> int:
-        calls.append(("purge", tier, ids))
-        return len(ids or [first, second])
-
-    monkeypatch.setattr(stores.deadletters, "retry_dead_letters", retry, raising=False)
-    monkeypatch.setattr(stores.deadletters, "purge_dead_letters", purge, raising=False)
-    resp = await api.post("/api/dead-letters/retry", json={"tier": "chat", "ids": [first]})
-    assert resp.status == 200 and (await resp.json())["retried"] == [{"id": first, "turn_id": "t"}]
+    # entries without the kept turn (as written before issue 12) are reported, and kept
+    resp = await api.post("/api/dead-letters/retry", json={"tier": "chat", "ids": [first, "9-9"]})
+    retried = {x["id"]: x["outcome"] for x in (await resp.json())["retried"]}
+    assert resp.status == 200 and retried == {first: "not_retriable", "9-9": "unknown"}
+    resp = await api.post("/api/dead-letters/purge", json={"tier": "chat", "ids": [first]})
+    assert resp.status == 200 and (await resp.json())["purged"] == 1
     resp = await api.post("/api/dead-letters/purge", json={"tier": "chat", "all": True})
-    assert resp.status == 200 and (await resp.json())["purged"] == 2
-    assert calls == [("retry", "chat", [first]), ("purge", "chat", None)]
+    assert resp.status == 200 and (await resp.json())["purged"] == 1
+    assert (await _get(api, "/api/dead-letters?tier=chat"))["total"] == 0
 
 
 @pytest.mark.parametrize(("path", "body", "match"), [

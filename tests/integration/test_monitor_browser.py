@@ -29,8 +29,9 @@ import redis
 from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import CodecError, decode
-from protocol.models import CommanderInfo
+from protocol.models import CommanderInfo, Reply
 from protocol.policy import Policy
+from stores.deadletters import retry_turn_id
 from stores.policies import write_policy
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
@@ -201,9 +202,10 @@ def _shot(b: Browser, tmp_path: Path, name: str) -> Path:
     return path
 
 
-def _policy(r: redis.Redis, min_workers: int) -> None:
-    write_policy(r, "chat", Policy(handler="sleep", handler_options={"sleep_ms": 60}, concurrency=4,
-                                   min_workers=min_workers, max_workers=4, scale_down_stabilization_s=1))
+def _policy(r: redis.Redis, min_workers: int, fail_attempts: int = 0) -> None:
+    write_policy(r, "chat", Policy(handler="sleep", concurrency=4, min_workers=min_workers, max_workers=4,
+                                   handler_options={"sleep_ms": 60, "fail_attempts": fail_attempts},
+                                   max_attempts=2, scale_down_stabilization_s=1))
 
 
 def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server: Any, commander: str,
@@ -236,6 +238,33 @@ def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server
     browser("wait", js="[...document.querySelectorAll('#ledger tbody tr')].some(tr => "
                        "tr.textContent.includes('scale-up'))")
     _shot(browser, tmp_path, "ledger")
-    browser("hash", hash="#/dead-letters")
-    browser("wait", js="document.querySelector('#dead tbody tr') !== null")
+    _retry_a_dead_letter_from_the_page(r, redis_server.url, browser, tmp_path)
     assert browser("errors")["errors"] == []  # no script error, no CSP violation
+
+
+def _retry_a_dead_letter_from_the_page(r: redis.Redis, url: str, b: Browser, tmp_path: Path) -> None:
+    """A turn that failed every attempt is dead-lettered; once the fault is gone, Retry on the
+    page re-enqueues it and its reply arrives."""
+    _policy(r, 1, fail_attempts=9)  # every attempt fails: dead-lettered after max_attempts
+    time.sleep(1)  # (the workers read their policy each renew: no turn may start before it)
+    with Fleet(url) as fleet:
+        failed = fleet.submit("dlq-user", "doomed at first").result(timeout=60)
+    assert not failed.ok
+    wait_until(lambda: r.xlen(keys.dead("chat")) == 1, 30, "the dead letter")
+    _policy(r, 1)  # the fault is fixed
+    b("hash", hash="#/dead-letters")
+    time.sleep(2)  # the workers re-read the policy every renew (0.4 s here): they all run the fixed one
+    b("wait", js="document.querySelector('#dead tbody tr[data-id] button.retry') !== null")
+    _shot(b, tmp_path, "dead-letters")
+    b("click", selector="#dead tbody tr[data-id] button.retry")
+    b("wait", js="document.querySelector('#dead-result').textContent === 'retried 1'")
+    retried = retry_turn_id(failed.turn_id)
+    wait_until(lambda: r.exists(keys.reply("dlq-user", retried)), 30, "the retried turn's reply")
+    raw = r.lindex(keys.reply("dlq-user", retried), 0)
+    assert isinstance(raw, bytes)
+    try:
+        reply = decode(Reply, raw).model_dump()
+    except CodecError:  # a plain (JSON) turn's reply
+        reply = json.loads(raw)
+    assert reply["ok"] is True and reply["turn_id"] == retried, reply
+    b("wait", js="document.querySelector('#dead tbody tr.empty') !== null")  # the list is empty again

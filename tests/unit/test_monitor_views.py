@@ -149,8 +149,8 @@ def test_ledger_json_is_newest_first_and_keeps_corrupt_entries() -> None:
 
 
 def test_dead_letter_json_decodes_the_fields_and_the_payload() -> None:
-    rows = [("1-0", {b"user": b"alice", b"reason": b"max attempts", b"payload": b'{"text": "hi"}'}),
-            ("2-0", {b"user": b"bob", b"payload": b"not json \xff"})]
+    rows = [{"id": "1-0", "user": "alice", "reason": "max attempts", "payload": '{"text": "hi"}'},
+            {"id": "2-0", "user": "bob", "payload": "not json"}]
     got = views.dead_letter_json(rows)
     assert got[0] == {"id": "1-0", "user": "alice", "reason": "max attempts", "payload": {"text": "hi"}}
     assert got[1]["payload"].startswith("not json")
