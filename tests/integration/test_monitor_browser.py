@@ -239,6 +239,15 @@ def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server
                        "tr.textContent.includes('scale-up'))")
     _shot(browser, tmp_path, "ledger")
     _retry_a_dead_letter_from_the_page(r, redis_server.url, browser, tmp_path)
+
+    browser("hash", hash="#/population")  # the users of the load, searchable; one user's page
+    browser("wait", js="document.querySelectorAll('#population tbody a').length >= 5")
+    browser("eval", js="(() => { const q = document.querySelector('#population-q'); q.value = 'web3';"
+                       " q.dispatchEvent(new Event('input')); })()")
+    browser("wait", js="document.querySelectorAll('#population tbody a').length === 1")
+    browser("click", selector="#population tbody a")
+    browser("wait", js="document.querySelector('#user dl.kv') !== null && "
+                       "document.querySelector('#user-id').textContent === 'web3'")
     assert browser("errors")["errors"] == []  # no script error, no CSP violation
 
 
