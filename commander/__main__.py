@@ -51,11 +51,24 @@ def _metrics(settings: CommanderSettings) -> Any | None:
     except ImportError:
         log.warning("commander.metrics is unavailable: no /metrics")
         return None
-    metrics = Metrics()
-    host, port = metrics.serve(settings.metrics_host, settings.metrics_port, settings.metrics_token)
-    log.info("serving /metrics on http://%s:%d/metrics", host, port)
+    return Metrics()
+
+
+def _serve(metrics: Any, commander: Commander, settings: CommanderSettings, url: str) -> None:
+    """Serve /metrics, /healthz and the monitor (page and API) on the metrics address.
+
+    The monitor reads Redis on a client of its own, with short timeouts, so a viewer never
+    takes a connection the commander's loop is waiting for."""
+    from commander.monitor.api import Monitor
+
+    client = connect_sync(url, retries=1, socket_timeout=5)
+    monitor = Monitor(board=commander.board, leading=lambda: commander.leader.leading,
+                      commander_id=settings.commander_id, r=client)
+    host, port = metrics.serve(settings.metrics_host, settings.metrics_port, settings.metrics_token,
+                               monitor=monitor)
+    log.info("serving /metrics on http://%s:%d/metrics and the monitor on http://%s:%d/",
+             host, port, host, port)
     metrics.address = f"{host}:{port}"  # shown in fleet:commanders (fleet top, fleet status)
-    return metrics
 
 
 def _connect(url: str, stop: threading.Event) -> redis.Redis | None:
@@ -99,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
     metrics = _metrics(settings)
     runtime = _runtime(settings, url)
     try:
-        return Commander(r, runtime, settings, metrics).run(stop)
+        commander = Commander(r, runtime, settings, metrics)
+        if metrics is not None:
+            _serve(metrics, commander, settings, url)
+        return commander.run(stop)
     finally:
         runtime.close()
         if metrics is not None:

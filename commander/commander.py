@@ -20,6 +20,7 @@ import redis
 
 from commander.decide import Plan, TierState, decide
 from commander.leader import Deposed, Leadership
+from commander.monitor.board import Board, TierSeen
 from commander.observe import Observer
 from commander.records import Records
 from commander.runtime import Runtime, UnknownWorker, WorkerHandle, WorkerState
@@ -47,6 +48,7 @@ class _Tier:
     policy: Policy = field(default_factory=Policy)
     verdict: tuple[str, str | None] | None = None  # (source, error) last recorded in the ledger
     held: str | None = None  # the last hold reason recorded
+    rejected: str | None = None  # why the policy key is rejected now (None: it is in force)
     loaded: bool = False  # decide state read back from Redis after an election
 
 
@@ -78,6 +80,7 @@ class Commander(Records):
         self._taken: set[str] = set()  # registry entries with an expired heartbeat, taken over
         self._swept_at = 0.0  # monotonic time of the last sweep of the ready groups
         self.trusted_since = 0.0  # wall time an outage ended: older reports are not trusted
+        self.board = Board()  # the last pass, published for the monitor (commander.monitor)
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
@@ -155,6 +158,7 @@ class Commander(Records):
                 return
             except Exception:
                 log.exception("tier %s: pass failed; the next pass retries", tier)
+        self.board.publish(now, registry, self.observer.evaluator)
 
     def _note_outage(self, now: float) -> None:
         """The first pass of a leadership, a pass after a failed one, or after a long stall
@@ -183,12 +187,13 @@ class Commander(Records):
         read = read_policy(self.r, tier, known or None)  # no live worker said: structure only
         memo = self.tiers[tier]
         verdict = (read.source, read.error)
+        why = read.error
+        if read.missing_handler is not None:
+            why = (f"no live worker of tier {tier} has handler {read.missing_handler!r} "
+                   f"(they have: {', '.join(known)}; install it where they run)")
+        memo.rejected = why  # shown by the monitor while the key stays rejected
         if verdict != memo.verdict and (read.error or memo.verdict is not None):
             action = "policy-rejected" if read.error else "policy-applied"
-            why = read.error
-            if read.missing_handler is not None:
-                why = (f"no live worker of tier {tier} has handler {read.missing_handler!r} "
-                       f"(they have: {', '.join(known)}; install it where they run)")
             reason = f"policy key rejected: {why}; running the {read.source} policy" \
                 if read.error else f"policy from {read.source} in force"
             self._append(self._event(tier, action, reason=reason))
@@ -217,6 +222,9 @@ class Commander(Records):
         write_starting(self.r, tier, starting * read.policy.concurrency,
                        ttl_ms=int(3 * self.settings.interval_s * 1000) + 1000)
         self._observe_metrics(tier, snap, plan, views, starting, elapsed)
+        self.board.tier(TierSeen(tier=tier, ts=now, policy=read.policy, source=read.source,
+                                 error=memo.rejected, snapshot=snap, plan=plan,
+                                 starting=starting))
 
     def _act(self, plan: Plan, policy: Policy) -> None:
         memo = self.tiers[plan.tier]

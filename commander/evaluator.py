@@ -219,6 +219,10 @@ class Evaluator:
         """Turn, error and handler-time rates from counter deltas; None with too few rows."""
         return rates_of(self._rows.get(worker, ()), span_s)
 
+    def window(self, worker: str) -> tuple[OccupancyReport, ...]:
+        """The worker's window of reports (oldest first), as an immutable copy."""
+        return tuple(self._rows.get(worker, ()))
+
     def history(self, worker: str, memory_limit_bytes: float | None = None) -> list[HistoryPoint]:
         """Per-row history (oldest first) for the monitor."""
         return [history_point(r, memory_limit_bytes) for r in self._rows.get(worker, ())]

@@ -1,7 +1,8 @@
 """The commander's Prometheus metrics (DESIGN §6): one registry per ``Metrics``, served on demand.
 
 The commander calls the ``observe_*`` methods once per pass and ``scale_event`` per action;
-``serve`` exposes ``/metrics`` (Prometheus text format) and ``/healthz`` from a daemon thread.
+``serve`` exposes ``/metrics`` (Prometheus text format) and ``/healthz`` from a thread of its own:
+the commander's aiohttp server (``commander.monitor.server``), which also serves the monitor.
 Nothing here touches the process-wide default registry, so several commanders (or tests) in
 one process never collide.
 
@@ -54,14 +55,12 @@ found the entry already committed.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import threading
 from collections.abc import Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import generate_latest as _generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -71,11 +70,13 @@ from commander.snapshot import TierSnapshot, WorkerView
 from commander.turn_metrics import TurnCollector
 from protocol.models import TurnStats
 
+if TYPE_CHECKING:
+    from commander.monitor.server import MonitorServer
+
 log = logging.getLogger(__name__)
 
 Direction = Literal["up", "down"]
 DECIDE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 class _PressureTotals(Collector):
@@ -161,8 +162,7 @@ class Metrics:
         reg.register(self.turns)
         self._workers: dict[str, set[str]] = {}
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: MonitorServer | None = None
 
     # --- what the commander calls each pass --------------------------------------------
     def observe_tier(self, tier: str, snapshot: TierSnapshot, plan: Plan, running: int, starting: int,
@@ -249,79 +249,30 @@ class Metrics:
         """The registry in the Prometheus text format."""
         return _generate_latest(self.registry)
 
-    def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> tuple[str, int]:
-        """Serve ``/metrics`` and ``/healthz`` from a daemon thread; returns the bound (host, port).
+    def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+              monitor: Any | None = None) -> tuple[str, int]:
+        """Serve ``/metrics`` and ``/healthz`` (and, given a ``commander.monitor.api.Monitor``, the
+        monitor page and its API) from a thread of its own; returns the bound (host, port).
 
         With a ``token``, every request needs ``Authorization: Bearer <token>`` (else 401).
         """
+        from commander.monitor.server import serve  # (aiohttp: only a process that serves loads it)
+
         if self._server is not None:
             raise RuntimeError("metrics are already served")
-        if host not in _LOOPBACK and not token:
-            log.warning("serving metrics on %s without a token: anyone who can reach it can read them", host)
-        server = ThreadingHTTPServer((host, port), _handler_class(self, token or None))
-        server.daemon_threads = True
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                  name="fleet-metrics", daemon=True)
-        thread.start()
-        self._server, self._thread = server, thread
-        bound_host, bound_port = server.server_address[:2]
-        return str(bound_host), int(bound_port)
+        self._server, bound = serve(self, monitor, host, port, token or None)
+        return bound
 
     def stop(self) -> None:
         """Stop serving (idempotent)."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
 
 
 def _remove(metric: Gauge | Counter, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never set: nothing to remove
         metric.remove(*labels)
-
-
-def _authorized(header: str | None, token: str | None) -> bool:
-    if token is None:
-        return True
-    expected = f"Bearer {token}".encode()
-    return header is not None and hmac.compare_digest(header.strip().encode(), expected)
-
-
-def _handler_class(metrics: Metrics, token: str | None) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "fleet-metrics"
-
-        def do_GET(self) -> None:  # noqa: N802 (the http.server naming)
-            if not _authorized(self.headers.get("Authorization"), token):
-                self._send(401, b"unauthorized\n", "text/plain; charset=utf-8",
-                           extra=[("WWW-Authenticate", 'Bearer realm="fleet"')])
-                return
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._send(200, metrics.render(), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                self._send(200, b"ok\n", "text/plain; charset=utf-8")
-            else:
-                self._send(404, b"not found\n", "text/plain; charset=utf-8")
-
-        def _send(self, code: int, body: bytes, content_type: str,
-                  extra: Iterable[tuple[str, str]] = ()) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            for name, value in extra:
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base signature)
-            log.debug("metrics %s: " + format, self.client_address[0], *args)
-
-    return Handler
 
 
 def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float | None:

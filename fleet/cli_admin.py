@@ -136,6 +136,7 @@ def _commander_line(snap: dict[str, Any]) -> str:
     url = next((c.get("metrics_url") for c in snap.get("commanders", [])
                 if c.get("commander") == leader and c.get("metrics_url")), None)
     head += f", metrics {url}" if url else ""
+    head += f", monitor {snap['monitor_url']}" if snap.get("monitor_url") else ""
     others = [f"{c.get('commander')} {c.get('role')}" if c.get("alive") else
               f"{c.get('commander')} gone (last seen {_ago(c.get('seen_ago_s'))})"
               for c in snap.get("commanders", []) if c.get("commander") != leader]

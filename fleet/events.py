@@ -12,75 +12,29 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 import redis
 from redis.exceptions import RedisClusterException
 
-from protocol.codec import CodecError, as_str, decode
+from protocol.codec import as_str
 from protocol.ids import validate_tier
 from protocol.models import LedgerEvent
-from stores.ledger import ledger_after, ledger_page, ledger_tip
+from stores.ledger import (  # the readers are in stores: the commander's monitor reads them too
+    CorruptEvent,
+    Entry,
+    event_json,
+    ledger_after,
+    ledger_tip,
+    parse_entry,
+    read_events,
+    tier_matches,
+)
 
-PAGE = 200  # entries per XREVRANGE when a tier filter makes us scan back
-MAX_SCAN = 100_000  # never scan more of the ledger than this for one read
 BLOCK_MS = 1000
 RETRY_CAP_S = 5.0
 
 _s = functools.partial(as_str, errors="replace")  # a monitor shows bad bytes, never fails on them
-
-
-@dataclass(frozen=True, slots=True)
-class CorruptEvent:
-    """A ledger entry that is not a valid ``LedgerEvent``."""
-
-    tier: str
-    error: str
-
-
-Entry = tuple[str, LedgerEvent | CorruptEvent]
-
-
-def _field(fields: dict[Any, Any], name: str) -> Any:
-    return fields.get(name.encode(), fields.get(name))
-
-
-def parse_entry(entry_id: Any, fields: dict[Any, Any]) -> Entry:
-    """One stream entry as ``(id, LedgerEvent)``, or ``(id, CorruptEvent)`` with the reason."""
-    tier = _s(_field(fields, "tier") or "?")
-    blob = _field(fields, "m")
-    if blob is None:
-        return _s(entry_id), CorruptEvent(tier, "no field 'm'")
-    if isinstance(blob, str):
-        blob = blob.encode()
-    try:
-        return _s(entry_id), decode(LedgerEvent, blob)
-    except CodecError as exc:
-        return _s(entry_id), CorruptEvent(tier, str(exc))
-
-
-def _tier_matches(fields: dict[Any, Any], tier: str | None) -> bool:
-    return tier is None or _s(_field(fields, "tier") or "") == tier
-
-
-def read_events(r: redis.Redis, tier: str | None = None, count: int = 50) -> list[Entry]:
-    """The newest ``count`` ledger entries (of ``tier`` if given), oldest first."""
-    if count <= 0:
-        return []
-    found: list[Entry] = []
-    upper, scanned = "+", 0
-    page = count if tier is None else max(count, PAGE)
-    while len(found) < count and scanned < MAX_SCAN:
-        rows = ledger_page(r, upper, page)
-        if not rows:
-            break
-        scanned += len(rows)
-        found += [parse_entry(i, f) for i, f in rows if _tier_matches(f, tier)]
-        if tier is None or len(rows) < page:
-            break
-        upper = f"({_s(rows[-1][0])}"
-    return list(reversed(found[:count]))
 
 
 def stream_tip(r: redis.Redis) -> str:
@@ -104,7 +58,7 @@ def follow(r: redis.Redis, tier: str | None, since: str,
             continue
         for entry_id, fields in rows:
             last = _s(entry_id)
-            if _tier_matches(fields, tier):
+            if tier_matches(fields, tier):
                 yield parse_entry(entry_id, fields)
 
 
@@ -164,13 +118,6 @@ def format_event(entry_id: str, event: LedgerEvent | CorruptEvent, brief: bool =
             f"{counts(event.action, event.from_count, event.to_count):<{COUNTS_W}} ")
     reason = _one_line(event.reason) or "-"
     return head + reason if brief else f"{head}{_who(event):<{WHO_W}} {reason}  (epoch {event.epoch})"
-
-
-def event_json(entry_id: str, event: LedgerEvent | CorruptEvent) -> dict[str, Any]:
-    """An entry as plain data: the event's fields plus ``id``; a corrupt one has ``corrupt``."""
-    if isinstance(event, CorruptEvent):
-        return {"id": entry_id, "tier": event.tier, "corrupt": event.error}
-    return {"id": entry_id, **event.model_dump(mode="json")}
 
 
 # --- the command ----------------------------------------------------------------------

@@ -84,12 +84,17 @@ def policy_verdict(r: redis.Redis, tier: str, own_error: str | None) -> tuple[st
 
 
 def control_plane(r: redis.Redis, events: int = 5) -> dict[str, Any]:
-    """The commanders (leader and standbys), the lease holder and the last ledger events."""
-    from fleet.events import event_json, read_events
+    """The commanders (leader and standbys), the lease holder, the leader's monitor page
+    (``monitor_url``: ``http://host:port/``, None when it serves none) and the last ledger events."""
     from stores.commanders import read_commanders
+    from stores.ledger import event_json, read_events
 
     leader = lease_holder(r)  # the lease says who leads; an entry's role is what it last said
-    return {"leader": leader or None, "commanders": read_commanders(r),
+    commanders = read_commanders(r)
+    who = (leader or "").rpartition("|")[0]
+    monitor = next((c.get("monitor_url") for c in commanders
+                    if c.get("commander") == who and c.get("monitor_url")), None)
+    return {"leader": leader or None, "commanders": commanders, "monitor_url": monitor,
             "events": [event_json(i, e) for i, e in read_events(r, None, events)]}
 
 

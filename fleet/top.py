@@ -24,7 +24,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from commander.evaluator import Evaluator, Occupancy, memory_limit_bytes
-from fleet.events import Entry, clip, format_event, read_events
+from fleet.events import clip, format_event
 from fleet.status import tier_backlog
 from fleet.status import workers as registry_workers
 from protocol.codec import CodecError, as_str, decode
@@ -33,6 +33,7 @@ from stores.backlog import active_users
 from stores.commanders import commander_entries
 from stores.deadletters import dead_letter_count
 from stores.leader import lease_holder, lease_ttl_ms
+from stores.ledger import Entry, read_events
 from stores.policies import PolicyRead, list_tiers, read_policy
 from stores.reports import newest_reports
 

@@ -146,7 +146,8 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
     deadline = time.monotonic() + getattr(args, "timeout", UP_TIMEOUT_S)
     workers = _wait_for_workers(r, state, min_workers, deadline)
     metrics = _wait_for_metrics(r, state["commander"]["pid"], deadline)
-    state = local.update_state(metrics_url=f"http://{metrics}/metrics" if metrics else None)
+    state = local.update_state(metrics_url=f"http://{metrics}/metrics" if metrics else None,
+                               monitor_url=f"http://{metrics}/" if metrics else None)
     return {**_describe(state), "status": "up", "resumed": resumed, "workers": workers}
 
 
@@ -235,6 +236,7 @@ def _describe(state: dict[str, Any]) -> dict[str, Any]:
         "commander": {"pid": (state.get("commander") or {}).get("pid"),
                        "log": str(local.logs_dir() / "commander.log")},
         "metrics_url": state.get("metrics_url"),
+        "monitor_url": state.get("monitor_url"),  # the monitor page: the same address, path /
     }
 
 
@@ -255,6 +257,7 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     print(f"  commander   pid {result['commander']['pid']} (log {result['commander']['log']})")
     if status != "down":
         print(f"  metrics     {result.get('metrics_url') or 'not served'}")
+        print(f"  monitor     {result.get('monitor_url') or 'not served'}")
     if status == "up":
         workers = result.get("workers") or []
         names = ", ".join(workers) or "-"

@@ -32,7 +32,8 @@ def commander_entries(r: redis.Redis) -> list[tuple[str, CommanderInfo | CodecEr
 
 
 def read_commanders(r: redis.Redis, now: float | None = None) -> list[dict[str, Any]]:
-    """Every entry with ``alive`` (seen within ``STALE_S``) and ``seen_ago_s``."""
+    """Every entry with ``alive`` (seen within ``STALE_S``), ``seen_ago_s`` and the URLs of its
+    ``/metrics`` and monitor page (``metrics_url``, ``monitor_url``: one address serves both)."""
     now = time.time() if now is None else now
     out = []
     for cid, entry in commander_entries(r):
@@ -43,7 +44,8 @@ def read_commanders(r: redis.Redis, now: float | None = None) -> list[dict[str, 
         ago = now - info["seen"] if info["seen"] else None
         info.update(alive=ago is not None and ago <= STALE_S,
                     seen_ago_s=None if ago is None else round(ago, 1),
-                    metrics_url=f"http://{info['metrics']}/metrics" if info["metrics"] else None)
+                    metrics_url=f"http://{info['metrics']}/metrics" if info["metrics"] else None,
+                    monitor_url=f"http://{info['metrics']}/" if info["metrics"] else None)
         out.append(info)
     return sorted(out, key=lambda c: str(c.get("commander")))
 

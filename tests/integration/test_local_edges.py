@@ -121,6 +121,10 @@ def test_up_prints_url_env_and_metrics_fsyncs_always_and_down_stops_a_standby(ba
         assert 'eval "$(fleet env)"' in up.stdout
         with urllib.request.urlopen(metrics, timeout=5) as resp:
             assert resp.status == 200 and b"fleet_" in resp.read()
+        monitor = state["monitor_url"]  # the monitor page: the same address, path /
+        assert monitor == metrics.removesuffix("metrics") and f"monitor     {monitor}" in up.stdout
+        with urllib.request.urlopen(monitor, timeout=5) as resp:
+            assert resp.status == 200 and b"Fleet monitor" in resp.read()
         assert redis.Redis.from_url(url).config_get("appendfsync") == {"appendfsync": "always"}
 
         sub = tmp_path / "src" / "pkg"

@@ -86,3 +86,5 @@ def test_a_dead_commander_is_not_listed_as_leader(r, fleet_env, tmp_path):
     by_id = {c["commander"]: c for c in data["commanders"]}
     assert by_id["cmd-old"]["alive"] is False and by_id["cmd-new"]["alive"] is True
     assert by_id["cmd-new"]["metrics_url"] == "http://127.0.0.1:9464/metrics"
+    assert by_id["cmd-new"]["monitor_url"] == data["monitor_url"] == "http://127.0.0.1:9464/"
+    assert ", monitor http://127.0.0.1:9464/" in first

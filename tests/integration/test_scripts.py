@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -44,3 +45,17 @@ def test_bench_report_quick_assembles_the_report(tmp_path):
     assert (tmp_path / "bench-scaleup.png").stat().st_size > 0
     for name in ("pipeline", "scaleup", "commander"):
         assert json.loads((tmp_path / "bench-raw" / f"{name}.json").read_text())
+
+
+@pytest.mark.smoke
+def test_bench_monitor_quick(tmp_path):
+    out = tmp_path / "bench.json"
+    script = ROOT / "scripts" / "bench_monitor.py"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this tree's packages, whatever the venv installed
+    run = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)], capture_output=True,
+                         text=True, timeout=180, cwd=ROOT, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["workers"] == 20 and result["requests_per_refresh"] == 4
+    assert result["cpu_ms_per_refresh"] > 0
+    assert result["bytes"]["/api/workers"] > 1000  # every worker is in it, with its history

@@ -321,6 +321,8 @@ def drive_sync(r: redis.Redis) -> None:
     ledger.ledger_page(r, "+", 10)
     ledger.ledger_tip(r)
     ledger.ledger_after(r, "0-0", 10, 0)
+    ledger.read_events(r, "chat", 10)
+    ledger.events_since(r, now - 60, "chat")
     lease.drop(holder)
     # control, dead letters, decide state, reports
     control.send_control(r, WORKERS[0], Control(kind="drain", ts=now), 10)
@@ -440,6 +442,10 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.parse_backlog": "parses replies",
     "stores.backlog.live_ids": "a set of ids",
     "stores.cluster.is_cluster": "an isinstance test",
+    "stores.ledger.CorruptEvent": "a value",
+    "stores.ledger.parse_entry": "decodes an entry",
+    "stores.ledger.tier_matches": "compares a field",
+    "stores.ledger.event_json": "an entry as plain data",
     "stores.home": "files under the fleet home, no Redis",
     "stores.memory": "ranking arithmetic, no Redis",
     "stores.records": "run records on disk, no Redis",

@@ -1,0 +1,278 @@
+"""The monitor's JSON API (``/api/*``): what the page polls, and the dead-letter actions.
+
+Tiers and workers come from the commander's last pass (``Board``: no Redis read for them);
+the rest is read through ``stores`` on a blocking client in a worker thread
+(``asyncio.to_thread``): every store reader is synchronous, and an asyncio twin of each would
+be a second copy of them. A read that fails makes only its own section an ``{"error": ...}``
+(logged), never a 500 for the page. Only the leader answers: a standby says who leads, with a
+503 and the leader's monitor URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from aiohttp import web
+
+from commander.monitor import views
+from commander.monitor.board import KEEP_S, Board
+from commander.monitor.views import BadRequest
+from stores.commanders import read_commanders
+from stores.deadletters import dead_letter_count, dead_letter_rows, purge_dead_letters, retry_dead_letters
+from stores.leader import lease_holder
+from stores.ledger import events_since, read_events
+
+log = logging.getLogger("fleet.monitor")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Monitor:
+    """What the API reads: the commander's board, whether it leads, and a Redis client."""
+
+    board: Board
+    leading: Callable[[], bool]
+    commander_id: str
+    r: redis.Redis | None
+    clock: Callable[[], float] = time.time
+    timings: dict[str, float] = field(default_factory=dict)  # endpoint -> seconds of its last call
+    memo: views.RowMemo = field(default_factory=views.RowMemo)  # each report's history value, once
+    cache: dict[tuple[int, str | None], bytes] = field(default_factory=dict)  # (pass, tier) -> /workers
+
+
+MONITOR: web.AppKey[Monitor] = web.AppKey("monitor", Monitor)
+
+
+class SectionError(Exception):
+    """A section of a response could not be read (its one-line reason is shown)."""
+
+
+def _redis(m: Monitor) -> redis.Redis:
+    if m.r is None:
+        raise SectionError("no Redis client")
+    return m.r
+
+
+async def section(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``{"data": fn(...)}``, run in a thread; ``{"error": "..."}`` (logged) if it failed."""
+    try:
+        return {"data": await asyncio.to_thread(fn, *args, **kwargs)}
+    except Exception as exc:  # noqa: BLE001 - one section's failure is shown in its place, not a 500
+        reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+        log.warning("monitor: %s failed: %s", what, reason)
+        return {"error": reason}
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, headers={"Cache-Control": "no-store"})
+
+
+def _bad(exc: BadRequest) -> web.Response:
+    return _json({"error": str(exc)}, 400)
+
+
+def _leader_info(r: redis.Redis) -> dict[str, Any]:
+    return views.leader_json(lease_holder(r), read_commanders(r))
+
+
+@web.middleware
+async def leader_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A standby answers every API call with a 503 naming the leader; errors become JSON."""
+    m = request.app[MONITOR]
+    if not m.leading():
+        who = await section("leader lookup", _leader_info, _redis(m)) if m.r is not None else {}
+        info = who.get("data") or {}
+        return _json({"error": f"{m.commander_id} is a standby: the leader serves the monitor",
+                      "standby": m.commander_id, "leader": info.get("leader"),
+                      "leader_url": info.get("leader_url"), "leader_error": who.get("error")}, 503)
+    started = time.perf_counter()
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return _bad(exc)
+    except SectionError as exc:
+        return _json({"error": str(exc)}, 503)
+    finally:
+        m.timings[request.path] = time.perf_counter() - started
+
+
+# --- reads ------------------------------------------------------------------------------
+def _no_pass(m: Monitor) -> dict[str, Any]:
+    return {"error": f"{m.commander_id} leads but has not finished a pass yet"}
+
+
+async def overview(request: web.Request) -> web.Response:
+    """Tiers (workers vs desired/target, bounds, signals, policy), commanders and the leader."""
+    m = request.app[MONITOR]
+    seen, now = m.board.seen, m.clock()
+    commanders = await section("commanders", lambda r: {"list": read_commanders(r), **_leader_info(r)},
+                               _redis(m))
+    out: dict[str, Any] = {"commander": m.commander_id, "leading": True, "now": now,
+                           "commanders": commanders.get("data") or {"error": commanders["error"]}}
+    if seen is None:
+        return _json({**out, "tiers": [], "tiers_error": _no_pass(m)["error"]})
+    names = sorted(seen.tiers)
+    counts = await section("dead-letter counts", lambda r: {t: dead_letter_count(r, t) for t in names},
+                           _redis(m))
+    dead = counts.get("data") or {}
+    out["tiers"] = [views.tier_json(seen.tiers[t], dead.get(t)) for t in names]
+    out["dead_letters_error"] = counts.get("error")
+    out["pass_age_s"] = round(max(0.0, now - seen.ts), 2)
+    return _json(out)
+
+
+async def workers(request: web.Request) -> web.Response:
+    """Every worker of the last pass (``?tier=`` one tier's), with its occupancy history."""
+    m = request.app[MONITOR]
+    tier = views.tier_param(request.query.get("tier"))
+    seen = m.board.seen
+    if seen is None:
+        return _json({"workers": [], **_no_pass(m)})
+    key = (seen.generation, tier)
+    body = m.cache.get(key)
+    if body is None:  # once per pass, however many pages are open
+        now = m.clock()
+        body = json.dumps({"now": now, "workers": views.workers_json(seen, now, tier, m.memo)}).encode()
+        m.cache.clear()
+        m.cache[key] = body
+    return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-store"})
+
+
+async def history(request: web.Request) -> web.Response:
+    """``?tier=T``: workers and demand over the last hour (samples, then the ledger before)."""
+    m = request.app[MONITOR]
+    tier = views.tier_param(request.query.get("tier"), required=True)
+    assert tier is not None
+    now = m.clock()
+    since = now - KEEP_S
+    samples = m.board.samples(tier, since)
+    ledger = await section("ledger", events_since, _redis(m), since, tier)
+    chart = views.chart_json(tier, samples, ledger.get("data") or [], since, now)
+    return _json({**chart, "ledger_error": ledger.get("error")})
+
+
+async def ledger(request: web.Request) -> web.Response:
+    """``?tier=T&count=N``: the newest ledger entries, newest first."""
+    m = request.app[MONITOR]
+    tier = views.tier_param(request.query.get("tier"))
+    count = views.count_param(request.query.get("count"), 100, 1000)
+    got = await section("ledger", read_events, _redis(m), tier, count)
+    if "error" in got:
+        return _json({"tier": tier, "events": [], "error": got["error"]})
+    return _json({"tier": tier, "events": views.ledger_json(got["data"]),
+                  "corrupt": views.corrupt_count(got["data"])})
+
+
+async def dead_letters(request: web.Request) -> web.Response:
+    """``?tier=T&count=N``: the tier's newest dead letters, with their reason."""
+    m = request.app[MONITOR]
+    tier = views.tier_param(request.query.get("tier"), required=True)
+    assert tier is not None
+    count = views.count_param(request.query.get("count"), 50, 1000)
+    rows = await section("dead letters", _dead_rows, _redis(m), tier, count)
+    total = await section("dead-letter count", dead_letter_count, _redis(m), tier)
+    error = rows.get("error") or total.get("error")
+    return _json({"tier": tier, "total": total.get("data"), "error": error,
+                  "dead_letters": rows.get("data") or []})
+
+
+def _dead_rows(r: redis.Redis, tier: str, count: int) -> list[dict[str, Any]]:
+    return views.dead_letter_json(row.to_json() for row in dead_letter_rows(r, tier, count))
+
+
+def _active_users(r: redis.Redis, tier: str, limit: int) -> list[Any]:
+    from stores.users import active_users  # (imported when used: the other views need none of it)
+
+    return [views.plain(u) for u in active_users(r, tier, limit=limit)]
+
+
+async def population(request: web.Request) -> web.Response:
+    """``?tier=T&q=search&sort=col``: the tier's active users and what each consumes."""
+    m = request.app[MONITOR]
+    tier = views.tier_param(request.query.get("tier"), required=True)
+    assert tier is not None
+    q, sort = request.query.get("q", ""), request.query.get("sort", "turns")
+    views.population([], q, sort)  # a bad sort column is a 400 before any read
+    got = await section("population", _active_users, _redis(m), tier, 500)
+    if "error" in got:
+        return _json({"tier": tier, "users": [], "error": got["error"]})
+    rows = views.population(got["data"], q, sort)
+    return _json({"tier": tier, "q": q, "sort": sort, "users": rows, "total": len(got["data"])})
+
+
+def _inspect(r: redis.Redis, user: str) -> Any:
+    from stores.users import inspect_user
+
+    return views.plain(inspect_user(r, user))
+
+
+async def user(request: web.Request) -> web.Response:
+    """``/api/users/{user}``: lane holder, inbox after the cursor, last turns, dead letters."""
+    m = request.app[MONITOR]
+    uid = views.user_param(request.match_info["user"])
+    got = await section("user", _inspect, _redis(m), uid)
+    return _json({"user": uid, **({"error": got["error"]} if "error" in got else {"view": got["data"]})})
+
+
+# --- actions ----------------------------------------------------------------------------
+async def _body(request: web.Request) -> tuple[str, list[str] | None]:
+    if request.content_type != "application/json":
+        raise BadRequest("send the body as application/json")
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadRequest("the body is not valid JSON") from None
+    return views.dead_letter_request(body)
+
+
+def _retry(r: redis.Redis, tier: str, ids: list[str] | None) -> list[Any]:
+    return [views.plain(x) for x in retry_dead_letters(r, tier, ids)]
+
+
+def _purge(r: redis.Redis, tier: str, ids: list[str] | None) -> int:
+    return int(purge_dead_letters(r, tier, ids))
+
+
+async def retry(request: web.Request) -> web.Response:
+    """POST ``{tier, ids | all: true}``: re-enqueue the dead letters' turns (idempotent)."""
+    m = request.app[MONITOR]
+    tier, ids = await _body(request)
+    got = await section("retry", _retry, _redis(m), tier, ids)
+    if "error" in got:
+        return _json({"tier": tier, "error": got["error"]}, 502)
+    log.info("monitor: retried %d dead letter(s) of tier %s", len(got["data"]), tier)
+    return _json({"tier": tier, "retried": got["data"]})
+
+
+async def purge(request: web.Request) -> web.Response:
+    """POST ``{tier, ids | all: true}``: delete dead letters for good."""
+    m = request.app[MONITOR]
+    tier, ids = await _body(request)
+    got = await section("purge", _purge, _redis(m), tier, ids)
+    if "error" in got:
+        return _json({"tier": tier, "error": got["error"]}, 502)
+    log.info("monitor: purged %d dead letter(s) of tier %s", got["data"], tier)
+    return _json({"tier": tier, "purged": got["data"]})
+
+
+def api_app(monitor: Monitor) -> web.Application:
+    """The ``/api`` sub-application."""
+    app = web.Application(middlewares=[leader_only])
+    app[MONITOR] = monitor
+    app.router.add_get("/overview", overview)
+    app.router.add_get("/workers", workers)
+    app.router.add_get("/history", history)
+    app.router.add_get("/ledger", ledger)
+    app.router.add_get("/dead-letters", dead_letters)
+    app.router.add_post("/dead-letters/retry", retry)
+    app.router.add_post("/dead-letters/purge", purge)
+    app.router.add_get("/population", population)
+    app.router.add_get("/users/{user}", user)
+    return app

@@ -1,0 +1,305 @@
+"""What the monitor page shows, as plain JSON-ready data: pure functions of what was read.
+
+Inputs are the commander's last pass (``board.Seen``), the tier chart's samples, ledger
+entries and store rows; no Redis, no clock (``now`` comes in). Numbers are rounded here so the
+page's payload stays small at hundreds of workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from commander.evaluator import (
+    memory_limit_bytes,
+    occupancy_of,
+    rates_of,
+    row_cpu,
+    row_memory,
+    row_slots,
+)
+from commander.monitor.board import Sample, Seen, TierSeen
+from commander.snapshot import WorkerView
+from protocol.ids import validate_tier, validate_user_id
+from protocol.models import LedgerEvent, OccupancyReport, WorkerInfo
+from stores.ledger import CorruptEvent, Entry, event_json
+
+SCALE_ACTIONS = frozenset({"scale-up", "scale-down", "reclaim-idle", "consolidate"})
+POPULATION_COLUMNS = ("user", "turns", "handler_ms", "chars_in", "chars_out", "errors", "last_active_ts")
+MAX_IDS = 1_000  # dead letters one retry or purge request may name
+
+
+class BadRequest(ValueError):
+    """A request the API refuses, with the one-line reason (a 400)."""
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# --- tiers ------------------------------------------------------------------------------
+def tier_json(seen: TierSeen, dead_letters: int | None = None) -> dict[str, Any]:
+    """One tier's panel: counts vs desired and target, bounds, signals, the policy in force."""
+    snap, plan, policy = seen.snapshot, seen.plan, seen.policy
+    workers = snap.workers
+    return {
+        "tier": seen.tier,
+        "ts": seen.ts,
+        "ready": sum(1 for w in workers if w.state == "ready"),
+        "starting": seen.starting,
+        "draining": sum(1 for w in workers if w.state == "draining"),
+        "desired": plan.desired,
+        "target": plan.target,
+        "min_workers": policy.min_workers,
+        "max_workers": policy.max_workers,
+        "backlog": snap.backlog,
+        "active_users": snap.active_users,
+        "rps": _r(snap.rps),
+        "pressure": snap.pressure_events,
+        "busy_slots": sum(w.busy for w in workers),
+        "slots": sum(w.total for w in workers),
+        "proposals": dict(plan.proposals),
+        "clamp": plan.clamp,
+        "held": plan.held,
+        "reason": plan.reason,
+        "policy_source": seen.source,
+        "policy_error": seen.error,
+        "policy": policy.model_dump(mode="json"),
+        "dead_letters": dead_letters,
+    }
+
+
+def leader_json(holder: str | None, commanders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Who leads (from the lease ``<commander>|<epoch>``) and where its monitor is."""
+    leader, _, epoch = (holder or "").rpartition("|")
+    leader = leader or (holder or "")
+    url = next((c.get("monitor_url") for c in commanders
+                if c.get("commander") == leader and c.get("monitor_url")), None)
+    return {"leader": leader or None, "epoch": int(epoch) if epoch.isdigit() else None, "leader_url": url}
+
+
+# --- workers ----------------------------------------------------------------------------
+def row_percent(report: OccupancyReport, limit: float | None) -> int:
+    """One report's own occupancy (the max of its components, not averaged), in percent."""
+    parts = (row_cpu(report), row_memory(report, limit), row_slots(report))
+    return round(max((p for p in parts if p is not None), default=0.0) * 100)
+
+
+class RowMemo:
+    """Each report's ``row_percent``, computed once: a worker's window moves by a row or two
+    between two refreshes, so a refresh computes the new rows only. Keyed by (worker, the
+    report's ``ts``, the limit): a worker's reports have increasing times (the evaluator keeps
+    only newer ones). Holds no report; cleared whole past ``cap`` entries."""
+
+    def __init__(self, cap: int = 100_000) -> None:
+        self.cap = cap
+        self._values: dict[tuple[str, float, float | None], int] = {}
+
+    def percent(self, report: OccupancyReport, limit: float | None) -> int:
+        key = (report.worker, report.ts, limit)
+        value = self._values.get(key)
+        if value is None:
+            if len(self._values) >= self.cap:
+                self._values.clear()
+            value = self._values[key] = row_percent(report, limit)
+        return value
+
+
+def _report_json(window: Sequence[OccupancyReport], limit: float | None, now: float,
+                 memo: RowMemo | None = None) -> dict[str, Any]:
+    latest = window[-1]
+    occ = occupancy_of(window, limit)
+    rates = rates_of(window)
+    per_turn = None
+    if rates is not None and rates.turns_per_s > 0:
+        per_turn = rates.handler_busy / rates.turns_per_s
+    return {
+        "cpu": _r(occ.cpu), "memory": _r(occ.memory), "slots_use": _r(occ.slots),
+        "users": latest.users, "active_users": latest.active_users, "rss": latest.rss,
+        "turns_per_s": _r(rates.turns_per_s if rates else None),
+        "errors_per_s": _r(rates.errors_per_s if rates else None),
+        "handler_s_per_turn": _r(per_turn, 4),
+        "report_age_s": _r(max(0.0, now - latest.ts), 1),
+        "history": [memo.percent(r, limit) if memo else row_percent(r, limit) for r in window],
+        "history_span_s": _r(latest.ts - window[0].ts, 1),
+    }
+
+
+def worker_json(view: WorkerView, tier: str, window: Sequence[OccupancyReport],
+                info: WorkerInfo | None, limit: float | None, now: float,
+                memo: RowMemo | None = None) -> dict[str, Any]:
+    """One worker row: occupancy and its components, its history over the evaluator's
+    window (occupancy in percent, one value per report), rates, age, pid/host, state."""
+    row: dict[str, Any] = {
+        "worker": view.id, "tier": tier, "state": view.state, "fresh": view.fresh,
+        "reception": view.is_reception, "occupancy": _r(view.occupancy), "busy": view.busy,
+        "total": view.total, "age_s": _r(max(0.0, now - view.started), 1) if view.started else None,
+        "pid": info.pid if info else None, "host": info.host if info else None,
+    }
+    if window:
+        row.update(_report_json(window, limit, now, memo))
+    else:
+        row["history"] = []
+    return row
+
+
+def workers_json(seen: Seen, now: float, tier: str | None = None,
+                 memo: RowMemo | None = None) -> list[dict[str, Any]]:
+    """Every worker of the last pass (of ``tier`` if given), by tier then id."""
+    rows = []
+    for name in sorted(seen.tiers):
+        if tier is not None and name != tier:
+            continue
+        t = seen.tiers[name]
+        limit = memory_limit_bytes(t.policy)
+        for view in t.snapshot.workers:
+            info = seen.registry.get(view.id, (None, False))[0]
+            rows.append(worker_json(view, name, seen.windows.get(view.id, ()), info, limit, now, memo))
+    return rows
+
+
+# --- the tier chart ---------------------------------------------------------------------
+def _event_points(events: Iterable[Entry], before: float) -> list[list[Any]]:
+    """Ledger scale events before ``before`` as chart points ``[ts, workers, desired]``."""
+    points = []
+    for _id, e in events:
+        if isinstance(e, LedgerEvent) and e.action in SCALE_ACTIONS and e.ts < before:
+            desired = e.why.get("desired") if isinstance(e.why.get("desired"), int) else e.to_count
+            points.append([round(e.ts, 1), e.to_count, desired])
+    return points
+
+
+def chart_json(tier: str, samples: Sequence[Sample], events: Iterable[Entry], since: float,
+               now: float) -> dict[str, Any]:
+    """Workers and demand over ``[since, now]``: the commander's own samples while it led,
+    and before them the ledger's scale events (their count after the change and the desired
+    count that drove it), so a new leader's chart still shows the hour."""
+    first = samples[0].ts if samples else now
+    return {
+        "tier": tier, "since": since, "now": now,
+        "columns": ["ts", "ready", "starting", "draining", "desired", "target", "active_users",
+                    "backlog", "rps", "busy_slots"],
+        "samples": [[round(s.ts, 1), s.ready, s.starting, s.draining, s.desired, s.target, s.active_users,
+                     s.backlog, round(s.rps, 2), s.busy_slots] for s in samples if s.ts >= since],
+        "ledger_columns": ["ts", "workers", "desired"],
+        "ledger": _event_points(events, first),
+    }
+
+
+# --- ledger, dead letters, population ---------------------------------------------------
+def ledger_json(entries: Iterable[Entry]) -> list[dict[str, Any]]:
+    """Ledger entries newest first, as ``fleet events --json`` prints them."""
+    return [event_json(i, e) for i, e in reversed(list(entries))]
+
+
+def corrupt_count(entries: Iterable[Entry]) -> int:
+    """How many entries did not decode."""
+    return sum(1 for _i, e in entries if isinstance(e, CorruptEvent))
+
+
+def dead_letter_json(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Dead-letter rows (``DeadLetterRow.to_json()``) with their JSON preview decoded."""
+    out = []
+    for row in rows:
+        row = dict(row)
+        if isinstance(row.get("payload"), str):
+            with contextlib.suppress(ValueError):  # not JSON: shown as the text it is
+                row["payload"] = json.loads(row["payload"])
+        out.append(row)
+    return out
+
+
+def plain(obj: Any) -> Any:
+    """A store's value as JSON-ready data: ``to_json()``, a pydantic model or a dataclass."""
+    if hasattr(obj, "to_json"):
+        return obj.to_json()
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    return obj
+
+
+def population(rows: Iterable[Mapping[str, Any]], q: str = "", sort: str = "turns",
+               limit: int = 500) -> list[Mapping[str, Any]]:
+    """Users filtered by ``q`` (a substring of the user id), sorted by ``sort`` (a column;
+    ``-col`` or a number column sorts high first, ``user`` alphabetically)."""
+    key = sort.lstrip("-")
+    if key not in POPULATION_COLUMNS:
+        raise BadRequest(f"unknown sort column {key!r}: use one of {', '.join(POPULATION_COLUMNS)}")
+    wanted = q.strip().lower()
+    found = [row for row in rows if wanted in str(row.get("user", "")).lower()]
+    high_first = key != "user" or sort.startswith("-")
+
+    def value(row: Mapping[str, Any]) -> tuple[int, Any]:
+        v = row.get(key)
+        return (0, v) if isinstance(v, int | float | str) else (-1, 0)  # missing values last
+
+    if key == "user":
+        found.sort(key=lambda row: str(row.get("user", "")), reverse=high_first)
+    else:
+        found.sort(key=value, reverse=True)
+        if not high_first:
+            found.reverse()
+    return found[:limit]
+
+
+def dead_letter_request(body: Any) -> tuple[str, list[str] | None]:
+    """``{tier, ids: [...]}`` or ``{tier, all: true}`` -> (tier, ids or None for all)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object {tier, ids} or {tier, all: true}")
+    try:
+        tier = validate_tier(body.get("tier"))
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    if body.get("all") is True:
+        if body.get("ids"):
+            raise BadRequest("give ids or all: true, not both")
+        return tier, None
+    ids = body.get("ids")
+    if not isinstance(ids, list) or not ids:
+        raise BadRequest("give the dead letters' ids (a non-empty list) or all: true")
+    if len(ids) > MAX_IDS:
+        raise BadRequest(f"at most {MAX_IDS} ids per request")
+    for i in ids:
+        if not isinstance(i, str) or not _stream_id(i):
+            raise BadRequest(f"not a stream entry id: {str(i)[:40]!r}")
+    return tier, list(ids)
+
+
+def _stream_id(text: str) -> bool:
+    ms, dash, seq = text.partition("-")
+    return ms.isdigit() and (not dash or seq.isdigit()) and len(text) <= 41
+
+
+def user_param(user: str) -> str:
+    """A user id from the URL, validated (a 400 otherwise)."""
+    try:
+        return validate_user_id(user)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def tier_param(tier: str | None, *, required: bool = False) -> str | None:
+    """A tier from the query string, validated (a 400 otherwise)."""
+    if tier in (None, ""):
+        if required:
+            raise BadRequest("give a tier: ?tier=<name>")
+        return None
+    try:
+        return validate_tier(tier)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def count_param(value: str | None, default: int, cap: int) -> int:
+    """A positive count from the query string, capped."""
+    if value in (None, ""):
+        return default
+    if not value.isdigit() or int(value) <= 0:
+        raise BadRequest(f"count must be a positive integer, not {value[:20]!r}")
+    return min(int(value), cap)
+

@@ -1,0 +1,210 @@
+"""The monitor's cost on the commander: CPU per page refresh at 200 workers.
+
+A private redis-server gets ``--workers`` registered workers (heartbeats, a full evaluator
+window of 60 occupancy reports each) over ``--tiers`` tiers, some ledger events and dead
+letters. A real ``Commander`` (on a runtime that starts nothing: the workers are "elsewhere",
+in the registry) runs its passes, so its board holds what a leader's does; the monitor is
+served from this process on a loopback port, as the commander serves it. A client in another
+process then makes ``--cycles`` refreshes, each after two new reports per worker and a new
+pass (so nothing a refresh computed is reused by the next), of what the open page polls every 2 s
+(``/api/overview``, ``/api/workers``, and one ``/api/history`` per tier, which the page reads
+every 5 s: counted at every refresh, an upper bound). This process's CPU time over those
+requests, divided by the refreshes, is the commander's CPU per refresh (the commander's loop
+is not running meanwhile: nothing else spends CPU here). Also reported: each endpoint's
+server time (median), the bytes of one refresh, and what publishing the board costs a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from benchlib import OneLineParser, emit, free_port, redis_server
+
+from commander.commander import Commander
+from commander.metrics import Metrics
+from commander.monitor.api import Monitor
+from commander.monitor.board import Board
+from commander.runtime import Handles, Runtime, WorkerIds
+from commander.runtime.base import UnknownWorker
+from commander.settings import CommanderSettings
+from protocol import keys
+from protocol.codec import encode
+from protocol.models import Counters, OccupancyReport, Slots, WorkerInfo
+from protocol.policy import Policy
+from stores.policies import write_policy
+
+CLIENT = r"""
+import json, sys, time, urllib.request
+base, tiers = sys.argv[1], sys.argv[2].split(",")
+paths = ["/api/overview", "/api/workers"] + [f"/api/history?tier={t}" for t in tiers]
+sizes = {}
+for line in sys.stdin:  # one refresh per line, then "done" (the parent times each refresh)
+    for p in paths:
+        with urllib.request.urlopen(base + p, timeout=30) as resp:
+            body = resp.read()
+            assert resp.status == 200, (p, resp.status)
+            sizes[p] = len(body)
+    print(json.dumps(sizes), flush=True)
+"""
+
+
+class Elsewhere(Runtime):
+    """Starts nothing: every worker runs elsewhere (the registry has them)."""
+
+    name = "elsewhere"
+
+    def spawn(self, tier: str, n: int = 1) -> WorkerIds:
+        return []
+
+    def retire(self, worker_id: str, reason: str = "", drain_timeout_s: float | None = None) -> None:
+        raise UnknownWorker(worker_id)
+
+    def reap(self) -> Handles:
+        return []
+
+    def adopt(self) -> Handles:
+        return []
+
+    def stop_all(self, timeout: float | None = None) -> Handles:
+        return []
+
+    def list(self) -> Handles:
+        return []
+
+
+def parse_args(argv: list[str] | None = None) -> Any:
+    p = OneLineParser(prog="scripts/bench_monitor", description=__doc__)
+    p.add_argument("--workers", type=int, default=200)
+    p.add_argument("--tiers", type=int, default=2)
+    p.add_argument("--cycles", type=int, default=50, help="page refreshes timed")
+    p.add_argument("--quick", action="store_true", help="20 workers, 5 refreshes")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.workers, args.cycles = min(args.workers, 20), 5
+    if min(args.workers, args.tiers, args.cycles) < 1:
+        p.error("--workers, --tiers and --cycles must be positive")
+    return args
+
+
+def populate(r: redis.Redis, workers: int, tiers: int, now: float) -> list[str]:
+    """Registered workers, a policy per tier that keeps them all, dead letters."""
+    names = [f"t{i}" for i in range(tiers)]
+    per_tier = -(-workers // tiers)
+    for tier in names:
+        write_policy(r, tier, Policy(min_workers=per_tier, max_workers=per_tier, concurrency=8))
+    pipe = r.pipeline(transaction=False)
+    for w in range(workers):
+        tier, wid = names[w % tiers], f"{names[w % tiers]}-w{w:04d}"
+        info = WorkerInfo(worker=wid, tier=tier, pid=10_000 + w, host="bench", started=now - 3600,
+                          handlers=["echo", "noop", "sleep"])
+        pipe.hset(keys.WORKERS, wid, encode(info))
+        pipe.set(keys.heartbeat(wid), "1", px=600_000)
+    for i in range(50):
+        pipe.xadd(keys.dead(names[i % tiers]), {"user": f"u{i}", "turn_id": f"t{i}", "reason": "max attempts",
+                                                "worker": "x", "ts": str(now)})
+    pipe.execute()
+    return names
+
+
+def write_reports(r: redis.Redis, names: list[str], workers: int, now: float, rows: int = 60) -> None:
+    """``rows`` occupancy reports per worker, one a second up to ``now`` (60: a full window)."""
+    tiers = len(names)
+    pipe = r.pipeline(transaction=False)
+    for w in range(workers):
+        tier, wid = names[w % tiers], f"{names[w % tiers]}-w{w:04d}"
+        for k in range(rows):
+            rep = OccupancyReport(worker=wid, tier=tier, ts=now - rows + k + 1, state="ready", users=5,
+                                  active_users=2, slots=Slots(busy=(w + k) % 9, total=8), cpu=0.3,
+                                  rss=50_000_000, counters=Counters(turns=k * 10, handler_seconds=k * 1.5),
+                                  load=(0.5, 0.5, 0.5))
+            pipe.xadd(keys.REPORTS, {"m": encode(rep)})
+        if w % 20 == 0:
+            pipe.execute()
+    pipe.execute()
+
+
+def commander(r: redis.Redis, names: list[str], workers: int) -> tuple[Commander, dict[str, float]]:
+    """A leading commander that read a full window of reports of every worker (written after
+    its first pass: a new leader warms up from the newest few thousand only); the board's
+    publish cost."""
+    settings = CommanderSettings(commander_id="bench", metrics_port=None, always_tiers=())
+    cmd = Commander(r, Elsewhere(), settings)
+    assert cmd.leader.campaign()
+    cmd.pass_once(time.time())
+    write_reports(r, names, workers, time.time())
+    for _ in range(2):
+        cmd.pass_once(time.time())
+    seen = cmd.board.seen
+    assert seen is not None and seen.tiers, "the commander judged no tier"
+    times = []
+    for _ in range(20):  # on a board of its own: the commander's keeps the last pass
+        board = Board()
+        for tier in seen.tiers.values():
+            board.tier(tier)
+        start = time.perf_counter()
+        board.publish(time.time(), seen.registry, cmd.observer.evaluator)
+        times.append(time.perf_counter() - start)
+    return cmd, {"board_publish_ms": round(statistics.median(times) * 1000, 3)}
+
+
+def measure(url: str, workers: int, tiers: int, cycles: int) -> dict[str, Any]:
+    r = redis.Redis.from_url(url)
+    names = populate(r, workers, tiers, time.time())
+    cmd, publish = commander(r, names, workers)
+    monitor = Monitor(board=cmd.board, leading=lambda: cmd.leader.leading, commander_id="bench",
+                      r=redis.Redis.from_url(url))
+    metrics = Metrics()
+    host, port = metrics.serve("127.0.0.1", free_port(), monitor=monitor)
+    base = f"http://{host}:{port}"
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, base, ",".join(names)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert client.stdin is not None and client.stdout is not None
+    cpu = wall = 0.0
+    try:
+        for cycle in range(cycles + 1):  # the first refresh warms up (imports, connections): not counted
+            write_reports(r, names, workers, time.time(), rows=2)  # ~2 s of reports, as between refreshes
+            cmd.pass_once(time.time())  # a new pass: nothing the last refresh computed is reused
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            client.stdin.write("refresh\n")
+            client.stdin.flush()
+            done = client.stdout.readline()
+            if cycle:
+                cpu, wall = cpu + time.process_time() - cpu0, wall + time.perf_counter() - wall0
+        timings = dict(monitor.timings)
+    finally:
+        client.stdin.close()
+        client.wait(timeout=30)
+        client.stdout.close()
+        metrics.stop()
+    sizes = json.loads(done)
+    return {"workers": workers, "tiers": tiers, "cycles": cycles, "requests_per_refresh": 2 + tiers,
+            "cpu_ms_per_refresh": round(cpu / cycles * 1000, 2),
+            "wall_ms_per_refresh": round(wall / cycles * 1000, 2),
+            "bytes_per_refresh": sum(sizes.values()), "bytes": sizes,
+            "last_handler_ms": {p: round(v * 1000, 2) for p, v in timings.items()}, **publish}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with redis_server() as url:
+        out = measure(url, args.workers, args.tiers, args.cycles)
+    print(f"monitor refresh at {out['workers']} workers x {out['tiers']} tiers: "
+          f"{out['cpu_ms_per_refresh']} ms CPU on the commander per refresh "
+          f"({out['requests_per_refresh']} requests, {out['bytes_per_refresh']:,} bytes; "
+          f"{out['wall_ms_per_refresh']} ms wall), over {out['cycles']} refreshes")
+    print(f"last call per endpoint (ms, server side): {out['last_handler_ms']}")
+    print(f"publishing the board: {out['board_publish_ms']} ms per pass")
+    emit(out, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

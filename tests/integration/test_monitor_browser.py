@@ -1,0 +1,279 @@
+"""The monitor page in a real browser: Debian's chromium, headless, driven by playwright-core
+(``tests/browser/monitor.mjs``), against a real commander and its workers under load.
+
+What it needs is installed when missing: playwright-core from npm under
+``.cache/monitor-browser/`` (ignored by git), chromium with apt-get. When that cannot be
+done the test fails with the reason if ``CI`` is set, and is skipped otherwise.
+
+Screenshots go to the test's tmp dir (their paths are printed), and also to
+``$FLEET_MONITOR_SHOTS`` when set (how docs/images/monitor-*.png were made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from fleet.client import Fleet
+from protocol import keys
+from protocol.codec import CodecError, decode
+from protocol.models import CommanderInfo, Reply
+from protocol.policy import Policy
+from stores.deadletters import retry_turn_id
+from stores.policies import write_policy
+from tests.integration.conftest import FAST_WORKER_ENV, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = ROOT / ".cache" / "monitor-browser"
+DRIVER = ROOT / "tests" / "browser" / "monitor.mjs"
+TOKEN = "browser-test-token"
+ROWS = "document.querySelectorAll('#workers tbody tr[data-worker]').length"
+
+
+def _unavailable(why: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"the browser test cannot run: {why}")
+    pytest.skip(why)
+
+
+def _run(cmd: list[str], what: str) -> None:
+    started = time.monotonic()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _unavailable(f"{what} failed: {exc}")
+        return
+    if done.returncode != 0:
+        _unavailable(f"{what} failed (exit {done.returncode}): {(done.stderr or done.stdout)[-500:]}")
+    print(f"{what}: done in {time.monotonic() - started:.0f} s")
+
+
+def ensure_browser() -> tuple[str, str]:
+    """(node, chromium) with playwright-core installed; installs what is missing."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        _unavailable("node and npm are not installed (apt-get install nodejs npm)")
+    if not shutil.which("chromium"):
+        if not shutil.which("apt-get") or os.geteuid() != 0:
+            _unavailable("chromium is not installed and apt-get cannot run here (apt-get install chromium)")
+        _run(["apt-get", "install", "-y", "-q", "chromium"], "apt-get install chromium")
+    chromium = shutil.which("chromium")
+    if not chromium:
+        _unavailable("chromium is still not on the PATH after apt-get install chromium")
+    if not (MODULES / "node_modules" / "playwright-core" / "package.json").exists():
+        MODULES.mkdir(parents=True, exist_ok=True)
+        _run([str(npm), "install", "--prefix", str(MODULES), "--no-audit", "--no-fund", "playwright-core@1"],
+             "npm install playwright-core")
+    assert node and chromium
+    return node, chromium
+
+
+class Browser:
+    """The node driver: one JSON command per line, one answer per line."""
+
+    def __init__(self, node: str, chromium: str, log: Path) -> None:
+        env = dict(os.environ, FLEET_BROWSER_MODULES=str(MODULES), CHROMIUM=chromium)
+        self.log = log.open("w")
+        self.proc = subprocess.Popen([node, str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, env=env)
+        hello = self._read()
+        assert hello.get("ready"), hello
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.log.flush()
+            pytest.fail(f"the browser driver exited: {Path(self.log.name).read_text()[-2000:]}")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def __call__(self, cmd: str, **args: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
+        self.proc.stdin.flush()
+        answer = self._read()
+        assert answer["ok"], f"{cmd} {args}: {answer.get('error')}"
+        return answer
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+            self.proc.stdin.flush()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        self.log.close()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    node, chromium = ensure_browser()
+    b = Browser(node, chromium, tmp_path / "browser.log")
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def commander(fleet_env: dict[str, str], r: redis.Redis, tmp_path: Path) -> Iterator[str]:
+    """A real commander serving the monitor on a free loopback port, behind a token; yields
+    its base URL. Stopped by pid (SIGTERM: it drains the workers it started)."""
+    env = {**fleet_env, **FAST_WORKER_ENV, "FLEET_COMMANDER_METRICS_TOKEN": TOKEN}
+    log = tmp_path / "commander.log"
+    with log.open("ab") as out:
+        argv = [sys.executable, "-m", "commander", "--commander-id", "mon1", "--metrics-port", "0",
+                "--interval", "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit"]
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        address = wait_until(lambda: _address(r, proc), 30, "the commander to register its address")
+        yield f"http://{address}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        print(f"commander log: {log}")
+
+
+def _address(r: redis.Redis, proc: subprocess.Popen[bytes]) -> str | None:
+    assert proc.poll() is None, "the commander exited"
+    blob = r.hget(keys.COMMANDERS, "mon1")
+    if not isinstance(blob, bytes):
+        return None
+    try:
+        info = decode(CommanderInfo, blob)
+    except CodecError:
+        return None
+    return info.metrics if info.role == "leader" and info.metrics else None
+
+
+class Load:
+    """A few users sending turns in a loop (``stop`` ends it)."""
+
+    def __init__(self, url: str, users: int = 10) -> None:
+        self.fleet, self.users, self.replies = Fleet(url), [f"web{i}" for i in range(users)], 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            handles = self.fleet.submit_many([(u, "hello monitor") for u in self.users])
+            self.replies += len(self.fleet.results(handles, timeout=60))
+            self.stop.wait(0.05)
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=90)
+
+
+def _shot(b: Browser, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"monitor-{name}.png"
+    b("shot", path=str(path))
+    print(f"screenshot: {path}")
+    keep = os.environ.get("FLEET_MONITOR_SHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(keep) / path.name)
+    return path
+
+
+def _policy(r: redis.Redis, min_workers: int, fail_attempts: int = 0) -> None:
+    write_policy(r, "chat", Policy(handler="sleep", concurrency=4, min_workers=min_workers, max_workers=4,
+                                   handler_options={"sleep_ms": 60, "fail_attempts": fail_attempts},
+                                   max_attempts=2, scale_down_stabilization_s=1))
+
+
+def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server: Any, commander: str,
+                                                    browser: Browser, tmp_path: Path) -> None:
+    _policy(r, 1)
+    opened = browser("open", url=f"{commander}/?token={TOKEN}")
+    assert opened["url"] == f"{commander}/", opened["url"]  # the token left the address bar
+    weight = opened["weight"]
+    print(f"page weight, one full load: {weight['requests']} requests, {weight['bytes']} bytes")
+    for item in weight["items"]:
+        print(f"  {item['status']} {item['bytes']:>7} {item['url']}")
+
+    browser("wait", js="document.querySelector('.tier[data-tier=\"chat\"]') !== null")
+    with Load(redis_server.url):
+        browser("wait", js=f"{ROWS} === 1", timeout=30000)
+        browser("wait", js="document.querySelectorAll('#workers svg.hist rect').length > 3", timeout=30000)
+        _shot(browser, tmp_path, "one-worker")
+
+        _policy(r, 3)  # the tier scales up: the rows appear without a reload
+        browser("wait", js=f"{ROWS} === 3", timeout=40000)
+        browser("wait", js="document.querySelector('.tier[data-tier=\"chat\"] .stat b').textContent === '3'",
+                timeout=40000)
+        time.sleep(3)  # (let the occupancy histograms fill for the screenshot; nothing is awaited)
+        _shot(browser, tmp_path, "overview")
+
+    _policy(r, 1)  # the load stops and the floor goes down: the drained workers' rows go
+    browser("wait", js=f"{ROWS} === 1", timeout=60000)
+
+    browser("hash", hash="#/ledger")
+    browser("wait", js="[...document.querySelectorAll('#ledger tbody tr')].some(tr => "
+                       "tr.textContent.includes('scale-up'))")
+    _shot(browser, tmp_path, "ledger")
+    _retry_a_dead_letter_from_the_page(r, redis_server.url, browser, tmp_path)
+
+    browser("hash", hash="#/population")  # the users of the load, searchable; one user's page
+    browser("wait", js="document.querySelectorAll('#population tbody a').length >= 5")
+    browser("eval", js="(() => { const q = document.querySelector('#population-q'); q.value = 'web3';"
+                       " q.dispatchEvent(new Event('input')); })()")
+    browser("wait", js="document.querySelectorAll('#population tbody a').length === 1")
+    browser("click", selector="#population tbody a")
+    browser("wait", js="document.querySelector('#user dl.kv') !== null && "
+                       "document.querySelector('#user-id').textContent === 'web3'")
+    assert browser("errors")["errors"] == []  # no script error, no CSP violation
+
+
+def _retry_a_dead_letter_from_the_page(r: redis.Redis, url: str, b: Browser, tmp_path: Path) -> None:
+    """A turn that failed every attempt is dead-lettered; once the fault is gone, Retry on the
+    page re-enqueues it and its reply arrives."""
+    _policy(r, 1, fail_attempts=9)  # every attempt fails: dead-lettered after max_attempts
+    time.sleep(1)  # (the workers read their policy each renew: no turn may start before it)
+    with Fleet(url) as fleet:
+        failed = fleet.submit("dlq-user", "doomed at first").result(timeout=60)
+    assert not failed.ok
+    wait_until(lambda: r.xlen(keys.dead("chat")) == 1, 30, "the dead letter")
+    _policy(r, 1)  # the fault is fixed
+    b("hash", hash="#/dead-letters")
+    time.sleep(2)  # the workers re-read the policy every renew (0.4 s here): they all run the fixed one
+    b("wait", js="document.querySelector('#dead tbody tr[data-id] button.retry') !== null")
+    _shot(b, tmp_path, "dead-letters")
+    b("click", selector="#dead tbody tr[data-id] button.retry")
+    b("wait", js="document.querySelector('#dead-result').textContent === 'retried 1'")
+    retried = retry_turn_id(failed.turn_id)
+    wait_until(lambda: r.exists(keys.reply("dlq-user", retried)), 30, "the retried turn's reply")
+    raw = r.lindex(keys.reply("dlq-user", retried), 0)
+    assert isinstance(raw, bytes)
+    try:
+        reply = decode(Reply, raw).model_dump()
+    except CodecError:  # a plain (JSON) turn's reply
+        reply = json.loads(raw)
+    assert reply["ok"] is True and reply["turn_id"] == retried, reply
+    b("wait", js="document.querySelector('#dead tbody tr.empty') !== null")  # the list is empty again

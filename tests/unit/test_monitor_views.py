@@ -1,0 +1,250 @@
+"""The monitor's pure parts: what the page shows of tiers, workers, charts, the ledger and
+users (table tests), the request checks, the board the commander publishes, and the auth."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from commander.decide import Plan
+from commander.evaluator import Evaluator
+from commander.monitor import views
+from commander.monitor.board import Board, Sample, TierSeen
+from commander.monitor.server import authorized, cookie_value
+from commander.monitor.views import BadRequest
+from commander.snapshot import TierSnapshot, WorkerView
+from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots, WorkerInfo
+from protocol.policy import Policy
+from stores.ledger import CorruptEvent
+
+NOW = 10_000.0
+
+
+def report(worker: str, ts: float, busy: int = 0, turns: int = 0, handler_s: float = 0.0,
+           cpu: float | None = 0.1, rss: int = 100, total: int = 4) -> OccupancyReport:
+    return OccupancyReport(worker=worker, tier="chat", ts=ts, state="ready", users=busy, active_users=busy,
+                           slots=Slots(busy=busy, total=total), cpu=cpu, rss=rss,
+                           counters=Counters(turns=turns, handler_seconds=handler_s), load=(0, 0, 0))
+
+
+def seen(tier: str = "chat", workers: tuple[WorkerView, ...] = (), error: str | None = None,
+         ts: float = NOW, desired: int = 2, policy: Policy | None = None) -> TierSeen:
+    snap = TierSnapshot(tier=tier, workers=workers, active_users=7, backlog=3, rps=1.23456, pressure_events=1)
+    plan = Plan(tier=tier, current=len(workers), desired=desired, target=desired + 1,
+                proposals={"users": 2, "rps": None}, reason="users 7 / 4")
+    return TierSeen(tier=tier, ts=ts, policy=policy or Policy(min_workers=1, max_workers=5),
+                    source="key" if error is None else "last-good", error=error, snapshot=snap, plan=plan,
+                    starting=sum(1 for w in workers if w.state == "starting"))
+
+
+# --- tiers ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("workers", "error", "want"), [
+    ((), None, {"ready": 0, "starting": 0, "draining": 0, "busy_slots": 0, "slots": 0, "policy_error": None}),
+    ((WorkerView("a", busy=1, total=4), WorkerView("b", state="starting"), WorkerView("c", state="draining")),
+     None, {"ready": 1, "starting": 1, "draining": 1, "busy_slots": 1, "slots": 4}),
+    ((WorkerView("a"),), "max_workers: must be >= 0", {"policy_error": "max_workers: must be >= 0",
+                                                       "policy_source": "last-good"}),
+], ids=["empty", "states", "rejected-edit"])
+def test_tier_json(workers: tuple[WorkerView, ...], error: str | None, want: dict[str, Any]) -> None:
+    got = views.tier_json(seen(workers=workers, error=error), dead_letters=4)
+    assert {k: got[k] for k in want} == want
+    assert (got["desired"], got["target"], got["min_workers"], got["max_workers"]) == (2, 3, 1, 5)
+    assert (got["backlog"], got["active_users"], got["rps"], got["pressure"]) == (3, 7, 1.235, 1)
+    assert got["dead_letters"] == 4 and got["proposals"] == {"users": 2, "rps": None}
+    assert got["policy"]["max_workers"] == 5 and got["reason"] == "users 7 / 4"
+
+
+@pytest.mark.parametrize(("holder", "want"), [
+    (None, {"leader": None, "epoch": None, "leader_url": None}),
+    ("c1|4", {"leader": "c1", "epoch": 4, "leader_url": "http://127.0.0.1:9464/"}),
+    ("c2|1", {"leader": "c2", "epoch": 1, "leader_url": None}),  # registered without an address
+    ("odd", {"leader": "odd", "epoch": None, "leader_url": None}),
+])
+def test_leader_json(holder: str | None, want: dict[str, Any]) -> None:
+    commanders = [{"commander": "c1", "monitor_url": "http://127.0.0.1:9464/"},
+                  {"commander": "c2", "monitor_url": None}]
+    assert views.leader_json(holder, commanders) == want
+
+
+# --- workers ----------------------------------------------------------------------------
+def test_worker_json_with_a_window_has_components_rates_and_history() -> None:
+    window = [report("w", NOW - 3 + i, busy=i, turns=10 * i, handler_s=0.5 * i) for i in range(4)]
+    info = WorkerInfo(worker="w", tier="chat", pid=42, host="h1", started=NOW - 100)
+    view = WorkerView("w", occupancy=0.5, busy=3, total=4, started=NOW - 100, is_reception=True)
+    got = views.worker_json(view, "chat", window, info, None, NOW)
+    assert (got["pid"], got["host"], got["age_s"], got["reception"]) == (42, "h1", 100.0, True)
+    assert got["turns_per_s"] == 10.0 and got["handler_s_per_turn"] == 0.05
+    assert got["cpu"] == 0.1 and got["memory"] is None and got["report_age_s"] == 0.0
+    # per report, in percent: the max component (cpu 10 %, then the slots)
+    assert got["history"] == [10, 25, 50, 75] and got["history_span_s"] == 3.0
+
+
+@pytest.mark.parametrize(("limit", "rss", "want_memory"), [(None, 100, None), (1000.0, 500, 0.5)])
+def test_worker_memory_is_a_component_only_with_a_limit(limit: float | None, rss: int,
+                                                       want_memory: float | None) -> None:
+    got = views.worker_json(WorkerView("w"), "chat", [report("w", NOW, rss=rss)], None, limit, NOW)
+    assert got["memory"] == want_memory and got["pid"] is None
+
+
+def test_a_worker_without_reports_has_an_empty_history_and_no_rates() -> None:
+    got = views.worker_json(WorkerView("w", state="starting", fresh=False), "chat", (), None, None, NOW)
+    assert got["history"] == [] and "turns_per_s" not in got and got["age_s"] is None
+
+
+def test_workers_json_filters_by_tier_and_takes_the_registry() -> None:
+    board = Board()
+    ev = Evaluator()
+    ev.add(report("a", NOW))
+    board.tier(seen("chat", (WorkerView("a"),)))
+    board.tier(seen("batch", (WorkerView("b"),)))
+    board.publish(NOW, {"a": (WorkerInfo(worker="a", tier="chat", pid=1, host="h", started=0), True)}, ev)
+    assert board.seen is not None
+    assert [w["worker"] for w in views.workers_json(board.seen, NOW)] == ["b", "a"]  # by tier: batch first
+    only = views.workers_json(board.seen, NOW, "chat")
+    assert [(w["worker"], w["pid"], len(w["history"])) for w in only] == [("a", 1, 1)]
+
+
+# --- the board and the chart ------------------------------------------------------------
+def test_board_samples_every_few_seconds_keeps_an_hour_and_publishes_generations() -> None:
+    board = Board(sample_every_s=5.0, keep_s=60.0)
+    for i in range(30):  # a pass every 2 s for 60 s
+        board.tier(seen(ts=NOW + 2 * i))
+        board.publish(NOW + 2 * i, {}, Evaluator())
+    got = board.samples("chat")
+    assert all(b.ts - a.ts >= 5.0 for a, b in zip(got, got[1:], strict=False))
+    assert got[-1].ts - got[0].ts <= 60.0 and board.samples("chat", since=NOW + 50)[0].ts >= NOW + 50
+    assert board.seen is not None and board.seen.generation == 30
+    board.publish(NOW + 200, {}, Evaluator())  # the tier is gone for longer than the span
+    assert board.samples("chat") == [] and board.seen is not None and board.seen.tiers == {}
+
+
+def _event(ts: float, action: str, to: int, desired: int | None = None) -> tuple[str, LedgerEvent]:
+    why = {} if desired is None else {"desired": desired}
+    return f"{int(ts * 1000)}-0", LedgerEvent(ts=ts, tier="chat", epoch=1, commander="c1", action=action,
+                                              from_count=to - 1, to_count=to, why=why)
+
+
+@pytest.mark.parametrize(("samples_from", "want_ledger"), [
+    (None, [[NOW - 3000, 2, 3], [NOW - 2000, 4, 4]]),  # no samples: every scale event is drawn
+    (NOW - 2500, [[NOW - 3000, 2, 3]]),  # samples cover the rest: only the events before them
+])
+def test_chart_takes_the_ledger_before_the_commanders_own_samples(samples_from: float | None,
+                                                                  want_ledger: list[list[float]]) -> None:
+    events = [_event(NOW - 3000, "scale-up", 2, 3), _event(NOW - 2500, "hold", 2),
+              _event(NOW - 2000, "scale-up", 4), ("1-0", CorruptEvent("chat", "bad"))]
+    samples = [] if samples_from is None else [
+        Sample(samples_from, 2, 1, 0, 3, 3, 9, 2, 1.5, 3)]
+    got = views.chart_json("chat", samples, events, NOW - 3600, NOW)
+    assert got["ledger"] == want_ledger
+    assert got["samples"] == ([] if samples_from is None else [[samples_from, 2, 1, 0, 3, 3, 9, 2, 1.5, 3]])
+    assert got["columns"][0] == "ts" and len(got["columns"]) == 10
+
+
+def test_ledger_json_is_newest_first_and_keeps_corrupt_entries() -> None:
+    entries = [_event(NOW - 2, "scale-up", 2), ("5-0", CorruptEvent("chat", "no field 'm'"))]
+    got = views.ledger_json(entries)
+    assert [e["id"] for e in got] == ["5-0", f"{int((NOW - 2) * 1000)}-0"]
+    assert got[0]["corrupt"] == "no field 'm'" and views.corrupt_count(entries) == 1
+
+
+def test_dead_letter_json_decodes_the_fields_and_the_payload() -> None:
+    rows = [{"id": "1-0", "user": "alice", "reason": "max attempts", "payload": '{"text": "hi"}'},
+            {"id": "2-0", "user": "bob", "payload": "not json"}]
+    got = views.dead_letter_json(rows)
+    assert got[0] == {"id": "1-0", "user": "alice", "reason": "max attempts", "payload": {"text": "hi"}}
+    assert got[1]["payload"].startswith("not json")
+
+
+# --- population -------------------------------------------------------------------------
+ROWS = [{"user": "alice", "turns": 5, "errors": 0}, {"user": "bob", "turns": 9, "errors": 2},
+        {"user": "carol", "turns": 1}, {"user": "alfred", "turns": 7, "errors": 1}]
+
+
+@pytest.mark.parametrize(("q", "sort", "want"), [
+    ("", "turns", ["bob", "alfred", "alice", "carol"]),  # numbers: high first
+    ("", "-turns", ["bob", "alfred", "alice", "carol"]),
+    ("AL", "user", ["alfred", "alice"]),  # a case-blind substring; users alphabetically
+    ("", "-user", ["carol", "bob", "alice", "alfred"]),
+    ("", "errors", ["bob", "alfred", "alice", "carol"]),  # a missing value sorts last
+    ("zed", "turns", []),
+])
+def test_population_filters_and_sorts(q: str, sort: str, want: list[str]) -> None:
+    assert [row["user"] for row in views.population(ROWS, q, sort)] == want
+
+
+def test_population_refuses_an_unknown_column() -> None:
+    with pytest.raises(BadRequest, match="unknown sort column 'password'"):
+        views.population(ROWS, "", "password")
+
+
+def test_plain_takes_to_json_models_and_dataclasses() -> None:
+    class WithJson:
+        def to_json(self) -> dict[str, int]:
+            return {"a": 1}
+
+    assert views.plain(WithJson()) == {"a": 1}
+    assert views.plain(Sample(1.0, 1, 0, 0, 1, 1, 0, 0, 0.0, 0))["ready"] == 1
+    assert views.plain(Slots(busy=1, total=2))["total"] == 2
+    assert views.plain(3) == 3
+
+
+# --- request checks ---------------------------------------------------------------------
+@pytest.mark.parametrize(("body", "want"), [
+    ({"tier": "chat", "ids": ["1-0", "2-5"]}, ("chat", ["1-0", "2-5"])),
+    ({"tier": "chat", "all": True}, ("chat", None)),
+])
+def test_dead_letter_request(body: Any, want: tuple[str, list[str] | None]) -> None:
+    assert views.dead_letter_request(body) == want
+
+
+@pytest.mark.parametrize(("body", "match"), [
+    ([], "JSON object"),
+    ({"tier": "Bad Tier", "all": True}, "invalid tier"),
+    ({"tier": "chat"}, "give the dead letters' ids"),
+    ({"tier": "chat", "ids": []}, "give the dead letters' ids"),
+    ({"tier": "chat", "ids": ["1-0"], "all": True}, "not both"),
+    ({"tier": "chat", "ids": ["x"]}, "not a stream entry id"),
+    ({"tier": "chat", "ids": [1]}, "not a stream entry id"),
+    ({"tier": "chat", "ids": ["1-0"] * 1001}, "at most 1000"),
+])
+def test_dead_letter_request_refuses(body: Any, match: str) -> None:
+    with pytest.raises(BadRequest, match=match):
+        views.dead_letter_request(body)
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, 50), ("", 50), ("10", 10), ("5000", 1000)])
+def test_count_param(value: str | None, want: int) -> None:
+    assert views.count_param(value, 50, 1000) == want
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "ten"])
+def test_count_param_refuses(value: str) -> None:
+    with pytest.raises(BadRequest, match="positive integer"):
+        views.count_param(value, 50, 1000)
+
+
+def test_tier_and_user_params() -> None:
+    assert views.tier_param(None) is None and views.tier_param("chat") == "chat"
+    with pytest.raises(BadRequest, match="give a tier"):
+        views.tier_param("", required=True)
+    with pytest.raises(BadRequest, match="invalid tier"):
+        views.tier_param("../etc")
+    assert views.user_param("alice@x") == "alice@x"
+    with pytest.raises(BadRequest, match="invalid user id"):
+        views.user_param("a b")
+
+
+# --- auth -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("header", "cookie", "token", "want"), [
+    (None, None, None, True),  # no token: loopback-only by default, open
+    (None, None, "s3cret", False),
+    ("Bearer s3cret", None, "s3cret", True),
+    ("Bearer wrong", None, "s3cret", False),
+    ("s3cret", None, "s3cret", False),  # the scheme is required
+    (None, cookie_value("s3cret"), "s3cret", True),
+    (None, "s3cret", "s3cret", False),  # the cookie is a keyed hash, never the token itself
+    (None, cookie_value("other"), "s3cret", False),
+])
+def test_authorized(header: str | None, cookie: str | None, token: str | None, want: bool) -> None:
+    assert authorized(header, cookie, token) is want
