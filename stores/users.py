@@ -172,8 +172,9 @@ def _names(reply: Any, user: str) -> bool:
 @dataclass(frozen=True)
 class UserUsage:
     """One active user of a tier with the usage counters the worker writes (``keys.usage``:
-    ``turns``, ``errors``, ``chars_in``, ``chars_out``; ``handler_ms`` where a worker writes it,
-    else 0). The counters are the user's across tiers: the hash is per user."""
+    ``turns``, ``errors``, ``chars_in``, ``chars_out``, ``handler_ms``: the handler's time on the
+    user's turns, every attempt, 0 from workers before issue 12). The counters are the user's
+    across tiers: the hash is per user."""
 
     user: str
     tier: str

@@ -77,6 +77,7 @@ class UserJob:
         self.lease: Lease | None = None
         self.handed: list[str] = []  # notification ids a hand-over acks
         self.busy_since: float | None = None  # in a handler right now
+        self.turn_handler_s = 0.0  # the handler's time on the turn being served (its usage)
         self.task: asyncio.Task[None] | None = None
         self.renewed = 0.0  # when the lease was last taken or renewed (monotonic)
         self._lost = False  # lane_lost() cancelled the task: take the lane again
@@ -226,6 +227,7 @@ class UserJob:
             rows = None
 
     async def _serve_turn(self, lease: Lease, entry: str, fields: Fields) -> None:
+        self.turn_handler_s = 0.0  # every attempt of this turn here counts
         try:
             turn = decode_entry(self.user, self.w.tier, entry, fields, self.w.settings.max_turn_bytes)
         except Exception as exc:  # CodecError, or a decoder bug: never wedge the user's lane
@@ -287,6 +289,7 @@ class UserJob:
             self.w.trace_handler("exit", ctx)
             self.busy_since = None
             took = time.monotonic() - started
+            self.turn_handler_s += took
             self.w.counters_add(handler_seconds=took)
             tally.observe("handler", took)
         limit = self.w.settings.max_reply_bytes
@@ -309,7 +312,8 @@ class UserJob:
             turn_id=turn.turn_id, session_entry=encode(session_entry),
             reply=_encode_reply(reply, turn.reply_fmt), profile=result.profile,
             memories=[new_member(text, imp, now) for text, imp in result.memories],
-            usage={"turns": 1, "chars_in": len(turn.text), "chars_out": len(result.text)},
+            usage={"turns": 1, "chars_in": len(turn.text), "chars_out": len(result.text),
+                   "handler_ms": round(self.turn_handler_s * 1000)},
         )
         await self._commit(lease, entry, turn.turn_id, writes, "ok", turn.ts)
         self.w.counters_add(turns=1)
@@ -320,7 +324,8 @@ class UserJob:
         await self.w.dead_letter(self.user, entry, reply_to, reason, fields)
         reply = Reply(turn_id=reply_to, user=self.user, ok=False, error=reason,
                       worker=self.w.worker_id, ts=time.time(), attempts=attempts)
-        writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt), usage={"errors": 1})
+        writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt),
+                        usage={"errors": 1, "handler_ms": round(self.turn_handler_s * 1000)})
         await self._commit(lease, entry, reply_to, writes, "error", submitted)
         self.w.counters_add(turns=1, errors=1)
 

@@ -64,6 +64,7 @@ def test_fleet_user_shows_the_lane_holder_inbox_session_and_pending(r, redis_ser
     pop = active_users(r, "chat")
     assert [(u.user, u.turns, u.errors) for u in pop] == [("ann", 4, 0)]
     assert pop[0].chars_out > 0 and pop[0].last_active_ts > 0
+    assert pop[0].handler_ms >= 4000  # the slow turn slept 4 s in its handler: the worker counts it
 
 
 def test_an_undelivered_notification_is_pending_and_bad_ids_are_usage_errors(r, fleet_env, tmp_path):
