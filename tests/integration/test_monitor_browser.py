@@ -35,7 +35,7 @@ from stores.deadletters import retry_turn_id
 from stores.policies import write_policy
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ROOT / ".cache" / "monitor-browser"
 DRIVER = ROOT / "tests" / "browser" / "monitor.mjs"
