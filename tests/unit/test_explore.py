@@ -118,3 +118,17 @@ def test_a_run_with_pauses_and_lost_replies_replays_step_for_step(seed: int) -> 
     first = run(schedule(seed, None, 3))
     again = run(Schedule.from_json(first.schedule.to_json()))
     assert (again.steps, again.virtual_s, again.commands) == (first.steps, first.virtual_s, first.commands)
+
+
+# Open holes: a schedule the explorer found that still fails, replayed exactly from its shrunk
+# file. Strict: the day it holds (fixed, or the code changed under it) this test fails and the
+# row moves to HOLES, with its focused test.
+OPEN = Path(__file__).parent / "schedules"
+
+
+@pytest.mark.xfail(strict=True, reason="open hole (found 2026-12-01, seed 28924): after a worker "
+                   "pause, a 17 s Redis outage and a lane expiry, the worker's handler ran 1.4 s "
+                   "past its lane's end, over the zombie bound; not yet explained")
+def test_open_hole_zombie_after_a_pause_an_outage_and_an_expiry() -> None:
+    got = run(Schedule.from_json((OPEN / "zombie-28924.json").read_text()))
+    assert got.ok, [str(v) for v in got.violations]
