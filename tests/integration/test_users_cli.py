@@ -57,7 +57,9 @@ def test_fleet_user_shows_the_lane_holder_inbox_session_and_pending(r, redis_ser
     assert "hello there" in text.stdout and "pending  notification in: chat" in text.stdout
 
     assert slow.result(15).ok and all(h.result(10).ok for h in queued)
-    wait_until(lambda: not r.exists(keys.lane("ann")), 10, "the lane's release")
+    # the worker gives the lane up, then acks the notification it served: wait for both
+    wait_until(lambda: not r.exists(keys.lane("ann")) and not inspect_user(r, "ann").pending, 10,
+               "the lane's release and the notification's ack")
     done = inspect_user(r, "ann")
     assert (done.lane_holder, done.inbox_after_cursor, done.pending) == (None, 0, [])
     assert len(done.session) == 4 and done.cursor
