@@ -251,18 +251,36 @@ def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server
     assert browser("errors")["errors"] == []  # no script error, no CSP violation
 
 
+from stores.deadletters import dead_letter_rows, purge_dead_letters  # noqa: E402
+
+
+def _until_served(url: str, in_a_row: int) -> None:
+    """Submit probe turns until ``in_a_row`` consecutive ones are answered ok (a deadline of 60 s)."""
+    deadline, ok = time.monotonic() + 60, 0
+    with Fleet(url) as fleet:
+        while ok < in_a_row:
+            assert time.monotonic() < deadline, "the workers never ran the fixed policy"
+            ok = ok + 1 if fleet.submit(f"probe-{ok}", "probe").result(timeout=60).ok else 0
+
+
 def _retry_a_dead_letter_from_the_page(r: redis.Redis, url: str, b: Browser, tmp_path: Path) -> None:
     """A turn that failed every attempt is dead-lettered; once the fault is gone, Retry on the
     page re-enqueues it and its reply arrives."""
     _policy(r, 1, fail_attempts=9)  # every attempt fails: dead-lettered after max_attempts
-    time.sleep(1)  # (the workers read their policy each renew: no turn may start before it)
+    # the workers read their policy each renew: submit until one turn fails (no worker says
+    # which policy it runs, so the outcome is what is polled)
+    deadline = time.monotonic() + 60
     with Fleet(url) as fleet:
-        failed = fleet.submit("dlq-user", "doomed at first").result(timeout=60)
-    assert not failed.ok
+        while (failed := fleet.submit("dlq-user", "doomed at first").result(timeout=60)).ok:
+            assert time.monotonic() < deadline, "the workers never ran the failing policy"
     wait_until(lambda: r.xlen(keys.dead("chat")) == 1, 30, "the dead letter")
     _policy(r, 1)  # the fault is fixed
     b("hash", hash="#/dead-letters")
-    time.sleep(2)  # the workers re-read the policy every renew (0.4 s here): they all run the fixed one
+    _until_served(url, 5)  # the workers run the fixed policy: five probe turns in a row answered ok
+    probes = [row.id for row in dead_letter_rows(r, "chat", 1000) if row.user.startswith("probe-")]
+    if probes:  # probes the old policy failed: not the dead letter this test retries
+        purge_dead_letters(r, "chat", probes)
+    assert [row.user for row in dead_letter_rows(r, "chat", 1000)] == ["dlq-user"]
     b("wait", js="document.querySelector('#dead tbody tr[data-id] button.retry') !== null")
     _shot(b, tmp_path, "dead-letters")
     b("click", selector="#dead tbody tr[data-id] button.retry")
