@@ -23,6 +23,7 @@ from commander.leader import Deposed, Leadership
 from commander.monitor.board import Board, TierSeen
 from commander.observe import Observer
 from commander.records import Records
+from commander.recovery import Recovery
 from commander.runtime import Runtime, UnknownWorker, WorkerHandle, WorkerState
 from commander.settings import CommanderSettings
 from commander.views import snapshot, tier_rps, worker_views
@@ -31,6 +32,7 @@ from protocol.policy import Policy
 from stores.backlog import write_starting
 from stores.control import send_control
 from stores.policies import PolicyRead, list_tiers, read_policy
+from stores.recovery import cluster_epoch
 from stores.retry import TRANSIENT, Backoff
 from stores.takeover import Takeover, sweep, take_over
 
@@ -81,6 +83,7 @@ class Commander(Records):
         self._swept_at = 0.0  # monotonic time of the last sweep of the ready groups
         self.trusted_since = 0.0  # wall time an outage ended: older reports are not trusted
         self.board = Board()  # the last pass, published for the monitor (commander.monitor)
+        self.recovery = Recovery()  # re-notifies after a Cluster failover
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
@@ -112,6 +115,7 @@ class Commander(Records):
         self._last_pass = None  # and trusts only reports made after it took over
         for tier in self.tiers.values():
             tier.loaded = False  # re-read the stabilization history the last leader saved
+        self.recovery.forget()  # and the cluster epoch it last recovered from
         self._append(LedgerEvent(ts=self.clock(), tier="*", epoch=self.leader.epoch or 0,
                                  commander=self.settings.commander_id, action="leader",
                                  reason=f"{self.settings.commander_id} leads"))
@@ -148,6 +152,7 @@ class Commander(Records):
             log.warning("deposed during a takeover: acting on nothing more")
             return
         policies = {t: self._policy(t, registry) for t in names}
+        self._recover({t: p.policy.ready_shards for t, p in policies.items()})
         windows = {t: p.policy.active_window_s for t, p in policies.items()}
         signals = self.observer.tier_signals(names, windows, now)
         for tier in names:
@@ -317,6 +322,29 @@ class Commander(Records):
             for one in done:
                 self._record_takeover(one, f"consumer {one.worker} is no live worker")
         self._swept_at = self.monotonic()
+
+    def _recover(self, shards: dict[str, int]) -> None:
+        """After a Cluster failover, re-notify the users whose queued turns may have lost their
+        notification (``stores.recovery``); a failure is retried next pass."""
+        try:
+            done = self.recovery.run(self.r, shards, cluster_epoch(self.r))
+        except Exception as exc:  # noqa: BLE001 - Redis still failing over: the next pass retries
+            log.warning("recovery after a failover failed (%s: %s); retried next pass",
+                        type(exc).__name__, exc)
+            return
+        if done is None:
+            return
+        for tier in done.tiers:
+            if not tier.users:
+                continue
+            reason = (f"cluster epoch {done.before} -> {done.now} (a failover may have lost "
+                      f"notifications): re-notified {len(tier.users)} of {tier.checked} active "
+                      f"users with turns queued")
+            log.warning("tier %s: %s", tier.tier, reason)
+            self._append(self._event(tier.tier, "renotified", reason=reason,
+                                     why={"renotified": {"users": list(tier.users[:20]),
+                                                         "count": len(tier.users),
+                                                         "checked": tier.checked}}))
 
     def _record_takeover(self, done: Takeover, why: str, unasked: bool = False) -> None:
         """Log and count a takeover; a ledger event when it did something, or when the exit

@@ -26,6 +26,7 @@ TIERS = f"{PREFIX}:tiers"  # set of tier names that have a policy
 # the fenced ledger append (one Lua script over the three keys) is Cluster-safe.
 LEADER = f"{{{EVENTS}}}:leader"  # string "<commander>|<epoch>" with a TTL
 EPOCH = f"{{{EVENTS}}}:epoch"  # counter: every leadership gets a larger epoch
+RECOVERED = f"{PREFIX}:recovered"  # the data epoch of the last failover recovery (stores.recovery)
 COMMANDERS = f"{PREFIX}:commanders"  # hash: commander id -> msgpack CommanderInfo (leader and standbys)
 
 

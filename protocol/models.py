@@ -190,7 +190,7 @@ class LedgerEvent(_Model):
     epoch: int
     commander: str
     action: Literal["scale-up", "scale-down", "reclaim-idle", "consolidate", "policy-rejected",
-                    "policy-applied", "leader", "worker-exited", "hold"]
+                    "policy-applied", "leader", "worker-exited", "hold", "renotified"]
     from_count: int = 0
     to_count: int = 0
     victims: list[str] = Field(default_factory=list)

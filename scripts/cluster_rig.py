@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,21 +170,25 @@ class RedisClusterRig:
                         out.append(node)
         return out
 
-    def kill_master(self, master: ClusterNode | None = None, lag_s: float = 0.0) -> ClusterNode:
+    def kill_master(self, master: ClusterNode | None = None, lag_s: float = 0.0,
+                    while_lagging: Callable[[], object] | None = None) -> ClusterNode:
         """SIGKILL a master (by pid); returns it. Its replica is promoted within a few seconds:
         ``wait_promoted`` waits for that. ``lag_s``: its replicas are paused (SIGSTOP) that long
         before the kill and resumed (SIGCONT) right after it, so they fall behind: what the
-        master acknowledged meanwhile and had not handed to the kernel is lost with it."""
+        master acknowledged meanwhile and had not handed to the kernel is lost with it.
+        ``while_lagging`` runs once they are paused (writes that the failover is to lose)."""
         master = master or self.masters()[0]
         assert master.role == "master", f"port {master.port} is not a master"
         replicas = self.replicas_of(master)
         assert replicas, f"master on port {master.port} has no replica to promote"
         self._replicas_at_kill[master.port] = replicas
-        if lag_s > 0:
-            for replica in replicas:
-                replica.pause()
-            time.sleep(lag_s)
         try:
+            if lag_s > 0:
+                for replica in replicas:
+                    replica.pause()
+                if while_lagging is not None:
+                    while_lagging()
+                time.sleep(lag_s)
             with master.client() as c:
                 self.offset_at_kill[master.port] = int(c.info("replication")["master_repl_offset"])
             master.kill()

@@ -72,6 +72,20 @@ def test_the_documented_users_run_fleet_on_a_cluster(acl_cluster: RedisClusterRi
         run = subprocess.run([*FLEET, "status"], env=observer, capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, run.stderr
         assert "chat-acl" in run.stdout
+        # the commander (its passes read the cluster's epoch: CLUSTER INFO) records the epoch; last:
+        # it adopts the worker, and stops it on its way out
+        with (tmp_path / "commander.log").open("wb") as out:
+            commander = subprocess.Popen(
+                [sys.executable, "-m", "commander", "--commander-id", "acl", "--no-metrics", "--interval",
+                 "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit"],
+                env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_until(lambda: admin.get(keys.RECOVERED) is not None or commander.poll() is not None, 30,
+                       "the commander to record the cluster's epoch")
+            assert commander.poll() is None, (tmp_path / "commander.log").read_text()[-2000:]
+        finally:
+            commander.terminate()
+            commander.wait(timeout=40)
     finally:
         worker.terminate()
         worker.wait(timeout=15)

@@ -66,6 +66,7 @@ from stores import (
     leader,
     ledger,
     policies,
+    recovery,
     registry,
     reports,
     submit,
@@ -123,7 +124,7 @@ SINGLE_KEY = {  # key = args[1]; each name here was checked to take one key
     "GET", "SET", "SETNX", "PSETEX", "INCR", "INCRBY", "EXPIRE", "PEXPIRE", "PTTL", "TTL", "TYPE",
     "HSET", "HGET", "HGETALL", "HMGET", "HDEL", "HEXISTS", "HINCRBY", "HLEN", "HKEYS",
     "SADD", "SREM", "SMEMBERS", "SISMEMBER", "SCARD",
-    "ZADD", "ZREM", "ZCOUNT", "ZCARD", "ZSCORE", "ZRANGE", "ZREVRANGE", "ZREMRANGEBYSCORE",
+    "ZADD", "ZSCAN", "ZREM", "ZCOUNT", "ZCARD", "ZSCORE", "ZRANGE", "ZREVRANGE", "ZREMRANGEBYSCORE",
     "LPUSH", "RPUSH", "LRANGE", "LLEN", "LTRIM",
     "XADD", "XRANGE", "XREVRANGE", "XLEN", "XTRIM", "XDEL", "XACK", "XCLAIM", "XAUTOCLAIM",
     "XPENDING", "XGROUP CREATE", "XGROUP DESTROY", "XGROUP DELCONSUMER", "XGROUP CREATECONSUMER",
@@ -422,6 +423,12 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     takeover.consumers(r, tier)
     takeover.sweep(r, tier, live={other})
     takeover.take_over(r, tier, other)
+    # the recovery after a failover: users with a turn after the cursor get a fresh notification
+    recovery.write_recovered(r, 7)
+    recovery.read_recovered(r)
+    await submit.submit_round_trip_async(ar, [turn(USERS[0], tier, 90)], tier)
+    recovery.unserved_users(r, list(USERS))
+    recovery.renotify_unserved(r, tier, shards=3, batch=1)
     registry.forget_workers(r, list(WORKERS))
     SyncScripts(r)
 
@@ -442,6 +449,9 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.parse_backlog": "parses replies",
     "stores.backlog.live_ids": "a set of ids",
     "stores.cluster.is_cluster": "an isinstance test",
+    "stores.recovery.cluster_epoch": "CLUSTER INFO, a Cluster only: tests/cluster/test_failover_recovery",
+    "stores.recovery.unserved": "compares stream ids",
+    "stores.recovery.Renotified": "a value",
     "stores.ledger.CorruptEvent": "a value",
     "stores.ledger.parse_entry": "decodes an entry",
     "stores.ledger.tier_matches": "compares a field",
