@@ -77,6 +77,7 @@ WORKER_ENV = {"FLEET_WORKER_LANE_TTL_MS": "2000", "FLEET_WORKER_RENEW_INTERVAL_S
               "FLEET_WORKER_RECLAIM_IDLE_MS": "2000", "FLEET_WORKER_RECLAIM_INTERVAL_S": "0.5",
               "FLEET_WORKER_HOUSEKEEPING_INTERVAL_S": "2"}
 PAUSE_S = (3.0, 4.5)  # a worker pause: past the lane TTL (2 s), short of the heartbeat TTL (5 s)
+VICTIM_WAIT_S = 10.0  # a worker fault waits this long for a live worker to hit
 DRAIN_OBEYED_S = 15.0  # a worker told to drain shows it by then (past a pause, a Redis pause)
 CLUSTER_NODE_TIMEOUT_MS = 2000  # --cluster: a master silent this long is failed over
 MASTER_PAUSE_S = (0.4, 1.2)  # a master pause: well short of the node timeout (no failover)
@@ -292,12 +293,22 @@ class Faults:
     def missed(self) -> list[str]:
         return [f"{k} {self.count[k]}/{n}" for k, n in self.quota.items() if self.count[k] < n]
 
-    def _victim(self, r: redis.Redis) -> WorkerInfo:
-        """A live worker, preferably one inside a handler now (its users measure the takeover)."""
-        workers = [w for w in live_workers(r) if w.worker not in self.killed and _running(w.pid)]
-        self.cluster.pids_seen.update(w.pid for w in workers)
+    def _victim(self, r: redis.Redis, wait_s: float = VICTIM_WAIT_S) -> WorkerInfo:
+        """A live worker, preferably one inside a handler now (its users measure the takeover).
+        Right after a kill there may be none until the commander's replacement registers (a
+        tier of 2 that just lost both): wait for one, ``wait_s`` at most."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                workers = [w for w in live_workers(r) if w.worker not in self.killed and _running(w.pid)]
+            except TRANSIENT:  # a master failing over: ask again
+                workers = []
+            self.cluster.pids_seen.update(w.pid for w in workers)
+            if workers or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         if not workers:
-            raise RuntimeError("no live worker")
+            raise RuntimeError(f"no live worker within {wait_s:g} s")
         busy = self.trace.busy_workers()
         return self.rng.choice([w for w in workers if w.worker in busy] or workers)
 
