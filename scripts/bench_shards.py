@@ -45,12 +45,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def masters_cpu(r: redis.RedisCluster) -> dict[str, float]:
     """CPU seconds (user + sys) each master has used so far, by ``host:port``."""
+    return {node: seconds for node, (seconds, _cmds) in masters_stats(r).items()}
+
+
+Commands = dict[str, tuple[int, int]]  # command -> (calls, usec), from INFO commandstats
+
+
+def masters_stats(r: redis.RedisCluster) -> dict[str, tuple[float, Commands]]:
+    """Per master (``host:port``): the CPU seconds it has used so far and its commandstats."""
     out = {}
     for node in r.get_primaries():  # type: ignore[no-untyped-call]
         with redis.Redis(host=node.host, port=node.port) as c:
             cpu = c.info("cpu")
-            out[f"{node.host}:{node.port}"] = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+            stats = c.info("commandstats")
+            cmds = {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+                    for name, v in stats.items()}
+            out[f"{node.host}:{node.port}"] = (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), cmds)
     return out
+
+
+def commands_delta(before: Commands, after: Commands) -> Commands:
+    return {name: (calls - before.get(name, (0, 0))[0], usec - before.get(name, (0, 0))[1])
+            for name, (calls, usec) in after.items() if calls != before.get(name, (0, 0))[0]}
+
+
+def top_commands(cmds: Commands, turns: int, n: int = 8) -> dict[str, dict[str, float]]:
+    """The ``n`` commands that took a master longest, per turn: calls and microseconds."""
+    ranked = sorted(cmds.items(), key=lambda kv: -kv[1][1])[:n]
+    return {name: {"calls_per_turn": round(calls / turns, 2), "us_per_turn": round(usec / turns, 1)}
+            for name, (calls, usec) in ranked}
 
 
 async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
@@ -60,21 +83,27 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
     lat: dict[int, list[float]] = {n: [] for n in SETTINGS}
     spent = dict.fromkeys(SETTINGS, 0.0)
     cpu: dict[int, dict[str, float]] = {n: {} for n in SETTINGS}
+    cmds: dict[int, dict[str, Commands]] = {n: {} for n in SETTINGS}
     try:
         for rnd in range(-2, args.rounds):  # rounds -2, -1: a warm-up of each, not counted
             shards = SETTINGS[rnd % 2]
             write_policy(r, "chat", Policy(handler="echo", concurrency=args.concurrency, ready_shards=shards))
             await asyncio.sleep(max(5 * REFRESH_S, 6.0))  # workers and the client's 5 s cache have it
             users = [f"r{rnd}-u{i:04d}" for i in range(args.users)]
-            before = masters_cpu(r)
+            before = masters_stats(r)
             got, elapsed = await one_round(fleet, users, args.turns)
-            after = masters_cpu(r)
+            after = masters_stats(r)
             if rnd < 0:
                 continue
             lat[shards] += got
             spent[shards] += elapsed
-            for node, seconds in after.items():
-                cpu[shards][node] = cpu[shards].get(node, 0.0) + seconds - before.get(node, seconds)
+            for node, (seconds, now) in after.items():
+                was_cpu, was_cmds = before.get(node, (seconds, now))
+                cpu[shards][node] = cpu[shards].get(node, 0.0) + seconds - was_cpu
+                acc = cmds[shards].setdefault(node, {})
+                for name, (calls, usec) in commands_delta(was_cmds, now).items():
+                    c0, u0 = acc.get(name, (0, 0))
+                    acc[name] = (c0 + calls, u0 + usec)
             print(f"  round {rnd + 1}/{args.rounds} ready_shards={shards}: {len(got)} turns in "
                   f"{elapsed:.2f} s", file=sys.stderr, flush=True)
     finally:
@@ -87,12 +116,14 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
         turns = len(lat[n])
         per_turn_us = {node: round(s / turns * 1e6, 1) for node, s in sorted(cpu[n].items())}
         hottest = max(per_turn_us.values())
+        hot_node = max(per_turn_us, key=lambda k: per_turn_us[k])
         out[f"ready_shards_{n}"] = {
             "turns": turns, "turns_per_s": round(turns / spent[n], 1),
             "p50_ms": round(percentile(lat[n], 50) * 1000, 2),
             "p99_ms": round(percentile(lat[n], 99) * 1000, 2),
             "master_cpu_us_per_turn": per_turn_us, "hottest_master_cpu_us_per_turn": hottest,
-            "ceiling_turns_per_s": round(1e6 / hottest, 0) if hottest else None}
+            "ceiling_turns_per_s": round(1e6 / hottest, 0) if hottest else None,
+            "hottest_master_top_commands": top_commands(cmds[n].get(hot_node, {}), turns) if turns else {}}
     one, three = out["ready_shards_1"], out["ready_shards_3"]
     assert isinstance(one, dict) and isinstance(three, dict)
     out["ratio_3_to_1"] = {k: round(three[k] / one[k], 3) if one[k] else None
@@ -115,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ready_shards={n}: {x['turns_per_s']:,} turns/s  p50 {x['p50_ms']} ms  p99 {x['p99_ms']} ms  "
               f"hottest master {x['hottest_master_cpu_us_per_turn']} us/turn "
               f"(ceiling {x['ceiling_turns_per_s']:,.0f} turns/s); per master {x['master_cpu_us_per_turn']}")
+        top = x["hottest_master_top_commands"]
+        assert isinstance(top, dict)
+        print("    its commands per turn (calls, us): " + ", ".join(
+            f"{name} {c['calls_per_turn']:g}/{c['us_per_turn']:g}" for name, c in top.items()))
     ratio = result["ratio_3_to_1"]
     assert isinstance(ratio, dict)
     print(f"3 : 1  turns/s x{ratio['turns_per_s']}  ceiling x{ratio['ceiling_turns_per_s']}  "
