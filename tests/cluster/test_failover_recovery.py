@@ -69,8 +69,8 @@ def notified(r: redis.Redis, user: str) -> bool:
 
 
 def test_a_notification_lost_in_a_failover_is_posted_again_and_the_turn_answered(
-        redis_cluster: RedisClusterRig, rc: redis.Redis,
-        start_workers: Callable[[int], object]) -> None:  # noqa: F811  (the fixture)
+        redis_cluster: RedisClusterRig, rc: redis.Redis, cluster_env: dict[str, str],  # noqa: F811
+        start_workers: Callable[[int], object]) -> None:  # noqa: F811  (the fixtures)
     write_policy(rc, "chat", Policy(min_workers=0, concurrency=4))
     rig = Rig(rc, concurrency=4)
     assert rig.campaign()
@@ -112,6 +112,7 @@ def test_a_notification_lost_in_a_failover_is_posted_again_and_the_turn_answered
     events = rig.actions("renotified")
     assert events and user in events[-1].why["renotified"]["users"], [e.reason for e in rig.ledger()]
     assert notified(rc, user)
+    cluster_env["REDIS_URL"] = redis_cluster.url  # a live node: the one it named may be the dead one
     start_workers(1)
     assert handle.result(timeout=30).text.startswith("echo: hello")
     fleet.close()
