@@ -135,7 +135,11 @@ def commander(r: redis.Redis, names: list[str], workers: int) -> tuple[Commander
     """A leading commander that read a full window of reports of every worker (written after
     its first pass: a new leader warms up from the newest few thousand only); the board's
     publish cost."""
-    settings = CommanderSettings(commander_id="bench", metrics_port=None, always_tiers=())
+    # its passes are run by hand, apart (12,000 reports are written between the first two, and
+    # each refresh is timed between two): the default 3 s lease lapsed there on a loaded machine,
+    # the monitor then answered 503 as a standby and the run died on a broken pipe
+    settings = CommanderSettings(commander_id="bench", metrics_port=None, always_tiers=(),
+                                 lease_ttl_ms=600_000)
     cmd = Commander(r, Elsewhere(), settings)
     assert cmd.leader.campaign()
     cmd.pass_once(time.time())
@@ -172,6 +176,8 @@ def measure(url: str, workers: int, tiers: int, cycles: int) -> dict[str, Any]:
         for cycle in range(cycles + 1):  # the first refresh warms up (imports, connections): not counted
             write_reports(r, names, workers, time.time(), rows=2)  # ~2 s of reports, as between refreshes
             cmd.pass_once(time.time())  # a new pass: nothing the last refresh computed is reused
+            if not cmd.leader.leading:
+                raise SystemExit("bench_monitor: the commander lost its lease; the monitor would answer 503")
             cpu0, wall0 = time.process_time(), time.perf_counter()
             client.stdin.write("refresh\n")
             client.stdin.flush()

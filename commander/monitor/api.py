@@ -247,8 +247,9 @@ async def retry(request: web.Request) -> web.Response:
     got = await section("retry", _retry, _redis(m), tier, ids)
     if "error" in got:
         return _json({"tier": tier, "error": got["error"]}, 502)
-    log.info("monitor: retried %d dead letter(s) of tier %s", len(got["data"]), tier)
-    return _json({"tier": tier, "retried": got["data"]})
+    summary = views.retry_summary(got["data"])
+    log.info("monitor: dead letters of tier %s: %s", tier, summary)
+    return _json({"tier": tier, "retried": got["data"], "summary": summary})
 
 
 async def purge(request: web.Request) -> web.Response:

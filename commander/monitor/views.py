@@ -212,6 +212,21 @@ def dead_letter_json(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def retry_summary(outcomes: Sequence[Mapping[str, Any]], shown: int = 3) -> str:
+    """One line on a retry (``Retried.to_json()`` outcomes): how many of the dead letters asked
+    for were re-enqueued, and why the first ``shown`` others were not. Only outcome ``retried``
+    counts: an id the page still showed after it was purged or retried elsewhere is ``unknown``,
+    and nothing was submitted for it."""
+    done = sum(1 for x in outcomes if x.get("outcome") == "retried")
+    text = f"retried {done} of {len(outcomes)}"
+    others = [x for x in outcomes if x.get("outcome") != "retried"]
+    if others:
+        why = ", ".join(f"{x.get('id')} ({x.get('reason') or x.get('outcome')})" for x in others[:shown])
+        more = f" and {len(others) - shown} more" if len(others) > shown else ""
+        text += f"; not retried: {why}{more}"
+    return text
+
+
 def plain(obj: Any) -> Any:
     """A store's value as JSON-ready data: ``to_json()``, a pydantic model or a dataclass."""
     if hasattr(obj, "to_json"):

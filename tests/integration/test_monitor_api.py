@@ -135,8 +135,10 @@ async def test_dead_letters_list_and_retry_and_purge_through_the_stores(
 
     # entries without the kept turn (as written before issue 12) are reported, and kept
     resp = await api.post("/api/dead-letters/retry", json={"tier": "chat", "ids": [first, "9-9"]})
-    retried = {x["id"]: x["outcome"] for x in (await resp.json())["retried"]}
+    got = await resp.json()
+    retried = {x["id"]: x["outcome"] for x in got["retried"]}
     assert resp.status == 200 and retried == {first: "not_retriable", "9-9": "unknown"}
+    assert got["summary"].startswith("retried 0 of 2; not retried: ")  # what the page shows
     resp = await api.post("/api/dead-letters/purge", json={"tier": "chat", "ids": [first]})
     assert resp.status == 200 and (await resp.json())["purged"] == 1
     resp = await api.post("/api/dead-letters/purge", json={"tier": "chat", "all": True})

@@ -156,6 +156,22 @@ def test_dead_letter_json_decodes_the_fields_and_the_payload() -> None:
     assert got[1]["payload"].startswith("not json")
 
 
+@pytest.mark.parametrize(("outcomes", "want"), [
+    ([{"id": "1-0", "outcome": "retried"}], "retried 1 of 1"),
+    ([], "retried 0 of 0"),
+    # a row the page still showed after someone else purged it: nothing was retried, and it says so
+    ([{"id": "9-9", "outcome": "unknown", "reason": "no dead letter 9-9 in tier chat"}],
+     "retried 0 of 1; not retried: 9-9 (no dead letter 9-9 in tier chat)"),
+    ([{"id": "1-0", "outcome": "retried"},
+      {"id": "2-0", "outcome": "not_retriable", "reason": "cannot retry: the turn's text was not kept"}],
+     "retried 1 of 2; not retried: 2-0 (cannot retry: the turn's text was not kept)"),
+    ([{"id": f"{i}-0", "outcome": "unknown", "reason": "gone"} for i in range(5)],
+     "retried 0 of 5; not retried: 0-0 (gone), 1-0 (gone), 2-0 (gone) and 2 more"),
+])
+def test_retry_summary_counts_only_the_turns_retried(outcomes: list[dict[str, Any]], want: str) -> None:
+    assert views.retry_summary(outcomes) == want
+
+
 # --- population -------------------------------------------------------------------------
 ROWS = [{"user": "alice", "turns": 5, "errors": 0}, {"user": "bob", "turns": 9, "errors": 2},
         {"user": "carol", "turns": 1}, {"user": "alfred", "turns": 7, "errors": 1}]

@@ -257,7 +257,9 @@ async function deadAction(kind, tier, ids) {
     body: JSON.stringify(ids ? { tier, ids } : { tier, all: true }) });
   const out = $("#dead-result");
   if (res.status !== 200 || res.body.error) out.textContent = `${kind} failed: ${res.body.error}`;
-  else out.textContent = kind === "retry" ? `retried ${res.body.retried.length}` : `purged ${res.body.purged}`;
+  // a retry says how many turns it re-enqueued, not how many ids it sent (a row shown before
+  // someone else purged or retried it comes back "unknown": nothing was retried for it)
+  else out.textContent = kind === "retry" ? res.body.summary : `purged ${res.body.purged}`;
   await refreshDead();
 }
 async function refreshDead() {
