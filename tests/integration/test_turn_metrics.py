@@ -36,8 +36,10 @@ def one_worker(**over: object) -> object:
 
 def commander(r: redis.Redis) -> tuple[Commander, Metrics]:
     metrics = Metrics()
+    # the test runs the passes by hand, with work in between (workers stopped and started): a
+    # lease of the default 3 s runs out on a loaded machine, and a pass then does nothing
     settings = CommanderSettings(commander_id="cm", metrics_port=None, interval_s=0.2,
-                                 always_tiers=("chat",))
+                                 always_tiers=("chat",), lease_ttl_ms=600_000)
     cmd = Commander(r, NoSpawn(r, VirtualClock(), 1), settings, metrics)
     assert cmd._campaign()
     return cmd, metrics
