@@ -115,6 +115,8 @@ def _status_text(snap: dict[str, Any]) -> str:
     for tier, t in snap["tiers"].items():
         by = f" by {t['policy_rejected_by']}" if t.get("policy_rejected_by") else ""
         policy = t["policy_source"] + (f" (REJECTED{by}: {t['policy_error']})" if t["policy_error"] else "")
+        if t.get("ready_shards", 1) > 1:
+            policy += f", {t['ready_shards']} ready shards"
         lines.append(f"{tier:<12}{t['workers_alive']:>8}{t['min_workers']:>5}{t['max_workers']:>5}"
                      f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}"
                      f"  {policy}")

@@ -63,6 +63,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
             "min_workers": read.policy.min_workers,
             "max_workers": read.policy.max_workers,
             "handler": read.policy.handler,
+            "ready_shards": read.policy.ready_shards,
             "workers_alive": sum(1 for w in ws if w["tier"] == tier and w["alive"]),
             **backlog_json(backlogs[tier]),
             "dead_letters": dead_letter_count(r, tier),

@@ -11,7 +11,9 @@ from collections import defaultdict
 import pytest
 import redis
 
+from fleet.cli_admin import _status_text
 from fleet.client import Fleet, TurnHandle
+from fleet.status import snapshot as status_snapshot
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import SessionEntry
@@ -62,6 +64,10 @@ def test_pipeline_on_three_ready_shards_answers_every_turn_in_order(r, redis_ser
     wait_until(lambda: read_backlog(r, ["chat"], live=set())["chat"].backlog == 0, 10, "every ack")
     by_shard = [sum(1 for u in names if keys.ready_shard(u, 3) == k) * 5 for k in range(3)]
     assert [delivered(r, k) for k in range(3)] == by_shard and all(by_shard)
+    # fleet status says how many shards the tier has
+    snap = status_snapshot(r)
+    assert snap["tiers"]["chat"]["ready_shards"] == 3 and snap["tiers"]["chat"]["backlog"] == 0
+    assert "key, 3 ready shards" in _status_text(snap)
 
 
 def test_pipeline_resharding_a_live_tier_3_to_1_to_3_loses_nothing(r, redis_server, start_worker):
