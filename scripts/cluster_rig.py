@@ -47,6 +47,15 @@ def cluster_port(taken: set[int]) -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
+@dataclass(frozen=True)
+class Tls:
+    """A CA and the certificate (with its key) every node presents."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
 @dataclass
 class ClusterNode:
     """One redis-server of the cluster."""
@@ -55,6 +64,7 @@ class ClusterNode:
     workdir: Path
     proc: subprocess.Popen[bytes] | None = None
     node_timeout_ms: int = NODE_TIMEOUT_MS
+    tls: Tls | None = None  # TLS only: clients, replication and the cluster bus
 
     @property
     def pid(self) -> int | None:
@@ -65,6 +75,9 @@ class ClusterNode:
         return self.proc is not None and self.proc.poll() is None
 
     def client(self, timeout: float = 2.0) -> redis.Redis:
+        if self.tls is not None:
+            return redis.Redis(port=self.port, socket_connect_timeout=timeout, socket_timeout=timeout,
+                               ssl=True, ssl_ca_certs=str(self.tls.ca))
         return redis.Redis(port=self.port, socket_connect_timeout=timeout, socket_timeout=timeout)
 
     @property
@@ -78,7 +91,13 @@ class ClusterNode:
     def start(self) -> None:
         binary = shutil.which("redis-server")
         assert binary
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        if self.tls is None:
+            listen = ["--port", str(self.port)]
+        else:  # the cluster bus and replication over TLS too: nothing in clear
+            listen = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(self.tls.cert),
+                      "--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca),
+                      "--tls-auth-clients", "no", "--tls-cluster", "yes", "--tls-replication", "yes"]
+        args = [binary, *listen, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(self.workdir), "--cluster-enabled", "yes",
                 "--cluster-config-file", str(self.workdir / "nodes.conf"),
                 "--cluster-node-timeout", str(self.node_timeout_ms),
@@ -138,11 +157,18 @@ class RedisClusterRig:
 
     @property
     def url(self) -> str:
-        """A URL of one live node (a master if there is one alive)."""
-        return f"redis://127.0.0.1:{self.masters()[0].port}/0"
+        """A URL of one live node (a master if there is one alive): ``rediss://`` with the CA
+        on a TLS cluster."""
+        return self._url(self.masters()[0])
 
     def urls(self) -> list[str]:
-        return [f"redis://127.0.0.1:{n.port}/0" for n in self.nodes if n.alive]
+        return [self._url(n) for n in self.nodes if n.alive]
+
+    @staticmethod
+    def _url(node: ClusterNode) -> str:
+        if node.tls is None:
+            return f"redis://127.0.0.1:{node.port}/0"
+        return f"rediss://127.0.0.1:{node.port}/0?ssl_ca_certs={node.tls.ca}"
 
     def masters(self) -> list[ClusterNode]:
         return [n for n in self.nodes if n.alive and n.role == "master"]
@@ -266,7 +292,7 @@ class RedisClusterRig:
 
 
 def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
-                  node_timeout_ms: int = NODE_TIMEOUT_MS) -> RedisClusterRig:
+                  node_timeout_ms: int = NODE_TIMEOUT_MS, tls: Tls | None = None) -> RedisClusterRig:
     began = time.monotonic()
     taken: set[int] = set()
     nodes = []
@@ -275,14 +301,15 @@ def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
         taken |= {port, port + 10_000}
         node_dir = workdir / f"node-{i}"
         node_dir.mkdir(parents=True)
-        nodes.append(ClusterNode(port=port, workdir=node_dir, node_timeout_ms=node_timeout_ms))
+        nodes.append(ClusterNode(port=port, workdir=node_dir, node_timeout_ms=node_timeout_ms, tls=tls))
     rig = RedisClusterRig(nodes=nodes)
     try:
         for node in nodes:
             node.start()
         cli = shutil.which("redis-cli")
         assert cli
-        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
+        secure = [] if tls is None else ["--tls", "--cacert", str(tls.ca)]
+        subprocess.run([cli, *secure, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
                         "--cluster-replicas", str(replicas_per_master), "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
         deadline = time.monotonic() + 30

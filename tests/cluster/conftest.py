@@ -30,12 +30,13 @@ from cluster_rig import (  # noqa: E402  (after the path)
     NODE_TIMEOUT_MS,
     ClusterNode,
     RedisClusterRig,
+    Tls,
     _bindable,
     cluster_port,
     start_cluster,
 )
 
-__all__ = ["NODE_TIMEOUT_MS", "ClusterNode", "RedisClusterRig", "_bindable", "_require_cluster_tools",
+__all__ = ["NODE_TIMEOUT_MS", "ClusterNode", "RedisClusterRig", "Tls", "_bindable", "_require_cluster_tools",
            "cluster_port", "redis_cluster", "redis_cluster_rig", "start_cluster"]
 
 

@@ -13,12 +13,21 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from protocol import keys
-from tests.cluster.conftest import RedisClusterRig
+from stores.cluster import is_cluster
+from stores.connection import connect_sync
+from tests.cluster.conftest import RedisClusterRig, Tls, _require_cluster_tools, start_cluster
 from tests.conftest import ROOT, TEST_WORKER_ENV
 from tests.integration.conftest import wait_until
-from tests.integration.test_security import SECURITY_MD, documented_rules, with_password
+from tests.integration.test_security import (
+    SECURITY_MD,
+    Certs,
+    certs,  # noqa: F401  (the fixture)
+    documented_rules,
+    with_password,
+)
 
 pytestmark = pytest.mark.integration
 FLEET = [sys.executable, "-c", "import sys; from fleet.cli import main; sys.exit(main())"]
@@ -90,3 +99,46 @@ def test_the_documented_users_run_fleet_on_a_cluster(acl_cluster: RedisClusterRi
         worker.terminate()
         worker.wait(timeout=15)
     assert refusals(acl_cluster) == []
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory,
+                certs: Certs) -> Iterator[RedisClusterRig]:  # noqa: F811  (the fixture)
+    """3 masters, TLS only (clients, replication and the cluster bus), no replica: this module's."""
+    _require_cluster_tools()
+    rig = start_cluster(tmp_path_factory.mktemp("cluster-tls"), masters=3, replicas_per_master=0,
+                        tls=Tls(certs.ca, certs.cert, certs.key))
+    try:
+        yield rig
+    finally:
+        rig.stop()
+
+
+def test_fleet_runs_on_a_tls_cluster(tls_cluster: RedisClusterRig, tmp_path: Path) -> None:
+    """A plain ``rediss://`` URL of one node (with the CA): detected as a cluster, every node
+    reached over TLS (the slot map names TLS ports), a worker serves and the CLI submits."""
+    url = tls_cluster.url
+    assert url.startswith("rediss://")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "FLEET_HOME": str(tmp_path / "home"), **TEST_WORKER_ENV, "REDIS_URL": url}
+    env.pop("FLEET_REDIS_CLUSTER", None)
+    rc = connect_sync(url)
+    assert is_cluster(rc)
+    users = [next(u for u in (f"t{i}" for i in range(1000))
+                  if tls_cluster.master_of_slot(key_slot(keys.inbox(u).encode())).port == m.port)
+             for m in tls_cluster.masters()]  # one user on each master: every node is used
+    with (tmp_path / "worker.log").open("wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "worker", "--tier", "chat", "--worker-id",
+                                   "chat-tls"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: rc.exists(keys.heartbeat("chat-tls")) or worker.poll() is not None, 20,
+                   "the worker to register")
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
+        for user in users:
+            run = subprocess.run([*FLEET, "submit", "--user", user, f"hi {user}"], env=env,
+                                 capture_output=True, text=True, timeout=60)
+            assert run.returncode == 0 and run.stdout.startswith(f"echo: hi {user}"), run.stderr
+    finally:
+        worker.terminate()
+        worker.wait(timeout=15)
+        rc.close()
