@@ -66,11 +66,17 @@ class SimWorker:
     busy: dict[str, int] = field(default_factory=dict)  # user -> turn index in service
     last_take: float = -1.0
     turns: int = 0
-    handler_seconds: float = 0.0
+    handler_seconds: float = 0.0  # of the turns that ended
+    since: dict[str, float] = field(default_factory=dict)  # user -> when its turn in service began
 
     def copy(self) -> SimWorker:
         return SimWorker(self.id, self.started, self.state, dict(self.busy), self.last_take, self.turns,
-                         self.handler_seconds)
+                         self.handler_seconds, dict(self.since))
+
+    def handler_seconds_at(self, now: float) -> float:
+        """Handler seconds up to ``now``, the turns in service included as far as they ran: what
+        ``worker.services.JobServices.counters_now`` reports (handler time counted as it runs)."""
+        return self.handler_seconds + sum(now - t for t in self.since.values())
 
 
 @dataclass

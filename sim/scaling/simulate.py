@@ -5,8 +5,10 @@ The model, chosen to match what the real fleet does:
 - **Workers** have ``concurrency`` slots. A spawned worker is *starting* for
   ``spawn_delay_s`` (0.1 s for a fork from the template, 0.35 s for a fresh interpreter),
   then *ready*: it reports at once and every ``report_interval_s`` after (busy slots, total
-  slots and the turn/handler-seconds counters, credited when a turn ends, as the worker
-  does). A retired worker *drains*: it takes no new turn, finishes what it holds, and leaves.
+  slots and the turn/handler-seconds counters, the handler time of turns in service counted
+  as it runs, exactly as ``JobServices.counters_now`` counts it, so a worker busy through a
+  report interval reads slot occupancy 1.0 however long its turns are). A retired worker
+  *drains*: it takes no new turn, finishes what it holds, and leaves.
 - **Turns** wait in one FIFO queue per tier. A free slot takes the oldest queued turn; among
   ready workers with a free slot the one that took work least recently gets it (Redis hands
   a stream entry to the consumer blocked longest). Per user, turns are served in order and
@@ -198,6 +200,7 @@ class Simulator:
         turn = self.turns[i]
         self.wait[i] = self.t - turn.at
         w.busy[turn.user] = i
+        w.since[turn.user] = self.t
         w.last_take = self.t
         self.user_worker[turn.user] = w.id
         self.in_service += 1
@@ -206,7 +209,7 @@ class Simulator:
     def _done(self, w: SimWorker, i: int) -> None:
         turn = self.turns[i]
         w.turns += 1
-        w.handler_seconds += turn.service_s
+        w.handler_seconds += self.t - w.since.pop(turn.user)
         self.in_service -= 1
         del w.busy[turn.user]
         waiting = self.pending.get(turn.user)
@@ -273,7 +276,7 @@ class Simulator:
             active_users=0, slots=Slots.model_construct(busy=len(w.busy), total=self.cfg.concurrency,
                                                         queue_depth=0),
             cpu=None, rss=0, counters=Counters.model_construct(turns=w.turns, errors=0,
-                                                               handler_seconds=w.handler_seconds),
+                                                               handler_seconds=w.handler_seconds_at(self.t)),
             load=(0.0, 0.0, 0.0))
         self.evaluator.add(report)
 

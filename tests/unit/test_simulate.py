@@ -16,7 +16,7 @@ from sim.scaling.policies import (
     peak_static_workers,
 )
 from sim.scaling.replay import check_loopback
-from sim.scaling.simulate import SimConfig, Simulator, simulate
+from sim.scaling.simulate import Scale, SimConfig, Simulator, simulate
 from sim.scaling.trace import (
     Request,
     TraceModel,
@@ -176,3 +176,45 @@ def test_replay_refuses_a_remote_redis():
     check_loopback("unix:///tmp/redis.sock")
     with pytest.raises(ValueError, match="loopback"):
         check_loopback("redis://redis.example.com:6379/0")
+
+
+# --- the sensor: handler time credited as it runs -----------------------------------------
+class _Watch:
+    """An observing policy that never scales: the simulated reports flow, nothing else moves."""
+
+    name, observes, wakes_on_pressure = "watch", True, False
+
+    def initial_workers(self) -> int:
+        return 1
+
+    def due(self, now: float) -> bool:
+        return True
+
+    def __call__(self, now: float, snap: object, current: int) -> Scale:
+        return Scale()
+
+
+@pytest.mark.parametrize("service_s", [2.0, 12.0, 60.0])
+def test_a_fully_busy_worker_reads_occupancy_one_whatever_the_turn_length(service_s: float) -> None:
+    """Both slots busy from 0 to 60 s with turns of ``service_s``: every reading is 1.0, as the
+    real worker's counters (``counters_now``) make it, even for turns longer than the report
+    interval (5 s), which the simulator used to credit only when they ended."""
+    per_user = int(60 / service_s)
+    spec = [(0.0, user, service_s) for user in ("a", "b") for _ in range(per_user)]
+    sim = Simulator(turns(spec), _Watch(), SimConfig(concurrency=2))
+    readings = []
+    for t in (31.0, 41.0, 51.0, 59.0):
+        sim.run_until(t)
+        (wid,) = sim.workers
+        assert sim.evaluator is not None
+        readings.append(sim.evaluator.occupancy(wid).slots)
+    assert readings == [pytest.approx(1.0)] * 4
+    assert all(r is not None and r <= 1.0 for r in readings)  # capped, as the evaluator caps a row
+
+
+def test_a_half_busy_worker_reads_one_half_with_long_turns() -> None:
+    spec = [(0.0, "a", 30.0), (30.0, "a", 30.0)]  # one of two slots, the whole minute
+    sim = Simulator(turns(spec), _Watch(), SimConfig(concurrency=2))
+    sim.run_until(45.0)
+    assert sim.evaluator is not None
+    assert sim.evaluator.occupancy(next(iter(sim.workers))).slots == pytest.approx(0.5)
