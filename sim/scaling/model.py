@@ -12,8 +12,6 @@ from typing import Literal, Protocol
 from commander.snapshot import TierSnapshot
 from protocol.policy import Policy
 
-TRACE_EPOCH = 1_700_158_546.0  # 2023-11-16 18:15:46 UTC, the Azure trace's first request
-
 
 @dataclass(frozen=True)
 class Scale:
@@ -54,7 +52,7 @@ class SimConfig:
     wake_s: float = 0.005
     slo_s: float = 1.0
     sample_s: float = 1.0
-    epoch: float = TRACE_EPOCH
+    epoch: float = 0.0  # unix time of the trace's start: reports and decide() see epoch + t
     view_policy: Policy = field(default_factory=Policy)
 
 

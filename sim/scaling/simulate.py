@@ -44,7 +44,6 @@ from commander.snapshot import TierSnapshot
 from commander.views import TierSignals, snapshot, tier_rps, worker_views
 from protocol.models import Counters, OccupancyReport, Slots
 from sim.scaling.model import (  # re-exported: the policies, scripts and tests import them from here
-    TRACE_EPOCH,
     Scale,
     SimConfig,
     SimPolicy,
@@ -57,7 +56,7 @@ from sim.scaling.trace import TraceTurn
 _DONE, _READY, _REPORT, _PASS, _SAMPLE = range(5)
 _HANDLE_STATE = {"starting": WorkerState.STARTING, "ready": WorkerState.RUNNING,
                  "draining": WorkerState.DRAINING}
-__all__ = ["TRACE_EPOCH", "Scale", "SimConfig", "SimPolicy", "SimResult", "SimWorker", "Simulator",
+__all__ = ["Scale", "SimConfig", "SimPolicy", "SimResult", "SimWorker", "Simulator",
            "quantile", "simulate"]
 
 
