@@ -72,7 +72,8 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
         views.append(WorkerView(
             id=wid, state=_state(handle, report.state), occupancy=evaluator.occupancy(wid, limit).value,
             busy=report.slots.busy, total=report.slots.total, lanes=report.slots.busy, fresh=fresh,
-            started=started))
+            started=started, ready_at=evaluator.ready_at(wid), turns=report.counters.turns,
+            protected_until=report.protected_until))
     return _mark_reception(views)
 
 
