@@ -30,7 +30,7 @@ from typing import Any
 from commander import holdtime
 from commander.bounds import Bounds, in_no_scale_in_window, tier_bounds, utc_weekday_minute
 from commander.limits import budget_room, down_limit, longest_period, record_changes, up_limit
-from commander.scalein import Recycle, Retirement, choose_victims, plan_recycle
+from commander.scalein import Recycle, Recycling, Retirement, choose_victims, plan_recycle
 from commander.signals import proposals as signal_proposals
 from commander.snapshot import Fleet, TierSnapshot, WorkerView, classify
 from commander.tierstate import TierState
@@ -158,7 +158,7 @@ class Moves:
     retire: tuple[Retirement, ...] = ()
     held: str | None = None
     notes: tuple[str, ...] = ()
-    recycling: tuple[str, ...] = ()
+    recycling: Recycling = ()
     replacements: int = 0  # of ``spawn``, the recycling's (no scale event for the rate rules)
 
 
@@ -219,12 +219,12 @@ def normal_moves(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, state: Ti
     """Up, down and recycling when nothing pauses or falls back."""
     room = budget_room(policy.disruption_budget, fleet)
     rec: Recycle = plan_recycle(fleet, policy, state.recycling, now, room)
-    effective = fleet.current - len(rec.retire) - len(rec.pending) + rec.spawn
-    spawn, up_note = limited_spawn(desired, effective, fleet, policy, state, now)
+    spawn, up_note = limited_spawn(desired, fleet.current, fleet, policy, state, now)
     if room is not None:
         room -= len(rec.retire)
-    keep = rec.pending + tuple(r.worker for r in rec.retire)
-    retire, held = scale_in(fleet, policy, snapshot, state, now, effective - target, room, keep)
+    # the count once the recycling is through: each old worker replaced one for one
+    effective = fleet.current - len(rec.retire) - rec.replacing + rec.spawn
+    retire, held = scale_in(fleet, policy, snapshot, state, now, effective - target, room, rec.involved)
     notes = tuple(n for n in (up_note, rec.note) if n)
     return Moves(spawn + rec.spawn, rec.retire + retire, held, notes, rec.pending, rec.spawn)
 

@@ -105,34 +105,75 @@ def recycle_due(w: WorkerView, policy: Policy, now: float) -> str | None:
     return None
 
 
+Recycling = tuple[tuple[str, float, str], ...]  # (old worker, replacement asked at, phase)
+REPLACEMENT_GRACE_S = 60.0  # a replacement not seen by then is asked for again
+
+
 @dataclass(frozen=True, slots=True)
 class Recycle:
-    """This pass's recycling: replacements to start, an old worker to drain, who waits."""
+    """This pass's recycling: a replacement to start, an old worker to drain, who is in hand."""
 
     spawn: int = 0
     retire: tuple[Retirement, ...] = ()
-    pending: tuple[str, ...] = ()  # replaced (or being replaced) workers not drained yet
+    pending: Recycling = ()
     note: str | None = None
 
+    @property
+    def replacing(self) -> int:
+        """Old workers still counted while their replacement comes up."""
+        return sum(1 for _, _, phase in self.pending if phase == "replacing")
 
-def plan_recycle(fleet: Fleet, policy: Policy, pending: tuple[str, ...], now: float,
-                 room: int | None) -> Recycle:
-    """Start a replacement for the oldest due worker, or drain one whose replacement is up."""
-    ready = {w.id: w for w in fleet.ready}
-    pending = tuple(wid for wid in pending if wid in ready)
-    if pending:
-        old = ready[pending[0]]
-        if fleet.starting:
-            return Recycle(pending=pending, note=f"recycling {old.id}: its replacement is starting")
-        if room == 0:
-            return Recycle(pending=pending, note=f"recycling {old.id} waits for the disruption budget")
-        if old.protected(now):
-            return Recycle(pending=pending, note=f"recycling {old.id} waits for its protection to end")
-        return Recycle(retire=(Retirement(old.id, "recycle"),), pending=pending[1:],
-                       note=f"recycle {old.id}: its replacement is ready")
-    due = [(w.started, w.id, why) for w in fleet.ready
-           if (why := recycle_due(w, policy, now)) is not None and not w.protected(now)]
+    @property
+    def involved(self) -> tuple[str, ...]:
+        """Workers scale-in must leave to the recycling."""
+        return tuple(wid for wid, _, _ in self.pending)
+
+
+def _replacement_up(fleet: Fleet, asked_at: float) -> bool:
+    """Whether a worker started since ``asked_at`` is ready and nothing else is starting."""
+    return not fleet.starting and any(w.started >= asked_at for w in fleet.ready)
+
+
+def _advance(fleet: Fleet, entry: tuple[str, float, str], now: float,
+             room: int | None) -> tuple[tuple[str, float, str] | None, Retirement | None, str | None]:
+    """One pending recycle one step on: (the entry kept or None, a drain, a note)."""
+    wid, asked_at, phase = entry
+    old = next((w for w in fleet.ready if w.id == wid), None)
+    if old is None:
+        return None, None, None  # drained (or gone): done
+    if phase == "draining":
+        return entry, None, None
+    if not _replacement_up(fleet, asked_at):
+        if not fleet.starting and now - asked_at > REPLACEMENT_GRACE_S:
+            return None, None, f"recycling {wid}: its replacement never came up; asked again"
+        return entry, None, f"recycling {wid}: its replacement is starting"
+    if room == 0:
+        return entry, None, f"recycling {wid} waits for the disruption budget"
+    if old.protected(now):
+        return entry, None, f"recycling {wid} waits for its protection to end"
+    return (wid, asked_at, "draining"), Retirement(wid, "recycle"), f"recycle {wid}: its replacement is ready"
+
+
+def plan_recycle(fleet: Fleet, policy: Policy, pending: Recycling, now: float, room: int | None) -> Recycle:
+    """Drain an old worker whose replacement is up, or start a replacement for the oldest due one."""
+    kept: list[tuple[str, float, str]] = []
+    retire: tuple[Retirement, ...] = ()
+    notes = []
+    for entry in pending:
+        entry2, drain, note = _advance(fleet, entry, now, room if not retire else 0)
+        if entry2 is not None:
+            kept.append(entry2)
+        if drain is not None:
+            retire += (drain,)
+        if note:
+            notes.append(note)
+    if any(phase == "replacing" for _, _, phase in kept):
+        return Recycle(0, retire, tuple(kept), "; ".join(notes) or None)
+    busy = {wid for wid, _, _ in kept}
+    due = [(w.started, w.id, why) for w in fleet.ready if w.id not in busy
+           and (why := recycle_due(w, policy, now)) is not None and not w.protected(now)]
     if not due:
-        return Recycle()
+        return Recycle(0, retire, tuple(kept), "; ".join(notes) or None)
     _, wid, why = min(due)
-    return Recycle(spawn=1, pending=(wid,), note=f"recycle: {why}; starting its replacement")
+    notes.append(f"recycle: {why}; starting its replacement")
+    return Recycle(1, retire, (*kept, (wid, now, "replacing")), "; ".join(notes))

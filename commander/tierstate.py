@@ -28,14 +28,14 @@ class TierState:
     starts: tuple[tuple[str, float], ...] = ()
     failures: int = 0
     failed_at: float | None = None  # the pass that counted the last failure (a repeat does not)
-    recycling: tuple[str, ...] = ()
+    recycling: tuple[tuple[str, float, str], ...] = ()  # (old worker, replacement asked at, phase)
 
     def to_body(self) -> dict[str, Any]:
         """Plain JSON data."""
         return {"history": [list(h) for h in self.history], "last_scale_up": self.last_scale_up,
                 "last_scale_down": self.last_scale_down, "changes": [list(c) for c in self.changes],
                 "starts": [list(s) for s in self.starts], "failures": self.failures,
-                "failed_at": self.failed_at, "recycling": list(self.recycling)}
+                "failed_at": self.failed_at, "recycling": [list(r) for r in self.recycling]}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> TierState:
@@ -47,4 +47,4 @@ class TierState:
                    changes=tuple((float(t), int(d)) for t, d in body.get("changes", ())),
                    starts=tuple((str(w), float(s)) for w, s in body.get("starts", ())),
                    failures=int(body.get("failures", 0)), failed_at=body.get("failed_at"),
-                   recycling=tuple(str(w) for w in body.get("recycling", ())))
+                   recycling=tuple((str(w), float(t), str(p)) for w, t, p in body.get("recycling", ())))

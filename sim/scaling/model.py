@@ -53,6 +53,8 @@ class SimConfig:
     slo_s: float = 1.0
     sample_s: float = 1.0
     epoch: float = 0.0  # unix time of the trace's start: reports and decide() see epoch + t
+    report_outages: tuple[tuple[float, float], ...] = ()  # [start, end) with every report lost
+    protect_turns_over_s: float | None = None  # such turns protect their worker while they run
     view_policy: Policy = field(default_factory=Policy)
 
 

@@ -134,6 +134,7 @@ class KedaLike(_Periodic):
     period_s: float = 30.0
     target_per_replica: float = 6.0
     name: str = "keda"
+    counts_pending: bool = True  # the backlog it reads is lag + pending, as the streams scaler's
 
     def __call__(self, now: float, snap: TierSnapshot | None, current: int) -> int:
         assert snap is not None

@@ -20,8 +20,12 @@ The model, chosen to match what the real fleet does:
 - **Every ``interval_s``** (0.5 s) the policy runs. An observing policy gets a
   ``TierSnapshot`` built exactly as the commander builds it: worker views from the real
   ``Evaluator`` over the simulated reports (``commander.views.worker_views``), backlog =
-  queued + in-service turns (lag + pending), active users in the policy's window, pressure
+  the turns no worker has started (for a policy that ``counts_pending``, the KEDA-like one,
+  lag + pending: the turns in service too), active users in the policy's window, pressure
   events since the last pass (only while turns still wait), rps from the counters.
+- **Faults and handlers**: reports inside ``report_outages`` are lost (the commander sees
+  them age: its fallback); a turn of at least ``protect_turns_over_s`` protects its worker
+  from scale-in until it ends (``TurnContext.protect``).
 
 ``wait`` of a turn = its start of service - its arrival (= reply - submit - service).
 Worker-seconds are counted from 0 to the last arrival; the run goes on until every turn is
@@ -270,14 +274,26 @@ class Simulator:
 
     def _report(self, w: SimWorker) -> None:
         assert self.evaluator is not None
+        if any(start <= self.t < end for start, end in self.cfg.report_outages):
+            return  # lost: the commander sees this worker's reports age
         report = OccupancyReport.model_construct(
             worker=w.id, tier=self.cfg.tier, ts=self.cfg.epoch + self.t, state=w.state, users=0,
             active_users=0, slots=Slots.model_construct(busy=len(w.busy), total=self.cfg.concurrency,
                                                         queue_depth=0),
             cpu=None, rss=0, counters=Counters.model_construct(turns=w.turns, errors=0,
                                                                handler_seconds=w.handler_seconds_at(self.t)),
-            load=(0.0, 0.0, 0.0))
+            load=(0.0, 0.0, 0.0), protected_until=self._protected_until(w))
         self.evaluator.add(report)
+
+    def _protected_until(self, w: SimWorker) -> float | None:
+        """A turn of at least ``protect_turns_over_s`` protects its worker until it ends, as a
+        handler calling ``TurnContext.protect`` for its own length would."""
+        limit = self.cfg.protect_turns_over_s
+        if limit is None:
+            return None
+        ends = [w.since[u] + self.turns[i].service_s for u, i in w.busy.items()
+                if self.turns[i].service_s >= limit]
+        return self.cfg.epoch + max(ends) if ends else None
 
     # --- the policy --------------------------------------------------------------------
     def _pass(self) -> None:
@@ -297,7 +313,10 @@ class Simulator:
         handles = [WorkerHandle(w.id, self.cfg.tier, 0, _HANDLE_STATE[w.state], self.cfg.epoch + w.started)
                    for w in self.workers.values()]
         views = worker_views(self.cfg.tier, handles, {}, self.evaluator, self.cfg.view_policy, now, 0.0)
-        signals = TierSignals(backlog=self.queued + self.in_service, active_users=self._active_users(),
+        # Fleet's backlog is the turns no worker has started (stores.backlog); KEDA's Redis
+        # streams scaler counts lag + pending, which includes the turns in service
+        backlog = len(self.queue) + (self.in_service if getattr(self.policy, "counts_pending", False) else 0)
+        signals = TierSignals(backlog=backlog, active_users=self._active_users(),
                               pressure_events=self.pressure if self.queue else 0)
         return snapshot(self.cfg.tier, views, signals, tier_rps(views, self.evaluator))
 
