@@ -134,7 +134,7 @@ def fleet_variants(setup: Setup) -> list[tuple[str, Policy]]:
     base = setup.policy
     out = [("derived hold" if base.scale_down_stabilization_s is None
             else f"hold {base.scale_down_stabilization_s:g} s", base)]
-    for hold in (0.0, 15.0, 60.0, 120.0, 300.0):
+    for hold in (0.0, 60.0, 300.0):
         if hold != base.scale_down_stabilization_s:
             out.append((f"hold {hold:g} s", base.model_copy(update={"scale_down_stabilization_s": hold})))
     return out
