@@ -319,3 +319,23 @@ def test_every_control_round_trips_through_json() -> None:
         "schedules": [WEEKDAYS_9_18.model_dump()], "paused_scale_in": True,
         "disruption_budget": {"percent": 20}, "max_worker_age_s": 86400, "max_turns_per_worker": 10000})
     assert parse_policy(pol.to_json()) == pol
+
+
+# --- the handler's side of protection ------------------------------------------------------
+def test_a_handler_protects_its_worker_with_an_expiry_capped_by_the_policy() -> None:
+    import asyncio
+    import time
+
+    from worker.handlers import TurnContext
+    from worker.services import JobServices
+
+    services = object.__new__(JobServices)
+    services.policy = Policy(max_protection_s=600)
+    services._wake_report = asyncio.Event()
+    before = time.time()
+    ctx = TurnContext(None, None, protector=services.protect)  # type: ignore[arg-type]
+    until = ctx.protect(3600)
+    assert before + 600 <= until <= time.time() + 600  # capped
+    assert services.protected_until == until
+    assert ctx.protect(0) == 0.0 and services.protected_until == 0.0  # released
+    assert TurnContext(None, None).protect(60) == 0.0  # type: ignore[arg-type]  # no worker: nothing
