@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench_trace import DEFAULT_TRACE
+from bench_trace import DEFAULT_TRACE, table
 from benchlib import ROOT, OneLineParser
 
 from sim.scaling.compare import Setup, compare, fleet_policy, frontier, rows
@@ -101,13 +101,6 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
             "fewer_events": fl["scale_events"] < events}
 
 
-def table(rows_: list[dict[str, Any]]) -> str:
-    head = "| " + " | ".join(t for _, t in COLUMNS) + " |"
-    rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(COLUMNS))) + "|"
-    body = ["| " + " | ".join(str(r.get(k, "")) for k, _ in COLUMNS) + " |" for r in rows_]
-    return "\n".join([head, rule, *body])
-
-
 def markdown(results: list[dict[str, Any]]) -> str:
     yes = {True: "yes", False: "**no**"}
     lines = ["| trace | p99 <= 1 s | <= 0.1 % over SLO | <= 1.25x oracle | fewer events than HPA, KEDA |",
@@ -120,7 +113,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
     for r in results:
         lines += [f"#### {r['trace']}", "",
                   f"{r['turns']:,} turns over {r['span_s'] / 60:.0f} min, {r['users']:,} users; arrivals "
-                  f"{r['arrivals']}.", "", table(r["comparison"]), ""]
+                  f"{r['arrivals']}.", "", table(r["comparison"], COLUMNS), ""]
     lines.append("![cost vs misses per trace](scaling-frontier.png)")
     return "\n".join(lines)
 
