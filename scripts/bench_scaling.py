@@ -12,7 +12,8 @@ The goals (p99 <= 1 s, <= 0.1 % over SLO, <= 1.25x the oracle, fewer scale event
 HPA-like and KEDA-like) are reported per trace, never asserted.
 
 Users, service times and the simulator are those of ``scripts/bench_trace`` (see its --help).
-Writes scaling.json, scaling.md and scaling-frontier.png into --out.
+Writes scaling.json, scaling.md, scaling-frontier.png (cost vs misses) and scaling-events.png (cost
+vs scale events) into --out. --from-json DIR re-renders them from a scaling.json.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=7, help="user assignment and generated traffic")
     p.add_argument("--jobs", type=int, default=2, help="traces simulated at once")
     p.add_argument("--no-frontier", action="store_true")
+    p.add_argument("--from-json", type=Path, default=None, help="render from this scaling.json, run nothing")
     args = p.parse_args(argv)
     if args.quick:
         args.duration = args.duration or 600.0
@@ -114,11 +116,14 @@ def markdown(results: list[dict[str, Any]]) -> str:
         lines += [f"#### {r['trace']}", "",
                   f"{r['turns']:,} turns over {r['span_s'] / 60:.0f} min, {r['users']:,} users; arrivals "
                   f"{r['arrivals']}.", "", table(r["comparison"], COLUMNS), ""]
-    lines.append("![cost vs misses per trace](scaling-frontier.png)")
+    lines += ["![cost vs misses per trace](scaling-frontier.png)", "",
+              "![cost vs scale events per trace](scaling-events.png)"]
     return "\n".join(lines)
 
 
-def plot_frontier(results: list[dict[str, Any]], path: Path) -> None:
+def plot_frontier(results: list[dict[str, Any]], path: Path, y: str = "slo_violation_pct") -> None:
+    """One panel per trace: each policy's settings as points of cost (x) and ``y``: the % of
+    waits over the SLO (log scale, 0 drawn at 0.001), or the scale events."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,39 +140,49 @@ def plot_frontier(results: list[dict[str, Any]], path: Path) -> None:
     for ax, r in zip(axes.flat, shown, strict=False):
         for family, (color, marker) in marks.items():
             pts = sorted((p for p in r["frontier"] if p["family"] == family), key=lambda p: p["oracle_ratio"])
-            ax.plot([p["oracle_ratio"] for p in pts], [max(p["slo_violation_pct"], 1e-3) for p in pts],
+            ax.plot([p["oracle_ratio"] for p in pts], [_y(p, y) for p in pts],
                     color=color, marker=marker, ms=4, lw=0.8, label=family)
             for p in pts:
                 if p["default"]:
-                    ax.plot(p["oracle_ratio"], max(p["slo_violation_pct"], 1e-3), marker=marker, ms=10,
-                            mfc="none", mec="k")
+                    ax.plot(p["oracle_ratio"], _y(p, y), marker=marker, ms=10, mfc="none", mec="k")
         ax.axvline(1.25, color="k", ls=":", lw=0.7)
-        ax.axhline(0.1, color="k", ls=":", lw=0.7)
-        ax.set_yscale("log")
+        if y == "slo_violation_pct":
+            ax.axhline(0.1, color="k", ls=":", lw=0.7)
+            ax.set_yscale("log")
         ax.set_title(r["trace"], fontsize=9)
         ax.set_xlabel("worker-seconds / oracle", fontsize=8)
-        ax.set_ylabel("% of waits over the SLO (0 drawn at 0.001)", fontsize=7)
+        ax.set_ylabel("% of waits over the SLO (0 drawn at 0.001)" if y == "slo_violation_pct"
+                      else "scale events", fontsize=7)
     for ax in list(axes.flat)[len(shown):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle("Cost vs misses (circled: the setting of the comparison; dotted: the goals)", fontsize=10)
+    what = "misses" if y == "slo_violation_pct" else "scale events"
+    fig.suptitle(f"Cost vs {what} (circled: the setting of the comparison; dotted: the goals)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def _y(point: dict[str, Any], y: str) -> float:
+    return max(float(point[y]), 1e-3) if y == "slo_violation_pct" else float(point[y])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     specs = [s.strip() for s in args.traces.split(",") if s.strip()]
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = [r for r in pool.map(run_one, specs, [args] * len(specs)) if r is not None]
+    if args.from_json is not None:
+        results = json.loads(args.from_json.read_text())["traces"]
+    else:
+        with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            results = [r for r in pool.map(run_one, specs, [args] * len(specs)) if r is not None]
     args.out.mkdir(parents=True, exist_ok=True)
     for r in results:
         r["goals"] = goals(r)
     (args.out / "scaling.json").write_text(json.dumps({"traces": results}, indent=2))
     (args.out / "scaling.md").write_text(markdown(results) + "\n")
     plot_frontier(results, args.out / "scaling-frontier.png")
+    plot_frontier(results, args.out / "scaling-events.png", "scale_events")
     print(markdown(results))
     print(f"bench_scaling: wrote {args.out} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return 0
