@@ -116,9 +116,21 @@ def markdown(results: list[dict[str, Any]]) -> str:
         lines += [f"#### {r['trace']}", "",
                   f"{r['turns']:,} turns over {r['span_s'] / 60:.0f} min, {r['users']:,} users; arrivals "
                   f"{r['arrivals']}.", "", table(r["comparison"], COLUMNS), ""]
+        if r["frontier"]:
+            lines += [_frontier_line(r["frontier"]), ""]
     lines += ["![cost vs misses per trace](scaling-frontier.png)", "",
               "![cost vs scale events per trace](scaling-events.png)"]
     return "\n".join(lines)
+
+
+def _frontier_line(points: list[dict[str, Any]]) -> str:
+    """The frontier's points as text: per family, setting: x oracle / % over SLO / scale events."""
+    parts = []
+    for family in ("fleet", "hpa", "keda", "static"):
+        pts = [f"{p['setting']} x{p['oracle_ratio']:.2f} / {p['slo_violation_pct']:g} % / {p['scale_events']}"
+               for p in points if p["family"] == family]
+        parts.append(f"**{family}**: " + "; ".join(pts))
+    return "Frontier (setting: x oracle / % over SLO / scale events): " + ". ".join(parts) + "."
 
 
 def plot_frontier(results: list[dict[str, Any]], path: Path, y: str = "slo_violation_pct") -> None:
