@@ -187,7 +187,9 @@ class Evaluator:
         elif rows and report.ts <= rows[-1].ts:
             return False
         rows.append(report)
-        if report.state == "ready":
+        if report.state == "ready" and report.cpu is None:
+            # a worker's very first report (its sensor has no cpu to give yet): the end of its
+            # start; a later one (a commander that restarted and reads a window) says nothing
             self._ready_at.setdefault(report.worker, report.ts)
         return True
 

@@ -339,3 +339,19 @@ def test_a_handler_protects_its_worker_with_an_expiry_capped_by_the_policy() -> 
     assert services.protected_until == until
     assert ctx.protect(0) == 0.0 and services.protected_until == 0.0  # released
     assert TurnContext(None, None).protect(60) == 0.0  # type: ignore[arg-type]  # no worker: nothing
+
+
+def test_the_start_is_measured_only_from_a_workers_first_report() -> None:
+    from commander.evaluator import Evaluator
+    from protocol.models import Counters, OccupancyReport, Slots
+
+    def report(worker: str, ts: float, cpu: float | None) -> OccupancyReport:
+        return OccupancyReport(worker=worker, tier="chat", ts=ts, state="ready", users=0, active_users=0,
+                               slots=Slots(busy=0, total=8), cpu=cpu, rss=1, counters=Counters(),
+                               load=(0.0, 0.0, 0.0))
+
+    ev = Evaluator()
+    ev.add(report("new", 100.2, None))  # its first report: the sensor had no cpu sample yet
+    ev.add(report("new", 105.2, 0.1))
+    ev.add(report("old", 3000.0, 0.3))  # a commander that restarted reads an old worker's window
+    assert ev.ready_at("new") == 100.2 and ev.ready_at("old") is None
