@@ -26,7 +26,7 @@ from commander.records import Records
 from commander.recovery import Recovery
 from commander.runtime import Runtime, UnknownWorker, WorkerHandle, WorkerState
 from commander.settings import CommanderSettings
-from commander.views import snapshot, tier_rps, worker_views
+from commander.views import TierSignals, snapshot, tier_rps, worker_views
 from protocol.models import Control, LedgerEvent
 from protocol.policy import Policy
 from stores.backlog import write_starting
@@ -154,7 +154,12 @@ class Commander(Records):
         policies = {t: self._policy(t, registry) for t in names}
         self._recover({t: p.policy.ready_shards for t, p in policies.items()})
         windows = {t: p.policy.active_window_s for t, p in policies.items()}
-        signals = self.observer.tier_signals(names, windows, now)
+        try:
+            signals = self.observer.tier_signals(names, windows, now)
+        except redis.RedisError as exc:  # decide still runs: it holds, and counts toward the fallback
+            log.warning("tier signals could not be read (%s: %s): no scale-in this pass",
+                        type(exc).__name__, exc)
+            signals = {t: TierSignals(observed=False) for t in names}
         for tier in names:
             try:
                 self._judge(tier, policies[tier], handles, registry, signals[tier], now)
@@ -243,16 +248,17 @@ class Commander(Records):
             log.info("tier %s: %d -> %d (%s): spawned %s", plan.tier, plan.current,
                      plan.current + spawn, plan.reason, ", ".join(ids))
             self._count_scale(plan.tier, "up")
-        if plan.retire:
-            victims = [r.worker for r in plan.retire]
-            action = plan.retire[0].action
-            self._append(self._event(plan.tier, action, plan, to=plan.current - len(victims),
-                                     victims=victims))
+        left = plan.current
+        for action in dict.fromkeys(r.action for r in plan.retire):  # recycle, reclaim-idle, consolidate
+            victims = [r.worker for r in plan.retire if r.action == action]
+            self._append(self._event(plan.tier, action, plan, to=left - len(victims), victims=victims))
             for victim in victims:
                 self._retire(victim, f"{action}: {plan.reason}", policy.drain_timeout_s)
-            log.info("tier %s: %d -> %d (%s): draining %s", plan.tier, plan.current,
-                     plan.current - len(victims), plan.reason, ", ".join(victims))
-            self._count_scale(plan.tier, "down")
+            log.info("tier %s: %d -> %d (%s): draining %s", plan.tier, left, left - len(victims),
+                     plan.reason, ", ".join(victims))
+            left -= len(victims)
+            if action != "recycle":
+                self._count_scale(plan.tier, "down")
         if plan.held != memo.held:
             if plan.held:
                 self._append(self._event(plan.tier, "hold", plan, to=plan.current))

@@ -4,12 +4,20 @@ Pure: no Redis, no clock, no randomness. ``now`` comes in as an argument, the pr
 ``TierState`` comes in and the next one goes out. The steps, in order:
 
 1. every enabled signal proposes a worker count (``commander.signals``); desired = their max;
-2. clamp to ``[min_workers, max_workers]``; backlog or pressure on an empty tier asks for 1;
-3. up is fast: spawn ``desired - (running + starting)``, at most ``max_step_up``;
-4. down is slow: the scale-in target is the highest desired over the last
-   ``scale_down_stabilization_s``; no scale-in inside a no-scale-in window or while most
-   reports are missing; idle workers go first, else one consolidation if the ledger has
-   headroom and the victim's load fits on the survivors; the reception is never compacted.
+2. clamp to the tier's floor and cap: ``[min_workers, max_workers]`` moved by the scheduled
+   bounds in force (``commander.bounds``); backlog or pressure on an empty tier asks for 1;
+3. the scale-in hold is derived from what a worker costs to start (``commander.holdtime``:
+   the break-even rule) unless the policy fixes it; the scale-in target is the highest desired
+   over the hold;
+4. ``paused`` does nothing; after ``fallback.after`` failed observations the fallback holds or
+   goes up to a fixed count, and never scales in;
+5. up is fast: spawn ``desired - (running + starting)``, at most ``max_step_up`` and what the
+   scale-up rate rules allow (``commander.limits``);
+6. down is slow: toward the target, unless blocked (``paused_scale_in``, a no-scale-in window,
+   missing reports, scale-down disabled), at most what the scale-down rules and the disruption
+   budget allow; idle workers go first, else one consolidation (``commander.scalein``);
+   protected workers never go;
+7. recycling by age or turns, make-before-break, within the same budget.
 
 Same snapshot + the returned state gives the same plan and the same state again.
 """
@@ -17,48 +25,19 @@ Same snapshot + the returned state gives the same plan and the same state again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
-from commander.capacity import capacity, fits, ledger_load, may_compact
+from commander import holdtime
+from commander.bounds import Bounds, in_no_scale_in_window, tier_bounds, utc_weekday_minute
+from commander.limits import budget_room, down_limit, longest_period, record_changes, up_limit
+from commander.scalein import Recycle, Recycling, Retirement, choose_victims, plan_recycle
 from commander.signals import proposals as signal_proposals
 from commander.snapshot import Fleet, TierSnapshot, WorkerView, classify
+from commander.tierstate import TierState
 from protocol.policy import Policy
 
-__all__ = [
-    "Plan",
-    "Retirement",
-    "TierSnapshot",
-    "TierState",
-    "WorkerView",
-    "decide",
-    "utc_weekday_minute",
-]
-
-RetireAction = Literal["reclaim-idle", "consolidate"]
-_DAY_S = 86_400
-_EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (Monday = 0)
-
-
-@dataclass(frozen=True, slots=True)
-class TierState:
-    """What ``decide`` remembers between passes for one tier.
-
-    ``history`` holds ``(ts, desired)`` pairs inside the stabilization window, kept as a
-    monotone queue (values strictly decrease with time): an older, lower entry can never be
-    the window's max again, so it is dropped and the state stays small.
-    """
-
-    history: tuple[tuple[float, int], ...] = ()
-    last_scale_up: float | None = None
-    last_scale_down: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Retirement:
-    """One worker to drain, and why it was chosen."""
-
-    worker: str
-    action: RetireAction
+__all__ = ["Plan", "Retirement", "TierSnapshot", "TierState", "WorkerView", "decide",
+           "in_no_scale_in_window", "utc_weekday_minute"]
 
 
 @dataclass(frozen=True)
@@ -68,14 +47,18 @@ class Plan:
     tier: str
     current: int  # ready + starting workers (draining ones are not capacity)
     desired: int  # max of the proposals, clamped
-    target: int  # the scale-in target after stabilization (>= desired)
+    target: int  # the scale-in target after the hold (>= desired)
     spawn: int = 0
     retire: tuple[Retirement, ...] = ()
     proposals: dict[str, int | None] = field(default_factory=dict)
     raw: int = 0  # max of the proposals before the clamp
-    clamp: str | None = None  # "min_workers", "max_workers", "wake" or None
+    clamp: str | None = None  # "min_workers", "max_workers", "wake", "schedule ..." or None
     held: str | None = None  # why a wanted scale-in did not (fully) happen
     reason: str = ""
+    hold: holdtime.Hold | None = None
+    bounds: Bounds | None = None
+    notes: tuple[str, ...] = ()  # limits applied, recycling, fallback
+    failures: int = 0  # failed observations in a row
 
     @property
     def changed(self) -> bool:
@@ -84,30 +67,19 @@ class Plan:
 
     def why(self) -> dict[str, Any]:
         """The reasons as plain data, for the ``fleet:events`` ledger."""
-        return {
-            "proposals": dict(self.proposals),
-            "raw": self.raw,
-            "clamp": self.clamp,
-            "desired": self.desired,
-            "stabilized": self.target,
-            "held": self.held,
-            "reason": self.reason,
-        }
-
-
-def utc_weekday_minute(now: float) -> tuple[int, int]:
-    """(weekday 0=Monday, minute of day) of a unix time, in UTC."""
-    seconds = int(now // 1)
-    days, second_of_day = divmod(seconds, _DAY_S)
-    return (days + _EPOCH_WEEKDAY) % 7, second_of_day // 60
-
-
-def in_no_scale_in_window(policy: Policy, now: float) -> bool:
-    """Whether ``now`` falls inside one of the policy's no-scale-in windows."""
-    if not policy.no_scale_in_windows:
-        return False
-    weekday, minute = utc_weekday_minute(now)
-    return any(w.contains(weekday, minute) for w in policy.no_scale_in_windows)
+        out: dict[str, Any] = {
+            "proposals": dict(self.proposals), "raw": self.raw, "clamp": self.clamp,
+            "desired": self.desired, "stabilized": self.target, "held": self.held,
+            "reason": self.reason}
+        if self.hold is not None:
+            out["hold"] = self.hold.why()
+        if self.bounds is not None:
+            out["floor"], out["cap"] = self.bounds.floor, self.bounds.cap
+        if self.notes:
+            out["notes"] = list(self.notes)
+        if self.failures:
+            out["failed_observations"] = self.failures
+        return out
 
 
 def max_proposal(proposals: dict[str, int | None]) -> int:
@@ -115,15 +87,15 @@ def max_proposal(proposals: dict[str, int | None]) -> int:
     return max((p for p in proposals.values() if p is not None), default=0)
 
 
-def clamp_desired(raw: int, snapshot: TierSnapshot, policy: Policy) -> tuple[int, str | None]:
-    """Clamp to ``[min_workers, max_workers]``; parked work on an empty tier asks for 1."""
-    floor, why = policy.min_workers, "min_workers"
+def clamp_desired(raw: int, snapshot: TierSnapshot, bounds: Bounds) -> tuple[int, str | None]:
+    """Clamp to the floor and cap; parked work on an empty tier asks for 1."""
+    floor, why = bounds.floor, bounds.floor_by
     if (snapshot.backlog > 0 or snapshot.pressure_events > 0) and floor < 1:
-        floor, why = 1, "wake"
+        floor, why = min(1, bounds.cap), "wake"
     if raw < floor:
         return floor, why
-    if raw > policy.max_workers:
-        return policy.max_workers, "max_workers"
+    if raw > bounds.cap:
+        return bounds.cap, bounds.cap_by
     return raw, None
 
 
@@ -141,76 +113,120 @@ def record_desired(history: tuple[tuple[float, int], ...], now: float, desired: 
     return tuple(kept)
 
 
-def stabilized_target(history: tuple[tuple[float, int], ...], desired: int, policy: Policy) -> int:
-    """The scale-in target: the highest desired in the window, never above ``max_workers``."""
+def stabilized_target(history: tuple[tuple[float, int], ...], desired: int, cap: int) -> int:
+    """The scale-in target: the highest desired in the window, never above the cap."""
     highest = max((d for _, d in history), default=desired)
-    return min(policy.max_workers, max(desired, highest))
+    return min(cap, max(desired, highest))
 
 
-def spawn_count(desired: int, fleet: Fleet, policy: Policy) -> int:
-    """Workers to start: the gap net of those already starting, at most ``max_step_up``."""
-    return max(0, min(desired - fleet.current, policy.max_step_up))
+def observation_failed(snapshot: TierSnapshot, fleet: Fleet) -> bool:
+    """Whether this pass's observation failed: signals unread, or most reports missing."""
+    return not snapshot.observed or len(fleet.stale) * 2 > len(fleet.ready)
 
 
-def scale_in_blocker(fleet: Fleet, policy: Policy, now: float) -> str | None:
-    """Why no worker may be retired this pass, or None."""
+def count_failures(state: TierState, failed: bool, now: float) -> tuple[int, float | None]:
+    """Failed observations in a row: one more per failed pass (a pass repeated at the same
+    ``now`` counts once), none after a good one."""
+    if not failed:
+        return 0, None
+    if state.failed_at is not None and now <= state.failed_at:
+        return state.failures, state.failed_at
+    return state.failures + 1, now
+
+
+def scale_in_blocker(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, now: float) -> str | None:
+    """Why no worker may be retired for scale-in this pass, or None."""
+    if policy.paused_scale_in:
+        return "scale-in paused (paused_scale_in)"
+    if policy.scale_down.select == "disabled":
+        return "scale-down disabled (scale_down.select)"
     if in_no_scale_in_window(policy, now):
         return "inside a no-scale-in window"
+    if not snapshot.observed:
+        return "the tier's signals could not be read"
     stale = len(fleet.stale)
     if stale * 2 > len(fleet.ready):
         return f"reports missing from {stale} of {len(fleet.ready)} ready workers"
     return None
 
 
-def reclaim_idle(fleet: Fleet, count: int) -> tuple[Retirement, ...]:
-    """Up to ``count`` idle workers, least occupied first; the reception only when alone."""
-    alone = fleet.current == 1
-    idle = [w for w in fleet.ready if w.idle and (alone or w.id != fleet.reception)]
-    idle.sort(key=lambda w: (w.occupancy, w.id))
-    return tuple(Retirement(w.id, "reclaim-idle") for w in idle[:count])
+@dataclass(frozen=True, slots=True)
+class Moves:
+    """What the pass does, before it becomes a ``Plan``."""
+
+    spawn: int = 0
+    retire: tuple[Retirement, ...] = ()
+    held: str | None = None
+    notes: tuple[str, ...] = ()
+    recycling: Recycling = ()
+    replacements: int = 0  # of ``spawn``, the recycling's (no scale event for the rate rules)
 
 
-def consolidation(fleet: Fleet, policy: Policy,
-                  taken: tuple[Retirement, ...]) -> tuple[Retirement | None, str | None]:
-    """Drain the least-occupied non-reception worker if the survivors can carry its load.
-
-    The ledger's margin applies to automatic compaction; a tier above ``max_workers`` (the
-    operator lowered it) skips it, but the load must still fit.
-    """
-    if fleet.starting:
-        return None, "consolidation waits for starting workers"
-    gone = {r.worker for r in taken}
-    remaining = tuple(w for w in fleet.ready if w.id not in gone)
-    candidates = [w for w in remaining if w.fresh and w.id != fleet.reception]
-    if not candidates:
-        return None, "no worker may be consolidated"
-    victim = min(candidates, key=lambda w: (w.occupancy, w.id))
-    survivors = tuple(w for w in remaining if w.id != victim.id)
-    if not fits(victim, survivors, fleet.reception, policy):
-        return None, f"{victim.id}'s load {victim.occupancy:.2f} does not fit on the others: kept"
-    load = ledger_load(remaining, fleet.reception, policy)
-    forced = fleet.current > policy.max_workers
-    if not forced and not may_compact(len(remaining), load, policy):
-        headroom = capacity(len(remaining), policy) - load
-        margin = policy.compaction_margin * policy.admission_threshold
-        return None, f"ledger headroom {headroom:.2f} <= {margin:.2f}: no compaction"
-    return Retirement(victim.id, "consolidate"), None
+def fallback_moves(policy: Policy, fleet: Fleet, failures: int, state: TierState) -> Moves | None:
+    """The fallback once ``after`` observations in a row failed, else None."""
+    fb = policy.fallback
+    if fb is None or failures < fb.after:
+        return None
+    head = f"fallback after {failures} failed observations"
+    if fb.action == "hold" or fb.workers is None or fleet.current >= fb.workers:
+        return Moves(held=f"{head}: hold at {fleet.current} (never scale in on missing data)",
+                     recycling=state.recycling)
+    spawn = min(fb.workers - fleet.current, policy.max_step_up)
+    return Moves(spawn=spawn, notes=(f"{head}: up to {fb.workers}",), recycling=state.recycling)
 
 
-def plan_scale_in(fleet: Fleet, policy: Policy, target: int,
-                  now: float) -> tuple[tuple[Retirement, ...], str | None]:
-    """Victims to drain toward ``target``: idle ones, else at most one consolidation."""
-    excess = fleet.current - target
+def limited_spawn(desired: int, effective: int, fleet: Fleet, policy: Policy, state: TierState,
+                  now: float) -> tuple[int, str | None]:
+    """Workers to start: the gap net of those starting, capped by ``max_step_up`` and the rules."""
+    want = max(0, min(desired - effective, policy.max_step_up))
+    limit = up_limit(policy.scale_up, fleet.current, state.changes, now)
+    if limit is None or fleet.current + want <= limit:
+        return want, None
+    allowed = max(0, limit - fleet.current)
+    return allowed, f"scale-up rate limit: {fleet.current}->{limit} allowed now (wanted +{want})"
+
+
+def victims_allowed(excess: int, fleet: Fleet, policy: Policy, state: TierState, now: float,
+                    room: int | None) -> tuple[int, str | None]:
+    """How many of ``excess`` may go now: the scale-down rules and the disruption budget."""
+    count, note = excess, None
+    limit = down_limit(policy.scale_down, fleet.current, state.changes, now)
+    if limit is not None and fleet.current - count < limit:
+        count, note = max(0, fleet.current - limit), f"scale-down rate limit: down to {limit} now"
+    if room is not None and count > room:
+        count, note = room, f"disruption budget: {len(fleet.draining)} draining, {room} more may go"
+    return count, note
+
+
+Victims = tuple[tuple[Retirement, ...], str | None]
+
+
+def scale_in(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, state: TierState, now: float,
+             excess: int, room: int | None, keep: tuple[str, ...]) -> Victims:
+    """The victims toward the target, with why fewer went than wanted."""
     if excess <= 0:
         return (), None
-    blocked = scale_in_blocker(fleet, policy, now)
+    blocked = scale_in_blocker(fleet, policy, snapshot, now)
     if blocked:
         return (), blocked
-    victims = reclaim_idle(fleet, excess)
-    if len(victims) == excess:
-        return victims, None
-    victim, refusal = consolidation(fleet, policy, victims)
-    return (victims + (victim,) if victim else victims), refusal
+    count, limited = victims_allowed(excess, fleet, policy, state, now, room)
+    victims, refusal = choose_victims(fleet, policy, count, now, keep)
+    return victims, limited if count < excess else refusal
+
+
+def normal_moves(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, state: TierState, now: float,
+                 desired: int, target: int) -> Moves:
+    """Up, down and recycling when nothing pauses or falls back."""
+    room = budget_room(policy.disruption_budget, fleet)
+    rec: Recycle = plan_recycle(fleet, policy, state.recycling, now, room)
+    spawn, up_note = limited_spawn(desired, fleet.current, fleet, policy, state, now)
+    if room is not None:
+        room -= len(rec.retire)
+    # the count once the recycling is through: each old worker replaced one for one
+    effective = fleet.current - len(rec.retire) - rec.replacing + rec.spawn
+    retire, held = scale_in(fleet, policy, snapshot, state, now, effective - target, room, rec.involved)
+    notes = tuple(n for n in (up_note, rec.note) if n)
+    return Moves(spawn + rec.spawn, rec.retire + retire, held, notes, rec.pending, rec.spawn)
 
 
 def _driver(proposals: dict[str, int | None], raw: int) -> str:
@@ -225,46 +241,50 @@ def explain(plan: Plan, starting: int, policy: Policy) -> str:
     """A one-line human reason for the plan (or for doing nothing)."""
     driver = _driver(plan.proposals, plan.raw)
     clamp = f", clamped by {plan.clamp} to {plan.desired}" if plan.clamp else ""
+    notes = "".join(f"; {n}" for n in plan.notes)
     if plan.spawn:
         extra = f", {starting} already starting" if starting else ""
-        if plan.current + plan.spawn < plan.desired:
+        if plan.current + plan.spawn < plan.desired and not plan.notes:
             extra += f", step capped at {policy.max_step_up}"
-        return f"scale up {plan.current}->{plan.current + plan.spawn}: {driver}{clamp}{extra}"
+        return f"scale up {plan.current}->{plan.current + plan.spawn}: {driver}{clamp}{extra}{notes}"
     if plan.retire:
         who = ", ".join(f"{r.action} {r.worker}" for r in plan.retire)
         rest = f"; {plan.held}" if plan.held else ""
-        return f"scale in {plan.current}->{plan.current - len(plan.retire)}: {who}{rest}"
+        return f"scale in {plan.current}->{plan.current - len(plan.retire)}: {who}{rest}{notes}"
     if plan.held:
-        return f"hold at {plan.current} (want {plan.target}): {plan.held}"
-    if plan.target > plan.desired and plan.current > plan.desired:
-        keeps = f"stabilization keeps {plan.target} ({policy.scale_down_stabilization_s:g}s)"
-        return f"hold at {plan.current}: {driver}{clamp}, {keeps}"
-    return f"steady at {plan.current}: {driver}{clamp}"
-
-
-def next_state(state: TierState, history: tuple[tuple[float, int], ...], plan: Plan,
-               now: float) -> TierState:
-    """The state to pass to the next ``decide`` of this tier."""
-    return TierState(
-        history=history,
-        last_scale_up=now if plan.spawn else state.last_scale_up,
-        last_scale_down=now if plan.retire else state.last_scale_down,
-    )
+        return f"hold at {plan.current} (want {plan.target}): {plan.held}{notes}"
+    if plan.target > plan.desired and plan.current > plan.desired and plan.hold is not None:
+        keeps = f"the scale-in hold keeps {plan.target} ({plan.hold.seconds:g} s, {plan.hold.rule})"
+        return f"hold at {plan.current}: {driver}{clamp}, {keeps}{notes}"
+    return f"steady at {plan.current}: {driver}{clamp}{notes}"
 
 
 def decide(snapshot: TierSnapshot, policy: Policy, state: TierState,
            now: float) -> tuple[Plan, TierState]:
     """One pass of the judge for one tier: the plan (with its reasons) and the next state."""
     fleet = classify(snapshot.workers)
+    starts = holdtime.start_samples(state.starts, fleet)
+    hold = holdtime.hold(policy, holdtime.start_cost(starts, fleet, now),
+                         holdtime.turns_per_worker(snapshot, fleet))
     proposals = signal_proposals(snapshot, fleet, policy)
     raw = max_proposal(proposals)
-    desired, clamp = clamp_desired(raw, snapshot, policy)
-    history = record_desired(state.history, now, desired, policy.scale_down_stabilization_s)
-    target = stabilized_target(history, desired, policy)
-    spawn = spawn_count(desired, fleet, policy)
-    retire, held = plan_scale_in(fleet, policy, target, now)
-    plan = Plan(snapshot.tier, fleet.current, desired, target, spawn, retire, proposals, raw,
-                clamp, held)
+    bounds = tier_bounds(policy, now)
+    desired, clamp = clamp_desired(raw, snapshot, bounds)
+    history = record_desired(state.history, now, desired, hold.seconds)
+    target = stabilized_target(history, desired, bounds.cap)
+    failures, failed_at = count_failures(state, observation_failed(snapshot, fleet), now)
+    if policy.paused:
+        moves = Moves(held="paused (the policy's paused is set)", recycling=state.recycling)
+    else:
+        moves = fallback_moves(policy, fleet, failures, state) or \
+            normal_moves(fleet, policy, snapshot, state, now, desired, target)
+    plan = Plan(snapshot.tier, fleet.current, desired, target, moves.spawn, moves.retire, proposals, raw,
+                clamp, moves.held, hold=hold, bounds=bounds, notes=moves.notes, failures=failures)
     plan = replace(plan, reason=explain(plan, len(fleet.starting), policy))
-    return plan, next_state(state, history, plan, now)
-
+    scaled_down = sum(1 for r in moves.retire if r.action != "recycle")
+    changes = record_changes(state.changes, now, moves.spawn - moves.replacements, scaled_down,
+                             longest_period(policy.scale_up, policy.scale_down))
+    return plan, TierState(history=history, last_scale_up=now if plan.spawn else state.last_scale_up,
+                           last_scale_down=now if plan.retire else state.last_scale_down,
+                           changes=changes, starts=starts, failures=failures, failed_at=failed_at,
+                           recycling=moves.recycling)

@@ -174,6 +174,7 @@ class Evaluator:
     def __init__(self, window: int = WINDOW_ROWS) -> None:
         self._window = window
         self._rows: dict[str, deque[OccupancyReport]] = {}
+        self._ready_at: dict[str, float] = {}  # worker -> ts of its first report as ready
 
     def add(self, report: OccupancyReport) -> bool:
         """Keep a report; False (ignored) when it is not newer than the worker's last one.
@@ -186,11 +187,20 @@ class Evaluator:
         elif rows and report.ts <= rows[-1].ts:
             return False
         rows.append(report)
+        if report.state == "ready" and report.cpu is None:
+            # a worker's very first report (its sensor has no cpu to give yet): the end of its
+            # start; a later one (a commander that restarted and reads a window) says nothing
+            self._ready_at.setdefault(report.worker, report.ts)
         return True
 
     def forget(self, worker: str) -> None:
         """Drop a worker's window (it exited or was declared dead)."""
         self._rows.pop(worker, None)
+        self._ready_at.pop(worker, None)
+
+    def ready_at(self, worker: str) -> float | None:
+        """The ``ts`` of the worker's first report as ready (its start cost ends there), or None."""
+        return self._ready_at.get(worker)
 
     def workers(self, tier: str | None = None) -> list[str]:
         """Workers with at least one report, optionally only those of ``tier``."""

@@ -60,17 +60,13 @@ class Records:
             body = read_decide_state(self.r, tier)
             if body is None:
                 return TierState()
-            return TierState(history=tuple((float(t), int(d)) for t, d in body["history"]),
-                             last_scale_up=body.get("last_scale_up"),
-                             last_scale_down=body.get("last_scale_down"))
+            return TierState.from_body(body)
         except (ValueError, KeyError, TypeError):
             log.warning("tier %s: unreadable saved decide state, starting afresh", tier)
             return TierState()
 
     def _save_state(self, tier: str, state: TierState) -> None:
-        body = {"history": [list(h) for h in state.history], "last_scale_up": state.last_scale_up,
-                "last_scale_down": state.last_scale_down}
-        write_decide_state(self.r, tier, body, STATE_TTL_S)
+        write_decide_state(self.r, tier, state.to_body(), STATE_TTL_S)
 
     def _register(self) -> None:
         info = CommanderInfo(commander=self.settings.commander_id, pid=os.getpid(),

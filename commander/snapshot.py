@@ -28,7 +28,14 @@ class WorkerView:
     lanes: int = 0  # users whose lane it holds
     fresh: bool = True
     is_reception: bool = False  # marked by the observer; else the oldest ready worker
-    started: float = 0.0
+    started: float = 0.0  # unix time of its spawn (or of its own start, for one started apart)
+    ready_at: float | None = None  # its first report as ready: ready_at - started is its start cost
+    turns: int = 0  # turns it has served since it started (its counters)
+    protected_until: float | None = None  # a handler asked that it not be retired before this
+
+    def protected(self, now: float) -> bool:
+        """Whether a handler's scale-in protection still holds at ``now``."""
+        return self.protected_until is not None and now < self.protected_until
 
     @property
     def idle(self) -> bool:
@@ -46,6 +53,7 @@ class TierSnapshot:
     backlog: int = 0  # notifications no worker started (stores.backlog): lag + orphaned pending
     rps: float = 0.0
     pressure_events: int = 0
+    observed: bool = True  # False when the tier's signals could not be read this pass
 
 
 @dataclass(frozen=True, slots=True)

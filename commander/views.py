@@ -28,6 +28,7 @@ class TierSignals:
     active_users: int = 0
     pressure_events: int = 0
     held: Mapping[str, int] = field(default_factory=dict)  # live worker -> notifications of its jobs
+    observed: bool = True  # False: the reads failed this pass (decide counts it toward the fallback)
 
 
 def stale_after(policy: Policy) -> float:
@@ -72,7 +73,8 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
         views.append(WorkerView(
             id=wid, state=_state(handle, report.state), occupancy=evaluator.occupancy(wid, limit).value,
             busy=report.slots.busy, total=report.slots.total, lanes=report.slots.busy, fresh=fresh,
-            started=started))
+            started=started, ready_at=evaluator.ready_at(wid), turns=report.counters.turns,
+            protected_until=report.protected_until))
     return _mark_reception(views)
 
 
@@ -110,4 +112,5 @@ def holding(views: Iterable[WorkerView], held: Mapping[str, int]) -> tuple[Worke
 def snapshot(tier: str, views: tuple[WorkerView, ...], signals: TierSignals, rps: float) -> TierSnapshot:
     """The decide() input for one tier."""
     return TierSnapshot(tier=tier, workers=holding(views, signals.held), active_users=signals.active_users,
-                        backlog=signals.backlog, rps=rps, pressure_events=signals.pressure_events)
+                        backlog=signals.backlog, rps=rps, pressure_events=signals.pressure_events,
+                        observed=signals.observed)

@@ -81,7 +81,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-SCALE_ACTIONS = frozenset({"scale-up", "scale-down", "reclaim-idle", "consolidate"})
+SCALE_ACTIONS = frozenset({"scale-up", "scale-down", "reclaim-idle", "consolidate", "recycle"})
 TIER_W, ACTION_W, COUNTS_W, WHO_W = 10, 15, 7, 24  # "policy-rejected" is the longest action
 
 

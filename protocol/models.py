@@ -172,6 +172,8 @@ class OccupancyReport(_Model):
     counters: Counters
     load: tuple[float, float, float]
     turn_stats: TurnStats = TurnStats()  # absent from the reports of workers before issue 12
+    # a handler's scale-in protection (TurnContext.protect): not to be retired before this time
+    protected_until: float | None = None
 
 
 class Control(_Model):
@@ -189,7 +191,7 @@ class LedgerEvent(_Model):
     tier: str
     epoch: int
     commander: str
-    action: Literal["scale-up", "scale-down", "reclaim-idle", "consolidate", "policy-rejected",
+    action: Literal["scale-up", "scale-down", "reclaim-idle", "consolidate", "recycle", "policy-rejected",
                     "policy-applied", "leader", "worker-exited", "hold", "renotified"]
     from_count: int = 0
     to_count: int = 0

@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from protocol.policy_controls import DisruptionBudget, Fallback, ScaleBehavior, ScaleInHold, ScheduledBounds
+
 _HANDLER_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _HHMM_RE = re.compile(r"([01]\d|2[0-3]):[0-5]\d")
 MAX_REPLICA_ACKS = 8
@@ -98,11 +100,24 @@ class Policy(BaseModel):
     reception_threshold: float = Field(0.5, gt=0.0, le=1.0)
     compaction_margin: float = Field(1.5, ge=1.0, le=100.0)
     memory_limit_mb: PositiveFloat | None = None
-    # timing
-    scale_down_stabilization_s: float = Field(300.0, ge=0.0, le=86_400)
+    # timing: the scale-in hold is derived from the measured start cost (commander.holdtime)
+    # unless set here in seconds
+    scale_down_stabilization_s: float | None = Field(None, ge=0.0, le=86_400)
+    scale_in_hold: ScaleInHold = ScaleInHold()
     drain_timeout_s: PositiveFloat = Field(30.0, le=3_600)
     report_interval_s: PositiveFloat = Field(5.0, le=300)
     no_scale_in_windows: tuple[TimeWindow, ...] = ()
+    # what users of HPA, KEDA, Knative and Karpenter rely on (protocol.policy_controls)
+    scale_up: ScaleBehavior = ScaleBehavior()
+    scale_down: ScaleBehavior = ScaleBehavior()
+    fallback: Fallback | None = None
+    schedules: tuple[ScheduledBounds, ...] = Field((), max_length=32)
+    paused: bool = False
+    paused_scale_in: bool = False
+    disruption_budget: DisruptionBudget | None = None
+    max_protection_s: float = Field(3_600.0, ge=0.0, le=86_400)  # the longest a handler may protect
+    max_worker_age_s: PositiveFloat | None = Field(None, le=30 * 86_400)
+    max_turns_per_worker: PositiveInt | None = Field(None, le=10**9)
     # durability against asynchronous replication (docs/ARCHITECTURE.md, "Failover: what Fleet
     # promises"): after the submit (the client), the lane acquire and the turn commit, WAIT
     # until this many replicas have the write, or replica_ack_timeout_ms. 0: no WAIT is sent.
@@ -148,6 +163,13 @@ class Policy(BaseModel):
                 f"reception_threshold ({self.reception_threshold}) > admission_threshold "
                 f"({self.admission_threshold})"
             )
+        for sched in self.schedules:
+            if sched.min_workers is not None and sched.min_workers > self.max_workers:
+                raise ValueError(f"schedule {sched.label()!r}: min_workers ({sched.min_workers}) > "
+                                 f"max_workers ({self.max_workers})")
+        if self.fallback is not None and self.fallback.workers is not None \
+                and self.fallback.workers > self.max_workers:
+            raise ValueError(f"fallback workers ({self.fallback.workers}) > max_workers ({self.max_workers})")
         return self
 
     def to_json(self) -> str:

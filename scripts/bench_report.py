@@ -23,14 +23,15 @@ from benchlib import ROOT, OneLineParser
 
 GOALS = "Fleet >= 4x Celery and >= 10x RQ turns/s; p99 <= 10 ms at half load; pressure -> new worker " \
         "serving <= 100 ms median; trace p99 wait <= 1 s, worker-seconds <= 1.25x oracle, fewer scale " \
-        "events than HPA-like and KEDA-like; decide <= 20 ms at 1,000 workers x 20 tiers"
+        "events than HPA-like and KEDA-like (on every trace of bench_scaling); decide <= 20 ms at " \
+        "1,000 workers x 20 tiers"
 
 
 def parse_args(argv: list[str] | None = None):
     p = OneLineParser(prog="scripts/bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="short runs of everything (smoke test)")
     p.add_argument("--out", type=Path, default=None, help="default: docs/ (full) or docs/bench-out/ (quick)")
-    p.add_argument("--only", default="", help="comma list: pipeline,peers,scaleup,commander,trace")
+    p.add_argument("--only", default="", help="comma list: pipeline,peers,scaleup,commander,trace,scaling")
     p.add_argument("--from-json", type=Path, default=None,
                    help="skip running: assemble the report from JSON files already in this directory")
     return p.parse_args(argv)
@@ -42,14 +43,15 @@ STEPS = {
     "scaleup": ["bench_scaleup.py"],
     "commander": ["bench_commander.py"],
     "trace": ["bench_trace.py"],
+    "scaling": ["bench_scaling.py"],
 }
 
 
 def run_step(name: str, quick: bool, raw: Path) -> None:
     script = ROOT / "scripts" / STEPS[name][0]
     args = [sys.executable, str(script)] + (["--quick"] if quick else [])
-    if name == "trace":
-        args += ["--out", str(raw / "trace")]
+    if name in ("trace", "scaling"):
+        args += ["--out", str(raw / name)]
     else:
         args += ["--json", str(raw / f"{name}.json")]
     print(f"== {name}: {' '.join(Path(a).name if a.startswith('/') else a for a in args[1:])}", flush=True)
@@ -63,7 +65,7 @@ def run_step(name: str, quick: bool, raw: Path) -> None:
 
 
 def load(raw: Path, name: str) -> dict[str, Any] | None:
-    path = raw / ("trace/trace.json" if name == "trace" else f"{name}.json")
+    path = raw / {"trace": "trace/trace.json", "scaling": "scaling/scaling.json"}.get(name, f"{name}.json")
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -85,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
 
     md = render(data, out, raw, machine(), quick=args.quick)
     (out / "BENCHMARKS.md").write_text(md)
-    trace_dir = raw / "trace"
-    for png in trace_dir.glob("*.png") if trace_dir.exists() else []:
-        shutil.copy(png, out / png.name)
+    for sub in ("trace", "scaling"):
+        for png in (raw / sub).glob("*.png") if (raw / sub).exists() else []:
+            shutil.copy(png, out / png.name)
     print(f"scripts/bench: wrote {out / 'BENCHMARKS.md'}")
     return 0
 

@@ -1,17 +1,25 @@
-"""Autoscaling policies on the Azure LLM conversation trace, simulated; and the simulator checked
-against a real fleet.
+"""Autoscaling policies on one trace, simulated; and the simulator checked against a real fleet.
 
 1. Comparison (simulated, the whole trace by default): Fleet's ``decide()`` with the default
-   policy (only concurrency and max_workers set), static provisioning for the peak, an
-   HPA-like and a KEDA-like policy, and the oracle (per-minute fewest workers that keep that
-   minute's p99 wait <= 1 s, found by search with perfect foresight). The simulator is
-   ``sim/scaling/simulate.py``; the policies ``sim/scaling/policies.py``.
+   policy (the sleep handler, --concurrency, --max-workers, and any field of --policy FILE),
+   static provisioning for the peak, an HPA-like and a KEDA-like policy, and the oracle (per
+   --oracle-step-s, the fewest workers that keep that step's --oracle-quantile wait <= the
+   SLO, found by search with perfect foresight). The simulator is
+   ``sim/scaling/simulate.py``; the policies ``sim/scaling/policies.py`` and
+   ``sim/scaling/compare.py``.
 2. Validation: one slice of the trace, sped up --speed times, simulated and replayed on a
    real fleet (private redis-server, ``python -m commander`` forking workers, ``fleet replay``
    submitting the turns for the ``sleep`` handler) with the same policy; its time constants
-   (report interval, active window, down-stabilization) are divided by the speed too.
+   (report interval, active window, scale-in hold) are divided by the speed too.
 
-Users and service times come from ``sim/scaling/trace.py`` (see ``fleet replay --help``).
+Any trace: --trace takes a CSV, TSV or JSON-lines file (``sim/scaling/tracefile.py``: columns
+by --columns ts=...,in=...,out=...[,count=...][,user=...] or by their usual names; ISO
+timestamps with T/Z/offsets, naive ones read in --tz; numbers in --ts-unit, offsets from
+--start when below 10^9 s; a BOM; rate-only rows turned into that many seeded uniform arrivals
+per window), or gen:KIND[:SEED[:SECONDS]] for generated traffic (``sim/scaling/generate.py``).
+Users: conversations of a geometric number of turns (--mean-turns) with a think time
+(--think-min-s + exponential, mean --think-mean-s) after each reply, unless the trace names
+its users; service times from --service-model (``sim/scaling/service.py``).
 Writes ``trace.json``, ``trace.md`` (tables) and PNGs into --out.
 """
 
@@ -26,24 +34,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from benchlib import ROOT, OneLineParser, redis_server
 
-from protocol.policy import Policy
-from sim.scaling.policies import (
-    FleetDecide,
-    HpaLike,
-    KedaLike,
-    Static,
-    oracle_schedule,
-    peak_static_workers,
-)
+from protocol.policy import Policy, PolicyError, parse_policy
+from sim.scaling.compare import Setup, compare
+from sim.scaling.compare import rows as comparison_rows
+from sim.scaling.generate import generate, parse_generated
+from sim.scaling.policies import FleetDecide
 from sim.scaling.replay import ReplayResult, replay
+from sim.scaling.service import parse_service
 from sim.scaling.simulate import SimConfig, SimResult, quantile, simulate
-from sim.scaling.trace import TraceModel, TraceTurn, assign_users, read_trace, speed_up, window
+from sim.scaling.trace import TraceModel, TraceTurn, assign_users, speed_up, window
+from sim.scaling.tracefile import Trace, TraceSource, parse_columns, parse_iso, read_trace_file, zone
 
 TRACE_NAME = Path("shared") / "traces" / "azure_llm_conv_2023.csv"
 
@@ -67,70 +73,141 @@ COLUMNS = [("policy", "policy"), ("p50_wait_s", "p50 wait s"), ("p99_wait_s", "p
            ("scale_downs", "downs")]
 
 
+def _add_trace_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the trace")
+    g.add_argument("--trace", default=os.environ.get("FLEET_TRACE", str(DEFAULT_TRACE)),
+                   help="a CSV/TSV/JSON-lines trace, or gen:KIND[:SEED[:SECONDS]] (default: $FLEET_TRACE, "
+                        "else the nearest shared/traces/azure_llm_conv_2023.csv above the repository)")
+    g.add_argument("--name", default=None, help="the trace's name in titles (default: the file's stem)")
+    g.add_argument("--columns", default="", help="ts=COL,in=COL,out=COL[,count=COL][,user=COL]")
+    g.add_argument("--ts-unit", choices=["auto", "s", "ms", "us"], default="auto",
+                   help="numeric timestamps (auto: ms in JSON lines, s in CSV)")
+    g.add_argument("--tz", default="UTC", help="time zone of naive timestamps (IANA name)")
+    g.add_argument("--start", default="0",
+                   help="unix seconds or ISO time that relative timestamps count from")
+    g.add_argument("--window-s", type=float, default=None, help="a rate-only trace's window (default: "
+                   "the median gap between rows)")
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("users and service times")
+    g.add_argument("--mean-turns", type=float, default=3.5)
+    g.add_argument("--think-mean-s", type=float, default=20.0)
+    g.add_argument("--think-min-s", type=float, default=2.0)
+    g.add_argument("--service-model", default="tokens",
+                   help="tokens | const:S | lognormal:MEDIAN,SIGMA[,CAP] | pareto:MIN,ALPHA[,CAP]")
+    g.add_argument("--overhead-ms", type=float, default=50.0)
+    g.add_argument("--prefill-tokens-per-ms", type=float, default=5.0)
+    g.add_argument("--decode-ms-per-token", type=float, default=25.0)
+    g.add_argument("--service-scale", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=7)
+
+
+def _add_policy_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the tier and the goals")
+    g.add_argument("--policy", type=Path, default=None, help="a JSON file of policy fields over the default")
+    g.add_argument("--concurrency", type=int, default=8, help="slots per worker (every policy)")
+    g.add_argument("--max-workers", type=int, default=32)
+    g.add_argument("--spawn-mode", choices=sorted(SPAWN_DELAY), default="fork")
+    g.add_argument("--spawn-delay-s", type=float, default=None, help="a start time (overrides --spawn-mode)")
+    g.add_argument("--slo-s", type=float, default=1.0, help="a wait over this misses the SLO")
+    g.add_argument("--oracle-quantile", type=float, default=99.0, help="the oracle keeps this wait quantile")
+    g.add_argument("--oracle-step-s", type=float, default=60.0, help="... <= the SLO in every step this long")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineParser(prog="scripts/bench_trace", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", type=Path, default=Path(os.environ.get("FLEET_TRACE", DEFAULT_TRACE)),
-                   help="the Azure LLM conversation trace CSV (default: $FLEET_TRACE, else the nearest "
-                        "shared/traces/azure_llm_conv_2023.csv above the repository)")
+    _add_trace_flags(p)
+    _add_model_flags(p)
+    _add_policy_flags(p)
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "bench-out")
     p.add_argument("--quick", action="store_true",
                    help="compare on the first 10 minutes; validate on 60 trace seconds")
     p.add_argument("--duration", type=float, default=None, help="compare on this many trace seconds")
-    p.add_argument("--concurrency", type=int, default=8, help="slots per worker (every policy)")
-    p.add_argument("--max-workers", type=int, default=32)
-    p.add_argument("--service-scale", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=7)
     p.add_argument("--speed", type=float, default=10.0, help="validation speed-up")
     p.add_argument("--val-start", type=float, default=600.0, help="validation slice start (trace s)")
     p.add_argument("--val-duration", type=float, default=300.0, help="validation slice (trace s)")
-    p.add_argument("--spawn-mode", choices=sorted(SPAWN_DELAY), default="fork")
     p.add_argument("--no-validation", action="store_true", help="simulate only")
     args = p.parse_args(argv)
     if args.quick:
         args.duration = args.duration or 600.0
         args.val_duration = min(args.val_duration, 60.0)
-    if not args.trace.is_file():
+    if not str(args.trace).startswith("gen:") and not Path(args.trace).is_file():
         p.error(f"no trace at {args.trace} (--trace or $FLEET_TRACE)")
-    if args.concurrency < 1 or args.max_workers < 1 or args.speed <= 0 or args.val_duration <= 0:
-        p.error("--concurrency, --max-workers, --speed and --val-duration must be positive")
+    if args.concurrency < 1 or args.max_workers < 1 or args.speed <= 0 or args.val_duration <= 0 \
+            or args.slo_s <= 0 or not 0 < args.oracle_quantile <= 100 or args.oracle_step_s <= 0:
+        p.error("--concurrency, --max-workers, --speed, --val-duration, --slo-s and --oracle-step-s must "
+                "be positive, --oracle-quantile in (0, 100]")
+    try:
+        args.fleet_policy = fleet_policy(args)
+        args.model = trace_model(args)
+    except (ValueError, PolicyError, OSError) as exc:
+        p.error(str(exc))
     return args
+
+
+def trace_model(args: argparse.Namespace) -> TraceModel:
+    """The user and service-time model of the flags."""
+    return TraceModel(mean_turns=args.mean_turns, think_mean_s=args.think_mean_s,
+                      think_min_s=args.think_min_s, overhead_ms=args.overhead_ms,
+                      prefill_tokens_per_ms=args.prefill_tokens_per_ms,
+                      decode_ms_per_token=args.decode_ms_per_token, service_scale=args.service_scale,
+                      seed=args.seed, service=parse_service(args.service_model))
+
+
+def load_trace(args: argparse.Namespace) -> Trace:
+    """The trace of --trace with the reading flags (a generated one for gen:...)."""
+    if str(args.trace).startswith("gen:"):
+        kind, seed, duration = parse_generated(args.trace)
+        trace = generate(kind, seed, duration or 3600.0)
+    else:
+        numeric = args.start.replace(".", "", 1).isdigit()
+        start = float(args.start) if numeric else parse_iso(args.start, zone(args.tz))
+        trace = read_trace_file(TraceSource(Path(args.trace), parse_columns(args.columns), args.ts_unit,
+                                            args.tz, start, args.window_s, args.seed, args.name))
+    if args.name:
+        trace = Trace(args.name, trace.requests, trace.has_lengths, trace.arrivals)
+    if not trace.has_lengths and args.model.service.needs_lengths:
+        raise ValueError(f"{trace.name} has no input/output lengths: pick --service-model const:S, "
+                         "lognormal:... or pareto:...")
+    if not trace.requests:
+        raise ValueError(f"{trace.name} has no requests")
+    return trace
 
 
 # --- the comparison --------------------------------------------------------------------
 def fleet_policy(args: argparse.Namespace) -> Policy:
-    """The default policy; only what a user sets: the handler, its concurrency, max_workers."""
-    return Policy(handler="sleep", concurrency=args.concurrency, max_workers=args.max_workers)
+    """The default policy with what a user sets: the handler, concurrency, max_workers, and every
+    field of --policy FILE (validated as a policy)."""
+    fields: dict[str, Any] = {}
+    if args.policy is not None:
+        fields = json.loads(args.policy.read_text())
+        if not isinstance(fields, dict):
+            raise ValueError(f"{args.policy}: a policy file is a JSON object")
+    base = {"handler": "sleep", "concurrency": args.concurrency, "max_workers": args.max_workers}
+    return parse_policy({**base, **fields})
 
 
-def compare(turns: list[TraceTurn], args: argparse.Namespace) -> dict[str, SimResult]:
-    policy = fleet_policy(args)
-    cfg = SimConfig(concurrency=args.concurrency, spawn_delay_s=SPAWN_DELAY[args.spawn_mode],
-                    view_policy=policy)
-    peak = peak_static_workers(turns, args.concurrency)
-    runs: dict[str, SimResult] = {}
-    for pol in (FleetDecide(policy), Static(peak, name=f"static (peak: {peak})"),
-                HpaLike(max_replicas=args.max_workers), KedaLike(max_replicas=args.max_workers,
-                                                                 target_per_replica=0.75 * args.concurrency)):
-        runs[pol.name] = simulate(turns, pol, cfg)
-        print(f"  simulated {pol.name}: {runs[pol.name].runtime_s:.2f} s", file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    schedule = oracle_schedule(turns, cfg, args.max_workers)
-    search_s = time.perf_counter() - started
-    runs["oracle"] = simulate(turns, schedule, replace(cfg, spawn_delay_s=0.0))
-    runs["oracle"].runtime_s += search_s
-    print(f"  oracle: search + run {runs['oracle'].runtime_s:.2f} s", file=sys.stderr, flush=True)
-    return runs
+def setup_of(args: argparse.Namespace, trace: Trace) -> Setup:
+    delay = args.spawn_delay_s if args.spawn_delay_s is not None else SPAWN_DELAY[args.spawn_mode]
+    return Setup(policy=args.fleet_policy, spawn_delay_s=delay, slo_s=args.slo_s,
+                 oracle_quantile=args.oracle_quantile, oracle_step_s=args.oracle_step_s, epoch=trace.epoch)
 
 
 # --- the validation --------------------------------------------------------------------
 def validation_policy(args: argparse.Namespace) -> Policy:
     """The comparison's policy with its time constants divided by the speed-up."""
-    base = fleet_policy(args)
+    base: Policy = args.fleet_policy
     k = args.speed
-    return base.model_copy(update={"report_interval_s": base.report_interval_s / k,
-                                   "active_window_s": base.active_window_s / k,
-                                   "scale_down_stabilization_s": base.scale_down_stabilization_s / k})
+    hold = base.scale_in_hold
+    update: dict[str, Any] = {
+        "report_interval_s": base.report_interval_s / k, "active_window_s": base.active_window_s / k,
+        "scale_in_hold": hold.model_copy(update={"min_s": hold.min_s / k, "max_s": hold.max_s / k,
+                                                 "unmeasured_s": hold.unmeasured_s / k})}
+    if base.scale_down_stabilization_s is not None:
+        update["scale_down_stabilization_s"] = base.scale_down_stabilization_s / k
+    return base.model_copy(update=update)
 
 
 def _live(r: Any) -> int:
@@ -171,11 +248,11 @@ def real_run(turns: list[TraceTurn], policy: Policy, args: argparse.Namespace) -
                 cmd.wait()
 
 
-def validate(all_turns: list[TraceTurn], args: argparse.Namespace) -> dict[str, Any]:
+def validate(all_turns: list[TraceTurn], args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
     turns = speed_up(window(all_turns, args.val_start, args.val_duration), args.speed)
     policy = validation_policy(args)
-    slo = 1.0 / args.speed
-    cfg = SimConfig(concurrency=args.concurrency, spawn_delay_s=SPAWN_DELAY[args.spawn_mode],
+    slo = setup.slo_s / args.speed
+    cfg = SimConfig(concurrency=args.concurrency, spawn_delay_s=setup.spawn_delay_s,
                     view_policy=policy, slo_s=slo, sample_s=0.5)
     sim = simulate(turns, FleetDecide(policy), cfg)
     print(f"  validation: {len(turns)} turns over {turns[-1].at:.1f} s (x{args.speed:g}); replaying",
@@ -206,7 +283,8 @@ def per_minute_p99(arrivals: list[float], waits: list[float],
     return [((m + 0.5) * minute, quantile(v, 99)) for m, v in sorted(buckets.items())]
 
 
-def plot_comparison(turns: list[TraceTurn], runs: dict[str, SimResult], concurrency: int, path: Path) -> None:
+def plot_comparison(turns: list[TraceTurn], runs: dict[str, SimResult], concurrency: int, path: Path,
+                    name: str, slo_s: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -235,11 +313,11 @@ def plot_comparison(turns: list[TraceTurn], runs: dict[str, SimResult], concurre
     ax2.set_ylabel("workers")
     ax2.legend(fontsize=8, ncol=3)
     ax3.set_yscale("log")
-    ax3.axhline(1.0, color="k", ls=":", lw=0.8)
+    ax3.axhline(slo_s, color="k", ls=":", lw=0.8)
     ax3.set_ylabel("p99 wait per minute, s")
     ax3.set_xlabel("minutes into the trace")
     ax3.legend(fontsize=8, ncol=3)
-    fig.suptitle("Azure LLM conversation trace: demand, workers and wait by policy (simulated)")
+    fig.suptitle(f"{name}: demand, workers and wait by policy (simulated)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -273,30 +351,44 @@ def plot_validation(val: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def markdown(args: argparse.Namespace, turns: list[TraceTurn], runs: dict[str, SimResult],
-             val: dict[str, Any] | None, model: TraceModel) -> str:
+def describe(args: argparse.Namespace, trace: Trace, turns: list[TraceTurn], setup: Setup) -> str:
+    """How the trace became turns, for the report."""
+    model: TraceModel = args.model
     span = turns[-1].at if turns else 0.0
     users = len({t.user for t in turns})
     mean_s = sum(t.service_s for t in turns) / max(1, len(turns))
+    who = "users named by the trace" if trace.requests[0].user is not None else (
+        f"conversations: geometric, mean {model.mean_turns:g} turns; think time {model.think_min_s:g} s + "
+        f"exponential, mean {model.think_mean_s:g} s, after the previous reply")
+    if model.service.needs_lengths:
+        service = (f"{model.overhead_ms:g} ms + input tokens / {model.prefill_tokens_per_ms:g} tokens/ms + "
+                   f"output tokens x {model.decode_ms_per_token:g} ms")
+    else:
+        service = f"`{model.service.spec()}` (seed {model.seed})"
+    return (f"{len(turns):,} turns over {span / 60:.0f} min, {users:,} users ({who}); arrivals "
+            f"{trace.arrivals}. "
+            f"Service time = {service} (x{model.service_scale:g}): mean {mean_s:.2f} s. Workers: "
+            f"{args.concurrency} slots each, start time {setup.spawn_delay_s * 1000:.0f} ms, max "
+            f"{args.max_workers}. Wait = start of service - arrival; SLO: wait <= {setup.slo_s:g} s. "
+            f"Worker-seconds up to the last arrival.")
+
+
+def markdown(args: argparse.Namespace, trace: Trace, turns: list[TraceTurn], runs: dict[str, SimResult],
+             val: dict[str, Any] | None, setup: Setup) -> str:
     sim_s = sum(r.runtime_s for r in runs.values())
+    hold = setup.policy.scale_down_stabilization_s
     lines = [
-        "### Autoscaling on the Azure LLM conversation trace (simulated)", "",
-        f"{len(turns):,} turns over {span / 60:.0f} min, {users:,} users (conversations: geometric, "
-        f"mean {model.mean_turns:g} turns; think time {model.think_min_s:g} s + exponential, mean "
-        f"{model.think_mean_s:g} s, after the previous reply). Service time = "
-        f"{model.overhead_ms:g} ms + ContextTokens / {model.prefill_tokens_per_ms:g} tokens/ms + "
-        f"GeneratedTokens x {model.decode_ms_per_token:g} ms (x{model.service_scale:g}): mean "
-        f"{mean_s:.2f} s. Workers: {args.concurrency} slots each, spawn delay "
-        f"{SPAWN_DELAY[args.spawn_mode] * 1000:.0f} ms ({args.spawn_mode}), max {args.max_workers}. "
-        f"Wait = start of service - arrival; SLO: wait <= 1 s. Worker-seconds up to the last arrival. "
-        f"All five simulations took {sim_s:.1f} s together.", "",
-        table([r.summary() for r in runs.values()]), "",
-        "fleet: `decide()` with the default policy (handler=sleep, concurrency, max_workers set). "
+        f"### Autoscaling on {trace.name} (simulated)", "",
+        describe(args, trace, turns, setup) + f" All five simulations took {sim_s:.1f} s together.", "",
+        table(comparison_rows(runs), COLUMNS + [("oracle_ratio", "x oracle")]), "",
+        "fleet: `decide()` with the default policy (handler=sleep, concurrency, max_workers"
+        + (", the --policy file" if args.policy else "") + " set; scale-in hold "
+        + ("derived from the measured start cost" if hold is None else f"{hold:g} s") + "). "
         "static: workers for the peak turns in service at zero wait. hpa: every 15 s, target slot "
         "utilization 0.7, tolerance 0.1, up <= max(2x, +4), 300 s down-stabilization. keda: every 30 s, "
         f"backlog (lag + pending) / {0.75 * args.concurrency:g} per replica, same tolerance and "
-        "stabilization. oracle: per-minute fewest workers keeping that minute's p99 wait <= 1 s, "
-        "perfect foresight, no spawn delay.", "",
+        f"stabilization. oracle: per {setup.oracle_step_s:g} s, the fewest workers keeping that step's "
+        f"p{setup.oracle_quantile:g} wait <= {setup.slo_s:g} s, perfect foresight, no spawn delay.", "",
         "![demand, workers and wait by policy](trace-comparison.png)", "",
     ]
     if val is not None:
@@ -304,9 +396,9 @@ def markdown(args: argparse.Namespace, turns: list[TraceTurn], runs: dict[str, S
             "### Validation: simulator vs a real fleet", "",
             f"Trace seconds {val['start_s']:g}-{val['start_s'] + val['duration_s']:g} ({val['turns']} turns) "
             f"at x{val['speed']:g}: service and inter-arrival times / {val['speed']:g}; the policy's "
-            "report interval, active window and down-stabilization / the same factor. Real: private "
+            "report interval, active window and scale-in hold / the same factor. Real: private "
             "redis-server, `python -m commander` forking workers, `fleet replay`; waits in replay "
-            f"seconds, SLO {val['slo_s']:g} s (= 1 trace second).", "",
+            f"seconds, SLO {val['slo_s']:g} s (= {setup.slo_s:g} trace seconds).", "",
             table([val["simulated"], val["real"]]), "",
             "![simulated vs real](trace-validation.png)", "",
         ]
@@ -315,25 +407,33 @@ def markdown(args: argparse.Namespace, turns: list[TraceTurn], runs: dict[str, S
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model = TraceModel(service_scale=args.service_scale, seed=args.seed)
     started = time.perf_counter()
-    all_turns = assign_users(read_trace(args.trace), model)
+    try:
+        trace = load_trace(args)
+    except ValueError as exc:
+        print(f"scripts/bench_trace: {exc}", file=sys.stderr)
+        return 2
+    setup = setup_of(args, trace)
+    all_turns = assign_users(trace.requests, args.model)
     turns = window(all_turns, 0.0, args.duration)
-    print(f"bench_trace: {len(turns)} turns, {len({t.user for t in turns})} users "
+    print(f"bench_trace: {trace.name}: {len(turns)} turns, {len({t.user for t in turns})} users "
           f"({time.perf_counter() - started:.1f} s to read and assign)", file=sys.stderr, flush=True)
-    runs = compare(turns, args)
-    val = None if args.no_validation else validate(all_turns, args)
+    runs = compare(turns, setup)
+    val = None if args.no_validation else validate(all_turns, args, setup)
     args.out.mkdir(parents=True, exist_ok=True)
-    plot_comparison(turns, runs, args.concurrency, args.out / "trace-comparison.png")
+    plot_comparison(turns, runs, args.concurrency, args.out / "trace-comparison.png", trace.name, setup.slo_s)
     if val is not None:
         plot_validation(val, args.out / "trace-validation.png")
-    result = {"trace": Path(args.trace).name, "model": vars(model), "concurrency": args.concurrency,
-              "max_workers": args.max_workers, "comparison": [r.summary() for r in runs.values()],
+    model = asdict(args.model)
+    model["service"] = args.model.service.spec()
+    result = {"trace": trace.name, "arrivals": trace.arrivals, "epoch": trace.epoch, "model": model,
+              "concurrency": args.concurrency, "max_workers": args.max_workers, "slo_s": setup.slo_s,
+              "policy": setup.policy.model_dump(mode="json"), "comparison": comparison_rows(runs),
               "validation": None if val is None else {k: v for k, v in val.items()
                                                       if not k.endswith(("timeline", "workers", "waits"))}}
     (args.out / "trace.json").write_text(json.dumps(result, indent=2))
-    (args.out / "trace.md").write_text(markdown(args, turns, runs, val, model) + "\n")
-    print(table([r.summary() for r in runs.values()]))
+    (args.out / "trace.md").write_text(markdown(args, trace, turns, runs, val, setup) + "\n")
+    print(table(comparison_rows(runs), COLUMNS + [("oracle_ratio", "x oracle")]))
     if val is not None:
         print(table([val["simulated"], val["real"]]))
     print(f"bench_trace: wrote {args.out}/trace.md, trace.json, PNGs in "

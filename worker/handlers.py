@@ -45,6 +45,14 @@ class TurnContext:
     worker: str = ""
     attempt: int = 1
     lease: str = ""  # "<worker>|<fencing token>" of the lane the turn runs under
+    protector: Callable[[float], float] | None = None  # the worker's, behind ``protect``
+
+    def protect(self, seconds: float) -> float:
+        """Ask that this worker not be retired by scale-in for ``seconds`` (capped by the policy's
+        ``max_protection_s``), e.g. while it does something long that outlives the turn; 0
+        releases it. Returns the unix time the protection holds until (0 when none). A drain
+        asked for by an operator (or SIGTERM) is still obeyed. Safe from a sync handler's thread."""
+        return self.protector(seconds) if self.protector is not None else 0.0
 
     def option(self, name: str, default: Any) -> Any:
         """A per-turn override in ``turn.meta``, else the tier's ``handler_options``, else default."""

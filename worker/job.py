@@ -56,6 +56,7 @@ class JobHost(Protocol):
     def job_done(self, job: UserJob) -> None: ...
     def counters_add(self, turns: int = 0, errors: int = 0, handler_seconds: float = 0.0) -> None: ...
     def trace_handler(self, event: str, ctx: handlers.TurnContext) -> None: ...
+    def protect(self, seconds: float) -> float: ...
 
 
 class OtherTier(Exception):
@@ -273,7 +274,7 @@ class UserJob:
     async def _call(self, lease: Lease, turn: Turn, pulled: Pulled) -> HandlerResult:
         """Run the tier's handler on the turn; its exceptions are the caller's to count."""
         ctx = handlers.TurnContext(turn, pulled.pack, dict(self.w.policy.handler_options),
-                                   self.w.worker_id, pulled.attempts, lease.owner)
+                                   self.w.worker_id, pulled.attempts, lease.owner, self.w.protect)
         tally = self.w.tally
         if pulled.attempts == 1:  # (a turn's first attempt is pulled once, whichever worker it is)
             tally.observe("queue_wait", time.time() - turn.ts)

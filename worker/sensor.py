@@ -40,7 +40,8 @@ class Sensor:
 
     def sample(self, *, worker: str, tier: str, state: WorkerState,
                slots: Slots, counters: Counters, interval: float,
-               turn_stats: TurnStats | None = None) -> OccupancyReport:
+               turn_stats: TurnStats | None = None,
+               protected_until: float | None = None) -> OccupancyReport:
         """One report row."""
         now = time.time()
         users, active = self._users(now, interval)
@@ -48,4 +49,5 @@ class Sensor:
         return OccupancyReport(worker=worker, tier=tier, ts=now, state=state, users=users,
                                active_users=active, slots=slots, cpu=self._cpu_fraction(),
                                rss=self.proc.memory_info().rss, counters=counters,
-                               load=(load[0], load[1], load[2]), turn_stats=turn_stats or TurnStats())
+                               load=(load[0], load[1], load[2]), turn_stats=turn_stats or TurnStats(),
+                               protected_until=protected_until)

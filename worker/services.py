@@ -51,6 +51,18 @@ class JobServices:
     sensor: Sensor
     _stopping: asyncio.Event  # set once the jobs are done: the loops end
     _wake_report: asyncio.Event
+    protected_until: float = 0.0  # a handler's scale-in protection (TurnContext.protect)
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def protect(self, seconds: float) -> float:
+        """Protect this worker from scale-in for ``seconds`` (at most ``max_protection_s``; 0 ends
+        it) and report it at once. Called from handlers, possibly on a handler thread."""
+        seconds = min(max(0.0, seconds), self.policy.max_protection_s)
+        self.protected_until = time.time() + seconds if seconds > 0 else 0.0
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake_report.set)
+        return self.protected_until
 
     async def ack(self, nids: list[str]) -> None:
         """Ack notifications of the tier's ready stream that are still ours: one another worker
@@ -150,6 +162,7 @@ class JobServices:
                 await self._stopping.wait()
 
     async def _report_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
         failures = 0
         while not self._stopping.is_set():
             try:
@@ -172,5 +185,6 @@ class JobServices:
             slots=Slots(busy=busy, total=self.policy.concurrency,
                         queue_depth=len(self.jobs) - busy),
             counters=self.counters_now(), interval=self.policy.report_interval_s,
-            turn_stats=self.tally.stats())
+            turn_stats=self.tally.stats(),
+            protected_until=self.protected_until if self.protected_until > time.time() else None)
         await post_report_async(self.r, report, REPORTS_MAXLEN)

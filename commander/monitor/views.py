@@ -27,7 +27,7 @@ from protocol.ids import validate_tier, validate_user_id
 from protocol.models import LedgerEvent, OccupancyReport, WorkerInfo
 from stores.ledger import CorruptEvent, Entry, event_json
 
-SCALE_ACTIONS = frozenset({"scale-up", "scale-down", "reclaim-idle", "consolidate"})
+SCALE_ACTIONS = frozenset({"scale-up", "scale-down", "reclaim-idle", "consolidate", "recycle"})
 POPULATION_COLUMNS = ("user", "turns", "handler_ms", "chars_in", "chars_out", "errors", "last_active_ts")
 MAX_IDS = 1_000  # dead letters one retry or purge request may name
 

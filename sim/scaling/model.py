@@ -12,8 +12,6 @@ from typing import Literal, Protocol
 from commander.snapshot import TierSnapshot
 from protocol.policy import Policy
 
-TRACE_EPOCH = 1_700_158_546.0  # 2023-11-16 18:15:46 UTC, the Azure trace's first request
-
 
 @dataclass(frozen=True)
 class Scale:
@@ -54,7 +52,9 @@ class SimConfig:
     wake_s: float = 0.005
     slo_s: float = 1.0
     sample_s: float = 1.0
-    epoch: float = TRACE_EPOCH
+    epoch: float = 0.0  # unix time of the trace's start: reports and decide() see epoch + t
+    report_outages: tuple[tuple[float, float], ...] = ()  # [start, end) with every report lost
+    protect_turns_over_s: float | None = None  # such turns protect their worker while they run
     view_policy: Policy = field(default_factory=Policy)
 
 
@@ -66,11 +66,17 @@ class SimWorker:
     busy: dict[str, int] = field(default_factory=dict)  # user -> turn index in service
     last_take: float = -1.0
     turns: int = 0
-    handler_seconds: float = 0.0
+    handler_seconds: float = 0.0  # of the turns that ended
+    since: dict[str, float] = field(default_factory=dict)  # user -> when its turn in service began
 
     def copy(self) -> SimWorker:
         return SimWorker(self.id, self.started, self.state, dict(self.busy), self.last_take, self.turns,
-                         self.handler_seconds)
+                         self.handler_seconds, dict(self.since))
+
+    def handler_seconds_at(self, now: float) -> float:
+        """Handler seconds up to ``now``, the turns in service included as far as they ran: what
+        ``worker.services.JobServices.counters_now`` reports (handler time counted as it runs)."""
+        return self.handler_seconds + sum(now - t for t in self.since.values())
 
 
 @dataclass

@@ -36,9 +36,9 @@ class FleetDecide:
     observes = True
     wakes_on_pressure = True
 
-    def __init__(self, policy: Policy, name: str = "fleet") -> None:
+    def __init__(self, policy: Policy, name: str = "fleet", epoch: float = 0.0) -> None:
         self.name, self.policy, self.state = name, policy, TierState()
-        self.epoch = SimConfig().epoch
+        self.epoch = epoch  # the trace's start (SimConfig.epoch): decide() sees unix times
 
     def initial_workers(self) -> int:
         return max(1, self.policy.min_workers)
@@ -134,6 +134,7 @@ class KedaLike(_Periodic):
     period_s: float = 30.0
     target_per_replica: float = 6.0
     name: str = "keda"
+    counts_pending: bool = True  # the backlog it reads is lag + pending, as the streams scaler's
 
     def __call__(self, now: float, snap: TierSnapshot | None, current: int) -> int:
         assert snap is not None

@@ -5,8 +5,10 @@ The model, chosen to match what the real fleet does:
 - **Workers** have ``concurrency`` slots. A spawned worker is *starting* for
   ``spawn_delay_s`` (0.1 s for a fork from the template, 0.35 s for a fresh interpreter),
   then *ready*: it reports at once and every ``report_interval_s`` after (busy slots, total
-  slots and the turn/handler-seconds counters, credited when a turn ends, as the worker
-  does). A retired worker *drains*: it takes no new turn, finishes what it holds, and leaves.
+  slots and the turn/handler-seconds counters, the handler time of turns in service counted
+  as it runs, exactly as ``JobServices.counters_now`` counts it, so a worker busy through a
+  report interval reads slot occupancy 1.0 however long its turns are). A retired worker
+  *drains*: it takes no new turn, finishes what it holds, and leaves.
 - **Turns** wait in one FIFO queue per tier. A free slot takes the oldest queued turn; among
   ready workers with a free slot the one that took work least recently gets it (Redis hands
   a stream entry to the consumer blocked longest). Per user, turns are served in order and
@@ -18,8 +20,12 @@ The model, chosen to match what the real fleet does:
 - **Every ``interval_s``** (0.5 s) the policy runs. An observing policy gets a
   ``TierSnapshot`` built exactly as the commander builds it: worker views from the real
   ``Evaluator`` over the simulated reports (``commander.views.worker_views``), backlog =
-  queued + in-service turns (lag + pending), active users in the policy's window, pressure
+  the turns no worker has started (for a policy that ``counts_pending``, the KEDA-like one,
+  lag + pending: the turns in service too), active users in the policy's window, pressure
   events since the last pass (only while turns still wait), rps from the counters.
+- **Faults and handlers**: reports inside ``report_outages`` are lost (the commander sees
+  them age: its fallback); a turn of at least ``protect_turns_over_s`` protects its worker
+  from scale-in until it ends (``TurnContext.protect``).
 
 ``wait`` of a turn = its start of service - its arrival (= reply - submit - service).
 Worker-seconds are counted from 0 to the last arrival; the run goes on until every turn is
@@ -42,7 +48,6 @@ from commander.snapshot import TierSnapshot
 from commander.views import TierSignals, snapshot, tier_rps, worker_views
 from protocol.models import Counters, OccupancyReport, Slots
 from sim.scaling.model import (  # re-exported: the policies, scripts and tests import them from here
-    TRACE_EPOCH,
     Scale,
     SimConfig,
     SimPolicy,
@@ -55,7 +60,7 @@ from sim.scaling.trace import TraceTurn
 _DONE, _READY, _REPORT, _PASS, _SAMPLE = range(5)
 _HANDLE_STATE = {"starting": WorkerState.STARTING, "ready": WorkerState.RUNNING,
                  "draining": WorkerState.DRAINING}
-__all__ = ["TRACE_EPOCH", "Scale", "SimConfig", "SimPolicy", "SimResult", "SimWorker", "Simulator",
+__all__ = ["Scale", "SimConfig", "SimPolicy", "SimResult", "SimWorker", "Simulator",
            "quantile", "simulate"]
 
 
@@ -198,6 +203,7 @@ class Simulator:
         turn = self.turns[i]
         self.wait[i] = self.t - turn.at
         w.busy[turn.user] = i
+        w.since[turn.user] = self.t
         w.last_take = self.t
         self.user_worker[turn.user] = w.id
         self.in_service += 1
@@ -206,7 +212,7 @@ class Simulator:
     def _done(self, w: SimWorker, i: int) -> None:
         turn = self.turns[i]
         w.turns += 1
-        w.handler_seconds += turn.service_s
+        w.handler_seconds += self.t - w.since.pop(turn.user)
         self.in_service -= 1
         del w.busy[turn.user]
         waiting = self.pending.get(turn.user)
@@ -268,14 +274,26 @@ class Simulator:
 
     def _report(self, w: SimWorker) -> None:
         assert self.evaluator is not None
+        if any(start <= self.t < end for start, end in self.cfg.report_outages):
+            return  # lost: the commander sees this worker's reports age
         report = OccupancyReport.model_construct(
             worker=w.id, tier=self.cfg.tier, ts=self.cfg.epoch + self.t, state=w.state, users=0,
             active_users=0, slots=Slots.model_construct(busy=len(w.busy), total=self.cfg.concurrency,
                                                         queue_depth=0),
             cpu=None, rss=0, counters=Counters.model_construct(turns=w.turns, errors=0,
-                                                               handler_seconds=w.handler_seconds),
-            load=(0.0, 0.0, 0.0))
+                                                               handler_seconds=w.handler_seconds_at(self.t)),
+            load=(0.0, 0.0, 0.0), protected_until=self._protected_until(w))
         self.evaluator.add(report)
+
+    def _protected_until(self, w: SimWorker) -> float | None:
+        """A turn of at least ``protect_turns_over_s`` protects its worker until it ends, as a
+        handler calling ``TurnContext.protect`` for its own length would."""
+        limit = self.cfg.protect_turns_over_s
+        if limit is None:
+            return None
+        ends = [w.since[u] + self.turns[i].service_s for u, i in w.busy.items()
+                if self.turns[i].service_s >= limit]
+        return self.cfg.epoch + max(ends) if ends else None
 
     # --- the policy --------------------------------------------------------------------
     def _pass(self) -> None:
@@ -295,7 +313,10 @@ class Simulator:
         handles = [WorkerHandle(w.id, self.cfg.tier, 0, _HANDLE_STATE[w.state], self.cfg.epoch + w.started)
                    for w in self.workers.values()]
         views = worker_views(self.cfg.tier, handles, {}, self.evaluator, self.cfg.view_policy, now, 0.0)
-        signals = TierSignals(backlog=self.queued + self.in_service, active_users=self._active_users(),
+        # Fleet's backlog is the turns no worker has started (stores.backlog); KEDA's Redis
+        # streams scaler counts lag + pending, which includes the turns in service
+        backlog = len(self.queue) + (self.in_service if getattr(self.policy, "counts_pending", False) else 0)
+        signals = TierSignals(backlog=backlog, active_users=self._active_users(),
                               pressure_events=self.pressure if self.queue else 0)
         return snapshot(self.cfg.tier, views, signals, tier_rps(views, self.evaluator))
 

@@ -1,7 +1,8 @@
 """The trace model shared by ``fleet replay`` and the simulator: requests -> users' turns.
 
-The Azure LLM conversation trace (``TIMESTAMP, ContextTokens, GeneratedTokens``) has no user
-or conversation id and no service time. This module derives both, deterministically (seeded):
+Most published traces (the Azure LLM conversation trace: ``TIMESTAMP, ContextTokens,
+GeneratedTokens``) have no user or conversation id and no service time. This module derives
+both, deterministically (seeded); reading other formats is ``sim.scaling.tracefile``'s job.
 
 **Users.** Requests are taken in time order. A conversation has a geometric number of turns
 (``P(n) = p (1-p)^(n-1)``, ``p = 1 / mean_turns``, mean 3.5 by default). After one of its
@@ -11,7 +12,8 @@ Exp(mean think_mean_s - think_min_s)`` (20 s mean, 2 s minimum). Each request of
 goes to the conversation that has been eligible the longest; when none is eligible, it opens
 a new conversation. One conversation is one user (``u000042``). So the trace's arrival times
 are kept exactly; a user's turns are in order and never overlap unless the fleet's wait is
-longer than the think time.
+longer than the think time. A trace that names its users (a ``user`` column) keeps them: the
+think-time model is not used, and a user's turns may then arrive while one is in service.
 
 **Service time** (the stand-in model call, slept by the ``sleep`` handler)::
 
@@ -21,6 +23,8 @@ longer than the think time.
 with 50 ms overhead, prefill at 5 tokens/ms and decode at 25 ms/token (an A100-class
 70B model, as in the Splitwise paper that published the trace). The trace's means (1,155
 context, 211 generated tokens) give a mean call of about 5.6 s; ``service_scale`` scales it.
+``TraceModel.service`` picks another model (``sim.scaling.service``: constant, log-normal,
+Pareto), for traces without lengths or to try heavy tails.
 
 **Speed-up.** ``speed_up(turns, k)`` divides arrival and service times by ``k``, the same
 for the replay and for the simulator it is compared with.
@@ -28,17 +32,17 @@ for the replay and for the simulator it is compared with.
 
 from __future__ import annotations
 
-import csv
 import heapq
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from sim.scaling.service import ServiceModel
+
 __all__ = ["Request", "TraceModel", "TraceTurn", "assign_users", "load_turns", "read_trace",
-           "service_ms", "speed_up", "window"]
+           "service_ms", "service_times", "speed_up", "window"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,7 @@ class Request:
     ts: float
     context_tokens: int
     generated_tokens: int
+    user: str | None = None  # when the trace names its users
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,7 @@ class TraceModel:
     decode_ms_per_token: float = 25.0
     service_scale: float = 1.0
     seed: int = 7
+    service: ServiceModel = field(default_factory=ServiceModel)
 
     def __post_init__(self) -> None:
         if self.mean_turns < 1:
@@ -85,33 +91,27 @@ class TraceModel:
             raise ValueError("service constants must be positive")
 
 
-def _parse_ts(text: str) -> float:
-    # "2023-11-16 18:15:46.6805900": seven fractional digits; the trace's clock is UTC
-    head, _, frac = text.strip().partition(".")
-    whole = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)  # noqa: UP017
-    return whole.timestamp() + (float(f"0.{frac}") if frac else 0.0)
-
-
 def read_trace(path: str | Path) -> list[Request]:
-    """The trace's rows, sorted by time. Raises ``ValueError`` on a malformed row."""
-    out = []
-    with open(path, newline="") as f:
-        for n, row in enumerate(csv.DictReader(f), start=2):
-            try:
-                out.append(Request(_parse_ts(row["TIMESTAMP"]), int(row["ContextTokens"]),
-                                   int(row["GeneratedTokens"])))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}:{n}: not a TIMESTAMP,ContextTokens,GeneratedTokens row "
-                                 f"({exc})") from None
-    out.sort(key=lambda r: r.ts)
-    return out
+    """The requests of a trace file, sorted by time, its columns found by their usual names
+    (``sim.scaling.tracefile`` reads any other layout). Raises ``ValueError`` on a bad row."""
+    from sim.scaling.tracefile import TraceSource, read_trace_file  # (it imports Request from here)
+
+    return read_trace_file(TraceSource(Path(path))).requests
 
 
 def service_ms(context_tokens: int, generated_tokens: int, model: TraceModel) -> float:
-    """The stand-in model call's duration in ms (always > 0)."""
+    """The stand-in model call's duration in ms by the token formula (always > 0)."""
     raw = (model.overhead_ms + max(0, context_tokens) / model.prefill_tokens_per_ms
            + max(0, generated_tokens) * model.decode_ms_per_token)
     return max(1.0, model.service_scale * raw)
+
+
+def service_times(requests: Sequence[Request], model: TraceModel) -> list[float]:
+    """Every request's service time in seconds, by ``model.service`` (seeded, in order)."""
+    if model.service.needs_lengths:
+        return [service_ms(r.context_tokens, r.generated_tokens, model) / 1000.0 for r in requests]
+    rng = random.Random(f"service-{model.seed}")
+    return [max(0.001, model.service_scale * model.service.draw_s(rng)) for _ in requests]
 
 
 def _turns_in_conversation(rng: random.Random, mean_turns: float) -> int:
@@ -134,6 +134,9 @@ def assign_users(requests: Sequence[Request], model: TraceModel | None = None) -
     rng = random.Random(model.seed)
     if not requests:
         return []
+    services = service_times(requests, model)
+    if all(r.user is not None for r in requests):
+        return _named_users(requests, services)
     t0 = requests[0].ts
     waiting: list[tuple[float, int]] = []  # (eligible at, conversation) heap
     left: dict[int, int] = {}  # conversation -> turns still to come
@@ -146,7 +149,7 @@ def assign_users(requests: Sequence[Request], model: TraceModel | None = None) -
         else:
             conv = len(done)
             left[conv], done[conv] = _turns_in_conversation(rng, model.mean_turns), 0
-        service = service_ms(req.context_tokens, req.generated_tokens, model) / 1000.0
+        service = services[i]
         turns.append(TraceTurn(i, at, f"u{conv:06d}", done[conv], service, req.context_tokens,
                                req.generated_tokens))
         done[conv] += 1
@@ -154,6 +157,18 @@ def assign_users(requests: Sequence[Request], model: TraceModel | None = None) -
         if left[conv] > 0:
             heapq.heappush(waiting, (at + service + _think_s(rng, model), conv))
     return turns
+
+
+def _named_users(requests: Sequence[Request], services: list[float]) -> list[TraceTurn]:
+    """Turns of a trace that names its users: its users, numbered in arrival order."""
+    t0, seen = requests[0].ts, dict[str, int]()
+    out = []
+    for i, (req, service) in enumerate(zip(requests, services, strict=True)):
+        user = str(req.user)
+        n = seen.get(user, 0)
+        seen[user] = n + 1
+        out.append(TraceTurn(i, req.ts - t0, user, n, service, req.context_tokens, req.generated_tokens))
+    return out
 
 
 def window(turns: Iterable[TraceTurn], start: float = 0.0, duration: float | None = None,

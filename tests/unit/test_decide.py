@@ -247,11 +247,11 @@ def test_stabilization_window_over_time() -> None:
     assert plan.spawn == 4  # up is immediate (max_step_up 4)
 
 
-def test_hold_reason_names_stabilization() -> None:
+def test_hold_reason_names_the_scale_in_hold() -> None:
     pol = policy(users_per_instance=1, scale_down_stabilization_s=300.0)
     _, state = decide(snap(ready(0, 0, 0), active_users=3), pol, TierState(), 0.0)
     plan, _ = decide(snap(ready(0, 0, 0), active_users=1), pol, state, 10.0)
-    assert not plan.changed and "stabilization" in plan.reason
+    assert not plan.changed and "scale-in hold keeps 3 (300 s, fixed)" in plan.reason
 
 
 def test_clock_going_back_forgets_the_future() -> None:

@@ -16,7 +16,7 @@ from sim.scaling.policies import (
     peak_static_workers,
 )
 from sim.scaling.replay import check_loopback
-from sim.scaling.simulate import SimConfig, Simulator, simulate
+from sim.scaling.simulate import Scale, SimConfig, Simulator, simulate
 from sim.scaling.trace import (
     Request,
     TraceModel,
@@ -176,3 +176,98 @@ def test_replay_refuses_a_remote_redis():
     check_loopback("unix:///tmp/redis.sock")
     with pytest.raises(ValueError, match="loopback"):
         check_loopback("redis://redis.example.com:6379/0")
+
+
+# --- the sensor: handler time credited as it runs -----------------------------------------
+class _Watch:
+    """An observing policy that never scales: the simulated reports flow, nothing else moves."""
+
+    name, observes, wakes_on_pressure = "watch", True, False
+
+    def initial_workers(self) -> int:
+        return 1
+
+    def due(self, now: float) -> bool:
+        return True
+
+    def __call__(self, now: float, snap: object, current: int) -> Scale:
+        return Scale()
+
+
+@pytest.mark.parametrize("service_s", [2.0, 12.0, 60.0])
+def test_a_fully_busy_worker_reads_occupancy_one_whatever_the_turn_length(service_s: float) -> None:
+    """Both slots busy from 0 to 60 s with turns of ``service_s``: every reading is 1.0, as the
+    real worker's counters (``counters_now``) make it, even for turns longer than the report
+    interval (5 s), which the simulator used to credit only when they ended."""
+    per_user = int(60 / service_s)
+    spec = [(0.0, user, service_s) for user in ("a", "b") for _ in range(per_user)]
+    sim = Simulator(turns(spec), _Watch(), SimConfig(concurrency=2))
+    readings = []
+    for t in (31.0, 41.0, 51.0, 59.0):
+        sim.run_until(t)
+        (wid,) = sim.workers
+        assert sim.evaluator is not None
+        readings.append(sim.evaluator.occupancy(wid).slots)
+    assert readings == [pytest.approx(1.0)] * 4
+    assert all(r is not None and r <= 1.0 for r in readings)  # capped, as the evaluator caps a row
+
+
+def test_a_half_busy_worker_reads_one_half_with_long_turns() -> None:
+    spec = [(0.0, "a", 30.0), (30.0, "a", 30.0)]  # one of two slots, the whole minute
+    sim = Simulator(turns(spec), _Watch(), SimConfig(concurrency=2))
+    sim.run_until(45.0)
+    assert sim.evaluator is not None
+    assert sim.evaluator.occupancy(next(iter(sim.workers))).slots == pytest.approx(0.5)
+
+
+# --- the policy controls, simulated -------------------------------------------------------
+def steady(seconds: int, every: float = 0.25, service: float = 2.0) -> list[TraceTurn]:
+    return turns([(i * every, f"u{i}", service) for i in range(int(seconds / every))])
+
+
+def test_a_report_outage_triggers_the_fallback_and_no_scale_in() -> None:
+    pol = Policy(handler="sleep", concurrency=8, max_workers=10, report_interval_s=1.0,
+                 scale_down_stabilization_s=0.0, fallback={"after": 4, "action": "fixed", "workers": 5})
+    cfg = SimConfig(concurrency=8, view_policy=pol, report_outages=((30.0, 60.0),))
+    result = simulate(steady(90), FleetDecide(pol), cfg)
+    at = {round(t): n for t, n, *_ in result.timeline}
+    assert at[25] <= 2  # the load needs one or two workers
+    assert max(at[t] for t in range(36, 60)) == 5  # reports stale (3 s): the fallback goes to 5
+    assert min(at[t] for t in range(36, 60)) >= at[33]  # and never scales in on missing data
+    assert result.summary()["unserved"] == 0
+
+
+def test_recycling_by_turns_keeps_serving() -> None:
+    pol = Policy(handler="sleep", concurrency=8, max_workers=10, report_interval_s=1.0,
+                 max_turns_per_worker=60)
+    result = simulate(steady(120), FleetDecide(pol), SimConfig(concurrency=8, view_policy=pol))
+    s = result.summary()
+    assert s["retired"] >= 3 and s["unserved"] == 0 and s["p99_wait_s"] < 0.2
+
+
+class _Recording(Simulator):
+    """A simulator that notes when each worker was told to drain."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.drained: dict[str, float] = {}
+
+    def _retire(self, wid: str) -> None:
+        self.drained.setdefault(wid, self.t)
+        super()._retire(wid)
+
+
+@pytest.mark.parametrize(("protect", "kept"), [(30.0, True), (None, False)])
+def test_a_protected_long_turn_keeps_its_worker(protect: float | None, kept: bool) -> None:
+    """A burst scales the tier up; the worker running a 60 s turn that protects it is never
+    drained while the turn runs (without protection it is consolidated: its load fits)."""
+    pol = Policy(handler="sleep", concurrency=4, max_workers=4, report_interval_s=1.0,
+                 scale_down_stabilization_s=0.0, users_per_instance=None, compaction_margin=1.0)
+    spec = [(0.0, f"b{i}", 3.0) for i in range(12)] + [(0.5, "long", 60.0)]
+    sim = _Recording(turns(spec), FleetDecide(pol),
+                     SimConfig(concurrency=4, view_policy=pol, protect_turns_over_s=protect))
+    sim.run_until(1.0)
+    holder = sim.user_worker["long"]
+    sim.run_until(59.0)
+    assert (holder not in sim.drained) is kept, sim.drained
+    assert sim.run().summary()["unserved"] == 0
