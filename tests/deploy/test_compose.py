@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from protocol.policy import Policy
 from tests.deploy.tools import ROOT, compose_config
 
 LONG_RUNNING = ("redis", "commander", "worker")
@@ -90,8 +91,6 @@ def test_every_long_running_service_has_a_health_check(config: dict[str, Any]) -
 def test_fixed_workers_are_optional_and_drain_in_time(config: dict[str, Any]) -> None:
     """The worker service starts only with its profile; like the commander it gets the policy's
     default drain_timeout_s plus a margin before docker kills it."""
-    from protocol.policy import Policy
-
     worker = config["services"]["worker"]
     assert worker["profiles"] == ["workers"]
     assert worker["command"] == ["worker", "--tier", "chat"]
