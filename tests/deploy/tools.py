@@ -70,7 +70,12 @@ def kustomize_command() -> list[str]:
 def render(overlay: str) -> list[dict[str, Any]]:
     """The objects `kubectl apply -k compose/k8s/overlays/<overlay>` would send (rendered once
     per process: the tests only read them)."""
-    out = _run([*kustomize_command(), str(K8S / "overlays" / overlay)])
+    return render_dir(K8S / "overlays" / overlay)
+
+
+def render_dir(kustomization: Path) -> list[dict[str, Any]]:
+    """The objects kustomize renders from a directory with a kustomization.yaml."""
+    out = _run([*kustomize_command(), str(kustomization)])
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
