@@ -372,3 +372,13 @@ def test_base_images_are_named_once_per_overlay() -> None:
         doc = yaml.safe_load((ROOT / "compose" / "k8s" / path / "kustomization.yaml").read_text())
         (image,) = doc["images"]
         assert image["name"] == "fleet" and image["newTag"] == version(), path
+
+
+def test_the_readme_states_the_chat_tiers_numbers(manifests: dict[str, list[dict[str, Any]]]) -> None:
+    """README, "Running on Kubernetes", quotes the chat tier's memory and grace period."""
+    readme = (ROOT / "README.md").read_text().split("\n## Running on Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    chat = one(manifests["demo"], "Deployment", "fleet-worker-chat")
+    limit = pod_spec(chat)["containers"][0]["resources"]["limits"]["memory"]
+    assert f"`memory_limit_mb` MiB ({mebibytes(limit):.0f})" in readme
+    grace = pod_spec(chat)["terminationGracePeriodSeconds"]
+    assert f"`drain_timeout_s` + {GRACE_MARGIN_S} s ({grace})" in readme
