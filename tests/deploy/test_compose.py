@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from protocol.policy import Policy
-from tests.deploy.tools import ROOT, compose_config
+from tests.deploy.tools import REDIS_IMAGE, ROOT, compose_config
 
 LONG_RUNNING = ("redis", "commander", "worker")
 REDIS_URL = "redis://redis:6379/0"
@@ -52,7 +52,7 @@ def volumes(service: dict[str, Any]) -> list[tuple[str, str]]:
 
 def test_redis_keeps_an_append_only_file_on_a_named_volume(config: dict[str, Any]) -> None:
     redis = config["services"]["redis"]
-    assert redis["image"] == "redis:7.4.2"
+    assert redis["image"] == REDIS_IMAGE
     command = " ".join(redis["command"])
     assert "--appendonly yes" in command and "--appendfsync always" in command
     assert volumes(redis) == [("redis-data", "/data")]

@@ -29,7 +29,7 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, latest_version
 
 from protocol.policy import Policy, parse_assignments, updated
-from tests.deploy.tools import K8S, OVERLAYS, ROOT, by_kind, one, render, render_dir
+from tests.deploy.tools import K8S, OVERLAYS, REDIS_IMAGE, ROOT, by_kind, one, render, render_dir
 
 OLDEST = "1.29.0"  # the oldest minor still in the managed clouds' extended support
 GRACE_MARGIN_S = 15  # terminationGracePeriodSeconds - drain_timeout_s (compose/k8s/base/worker-chat.yaml)
@@ -327,7 +327,7 @@ def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]
     (c,) = pod_spec(redis)["containers"]
     args = " ".join(c["args"])
     assert "--appendonly yes" in args and "--appendfsync always" in args
-    assert c["image"] == "redis:7.4.2"
+    assert c["image"] == REDIS_IMAGE
     assert [t["metadata"]["name"] for t in redis["spec"]["volumeClaimTemplates"]] == ["data"]
     assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
     assert c["readinessProbe"]["exec"]["command"] == ["redis-cli", "ping"]

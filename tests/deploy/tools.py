@@ -26,6 +26,10 @@ K8S = ROOT / "compose" / "k8s"
 OVERLAYS = ("demo", "production")
 COMPOSE_FILE = ROOT / "compose" / "docker-compose.yml"
 
+# The demo's Redis, in compose and in the k8s demo overlay: the 7.2 line, the last under the BSD
+# licence (7.4 changed it) and the nearest to the 7.0 the suite runs against; pinned to a patch.
+REDIS_IMAGE = "redis:7.2.7"
+
 # What the deployables use that the Kubernetes runtime's branch (issue 13's other half) adds:
 # settings of commander/settings.py and worker/settings.py, and the `k8s` extra. Until that
 # branch is merged they are missing here, and the tests accept exactly these; once one exists,
