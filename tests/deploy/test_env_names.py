@@ -1,0 +1,107 @@
+"""Every environment variable the deployables set is one that Fleet reads, with a value it
+accepts: a misspelled FLEET_COMMANDER_METRICS_PORT would be ignored in silence (pydantic-settings
+skips unknown names), and the commander would bind its default address.
+
+The commander's names are CommanderSettings fields under FLEET_COMMANDER_, the workers' are
+WorkerSettings fields under FLEET_WORKER_, and the few read elsewhere are listed in OTHER with
+the code that reads them. The values are checked by building the settings from them.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stores.connection
+from commander.settings import CommanderSettings
+from tests.deploy.tools import OVERLAYS, PENDING_RUNTIME_BRANCH, ROOT, compose_config, render
+from worker.settings import WorkerSettings
+
+# name -> the module that reads it (checked: the name is in that module's source)
+OTHER = {"REDIS_URL": stores.connection, "FLEET_REDIS_CLUSTER": stores.connection}
+PREFIXES = {"commander": ("FLEET_COMMANDER_", CommanderSettings),
+            "worker": ("FLEET_WORKER_", WorkerSettings)}
+# what a fieldRef or a Secret gives at run time, to build the settings with
+SAMPLE = {"metadata.name": "fleet-commander-5d9c7b8f6d-x2x9z", "metadata.namespace": "fleet",
+          "spec.nodeName": "node-1", "REDIS_URL": "redis://redis:6379/0", "token": "0" * 64}
+
+
+def settings_names(prefix: str, model: type[Any]) -> set[str]:
+    return {prefix + field.upper() for field in model.model_fields}
+
+
+def k8s_envs() -> Iterator[tuple[str, str, dict[str, str]]]:
+    """(where, component, env) of every container of the rendered overlays, fieldRefs and
+    secretKeyRefs replaced by sample values."""
+    for overlay in OVERLAYS:
+        for obj in render(overlay):
+            if obj["kind"] not in ("Deployment", "Job"):
+                continue
+            component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                env = {}
+                for e in c.get("env", []):
+                    ref = e.get("valueFrom", {})
+                    env[e["name"]] = (e["value"] if "value" in e
+                                      else SAMPLE[ref["fieldRef"]["fieldPath"]] if "fieldRef" in ref
+                                      else SAMPLE[ref["secretKeyRef"]["key"]])
+                yield f"{overlay}: {obj['kind']}/{obj['metadata']['name']}", component, env
+
+
+def compose_envs() -> Iterator[tuple[str, str, dict[str, str]]]:
+    for name, service in compose_config()["services"].items():
+        if name != "redis":
+            component = name if name in PREFIXES else "cli"
+            yield f"compose: {name}", component, {k: str(v) for k, v in service["environment"].items()}
+
+
+@pytest.fixture(scope="module")
+def envs() -> list[tuple[str, str, dict[str, str]]]:
+    return [*k8s_envs(), *compose_envs()]
+
+
+def test_every_name_set_is_read_by_fleet(envs: list[tuple[str, str, dict[str, str]]]) -> None:
+    unknown = []
+    for where, component, env in envs:
+        prefix, model = PREFIXES.get(component, ("", None))
+        known = set(OTHER) | (settings_names(prefix, model) if model else set())
+        unknown += [f"{where}: {name}" for name in env
+                    if name not in known and name not in PENDING_RUNTIME_BRANCH]
+    assert not unknown, "set but read by nothing:\n" + "\n".join(unknown)
+
+
+def test_other_names_are_read_where_they_are_listed() -> None:
+    for name, module in OTHER.items():
+        assert module.__file__ and name in Path(module.__file__).read_text(), name
+
+
+def test_the_values_set_are_valid_settings(envs: list[tuple[str, str, dict[str, str]]],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    for where, component, env in envs:
+        if component not in PREFIXES:
+            continue
+        prefix, model = PREFIXES[component]
+        for name in list(os.environ):
+            if name.startswith("FLEET_"):
+                monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        settings = model()  # raises on a value it does not accept
+        if component == "commander":
+            assert settings.metrics_host == "0.0.0.0", where
+            assert settings.metrics_port == 9464, where
+        monkeypatch.undo()
+
+
+def test_pending_names_are_still_missing() -> None:
+    """PENDING_RUNTIME_BRANCH holds only what the runtime branch has not brought yet."""
+    fields = settings_names(*PREFIXES["commander"]) | settings_names(*PREFIXES["worker"])
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    present = {name for name in PENDING_RUNTIME_BRANCH
+               if name in fields or name.removeprefix("extra:") in extras}
+    assert not present, f"merged: drop {sorted(present)} from PENDING_RUNTIME_BRANCH (tests/deploy/tools.py)"

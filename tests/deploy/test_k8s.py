@@ -1,0 +1,384 @@
+"""The Kubernetes manifests (compose/k8s), rendered by kustomize as `kubectl apply -k` renders
+them, checked without a cluster:
+
+- every object of both overlays validates, strictly (an unknown field is an error), against
+  the API's JSON schemas that `kubernetes-validate` ships, for the oldest Kubernetes we claim
+  and the newest it has;
+- the contract with the kubernetes runtime (commander/runtime/kubernetes.py): the Role's rules
+  exactly, the worker Deployments' names, labels, command, env, ports and probes;
+- what must agree across files: a tier's memory limit and its policy's memory_limit_mb, its
+  grace period and drain_timeout_s, selectors and the pods they select, Secret references;
+- every pod runs as non-root with a read-only root filesystem and no capabilities.
+
+What only a cluster can tell (admission, scheduling, a real rollout) is not checked here.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import SchemaNotFoundError, latest_version
+
+from protocol.policy import Policy, parse_assignments, updated
+from tests.deploy.tools import K8S, OVERLAYS, REDIS_IMAGE, ROOT, by_kind, one, render, render_dir
+
+OLDEST = "1.29.0"  # the oldest minor still in the managed clouds' extended support
+GRACE_MARGIN_S = 15  # terminationGracePeriodSeconds - drain_timeout_s (compose/k8s/base/worker-chat.yaml)
+USER_SECRETS = {"fleet-redis", "fleet-redis-tls", "fleet-commander-token"}  # production: made by hand
+TLS_DIR = "/etc/fleet/tls"
+WORKLOADS = ("Deployment", "StatefulSet", "Job")
+
+# The runtime's rules, exactly (the brief of issue 13's runtime half)
+RUNTIME_RULES = {
+    ("apps", "deployments"): {"get", "list"},
+    ("apps", "deployments/scale"): {"get", "patch"},
+    ("", "pods"): {"get", "list", "watch", "patch"},
+    ("autoscaling", "horizontalpodautoscalers"): {"list"},
+    ("keda.sh", "scaledobjects"): {"list"},
+}
+
+
+@pytest.fixture(scope="module")
+def manifests() -> dict[str, list[dict[str, Any]]]:
+    return {overlay: render(overlay) for overlay in OVERLAYS}
+
+
+def version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = pod_spec(workload)
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def workers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in by_kind(objects, "Deployment")
+            if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A container's env by name; a generated Secret's name without kustomize's hash suffix."""
+    env = {e["name"]: copy.deepcopy(e) for e in container.get("env", [])}
+    for e in env.values():
+        if ref := e.get("valueFrom", {}).get("secretKeyRef"):
+            ref["name"] = re.sub(r"-[a-z0-9]{10}$", "", ref["name"])
+    return env
+
+
+def field_ref(path: str) -> dict[str, Any]:
+    return {"fieldRef": {"fieldPath": path}}
+
+
+REDIS_URL_REF = {"secretKeyRef": {"name": "fleet-redis", "key": "REDIS_URL"}}
+
+
+def mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi)", quantity)
+    assert m, f"memory {quantity!r}: write it in Ki, Mi or Gi"
+    return float(m[1]) * units[m[2]]
+
+
+def fleet_image(overlay: str) -> str:
+    return {"demo": "fleet", "production": "registry.example.com/fleet"}[overlay] + f":{version()}"
+
+
+# --- schemas ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_validates_against_the_kubernetes_schemas(
+        manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    errors = []
+    for k8s in (OLDEST, latest_version()):
+        for obj in manifests[overlay]:
+            name = f"{obj['kind']}/{obj['metadata']['name']} ({k8s})"
+            try:
+                kubernetes_validate.validate(obj, k8s, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                errors.append(f"{name}: {'.'.join(map(str, exc.path))}: {exc.message}")
+            except SchemaNotFoundError as exc:  # a CRD: it would go unchecked, so none is used
+                errors.append(f"{name}: {exc.message}")
+    assert not errors, "\n".join(errors)
+
+
+def test_the_validator_rejects_what_an_api_server_would(manifests: dict[str, list[dict[str, Any]]]) -> None:
+    """A control: the schema check is strict and looks inside pod templates."""
+    deployment = workers(manifests["demo"])[0]
+    typo = {**deployment, "spec": {**deployment["spec"], "terminationGracePeriod": 45}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(typo, OLDEST, strict=True)
+    bad_port = copy.deepcopy(deployment)
+    pod_spec(bad_port)["containers"][0]["ports"] = [{"name": "health", "containerPort": "x"}]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad_port, OLDEST, strict=True)
+
+
+# --- RBAC ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_role_grants_exactly_what_the_runtime_uses(
+        manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    objects = manifests[overlay]
+    role = one(objects, "Role", "fleet-commander")
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert not rule.get("resourceNames") and not rule.get("nonResourceURLs"), rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == RUNTIME_RULES
+    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
+    binding = one(objects, "RoleBinding", "fleet-commander")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "fleet-commander"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "fleet-commander",
+                                    "namespace": binding["metadata"]["namespace"]}]
+    one(objects, "ServiceAccount", "fleet-commander")
+    for workload in (o for kind in WORKLOADS for o in by_kind(objects, kind)):
+        spec = pod_spec(workload)
+        if workload["metadata"]["name"] == "fleet-commander":
+            assert spec["serviceAccountName"] == "fleet-commander"
+        else:  # nothing else talks to the API server
+            assert spec.get("automountServiceAccountToken") is False, workload["metadata"]["name"]
+
+
+def test_an_overlay_can_move_fleet_to_another_namespace(tmp_path: Path) -> None:
+    """`namespace:` in an overlay of an overlay moves everything, the RoleBinding's subject and
+    the Namespace object included (the base names no namespace it would have to follow)."""
+    demo = os.path.relpath(K8S / "overlays" / "demo", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(f"resources: [{demo}]\nnamespace: chat-prod\n")
+    objects = render_dir(tmp_path)
+    assert one(objects, "Namespace", "chat-prod")
+    for obj in objects:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == "chat-prod", obj["metadata"]["name"]
+    (subject,) = one(objects, "RoleBinding", "fleet-commander")["subjects"]
+    assert subject["namespace"] == "chat-prod"
+
+
+# --- the commander ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_commander_runs_two_replicas_with_the_kubernetes_runtime(
+        manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    commander = one(manifests[overlay], "Deployment", "fleet-commander")
+    assert commander["spec"]["replicas"] == 2
+    assert commander["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (c,) = pod_spec(commander)["containers"]
+    assert c["command"] == ["fleet", "commander"]
+    assert c["image"] == fleet_image(overlay)
+    env = env_of(c)
+    assert env["FLEET_COMMANDER_RUNTIME"]["value"] == "kubernetes"
+    assert env["FLEET_COMMANDER_K8S_NAMESPACE"]["valueFrom"] == field_ref("metadata.namespace")
+    assert env["REDIS_URL"]["valueFrom"] == REDIS_URL_REF
+    assert env["FLEET_COMMANDER_METRICS_HOST"]["value"] == "0.0.0.0"
+    port = int(env["FLEET_COMMANDER_METRICS_PORT"]["value"])
+    assert c["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    for probe in (c["readinessProbe"], c["livenessProbe"]):
+        if overlay == "production":  # a token guards /healthz too: the probe sends it
+            assert "httpGet" not in probe
+            assert "/healthz" in probe["exec"]["command"][-1]
+            assert "FLEET_COMMANDER_METRICS_TOKEN" in probe["exec"]["command"][-1]
+            token = env["FLEET_COMMANDER_METRICS_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert token == {"name": "fleet-commander-token", "key": "token"}
+        else:
+            assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    service = one(manifests[overlay], "Service", "fleet-commander")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": port, "targetPort": "metrics",
+                                         "protocol": "TCP"}]
+    assert one(manifests[overlay], "PodDisruptionBudget", "fleet-commander")["spec"]["minAvailable"] == 1
+
+
+# --- the workers --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_worker_deployments_follow_the_runtime_contract(
+        manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    deployments = workers(manifests[overlay])
+    assert [d["metadata"]["name"] for d in deployments] == ["fleet-worker-chat"]
+    for d in deployments:
+        tier = d["metadata"]["labels"]["fleet.dev/tier"]
+        labels = {"app.kubernetes.io/name": "fleet", "app.kubernetes.io/component": "worker",
+                  "fleet.dev/tier": tier}
+        assert d["metadata"]["name"] == "fleet-worker-" + tier.replace("_", "-")
+        assert labels.items() <= d["metadata"]["labels"].items()
+        assert labels.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        assert d["spec"]["selector"] == {"matchLabels": labels}
+        assert "replicas" not in d["spec"], "the commander is the single writer of the count"
+        (c,) = pod_spec(d)["containers"]
+        assert c["command"] == ["fleet", "worker", "--tier", tier]
+        assert c["image"] == fleet_image(overlay)
+        env = env_of(c)
+        assert env["FLEET_WORKER_POD_NAME"]["valueFrom"] == field_ref("metadata.name")
+        assert env["FLEET_WORKER_NODE_NAME"]["valueFrom"] == field_ref("spec.nodeName")
+        assert env["FLEET_WORKER_HEALTH_PORT"]["value"] == "8081"
+        assert env["REDIS_URL"]["valueFrom"] == REDIS_URL_REF
+        assert c["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+        assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
+        pdb = one(manifests[overlay], "PodDisruptionBudget", d["metadata"]["name"])
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_tiers_pods_and_its_policy_agree_on_memory_and_time(
+        manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    """The policy Job writes memory_limit_mb and drain_timeout_s; the pods must match them:
+    limit = request = memory_limit_mb MiB, grace = drain_timeout_s + the margin."""
+    for d in workers(manifests[overlay]):
+        tier = d["metadata"]["labels"]["fleet.dev/tier"]
+        job = one(manifests[overlay], "Job", "fleet-policy-" + tier.replace("_", "-"))
+        (setter,) = pod_spec(job)["containers"]
+        assert setter["command"][:4] == ["fleet", "policy", "set", tier]
+        assert setter["image"] == fleet_image(overlay)
+        changes = parse_assignments(setter["command"][4:])
+        assert set(changes) == {"memory_limit_mb", "drain_timeout_s"}
+        policy = updated(Policy(), changes)  # a valid policy, as `fleet policy set` checks it
+        assert policy.memory_limit_mb is not None
+        (c,) = pod_spec(d)["containers"]
+        resources = c["resources"]
+        assert mebibytes(resources["limits"]["memory"]) == policy.memory_limit_mb
+        assert mebibytes(resources["requests"]["memory"]) == policy.memory_limit_mb
+        grace = pod_spec(d)["terminationGracePeriodSeconds"]
+        assert grace == policy.drain_timeout_s + GRACE_MARGIN_S
+        assert grace >= Policy().drain_timeout_s + GRACE_MARGIN_S  # and a tier left at the default drains too
+        assert job["spec"]["ttlSecondsAfterFinished"] == 0, "deleted once done: the next apply runs it again"
+
+
+# --- every pod ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_runs_locked_down_with_resources(
+        manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    namespace = one(manifests[overlay], "Namespace", "fleet")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = [o for kind in WORKLOADS for o in by_kind(manifests[overlay], kind)]
+    assert pods
+    for workload in pods:
+        name = f"{workload['kind']}/{workload['metadata']['name']}"
+        assert workload["metadata"].get("namespace") == "fleet", name
+        security = pod_spec(workload)["securityContext"]
+        assert security["runAsNonRoot"] is True and security["runAsUser"] > 0, name
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for c in containers(workload):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert sc["capabilities"] == {"drop": ["ALL"]}, name
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"]), name
+            assert "memory" in c["resources"]["limits"], name
+            assert not c["image"].endswith(":latest") and ":" in c["image"], name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_selectors_select_their_pods(manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    objects = manifests[overlay]
+    pods = [o for kind in WORKLOADS for o in by_kind(objects, kind)]
+
+    def selected(match: dict[str, str]) -> list[dict[str, Any]]:
+        return [o for o in pods if match.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
+
+    for kind in ("Deployment", "StatefulSet"):
+        for o in by_kind(objects, kind):
+            assert selected(o["spec"]["selector"]["matchLabels"]) == [o], o["metadata"]["name"]
+    for pdb in by_kind(objects, "PodDisruptionBudget"):
+        assert len(selected(pdb["spec"]["selector"]["matchLabels"])) == 1, pdb["metadata"]["name"]
+    for service in by_kind(objects, "Service"):
+        name = service["metadata"]["name"]
+        (target,) = selected(service["spec"]["selector"])
+        ports = {p["name"] for c in containers(target) for p in c.get("ports", [])}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports, name
+
+
+# --- Redis and its secrets ----------------------------------------------------------------
+
+def secret_refs(workload: dict[str, Any]) -> set[tuple[str, str | None]]:
+    """(secret, key) for every secretKeyRef of the pod, (secret, None) for every secret volume."""
+    refs: set[tuple[str, str | None]] = set()
+    for c in containers(workload):
+        for e in c.get("env", []):
+            if ref := e.get("valueFrom", {}).get("secretKeyRef"):
+                refs.add((ref["name"], ref["key"]))
+    for v in pod_spec(workload).get("volumes", []):
+        if "secret" in v:
+            refs.add((v["secret"]["secretName"], None))
+    return refs
+
+
+def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]) -> None:
+    objects = manifests["demo"]
+    redis = one(objects, "StatefulSet", "redis")
+    (c,) = pod_spec(redis)["containers"]
+    args = " ".join(c["args"])
+    assert "--appendonly yes" in args and "--appendfsync always" in args
+    assert c["image"] == REDIS_IMAGE
+    assert [t["metadata"]["name"] for t in redis["spec"]["volumeClaimTemplates"]] == ["data"]
+    assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
+    assert c["readinessProbe"]["exec"]["command"] == ["redis-cli", "ping"]
+    service = one(objects, "Service", "redis")
+    assert service["spec"]["ports"][0]["port"] == 6379
+    # every secret a pod names is rendered, with the key it reads; the URL names the Service
+    secrets = {s["metadata"]["name"]: s for s in by_kind(objects, "Secret")}
+    for workload in (o for kind in WORKLOADS for o in by_kind(objects, kind)):
+        for name, key in secret_refs(workload):
+            assert name in secrets, f"{workload['metadata']['name']} names Secret {name}"
+            assert key is None or key in secrets[name]["data"]
+    (secret,) = secrets.values()
+    url = base64.b64decode(secret["data"]["REDIS_URL"]).decode()
+    assert url == "redis://redis:6379/0"
+    policy = one(objects, "NetworkPolicy", "redis")
+    assert policy["spec"]["podSelector"]["matchLabels"] == service["spec"]["selector"]
+
+
+def test_production_commits_no_secret_and_mounts_tls_everywhere(
+        manifests: dict[str, list[dict[str, Any]]]) -> None:
+    objects = manifests["production"]
+    assert not by_kind(objects, "Secret"), "production Secrets are made by hand, never committed"
+    fleet_pods = [o for kind in WORKLOADS for o in by_kind(objects, kind)]
+    assert {name for o in fleet_pods for name, _ in secret_refs(o)} == USER_SECRETS
+    for workload in fleet_pods:
+        name = workload["metadata"]["name"]
+        assert ("fleet-redis-tls", None) in secret_refs(workload), name
+        for c in pod_spec(workload)["containers"]:
+            mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+            assert mounts[TLS_DIR]["readOnly"] is True, name
+            assert env_of(c)["FLEET_REDIS_CLUSTER"]["value"] in ("auto", "yes"), name
+    # the files the TLS Secret holds are readable by the pods' group only (fsGroup), not by all
+    for workload in fleet_pods:
+        assert pod_spec(workload)["securityContext"]["fsGroup"] == 10001
+        (volume,) = [v for v in pod_spec(workload)["volumes"] if "secret" in v]
+        assert volume["secret"]["defaultMode"] == 0o440
+
+
+def test_base_images_are_named_once_per_overlay() -> None:
+    """The version in the image tag is the package's: a release bumps them together."""
+    for path in ("base", "overlays/demo", "overlays/production"):
+        doc = yaml.safe_load((ROOT / "compose" / "k8s" / path / "kustomization.yaml").read_text())
+        (image,) = doc["images"]
+        assert image["name"] == "fleet" and image["newTag"] == version(), path
+
+
+def test_the_readme_states_the_chat_tiers_numbers(manifests: dict[str, list[dict[str, Any]]]) -> None:
+    """README, "Running on Kubernetes", quotes the chat tier's memory and grace period."""
+    readme = (ROOT / "README.md").read_text().split("\n## Running on Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    chat = one(manifests["demo"], "Deployment", "fleet-worker-chat")
+    limit = pod_spec(chat)["containers"][0]["resources"]["limits"]["memory"]
+    assert f"`memory_limit_mb` MiB ({mebibytes(limit):.0f})" in readme
+    grace = pod_spec(chat)["terminationGracePeriodSeconds"]
+    assert f"`drain_timeout_s` + {GRACE_MARGIN_S} s ({grace})" in readme
