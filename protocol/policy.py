@@ -101,6 +101,9 @@ class Policy(BaseModel):
     # timing
     scale_down_stabilization_s: float = Field(300.0, ge=0.0, le=86_400)
     drain_timeout_s: PositiveFloat = Field(30.0, le=3_600)
+    # a worker that has waited this long for a place to run (kubernetes: a Pending pod) is
+    # recorded once as "no-capacity" in the ledger; it still counts as starting (no retry)
+    pending_timeout_s: PositiveFloat = Field(120.0, le=86_400)
     report_interval_s: PositiveFloat = Field(5.0, le=300)
     no_scale_in_windows: tuple[TimeWindow, ...] = ()
     # durability against asynchronous replication (docs/ARCHITECTURE.md, "Failover: what Fleet
