@@ -20,9 +20,7 @@ and each pod's worker registers under the pod's name (``FLEET_WORKER_POD_NAME``)
   ``check_ttl_s``); else ``refusal`` says why and ``spawn``/``retire`` raise ``Refused``.
 - ``reap``/``list``/``adopt`` come from one listing of the namespace's worker pods and
   Deployments every ``poll_s`` (two LIST calls) joined with the worker registry
-  (``k8s_view.reconcile``). The listing is polled, not watched: the commander's loop is a
-  blocking loop of passes, and a list a second is cheap for the API server and needs no watch
-  to resume after a 410 Gone.
+  (``k8s_listing.py``, ``k8s_view.reconcile``).
 - ``stop_all`` changes nothing: on Kubernetes a commander's exit is a rollout or a failover to
   its standby, not the fleet's end; scale the Deployments with kubectl to stop the workers.
 
@@ -32,14 +30,14 @@ while writing are raised to the commander, which logs them and retries on its ne
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import redis
-import urllib3
 
 from commander.runtime.base import (
     Handles,
@@ -53,38 +51,23 @@ from commander.runtime.base import (
     WorkerState,
 )
 from commander.runtime.k8s_api import ApiException, KubeApi
-from commander.runtime.k8s_model import (
-    Deployment,
-    Pod,
-    cost_patches,
-    outranking,
-    refusal,
-    tier_deployment,
-)
-from commander.runtime.k8s_view import Retiring, live_pods, placeholders, reconcile
+from commander.runtime.k8s_listing import API_ERRORS, Listing, describe
+from commander.runtime.k8s_model import Deployment, Pod, cost_patches, outranking, refusal
+from commander.runtime.k8s_view import Retiring, live_pods
 from protocol.ids import validate_tier
 from protocol.models import Control
 from stores.control import send_control
-from stores.registry import forget_workers, read_registry
 from stores.retry import TRANSIENT
 
 log = logging.getLogger(__name__)
-API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)  # ValueError: bad JSON
 CONFLICT_TRIES = 3  # a /scale patch that meets a newer resourceVersion is read and tried again
-LOG_EVERY_S = 30.0
 CONTROL_MAXLEN = 64
+WRITE_BACKOFF_S = 10.0  # a failed write to a tier's Deployment or pods holds its writes off this long
 DEFAULT_GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds when its spec says none
 Scalers = dict[str, list[str]] | str  # deployment -> the autoscalers on it; or why unknown
 
 
-def describe(exc: BaseException) -> str:
-    """One line for an API error."""
-    if isinstance(exc, ApiException):
-        return f"HTTP {exc.status} {exc.reason or ''}".strip()
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-
-
-class KubernetesRuntime(Runtime):
+class KubernetesRuntime(Listing, Runtime):
     """Worker pods of one Deployment per tier, in one namespace. Not thread-safe: one loop owns it."""
 
     name = "kubernetes"
@@ -111,111 +94,13 @@ class KubernetesRuntime(Runtime):
         self._logged_at = float("-inf")
         self._adopted: set[str] = set()
         self._warned_grace: set[str] = set()
+        self._failed: dict[str, tuple[float, str]] = {}  # tier -> (monotonic until, why): a write failed
+        self._misnamed: set[str] = set()  # registry entries of pods under another id (warned)
         self._seq = itertools.count(1)
 
     def close(self) -> None:
         self.api.close()
         self.r.close()
-
-    # --- the view ------------------------------------------------------------------------
-    def list(self) -> Handles:
-        """Pods (live, draining, ended and not reaped) and placeholders, from the last listing."""
-        starting = [h for hs in self._placeholders.values() for h in hs]
-        return [replace(h) for h in (*self._handles.values(), *starting, *self._exits)]
-
-    def has_exits(self) -> bool:
-        return bool(self._exits)
-
-    def reap(self) -> Handles:
-        """List again (at most every ``poll_s``) and hand over the pods that ended."""
-        self._refresh()
-        self._clean_registry()
-        exits, self._exits = self._exits, []
-        return exits
-
-    def adopt(self) -> Handles:
-        """List now; the pods that predate this runtime, once."""
-        self._refresh(force=True)
-        found = [h for h in self._handles.values() if h.adopted and h.worker_id not in self._adopted]
-        self._adopted.update(h.worker_id for h in found)
-        return [replace(h) for h in found]
-
-    def notes(self) -> Notes:
-        out, self._notes = self._notes, []
-        return out
-
-    def stop_all(self, timeout: float | None = None) -> Handles:
-        """Nothing: the Deployments keep their replicas (see the module's doc)."""
-        log.warning("the kubernetes runtime leaves the worker Deployments as they are on exit: "
-                    "scale them with kubectl to stop the workers")
-        return []
-
-    def _refresh(self, force: bool = False) -> None:
-        now = self.monotonic()
-        if not force and self._listed_at is not None and now - self._listed_at < self.poll_s:
-            return
-        try:
-            deployments, pods = self.api.deployments(), self.api.pods()
-        except API_ERRORS as exc:
-            self._api_failed("listing the worker Deployments and pods", exc)
-            return
-        self._api_ok()
-        registry = self._registry()
-        first, self._listed_at = self._listed_at is None, now
-        self._deployments, self._pods = deployments, pods
-        self._going = {name: until for name, until in self._going.items() if until > now}
-        view = reconcile(self._handles, pods, registry, self._retiring, self._going, self.clock(), first)
-        for name in view.revived:
-            log.warning("pod %s was drained but the ReplicaSet kept it (its container restarted): "
-                        "it serves again", name)
-        self._handles, self._retiring = view.handles, view.retiring
-        self._exits += view.exits
-        self._unclean.update(h.worker_id for h in view.exits
-                             if registry is not None and h.worker_id in registry)
-        for tier in {d.tier for d in deployments} | set(self._placeholders):
-            self._sync_placeholders(tier)
-
-    def _registry(self) -> dict[str, bool] | None:
-        """Worker id -> heartbeat alive, for every registry entry (None: Redis unreachable)."""
-        try:
-            registry = read_registry(self.r)
-        except TRANSIENT as exc:
-            log.debug("registry not readable: pods keep their states (%s)", exc)
-            return None
-        return {**dict.fromkeys(registry.unreadable, False),
-                **{wid: alive for wid, (_info, alive) in registry.workers.items()}}
-
-    def _clean_registry(self) -> None:
-        """Remove what an ended pod's worker could not (it was killed): entry, heartbeat, control."""
-        if not self._unclean:
-            return
-        try:
-            forget_workers(self.r, sorted(self._unclean))
-        except TRANSIENT as exc:
-            log.debug("registry cleanup postponed: %s", exc)
-            return
-        self._unclean.clear()
-
-    def _sync_placeholders(self, tier: str) -> None:
-        """As many placeholders as replicas without a pod; the oldest go first (pods came for them)."""
-        deployment = self._deployment(tier)
-        want = placeholders(deployment, self._pods, self._retiring, self._going)
-        have = self._placeholders.setdefault(tier, [])
-        del have[:max(0, len(have) - want)]
-        while len(have) < want and isinstance(deployment, Deployment):
-            have.append(self._placeholder(deployment))
-        if not have:
-            del self._placeholders[tier]
-
-    def _placeholder(self, deployment: Deployment) -> WorkerHandle:
-        return WorkerHandle(f"{deployment.name}:starting-{next(self._seq)}", deployment.tier, 0,
-                            WorkerState.STARTING, self.clock())
-
-    def _deployment(self, tier: str) -> Deployment | str:
-        if self._deployments is None:
-            return (f"the worker Deployments of namespace {self.namespace} could not be listed "
-                    f"({self._api_error or 'not yet'})")
-        return tier_deployment(tier, self._deployments, self.namespace)
 
     # --- may it act? ---------------------------------------------------------------------
     def refusal(self, tier: str) -> str | None:
@@ -225,6 +110,9 @@ class KubernetesRuntime(Runtime):
         deployment = self._deployment(tier)
         if isinstance(deployment, str):
             return deployment
+        until, why = self._failed.get(tier, (0.0, ""))
+        if self.monotonic() < until:
+            return why
         return refusal(tier, deployment, self._scalers_now())
 
     def _scalers_now(self) -> Scalers:
@@ -272,17 +160,21 @@ class KubernetesRuntime(Runtime):
             return
         if handle.state in (WorkerState.DRAINING, WorkerState.EXITED):
             return
-        deployment = self._acting_on(handle.tier)
-        victim = next(p for p in self._pods if p.name == worker_id)
+        deployment = self._acting_on(handle.tier)  # (it may list again: look the pod up after)
+        handle = self._handles.get(worker_id)
+        victim = next((p for p in self._pods if p.name == worker_id), None)
+        if handle is None or victim is None or handle.state is WorkerState.DRAINING:
+            return  # it ended, or began to, meanwhile
         live = live_pods(self._pods, handle.tier, self._retiring, self._going)
         ahead = outranking(victim, live)
         if ahead:
             self._substitute(deployment, victim, ahead[0])
             return
         patches = cost_patches(victim, live)
-        for name in sorted(patches, key=lambda name: name == worker_id):  # the victim last
-            self.api.annotate(name, patches[name])
-            self._pods = [replace(p, cost=patches[name]) if p.name == name else p for p in self._pods]
+        with self._writing(deployment):
+            for name in sorted(patches, key=lambda name: name == worker_id):  # the victim last
+                self.api.annotate(name, patches[name])
+                self._pods = [replace(p, cost=patches[name]) if p.name == name else p for p in self._pods]
         self._send_drain(worker_id, reason)
         before, after = self._scale(deployment, -1)
         self._retiring[worker_id] = Retiring(victim.restarts, reason)
@@ -313,8 +205,25 @@ class KubernetesRuntime(Runtime):
         log.warning("tier %s: %s", deployment.tier, reason)
         self._notes.append(RuntimeNote(deployment.tier, "substituted", reason, (instead.name,)))
 
+    @contextlib.contextmanager
+    def _writing(self, deployment: Deployment) -> Iterator[None]:
+        """A write for the tier: one that fails holds its next writes off for ``WRITE_BACKOFF_S``
+        (``refusal`` says why), so a lasting error (403: the Role lacks a verb) is neither
+        retried every pass nor ledgered every pass."""
+        try:
+            yield
+        except API_ERRORS as exc:
+            why = (f"writing Deployment {deployment.name} failed ({describe(exc)}): "
+                   f"not tried again for {WRITE_BACKOFF_S:g}s")
+            self._failed[deployment.tier] = (self.monotonic() + WRITE_BACKOFF_S, why)
+            raise
+
     def _scale(self, deployment: Deployment, delta: int) -> tuple[int, int]:
         """Add ``delta`` to the Deployment's replicas through ``/scale``: (before, after)."""
+        with self._writing(deployment):
+            return self._scale_once(deployment, delta)
+
+    def _scale_once(self, deployment: Deployment, delta: int) -> tuple[int, int]:
         for attempt in range(1, CONFLICT_TRIES + 1):
             replicas, version = self.api.read_scale(deployment.name)
             target = max(0, replicas + delta)
@@ -348,16 +257,12 @@ class KubernetesRuntime(Runtime):
                     "%g: the kubelet kills a drain at %gs, and the turns in flight run again elsewhere",
                     deployment.name, grace, drain_timeout_s, grace)
 
-    # --- API errors ----------------------------------------------------------------------
-    def _api_failed(self, what: str, exc: BaseException) -> None:
-        self._api_error = describe(exc)
-        now = self.monotonic()
-        if now - self._logged_at >= LOG_EVERY_S:
-            log.warning("%s failed (%s): acting on the last view until the API answers",
-                        what, self._api_error)
-            self._logged_at = now
+    def notes(self) -> Notes:
+        out, self._notes = self._notes, []
+        return out
 
-    def _api_ok(self) -> None:
-        if self._api_error is not None:
-            log.info("the Kubernetes API answers again")
-        self._api_error, self._logged_at = None, float("-inf")
+    def stop_all(self, timeout: float | None = None) -> Handles:
+        """Nothing: the Deployments keep their replicas (see the module's doc)."""
+        log.warning("the kubernetes runtime leaves the worker Deployments as they are on exit: "
+                    "scale them with kubectl to stop the workers")
+        return []

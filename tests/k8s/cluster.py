@@ -92,6 +92,7 @@ class Cluster:
     rs_deleted: list[str] = field(default_factory=list)  # the ReplicaSet's choices, in order
     ended: dict[str, Ended] = field(default_factory=dict)
     requests: Counter[str] = field(default_factory=Counter)  # "GET pods", "PATCH scale", ...
+    forbidden: set[str] = field(default_factory=set)  # such calls get 403 (a Role without the verb)
     _rv: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # --- objects -------------------------------------------------------------------------

@@ -163,7 +163,7 @@ class StandIn:
 
     # --- the API -------------------------------------------------------------------------
     def _app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._gate])
         apps = "/apis/apps/v1/namespaces/{ns}/deployments"
         pods = "/api/v1/namespaces/{ns}/pods"
         app.router.add_get(apps, self._list(lambda c: c.deployments, "DeploymentList", "apps/v1"))
@@ -178,16 +178,27 @@ class StandIn:
         app.router.add_get("/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects", self._scaled_objects)
         return app
 
-    def _count(self, request: web.Request) -> None:
+    @web.middleware
+    async def _gate(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Count every request by verb and resource ("GET pods", "PATCH scale"); answer 403, as
+        RBAC does, for those in ``cluster.forbidden``."""
         resource = request.match_info.route.resource
         path = resource.canonical if resource is not None else request.path
         kind = [part for part in path.split("/") if part and not part.startswith("{")][-1]
-        self.cluster.requests[f"{request.method} {kind}"] += 1
+        call = f"{request.method} {kind}"
+        with self.cluster.lock:
+            self.cluster.requests[call] += 1
+            forbidden = call in self.cluster.forbidden
+        if forbidden:
+            user = f"system:serviceaccount:{self.cluster.namespace}:fleet-commander"
+            return status_error(403, "Forbidden",
+                                f'{kind} is forbidden: User "{user}" cannot {request.method.lower()} it')
+        response: web.StreamResponse = await handler(request)
+        return response
 
     def _list(self, objects: Callable[[Cluster], dict[str, dict[str, Any]]], kind: str,
               api_version: str) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.Response:
-            self._count(request)
             try:
                 selector = request.query.get("labelSelector")
                 with self.cluster.lock:
@@ -204,7 +215,6 @@ class StandIn:
     def _get(self, objects: Callable[[Cluster], dict[str, dict[str, Any]]],
              resource: str) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.Response:
-            self._count(request)
             with self.cluster.lock:
                 obj = self._find(request, objects(self.cluster))
                 body = public(obj) if obj is not None else None
@@ -220,7 +230,6 @@ class StandIn:
 
     async def _scaled_objects(self, request: web.Request) -> web.Response:
         if not self.cluster.keda:
-            self._count(request)
             return web.Response(status=404, text="404 page not found\n")
         return await self._list(lambda c: c.scaled_objects, "ScaledObjectList", "keda.sh/v1alpha1")(request)
 
@@ -235,7 +244,6 @@ class StandIn:
                            "selector": match_labels(deployment["spec"]["selector"]["matchLabels"])}}
 
     async def _get_scale(self, request: web.Request) -> web.Response:
-        self._count(request)
         with self.cluster.lock:
             deployment = self._find(request, self.cluster.deployments)
             body = self._scale_of(deployment) if deployment is not None else None
@@ -244,56 +252,52 @@ class StandIn:
         return web.json_response(body)
 
     async def _patch_scale(self, request: web.Request) -> web.Response:
-        self._count(request)
-        patch, error = await _read_patch(request)
-        if error is not None:
-            return error
-        with self.cluster.lock:
-            deployment = self._find(request, self.cluster.deployments)
-            if deployment is None:
-                return _not_found("deployments.apps", request.match_info["name"])
-            scale = self._scale_of(deployment)
-            try:
-                patched = apply_patch(scale, request.content_type, patch)
-            except (ValueError, KeyError, TypeError) as exc:
-                return status_error(422, "Invalid", f"the patch does not apply: {exc}")
-            conflict = _conflict(scale, patched, "deployments.apps", deployment["metadata"]["name"])
-            if conflict is not None:
-                return conflict
-            replicas = patched.get("spec", {}).get("replicas")
+        def commit(deployment: dict[str, Any], scale: dict[str, Any]) -> web.Response | None:
+            replicas = scale.get("spec", {}).get("replicas")
             if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
                 return status_error(422, "Invalid", f"spec.replicas: Invalid value: {replicas!r}")
             deployment["spec"]["replicas"] = replicas
-            deployment["metadata"]["resourceVersion"] = self.cluster.version()
             deployment["metadata"]["generation"] += 1
-            self.cluster.lock.notify_all()
-            return web.json_response(self._scale_of(deployment))
+            return None
+
+        return await self._patch(request, self.cluster.deployments, "deployments.apps", self._scale_of,
+                                 commit)
 
     async def _patch_pod(self, request: web.Request) -> web.Response:
-        self._count(request)
+        def commit(pod: dict[str, Any], patched: dict[str, Any]) -> web.Response | None:
+            changed = _mutable_only(public(pod), patched)
+            if changed is not None:
+                return status_error(422, "Invalid", f"Pod {pod['metadata']['name']!r} is invalid: "
+                                    f"{changed}: field is immutable")
+            for key in ("labels", "annotations"):
+                pod["metadata"][key] = dict(patched["metadata"].get(key) or {})
+            return None
+
+        return await self._patch(request, self.cluster.pods, "pods", public, commit)
+
+    async def _patch(self, request: web.Request, objects: dict[str, dict[str, Any]], resource: str,
+                     view: Callable[[dict[str, Any]], dict[str, Any]],
+                     commit: Callable[[dict[str, Any], dict[str, Any]], web.Response | None]) -> web.Response:
+        """A PATCH of ``view(object)`` (the object, or its Scale): the patch applied, the
+        resourceVersion precondition checked, ``commit`` validating and storing it."""
         patch, error = await _read_patch(request)
         if error is not None:
             return error
         with self.cluster.lock:
-            pod = self._find(request, self.cluster.pods)
-            if pod is None:
-                return _not_found("pods", request.match_info["name"])
+            obj = self._find(request, objects)
+            if obj is None:
+                return _not_found(resource, request.match_info["name"])
+            before = view(obj)
             try:
-                patched = apply_patch(public(pod), request.content_type, patch)
+                patched = apply_patch(before, request.content_type, patch)
             except (ValueError, KeyError, TypeError) as exc:
                 return status_error(422, "Invalid", f"the patch does not apply: {exc}")
-            conflict = _conflict(pod, patched, "pods", pod["metadata"]["name"])
-            if conflict is not None:
-                return conflict
-            changed = _mutable_only(public(pod), patched)
-            if changed is not None:
-                return status_error(422, "Invalid", f"Pod {pod['metadata']['name']!r} is invalid: {changed}: "
-                                    "field is immutable")
-            for key in ("labels", "annotations"):
-                pod["metadata"][key] = dict(patched["metadata"].get(key) or {})
-            pod["metadata"]["resourceVersion"] = self.cluster.version()
+            refused = _conflict(before, patched, resource, obj["metadata"]["name"]) or commit(obj, patched)
+            if refused is not None:
+                return refused
+            obj["metadata"]["resourceVersion"] = self.cluster.version()
             self.cluster.lock.notify_all()
-            return web.json_response(public(pod))
+            return web.json_response(view(obj))
 
 
 async def _read_patch(request: web.Request) -> tuple[Any, web.Response | None]:

@@ -17,11 +17,12 @@ from commander.settings import CommanderSettings
 from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
-from protocol.models import CommanderInfo, LedgerEvent, WorkerInfo
+from protocol.models import LedgerEvent, WorkerInfo
 from protocol.policy import Policy
 from stores.policies import write_policy
 from tests.conftest import RedisServer
 from tests.integration.conftest import wait_until
+from tests.integration.test_commander import passes
 from tests.k8s.cluster import Cluster, Ended
 from tests.k8s.conftest import DEPLOYMENT, answered_once
 from tests.k8s.semantics import deletion_order
@@ -43,19 +44,6 @@ def ledger(r: redis.Redis, *actions: str) -> list[LedgerEvent]:
 def live_workers(r: redis.Redis) -> list[str]:
     infos = [decode(WorkerInfo, raw) for raw in r.hgetall(keys.WORKERS).values()]
     return sorted(i.worker for i in infos if i.tier == "chat" and r.exists(keys.heartbeat(i.worker)))
-
-
-def passes(r: redis.Redis, n: int, name: str = "k1", timeout: float = 30) -> None:
-    """Wait until the commander has run ``n`` more passes (it writes its entry after each)."""
-    seen: set[float] = set()
-
-    def more() -> bool:
-        raw = r.hget(keys.COMMANDERS, name)
-        if raw:
-            seen.add(decode(CommanderInfo, raw).seen)
-        return len(seen) > n
-
-    wait_until(more, timeout, f"{n} passes of commander {name}")
 
 
 def replicas(standin: StandIn) -> int:

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from commander.runtime import Refused, WorkerHandle, WorkerState
+from commander.runtime.k8s_api import ApiException
 from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
@@ -172,6 +173,22 @@ def test_refusals_are_cached_keda_absent_is_none_and_a_concurrent_write_is_retri
     assert racing.spawn("chat", 2)
     assert standin.cluster.deployments[DEPLOYMENT]["spec"]["replicas"] == 3  # the other writer's 1, then +2
     assert standin.cluster.requests["PATCH scale"] == 2  # a 409 Conflict, read again, written
+
+
+def test_a_forbidden_write_holds_the_tiers_writes_off_with_the_reason(standin: StandIn, make_runtime):
+    with standin.cluster.lock:
+        standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
+        standin.cluster.forbidden.add("PATCH scale")  # the Role lacks deployments/scale patch
+    runtime = make_runtime()
+    with pytest.raises(ApiException) as failed:
+        runtime.spawn("chat", 1)
+    assert failed.value.status == 403
+    why = runtime.refusal("chat")
+    assert why == f"writing Deployment {DEPLOYMENT} failed (HTTP 403 Forbidden): not tried again for 10s"
+    with pytest.raises(Refused):
+        runtime.spawn("chat", 1)
+    assert standin.cluster.requests["PATCH scale"] == 1  # not hammered
+    assert not runtime.live("chat")
 
 
 class RacingApi:
