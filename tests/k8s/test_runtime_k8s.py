@@ -9,8 +9,11 @@ from __future__ import annotations
 import pytest
 import redis
 
+from commander import __main__ as commander_main
 from commander.runtime import Refused, WorkerHandle, WorkerState
 from commander.runtime.k8s_api import ApiException
+from commander.runtime.kubernetes import KubernetesRuntime
+from commander.settings import CommanderSettings
 from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
@@ -210,3 +213,42 @@ class RacingApi:
                 d = self.standin.cluster.deployments[deployment]
                 d["spec"]["replicas"], d["metadata"]["resourceVersion"] = 1, self.standin.cluster.version()
         return got
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters:
+- name: standin
+  cluster: {{server: "{url}"}}
+users:
+- name: fleet
+  user: {{token: not-checked}}
+contexts:
+- name: fleet
+  context: {{cluster: standin, user: fleet, namespace: fleet}}
+current-context: fleet
+"""
+
+
+def test_the_commander_builds_the_runtime_from_a_kubeconfig_or_refuses_to_start(standin: StandIn,
+                                                                               redis_server, tmp_path,
+                                                                               caplog):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG.format(url=standin.url))
+    settings = CommanderSettings(runtime="kubernetes", k8s_kubeconfig=str(kubeconfig), metrics_port=None)
+    runtime = commander_main._runtime(settings, redis_server.url)
+    assert isinstance(runtime, KubernetesRuntime)
+    try:
+        assert runtime.namespace == "fleet"  # the context's namespace
+        assert runtime.refusal("chat") == ("no Deployment labelled app.kubernetes.io/component=worker,"
+                                           "fleet.dev/tier=chat in namespace fleet (the manifests name "
+                                           "it fleet-worker-chat)")
+        assert standin.cluster.requests["GET deployments"] == 1  # it did ask the stand-in
+    finally:
+        runtime.close()
+    # outside a pod, with no kubeconfig: a clear error, no commander
+    assert commander_main._runtime(CommanderSettings(runtime="kubernetes", metrics_port=None),
+                                   redis_server.url) is None
+    assert "cannot configure the Kubernetes client from the in-cluster config" in caplog.text
+    with pytest.raises(ValueError, match="stop_workers_on_exit does not apply to the kubernetes runtime"):
+        CommanderSettings(runtime="kubernetes", stop_workers_on_exit=True)
