@@ -176,9 +176,11 @@ class KubernetesRuntime(Listing, Runtime):
                 self.api.annotate(name, patches[name])
                 self._pods = [replace(p, cost=patches[name]) if p.name == name else p for p in self._pods]
         self._send_drain(worker_id, reason)
-        before, after = self._scale(deployment, -1)
+        # draining from now on, even if lowering replicas fails: the worker drains and, once its
+        # linger is over, exits; its container restarts and the pod counts again (revived)
         self._retiring[worker_id] = Retiring(victim.restarts, reason)
         handle.state, handle.retire_reason = WorkerState.DRAINING, reason
+        before, after = self._scale(deployment, -1)
         self._check_grace(deployment, drain_timeout_s)
         log.info("retiring pod %s (tier %s): deletion cost %d, drained, replicas %d -> %d: %s",
                  worker_id, handle.tier, patches.get(worker_id, victim.cost), before, after,
@@ -186,13 +188,12 @@ class KubernetesRuntime(Listing, Runtime):
 
     def _retire_placeholder(self, worker_id: str) -> None:
         """A replica with no pod yet: lower replicas by one, so it is never created."""
-        for tier, handles in self._placeholders.items():
-            if any(h.worker_id == worker_id for h in handles):
-                deployment = self._acting_on(tier)
-                self._scale(deployment, -1)
-                self._sync_placeholders(tier)
-                return
-        raise UnknownWorker(worker_id)
+        tier = next((t for t, hs in self._placeholders.items() if any(h.worker_id == worker_id for h in hs)),
+                    None)
+        if tier is None:
+            raise UnknownWorker(worker_id)
+        self._scale(self._acting_on(tier), -1)
+        self._sync_placeholders(tier)
 
     def _substitute(self, deployment: Deployment, victim: Pod, instead: Pod) -> None:
         before, after = self._scale(deployment, -1)
