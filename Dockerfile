@@ -33,6 +33,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 # the port is decided where it is published (compose: 127.0.0.1 only) or by the Service, and
 # FLEET_COMMANDER_METRICS_TOKEN guards it (SECURITY.md, "HTTP")
 ENV FLEET_COMMANDER_METRICS_HOST=0.0.0.0
+# tini as PID 1: it forwards SIGTERM at any moment (a Python PID 1 ignores one that comes while
+# it still imports, before its handlers exist: a pod deleted then would wait out its grace
+# period) and reaps the workers the commander's process runtime forks
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends tini=0.19.0-1 \
+ && rm -rf /var/lib/apt/lists/*
 # a numeric, unprivileged user: Kubernetes' runAsNonRoot can only verify a numeric USER
 RUN groupadd --system --gid 10001 fleet \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/fleet --create-home \
@@ -49,5 +55,5 @@ WORKDIR /var/lib/fleet
 # (FLEET_WORKER_HEALTH_PORT). No HEALTHCHECK: the image runs either process, each with its own
 # endpoint; compose/docker-compose.yml and the Kubernetes manifests set the checks per service.
 EXPOSE 9464 8081
-ENTRYPOINT ["fleet"]
+ENTRYPOINT ["tini", "--", "fleet"]
 CMD ["commander"]

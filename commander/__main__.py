@@ -14,6 +14,7 @@ from typing import Any
 import redis
 
 from commander.commander import Commander
+from commander.runtime import Runtime
 from commander.runtime.process import ProcessRuntime
 from commander.settings import CommanderSettings
 from protocol.flags import Parser, add_flags, settings_from_flags
@@ -36,11 +37,33 @@ def settings_from(args: argparse.Namespace) -> CommanderSettings | None:
     return settings_from_flags(CommanderSettings, args, "fleet commander")
 
 
-def _runtime(settings: CommanderSettings, url: str) -> ProcessRuntime:
+def _runtime(settings: CommanderSettings, url: str) -> Runtime | None:
+    """The runtime the settings name; None (logged) if it cannot be set up."""
+    if settings.runtime == "kubernetes":
+        return _kubernetes(settings, url)
     kwargs: dict[str, Any] = {}
     if "spawn_mode" in inspect.signature(ProcessRuntime).parameters:
         kwargs["spawn_mode"] = settings.spawn_mode
     return ProcessRuntime(url, Path(settings.log_dir), **kwargs)
+
+
+def _kubernetes(settings: CommanderSettings, url: str) -> Runtime | None:
+    try:
+        from commander.runtime.k8s_api import KubeApi, api_client, default_namespace
+        from commander.runtime.kubernetes import KubernetesRuntime
+    except ImportError as exc:
+        log.error("the kubernetes runtime needs the official client: pip install 'fleet[k8s]' (%s)", exc)
+        return None
+    try:
+        client = api_client(settings.k8s_kubeconfig)
+        namespace = settings.k8s_namespace or default_namespace(settings.k8s_kubeconfig)
+    except Exception as exc:  # noqa: BLE001 - the client's ConfigException, a bad or missing file
+        where = settings.k8s_kubeconfig or "the in-cluster config (is this a pod with a ServiceAccount?)"
+        log.error("cannot configure the Kubernetes client from %s: %s", where, exc)
+        return None
+    log.info("kubernetes runtime: worker Deployments of namespace %s", namespace)
+    return KubernetesRuntime(KubeApi(client, namespace), connect_sync(url, retries=2, socket_timeout=5),
+                             poll_s=settings.k8s_poll_s)
 
 
 def _metrics(settings: CommanderSettings) -> Any | None:
@@ -109,8 +132,10 @@ def run(args: argparse.Namespace) -> int:
     r = _connect(url, stop)
     if r is None:
         return 0 if stop.is_set() else 2
-    metrics = _metrics(settings)
     runtime = _runtime(settings, url)
+    if runtime is None:
+        return 2
+    metrics = _metrics(settings)
     try:
         commander = Commander(r, runtime, settings, metrics)
         if metrics is not None:

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -25,6 +25,7 @@ from commander.observe import Observer
 from commander.records import Records
 from commander.recovery import Recovery
 from commander.runtime import Runtime, UnknownWorker, WorkerHandle, WorkerState
+from commander.runtime_notes import RuntimeNotes
 from commander.settings import CommanderSettings
 from commander.views import TierSignals, snapshot, tier_rps, worker_views
 from protocol.models import Control, LedgerEvent
@@ -63,7 +64,7 @@ class _Dead:
     unasked: bool = False  # an exit nobody asked for (a crash): recorded even if it left nothing
 
 
-class Commander(Records):
+class Commander(Records, RuntimeNotes):
     """One commander process: a standby until it wins the lease, then the fleet's only actor."""
 
     def __init__(self, r: redis.Redis, runtime: Runtime, settings: CommanderSettings,
@@ -84,6 +85,8 @@ class Commander(Records):
         self.trusted_since = 0.0  # wall time an outage ended: older reports are not trusted
         self.board = Board()  # the last pass, published for the monitor (commander.monitor)
         self.recovery = Recovery()  # re-notifies after a Cluster failover
+        self._refusals: dict[str, str] = {}  # (runtime_notes.py)
+        self._no_capacity: dict[str, set[str]] = {}
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
@@ -225,6 +228,8 @@ class Commander(Records):
         plan, state = decide(snap, read.policy, memo.state, now)
         elapsed = time.perf_counter() - started
         self._act(plan, read.policy)
+        self._note_pending(tier, handles, read.policy, plan, now)
+        self._record_notes()
         if state != memo.state:
             memo.state = state
             self._save_state(tier, state)
@@ -238,6 +243,8 @@ class Commander(Records):
 
     def _act(self, plan: Plan, policy: Policy) -> None:
         memo = self.tiers[plan.tier]
+        if self._refused_now(plan):  # (ledgered once per reason)
+            plan = replace(plan, spawn=0, retire=())
         spawn = min(plan.spawn, self._room())
         if spawn < plan.spawn:
             log.warning("tier %s wants %d more workers; the fleet-wide cap max_total_workers=%d "

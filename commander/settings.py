@@ -47,6 +47,16 @@ class CommanderSettings(BaseSettings):
                                      "again within their renew interval)")
     max_total_workers: int = Field(64, ge=1, le=100_000, description="cap over every tier: a policy "
                                    "writer cannot make this host start more processes than this")
+    runtime: Literal["process", "kubernetes"] = Field(
+        "process", description="how workers start and stop: local processes, or one Deployment per "
+        "tier whose replicas the commander writes (docs/KUBERNETES.md; the k8s extra)")
+    k8s_namespace: str | None = Field(None, description="kubernetes runtime: the namespace of the "
+                                      "worker Deployments (default: the kubeconfig context's, else "
+                                      "the commander pod's own, else default)")
+    k8s_kubeconfig: str | None = Field(None, description="kubernetes runtime: a kubeconfig file "
+                                       "(default: the commander pod's in-cluster config)")
+    k8s_poll_s: float = Field(1.0, gt=0, le=60, description="kubernetes runtime: seconds between "
+                              "listings of the worker pods and Deployments")
 
     @model_validator(mode="after")
     def _id_and_timing(self) -> CommanderSettings:
@@ -54,6 +64,10 @@ class CommanderSettings(BaseSettings):
             host = "".join(c for c in socket.gethostname() if c.isalnum())[:20] or "host"
             object.__setattr__(self, "commander_id", f"cmd-{host}-{secrets.token_hex(3)}")
         validate_token(self.commander_id, "commander id")
+        if self.runtime == "kubernetes" and self.stop_workers_on_exit:
+            raise ValueError("stop_workers_on_exit does not apply to the kubernetes runtime: a "
+                             "commander's exit there is a rollout or a failover, not the fleet's end "
+                             "(scale the worker Deployments with kubectl)")
         if self.lease_ttl_ms < 2 * self.interval_s * 1000:
             raise ValueError("lease_ttl_ms must cover two passes, or a busy leader loses its lease")
         return self

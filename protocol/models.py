@@ -192,7 +192,12 @@ class LedgerEvent(_Model):
     epoch: int
     commander: str
     action: Literal["scale-up", "scale-down", "reclaim-idle", "consolidate", "recycle", "policy-rejected",
-                    "policy-applied", "leader", "worker-exited", "hold", "renotified"]
+                    "policy-applied", "leader", "worker-exited", "hold", "renotified",
+                    # the runtime would not act (kubernetes: an HPA or a ScaledObject owns the
+                    # Deployment, or no single Deployment is the tier's); a worker waited for a
+                    # place to run past the policy's pending_timeout_s; the runtime removed
+                    # another worker than the victim named (a Pending pod goes first)
+                    "refused", "no-capacity", "substituted"]
     from_count: int = 0
     to_count: int = 0
     victims: list[str] = Field(default_factory=list)
@@ -228,3 +233,12 @@ class WorkerInfo(_Model):
     runtime: str = "process"
     handlers: list[str] = []  # the handler names it can load (policy set warns if none has one)
     renew_interval_s: float = RENEW_INTERVAL_S  # how often it claims its jobs' notifications again
+    pod: str | None = None  # in Kubernetes: its pod's name (the worker id, unless one was given)
+    node: str | None = None  # ... and the node it runs on (also its ``host``)
+
+    @model_serializer(mode="wrap")
+    def _without_placement(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``pod`` and ``node`` stay off the wire when unset: a process worker's entry is the
+        same as before they existed, so readers that predate them still decode it."""
+        body: dict[str, Any] = handler(self)
+        return {k: v for k, v in body.items() if not (k in ("pod", "node") and v is None)}

@@ -105,6 +105,9 @@ class Policy(BaseModel):
     scale_down_stabilization_s: float | None = Field(None, ge=0.0, le=86_400)
     scale_in_hold: ScaleInHold = ScaleInHold()
     drain_timeout_s: PositiveFloat = Field(30.0, le=3_600)
+    # a worker that has waited this long for a place to run (kubernetes: a Pending pod) is
+    # recorded once as "no-capacity" in the ledger; it still counts as starting (no retry)
+    pending_timeout_s: PositiveFloat = Field(120.0, le=86_400)
     report_interval_s: PositiveFloat = Field(5.0, le=300)
     no_scale_in_windows: tuple[TimeWindow, ...] = ()
     # what users of HPA, KEDA, Knative and Karpenter rely on (protocol.policy_controls)

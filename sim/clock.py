@@ -21,7 +21,7 @@ EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: virtual time 0
 
 MODULES = (
     "fakeredis._helpers", "fakeredis._socket._base", "fakeredis.model._stream",
-    "worker.app", "worker.services", "worker.job", "worker.handlers", "worker.sensor",
+    "worker.app", "worker.services", "worker.job", "worker.handlers", "worker.sensor", "worker.pod",
     "stores.policies", "stores.commanders", "stores.worker_ops", "stores.deadletters", "stores.reports",
     "fleet.client",
 )

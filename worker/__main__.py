@@ -42,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     set_process_title(settings.tier, settings.worker_id)
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.worker_id} %(message)s")
+    if settings.pod_name or settings.health_port is not None:
+        from worker.pod import PodWorker  # (aiohttp is imported only where it serves)
+
+        return asyncio.run(PodWorker(settings).run())
     return asyncio.run(Worker(settings).run())
 
 

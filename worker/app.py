@@ -171,7 +171,7 @@ class Worker(JobServices):
         info = WorkerInfo(worker=self.worker_id, tier=self.tier, pid=os.getpid(),
                           host=self.settings.host, started=self._started,
                           handlers=handlers.registered_names(),
-                          renew_interval_s=self.settings.renew_interval_s)
+                          renew_interval_s=self.settings.renew_interval_s, **self.settings.placement)
         await worker_ops.register_worker(self.r, info, self.settings.heartbeat_ttl_ms)
 
     async def _deregister(self) -> None:

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Literal
+from typing import Literal, TypedDict
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.ids import validate_tier, validate_token
 from protocol.models import RENEW_INTERVAL_S
+
+
+class Placement(TypedDict, total=False):
+    """Where a worker runs, as its registry entry (``WorkerInfo``) says beyond ``host``."""
+
+    runtime: str
+    pod: str | None
+    node: str | None
 
 
 class WorkerSettings(BaseSettings):
@@ -44,6 +52,17 @@ class WorkerSettings(BaseSettings):
     reply_ttl_s: int = Field(3600, ge=1, description="seconds a reply waits for its reader")
     handler_trace: str | None = Field(
         None, description="append a JSON line per handler entry and exit here (exclusivity checks)")
+    # Kubernetes (the downward API: metadata.name, spec.nodeName); see docs/KUBERNETES.md
+    pod_name: str | None = Field(None, description="the pod this worker runs in: its default worker "
+                                 "id, registered with runtime=kubernetes")
+    node_name: str | None = Field(None, description="the node of its pod: registered as its host")
+    health_port: int | None = Field(None, ge=0, le=65535, description="serve /readyz and /livez on "
+                                    "this port (0: any); None: no health endpoint")
+    health_host: str = Field("0.0.0.0", description="bind address of the health endpoint (the kubelet "
+                             "probes the pod's IP)")
+    drain_linger_s: float = Field(30.0, ge=0, le=3600, description="in a pod, a worker drained by "
+                                  "command waits this long for its SIGTERM before it exits, so the "
+                                  "kubelet does not restart the container its ReplicaSet is deleting")
 
     @field_validator("tier")
     @classmethod
@@ -53,7 +72,7 @@ class WorkerSettings(BaseSettings):
     @model_validator(mode="after")
     def _ids_and_timing(self) -> WorkerSettings:
         if not self.worker_id:
-            object.__setattr__(self, "worker_id", f"{self.tier}-{secrets.token_hex(4)}")
+            object.__setattr__(self, "worker_id", self.pod_name or f"{self.tier}-{secrets.token_hex(4)}")
         validate_token(self.worker_id, "worker id")
         if self.reclaim_idle_ms <= self.renew_interval_s * 1000 * 2:
             raise ValueError("reclaim_idle_ms must exceed two renew intervals, or live owners get robbed")
@@ -63,4 +82,12 @@ class WorkerSettings(BaseSettings):
 
     @property
     def host(self) -> str:
-        return os.uname().nodename
+        """The machine it runs on: its pod's node in Kubernetes, else this host's name."""
+        return self.node_name or os.uname().nodename
+
+    @property
+    def placement(self) -> Placement:
+        """The registry fields that say where it runs, beyond ``host``: none for a process."""
+        if not self.pod_name:
+            return {}
+        return {"runtime": "kubernetes", "pod": self.pod_name, "node": self.node_name}

@@ -2,7 +2,7 @@
 
 A runtime only *acts*: it spawns, drains and kills workers and reports what it sees. It never
 decides how many there should be; the commander does. One runtime per file behind this
-interface: ``process`` now, ``kubernetes`` later.
+interface: ``process`` and ``kubernetes``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ class WorkerHandle:
     kill_at: float | None = None  # monotonic deadline after which a draining worker is killed
     killed: bool = False  # the runtime had to SIGKILL it
     drained: bool = False  # exited by itself with code 0 after a drain: it left no work behind
+    pending_since: float | None = None  # unix time it began to wait for a place to run (a Pending pod)
+    pending_why: str = ""  # ... and why, as the scheduler or the kubelet says
 
     @property
     def live(self) -> bool:
@@ -53,6 +55,23 @@ WorkerIds = list[str]
 
 class UnknownWorker(KeyError):
     """A worker id this runtime does not track (``retire`` raises it)."""
+
+
+class Refused(RuntimeError):
+    """The runtime may not act on this tier now (``refusal`` says why); nothing was changed."""
+
+
+@dataclass(frozen=True)
+class RuntimeNote:
+    """Something the runtime did that the commander's plan did not say, for the ledger."""
+
+    tier: str
+    action: str  # a LedgerEvent action
+    reason: str
+    workers: tuple[str, ...] = ()
+
+
+Notes = list[RuntimeNote]  # (inside ``Runtime`` the name ``list`` is the method)
 
 
 class Runtime(ABC):
@@ -90,6 +109,18 @@ class Runtime(ABC):
     @abstractmethod
     def list(self) -> Handles:
         """Every tracked worker, including exited ones not yet reaped."""
+
+    def refusal(self, tier: str) -> str | None:
+        """Why this runtime may not act on ``tier`` now (``spawn`` and ``retire`` would raise
+        ``Refused``), or None. The commander asks before it acts and ledgers the answer."""
+        return None
+
+    def notes(self) -> Notes:
+        """What it did since the last call that the ledger should say (and forget them)."""
+        return []
+
+    def close(self) -> None:  # noqa: B027 - most runtimes hold nothing to release
+        """Release clients and helpers (the workers keep running)."""
 
     def live(self, tier: str | None = None) -> Handles:
         """Starting or running workers (of ``tier`` if given)."""

@@ -10,7 +10,6 @@ the code that reads them. The values are checked by building the settings from t
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 
 import stores.connection
 from commander.settings import CommanderSettings
-from tests.deploy.tools import OVERLAYS, PENDING_RUNTIME_BRANCH, ROOT, compose_config, render
+from tests.deploy.tools import OVERLAYS, compose_config, render
 from worker.settings import WorkerSettings
 
 # name -> the module that reads it (checked: the name is in that module's source)
@@ -71,7 +70,7 @@ def test_every_name_set_is_read_by_fleet(envs: list[tuple[str, str, dict[str, st
         prefix, model = PREFIXES.get(component, ("", None))
         known = set(OTHER) | (settings_names(prefix, model) if model else set())
         unknown += [f"{where}: {name}" for name in env
-                    if name not in known and name not in PENDING_RUNTIME_BRANCH]
+                    if name not in known]
     assert not unknown, "set but read by nothing:\n" + "\n".join(unknown)
 
 
@@ -96,12 +95,3 @@ def test_the_values_set_are_valid_settings(envs: list[tuple[str, str, dict[str, 
             assert settings.metrics_host == "0.0.0.0", where
             assert settings.metrics_port == 9464, where
         monkeypatch.undo()
-
-
-def test_pending_names_are_still_missing() -> None:
-    """PENDING_RUNTIME_BRANCH holds only what the runtime branch has not brought yet."""
-    fields = settings_names(*PREFIXES["commander"]) | settings_names(*PREFIXES["worker"])
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    present = {name for name in PENDING_RUNTIME_BRANCH
-               if name in fields or name.removeprefix("extra:") in extras}
-    assert not present, f"merged: drop {sorted(present)} from PENDING_RUNTIME_BRANCH (tests/deploy/tools.py)"

@@ -1,7 +1,7 @@
 """The container image, checked without a Docker engine:
 
 - the Dockerfile's structure (dockerfile-parse): a pinned slim Python base, a numeric non-root
-  USER, `fleet` as the exec-form ENTRYPOINT, no ADD, no secret baked in; and hadolint's rules;
+  USER, `fleet` behind tini as the exec-form ENTRYPOINT, no ADD, no secret baked in; and hadolint's rules;
 - the build context .dockerignore leaves: everything the package is built from (the Lua scripts
   and the monitor's static files included), and none of .venv, .git, .fleet, tests, caches;
 - that context builds: `pip wheel` of exactly those files, as the Dockerfile's build stage runs
@@ -28,7 +28,7 @@ import pytest
 from docker.utils.build import exclude_paths
 from dockerfile_parse import DockerfileParser
 
-from tests.deploy.tools import PENDING_RUNTIME_BRANCH, ROOT, hadolint
+from tests.deploy.tools import ROOT, hadolint
 
 DOCKERFILE = ROOT / "Dockerfile"
 PACKAGES = ("protocol", "stores", "worker", "commander", "fleet", "sim")
@@ -80,7 +80,7 @@ def test_the_image_runs_fleet_as_a_numeric_unprivileged_user() -> None:
     after_user = stage[max(n for n, i in enumerate(stage) if i["instruction"] == "USER"):]
     assert not [i for i in after_user if i["instruction"] == "RUN"], "nothing runs after USER"
     (entrypoint,) = [i["value"] for i in stage if i["instruction"] == "ENTRYPOINT"]
-    assert json.loads(entrypoint) == ["fleet"]
+    assert json.loads(entrypoint) == ["tini", "--", "fleet"]  # tini as PID 1 (the Dockerfile says why)
     (cmd,) = [i["value"] for i in stage if i["instruction"] == "CMD"]
     assert json.loads(cmd) == ["commander"]
     (expose,) = [i["value"] for i in stage if i["instruction"] == "EXPOSE"]
@@ -163,9 +163,8 @@ def test_the_wheel_carries_the_entry_point_and_the_package_data(wheel: Path) -> 
         assert path in names, f"{path} is not in the wheel"
     assert {n.split("/")[0] for n in names if n.endswith(".py")} == set(PACKAGES)
     extras = set(re.findall(r"^Provides-Extra: (\S+)$", metadata, re.M))
-    if "extra:k8s" not in PENDING_RUNTIME_BRANCH:
-        assert "k8s" in extras
-        assert re.search(r"^Requires-Dist: kubernetes\b.*extra == \"k8s\"", metadata, re.M)
+    assert "k8s" in extras
+    assert re.search(r"^Requires-Dist: kubernetes\b.*extra == \"k8s\"", metadata, re.M)
 
 
 def test_the_installed_wheel_runs_fleet(wheel: Path, tmp_path: Path) -> None:

@@ -37,11 +37,11 @@ USER_SECRETS = {"fleet-redis", "fleet-redis-tls", "fleet-commander-token"}  # pr
 TLS_DIR = "/etc/fleet/tls"
 WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
-# The runtime's rules, exactly (the brief of issue 13's runtime half)
+# The runtime's rules, exactly: the calls commander/runtime/k8s_api.py makes (its docstring's table)
 RUNTIME_RULES = {
-    ("apps", "deployments"): {"get", "list"},
+    ("apps", "deployments"): {"list"},
     ("apps", "deployments/scale"): {"get", "patch"},
-    ("", "pods"): {"get", "list", "watch", "patch"},
+    ("", "pods"): {"list", "patch"},
     ("autoscaling", "horizontalpodautoscalers"): {"list"},
     ("keda.sh", "scaledobjects"): {"list"},
 }

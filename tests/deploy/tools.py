@@ -30,20 +30,6 @@ COMPOSE_FILE = ROOT / "compose" / "docker-compose.yml"
 # licence (7.4 changed it) and the nearest to the 7.0 the suite runs against; pinned to a patch.
 REDIS_IMAGE = "redis:7.2.7"
 
-# What the deployables use that the Kubernetes runtime's branch (issue 13's other half) adds:
-# settings of commander/settings.py and worker/settings.py, and the `k8s` extra. Until that
-# branch is merged they are missing here, and the tests accept exactly these; once one exists,
-# test_env_names.py::test_pending_names_are_still_missing says to drop it from this set.
-PENDING_RUNTIME_BRANCH = frozenset({
-    "FLEET_COMMANDER_RUNTIME",
-    "FLEET_COMMANDER_K8S_NAMESPACE",
-    "FLEET_WORKER_POD_NAME",
-    "FLEET_WORKER_NODE_NAME",
-    "FLEET_WORKER_HEALTH_PORT",
-    "extra:k8s",
-})
-
-
 def missing(what: str, how: str) -> None:
     """Skip (a developer's machine) or fail (CI) because a tool is not installed."""
     msg = f"{what} is not installed: {how}"

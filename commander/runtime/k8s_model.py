@@ -1,0 +1,201 @@
+"""What the ``kubernetes`` runtime reads of the API, as plain values, and its pure decisions.
+
+Nothing here talks to the API server or reads the clock: the objects come in as the JSON the
+API serves (``pod_of``, ``deployment_of``, ``scalers_of``), ``now`` comes in as an argument,
+and the answers are table-tested (tests/unit/test_k8s_model.py).
+
+The ReplicaSet's choice on a scale-down (kubernetes ``pkg/controller/controller_utils.go``,
+``ActivePodsWithRanks.Less``) compares, in order: unassigned before assigned; Pending before
+Unknown before Running; not ready before ready; lower ``controller.kubernetes.io/pod-deletion-cost``
+first; then pods doubled up on a node, the most recently ready, more restarts, the newest. So
+the cost decides only between pods equal on the first three: a Pending or not-ready pod goes
+before any victim the commander marks (``outranking``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+COMPONENT = "app.kubernetes.io/component"
+TIER_LABEL = "fleet.dev/tier"
+WORKERS_SELECTOR = f"{COMPONENT}=worker"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+COST_MIN = -(2**31)  # the annotation is an int32
+_PHASE_ORDER = {"Pending": 0, "Unknown": 1, "Running": 2}
+
+Obj = Mapping[str, Any]  # one API object, as JSON
+
+
+def tier_selector(tier: str) -> str:
+    """The label selector of a tier's worker Deployment (and its pods)."""
+    return f"{WORKERS_SELECTOR},{TIER_LABEL}={tier}"
+
+
+def conventional_name(tier: str) -> str:
+    """The name the manifests give a tier's Deployment (the selector, not the name, finds it)."""
+    return "fleet-worker-" + tier.replace("_", "-")
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """One worker pod, as the ReplicaSet and the commander care about it."""
+
+    name: str
+    tier: str
+    phase: str = "Pending"  # Pending, Running, Succeeded, Failed, Unknown
+    node: str = ""  # "" while unscheduled
+    ready: bool = False
+    created: float = 0.0
+    deleting: bool = False  # a deletionTimestamp: terminating
+    cost: int = 0
+    restarts: int = 0
+    waiting: str = ""  # why it is Pending, as the scheduler or the kubelet says
+
+    @property
+    def gone(self) -> bool:
+        """Ended for good without a deletion (evicted: Failed; or Succeeded)."""
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def pending(self) -> bool:
+        return self.phase == "Pending" and not self.deleting
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """A tier's worker Deployment."""
+
+    name: str
+    tier: str
+    replicas: int
+    grace_s: float | None = None  # its pods' terminationGracePeriodSeconds (None: 30, the default)
+
+
+def parse_time(value: object) -> float:
+    """An RFC 3339 time of the API (``2024-05-01T12:00:00Z``) as unix seconds; 0 if absent."""
+    if not isinstance(value, str) or not value:
+        return 0.0
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _int(value: object, default: int = 0) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return default
+
+
+def _waiting(status: Obj) -> str:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return f"{cond.get('reason') or 'unscheduled'}: {cond.get('message') or ''}".strip(": ")
+    for cs in status.get("containerStatuses") or ():
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting:
+            return f"{waiting.get('reason') or 'waiting'}: {waiting.get('message') or ''}".strip(": ")
+    return ""
+
+
+def pod_of(obj: Obj) -> Pod | None:
+    """A pod from its JSON; None for one without a tier label (not a worker of ours)."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    tier = (meta.get("labels") or {}).get(TIER_LABEL)
+    if not tier:
+        return None
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or ())
+    restarts = sum(_int(cs.get("restartCount")) for cs in status.get("containerStatuses") or ())
+    cost = _int((meta.get("annotations") or {}).get(DELETION_COST), 0)
+    return Pod(name=meta["name"], tier=tier, phase=status.get("phase") or "Pending",
+               node=spec.get("nodeName") or "", ready=ready,
+               created=parse_time(meta.get("creationTimestamp")),
+               deleting=bool(meta.get("deletionTimestamp")), cost=cost, restarts=restarts,
+               waiting=_waiting(status))
+
+
+def deployment_of(obj: Obj) -> Deployment | None:
+    """A Deployment from its JSON; None for one without a tier label."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    tier = (meta.get("labels") or {}).get(TIER_LABEL)
+    if not tier:
+        return None
+    grace = ((spec.get("template") or {}).get("spec") or {}).get("terminationGracePeriodSeconds")
+    replicas = spec.get("replicas")
+    return Deployment(name=meta["name"], tier=tier, replicas=1 if replicas is None else int(replicas),
+                      grace_s=None if grace is None else float(grace))
+
+
+def scalers_of(hpas: Iterable[Obj], scaled_objects: Iterable[Obj]) -> dict[str, list[str]]:
+    """Deployment name -> the autoscalers that target it (``HorizontalPodAutoscaler x``, ...)."""
+    found: dict[str, list[str]] = {}
+    for kind, items in (("HorizontalPodAutoscaler", hpas), ("ScaledObject", scaled_objects)):
+        for obj in items:
+            ref = (obj.get("spec") or {}).get("scaleTargetRef") or {}
+            if ref.get("kind", "Deployment") != "Deployment" or not ref.get("name"):
+                continue
+            found.setdefault(ref["name"], []).append(f"{kind} {obj['metadata']['name']}")
+    return found
+
+
+def tier_deployment(tier: str, deployments: Sequence[Deployment], namespace: str) -> Deployment | str:
+    """The tier's one Deployment, or why there is not exactly one."""
+    mine = [d for d in deployments if d.tier == tier]
+    if len(mine) == 1:
+        return mine[0]
+    if not mine:
+        return (f"no Deployment labelled {tier_selector(tier)} in namespace {namespace} "
+                f"(the manifests name it {conventional_name(tier)})")
+    names = ", ".join(sorted(d.name for d in mine))
+    return f"{len(mine)} Deployments labelled {tier_selector(tier)} in namespace {namespace} ({names})"
+
+
+def refusal(tier: str, deployment: Deployment | str, scalers: Mapping[str, list[str]] | str) -> str | None:
+    """Why the runtime may not write the tier's replica count, or None: the Deployment must be
+    one, and no other autoscaler may target it (Fleet is its single writer). ``scalers`` is a
+    string when they could not be listed: not knowing refuses too."""
+    if isinstance(deployment, str):
+        return deployment
+    if isinstance(scalers, str):
+        return f"cannot check that no HPA or ScaledObject targets Deployment {deployment.name}: {scalers}"
+    owners = scalers.get(deployment.name)
+    if owners:
+        return (f"{' and '.join(owners)} targets Deployment {deployment.name}: Fleet is the single "
+                f"writer of its replicas; remove the other autoscaler to let Fleet scale tier {tier}")
+    return None
+
+
+# --- the ReplicaSet's order -------------------------------------------------------------
+def outranking(victim: Pod, pods: Iterable[Pod]) -> list[Pod]:
+    """Pods the ReplicaSet deletes before ``victim`` whatever their deletion cost: unassigned
+    while it is assigned, an earlier phase, or not ready while it is ready. The newest first
+    (the ReplicaSet's last tie-breaker among them, nodes and restarts aside)."""
+    def before(p: Pod) -> bool:
+        if bool(p.node) != bool(victim.node):
+            return not p.node
+        mine, theirs = _PHASE_ORDER.get(p.phase, 0), _PHASE_ORDER.get(victim.phase, 0)
+        if mine != theirs:
+            return mine < theirs
+        return not p.ready and victim.ready
+
+    ahead = [p for p in pods if p.name != victim.name and before(p)]
+    return sorted(ahead, key=lambda p: (bool(p.node), _PHASE_ORDER.get(p.phase, 0), p.ready, -p.created,
+                                        p.name))
+
+
+def cost_patches(victim: Pod, others: Iterable[Pod]) -> dict[str, int]:
+    """The deletion costs to write so that ``victim`` is strictly the cheapest of the pods:
+    the lowest cost on it, and one above on any other pod that has it (none, unless someone
+    else marked one). Pods already right are left out."""
+    patches = {} if victim.cost == COST_MIN else {victim.name: COST_MIN}
+    for pod in others:
+        if pod.name != victim.name and pod.cost <= COST_MIN:
+            patches[pod.name] = COST_MIN + 1
+    return patches
+
+
+def outstanding(replicas: int, live: int) -> int:
+    """Replicas the ReplicaSet has yet to create a pod for: each counts as a starting worker."""
+    return max(0, replicas - live)

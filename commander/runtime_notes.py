@@ -1,0 +1,95 @@
+"""What the runtime says for the ledger (a mixin of ``Commander``): its refusals, its notes,
+and the workers that wait too long for a place to run.
+
+- Before acting on a plan, the commander asks ``runtime.refusal(tier)``. A refusal (kubernetes:
+  an HPA or ScaledObject targets the tier's Deployment, or it has no single one) drops the
+  plan's spawns and retirements; a new reason is ledgered once as ``refused``, not every pass.
+- A worker whose ``pending_since`` is older than the policy's ``pending_timeout_s`` (a Pending
+  pod) is ledgered once as ``no-capacity``: capacity is the cluster's business (its
+  autoscaler's), so nothing is retried; the worker keeps counting as starting, so the commander
+  does not pile more pods on a cluster that has no room for them.
+- ``runtime.notes()`` (kubernetes: a Pending pod deleted instead of the victim) go to the ledger
+  as they come.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from commander.decide import Plan
+from commander.runtime import Runtime, WorkerHandle, WorkerState
+from protocol.models import LedgerEvent
+from protocol.policy import Policy
+
+log = logging.getLogger("fleet.commander")
+
+
+def overdue(handles: Iterable[WorkerHandle], tier: str, limit_s: float, now: float) -> list[WorkerHandle]:
+    """The tier's workers that have waited for a place to run longer than ``limit_s``."""
+    return [h for h in handles
+            if h.tier == tier and h.state is not WorkerState.EXITED and h.pending_since is not None
+            and now - h.pending_since > limit_s]
+
+
+def no_capacity_reason(late: list[WorkerHandle], limit_s: float, now: float) -> str:
+    """One line for the ledger: who waits, how long, and why (as the scheduler says)."""
+    each = "; ".join(f"{h.worker_id} for {now - (h.pending_since or now):.0f}s"
+                     + (f" ({h.pending_why})" if h.pending_why else "") for h in late[:5])
+    more = f" and {len(late) - 5} more" if len(late) > 5 else ""
+    return (f"{len(late)} worker{'s' if len(late) != 1 else ''} waiting for a place to run past "
+            f"pending_timeout_s={limit_s:g}: {each}{more}; the cluster's capacity (its autoscaler) "
+            f"decides, nothing is retried, they still count as starting")
+
+
+class RuntimeNotes:
+    """Refusals, notes and Pending workers in the ledger, for ``Commander``, which provides the
+    state below."""
+
+    runtime: Runtime
+    _refusals: dict[str, str]  # tier -> the refusal last ledgered
+    _no_capacity: dict[str, set[str]]  # tier -> workers ledgered as waiting, while they wait
+    _append: Callable[[LedgerEvent], None]
+    _event: Callable[..., LedgerEvent]
+
+    def _refused_now(self, plan: Plan) -> bool:
+        """Whether the runtime refuses to act on the plan's tier now (asked only when the plan
+        would act); a new reason goes to the ledger once."""
+        if not plan.changed:
+            return False
+        why = self.runtime.refusal(plan.tier)
+        last = self._refusals.get(plan.tier)
+        if why is None:
+            if last is not None:
+                log.info("tier %s: the %s runtime acts again", plan.tier, self.runtime.name)
+                del self._refusals[plan.tier]
+            return False
+        if why != last:
+            reason = f"{plan.reason}: not done, the {self.runtime.name} runtime refuses: {why}"
+            self._append(self._event(plan.tier, "refused", plan, to=plan.current, reason=reason,
+                                     victims=[r.worker for r in plan.retire],
+                                     why={**plan.why(), "refused": why}))
+            log.warning("tier %s: %s", plan.tier, reason)
+            self._refusals[plan.tier] = why
+        return True
+
+    def _note_pending(self, tier: str, handles: list[WorkerHandle], policy: Policy, plan: Plan,
+                      now: float) -> None:
+        """Ledger the workers that newly waited past ``pending_timeout_s``, once each."""
+        late = overdue(handles, tier, policy.pending_timeout_s, now)
+        noted = self._no_capacity.get(tier, set())
+        new = [h for h in late if h.worker_id not in noted]
+        self._no_capacity[tier] = {h.worker_id for h in late}
+        if not new:
+            return
+        reason = no_capacity_reason(new, policy.pending_timeout_s, now)
+        self._append(self._event(tier, "no-capacity", plan, to=plan.current,
+                                 victims=[h.worker_id for h in new], reason=reason,
+                                 why={"pending": {h.worker_id: h.pending_why for h in new}}))
+        log.warning("tier %s: %s", tier, reason)
+
+    def _record_notes(self) -> None:
+        """What the runtime did beyond the plan (a substituted victim), to the ledger."""
+        for note in self.runtime.notes():
+            self._append(self._event(note.tier, note.action, victims=list(note.workers),
+                                     reason=note.reason))
