@@ -30,7 +30,7 @@ from stores.replicas import ReplicaWait
 from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
-from worker.aio import Abandoned, dump_tasks, unless_stuck
+from worker.aio import Abandoned, cancel_within, dump_tasks, unless_stuck
 from worker.intake import Fields
 from worker.job import UserJob, notification_user
 from worker.sensor import Sensor
@@ -43,6 +43,7 @@ DEREGISTER_S = 5.0  # at most this long to leave the registry on the way out
 DEREGISTER_UNSTARTED_S = 1.0  # a worker drained before it served leaves the registry within this
 DEREGISTER_AWAY_S = 1.0  # ... when the last read found Redis gone (the commander clears it)
 DRAIN_READ_GRACE_S = 0.5  # a drain waits this much past a read's block time before abandoning it
+START_CANCEL_S = 0.1  # a drain waits this much for a start it cancelled before leaving it behind
 
 
 class Worker(JobServices):
@@ -125,9 +126,9 @@ class Worker(JobServices):
         if start.done() and not self.draining:  # (both at once, e.g. SIGTERM while stopped
             start.result()                       # by SIGSTOP: it never served, so it stops)
             return True
-        start.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await start
+        # (a moment only: a redis-py call that drops the cancellation goes on with its own
+        # retries for seconds before it fails and until_ok sees the drain, explorer seed 32878)
+        await cancel_within(start, START_CANCEL_S)
         with contextlib.suppress(TimeoutError, *TRANSIENT):  # it may have registered
             await asyncio.wait_for(self._deregister(), DEREGISTER_UNSTARTED_S)
         return False
