@@ -1,5 +1,5 @@
 """asyncio helpers of the worker: a read that a drain may abandon, a cancellation that may be
-dropped, and a task dump."""
+dropped, a call bounded in time, and a task dump."""
 
 from __future__ import annotations
 
@@ -48,6 +48,22 @@ async def cancel_within(task: asyncio.Future[Any], wait_s: float) -> None:
     task.cancel()
     await asyncio.wait({task}, timeout=wait_s)
     task.add_done_callback(_retrieved)
+
+
+async def within(aw: Awaitable[T], seconds: float) -> T:
+    """Await ``aw`` for at most ``seconds``; past that, cancel it and raise ``Abandoned`` at once,
+    without waiting for the cancellation (which the library under it may drop: CPython
+    gh-86296); its eventual outcome is marked seen. If the caller is cancelled, ``aw`` is too."""
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait({task}, timeout=seconds)
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_retrieved)
+    if not task.done():
+        raise Abandoned
+    return task.result()
 
 
 def dump_tasks() -> None:

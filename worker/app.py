@@ -99,7 +99,7 @@ class Worker(JobServices):
         self._wake_report.set()
         background = [asyncio.create_task(coro) for coro in (
             self._every("reclaim", self.settings.reclaim_interval_s, self._reclaim),
-            self._every("renew", self.settings.renew_interval_s, self._renew),
+            self._renew_loop(),
             self._every("policy", self.settings.policy_refresh_s, self._refresh_policy),
             self._every("housekeeping", self.settings.housekeeping_interval_s, self._housekeeping),
             self._report_loop(), self._control_loop())]
@@ -307,30 +307,6 @@ class Worker(JobServices):
                     self.dispatch(nid, fields, reclaimed=True)
                 else:  # trimmed away under its consumer: nothing left to do
                     await self.ack([nid])
-
-    async def _renew(self) -> None:
-        """Extend our lanes and keep their notifications ours; beat the heartbeat."""
-        now = time.monotonic()
-        for job in self.jobs.values():  # Redis unreachable past the TTL: the lease is gone too
-            if job.lease is not None and now - job.renewed > self.settings.lane_ttl_ms / 1000:
-                log.warning("lane of %s not renewed within its TTL: stopping the turn in progress", job.user)
-                job.lane_lost()
-        held = [job for job in self.jobs.values() if job.lease is not None]
-        leases = [job.lease for job in held if job.lease is not None]
-        nids: list[str] = []
-        for job, lease, ok in zip(held, leases, await self.store.renew(leases), strict=True):
-            if job.lease is not lease:
-                continue  # released (or lost) meanwhile
-            if ok:
-                job.renewed = now
-                nids += job.nids
-            else:
-                log.warning("lane of %s expired under us: stopping the turn in progress", job.user)
-                job.lane_lost()
-        # touching resets their idle time, so no one reclaims a live holder's: only the ones
-        # still pending under us (one another worker reclaimed is its duty)
-        await worker_ops.touch_and_beat(self.r, self.store.scripts, self.tier, self.worker_id, nids,
-                                        self.settings.heartbeat_ttl_ms)
 
     async def _refresh_policy(self) -> None:
         """Apply the tier's policy. One naming a handler this worker cannot load is rejected here
