@@ -310,7 +310,7 @@ def _wind_down(loop: SimLoop, net: Network, world: World) -> None:
     for worker in world.instances.values():
         worker.drain("wind-down")  # (the checks are done: what it records now is read by none)
         worker._stopping.set()
-    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    tasks = sorted(asyncio.all_tasks(loop), key=_created)  # (done ones are left out)
     for task in tasks:
         task.cancel()
     limit = loop.steps + 200_000
@@ -320,6 +320,14 @@ def _wind_down(loop: SimLoop, net: Network, world: World) -> None:
     for task in tasks:
         if not task.cancelled() and task.exception() is not None:
             pass  # retrieved: a worker that died of the store going away is no news here
+
+
+def _created(task: asyncio.Task[Any]) -> tuple[int, str]:
+    """A task's place in creation order: asyncio names tasks ``Task-<n>`` from a counter.
+    ``all_tasks`` is a set, iterated in the order of memory addresses, and the order of the
+    wind-down's cancellations decides how many steps it takes: a run and its replay differed."""
+    head, _, n = task.get_name().rpartition("-")
+    return (int(n), "") if head == "Task" and n.isdigit() else (-1, task.get_name())
 
 
 def _quiet_logs() -> Any:
