@@ -184,11 +184,7 @@ class JobServices:
 
     async def _renew(self) -> None:
         """Extend our lanes and keep their notifications ours; beat the heartbeat."""
-        now = time.monotonic()
-        for job in self.jobs.values():  # Redis unreachable past the TTL: the lease is gone too
-            if job.lease is not None and now - job.renewed > self.settings.lane_ttl_ms / 1000:
-                log.warning("lane of %s not renewed within its TTL: stopping the turn in progress", job.user)
-                job.lane_lost()
+        now = time.monotonic()  # (a lane not renewed within its TTL: UserJob.renewed_at's timer)
         held = [job for job in self.jobs.values() if job.lease is not None]
         leases = [job.lease for job in held if job.lease is not None]
         nids: list[str] = []
@@ -196,7 +192,7 @@ class JobServices:
             if job.lease is not lease:
                 continue  # released (or lost) meanwhile
             if ok:
-                job.renewed = max(job.renewed, now)  # (a pass left behind may end after a newer one)
+                job.renewed_at(lease, now)
                 nids += job.nids
             else:
                 log.warning("lane of %s expired under us: stopping the turn in progress", job.user)

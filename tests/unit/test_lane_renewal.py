@@ -18,8 +18,11 @@ import time
 import fakeredis
 import pytest
 
+from protocol import keys
+from protocol.models import HandlerResult
 from stores import worker_ops
 from stores.turns import Lease
+from worker import handlers
 from worker.app import Worker
 from worker.job import UserJob
 from worker.settings import WorkerSettings
@@ -67,3 +70,42 @@ async def test_a_renewal_pass_stuck_in_the_clients_retries_does_not_hold_up_the_
         await r.aclose()
     assert run.done() and run.result() == 0
 
+
+async def test_a_lane_not_renewed_within_its_ttl_stops_its_turn_whatever_the_renew_loop_does() -> None:
+    """The worker's own guard, "a lane not renewed within its TTL is lost" (explorer seed 20217),
+    ran at the start of a renewal pass: a pass that did not come (stuck, or sleeping a failure
+    backoff) let the handler run on past the lease's end, beside whoever took the user over.
+    Each lane now has its own deadline, one TTL after the renewal was sent."""
+    r = fakeredis.FakeAsyncRedis()
+    ttl_s = 0.5
+    worker = Worker(WorkerSettings(worker_id="w1", tier="chat", lane_ttl_ms=int(ttl_s * 1000),
+                                   renew_interval_s=0.2), r=r)
+    runs: list[list[float]] = []
+
+    async def hangs(ctx: handlers.TurnContext) -> HandlerResult:
+        runs.append([time.monotonic()])
+        try:
+            await asyncio.sleep(30)
+        finally:
+            runs[-1].append(time.monotonic())
+        return HandlerResult(text="late")
+
+    worker.handler = hangs
+    await r.xadd(keys.inbox("alice"), {"text": "hi", "turn_id": "t1", "tier": "chat"})
+    worker.dispatch("1-0", {b"user": b"alice"}, reclaimed=False)  # no renew loop runs at all
+    try:
+        async with asyncio.timeout(5):
+            while not runs or len(runs[0]) < 2:
+                await asyncio.sleep(0.01)
+        entered, stopped = runs[0]
+        assert stopped - entered < ttl_s + 0.5  # (slack for a loaded machine; before: 30 s)
+    except TimeoutError:
+        assert runs, "the handler never ran"
+        pytest.fail("the handler ran on past its lane's TTL: nothing but a renewal pass stops it")
+    finally:
+        tasks = list(worker._tasks)  # the job, serving the turn again
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        await r.aclose()
