@@ -1,4 +1,5 @@
-"""asyncio helpers of the worker: a read that a drain may abandon, and a task dump."""
+"""asyncio helpers of the worker: a read that a drain may abandon, a cancellation that may be
+dropped, a call bounded in time, and a task dump."""
 
 from __future__ import annotations
 
@@ -38,6 +39,31 @@ async def unless_stuck(aw: Awaitable[T], stop: asyncio.Event, grace_s: float, ca
         if not task.done():  # the caller is cancelled: the read goes too, and what it ends with
             task.cancel()    # (an error, if the cancellation was dropped) is no news
             task.add_done_callback(_retrieved)
+
+
+async def cancel_within(task: asyncio.Future[Any], wait_s: float) -> None:
+    """Cancel ``task`` and wait at most ``wait_s`` for it to end. The library under it may drop
+    the cancellation (CPython gh-86296) and go on, as redis-py's own retries of a command do for
+    seconds with Redis away: then it is left behind. Its outcome, now or later, is marked seen."""
+    task.cancel()
+    await asyncio.wait({task}, timeout=wait_s)
+    task.add_done_callback(_retrieved)
+
+
+async def within(aw: Awaitable[T], seconds: float) -> T:
+    """Await ``aw`` for at most ``seconds``; past that, cancel it and raise ``Abandoned`` at once,
+    without waiting for the cancellation (which the library under it may drop: CPython
+    gh-86296); its eventual outcome is marked seen. If the caller is cancelled, ``aw`` is too."""
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait({task}, timeout=seconds)
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_retrieved)
+    if not task.done():
+        raise Abandoned
+    return task.result()
 
 
 def dump_tasks() -> None:

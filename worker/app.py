@@ -30,7 +30,7 @@ from stores.replicas import ReplicaWait
 from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
-from worker.aio import Abandoned, dump_tasks, unless_stuck
+from worker.aio import Abandoned, cancel_within, dump_tasks, unless_stuck
 from worker.intake import Fields
 from worker.job import UserJob, notification_user
 from worker.sensor import Sensor
@@ -43,6 +43,7 @@ DEREGISTER_S = 5.0  # at most this long to leave the registry on the way out
 DEREGISTER_UNSTARTED_S = 1.0  # a worker drained before it served leaves the registry within this
 DEREGISTER_AWAY_S = 1.0  # ... when the last read found Redis gone (the commander clears it)
 DRAIN_READ_GRACE_S = 0.5  # a drain waits this much past a read's block time before abandoning it
+START_CANCEL_S = 0.1  # a drain waits this much for a start it cancelled before leaving it behind
 
 
 class Worker(JobServices):
@@ -98,7 +99,7 @@ class Worker(JobServices):
         self._wake_report.set()
         background = [asyncio.create_task(coro) for coro in (
             self._every("reclaim", self.settings.reclaim_interval_s, self._reclaim),
-            self._every("renew", self.settings.renew_interval_s, self._renew),
+            self._renew_loop(),
             self._every("policy", self.settings.policy_refresh_s, self._refresh_policy),
             self._every("housekeeping", self.settings.housekeeping_interval_s, self._housekeeping),
             self._report_loop(), self._control_loop())]
@@ -125,9 +126,9 @@ class Worker(JobServices):
         if start.done() and not self.draining:  # (both at once, e.g. SIGTERM while stopped
             start.result()                       # by SIGSTOP: it never served, so it stops)
             return True
-        start.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await start
+        # (a moment only: a redis-py call that drops the cancellation goes on with its own
+        # retries for seconds before it fails and until_ok sees the drain, explorer seed 32878)
+        await cancel_within(start, START_CANCEL_S)
         with contextlib.suppress(TimeoutError, *TRANSIENT):  # it may have registered
             await asyncio.wait_for(self._deregister(), DEREGISTER_UNSTARTED_S)
         return False
@@ -306,30 +307,6 @@ class Worker(JobServices):
                     self.dispatch(nid, fields, reclaimed=True)
                 else:  # trimmed away under its consumer: nothing left to do
                     await self.ack([nid])
-
-    async def _renew(self) -> None:
-        """Extend our lanes and keep their notifications ours; beat the heartbeat."""
-        now = time.monotonic()
-        for job in self.jobs.values():  # Redis unreachable past the TTL: the lease is gone too
-            if job.lease is not None and now - job.renewed > self.settings.lane_ttl_ms / 1000:
-                log.warning("lane of %s not renewed within its TTL: stopping the turn in progress", job.user)
-                job.lane_lost()
-        held = [job for job in self.jobs.values() if job.lease is not None]
-        leases = [job.lease for job in held if job.lease is not None]
-        nids: list[str] = []
-        for job, lease, ok in zip(held, leases, await self.store.renew(leases), strict=True):
-            if job.lease is not lease:
-                continue  # released (or lost) meanwhile
-            if ok:
-                job.renewed = now
-                nids += job.nids
-            else:
-                log.warning("lane of %s expired under us: stopping the turn in progress", job.user)
-                job.lane_lost()
-        # touching resets their idle time, so no one reclaims a live holder's: only the ones
-        # still pending under us (one another worker reclaimed is its duty)
-        await worker_ops.touch_and_beat(self.r, self.store.scripts, self.tier, self.worker_id, nids,
-                                        self.settings.heartbeat_ttl_ms)
 
     async def _refresh_policy(self) -> None:
         """Apply the tier's policy. One naming a handler this worker cannot load is rejected here

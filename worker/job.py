@@ -80,8 +80,9 @@ class UserJob:
         self.busy_since: float | None = None  # in a handler right now
         self.turn_handler_s = 0.0  # the handler's time on the turn being served (its usage)
         self.task: asyncio.Task[None] | None = None
-        self.renewed = 0.0  # when the lease was last taken or renewed (monotonic)
+        self.renewed = 0.0  # when the lease was last taken or renewed (monotonic, as the request went out)
         self._lost = False  # lane_lost() cancelled the task: take the lane again
+        self._expiry: asyncio.TimerHandle | None = None  # lane_lost() one lane TTL after ``renewed``
 
     def attach(self, nid: str, reclaimed: bool) -> None:
         """Give this job the duty of a notification for its user."""
@@ -111,6 +112,8 @@ class UserJob:
             log.exception("serving %s failed; its notification stays pending for a retry", self.user)
         finally:
             self.lease = None
+            if self._expiry is not None:
+                self._expiry.cancel()
             self.w.job_done(self)
 
     async def _serve_once(self) -> bool:
@@ -132,9 +135,28 @@ class UserJob:
         self.lease = None
         return False
 
+    def renewed_at(self, lease: Lease, sent: float) -> None:
+        """``lease`` was taken or renewed by a request sent at ``sent`` (monotonic): it lasts one
+        lane TTL from then at least. Unless renewed again by then, the turn in progress is stopped
+        at that deadline, by a timer of its own: not by the renew loop, which Redis away, a pass
+        stuck in the client's retries or a paused process make late (explorer seeds 20217, 28924)."""
+        if self.lease is not lease or sent <= self.renewed:
+            return  # (a renewal pass left behind may end after a newer one)
+        self.renewed = sent
+        if self._expiry is not None:
+            self._expiry.cancel()
+        left = sent + self.w.settings.lane_ttl_ms / 1000 - time.monotonic()
+        self._expiry = asyncio.get_running_loop().call_later(max(0.0, left), self._expired, lease)
+
+    def _expired(self, lease: Lease) -> None:
+        self._expiry = None
+        if self.lease is lease:
+            log.warning("lane of %s not renewed within its TTL: stopping the turn in progress", self.user)
+            self.lane_lost()
+
     def lane_lost(self) -> None:
-        """A renewal found the lane gone: stop the turn in progress, whose write would be fenced
-        anyway, so no handler runs on beside the new owner's."""
+        """A renewal found the lane gone, or its deadline passed unrenewed: stop the turn in
+        progress, whose write would be fenced anyway, so no handler runs on beside the new owner's."""
         if self.task is not None and not self.task.done() and not self._lost:
             self._lost = True
             self.task.cancel()
@@ -144,6 +166,7 @@ class UserJob:
         covered: list[str] | int | None  # the notification ids a holder covers, then a count
         while True:
             asked = len(self.fresh)  # the notifications whose turns are in the inbox by now
+            sent = time.monotonic()
             got = await store.acquire(self.user, INBOX_BATCH)
             if isinstance(got, Busy):
                 # The holder will see, before it lets go, every turn whose notification came
@@ -159,8 +182,8 @@ class UserJob:
                 if not self.fresh:
                     return
                 continue
-            self.lease = got
-            self.renewed = time.monotonic()
+            self.lease, self.renewed = got, float("-inf")
+            self.renewed_at(got, sent)
             covered = await self._serve_until_released(got)
             if covered is None:  # handed over (draining, or the next turn is another tier's)
                 await self.w.ack(self.handed)

@@ -1,6 +1,6 @@
 """What a worker offers its jobs (``worker.job.JobHost``): acks, hand-overs, dead letters, the
-sync handlers' threads, the handler trace and the counters; and its reports of them to the
-commander. A base of ``worker.app.Worker``, which owns the state declared below."""
+sync handlers' threads, the handler trace and the counters; the renewal of their lanes; and its
+reports of them to the commander. A base of ``worker.app.Worker``, which owns the state declared below."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ from stores.reports import post_report_async
 from stores.retry import TRANSIENT, Backoff
 from stores.turns import UserStore
 from worker import handlers
+from worker.aio import within
 from worker.intake import Fields
 from worker.job import UserJob
 from worker.sensor import Sensor
+from worker.settings import WorkerSettings
 from worker.tally import TurnTally
 
 log = logging.getLogger("fleet.worker")  # the worker's logger, as before the split
@@ -37,6 +39,7 @@ class JobServices:
     """The worker's side of a job's calls, and the bookkeeping of the turns jobs run."""
 
     r: aioredis.Redis
+    settings: WorkerSettings
     tier: str
     worker_id: str
     store: UserStore
@@ -161,6 +164,57 @@ class JobServices:
             async with asyncio.timeout(seconds):
                 await self._stopping.wait()
 
+    # --- renewals -------------------------------------------------------------------
+    async def _renew_loop(self) -> None:
+        """A renewal pass every ``renew_interval_s``, whatever the last one met.
+
+        A pass has until the next one is due: one still waiting then is abandoned, and the next
+        sends afresh with the lanes held by then; and a failed pass is not followed by a longer
+        wait (it costs a connection attempt per interval). Otherwise a pass begun while Redis was
+        away, waiting in the client's own reconnect retries (their waits grow to 2 s), held up
+        the renewal of the lanes taken once Redis was back, and with it the news that one was
+        lost: the handler ran on 1.4 s past its lane's end (explorer seed 28924). So a round trip
+        to Redis must take less than the renew interval."""
+        interval = self.settings.renew_interval_s
+        loop = asyncio.get_running_loop()
+        failing = 0
+        while not self._stopping.is_set():
+            due = loop.time() + interval
+            try:
+                await within(self._renew(), interval)
+                if failing:
+                    log.info("renewed again after %d failed passes", failing)
+                failing = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the loop never dies: log the first failure, go on
+                if not failing:
+                    log.warning("renew pass failed (%s: %s); renewing every %gs until one succeeds",
+                                type(exc).__name__, str(exc) or f"not done within {interval:g}s", interval)
+                failing += 1
+            await self._pause(max(0.0, due - loop.time()))
+
+    async def _renew(self) -> None:
+        """Extend our lanes and keep their notifications ours; beat the heartbeat."""
+        now = time.monotonic()  # (a lane not renewed within its TTL: UserJob.renewed_at's timer)
+        held = [job for job in self.jobs.values() if job.lease is not None]
+        leases = [job.lease for job in held if job.lease is not None]
+        nids: list[str] = []
+        for job, lease, ok in zip(held, leases, await self.store.renew(leases), strict=True):
+            if job.lease is not lease:
+                continue  # released (or lost) meanwhile
+            if ok:
+                job.renewed_at(lease, now)
+                nids += job.nids
+            else:
+                log.warning("lane of %s expired under us: stopping the turn in progress", job.user)
+                job.lane_lost()
+        # touching resets their idle time, so no one reclaims a live holder's: only the ones
+        # still pending under us (one another worker reclaimed is its duty)
+        await worker_ops.touch_and_beat(self.r, self.store.scripts, self.tier, self.worker_id, nids,
+                                        self.settings.heartbeat_ttl_ms)
+
+    # --- reports ---------------------------------------------------------------------
     async def _report_loop(self) -> None:
         self._loop = asyncio.get_running_loop()
         failures = 0

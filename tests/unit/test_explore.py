@@ -45,6 +45,9 @@ HOLES = [
      "test_worker_stop.py::test_sigterm_stops_a_start_whose_redis_call_swallowed_the_cancellation"),
     (68743, None, 3, "(the simulator's) a connection the outage broke never reconnected: its user starved",
      "test_sim.py::test_a_connection_broken_by_an_outage_reconnects_once_redis_is_back"),
+    (28924, None, 3, "a renewal pass begun in an outage, waiting in the client's retries, held up the "
+     "renewal of the lanes taken once Redis was back: a lost lane's handler ran 1.4 s past its end",
+     "test_lane_renewal.py::test_a_renewal_pass_stuck_in_the_clients_retries_does_not_hold_up_the_next"),
 ]
 
 
@@ -120,15 +123,7 @@ def test_a_run_with_pauses_and_lost_replies_replays_step_for_step(seed: int) -> 
     assert (again.steps, again.virtual_s, again.commands) == (first.steps, first.virtual_s, first.commands)
 
 
-# Open holes: a schedule the explorer found that still fails, replayed exactly from its shrunk
-# file. Strict: the day it holds (fixed, or the code changed under it) this test fails and the
-# row moves to HOLES, with its focused test.
-OPEN = Path(__file__).parent / "schedules"
-
-
-@pytest.mark.xfail(strict=True, reason="open hole (found 2026-12-01, seed 28924): after a worker "
-                   "pause, a 17 s Redis outage and a lane expiry, the worker's handler ran 1.4 s "
-                   "past its lane's end, over the zombie bound; not yet explained")
-def test_open_hole_zombie_after_a_pause_an_outage_and_an_expiry() -> None:
-    got = run(Schedule.from_json((OPEN / "zombie-28924.json").read_text()))
-    assert got.ok, [str(v) for v in got.violations]
+# Open holes: a schedule the explorer found that still fails is kept as its shrunk file under
+# tests/unit/schedules/ and replayed exactly by a strict xfail test here; the day it holds (fixed,
+# or the code changed under it) that test fails and the row moves to HOLES, with its focused test.
+# None is open now (seed 28924's moved to HOLES).

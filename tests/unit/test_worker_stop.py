@@ -7,6 +7,7 @@ stopped once Redis was back (seen in production retrying for ten minutes)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import fakeredis
 import pytest
@@ -56,3 +57,38 @@ async def test_sigterm_stops_a_start_whose_redis_call_swallowed_the_cancellation
     await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
     assert run.done(), "the start went on retrying through the drain"
     assert run.result() == 0 and worker.state == "starting"
+
+
+async def test_sigterm_stops_a_start_whose_redis_call_dropped_the_cancellation_and_retries_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 32878 again, drawn with other jitter (the renew loop's change, explorer seed 28924,
+    moved the draws): the call that dropped the cancellation is redis-py's, and its own retries
+    then go on (8 of them, their waits growing to 2 s) before it fails. The drain waited for
+    that call to end: SIGTERM at 0.017 s, stopped after 8.6 s. It now waits a moment for the
+    cancellation and leaves the call behind."""
+    worker = Worker(WorkerSettings(worker_id="w1"), r=fakeredis.FakeAsyncRedis(connected=False))
+    calls: list[asyncio.Task[object]] = []
+
+    async def start_whose_call_retries_on() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        calls.append(task)
+        with contextlib.suppress(asyncio.CancelledError):  # dropped (CPython gh-86296)
+            await asyncio.sleep(10)  # in a command, Redis away: the client retries
+        # ... and its retries go on
+        await asyncio.sleep(10)
+        raise RedisConnectionError("Redis is down")
+
+    monkeypatch.setattr(worker, "_start", start_whose_call_retries_on)
+    run = asyncio.ensure_future(worker.run())
+    try:
+        await asyncio.sleep(0.3)
+        assert not run.done() and len(calls) == 1
+        worker.drain("SIGTERM")
+        await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
+        assert run.done(), "the drain waited for the start's call to end"
+        assert run.result() == 0 and worker.state == "starting"
+    finally:
+        for task in [*calls, run]:
+            task.cancel()
+        await asyncio.wait([*calls, run], timeout=5)

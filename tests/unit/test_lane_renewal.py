@@ -1,0 +1,111 @@
+"""A worker renews its lanes on time whatever its last renewal met (issue 8's explorer, seed 28924).
+
+Found by scripts/explore (a long run; its shrunk schedule is tests/unit/schedules/zombie-28924.json):
+a worker's renewal pass began in a 17 s Redis outage and sat in the client's own reconnect
+retries (their jittered waits grow to 2 s); Redis came back, the worker's reclaim took three
+lanes at once, and one of them was expired 0.1 s later. The pass still waiting in its retry
+returned a second after Redis was back, the loop then slept its interval, and the first
+renewal of the new lanes, the one that says a lane is lost, went out 1.46 s after they were
+taken: the handler ran on 1.36 s past its lane's end (the zombie bound is two renew
+intervals). A lane taken after a pass began waited for that pass, however long it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import fakeredis
+import pytest
+
+from protocol import keys
+from protocol.models import HandlerResult
+from stores import worker_ops
+from stores.turns import Lease
+from worker import handlers
+from worker.app import Worker
+from worker.job import UserJob
+from worker.settings import WorkerSettings
+
+INTERVAL_S = 0.05
+
+
+async def test_a_renewal_pass_stuck_in_the_clients_retries_does_not_hold_up_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    r = fakeredis.FakeAsyncRedis()
+    worker = Worker(WorkerSettings(worker_id="w1", tier="chat", renew_interval_s=INTERVAL_S), r=r)
+    beats = 0
+
+    async def touch_and_beat(*args: object, **kwargs: object) -> None:
+        nonlocal beats
+        beats += 1
+        if beats == 1:  # begun while Redis was away: the client retries, its waits growing
+            await asyncio.sleep(30)
+
+    renewed: list[tuple[float, list[str]]] = []
+
+    async def renew(leases: list[Lease]) -> list[bool]:
+        renewed.append((time.monotonic(), [lease.owner for lease in leases]))
+        return [True] * len(leases)
+
+    monkeypatch.setattr(worker_ops, "touch_and_beat", touch_and_beat)
+    monkeypatch.setattr(worker.store, "renew", renew)
+    run = asyncio.ensure_future(worker.run())
+    try:
+        async with asyncio.timeout(10):
+            while beats == 0:  # the first pass is stuck
+                await asyncio.sleep(0.01)
+        job = UserJob(worker, "alice")  # Redis is back: a lane is taken
+        job.lease = Lease("alice", "w1|1", cursor="")
+        job.renewed = taken = time.monotonic()
+        worker.jobs["alice"] = job
+        await asyncio.sleep(1.0)  # twenty renew intervals
+        first = next((at for at, owners in renewed if "w1|1" in owners), None)
+        assert first is not None, "the lane was never renewed: the loop waited for its stuck pass"
+        assert first - taken < 0.5  # on time (ten intervals of slack for a loaded machine)
+    finally:
+        worker.jobs.clear()
+        worker.drain("test")
+        await asyncio.wait({run}, timeout=10)
+        await r.aclose()
+    assert run.done() and run.result() == 0
+
+
+async def test_a_lane_not_renewed_within_its_ttl_stops_its_turn_whatever_the_renew_loop_does() -> None:
+    """The worker's own guard, "a lane not renewed within its TTL is lost" (explorer seed 20217),
+    ran at the start of a renewal pass: a pass that did not come (stuck, or sleeping a failure
+    backoff) let the handler run on past the lease's end, beside whoever took the user over.
+    Each lane now has its own deadline, one TTL after the renewal was sent."""
+    r = fakeredis.FakeAsyncRedis()
+    ttl_s = 0.5
+    worker = Worker(WorkerSettings(worker_id="w1", tier="chat", lane_ttl_ms=int(ttl_s * 1000),
+                                   renew_interval_s=0.2), r=r)
+    runs: list[list[float]] = []
+
+    async def hangs(ctx: handlers.TurnContext) -> HandlerResult:
+        runs.append([time.monotonic()])
+        try:
+            await asyncio.sleep(30)
+        finally:
+            runs[-1].append(time.monotonic())
+        return HandlerResult(text="late")
+
+    worker.handler = hangs
+    await r.xadd(keys.inbox("alice"), {"text": "hi", "turn_id": "t1", "tier": "chat"})
+    worker.dispatch("1-0", {b"user": b"alice"}, reclaimed=False)  # no renew loop runs at all
+    try:
+        async with asyncio.timeout(5):
+            while not runs or len(runs[0]) < 2:
+                await asyncio.sleep(0.01)
+        entered, stopped = runs[0]
+        assert stopped - entered < ttl_s + 0.5  # (slack for a loaded machine; before: 30 s)
+    except TimeoutError:
+        assert runs, "the handler never ran"
+        pytest.fail("the handler ran on past its lane's TTL: nothing but a renewal pass stops it")
+    finally:
+        tasks = list(worker._tasks)  # the job, serving the turn again
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        await r.aclose()
