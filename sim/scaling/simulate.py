@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from commander.evaluator import Evaluator
 from commander.runtime.base import WorkerHandle, WorkerState
 from commander.snapshot import TierSnapshot
-from commander.views import TierSignals, snapshot, tier_rps, worker_views
+from commander.views import TierSignals, snapshot, tier_rates, worker_views
 from protocol.models import Counters, OccupancyReport, Slots
 from sim.scaling.model import (  # re-exported: the policies, scripts and tests import them from here
     Scale,
@@ -318,7 +318,7 @@ class Simulator:
         backlog = len(self.queue) + (self.in_service if getattr(self.policy, "counts_pending", False) else 0)
         signals = TierSignals(backlog=backlog, active_users=self._active_users(),
                               pressure_events=self.pressure if self.queue else 0)
-        return snapshot(self.cfg.tier, views, signals, tier_rps(views, self.evaluator))
+        return snapshot(self.cfg.tier, views, signals, tier_rates(views, self.evaluator))
 
     def _active_users(self) -> int:
         cutoff = self.t - self.cfg.view_policy.active_window_s
