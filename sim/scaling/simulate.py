@@ -28,8 +28,10 @@ The model, chosen to match what the real fleet does:
   from scale-in until it ends (``TurnContext.protect``).
 
 ``wait`` of a turn = its start of service - its arrival (= reply - submit - service).
-Worker-seconds are counted from 0 to the last arrival; the run goes on until every turn is
-served. Everything is deterministic: no clock, no randomness.
+Worker-seconds and scale events are counted from 0 to the last arrival (the same span: a
+policy that releases workers once the traffic has ended is not charged events for workers
+another keeps for free); the run goes on until every turn is served. Everything is
+deterministic: no clock, no randomness.
 """
 
 from __future__ import annotations
@@ -331,12 +333,13 @@ class Simulator:
     def _apply(self, action: Scale | int) -> None:
         if isinstance(action, int):
             action = self._toward(action)
+        counted = self.t <= self.horizon  # the span worker-seconds are counted over
         if action.spawn > 0:
-            self.ups += 1
+            self.ups += int(counted)
             for _ in range(action.spawn):
                 self._spawn(self.cfg.spawn_delay_s)
         if action.retire:
-            self.downs += 1
+            self.downs += int(counted)
             for wid in action.retire:
                 self._retire(wid)
 
