@@ -294,7 +294,8 @@ def decide(snapshot: TierSnapshot, policy: Policy, state: TierState,
     starts = holdtime.start_samples(state.starts, fleet)
     hold = holdtime.hold(policy, holdtime.start_cost(starts, fleet, now),
                          holdtime.turns_per_worker(snapshot, fleet))
-    proposals = signal_proposals(snapshot, fleet, policy)
+    queued_since = scaleup.queued_since(state, snapshot, fleet, policy, now)
+    proposals = signal_proposals(snapshot, fleet, policy, 0.0 if queued_since is None else now - queued_since)
     step = scaleup.step_target(proposals, fleet, policy, state, now)
     bounds = tier_bounds(policy, now)
     desired, clamp = clamp_desired(step.raw, snapshot, bounds)
@@ -317,4 +318,5 @@ def decide(snapshot: TierSnapshot, policy: Policy, state: TierState,
     return plan, TierState(history=history, last_scale_up=now if plan.spawn else state.last_scale_up,
                            last_scale_down=now if scaled_down else state.last_scale_down,
                            changes=changes, starts=starts, failures=failures, failed_at=failed_at,
-                           recycling=moves.recycling, steps=scaleup.record_step(state, now, scaled_up))
+                           recycling=moves.recycling, steps=scaleup.record_step(state, now, scaled_up),
+                           queued_since=queued_since)

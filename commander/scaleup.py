@@ -1,7 +1,8 @@
 """How far a scale-up goes (DESIGN §5, "up is fast and event-driven"): the up half of ``decide``.
 
 - **What asks.** The signals that see trouble or hold a target ask for workers: waiting turns the
-  running slots will not start within ``target_wait_s`` (``pressure``), no worker under its
+  running slots will not start within ``target_wait_s`` (``pressure``; every waiting turn once
+  a queue has stood that long: ``queued_since``), no worker under its
   threshold (``occupancy``), and the per-signal targets (``users``, ``backlog``, ``rps``,
   ``buffer``). The measured load (``load``) asks for nothing on its own: a load a fraction of a
   worker over the thresholds is no trouble until turns wait or workers saturate, and a scale-up
@@ -25,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commander.snapshot import Fleet
+from commander.signals import free_slots
+from commander.snapshot import Fleet, TierSnapshot
 from commander.tierstate import TierState
 from protocol.policy import Policy
 
@@ -45,6 +47,18 @@ class Step:
 def asked(proposals: dict[str, int | None]) -> int:
     """The highest proposal of the signals that may ask for workers (0 when none is enabled)."""
     return max((p for name, p in proposals.items() if p is not None and name not in SIZING_ONLY), default=0)
+
+
+def queued_since(state: TierState, snapshot: TierSnapshot, fleet: Fleet, policy: Policy,
+                 now: float) -> float | None:
+    """Since when turns have waited beyond the free and the starting slots, pass after pass
+    (None: not now). A queue that stood for ``target_wait_s`` has made turns wait that long:
+    the running slots are not starting them in time, whatever their average says."""
+    starting = sum(w.total or policy.concurrency for w in fleet.starting)
+    if snapshot.backlog <= free_slots(snapshot, fleet, policy) + starting:
+        return None
+    since = state.queued_since
+    return since if since is not None and since <= now else now
 
 
 def last_step(state: TierState, now: float) -> tuple[float, int] | None:

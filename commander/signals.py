@@ -102,27 +102,30 @@ def free_slots(snapshot: TierSnapshot, fleet: Fleet, policy: Policy) -> int:
     return sum(max(0, (w.total or policy.concurrency) - w.busy) for w in fleet.ready if w.fresh)
 
 
-def pressure_proposal(snapshot: TierSnapshot, fleet: Fleet, policy: Policy) -> int:
+def pressure_proposal(snapshot: TierSnapshot, fleet: Fleet, policy: Policy,
+                      queued_for: float = 0.0) -> int:
     """Waiting turns the running slots will not start within ``target_wait_s`` ask for slots.
 
     Waiting turns take the free slots first. A busy slot frees every ``service_s`` on average,
     so ``slots`` of them start ``target_wait_s x slots / service_s`` more waiting turns within
     the target; only the rest of the backlog asks for workers, on top of the ready ones
     (starting workers are netted out when the spawn count is computed). Before any turn is
-    measured every waiting turn asks for a slot of its own. While turns wait the proposal is at
-    least the ready workers: none is retired from under a backlog.
+    measured, or once a queue has stood ``queued_for >= target_wait_s`` (its turns have waited
+    that long already), every waiting turn asks for a slot of its own. While turns wait the
+    proposal is at least the ready workers: none is retired from under a backlog.
     """
     if snapshot.backlog <= 0:
         return 0
     waiting = float(snapshot.backlog - free_slots(snapshot, fleet, policy))
     slots = sum(w.total or policy.concurrency for w in fleet.ready)
     per_turn = service_s(snapshot)
-    if per_turn is not None and slots > 0:
+    if per_turn is not None and slots > 0 and queued_for < policy.target_wait_s:
         waiting -= policy.target_wait_s * slots / per_turn
     return len(fleet.ready) + ceil_ratio(waiting, policy.concurrency)
 
 
-def proposals(snapshot: TierSnapshot, fleet: Fleet, policy: Policy) -> dict[str, int | None]:
+def proposals(snapshot: TierSnapshot, fleet: Fleet, policy: Policy,
+              queued_for: float = 0.0) -> dict[str, int | None]:
     """Every signal's proposal, by name; None for a signal the policy disables."""
     return {
         "users": users_proposal(snapshot.active_users, policy.users_per_instance),
@@ -130,6 +133,6 @@ def proposals(snapshot: TierSnapshot, fleet: Fleet, policy: Policy) -> dict[str,
         "rps": rps_proposal(snapshot.rps, policy.target_rps_per_worker),
         "buffer": buffer_proposal(fleet, policy),
         "occupancy": occupancy_proposal(fleet, policy),
-        "pressure": pressure_proposal(snapshot, fleet, policy),
+        "pressure": pressure_proposal(snapshot, fleet, policy, queued_for),
         "load": load_proposal(fleet, policy),
     }

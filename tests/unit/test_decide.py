@@ -330,7 +330,9 @@ def assert_no_reversal(snapshot: TierSnapshot, pol: Policy) -> None:
     """Decide, act, decide again: the second pass never undoes the first."""
     plan1, state = decide(snapshot, pol, TierState(), NOW)
     assert decide(snapshot, pol, state, NOW) == (plan1, state)  # idempotent
-    plan2, _ = decide(apply(snapshot, plan1, pol), pol, state, NOW + 1)
+    # the next pass, sooner than target_wait_s: a queue that stood longer than that, or a burst,
+    # may ask again, on purpose (commander.scaleup)
+    plan2, _ = decide(apply(snapshot, plan1, pol), pol, state, NOW + 0.25)
     assert not (plan1.spawn and plan2.retire), (plan1.reason, plan2.reason)
     assert not (plan1.retire and plan2.spawn), (plan1.reason, plan2.reason)
     if plan1.spawn and plan1.current + plan1.spawn >= plan1.desired:

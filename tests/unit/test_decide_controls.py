@@ -284,7 +284,7 @@ def test_a_slow_starting_tier_holds_long_in_decide() -> None:
 def test_tier_state_body_round_trip() -> None:
     state = TierState(history=((1.0, 3),), last_scale_up=2.0, changes=((3.0, -1),), starts=(("w1", 0.1),),
                       failures=2, failed_at=4.0, recycling=(("w0", 3.5, "draining"),),
-                      steps=((1.0, 2), (3.0, 4)))
+                      steps=((1.0, 2), (3.0, 4)), queued_since=5.0)
     assert TierState.from_body(state.to_body()) == state
     assert TierState.from_body({"history": [[1, 2]]}) == TierState(history=((1.0, 2),))
 

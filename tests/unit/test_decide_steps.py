@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from commander.decide import Plan, TierState, decide
-from commander.scaleup import Step, record_step, step_target
+from commander.scaleup import Step, queued_since, record_step, step_target
 from commander.signals import load_proposal, pressure_proposal
 from commander.snapshot import TierSnapshot, WorkerView, classify
 from protocol.policy import Policy
@@ -84,6 +84,37 @@ def test_pressure_proposal(name: str, workers: tuple[WorkerView, ...], signals: 
     pol = policy(target_wait_s=signals.pop("_wait", 0.5))
     s = snap(workers, **signals)
     assert pressure_proposal(s, classify(workers), pol) == expected, name
+
+
+@pytest.mark.parametrize(
+    ("name", "workers", "signals", "since", "expected"),
+    [
+        ("nothing waits", ready(0.9, 0.9), {}, NOW - 3, None),
+        ("the free slots take them", ready(0.2, 0.2), {"backlog": 6}, NOW - 3, None),
+        ("a worker starting takes them", ready(0.9) + (wk(1, state="starting", fresh=False),),
+         {"backlog": 6, "pressure_events": 1}, NOW - 3, None),
+        ("a queue starts", ready(0.9, 0.9), {"backlog": 1, "pressure_events": 1}, None, NOW),
+        ("and stands", ready(0.9, 0.9), {"backlog": 1, "pressure_events": 1}, NOW - 3, NOW - 3),
+        ("a clock that went back starts afresh", ready(0.9, 0.9), {"backlog": 1, "pressure_events": 1},
+         NOW + 3, NOW),
+    ],
+)
+def test_queued_since(name: str, workers: tuple[WorkerView, ...], signals: dict[str, Any],
+                      since: float | None, expected: float | None) -> None:
+    state = TierState(queued_since=since)
+    assert queued_since(state, snap(workers, **signals), classify(workers), policy(), NOW) == expected, name
+
+
+def test_a_queue_that_stood_for_the_target_wait_asks_a_slot_per_turn() -> None:
+    """16 slots of 2 s turns start 4 waiting turns within 0.5 s: a fresh queue of 4 asks for
+    nothing, the same queue 0.5 s later (its turns waited that long) asks for a worker."""
+    s = snap(ready(0.45, 0.75), backlog=4, pressure_events=1, rps=8.0, handler_rate=16.0)
+    plan, state = decide(s, policy(), TierState(), NOW)
+    assert plan.spawn == 0 and state.queued_since == NOW
+    plan, state = decide(s, policy(), state, NOW + 0.5)
+    assert plan.spawn == 1 and plan.proposals["pressure"] == 3 and state.queued_since == NOW
+    _, state = decide(snap(ready(0.45, 0.75), rps=8.0, handler_rate=16.0), policy(), state, NOW + 1)
+    assert state.queued_since is None
 
 
 # --- how far a scale-up goes ---------------------------------------------------------------
