@@ -78,10 +78,11 @@ def load_proposal(fleet: Fleet, policy: Policy) -> int:
     second over the evaluator's window, i.e. arrival rate x time per turn while turns do not
     wait; an unreported worker counts as full); ``C(n) = reception_threshold + (n - 1) x
     admission_threshold``, so at this count some worker still admits. It sizes a scale-up and
-    keeps the scale-in target (``commander.scaleup``); on its own it asks for no worker.
+    keeps the scale-in target (``commander.scaleup``); on its own it asks for no worker. A tier
+    whose workers are all idle has no load (their own cpu is not a turn's).
     """
     load = ledger_load(fleet.ready, fleet.reception, policy)
-    if load <= 0:
+    if load <= 0 or all(w.idle for w in fleet.ready):
         return 0
     if load < policy.reception_threshold - _EPS:
         return 1

@@ -50,6 +50,7 @@ def snap(workers: tuple[WorkerView, ...], **signals: Any) -> TierSnapshot:
     ("name", "workers", "expected"),
     [
         ("no load", ready(0, 0), 0),
+        ("idle workers' own cpu is no load", (wk(0, 0.02, busy=0), wk(1, 0.01, busy=0)), 0),
         ("under the reception's threshold", ready(0.3), 1),
         ("C(2) = 1.3 > 1.2", ready(0.6, 0.6), 2),
         ("C(3) = 2.1 > 1.3 + 0.5", ready(0.9, 0.9), 3),  # 1.8: C(2) = 1.3 is not enough
