@@ -27,7 +27,7 @@ from commander.recovery import Recovery
 from commander.runtime import Runtime, UnknownWorker, WorkerHandle, WorkerState
 from commander.runtime_notes import RuntimeNotes
 from commander.settings import CommanderSettings
-from commander.views import TierSignals, snapshot, tier_rps, worker_views
+from commander.views import TierSignals, snapshot, tier_rates, worker_views
 from protocol.models import Control, LedgerEvent
 from protocol.policy import Policy
 from stores.backlog import write_starting
@@ -223,7 +223,7 @@ class Commander(Records, RuntimeNotes):
             memo.state, memo.loaded = self._load_state(tier), True
         views = worker_views(tier, handles, registry, self.observer.evaluator, read.policy, now,
                              self.trusted_since)
-        snap = snapshot(tier, views, signals, tier_rps(views, self.observer.evaluator))
+        snap = snapshot(tier, views, signals, tier_rates(views, self.observer.evaluator))
         started = time.perf_counter()
         plan, state = decide(snap, read.policy, memo.state, now)
         elapsed = time.perf_counter() - started

@@ -3,20 +3,22 @@
 Pure: no Redis, no clock, no randomness. ``now`` comes in as an argument, the previous
 ``TierState`` comes in and the next one goes out. The steps, in order:
 
-1. every enabled signal proposes a worker count (``commander.signals``); desired = their max;
+1. every enabled signal proposes a worker count (``commander.signals``); the asking ones' max is
+   what the pass aims at, and a scale-up is sized by the measured load and doubles within a
+   burst (``commander.scaleup``);
 2. clamp to the tier's floor and cap: ``[min_workers, max_workers]`` moved by the scheduled
    bounds in force (``commander.bounds``); backlog or pressure on an empty tier asks for 1;
 3. the scale-in hold is derived from what a worker costs to start (``commander.holdtime``:
    the break-even rule) unless the policy fixes it; the scale-in target is the highest desired
-   over the hold;
+   (never under the measured load) over the hold;
 4. ``paused`` does nothing; after ``fallback.after`` failed observations the fallback holds or
    goes up to a fixed count, and never scales in;
-5. up is fast: spawn ``desired - (running + starting)``, at most ``max_step_up`` and what the
-   scale-up rate rules allow (``commander.limits``);
-6. down is slow: toward the target, unless blocked (``paused_scale_in``, a no-scale-in window,
-   missing reports, scale-down disabled), at most what the scale-down rules and the disruption
-   budget allow; idle workers go first, else one consolidation (``commander.scalein``);
-   protected workers never go;
+5. up is fast: spawn ``desired - (running + starting)``, at most ``max_step_up`` (when set) and
+   what the scale-up rate rules allow (``commander.limits``);
+6. down is slow: one scale-in per hold, to the target in one batch, unless blocked
+   (``paused_scale_in``, a no-scale-in window, missing reports, scale-down disabled), at most what
+   the scale-down rules and the disruption budget allow; idle workers go first, then
+   consolidations (``commander.scalein``); protected workers never go;
 7. recycling by age or turns, make-before-break, within the same budget.
 
 Same snapshot + the returned state gives the same plan and the same state again.
@@ -27,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from commander import holdtime
+from commander import holdtime, scaleup
 from commander.bounds import Bounds, in_no_scale_in_window, tier_bounds, utc_weekday_minute
 from commander.limits import budget_room, down_limit, longest_period, record_changes, up_limit
 from commander.scalein import Recycle, Recycling, Retirement, choose_victims, plan_recycle
@@ -51,7 +53,7 @@ class Plan:
     spawn: int = 0
     retire: tuple[Retirement, ...] = ()
     proposals: dict[str, int | None] = field(default_factory=dict)
-    raw: int = 0  # max of the proposals before the clamp
+    raw: int = 0  # what the pass aims at before the clamp (the asking proposals', sized)
     clamp: str | None = None  # "min_workers", "max_workers", "wake", "schedule ..." or None
     held: str | None = None  # why a wanted scale-in did not (fully) happen
     reason: str = ""
@@ -59,6 +61,8 @@ class Plan:
     bounds: Bounds | None = None
     notes: tuple[str, ...] = ()  # limits applied, recycling, fallback
     failures: int = 0  # failed observations in a row
+    asked: int = 0  # the highest proposal of the signals that ask for workers
+    sized_by: str | None = None  # the rule that raised a scale-up past what asked (scaleup.Step)
 
     @property
     def changed(self) -> bool:
@@ -71,6 +75,8 @@ class Plan:
             "proposals": dict(self.proposals), "raw": self.raw, "clamp": self.clamp,
             "desired": self.desired, "stabilized": self.target, "held": self.held,
             "reason": self.reason}
+        if self.sized_by is not None:
+            out["step"] = {"asked": self.asked, "sized_by": self.sized_by}
         if self.hold is not None:
             out["hold"] = self.hold.why()
         if self.bounds is not None:
@@ -80,11 +86,6 @@ class Plan:
         if self.failures:
             out["failed_observations"] = self.failures
         return out
-
-
-def max_proposal(proposals: dict[str, int | None]) -> int:
-    """The highest enabled proposal (0 when every signal is disabled)."""
-    return max((p for p in proposals.values() if p is not None), default=0)
 
 
 def clamp_desired(raw: int, snapshot: TierSnapshot, bounds: Bounds) -> tuple[int, str | None]:
@@ -97,6 +98,12 @@ def clamp_desired(raw: int, snapshot: TierSnapshot, bounds: Bounds) -> tuple[int
     if raw > bounds.cap:
         return bounds.cap, bounds.cap_by
     return raw, None
+
+
+def kept(desired: int, proposals: dict[str, int | None], bounds: Bounds) -> int:
+    """What the scale-in hold keeps from this pass: the desired count, never under the measured
+    load at the admission threshold (``load`` sizes; it never asks)."""
+    return max(desired, min(proposals.get("load") or 0, bounds.cap))
 
 
 def record_desired(history: tuple[tuple[float, int], ...], now: float, desired: int,
@@ -171,14 +178,19 @@ def fallback_moves(policy: Policy, fleet: Fleet, failures: int, state: TierState
     if fb.action == "hold" or fb.workers is None or fleet.current >= fb.workers:
         return Moves(held=f"{head}: hold at {fleet.current} (never scale in on missing data)",
                      recycling=state.recycling)
-    spawn = min(fb.workers - fleet.current, policy.max_step_up)
+    spawn = capped(fb.workers - fleet.current, policy)
     return Moves(spawn=spawn, notes=(f"{head}: up to {fb.workers}",), recycling=state.recycling)
+
+
+def capped(want: int, policy: Policy) -> int:
+    """``want`` workers, at most ``max_step_up`` when the policy sets it."""
+    return want if policy.max_step_up is None else min(want, policy.max_step_up)
 
 
 def limited_spawn(desired: int, effective: int, fleet: Fleet, policy: Policy, state: TierState,
                   now: float) -> tuple[int, str | None]:
     """Workers to start: the gap net of those starting, capped by ``max_step_up`` and the rules."""
-    want = max(0, min(desired - effective, policy.max_step_up))
+    want = capped(max(0, desired - effective), policy)
     limit = up_limit(policy.scale_up, fleet.current, state.changes, now)
     if limit is None or fleet.current + want <= limit:
         return want, None
@@ -201,12 +213,22 @@ def victims_allowed(excess: int, fleet: Fleet, policy: Policy, state: TierState,
 Victims = tuple[tuple[Retirement, ...], str | None]
 
 
+def scale_in_wait(state: TierState, hold_s: float, now: float) -> str | None:
+    """One scale-in per hold: the target after a scale-in is the highest desired of the hold that
+    follows it, so what that hold allows goes one hold later, in one batch. (A pass repeated at
+    the same ``now`` is not held back by its own scale-in.)"""
+    last = state.last_scale_down
+    if last is None or not 0.0 < now - last < hold_s:
+        return None
+    return f"one scale-in per hold: the last {now - last:.0f} s ago, the next after {hold_s:g} s"
+
+
 def scale_in(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, state: TierState, now: float,
-             excess: int, room: int | None, keep: tuple[str, ...]) -> Victims:
+             excess: int, room: int | None, keep: tuple[str, ...], hold_s: float) -> Victims:
     """The victims toward the target, with why fewer went than wanted."""
     if excess <= 0:
         return (), None
-    blocked = scale_in_blocker(fleet, policy, snapshot, now)
+    blocked = scale_in_blocker(fleet, policy, snapshot, now) or scale_in_wait(state, hold_s, now)
     if blocked:
         return (), blocked
     count, limited = victims_allowed(excess, fleet, policy, state, now, room)
@@ -215,7 +237,7 @@ def scale_in(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, state: TierSt
 
 
 def normal_moves(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, state: TierState, now: float,
-                 desired: int, target: int) -> Moves:
+                 desired: int, target: int, hold_s: float) -> Moves:
     """Up, down and recycling when nothing pauses or falls back."""
     room = budget_room(policy.disruption_budget, fleet)
     rec: Recycle = plan_recycle(fleet, policy, state.recycling, now, room)
@@ -223,28 +245,34 @@ def normal_moves(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, state: Ti
     if room is not None:
         room -= len(rec.retire)
     # the count once the recycling is through: each old worker replaced one for one
-    effective = fleet.current - len(rec.retire) - rec.replacing + rec.spawn
-    retire, held = scale_in(fleet, policy, snapshot, state, now, effective - target, room, rec.involved)
+    effective = fleet.current - rec.leaving - rec.replacing + rec.spawn
+    retire, held = scale_in(fleet, policy, snapshot, state, now, effective - target, room, rec.involved,
+                            hold_s)
     notes = tuple(n for n in (up_note, rec.note) if n)
     return Moves(spawn + rec.spawn, rec.retire + retire, held, notes, rec.pending, rec.spawn)
 
 
-def _driver(proposals: dict[str, int | None], raw: int) -> str:
-    """Which signals set the desired count, e.g. ``"buffer, occupancy propose 3"``."""
-    if raw <= 0:
+def _driver(plan: Plan) -> str:
+    """Which signals set the count, e.g. ``"buffer, occupancy propose 3"``, and how a scale-up
+    was sized past them, e.g. ``"pressure proposes 4, sized by the load to 7"``."""
+    if plan.asked <= 0 and plan.raw <= 0:
         return "no signal asks for a worker"
-    names = [name for name, p in proposals.items() if p == raw]
-    return f"{', '.join(names)} propose{'s' if len(names) == 1 else ''} {raw}"
+    names = [name for name, p in plan.proposals.items()
+             if p == plan.asked and name not in scaleup.SIZING_ONLY]
+    driver = f"{', '.join(names)} propose{'s' if len(names) == 1 else ''} {plan.asked}"
+    if plan.sized_by is not None:
+        driver += f", sized by {plan.sized_by} to {plan.raw}"
+    return driver
 
 
 def explain(plan: Plan, starting: int, policy: Policy) -> str:
     """A one-line human reason for the plan (or for doing nothing)."""
-    driver = _driver(plan.proposals, plan.raw)
+    driver = _driver(plan)
     clamp = f", clamped by {plan.clamp} to {plan.desired}" if plan.clamp else ""
     notes = "".join(f"; {n}" for n in plan.notes)
     if plan.spawn:
         extra = f", {starting} already starting" if starting else ""
-        if plan.current + plan.spawn < plan.desired and not plan.notes:
+        if plan.current + plan.spawn < plan.desired and not plan.notes and policy.max_step_up is not None:
             extra += f", step capped at {policy.max_step_up}"
         return f"scale up {plan.current}->{plan.current + plan.spawn}: {driver}{clamp}{extra}{notes}"
     if plan.retire:
@@ -266,25 +294,29 @@ def decide(snapshot: TierSnapshot, policy: Policy, state: TierState,
     starts = holdtime.start_samples(state.starts, fleet)
     hold = holdtime.hold(policy, holdtime.start_cost(starts, fleet, now),
                          holdtime.turns_per_worker(snapshot, fleet))
-    proposals = signal_proposals(snapshot, fleet, policy)
-    raw = max_proposal(proposals)
+    queued_since = scaleup.queued_since(state, snapshot, fleet, policy, now)
+    proposals = signal_proposals(snapshot, fleet, policy, 0.0 if queued_since is None else now - queued_since)
+    step = scaleup.step_target(proposals, fleet, policy, state, now)
     bounds = tier_bounds(policy, now)
-    desired, clamp = clamp_desired(raw, snapshot, bounds)
-    history = record_desired(state.history, now, desired, hold.seconds)
+    desired, clamp = clamp_desired(step.raw, snapshot, bounds)
+    history = record_desired(state.history, now, kept(desired, proposals, bounds), hold.seconds)
     target = stabilized_target(history, desired, bounds.cap)
     failures, failed_at = count_failures(state, observation_failed(snapshot, fleet), now)
     if policy.paused:
         moves = Moves(held="paused (the policy's paused is set)", recycling=state.recycling)
     else:
         moves = fallback_moves(policy, fleet, failures, state) or \
-            normal_moves(fleet, policy, snapshot, state, now, desired, target)
-    plan = Plan(snapshot.tier, fleet.current, desired, target, moves.spawn, moves.retire, proposals, raw,
-                clamp, moves.held, hold=hold, bounds=bounds, notes=moves.notes, failures=failures)
+            normal_moves(fleet, policy, snapshot, state, now, desired, target, hold.seconds)
+    plan = Plan(snapshot.tier, fleet.current, desired, target, moves.spawn, moves.retire, proposals,
+                step.raw, clamp, moves.held, hold=hold, bounds=bounds, notes=moves.notes, failures=failures,
+                asked=step.asked, sized_by=step.sized_by if moves.spawn else None)
     plan = replace(plan, reason=explain(plan, len(fleet.starting), policy))
+    scaled_up = moves.spawn - moves.replacements
     scaled_down = sum(1 for r in moves.retire if r.action != "recycle")
-    changes = record_changes(state.changes, now, moves.spawn - moves.replacements, scaled_down,
+    changes = record_changes(state.changes, now, scaled_up, scaled_down,
                              longest_period(policy.scale_up, policy.scale_down))
     return plan, TierState(history=history, last_scale_up=now if plan.spawn else state.last_scale_up,
-                           last_scale_down=now if plan.retire else state.last_scale_down,
+                           last_scale_down=now if scaled_down else state.last_scale_down,
                            changes=changes, starts=starts, failures=failures, failed_at=failed_at,
-                           recycling=moves.recycling)
+                           recycling=moves.recycling, steps=scaleup.record_step(state, now, scaled_up),
+                           queued_since=queued_since)

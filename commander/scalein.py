@@ -2,8 +2,9 @@
 
 - ``reclaim_idle``: idle workers first (ready, fresh, no busy slot, no lane), least occupied;
   the reception only when it is alone;
-- ``consolidation``: else at most one: the least-occupied fresh non-reception worker, only if
-  its load fits on the survivors under their thresholds and the ledger keeps its margin;
+- ``consolidation``: then, one after another in the same batch, the least-occupied fresh
+  non-reception worker, only if its load fits on the survivors under their thresholds and the
+  ledger keeps its margin (the survivors of the ones chosen before it);
 - a worker a handler protected (``WorkerView.protected``) is never picked, nor one being
   recycled;
 - ``plan_recycle``: a worker past ``max_worker_age_s`` or ``max_turns_per_worker`` is
@@ -85,14 +86,17 @@ def consolidation(fleet: Fleet, policy: Policy, taken: tuple[Retirement, ...], n
 
 def choose_victims(fleet: Fleet, policy: Policy, count: int, now: float,
                    keep: Collection[str]) -> tuple[tuple[Retirement, ...], str | None]:
-    """Up to ``count`` victims: idle ones, else at most one consolidation (with why not)."""
+    """Up to ``count`` victims in one batch: idle ones, then consolidations one after another,
+    each fitting on the survivors of the ones before it (with why fewer went)."""
     if count <= 0:
         return (), None
     victims = reclaim_idle(fleet, count, now, keep)
-    if len(victims) == count:
-        return victims, None
-    victim, refusal = consolidation(fleet, policy, victims, now, keep)
-    return (victims + (victim,) if victim else victims), refusal
+    while len(victims) < count:
+        victim, refusal = consolidation(fleet, policy, victims, now, keep)
+        if victim is None:
+            return victims, refusal
+        victims += (victim,)
+    return victims, None
 
 
 # --- recycling ---------------------------------------------------------------------------
@@ -122,6 +126,11 @@ class Recycle:
     def replacing(self) -> int:
         """Old workers still counted while their replacement comes up."""
         return sum(1 for _, _, phase in self.pending if phase == "replacing")
+
+    @property
+    def leaving(self) -> int:
+        """Old workers told to drain, still listed as ready (this pass's drain among them)."""
+        return sum(1 for _, _, phase in self.pending if phase == "draining")
 
     @property
     def involved(self) -> tuple[str, ...]:

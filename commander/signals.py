@@ -1,7 +1,9 @@
 """One worker-count proposal per signal (DESIGN §5); ``decide`` takes the max of the enabled ones.
 
 Each function maps one measured quantity to "how many workers it asks for"; ``None`` means the
-signal is disabled by the policy. No function here decides anything on its own.
+signal is disabled by the policy. No function here decides anything on its own. ``load`` is the
+one that only sizes: it sets how far a scale-up goes and how low a scale-in may go, but asks
+for no worker by itself (``commander.scaleup``).
 """
 
 from __future__ import annotations
@@ -69,17 +71,62 @@ def occupancy_proposal(fleet: Fleet, policy: Policy) -> int:
     return ledger_floor(ready, ledger_load(fleet.ready, fleet.reception, policy), policy)
 
 
-def pressure_proposal(events: int, fleet: Fleet, policy: Policy) -> int:
-    """Turns that found no free slot ask for the slots they missed on top of the ready workers.
+def load_proposal(fleet: Fleet, policy: Policy) -> int:
+    """The fewest workers whose ledger capacity exceeds the measured load: ``C(n) > O``.
 
-    Starting workers are not added: they are netted out when the spawn count is computed.
+    ``O`` is the ledger's load: the summed occupancy, in workers' worth (handler seconds per
+    second over the evaluator's window, i.e. arrival rate x time per turn while turns do not
+    wait; an unreported worker counts as full); ``C(n) = reception_threshold + (n - 1) x
+    admission_threshold``, so at this count some worker still admits. It sizes a scale-up and
+    keeps the scale-in target (``commander.scaleup``); on its own it asks for no worker. A tier
+    whose workers are all idle has no load (their own cpu is not a turn's).
     """
-    if events <= 0:
+    load = ledger_load(fleet.ready, fleet.reception, policy)
+    if load <= 0 or all(w.idle for w in fleet.ready):
         return 0
-    return len(fleet.ready) + ceil_ratio(events, policy.concurrency)
+    if load < policy.reception_threshold - _EPS:
+        return 1
+    return math.floor((load - policy.reception_threshold) / policy.admission_threshold + _EPS) + 2
 
 
-def proposals(snapshot: TierSnapshot, fleet: Fleet, policy: Policy) -> dict[str, int | None]:
+def service_s(snapshot: TierSnapshot) -> float | None:
+    """The handler time of one turn, measured: handler seconds over turns (None before any)."""
+    if snapshot.rps <= 0 or snapshot.handler_rate <= 0:
+        return None
+    return snapshot.handler_rate / snapshot.rps
+
+
+def free_slots(snapshot: TierSnapshot, fleet: Fleet, policy: Policy) -> int:
+    """Slots the ready workers reported free: none when a turn just found none (pressure)."""
+    if snapshot.pressure_events > 0:
+        return 0
+    return sum(max(0, (w.total or policy.concurrency) - w.busy) for w in fleet.ready if w.fresh)
+
+
+def pressure_proposal(snapshot: TierSnapshot, fleet: Fleet, policy: Policy,
+                      queued_for: float = 0.0) -> int:
+    """Waiting turns the running slots will not start within ``target_wait_s`` ask for slots.
+
+    Waiting turns take the free slots first. A busy slot frees every ``service_s`` on average,
+    so ``slots`` of them start ``target_wait_s x slots / service_s`` more waiting turns within
+    the target; only the rest of the backlog asks for workers, on top of the ready ones
+    (starting workers are netted out when the spawn count is computed). Before any turn is
+    measured, or once a queue has stood ``queued_for >= target_wait_s`` (its turns have waited
+    that long already), every waiting turn asks for a slot of its own. While turns wait the
+    proposal is at least the ready workers: none is retired from under a backlog.
+    """
+    if snapshot.backlog <= 0:
+        return 0
+    waiting = float(snapshot.backlog - free_slots(snapshot, fleet, policy))
+    slots = sum(w.total or policy.concurrency for w in fleet.ready)
+    per_turn = service_s(snapshot)
+    if per_turn is not None and slots > 0 and queued_for < policy.target_wait_s:
+        waiting -= policy.target_wait_s * slots / per_turn
+    return len(fleet.ready) + ceil_ratio(waiting, policy.concurrency)
+
+
+def proposals(snapshot: TierSnapshot, fleet: Fleet, policy: Policy,
+              queued_for: float = 0.0) -> dict[str, int | None]:
     """Every signal's proposal, by name; None for a signal the policy disables."""
     return {
         "users": users_proposal(snapshot.active_users, policy.users_per_instance),
@@ -87,5 +134,6 @@ def proposals(snapshot: TierSnapshot, fleet: Fleet, policy: Policy) -> dict[str,
         "rps": rps_proposal(snapshot.rps, policy.target_rps_per_worker),
         "buffer": buffer_proposal(fleet, policy),
         "occupancy": occupancy_proposal(fleet, policy),
-        "pressure": pressure_proposal(snapshot.pressure_events, fleet, policy),
+        "pressure": pressure_proposal(snapshot, fleet, policy, queued_for),
+        "load": load_proposal(fleet, policy),
     }

@@ -51,7 +51,8 @@ class TierSnapshot:
     workers: tuple[WorkerView, ...] = ()
     active_users: int = 0
     backlog: int = 0  # notifications no worker started (stores.backlog): lag + orphaned pending
-    rps: float = 0.0
+    rps: float = 0.0  # turns per second the tier's workers served (their counters, over a minute)
+    handler_rate: float = 0.0  # handler seconds per second, same span: with rps, the time a turn takes
     pressure_events: int = 0
     observed: bool = True  # False when the tier's signals could not be read this pass
 

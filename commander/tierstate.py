@@ -18,7 +18,11 @@ class TierState:
     (values strictly decrease with time): an older, lower entry can never be the window's max
     again, so it is dropped and the state stays small. ``changes`` are the scale events the rate
     rules look back on, ``starts`` the measured start costs (``commander.holdtime``),
-    ``failures`` the failed observations in a row, ``recycling`` the workers being replaced.
+    ``failures`` the failed observations in a row, ``recycling`` the workers being replaced,
+    ``steps`` the last two scale-ups ``(ts, workers)`` (a step within a burst doubles the one
+    before it: ``commander.scaleup``; two, so that a pass repeated at the same ``now`` sees the
+    step the first one saw), ``queued_since`` since when turns have waited beyond the free
+    slots. ``last_scale_down`` is the last scale-in (recycling is not one).
     """
 
     history: tuple[tuple[float, int], ...] = ()
@@ -29,13 +33,16 @@ class TierState:
     failures: int = 0
     failed_at: float | None = None  # the pass that counted the last failure (a repeat does not)
     recycling: tuple[tuple[str, float, str], ...] = ()  # (old worker, replacement asked at, phase)
+    steps: tuple[tuple[float, int], ...] = ()
+    queued_since: float | None = None
 
     def to_body(self) -> dict[str, Any]:
         """Plain JSON data."""
         return {"history": [list(h) for h in self.history], "last_scale_up": self.last_scale_up,
                 "last_scale_down": self.last_scale_down, "changes": [list(c) for c in self.changes],
                 "starts": [list(s) for s in self.starts], "failures": self.failures,
-                "failed_at": self.failed_at, "recycling": [list(r) for r in self.recycling]}
+                "failed_at": self.failed_at, "recycling": [list(r) for r in self.recycling],
+                "steps": [list(s) for s in self.steps], "queued_since": self.queued_since}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> TierState:
@@ -47,4 +54,6 @@ class TierState:
                    changes=tuple((float(t), int(d)) for t, d in body.get("changes", ())),
                    starts=tuple((str(w), float(s)) for w, s in body.get("starts", ())),
                    failures=int(body.get("failures", 0)), failed_at=body.get("failed_at"),
-                   recycling=tuple((str(w), float(t), str(p)) for w, t, p in body.get("recycling", ())))
+                   recycling=tuple((str(w), float(t), str(p)) for w, t, p in body.get("recycling", ())),
+                   steps=tuple((float(t), int(n)) for t, n in body.get("steps", ())),
+                   queued_since=body.get("queued_since"))

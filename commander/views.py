@@ -90,14 +90,25 @@ def _fields(v: WorkerView) -> dict[str, Any]:
     return {name: getattr(v, name) for name in WorkerView.__slots__}
 
 
-def tier_rps(views: Iterable[WorkerView], evaluator: Evaluator) -> float:
-    """Turns per second served by the tier's workers, from their counter deltas."""
-    total = 0.0
+@dataclass(frozen=True, slots=True)
+class TierRates:
+    """The tier's served rates, from its workers' counter deltas (``Evaluator.rates``)."""
+
+    turns_per_s: float = 0.0
+    handler_busy: float = 0.0  # handler seconds per second: busy slots on average
+
+
+def tier_rates(views: Iterable[WorkerView], evaluator: Evaluator) -> TierRates:
+    """Turns and handler seconds per second served by the tier's workers."""
+    turns = busy = 0.0
     for v in views:
         rates = evaluator.rates(v.id)
         if rates is not None:
-            total += rates.turns_per_s
-    return total
+            turns += rates.turns_per_s
+            busy += rates.handler_busy
+    return TierRates(turns, busy)
+
+
 
 
 def holding(views: Iterable[WorkerView], held: Mapping[str, int]) -> tuple[WorkerView, ...]:
@@ -109,8 +120,9 @@ def holding(views: Iterable[WorkerView], held: Mapping[str, int]) -> tuple[Worke
                  for v in views)
 
 
-def snapshot(tier: str, views: tuple[WorkerView, ...], signals: TierSignals, rps: float) -> TierSnapshot:
+def snapshot(tier: str, views: tuple[WorkerView, ...], signals: TierSignals,
+             rates: TierRates = TierRates()) -> TierSnapshot:
     """The decide() input for one tier."""
     return TierSnapshot(tier=tier, workers=holding(views, signals.held), active_users=signals.active_users,
-                        backlog=signals.backlog, rps=rps, pressure_events=signals.pressure_events,
-                        observed=signals.observed)
+                        backlog=signals.backlog, rps=rates.turns_per_s, handler_rate=rates.handler_busy,
+                        pressure_events=signals.pressure_events, observed=signals.observed)

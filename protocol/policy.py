@@ -89,12 +89,17 @@ class Policy(BaseModel):
     min_workers: NonNegativeInt = Field(1, le=10_000)
     max_workers: PositiveInt = Field(8, le=10_000)
     target_buffer: NonNegativeInt = Field(0, le=1_000)
-    max_step_up: PositiveInt = Field(4, le=1_000)
+    # the most workers one pass may start; None: the step is sized by the measured load alone
+    # (commander.scaleup), within max_workers and the scale_up rate rules
+    max_step_up: PositiveInt | None = Field(None, le=1_000)
     # signals (None = disabled)
     users_per_instance: PositiveFloat | None = 100.0
     active_window_s: PositiveFloat = Field(60.0, le=86_400)
     target_backlog_per_worker: PositiveFloat | None = 16.0
     target_rps_per_worker: PositiveFloat | None = None
+    # how long a waiting turn may wait for a slot the running workers will free before the tier
+    # needs more workers (the backlog those slots start within this time asks for none)
+    target_wait_s: PositiveFloat = Field(0.5, le=60.0)
     # occupancy
     admission_threshold: float = Field(0.8, gt=0.0, le=1.0)
     reception_threshold: float = Field(0.5, gt=0.0, le=1.0)

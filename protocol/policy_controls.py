@@ -51,7 +51,7 @@ class RateRule(_Frozen):
 
 
 class ScaleBehavior(_Frozen):
-    """The rate limits of one direction; no rules means no limit (beyond ``max_step_up`` up)."""
+    """The rate limits of one direction; no rules means no limit (beyond ``max_step_up`` up, when set)."""
 
     rules: tuple[RateRule, ...] = ()
     select: Literal["max", "min", "disabled"] = "max"

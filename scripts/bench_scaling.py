@@ -111,7 +111,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
         g = goals(r)
         lines.append(f"| {r['trace']} | {yes[g['p99_le_1s']]} | {yes[g['slo_le_0.1pct']]} | "
                      f"{yes[g['cost_le_1.25x']]} | {yes[g['fewer_events']]} |")
-    lines.append("")
+    lines += ["", "Worker-seconds and scale events are both counted up to the last arrival. The frontier: "
+              "Fleet with its scale-in hold derived (the default), fixed at 0, 60 and 300 s, and with the "
+              "ledger's compaction margin at 2 and 2.5 (the default 1.5); HPA-like at target utilizations "
+              "0.5-0.9; KEDA-like at x0.25-x2 its backlog target; static counts.", ""]
     for r in results:
         lines += [f"#### {r['trace']}", "",
                   f"{r['turns']:,} turns over {r['span_s'] / 60:.0f} min, {r['users']:,} users; arrivals "

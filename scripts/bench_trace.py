@@ -10,7 +10,7 @@
 2. Validation: one slice of the trace, sped up --speed times, simulated and replayed on a
    real fleet (private redis-server, ``python -m commander`` forking workers, ``fleet replay``
    submitting the turns for the ``sleep`` handler) with the same policy; its time constants
-   (report interval, active window, scale-in hold) are divided by the speed too.
+   (report interval, active window, target wait, scale-in hold) are divided by the speed too.
 
 Any trace: --trace takes a CSV, TSV or JSON-lines file (``sim/scaling/tracefile.py``: columns
 by --columns ts=...,in=...,out=...[,count=...][,user=...] or by their usual names; ISO
@@ -203,6 +203,7 @@ def validation_policy(args: argparse.Namespace) -> Policy:
     hold = base.scale_in_hold
     update: dict[str, Any] = {
         "report_interval_s": base.report_interval_s / k, "active_window_s": base.active_window_s / k,
+        "target_wait_s": base.target_wait_s / k,
         "scale_in_hold": hold.model_copy(update={"min_s": hold.min_s / k, "max_s": hold.max_s / k,
                                                  "unmeasured_s": hold.unmeasured_s / k})}
     if base.scale_down_stabilization_s is not None:
@@ -396,7 +397,7 @@ def markdown(args: argparse.Namespace, trace: Trace, turns: list[TraceTurn], run
             "### Validation: simulator vs a real fleet", "",
             f"Trace seconds {val['start_s']:g}-{val['start_s'] + val['duration_s']:g} ({val['turns']} turns) "
             f"at x{val['speed']:g}: service and inter-arrival times / {val['speed']:g}; the policy's "
-            "report interval, active window and scale-in hold / the same factor. Real: private "
+            "report interval, active window, target wait and scale-in hold / the same factor. Real: private "
             "redis-server, `python -m commander` forking workers, `fleet replay`; waits in replay "
             f"seconds, SLO {val['slo_s']:g} s (= {setup.slo_s:g} trace seconds).", "",
             table([val["simulated"], val["real"]]), "",

@@ -130,13 +130,17 @@ class Point:
 
 
 def fleet_variants(setup: Setup) -> list[tuple[str, Policy]]:
-    """Fleet's policy over the cost/miss knob: the scale-in hold, fixed or derived."""
+    """Fleet's policy over its cost/churn knobs: the scale-in hold (fixed or derived) and the
+    ledger's compaction margin (the hysteresis between a scale-up and a compaction)."""
     base = setup.policy
     out = [("derived hold" if base.scale_down_stabilization_s is None
             else f"hold {base.scale_down_stabilization_s:g} s", base)]
     for hold in (0.0, 60.0, 300.0):
         if hold != base.scale_down_stabilization_s:
             out.append((f"hold {hold:g} s", base.model_copy(update={"scale_down_stabilization_s": hold})))
+    for margin in (2.0, 2.5):
+        if margin != base.compaction_margin:
+            out.append((f"margin {margin:g}", base.model_copy(update={"compaction_margin": margin})))
     return out
 
 

@@ -28,8 +28,10 @@ The model, chosen to match what the real fleet does:
   from scale-in until it ends (``TurnContext.protect``).
 
 ``wait`` of a turn = its start of service - its arrival (= reply - submit - service).
-Worker-seconds are counted from 0 to the last arrival; the run goes on until every turn is
-served. Everything is deterministic: no clock, no randomness.
+Worker-seconds and scale events are counted from 0 to the last arrival (the same span: a
+policy that releases workers once the traffic has ended is not charged events for workers
+another keeps for free); the run goes on until every turn is served. Everything is
+deterministic: no clock, no randomness.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from collections.abc import Sequence
 from commander.evaluator import Evaluator
 from commander.runtime.base import WorkerHandle, WorkerState
 from commander.snapshot import TierSnapshot
-from commander.views import TierSignals, snapshot, tier_rps, worker_views
+from commander.views import TierSignals, snapshot, tier_rates, worker_views
 from protocol.models import Counters, OccupancyReport, Slots
 from sim.scaling.model import (  # re-exported: the policies, scripts and tests import them from here
     Scale,
@@ -318,7 +320,7 @@ class Simulator:
         backlog = len(self.queue) + (self.in_service if getattr(self.policy, "counts_pending", False) else 0)
         signals = TierSignals(backlog=backlog, active_users=self._active_users(),
                               pressure_events=self.pressure if self.queue else 0)
-        return snapshot(self.cfg.tier, views, signals, tier_rps(views, self.evaluator))
+        return snapshot(self.cfg.tier, views, signals, tier_rates(views, self.evaluator))
 
     def _active_users(self) -> int:
         cutoff = self.t - self.cfg.view_policy.active_window_s
@@ -331,12 +333,13 @@ class Simulator:
     def _apply(self, action: Scale | int) -> None:
         if isinstance(action, int):
             action = self._toward(action)
+        counted = self.t <= self.horizon  # the span worker-seconds are counted over
         if action.spawn > 0:
-            self.ups += 1
+            self.ups += int(counted)
             for _ in range(action.spawn):
                 self._spawn(self.cfg.spawn_delay_s)
         if action.retire:
-            self.downs += 1
+            self.downs += int(counted)
             for wid in action.retire:
                 self._retire(wid)
 

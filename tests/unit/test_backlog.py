@@ -241,7 +241,7 @@ def test_a_worker_holding_notifications_is_not_idle() -> None:
     resting = WorkerView("w2", busy=0, total=2, lanes=0)
     busy = WorkerView("w3", busy=2, total=2, lanes=2)
     snap = tier_snapshot("chat", (caught_between_turns, resting, busy),
-                         TierSignals(held={"w1": 1, "w3": 2, "gone": 4}), rps=0.0)
+                         TierSignals(held={"w1": 1, "w3": 2, "gone": 4}))
     by_id = {w.id: w for w in snap.workers}
     assert not by_id["w1"].idle and by_id["w1"].lanes == 1 and by_id["w1"].busy == 0
     assert by_id["w2"].idle and by_id["w2"] == resting

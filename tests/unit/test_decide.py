@@ -74,13 +74,24 @@ CASES: list[tuple[str, dict[str, Any], TierSnapshot, int, list[tuple[str, str]]]
     ("lone reception admits up to admission", {}, snap(ready(0.7)), 0, []),
     ("lone reception saturated", {}, snap(ready(0.8)), 1, []),
     ("users signal", {"users_per_instance": 10}, snap(ready(0.1), active_users=35), 3, []),
-    ("backlog signal", {"target_backlog_per_worker": 16}, snap(ready(0.1), backlog=40), 2, []),
+    # short turns (0.1 s): the running slots start the 40 within target_wait_s, so only the
+    # backlog signal asks
+    ("backlog signal", {"target_backlog_per_worker": 16},
+     snap(ready(0.1), backlog=40, rps=80.0, handler_rate=8.0), 2, []),
     ("rps signal", {"target_rps_per_worker": 5}, snap(ready(0.1), rps=12.0), 2, []),
     ("warm buffer", {"target_buffer": 2}, snap(ready(0.3, 0.3)), 1, []),
     ("max of the proposals", {"users_per_instance": 10, "target_backlog_per_worker": 10},
      snap(ready(0.1), active_users=25, backlog=41), 4, []),
-    ("pressure: one more at least", {}, snap(ready(0.4, 0.4), pressure_events=1), 1, []),
-    ("pressure sized by the slots it missed", {}, snap(ready(0.9, 0.9), pressure_events=20), 3, []),
+    ("pressure: one more at least", {}, snap(ready(0.4, 0.4), pressure_events=1, backlog=1), 1, []),
+    ("pressure sized by the slots it missed", {}, snap(ready(0.9, 0.9), pressure_events=20, backlog=20),
+     3, []),
+    ("waiting turns take the free slots first", {}, snap(ready(0.4, 0.4), backlog=4), 0, []),
+    ("the running slots start some in time", {},  # 16 slots, 2 s a turn: 4 start within 0.5 s
+     snap(ready(0.45, 0.75), pressure_events=1, backlog=4, rps=8.0, handler_rate=16.0), 0, []),
+    ("... and the rest asks for slots", {},
+     snap(ready(0.45, 0.75), pressure_events=1, backlog=13, rps=8.0, handler_rate=16.0), 2, []),
+    ("a scale-up is sized by the measured load", {},  # 9 asked; C(n) > 7.6 from n = 10
+     snap(ready(*[0.95] * 8), pressure_events=1, backlog=1), 2, []),
     ("pressure wakes an empty tier", {"min_workers": 0}, snap((), pressure_events=1), 1, []),
     ("backlog wakes an empty tier, signal off", {"min_workers": 0}, snap((), backlog=3), 1, []),
     ("empty and quiet stays empty", {"min_workers": 0}, snap(()), 0, []),
@@ -227,7 +238,8 @@ def test_marked_reception_is_never_consolidated() -> None:
 # --- time: stabilization, change windows ---------------------------------------------------
 
 def test_stabilization_window_over_time() -> None:
-    """Scale-in waits for the highest desired of the last 300 s; scale-up never waits."""
+    """Scale-in waits for the highest desired of the last 300 s, one batch per hold; scale-up
+    never waits."""
     pol = policy(users_per_instance=1, scale_down_stabilization_s=300.0)
     workers = ready(0, 0, 0, 0, 0)
     steps = [  # (t, active users, expected target, expected retirements)
@@ -236,14 +248,15 @@ def test_stabilization_window_over_time() -> None:
         (200.0, 4, 5, 0),
         (299.0, 2, 5, 0),
         (301.0, 2, 4, 1),  # (0, 5) left the window; (200, 4) is the max
-        (501.0, 2, 2, 3),
+        (501.0, 2, 2, 0),  # one scale-in per hold: the next after 601
+        (601.0, 2, 2, 3),  # down to the target in one batch
     ]
     state = TierState()
     for t, users, target, n_retired in steps:
         plan, state = decide(snap(workers, active_users=users), pol, state, t)
         assert (plan.target, len(plan.retire)) == (target, n_retired), (t, plan.reason)
     assert len(state.history) <= 2  # the monotone window stays small
-    plan, state = decide(snap(workers, active_users=9), pol, state, 502.0)
+    plan, state = decide(snap(workers, active_users=9), pol, state, 602.0)
     assert plan.spawn == 4  # up is immediate (max_step_up 4)
 
 
@@ -317,7 +330,9 @@ def assert_no_reversal(snapshot: TierSnapshot, pol: Policy) -> None:
     """Decide, act, decide again: the second pass never undoes the first."""
     plan1, state = decide(snapshot, pol, TierState(), NOW)
     assert decide(snapshot, pol, state, NOW) == (plan1, state)  # idempotent
-    plan2, _ = decide(apply(snapshot, plan1, pol), pol, state, NOW + 1)
+    # the next pass, sooner than target_wait_s: a queue that stood longer than that, or a burst,
+    # may ask again, on purpose (commander.scaleup)
+    plan2, _ = decide(apply(snapshot, plan1, pol), pol, state, NOW + 0.25)
     assert not (plan1.spawn and plan2.retire), (plan1.reason, plan2.reason)
     assert not (plan1.retire and plan2.spawn), (plan1.reason, plan2.reason)
     if plan1.spawn and plan1.current + plan1.spawn >= plan1.desired:
@@ -430,7 +445,7 @@ def test_stale_majority_blocks_even_idle_reclaim() -> None:
 
 
 def test_plan_why_is_plain_data() -> None:
-    plan = run(snap(ready(0.9, 0.9), pressure_events=20), policy())
+    plan = run(snap(ready(0.9, 0.9), pressure_events=20, backlog=20), policy())
     why = plan.why()
     assert why["proposals"]["pressure"] == 5 and why["desired"] == 5 and why["clamp"] is None
     assert plan.reason.startswith("scale up 2->5")

@@ -150,7 +150,7 @@ CASES: list[tuple[str, dict[str, Any], TierSnapshot, TierState, int, list[tuple[
     ("fallback fixed never scales in", {"fallback": {"after": 1, "action": "fixed", "workers": 1}},
      snap(wk(0, fresh=False), wk(1, fresh=False), wk(2)), TierState(), 0, [], "fallback"),
     ("before the fallback: pressure still spawns", {"fallback": {"after": 3}},
-     snap(wk(0, 0.9, fresh=False), wk(1, 0.9, fresh=False), pressure_events=5), TierState(), 1, [],
+     snap(wk(0, 0.9, fresh=False), wk(1, 0.9, fresh=False), pressure_events=5, backlog=5), TierState(), 1, [],
      "scale up"),
     ("signals unread: no scale-in", {}, snap(wk(0), wk(1), observed=False), TierState(), 0, [], "read"),
     ("recycle: start the replacement", {"max_worker_age_s": 3600},
@@ -283,7 +283,8 @@ def test_a_slow_starting_tier_holds_long_in_decide() -> None:
 
 def test_tier_state_body_round_trip() -> None:
     state = TierState(history=((1.0, 3),), last_scale_up=2.0, changes=((3.0, -1),), starts=(("w1", 0.1),),
-                      failures=2, failed_at=4.0, recycling=(("w0", 3.5, "draining"),))
+                      failures=2, failed_at=4.0, recycling=(("w0", 3.5, "draining"),),
+                      steps=((1.0, 2), (3.0, 4)), queued_since=5.0)
     assert TierState.from_body(state.to_body()) == state
     assert TierState.from_body({"history": [[1, 2]]}) == TierState(history=((1.0, 2),))
 
