@@ -267,6 +267,7 @@ class Costs:
     """Counters read before and after a phase: Redis commands and CPU, worker and load CPU."""
 
     redis_calls: dict[str, int]
+    redis_reads: int  # INFO stats total_reads_processed: ~ one per round trip a client makes
     redis_cpu: float
     worker_cpu: float
     load_cpu: float
@@ -275,8 +276,9 @@ class Costs:
     def read(cls, r: redis.Redis, pids: list[int]) -> Costs:
         stats = r.info("commandstats")
         cpu = r.info("cpu")
+        reads = int(r.info("stats")["total_reads_processed"])
         me = psutil.Process().cpu_times()
-        return cls({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()},
+        return cls({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}, reads,
                    float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
                    sum(_tree_cpu(pid) for pid in pids), me.user + me.system)
 
@@ -286,6 +288,7 @@ class Costs:
         calls = {k: n - self.redis_calls.get(k, 0) for k, n in after.redis_calls.items()}
         top = sorted(((n, k) for k, n in calls.items() if n > 0), reverse=True)[:8]
         return {"redis_commands": round(sum(calls.values()) / turns, 1),
+                "round_trips": round((after.redis_reads - self.redis_reads) / turns, 1),
                 "top_commands": {k: round(n / turns, 2) for n, k in top},
                 "redis_cpu_us": round((after.redis_cpu - self.redis_cpu) / turns * 1e6, 1),
                 "worker_cpu_us": round((after.worker_cpu - self.worker_cpu) / turns * 1e6, 1),
