@@ -69,7 +69,13 @@ from stores.backlog import no_free_slot
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy, write_policy_async
 from stores.replicas import ReplicaAcks
-from stores.submit import SubmitNotNotified, Submitted, submit_round_trip, submit_round_trip_async
+from stores.submit import (
+    PRESSURE_CHECK_S,
+    SubmitNotNotified,
+    Submitted,
+    submit_round_trip,
+    submit_round_trip_async,
+)
 from stores.tier_probe import (
     OPTIONS_TTL_S,
     SubmitOptions,
@@ -150,6 +156,23 @@ def _pressure_fields(tier: str, user: str) -> dict[str, str]:
     return {"tier": tier, "user": user, "ts": f"{time.time():.3f}"}
 
 
+def _pressure_due(client: Fleet | AsyncFleet, tier: str, user: str) -> dict[str, str] | None:
+    """The pressure event a submit should check for, or None: a client checks a tier at most
+    once per ``PRESSURE_CHECK_S`` (no ``XINFO`` per submit; the commander's pass sees a backlog
+    the checks miss)."""
+    now = time.monotonic()
+    if now - client._checked.get(tier, float("-inf")) < PRESSURE_CHECK_S:
+        return None
+    client._checked[tier] = now
+    return _pressure_fields(tier, user)
+
+
+def _needs_pressure(done: Submitted) -> bool:
+    """Whether the client must still post the pressure event: on a Cluster (one node: the
+    check posted it itself), the gauges it read show no free slot."""
+    return not done.posted and bool(done.gauges) and no_free_slot(*done.gauges)
+
+
 def _count_wait(client: Fleet | AsyncFleet, opts: SubmitOptions, done: Submitted,
                 built: list[tuple[Turn, bytes]]) -> None:
     """Count a submit's WAIT (the tier's ``replica_acks``). A shortfall is logged and its turn
@@ -179,6 +202,7 @@ class Fleet:
         self.max_reply_bytes = max_reply_bytes
         self._tiers: set[str] = set()  # tiers found to exist: not checked again
         self._options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
+        self._checked: dict[str, float] = {}  # tier -> when a submit last checked it for pressure
         self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
         self.unreplicated: deque[str] = deque(maxlen=UNREPLICATED_KEEP)  # turn ids of short WAITs
 
@@ -219,10 +243,11 @@ class Fleet:
         tier = built[0][0].tier
         self._ensure_tier(tier, create_tier)
         opts = self._submit_options(tier)
-        done = submit_round_trip(self.r, built, tier, opts)
+        pressure = _pressure_due(self, tier, built[-1][0].user)
+        done = submit_round_trip(self.r, built, tier, opts, pressure)
         _count_wait(self, opts, done, built)
-        if no_free_slot(*done.gauges):
-            post_pressure(self.r, tier, _pressure_fields(tier, built[-1][0].user))
+        if pressure is not None and _needs_pressure(done):
+            post_pressure(self.r, tier, pressure)
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
 
     def _ensure_tier(self, tier: str, create: bool) -> None:
@@ -273,6 +298,7 @@ class AsyncFleet:
         self.max_reply_bytes = max_reply_bytes
         self._tiers: set[str] = set()  # tiers found to exist: not checked again
         self._options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
+        self._checked: dict[str, float] = {}  # tier -> when a submit last checked it for pressure
         self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
         self.unreplicated: deque[str] = deque(maxlen=UNREPLICATED_KEEP)  # turn ids of short WAITs
 
@@ -294,12 +320,16 @@ class AsyncFleet:
         """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
         turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
         await self._ensure_tier(turn.tier, create_tier)
-        opts = await self._submit_options(turn.tier)
-        done = await submit_round_trip_async(self.r, [(turn, payload)], turn.tier, opts)
-        _count_wait(self, opts, done, [(turn, payload)])
-        if no_free_slot(*done.gauges):
-            await post_pressure_async(self.r, turn.tier, _pressure_fields(turn.tier, turn.user))
-        return turn
+        return (await self._submit_built([(turn, payload)], turn.tier))[0]
+
+    async def _submit_built(self, built: list[tuple[Turn, bytes]], tier: str) -> list[Turn]:
+        opts = await self._submit_options(tier)
+        pressure = _pressure_due(self, tier, built[-1][0].user)
+        done = await submit_round_trip_async(self.r, built, tier, opts, pressure)
+        _count_wait(self, opts, done, built)
+        if pressure is not None and _needs_pressure(done):
+            await post_pressure_async(self.r, tier, pressure)
+        return [t for t, _ in built]
 
     async def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                           meta: Mapping[str, Any] | None = None,
@@ -313,12 +343,7 @@ class AsyncFleet:
             return []
         tier = built[0][0].tier
         await self._ensure_tier(tier, create_tier)
-        opts = await self._submit_options(tier)
-        done = await submit_round_trip_async(self.r, built, tier, opts)
-        _count_wait(self, opts, done, built)
-        if no_free_slot(*done.gauges):
-            await post_pressure_async(self.r, tier, _pressure_fields(tier, built[-1][0].user))
-        return [t for t, _ in built]
+        return await self._submit_built(built, tier)
 
     async def _ensure_tier(self, tier: str, create: bool) -> None:
         if tier in self._tiers:

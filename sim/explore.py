@@ -310,7 +310,9 @@ def _wind_down(loop: SimLoop, net: Network, world: World) -> None:
     for worker in world.instances.values():
         worker.drain("wind-down")  # (the checks are done: what it records now is read by none)
         worker._stopping.set()
-    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    # (all_tasks is a WeakSet: its order follows memory addresses. In creation order instead, so
+    # the steps of the wind-down, and the count a replay compares, are the same in any process.)
+    tasks = sorted((t for t in asyncio.all_tasks(loop) if not t.done()), key=_created)
     for task in tasks:
         task.cancel()
     limit = loop.steps + 200_000
@@ -320,6 +322,12 @@ def _wind_down(loop: SimLoop, net: Network, world: World) -> None:
     for task in tasks:
         if not task.cancelled() and task.exception() is not None:
             pass  # retrieved: a worker that died of the store going away is no news here
+
+
+def _created(task: asyncio.Task[Any]) -> int:
+    """A task's place in creation order: asyncio names them ``Task-<n>`` from one counter."""
+    tail = task.get_name().rpartition("-")[2]
+    return int(tail) if tail.isdigit() else -1
 
 
 def _quiet_logs() -> Any:

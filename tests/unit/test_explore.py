@@ -94,11 +94,10 @@ def test_a_failing_schedule_is_shrunk_and_replays(tmp_path: Path, monkeypatch: p
 
     real = job.UserJob._serve_turn
 
-    async def drops_the_second_turn(self, lease, entry, fields):  # type: ignore[no-untyped-def]
-        if b"-t1" in fields.get(b"m", b""):
-            await self._commit(lease, entry, "", job.Writes())
-            return
-        await real(self, lease, entry, fields)
+    async def drops_the_second_turn(self, lease, nxt):  # type: ignore[no-untyped-def]
+        if b"-t1" in nxt.fields.get(b"m", b""):
+            return await self._commit(lease, nxt.entry, "", job.Writes(), "ok")
+        return await real(self, lease, nxt)
 
     monkeypatch.setattr(job.UserJob, "_serve_turn", drops_the_second_turn)
     code = explore.main(["--schedules", "5", "--seed", "1", "--users", "2", "--turns", "2",
