@@ -51,6 +51,16 @@ class BatchStats:
     requests: int = 0  # calls made by jobs (merged ones each)
     sizes: dict[int, int] = field(default_factory=dict)  # calls in a pipeline -> pipelines
 
+    def summary(self) -> str:
+        """One line: how many calls each round trip carried."""
+        if not self.pipelines:
+            return "group commit: no script calls batched"
+        top = max(self.sizes)
+        return (f"group commit: {self.pipelines} round trips carried {self.calls} script calls "
+                f"({self.requests} jobs' calls, acks merged): mean {self.calls / self.pipelines:.2f} "
+                f"per round trip, max {top}; calls per round trip -> round trips: "
+                f"{dict(sorted(self.sizes.items()))}")
+
     def note(self, size: int, requests: int) -> None:
         self.pipelines += 1
         self.calls += size

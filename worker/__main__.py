@@ -42,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
     set_process_title(settings.tier, settings.worker_id)
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.worker_id} %(message)s")
-    return asyncio.run(Worker(settings).run())
+    worker = Worker(settings)
+    code = asyncio.run(worker.run())
+    print(f"{settings.worker_id}: {worker.store.batcher.stats.summary()}", file=sys.stderr)  # (bench_peers)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
