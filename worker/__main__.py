@@ -43,7 +43,13 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.worker_id} %(message)s")
     worker = Worker(settings)
-    code = asyncio.run(worker.run())
+    loop_factory = None
+    if settings.event_loop == "uvloop":
+        import uvloop  # (an extra: only when asked for)
+
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        code = runner.run(worker.run())
     print(f"{settings.worker_id}: {worker.store.batcher.stats.summary()}", file=sys.stderr)  # (bench_peers)
     return code
 
