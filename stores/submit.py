@@ -217,7 +217,7 @@ def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str,
 
     - An inbox ``XADD`` refused: that turn is not submitted and gets no notification; the
       others of the batch are notified, then the first refusal is raised (as the single-node
-      path raises an error of its ``EXEC``, the rest applied). Round trip 1 failing as a whole
+      path raises an error of its script, the rest applied). Round trip 1 failing as a whole
       (a connection lost) raises it and notifies nothing; an entry that did land in spite of it
       waits, in order, for its user's next submit.
     - Round trip 2 failing (inbox written, notification not): :class:`SubmitNotNotified`,
