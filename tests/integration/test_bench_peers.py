@@ -41,12 +41,13 @@ def test_bench_peers_quick_every_system_answers_turns(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     systems = result["systems"]
-    assert set(systems) == {"fleet", "rq-simple", "rq-fork", "celery", "dramatiq-1", "dramatiq-8", "saq", "arq"}
+    assert set(systems) == {"fleet", "rq-simple", "rq-fork", "celery", "dramatiq-1", "dramatiq-8", "saq",
+                            "arq"}
     for name, s in systems.items():
         sat = s["saturation"]
         assert sat["turns"] > 0 and sat["turns_per_s"] > 0, (name, sat)
         cost = s["cost_per_turn"]
-        assert cost["redis_commands"] > 0 and cost["round_trips"] > 0 and cost["total_cpu_us"] > 0, (name, cost)
+        assert min(cost["redis_commands"], cost["round_trips"], cost["total_cpu_us"]) > 0, (name, cost)
         assert "errors" not in sat, (name, sat)
         half = s["half_load"]
         assert half.get("overloaded") or half["turns"] > 0, (name, half)
