@@ -17,10 +17,28 @@
 --          fields let the scripts that read the inbox see the turn id and tier without
 --          decoding msgpack (include/next_turn.lua)
 --
--- Returns the inbox entry ids, in order.
+-- Returns the inbox entry ids, in order. A write that fails while the script runs (a key of the
+-- wrong type, out of memory) leaves the writes before it, as a failing command inside EXEC did
+-- (the ones after it are not made: the script stops there).
 local n = tonumber(ARGV[1])
 if not n or #KEYS ~= 1 + 2 * n or #ARGV ~= 1 + 5 * n then
   return redis.error_reply('BADARGS turn count does not match the keys and arguments')
+end
+-- A script is not rolled back: a write the caller's ACL refuses would fail halfway, after the
+-- writes before it. So every write is checked first (Redis >= 7: redis.acl_check_cmd), and a
+-- refused one refuses the whole submit, as a command refused inside MULTI discards it.
+if redis.acl_check_cmd then
+  local checks = {{'ZADD', KEYS[1], '0', 'u'}}
+  for i = 1, n do
+    checks[#checks + 1] = {'XADD', KEYS[1 + i], '*', 'm', 'x'}
+    checks[#checks + 1] = {'XADD', KEYS[1 + n + i], '*', 'user', 'u'}
+  end
+  for _, c in ipairs(checks) do
+    if not redis.acl_check_cmd((table.unpack or unpack)(c)) then
+      return redis.error_reply("NOPERM this user has no permissions to run the '" .. string.lower(c[1]) ..
+                               "' command on " .. c[2])
+    end
+  end
 end
 local ids = {}
 for i = 1, n do
