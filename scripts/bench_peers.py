@@ -594,7 +594,7 @@ async def measure(name: str, url: str, pids: list[int], users: list[str], args: 
                                   "saturation": sat.summary(args.seconds), "cost_per_turn": costs}
         capacity = sat.in_window / args.seconds
         rate = capacity / 2 if half_rate is None else half_rate
-        if capacity < rate:
+        if capacity < rate or rate <= 0:  # (no turn in the window: more users than the window fits)
             out["half_load"] = {"rate_per_s": round(rate, 1), "overloaded": True,
                                 "p50_ms": None, "p99_ms": None,
                                 "note": f"capacity {capacity:,.0f}/s is below the rate: not run"}
