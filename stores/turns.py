@@ -93,13 +93,30 @@ class Busy:
     ttl_ms: int
 
 
-@dataclass
 class ContextPack:
-    """What a handler sees of the user: pulled at the start of the turn, forgotten after."""
+    """What a handler sees of the user: pulled at the start of the turn, forgotten after.
 
-    session: list[SessionEntry] = field(default_factory=list)
-    profile: dict[str, str] = field(default_factory=dict)
-    memories: list[MemoryItem] = field(default_factory=list)
+    The session's entries are decoded when a handler first reads ``session`` (a handler that
+    never looks at them costs no decoding: the 20 entries of a pack were most of a worker's
+    pydantic and msgpack time); ``session_size`` is how many the pack holds, as read."""
+
+    def __init__(self, session: list[SessionEntry] | None = None, profile: dict[str, str] | None = None,
+                 memories: list[MemoryItem] | None = None, *, session_raw: list[bytes] | None = None) -> None:
+        self._session = session
+        self._session_raw = session_raw or []
+        self.profile = profile or {}
+        self.memories = memories or []
+
+    @property
+    def session(self) -> list[SessionEntry]:
+        """The session tail, oldest first (an entry that does not decode is skipped)."""
+        if self._session is None:
+            self._session = _parse_session(self._session_raw)
+        return self._session
+
+    @property
+    def session_size(self) -> int:
+        return len(self._session) if self._session is not None else len(self._session_raw)
 
 
 @dataclass(frozen=True)
@@ -174,7 +191,7 @@ class UserStore:
         pipe.hincrby(k.state, f"att:{entry}", 1)
         session_raw, profile_raw, memories_raw, seen, attempts = await pipe.execute()
         pack = ContextPack(
-            session=_parse_session(session_raw),
+            session_raw=session_raw,
             profile={as_str(k): as_str(v) for k, v in profile_raw.items()},
             memories=parse_members(memories_raw),
         )
@@ -293,7 +310,7 @@ def _next_turn(raw: Any) -> NextTurn | None:
     if not context:
         return NextTurn(as_str(entry), _pairs(flat))
     session_raw, profile_flat, memories_raw, answered, attempts, turn_id = context
-    pack = ContextPack(session=_parse_session(session_raw),
+    pack = ContextPack(session_raw=session_raw,
                        profile={as_str(k): as_str(v) for k, v in zip(profile_flat[::2], profile_flat[1::2],
                                                                       strict=True)},
                        memories=parse_members(memories_raw))

@@ -301,13 +301,15 @@ class UserJob:
                       result: HandlerResult) -> Done:
         """Write the turn back with its reply, session entry, memories, profile and usage."""
         now = time.time()
-        reply = Reply(turn_id=turn.turn_id, user=self.user, ok=True, text=result.text,
-                      worker=self.w.worker_id, ts=now, attempts=pulled.attempts,
-                      context={"session_turns": len(pulled.pack.session),
-                               "memories": [m.text for m in pulled.pack.memories],
-                               "profile": pulled.pack.profile})
-        session_entry = SessionEntry(turn_id=turn.turn_id, entry=entry, text=turn.text,
-                                     reply=result.text, ts=now)
+        # built without validation: every value is validated already (the turn, the handler's
+        # result, the ids) or made here
+        reply = Reply.model_construct(turn_id=turn.turn_id, user=self.user, ok=True, text=result.text,
+                                      worker=self.w.worker_id, ts=now, attempts=pulled.attempts,
+                                      context={"session_turns": pulled.pack.session_size,
+                                               "memories": [m.text for m in pulled.pack.memories],
+                                               "profile": pulled.pack.profile})
+        session_entry = SessionEntry.model_construct(turn_id=turn.turn_id, entry=entry, text=turn.text,
+                                                     reply=result.text, ts=now)
         writes = Writes(
             turn_id=turn.turn_id, session_entry=encode(session_entry),
             reply=_encode_reply(reply, turn.reply_fmt), profile=result.profile,
