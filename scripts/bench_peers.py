@@ -254,10 +254,13 @@ class ArqDriver(Driver):
         super().__init__(url)
         self.app = arq_app
         self.pool_: object | None = None
+        self._made = asyncio.Lock()  # (one pool, not one per user racing to make it)
 
     async def submit(self, user: str, turn_id: str, text: str) -> None:
         if self.pool_ is None:
-            self.pool_ = await self.app.pool(self.url)
+            async with self._made:
+                if self.pool_ is None:
+                    self.pool_ = await self.app.pool(self.url)
         await self.app.enqueue(self.pool_, user, turn_id, text)
 
     async def close(self) -> None:

@@ -27,7 +27,10 @@ async def turn(ctx: dict[str, Any], user: str, turn_id: str, text: str, model_ms
 
 
 async def pool(url: str) -> ArqRedis:
-    return await create_pool(RedisSettings.from_dsn(url), default_queue_name=QUEUE)
+    """The submitting side's pool: as many connections as the load generator's users want."""
+    settings = RedisSettings.from_dsn(url)
+    settings.max_connections = 10_000
+    return await create_pool(settings, default_queue_name=QUEUE)
 
 
 async def enqueue(p: ArqRedis, user: str, turn_id: str, text: str) -> None:
