@@ -743,6 +743,9 @@ def table(result: dict) -> str:
              + (f"; the median of {result['runs']} runs" if result.get("runs", 1) > 1 else ""),
              head]
     for name, s in result["systems"].items():
+        if "failed" in s:
+            lines.append(f"{name:<10} failed: {s['failed']}")
+            continue
         sat, half, cost = s["saturation"], s["half_load"], s["cost_per_turn"]
         ratio = "" if name == "fleet" else "   " + "  ".join(f(v) for v in s["ratios"].values())
         half_p50 = "overload" if half.get("overloaded") else f(half["p50_ms"])
@@ -764,7 +767,9 @@ def run(args: argparse.Namespace, url: str, log_dir: Path) -> dict[str, object]:
     by_run: list[dict[str, dict]] = []
     for i in range(args.runs):
         by_run.append(one_run(args, url, log_dir, r, users, profile=args.profile if i == 0 else None))
-    systems = {name: summarized([run_[name] for run_ in by_run]) for name in args.systems}
+    systems = {name: summarized([run_[name] for run_ in by_run if "failed" not in run_[name]])
+               if any("failed" not in run_[name] for run_ in by_run) else by_run[0][name]
+               for name in args.systems}
     result: dict[str, object] = {
         "users": args.users, "workers": args.workers, "fleet_concurrency": args.concurrency,
         "phase_seconds": args.seconds, "cpus": os.cpu_count(), "runs": args.runs,
@@ -789,9 +794,15 @@ def one_run(args: argparse.Namespace, url: str, log_dir: Path, r: redis.Redis, u
     for name in args.systems:
         print(f"bench_peers: {name}", file=sys.stderr, flush=True)
         reset_and_seed(r, users)
-        with start_system(name, url, args, log_dir) as pids:
-            systems[name] = _logged(log_dir, measure(name, url, pids, users, args, half_rate,
-                                                     profile if name == "fleet" else None))
+        try:
+            with start_system(name, url, args, log_dir) as pids:
+                systems[name] = _logged(log_dir, measure(name, url, pids, users, args, half_rate,
+                                                         profile if name == "fleet" else None))
+        except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, the run goes on
+            if name == "fleet":
+                raise
+            print(f"bench_peers: {name} failed: {exc}", file=sys.stderr, flush=True)
+            systems[name] = {"failed": f"{type(exc).__name__}: {exc}"[:300]}
         if name == "fleet":
             half_rate = systems["fleet"]["half_load"]["rate_per_s"]
             logs = sorted(log_dir.glob("worker-*.log"))  # each worker's batches, said on its exit
@@ -799,7 +810,7 @@ def one_run(args: argparse.Namespace, url: str, log_dir: Path, r: redis.Redis, u
                                                 for line in log.read_text(errors="replace").splitlines()
                                                 if "group commit:" in line]
     for name, sys_ in systems.items():
-        if name != "fleet":
+        if name != "fleet" and "failed" not in sys_:
             sys_["ratios"] = ratios(systems["fleet"], sys_)
     return systems
 
