@@ -87,14 +87,14 @@ redis.call('HSET', KEYS[2], 'cursor', ARGV[2])
 redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2])
 redis.call('XDEL', KEYS[3], ARGV[2])
 
--- The bounded keys are trimmed in steps: when the session has grown a tenth past its bound
--- (RPUSH says its length), the session, the answered ids and the memories are cut back to
--- theirs, so most turns trim nothing; a turn with no session entry (an error) trims the
--- answered ids at once. Each key keeps at least its bound (the dedupe window stays whole).
+-- The session is cut back to its bound only once a push takes it past (RPUSH says its length):
+-- a user below the bound costs no LTRIM. The answered ids and the memories are trimmed with
+-- it (a full session: every turn), and the answered ids at once by a turn with no session
+-- entry (an error); below that they grow by a turn's own writes only, so each stays bounded.
 local session_max = tonumber(ARGV[5])
 local trim = ARGV[4] == ''
 if ARGV[4] ~= '' then
-  if redis.call('RPUSH', KEYS[4], ARGV[4]) > session_max + math.max(1, math.floor(session_max / 10)) then
+  if redis.call('RPUSH', KEYS[4], ARGV[4]) > session_max then
     redis.call('LTRIM', KEYS[4], -session_max, -1)
     trim = true
   end

@@ -449,7 +449,7 @@ async def test_session_and_done_are_bounded(rig: Rig) -> None:
     for i, entry in enumerate(entries):
         w = writes(f"t{i}", session=f"s{i}".encode())
         assert (await rig.w1.commit(lease, entry, f"t{i}", w, i)).result == "ok"
-    # trimmed in steps: cut back to the bound once the session is past it by a tenth (here 1)
+    # cut back to the bound once a push takes the session past it (the others trimmed with it)
     assert await rig.r.lrange(keys.session(U), 0, -1) == [b"s2", b"s3", b"s4"]  # session_max=3
     assert await rig.r.zrange(keys.done(U), 0, -1) == [b"t3", b"t4"]  # done_keep=2
     assert await rig.r.xlen(keys.inbox(U)) == 0
