@@ -98,8 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(by turns/s) and the spread over the runs")
     p.add_argument("--peer-slots", type=int, default=64, help="SAQ's and arq's jobs at a time per process")
     p.add_argument("--arq-poll-ms", type=float, default=5.0, help="arq's queue poll (its default: 500)")
-    p.add_argument("--fleet-loop", choices=("asyncio", "uvloop"), default="asyncio",
-                   help="the event loop of Fleet's workers")
+    p.add_argument("--fleet-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                   help="the event loop of Fleet's workers (auto: uvloop if installed)")
     p.add_argument("--profile", type=Path,
                    help="py-spy a Fleet worker during the saturation phase of the first run; write "
                         "its top functions here (needs py-spy)")
