@@ -133,3 +133,15 @@ OPEN = Path(__file__).parent / "schedules"
 def test_open_hole_zombie_after_a_pause_an_outage_and_an_expiry() -> None:
     got = run(Schedule.from_json((OPEN / "zombie-28924.json").read_text()))
     assert got.ok, [str(v) for v in got.violations]
+
+
+@pytest.mark.xfail(strict=True, reason="open hole (found 2026-12-03 by issue 17's long exploration, "
+                   "seed 274459, shrunk): after a 6.7 s Redis outage and a lane expiry, w0's handler "
+                   "ran 1.5 s past its lane's end, over the zombie bound. The same class as "
+                   "zombie-28924: the worker learns of the loss only when its renew loop comes "
+                   "round. The fix-zombie branch's commits (a renewal pass every interval, a timer "
+                   "per lane) make this schedule hold, checked on a scratch copy of this branch "
+                   "with them applied; not merged here")
+def test_open_hole_zombie_after_an_outage_and_an_expiry() -> None:
+    got = run(Schedule.from_json((OPEN / "zombie-274459.json").read_text()))
+    assert got.ok, [str(v) for v in got.violations]
