@@ -1,20 +1,23 @@
 """The Python client: submit turns, wait for replies.
 
 **Submit** (DESIGN §3) is ``XADD`` the turn to the user's inbox, ``XADD`` a notification to
-the tier's ready stream, ``ZADD`` the user to the tier's active set, sent as one
-``MULTI``/``EXEC`` in one round trip. What that buys, honestly: the three are applied together
-with no other client's command in between, and a connection lost before ``EXEC`` applies none
-of them (Redis drops a queued transaction with its connection), so a turn can no longer land in
-an inbox without its notification; a retried round trip applies the batch once. What it does not
-buy: Redis never rolls back, so a command that fails *while* ``EXEC`` runs (a key of the wrong
-type, out of memory) leaves the others applied; the client raises that error. The reply
-arrives on ``fleet:u:{U}:reply:<turn_id>`` for a ``BLPOP``.
+the tier's ready stream, ``ZADD`` the user to the tier's active set. On one node the client
+sends them as one script call (``turn_submit.lua``, every turn of a ``submit_many`` in the
+same call) in one round trip. What that buys: the writes are applied together with no other
+client's command in between, and a script that is refused or fails on its arguments writes
+nothing; a connection lost before the call applies none of it; a retried round trip applies
+the batch once. What it does not buy: Redis never rolls back, so a command that fails *while*
+the script runs (a key of the wrong type, out of memory) leaves the writes before it applied;
+the client raises that error. The inbox entry is the msgpack ``Turn`` (field ``m``) with plain
+copies of its ``turn_id`` and ``tier``, which the worker's scripts read. The reply arrives on
+``fleet:u:{U}:reply:<turn_id>`` for a ``BLPOP``.
 
 **On Redis Cluster** (``stores.cluster.is_cluster`` of the client) no transaction can span the
 user's slot (inbox) and the tier's (ready, active), and the cluster pipeline sends each node's
 batch concurrently, so the submit is *ordered* instead: one round trip writes the inbox entries
 (all of them, for ``submit_many``) and waits for their acknowledgement, a second writes the
-notifications and active marks and reads the gauges (``stores.submit.submit_ordered``). One
+notifications and active marks and, when it checks for pressure, reads the gauges
+(``stores.submit.submit_ordered``). One
 extra round trip, only there. An inbox entry refused is a turn not submitted: no notification,
 and its error is raised (after the batch's other turns are notified). If the second round trip
 fails, the turns are in their inboxes without a notification: ``SubmitNotNotified`` names them.
@@ -25,7 +28,7 @@ ids; ``turn_commit.lua`` answers ``dup``). A retry under a new turn id is a seco
 
 **Replicas.** With the tier's ``replica_acks`` N (the policy; read with ``ready_shards`` and
 again every ``OPTIONS_TTL_S``), the submit sends ``WAIT N replica_ack_timeout_ms`` after its
-writes, on their connection: on one node after ``EXEC`` in the same round trip; on a Cluster
+writes, on their connection: on one node after the script in the same round trip; on a Cluster
 after each master's share of the inbox entries (before any notification is written) and again
 after the notifications, one more round trip for the gauges. Once the submit returns with N
 acknowledgements, a failover to one of those replicas keeps the turn. A WAIT that gets fewer
@@ -39,14 +42,17 @@ writes the tier's default policy (the commander then starts its workers). A tier
 heartbeat. The client checks each tier once and remembers the tiers it found (a refused tier is
 checked again on the next submit), so a submit stays one round trip.
 
-**Pressure.** The same round trip reads, after ``EXEC``, the tier's consumer-group lag and the
-slots of workers already starting. Redis hands a new notification to a worker blocked in
-``XREADGROUP`` once the command (here: the ``EXEC``) that wrote it is done, before it runs the
-next one, so a lag left after our ``EXEC`` means no worker had a free slot. (Read inside the
-transaction, the lag would always count our own notification.) If the lag is more than the
-starting workers will absorb, the client appends a pressure event, which wakes the commander at
-once. Both gauges are recomputed from live state (the lag) or expire (``starting``), so neither
-drifts.
+**Pressure.** The same round trip may carry, after the submit's script, the pressure check
+(``submit_pressure.lua``): the tier's consumer-group lag against the slots of workers already
+starting. Redis hands a new notification to a worker blocked in ``XREADGROUP`` once the command
+(here: the submit's script) that wrote it is done, before it runs the next one, so a lag left
+after it means no worker had a free slot. (Read inside the submit, the lag would always count
+our own notification.) If the lag is more than the starting workers will absorb, the check
+appends a pressure event itself, which wakes the commander at once. A client checks a tier at
+most once every ``PRESSURE_CHECK_S`` (10 ms): no ``XINFO`` on every submit; a burst the checks
+miss is in the backlog the commander reads every pass (0.5 s). Both gauges are recomputed from
+live state (the lag) or expire (``starting``), so neither drifts. (On a Cluster the gauges are
+read in round trip 2, when checking, and the client posts the event.)
 """
 
 from __future__ import annotations
@@ -69,7 +75,13 @@ from stores.backlog import no_free_slot
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy, write_policy_async
 from stores.replicas import ReplicaAcks
-from stores.submit import SubmitNotNotified, Submitted, submit_round_trip, submit_round_trip_async
+from stores.submit import (
+    PRESSURE_CHECK_S,
+    SubmitNotNotified,
+    Submitted,
+    submit_round_trip,
+    submit_round_trip_async,
+)
 from stores.tier_probe import (
     OPTIONS_TTL_S,
     SubmitOptions,
@@ -150,6 +162,23 @@ def _pressure_fields(tier: str, user: str) -> dict[str, str]:
     return {"tier": tier, "user": user, "ts": f"{time.time():.3f}"}
 
 
+def _pressure_due(client: Fleet | AsyncFleet, tier: str, user: str) -> dict[str, str] | None:
+    """The pressure event a submit should check for, or None: a client checks a tier at most
+    once per ``PRESSURE_CHECK_S`` (no ``XINFO`` per submit; the commander's pass sees a backlog
+    the checks miss)."""
+    now = time.monotonic()
+    if now - client._checked.get(tier, float("-inf")) < PRESSURE_CHECK_S:
+        return None
+    client._checked[tier] = now
+    return _pressure_fields(tier, user)
+
+
+def _needs_pressure(done: Submitted) -> bool:
+    """Whether the client must still post the pressure event: on a Cluster (one node: the
+    check posted it itself), the gauges it read show no free slot."""
+    return not done.posted and bool(done.gauges) and no_free_slot(*done.gauges)
+
+
 def _count_wait(client: Fleet | AsyncFleet, opts: SubmitOptions, done: Submitted,
                 built: list[tuple[Turn, bytes]]) -> None:
     """Count a submit's WAIT (the tier's ``replica_acks``). A shortfall is logged and its turn
@@ -179,6 +208,7 @@ class Fleet:
         self.max_reply_bytes = max_reply_bytes
         self._tiers: set[str] = set()  # tiers found to exist: not checked again
         self._options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
+        self._checked: dict[str, float] = {}  # tier -> when a submit last checked it for pressure
         self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
         self.unreplicated: deque[str] = deque(maxlen=UNREPLICATED_KEEP)  # turn ids of short WAITs
 
@@ -207,7 +237,7 @@ class Fleet:
                     meta: Mapping[str, Any] | None = None,
                     turn_ids: list[str | None] | None = None, *,
                     create_tier: bool = False) -> list[TurnHandle]:
-        """Enqueue many ``(user, text)`` turns in one transaction and round trip, in the given order
+        """Enqueue many ``(user, text)`` turns in one script call and round trip, in the given order
         (on Redis Cluster: every inbox entry, then every notification, see the module docstring).
 
         ``create_tier=True`` writes the default policy of a tier that does not exist yet.
@@ -219,10 +249,11 @@ class Fleet:
         tier = built[0][0].tier
         self._ensure_tier(tier, create_tier)
         opts = self._submit_options(tier)
-        done = submit_round_trip(self.r, built, tier, opts)
+        pressure = _pressure_due(self, tier, built[-1][0].user)
+        done = submit_round_trip(self.r, built, tier, opts, pressure)
         _count_wait(self, opts, done, built)
-        if no_free_slot(*done.gauges):
-            post_pressure(self.r, tier, _pressure_fields(tier, built[-1][0].user))
+        if pressure is not None and _needs_pressure(done):
+            post_pressure(self.r, tier, pressure)
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
 
     def _ensure_tier(self, tier: str, create: bool) -> None:
@@ -273,6 +304,7 @@ class AsyncFleet:
         self.max_reply_bytes = max_reply_bytes
         self._tiers: set[str] = set()  # tiers found to exist: not checked again
         self._options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
+        self._checked: dict[str, float] = {}  # tier -> when a submit last checked it for pressure
         self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
         self.unreplicated: deque[str] = deque(maxlen=UNREPLICATED_KEEP)  # turn ids of short WAITs
 
@@ -294,18 +326,22 @@ class AsyncFleet:
         """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
         turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
         await self._ensure_tier(turn.tier, create_tier)
-        opts = await self._submit_options(turn.tier)
-        done = await submit_round_trip_async(self.r, [(turn, payload)], turn.tier, opts)
-        _count_wait(self, opts, done, [(turn, payload)])
-        if no_free_slot(*done.gauges):
-            await post_pressure_async(self.r, turn.tier, _pressure_fields(turn.tier, turn.user))
-        return turn
+        return (await self._submit_built([(turn, payload)], turn.tier))[0]
+
+    async def _submit_built(self, built: list[tuple[Turn, bytes]], tier: str) -> list[Turn]:
+        opts = await self._submit_options(tier)
+        pressure = _pressure_due(self, tier, built[-1][0].user)
+        done = await submit_round_trip_async(self.r, built, tier, opts, pressure)
+        _count_wait(self, opts, done, built)
+        if pressure is not None and _needs_pressure(done):
+            await post_pressure_async(self.r, tier, pressure)
+        return [t for t, _ in built]
 
     async def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                           meta: Mapping[str, Any] | None = None,
                           turn_ids: list[str | None] | None = None, *,
                           create_tier: bool = False) -> list[Turn]:
-        """``Fleet.submit_many`` on asyncio: the turns, in the given order (one transaction and
+        """``Fleet.submit_many`` on asyncio: the turns, in the given order (one script call and
         round trip; on Redis Cluster every inbox entry, then every notification)."""
         built = [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None,
                              self.max_turn_bytes) for i, (u, t) in enumerate(turns)]
@@ -313,12 +349,7 @@ class AsyncFleet:
             return []
         tier = built[0][0].tier
         await self._ensure_tier(tier, create_tier)
-        opts = await self._submit_options(tier)
-        done = await submit_round_trip_async(self.r, built, tier, opts)
-        _count_wait(self, opts, done, built)
-        if no_free_slot(*done.gauges):
-            await post_pressure_async(self.r, tier, _pressure_fields(tier, built[-1][0].user))
-        return [t for t, _ in built]
+        return await self._submit_built(built, tier)
 
     async def _ensure_tier(self, tier: str, create: bool) -> None:
         if tier in self._tiers:

@@ -10,6 +10,8 @@ boundary (``protocol.ids``); the builders re-check them because a key is the las
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
+from functools import lru_cache
 
 from protocol.ids import validate_tier, validate_token, validate_user_id
 
@@ -83,6 +85,34 @@ def usage(user: str) -> str:
 def reply(user: str, turn_id: str) -> str:
     """List the reply is pushed to; the submitter ``BLPOP``s it. Expires."""
     return _u(user, f"reply:{validate_token(turn_id, 'turn id')}")
+
+
+@dataclass(frozen=True)
+class UserKeys:
+    """Every per-user key of one user, built once: the hot path asks for them every turn, and
+    the id is validated when they are built, not again per key (:func:`user_keys`)."""
+
+    user: str
+    inbox: str
+    lane: str
+    fence: str
+    state: str
+    session: str
+    profile: str
+    memory: str
+    done: str
+    usage: str
+
+    def reply(self, turn_id: str) -> str:
+        """:func:`reply` of this user."""
+        return f"{PREFIX}:u:{{{self.user}}}:reply:{validate_token(turn_id, 'turn id')}"
+
+
+@lru_cache(maxsize=16_384)
+def user_keys(user: str) -> UserKeys:
+    """The keys of ``user`` (validated here, once per user while it stays in the cache)."""
+    return UserKeys(validate_user_id(user), inbox(user), lane(user), fence(user), state(user),
+                    session(user), profile(user), memory(user), done(user), usage(user))
 
 
 # --- per tier (hash tag = tier) --------------------------------------------------------

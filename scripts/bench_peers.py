@@ -1,11 +1,21 @@
-"""Fleet side by side with RQ and Celery: the same turn, the same redis-server, one run.
+"""Fleet side by side with its peers: the same turn, the same redis-server, one run.
 
 A turn pulls the user's context pack (session, profile, top-K memories) in one round trip,
 runs a no-op model call, writes back session, memory, profile and usage atomically and
 pushes the reply the submitter BLPOPs. Fleet runs it in its own workers (``noop`` handler);
-RQ (``SimpleWorker`` and the forking ``Worker``) and Celery (prefork pool) run
-``scripts/peers/turn.py``. Every system gets 2 worker processes (Celery: one consumer with
-2 pool processes), a flushed Redis and users seeded with a full context pack.
+RQ (``SimpleWorker`` and the forking ``Worker``), Celery (prefork pool), Dramatiq (its Redis
+broker, 1 and 8 threads per process), SAQ and arq (asyncio, 64 jobs at a time per process;
+arq polls every 5 ms, not its default 500) run ``scripts/peers/turn.py``. Every system gets 2
+worker processes (Celery: one consumer with 2 pool processes), a flushed Redis and users
+seeded with a full context pack.
+
+Costs per turn, from the counters before and after the saturation phase: Redis commands
+(``INFO commandstats``: commands inside Lua scripts count, each), round trips (``INFO stats``
+``total_reads_processed``: one read per request or pipeline a client sends, about), of which
+the submitting client's (its redis-py sends, counted in this process: submit and reply wait),
+the rest the workers'; CPU of the worker processes, redis-server and this process (the
+client). ``--runs N`` runs every system N times in turn and reports the median run with the
+spread; ``--profile`` samples a Fleet worker with py-spy during the first saturation phase.
 
 Per system: saturation (each user keeps one turn in flight, turns/s and submit->reply
 p50/p99), then Poisson arrivals at half of *Fleet's* saturation rate (p50/p99; a peer whose
@@ -25,13 +35,15 @@ import argparse
 import asyncio
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -62,7 +74,7 @@ from protocol.policy import Policy  # noqa: E402
 from stores.memory import new_member  # noqa: E402
 from stores.policies import write_policy  # noqa: E402
 
-SYSTEMS = ("fleet", "rq-simple", "rq-fork", "celery")
+SYSTEMS = ("fleet", "rq-simple", "rq-fork", "celery", "dramatiq-1", "dramatiq-8", "saq", "arq")
 SEED_TURNS, SEED_MEMORIES = 20, 20  # a full context pack from the first turn on
 MAX_IN_FLIGHT = 5_000  # open loop: stop submitting past this (each waiting reply holds a connection)
 SUBMIT_THREADS = 8
@@ -81,6 +93,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst-model-ms", type=float, default=500.0, help="model call of a burst turn")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated; fleet is required")
     p.add_argument("--quick", action="store_true", help="100 users, 3 s phases, 3 bursts (smoke test)")
+    p.add_argument("--runs", type=int, default=1,
+                   help="run every system this many times, in turn; report each system's median run "
+                        "(by turns/s) and the spread over the runs")
+    p.add_argument("--peer-slots", type=int, default=64, help="SAQ's and arq's jobs at a time per process")
+    p.add_argument("--arq-poll-ms", type=float, default=5.0, help="arq's queue poll (its default: 500)")
+    p.add_argument("--fleet-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                   help="the event loop of Fleet's workers (auto: uvloop if installed)")
+    p.add_argument("--profile", type=Path,
+                   help="py-spy a Fleet worker during the saturation phase of the first run; write "
+                        "its top functions here (needs py-spy)")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     if args.quick:
@@ -94,8 +116,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.scale_max, args.scale_min = (int(x) for x in args.autoscale.split(","))
     except ValueError:
         p.error("--autoscale takes MAX,MIN")
-    if min(args.users, args.workers, args.concurrency, args.scale_min) < 1 or args.seconds <= 0:
-        p.error("--users, --workers, --concurrency, --seconds and the autoscale MIN must be positive")
+    if min(args.users, args.workers, args.concurrency, args.scale_min, args.runs, args.peer_slots) < 1 \
+            or args.seconds <= 0:
+        p.error("--users, --workers, --concurrency, --runs, --peer-slots, --seconds and the autoscale MIN "
+                "must be positive")
     if args.scale_max <= args.scale_min or args.bursts < 0:
         p.error("--autoscale MAX must be above MIN, --bursts not negative")
     return args
@@ -189,6 +213,62 @@ class CeleryDriver(Driver):
             self.pool, lambda: self.task.delay(user, turn_id, text, model_ms=model_ms))
 
 
+class DramatiqDriver(Driver):
+    name = "dramatiq"
+
+    def __init__(self, url: str) -> None:
+        from scripts.peers import dramatiq_app
+
+        super().__init__(url)
+        dramatiq_app.use_broker(url)
+        self.app = dramatiq_app
+
+    async def submit(self, user: str, turn_id: str, text: str) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.pool, self.app.enqueue, user, turn_id, text)
+
+
+class SaqDriver(Driver):
+    name = "saq"
+
+    def __init__(self, url: str) -> None:
+        from scripts.peers import saq_app
+
+        super().__init__(url)
+        self.app = saq_app
+        self.queue = saq_app.queue(url)
+
+    async def submit(self, user: str, turn_id: str, text: str) -> None:
+        await self.app.enqueue(self.queue, user, turn_id, text)
+
+    async def close(self) -> None:
+        await self.queue.disconnect()
+        await super().close()
+
+
+class ArqDriver(Driver):
+    name = "arq"
+
+    def __init__(self, url: str) -> None:
+        from scripts.peers import arq_app
+
+        super().__init__(url)
+        self.app = arq_app
+        self.pool_: object | None = None
+        self._made = asyncio.Lock()  # (one pool, not one per user racing to make it)
+
+    async def submit(self, user: str, turn_id: str, text: str) -> None:
+        if self.pool_ is None:
+            async with self._made:
+                if self.pool_ is None:
+                    self.pool_ = await self.app.pool(self.url)
+        await self.app.enqueue(self.pool_, user, turn_id, text)
+
+    async def close(self) -> None:
+        if self.pool_ is not None:
+            await self.pool_.aclose()  # type: ignore[attr-defined]
+        await super().close()
+
+
 def _env(url: str, **extra: str) -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "REDIS_URL": url, "PYTHONPATH": path, **extra}
@@ -214,10 +294,16 @@ def start_system(name: str, url: str, args: argparse.Namespace, log_dir: Path,
     n = args.workers
     if name == "fleet":
         write_policy(redis.Redis.from_url(url), "chat", Policy(handler="noop", concurrency=args.concurrency))
-        with worker_processes(url, n, log_dir=log_dir) as procs:
+        loop = {"FLEET_WORKER_EVENT_LOOP": args.fleet_loop}
+        with worker_processes(url, n, log_dir=log_dir, extra_env=loop) as procs:
             yield [p.pid for p in procs]
         return
     py = sys.executable
+    peer = _peer_commands(name, url, args, py)
+    if peer is not None:
+        with processes(peer, _env(url), [log_dir / f"{name}-{i}.log" for i in range(len(peer))]) as pids:
+            yield pids
+        return
     if name.startswith("rq-"):
         kind = name.removeprefix("rq-")
         cmds = [[py, "-m", "scripts.peers.rq_app", "--url", url, "--kind", kind, "--name", f"{name}-{i}"]
@@ -235,9 +321,28 @@ def start_system(name: str, url: str, args: argparse.Namespace, log_dir: Path,
         yield pids
 
 
+def _peer_commands(name: str, url: str, args: argparse.Namespace, py: str) -> list[list[str]] | None:
+    """The worker commands of Dramatiq, SAQ and arq (None for the others)."""
+    n = args.workers
+    if name.startswith("dramatiq-"):  # one supervisor forks the n worker processes
+        return [[py, "-m", "dramatiq", "scripts.peers.dramatiq_app", "--processes", str(n),
+                 "--threads", name.removeprefix("dramatiq-")]]
+    if name == "saq":
+        return [[py, "-m", "scripts.peers.saq_app", "--url", url, "--concurrency", str(args.peer_slots)]
+                for _ in range(n)]
+    if name == "arq":
+        return [[py, "-m", "scripts.peers.arq_app", "--url", url, "--max-jobs", str(args.peer_slots),
+                 "--poll-ms", str(args.arq_poll_ms)] for _ in range(n)]
+    return None
+
+
 def make_driver(name: str, url: str) -> Driver:
     if name == "fleet":
         return FleetDriver(url)
+    if name.startswith("dramatiq-"):
+        return DramatiqDriver(url)
+    if name in ("saq", "arq"):
+        return SaqDriver(url) if name == "saq" else ArqDriver(url)
     return RQDriver(url) if name.startswith("rq-") else CeleryDriver(url)
 
 
@@ -262,21 +367,50 @@ def reset_and_seed(r: redis.Redis, users: list[str]) -> None:
         pipe.execute()
 
 
+CLIENT_SENDS = [0]  # round trips this process (the submitting client) made: sends of redis-py
+
+
+def count_client_round_trips() -> None:
+    """Count every send of redis-py in this process (a pipeline is one send): the submitter's
+    round trips, whichever system's client library sends them (RQ, Celery's kombu, Dramatiq,
+    SAQ and arq all speak through redis-py)."""
+    import redis.asyncio.connection as aconn
+    import redis.connection as sconn
+
+    real_sync = sconn.AbstractConnection.send_packed_command
+    real_async = aconn.AbstractConnection.send_packed_command
+
+    def sync_send(self: object, *args: object, **kwargs: object) -> object:
+        CLIENT_SENDS[0] += 1
+        return real_sync(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    async def async_send(self: object, *args: object, **kwargs: object) -> object:
+        CLIENT_SENDS[0] += 1
+        return await real_async(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    sconn.AbstractConnection.send_packed_command = sync_send  # type: ignore[method-assign,assignment]
+    aconn.AbstractConnection.send_packed_command = async_send  # type: ignore[method-assign,assignment]
+
+
 @dataclass
 class Costs:
     """Counters read before and after a phase: Redis commands and CPU, worker and load CPU."""
 
     redis_calls: dict[str, int]
+    redis_reads: int  # INFO stats total_reads_processed: ~ one per round trip a client makes
+    client_sends: int  # this process's round trips (CLIENT_SENDS)
     redis_cpu: float
     worker_cpu: float
     load_cpu: float
 
     @classmethod
     def read(cls, r: redis.Redis, pids: list[int]) -> Costs:
+        sends = CLIENT_SENDS[0]  # (before the INFO calls below)
         stats = r.info("commandstats")
         cpu = r.info("cpu")
+        reads = int(r.info("stats")["total_reads_processed"])
         me = psutil.Process().cpu_times()
-        return cls({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()},
+        return cls({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}, reads, sends,
                    float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
                    sum(_tree_cpu(pid) for pid in pids), me.user + me.system)
 
@@ -285,7 +419,15 @@ class Costs:
             return {}
         calls = {k: n - self.redis_calls.get(k, 0) for k, n in after.redis_calls.items()}
         top = sorted(((n, k) for k, n in calls.items() if n > 0), reverse=True)[:8]
+        trips = (after.redis_reads - self.redis_reads) / turns
+        client = (after.client_sends - self.client_sends) / turns
+        worker_cpu, redis_cpu = after.worker_cpu - self.worker_cpu, after.redis_cpu - self.redis_cpu
         return {"redis_commands": round(sum(calls.values()) / turns, 1),
+                "round_trips": round(trips, 1),  # every client's, as Redis counts reads
+                "client_round_trips": round(client, 2),  # the submitter's: submit and reply wait
+                "worker_round_trips": round(trips - client, 2),  # the rest: the workers' (and a broker's)
+                "total_cpu_us": round((worker_cpu + redis_cpu + after.load_cpu - self.load_cpu) / turns * 1e6,
+                                      1),
                 "top_commands": {k: round(n / turns, 2) for n, k in top},
                 "redis_cpu_us": round((after.redis_cpu - self.redis_cpu) / turns * 1e6, 1),
                 "worker_cpu_us": round((after.worker_cpu - self.worker_cpu) / turns * 1e6, 1),
@@ -412,33 +554,50 @@ PROCESSES = {
     "rq-simple": "{n} SimpleWorker processes, 1 job at a time each",
     "rq-fork": "{n} Worker processes, a work horse forked per job",
     "celery": "1 consumer + {n} prefork pool processes",
+    "dramatiq-1": "{n} worker processes x 1 thread (Redis broker)",
+    "dramatiq-8": "{n} worker processes x 8 threads (Redis broker)",
+    "saq": "{n} worker processes x {s} asyncio jobs",
+    "arq": "{n} worker processes x {s} asyncio jobs, {p:g} ms poll",
 }
 
 
+WARM_UP_AT_ONCE = 200  # users warmed up together
+
+
 async def warm_up(drv: Driver, users: list[str], n: int) -> None:
-    """A few turns answered: the system is up and its connections are made."""
+    """A few turns answered (the system is up), then one turn of every user, a few hundred at a
+    time: every connection the load generator keeps per user (the reply's, and an asyncio
+    client's submit) is made before the measurement, for every system alike. Without it a
+    thousand users' connection handshakes fell inside the saturation window."""
     try:
         await asyncio.gather(*(drv.ask(u, "warm up", timeout=60) for u in users[: 2 * n]))
+        for start in range(0, len(users), WARM_UP_AT_ONCE):
+            await asyncio.gather(*(drv.ask(u, "warm up", timeout=120)
+                                   for u in users[start:start + WARM_UP_AT_ONCE]))
     except (TimeoutError, RuntimeError, redis.RedisError) as exc:
         raise RuntimeError(f"{drv.name} did not come up: {exc}") from None
 
 
 async def measure(name: str, url: str, pids: list[int], users: list[str], args: argparse.Namespace,
-                  half_rate: float | None) -> dict[str, object]:
+                  half_rate: float | None, profile: Path | None = None) -> dict[str, object]:
     """Saturation, then the open loop at ``half_rate`` (Fleet: at half its own capacity)."""
     r = redis.Redis.from_url(url)
     drv = make_driver(name, url)
     drain_s = max(10.0, args.seconds)
     try:
         await warm_up(drv, users, args.workers)
+        spy = start_profile(pids[0], args.seconds, profile) if profile is not None else None
         before = Costs.read(r, pids)
         sat = await saturation(drv, users, args.seconds, drain_s)
         costs = before.per_turn(Costs.read(r, pids), len(sat.latencies))
-        out: dict[str, object] = {"processes": PROCESSES[name].format(n=args.workers, c=args.concurrency),
+        if spy is not None:
+            await asyncio.to_thread(finish_profile, spy, profile)  # type: ignore[arg-type]
+        out: dict[str, object] = {"processes": PROCESSES[name].format(n=args.workers, c=args.concurrency,
+                                                                      s=args.peer_slots, p=args.arq_poll_ms),
                                   "saturation": sat.summary(args.seconds), "cost_per_turn": costs}
         capacity = sat.in_window / args.seconds
         rate = capacity / 2 if half_rate is None else half_rate
-        if capacity < rate:
+        if capacity < rate or rate <= 0:  # (no turn in the window: more users than the window fits)
             out["half_load"] = {"rate_per_s": round(rate, 1), "overloaded": True,
                                 "p50_ms": None, "p99_ms": None,
                                 "note": f"capacity {capacity:,.0f}/s is below the rate: not run"}
@@ -449,6 +608,56 @@ async def measure(name: str, url: str, pids: list[int], users: list[str], args: 
     finally:
         await drv.close()
         r.close()
+
+
+def start_profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy on a Fleet worker for the saturation phase: raw collapsed stacks."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                             "--rate", "250",
+                             "--nonblocking", "--format", "raw", "--output", str(out.with_suffix(".raw"))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def finish_profile(spy: subprocess.Popen[bytes], out: Path) -> None:
+    """Wait for py-spy; write the worker's self time by package and its top functions to ``out``."""
+    spy.wait(timeout=120)
+    raw = out.with_suffix(".raw")
+    if not raw.exists():
+        out.write_text("py-spy wrote nothing (is it installed, may it trace the worker?)\n")
+        return
+    out.write_text(profile_summary(raw.read_text(errors="replace")))
+
+
+PACKAGES = (("redis/", "redis-py"), ("hiredis", "redis-py"), ("asyncio/", "asyncio"),
+            ("pydantic", "pydantic"),
+            ("msgpack", "msgpack"), ("/stores/", "Fleet stores"), ("/worker/", "Fleet worker"),
+            ("/protocol/", "Fleet protocol"), ("uvloop", "uvloop"))
+
+
+def profile_summary(collapsed: str, top: int = 15) -> str:
+    """Self time of py-spy's collapsed stacks: by package, then the top functions."""
+    by_fn: dict[str, int] = {}
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        leaf = re.sub(r":\d+\)$", ")", stack.split(";")[-1])  # the function, whatever its line
+        by_fn[leaf] = by_fn.get(leaf, 0) + int(count)
+        total += int(count)
+    if not total:
+        return "no samples\n"
+    by_pkg: dict[str, int] = {}
+    for fn, n in by_fn.items():
+        pkg = next((name for needle, name in PACKAGES if needle in fn), "other (idle, stdlib, C)")
+        by_pkg[pkg] = by_pkg.get(pkg, 0) + n
+    lines = [f"{total} samples; self time by package:"]
+    lines += [f"  {100 * n / total:5.1f} %  {pkg}" for pkg, n in sorted(by_pkg.items(), key=lambda x: -x[1])]
+    lines.append("top functions (self time):")
+    ranked = sorted(by_fn.items(), key=lambda x: -x[1])[:top]
+    lines += [f"  {100 * n / total:5.1f} %  {fn[:140]}" for fn, n in ranked]
+    return "\n".join(lines) + "\n"
 
 
 def pool_pids(main_pid: int, size: int, timeout: float) -> set[int]:
@@ -486,7 +695,7 @@ async def celery_bursts(url: str, main_pid: int, users: list[str],
                         args: argparse.Namespace) -> dict[str, object]:
     drv = CeleryDriver(url)
     try:
-        await warm_up(drv, users, args.scale_min)
+        await warm_up(drv, users[: 2 * args.scale_min], args.scale_min)
         reactions, missed = [], 0
         for b in range(args.bursts):
             got = await one_burst(drv, main_pid, args, b)
@@ -526,17 +735,23 @@ def table(result: dict) -> str:
         return "-" if v is None else f"{v:,.1f}" if isinstance(v, float) else str(v)
 
     head = (f"{'system':<10} {'turns/s':>9} {'sat p50':>9} {'sat p99':>9} {'half p50':>9} {'half p99':>9} "
-            f"{'cmds/turn':>9} {'cpu us/t':>9}   Fleet/peer: turns/s  p50  p99  half p50  half p99")
+            f"{'cmds/turn':>9} {'rt/turn':>7} {'cpu us/t':>9}   "
+            "Fleet/peer: turns/s  p50  p99  half p50  half p99")
     lines = [f"half load = {result['half_rate_per_s']:,} turns/s for every system "
-             "(half of Fleet's saturation); latencies in ms; cpu us/t = worker + redis-server CPU per turn",
+             "(half of Fleet's saturation); latencies in ms; rt/turn = round trips (Redis's reads) per turn; "
+             "cpu us/t = worker + redis-server + client CPU per turn"
+             + (f"; the median of {result['runs']} runs" if result.get("runs", 1) > 1 else ""),
              head]
     for name, s in result["systems"].items():
+        if "failed" in s:
+            lines.append(f"{name:<10} failed: {s['failed']}")
+            continue
         sat, half, cost = s["saturation"], s["half_load"], s["cost_per_turn"]
         ratio = "" if name == "fleet" else "   " + "  ".join(f(v) for v in s["ratios"].values())
         half_p50 = "overload" if half.get("overloaded") else f(half["p50_ms"])
         lines.append(f"{name:<10} {f(sat['turns_per_s']):>9} {f(sat['p50_ms']):>9} {f(sat['p99_ms']):>9} "
                      f"{half_p50:>9} {f(half['p99_ms']):>9} {f(cost.get('redis_commands')):>9} "
-                     f"{f(_sum(cost, 'worker_cpu_us', 'redis_cpu_us')):>9}{ratio}")
+                     f"{f(cost.get('round_trips')):>7} {f(cost.get('total_cpu_us')):>9}{ratio}")
     auto = result.get("celery_autoscale")
     if auto:
         lines.append(f"celery --autoscale {auto['autoscale']}: scale-up reaction "
@@ -546,29 +761,22 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _sum(cost: dict, *names: str) -> float | None:
-    return round(sum(cost[n] for n in names), 1) if all(n in cost for n in names) else None
-
-
 def run(args: argparse.Namespace, url: str, log_dir: Path) -> dict[str, object]:
     r = redis.Redis.from_url(url)
     users = [f"u{i:05d}" for i in range(args.users)]
-    systems: dict[str, dict] = {}
-    half_rate: float | None = None
-    for name in args.systems:
-        print(f"bench_peers: {name}", file=sys.stderr, flush=True)
-        reset_and_seed(r, users)
-        with start_system(name, url, args, log_dir) as pids:
-            systems[name] = _logged(log_dir, measure(name, url, pids, users, args, half_rate))
-        if name == "fleet":
-            half_rate = systems["fleet"]["half_load"]["rate_per_s"]
-    for name, s in systems.items():
-        if name != "fleet":
-            s["ratios"] = ratios(systems["fleet"], s)
+    by_run: list[dict[str, dict]] = []
+    for i in range(args.runs):
+        by_run.append(one_run(args, url, log_dir, r, users, profile=args.profile if i == 0 else None))
+    systems = {name: summarized([run_[name] for run_ in by_run if "failed" not in run_[name]])
+               if any("failed" not in run_[name] for run_ in by_run) else by_run[0][name]
+               for name in args.systems}
     result: dict[str, object] = {
         "users": args.users, "workers": args.workers, "fleet_concurrency": args.concurrency,
-        "phase_seconds": args.seconds, "cpus": os.cpu_count(), "half_rate_per_s": half_rate,
+        "phase_seconds": args.seconds, "cpus": os.cpu_count(), "runs": args.runs,
+        "half_rate_per_s": systems["fleet"]["half_load"].get("rate_per_s"),
         "seeded": {"session_turns": SEED_TURNS, "memories": SEED_MEMORIES}, "systems": systems}
+    if args.profile is not None and args.profile.exists():
+        result["fleet_profile"] = args.profile.read_text()
     if "celery" in args.systems and args.bursts:
         print("bench_peers: celery --autoscale", file=sys.stderr, flush=True)
         reset_and_seed(r, users[:10])
@@ -576,6 +784,58 @@ def run(args: argparse.Namespace, url: str, log_dir: Path) -> dict[str, object]:
             result["celery_autoscale"] = _logged(log_dir, celery_bursts(url, pids[0], users, args))
     r.close()
     return result
+
+
+def one_run(args: argparse.Namespace, url: str, log_dir: Path, r: redis.Redis, users: list[str],
+            profile: Path | None) -> dict[str, dict]:
+    """Every system once, in turn; the peers' ratios against this run's Fleet."""
+    systems: dict[str, dict] = {}
+    half_rate: float | None = None
+    for name in args.systems:
+        print(f"bench_peers: {name}", file=sys.stderr, flush=True)
+        reset_and_seed(r, users)
+        try:
+            with start_system(name, url, args, log_dir) as pids:
+                systems[name] = _logged(log_dir, measure(name, url, pids, users, args, half_rate,
+                                                         profile if name == "fleet" else None))
+        except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, the run goes on
+            if name == "fleet":
+                raise
+            print(f"bench_peers: {name} failed: {exc}", file=sys.stderr, flush=True)
+            systems[name] = {"failed": f"{type(exc).__name__}: {exc}"[:300]}
+        if name == "fleet":
+            half_rate = systems["fleet"]["half_load"]["rate_per_s"]
+            logs = sorted(log_dir.glob("worker-*.log"))  # each worker's batches, said on its exit
+            systems["fleet"]["group_commit"] = [line.split(": ", 1)[1] for log in logs
+                                                for line in log.read_text(errors="replace").splitlines()
+                                                if "group commit:" in line]
+    for name, sys_ in systems.items():
+        if name != "fleet" and "failed" not in sys_:
+            sys_["ratios"] = ratios(systems["fleet"], sys_)
+    return systems
+
+
+def summarized(runs: list[dict]) -> dict:
+    """A system over its runs: the median run (by saturation turns/s) with each run's figures and
+    the spread (min, max) of the main ones."""
+    order = sorted(range(len(runs)), key=lambda i: runs[i]["saturation"]["turns_per_s"])
+    out = dict(runs[order[len(order) // 2]])
+
+    def spread(get: Callable[[dict], float | None]) -> list[float | None]:
+        values = [v for v in (get(x) for x in runs) if v is not None]
+        return [min(values), max(values)] if values else [None, None]
+
+    out["spread"] = {
+        "turns_per_s": spread(lambda x: x["saturation"]["turns_per_s"]),
+        "half_load_p50_ms": spread(lambda x: x["half_load"].get("p50_ms")),
+        "half_load_p99_ms": spread(lambda x: x["half_load"].get("p99_ms")),
+        "total_cpu_us": spread(lambda x: x["cost_per_turn"].get("total_cpu_us")),
+    }
+    out["runs"] = [{"turns_per_s": x["saturation"]["turns_per_s"],
+                    "half_load_p50_ms": x["half_load"].get("p50_ms"),
+                    "half_load_p99_ms": x["half_load"].get("p99_ms"), "cost_per_turn": x["cost_per_turn"],
+                    **({"ratios": x["ratios"]} if "ratios" in x else {})} for x in runs]
+    return out
 
 
 def _logged(log_dir: Path, coro: Coroutine[None, None, dict]) -> dict:
@@ -590,6 +850,7 @@ def _logged(log_dir: Path, coro: Coroutine[None, None, dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    count_client_round_trips()
     # SIGTERM unwinds like Ctrl-C: every context manager stops its processes by pid
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"bench_peers: {', '.join(args.systems)}; {args.workers} worker processes each, "

@@ -27,7 +27,7 @@ from sim.loop import NODE, SimLoop
 from sim.store import Network
 from stores.policies import write_policy
 from stores.takeover import sweep, take_over
-from stores.turns import Lease, Writes
+from stores.turns import Committed, Lease, Writes
 from worker import handlers
 from worker.app import Worker
 from worker.settings import WorkerSettings
@@ -185,9 +185,10 @@ class World:
         real = worker.store.commit
         commits = self.record.commits
 
-        async def commit(lease: Lease, entry: str, reply_key_turn: str, w: Writes, now_ms: int) -> str:
+        async def commit(lease: Lease, entry: str, reply_key_turn: str, w: Writes,
+                         now_ms: int) -> Committed:
             res = await real(lease, entry, reply_key_turn, w, now_ms)
-            if res == "ok" and w.turn_id:
+            if res.result == "ok" and w.turn_id:
                 commits.add((lease.owner, w.turn_id))
             return res
 

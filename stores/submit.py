@@ -1,6 +1,7 @@
 """The submit's commands (DESIGN §3, ``fleet/client.py`` explains them): on one node one round
-trip of ``MULTI`` .. ``EXEC`` then the gauges; on Redis Cluster two round trips, the inbox
-entries first and only then their notifications (:func:`submit_ordered`). With the tier's
+trip of one script (``turn_submit.lua``: every inbox entry, notification and active mark) and,
+now and then, the pressure check (``submit_pressure.lua``); on Redis Cluster two round trips,
+the inbox entries first and only then their notifications (:func:`submit_ordered`). With the tier's
 ``replica_acks`` (:class:`stores.tier_probe.SubmitOptions`), a ``WAIT`` follows the writes on
 their own connections (``stores.replicas``). The tier probe, pressure events and the reply
 wait are in ``stores.tier_probe``.
@@ -11,36 +12,51 @@ here, on a blocking or an asyncio client alike (the pipeline functions take eith
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from protocol import keys
 from protocol.models import Turn
-from stores import replicas
+from stores import replicas, scripts
 from stores.backlog import queue_submit_gauges
 from stores.cluster import is_cluster
 from stores.replicas import Command
-from stores.tier_probe import SubmitOptions
+from stores.tier_probe import PRESSURE_MAXLEN, SubmitOptions
 
 NO_OPTIONS = SubmitOptions()
 
 
+PRESSURE_CHECK_S = 0.01  # a client checks a tier for pressure at most this often (see below)
+
+
 @dataclass(frozen=True)
 class Submitted:
-    """What a submit read after its writes: the gauges (:func:`stores.backlog.no_free_slot`
-    judges them) and, with a ``WAIT``, its reply: the replicas that acknowledged the writes
-    (the fewest over the masters written), or the error it failed with; None: no WAIT sent."""
+    """What a submit read after its writes: on one node whether it ``posted`` a pressure event;
+    on a Cluster the gauges (:func:`stores.backlog.no_free_slot` judges them; empty when the
+    submit did not check) and, with a ``WAIT``, its reply: the replicas that acknowledged the
+    writes (the fewest over the masters written), or the error it failed with; None: no WAIT."""
 
     gauges: list[Any]
     acked: Any = None
+    posted: bool = False
+
+
+def inbox_fields(turn: Turn, payload: bytes) -> tuple[Any, ...]:
+    """A turn's inbox entry: the msgpack ``Turn`` (``m``), and its turn id and tier as plain
+    fields, which the worker's scripts read without decoding msgpack (the plain-form fields of
+    the same names; a worker decodes ``m`` and checks they agree)."""
+    return ("m", payload, "turn_id", turn.turn_id, "tier", turn.tier)
+
 
 def inbox_command(turn: Turn, payload: bytes) -> tuple[str, Command]:
     """The turn itself: its entry on the user's inbox (the user's slot), and that key."""
     key = keys.inbox(turn.user)
-    return key, ("XADD", key, "*", "m", payload)
+    return key, ("XADD", key, "*", *inbox_fields(turn, payload))
 
 
 def queue_inbox(pipe: Any, turn: Turn, payload: bytes) -> None:
@@ -64,82 +80,104 @@ def queue_notify(pipe: Any, turn: Turn, shards: int = 1) -> None:
         pipe.execute_command(*cmd)
 
 
-def queue_submit(pipe: Any, turn: Turn, payload: bytes, shards: int = 1) -> None:
-    queue_inbox(pipe, turn, payload)
-    queue_notify(pipe, turn, shards)
+# --- one node: one script, one round trip --------------------------------------------------
+def submit_call(built: list[tuple[Turn, bytes]], tier: str, shards: int = 1) -> Command:
+    """The ``EVALSHA`` of ``turn_submit.lua`` for ``built`` (every inbox entry and notification,
+    then the active marks, in one atomic call)."""
+    ks = [keys.active(tier)] + [keys.inbox(t.user) for t, _ in built] + [
+        keys.ready(tier, keys.ready_shard(t.user, shards)) for t, _ in built]
+    args: list[Any] = [len(built)]
+    for turn, payload in built:
+        args += [turn.user, turn.ts, turn.turn_id, turn.tier, payload]
+    return ("EVALSHA", scripts.sha("turn_submit"), len(ks), *ks, *args)
 
 
-SUBMIT_COMMANDS = 1 + NOTIFY_COMMANDS  # per turn, inside the transaction
-
-
-def submit_pipeline(r: Any) -> Any:
-    """A plain pipeline to carry ``MULTI`` .. ``EXEC`` and then the gauges, in one round trip.
-
-    redis-py's ``transaction=True`` would put the gauges inside the transaction too (see the
-    module docstring). Inside ``MULTI`` every reply is ``+QUEUED`` and the real ones come in
-    ``EXEC``'s array, so no response callback may parse them (redis-py's RESP2 ``ZADD`` one
-    would choke on ``QUEUED``): only the gauge that needs one keeps it.
-    """
-    pipe = r.pipeline(transaction=False)
-    pipe.response_callbacks = {name: r.response_callbacks[name] for name in ("XINFO GROUPS",)
-                               if name in r.response_callbacks}
-    return pipe
+def pressure_call(tier: str, shard: int, event: Mapping[str, str]) -> Command:
+    """The ``EVALSHA`` of ``submit_pressure.lua``: a pressure event posted if the lag of ready
+    shard ``shard`` exceeds the starting slots."""
+    ks = [keys.ready(tier, shard), keys.starting(tier), keys.pressure(tier)]
+    fields = [x for k, v in event.items() for x in (k, v)]
+    return ("EVALSHA", scripts.sha("submit_pressure"), len(ks), *ks, keys.GROUP, PRESSURE_MAXLEN, *fields)
 
 
 def queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str,
-                     opts: SubmitOptions = NO_OPTIONS) -> None:
-    pipe.execute_command("MULTI")
-    for turn, payload in built:
-        queue_submit(pipe, turn, payload, opts.shards)
-    pipe.execute_command("EXEC")
-    if opts.wait is not None:  # on the transaction's connection: WAIT counts its writes
+                     opts: SubmitOptions = NO_OPTIONS, pressure: Mapping[str, str] | None = None) -> None:
+    """The single-node submit: the script; the ``WAIT`` if asked (on the script's connection:
+    it counts its writes); the pressure check if ``pressure`` (the event to post) is given.
+
+    The check is its own call after the submit, not inside it: Redis hands a new notification
+    to a worker blocked in ``XREADGROUP`` when the command that wrote it ends, so only a lag
+    read after it means no worker could take it. A client sends it at most once per
+    ``PRESSURE_CHECK_S`` per tier (``fleet.client``): no ``XINFO`` on every submit; a burst the
+    check misses is seen by the commander's next pass (its backlog), at most 0.5 s later."""
+    pipe.execute_command(*submit_call(built, tier, opts.shards))
+    if opts.wait is not None:
         pipe.wait(opts.wait.replicas, opts.wait.timeout_ms)
-    queue_submit_gauges(pipe, tier, keys.ready_shard(built[-1][0].user, opts.shards) if built else 0)
+    if pressure is not None and built:
+        pipe.execute_command(*pressure_call(tier, keys.ready_shard(built[-1][0].user, opts.shards), pressure))
 
 
 def submit_round_trip(r: redis.Redis, built: list[tuple[Turn, bytes]], tier: str,
-                      opts: SubmitOptions = NO_OPTIONS) -> Submitted:
-    """Submit ``built``; return what was read after it.
+                      opts: SubmitOptions = NO_OPTIONS,
+                      pressure: Mapping[str, str] | None = None) -> Submitted:
+    """Submit ``built``; with ``pressure``, check the tier and post that event if it is due.
 
-    On one node: one transaction and round trip (``WAIT`` after ``EXEC`` in it, if asked). On
-    Redis Cluster (:func:`is_cluster`): the ordered submit of :func:`submit_ordered`, two
-    round trips (three with a ``WAIT``), no ``MULTI``.
+    On one node: one script and round trip (``WAIT`` after it, if asked; a restarted Redis that
+    forgot the scripts costs a second). On Redis Cluster (:func:`is_cluster`): the ordered
+    submit of :func:`submit_ordered`, two round trips (three with a ``WAIT``), no script.
     """
     if is_cluster(r):
-        return submit_ordered(r, built, tier, opts)
-    pipe = submit_pipeline(r)
-    queue_round_trip(pipe, built, tier, opts)
-    return committed(pipe.execute(raise_on_error=False), len(built), opts.wait is not None)
+        return submit_ordered(r, built, tier, opts, pressure is not None)
+    for attempt in range(2):
+        pipe = r.pipeline(transaction=False)
+        queue_round_trip(pipe, built, tier, opts, pressure)
+        results = pipe.execute(raise_on_error=False)
+        if attempt == 0 and _no_script(results):
+            for name in SUBMIT_SCRIPTS:
+                r.script_load(scripts.source(name))
+            continue
+        break
+    return committed(results, opts.wait is not None, pressure is not None)
 
 
-async def submit_round_trip_async(r: aioredis.Redis, built: list[tuple[Turn, bytes]],
-                                  tier: str, opts: SubmitOptions = NO_OPTIONS) -> Submitted:
+async def submit_round_trip_async(r: aioredis.Redis, built: list[tuple[Turn, bytes]], tier: str,
+                                  opts: SubmitOptions = NO_OPTIONS,
+                                  pressure: Mapping[str, str] | None = None) -> Submitted:
     """:func:`submit_round_trip` on an asyncio client."""
     if is_cluster(r):
-        return await submit_ordered_async(r, built, tier, opts)
-    pipe = submit_pipeline(r)
-    queue_round_trip(pipe, built, tier, opts)
-    return committed(await pipe.execute(raise_on_error=False), len(built), opts.wait is not None)
+        return await submit_ordered_async(r, built, tier, opts, pressure is not None)
+    for attempt in range(2):
+        pipe = r.pipeline(transaction=False)
+        queue_round_trip(pipe, built, tier, opts, pressure)
+        results = await pipe.execute(raise_on_error=False)
+        if attempt == 0 and _no_script(results):
+            for name in SUBMIT_SCRIPTS:
+                await r.script_load(scripts.source(name))
+            continue
+        break
+    return committed(results, opts.wait is not None, pressure is not None)
 
 
-def committed(results: list[Any], turns: int, waited: bool = False) -> Submitted:
-    """Raise the first error of the submit transaction; return what was read after it.
+SUBMIT_SCRIPTS = ("turn_submit", "submit_pressure")
 
-    ``results`` are the round trip's replies: ``MULTI``, one ``QUEUED`` per command, ``EXEC``,
-    the ``WAIT`` if ``waited``, then the gauges. A command refused when queued (``NOPERM``, a
-    syntax error) makes Redis discard the whole transaction (``EXECABORT``): that first refusal
-    is the one raised.
+
+def _no_script(results: list[Any]) -> bool:
+    return any(isinstance(res, NoScriptError) for res in results)
+
+
+def committed(results: list[Any], waited: bool = False, checked: bool = False) -> Submitted:
+    """Raise the submit's error, if any; return what was read after it.
+
+    ``results`` are the round trip's replies: the script's (the entry ids, or its error: then
+    nothing was written, the script checks its arguments first and a refused ``XADD`` is its
+    first write), the ``WAIT``'s if ``waited``, the pressure check's if ``checked``.
     """
-    queued = 1 + SUBMIT_COMMANDS * turns
-    _raise_first_error(results[:queued])
-    applied = results[queued]
+    applied = results[0]
     if isinstance(applied, Exception):
         raise applied
-    if not isinstance(applied, list) or len(applied) != queued - 1:
-        raise redis.ResponseError(f"unexpected reply to the submit's EXEC: {applied!r}")
-    _raise_first_error(applied)
-    after = results[queued + 1:]
-    return Submitted(after[1:], after[0]) if waited else Submitted(after)
+    acked = results[1] if waited else None
+    posted = bool(checked and not isinstance(results[-1], Exception) and int(results[-1]) == 1)
+    return Submitted([], acked, posted)
 
 
 # --- the ordered submit (Redis Cluster) --------------------------------------------------
@@ -165,7 +203,7 @@ class SubmitNotNotified(redis.RedisError):
 
 
 def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str,
-                   opts: SubmitOptions = NO_OPTIONS) -> Submitted:
+                   opts: SubmitOptions = NO_OPTIONS, gauges: bool = True) -> Submitted:
     """The submit on Redis Cluster; return the gauges read after it (DESIGN §3).
 
     A turn's inbox entry lives in the user's slot, its notification and active mark in the
@@ -179,7 +217,7 @@ def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str,
 
     - An inbox ``XADD`` refused: that turn is not submitted and gets no notification; the
       others of the batch are notified, then the first refusal is raised (as the single-node
-      path raises an error of its ``EXEC``, the rest applied). Round trip 1 failing as a whole
+      path raises an error of its script, the rest applied). Round trip 1 failing as a whole
       (a connection lost) raises it and notifies nothing; an entry that did land in spite of it
       waits, in order, for its user's next submit.
     - Round trip 2 failing (inbox written, notification not): :class:`SubmitNotNotified`,
@@ -203,20 +241,22 @@ def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str,
     try:
         pipe = r.pipeline(transaction=False)
         if wait is None:
-            queue_notifications(pipe, written, tier, opts.shards)
+            queue_notifications(pipe, written, tier, opts.shards, gauges)
             results = pipe.execute(raise_on_error=False)
         else:
             notes, acked2 = replicas.on_node(r, _notifications(written, opts.shards), wait)
-            queue_submit_gauges(pipe, tier, _last_shard(written, opts.shards))
-            results = notes + pipe.execute(raise_on_error=False)
+            results = notes
+            if gauges:
+                queue_submit_gauges(pipe, tier, _last_shard(written, opts.shards))
+                results += pipe.execute(raise_on_error=False)
     except Exception as exc:  # RedisClusterException is no RedisError: whatever it is, unnotified
         raise SubmitNotNotified(written, exc) from exc
-    gauges = notified(results, written, refused)
-    return Submitted(gauges) if wait is None else Submitted(gauges, replicas.fewest(acked1 + acked2))
+    read = notified(results, written, refused, gauges)
+    return Submitted(read) if wait is None else Submitted(read, replicas.fewest(acked1 + acked2))
 
 
 async def submit_ordered_async(r: Any, built: list[tuple[Turn, bytes]], tier: str,
-                               opts: SubmitOptions = NO_OPTIONS) -> Submitted:
+                               opts: SubmitOptions = NO_OPTIONS, gauges: bool = True) -> Submitted:
     """:func:`submit_ordered` on an asyncio client (each master's share sent concurrently)."""
     wait, acked1 = opts.wait, list[Any]()
     if wait is None:
@@ -230,16 +270,18 @@ async def submit_ordered_async(r: Any, built: list[tuple[Turn, bytes]], tier: st
     try:
         pipe = r.pipeline(transaction=False)
         if wait is None:
-            queue_notifications(pipe, written, tier, opts.shards)
+            queue_notifications(pipe, written, tier, opts.shards, gauges)
             results = await pipe.execute(raise_on_error=False)
         else:
             notes, acked2 = await replicas.on_node_async(r, _notifications(written, opts.shards), wait)
-            queue_submit_gauges(pipe, tier, _last_shard(written, opts.shards))
-            results = notes + await pipe.execute(raise_on_error=False)
+            results = notes
+            if gauges:
+                queue_submit_gauges(pipe, tier, _last_shard(written, opts.shards))
+                results += await pipe.execute(raise_on_error=False)
     except Exception as exc:
         raise SubmitNotNotified(written, exc) from exc
-    gauges = notified(results, written, refused)
-    return Submitted(gauges) if wait is None else Submitted(gauges, replicas.fewest(acked1 + acked2))
+    read = notified(results, written, refused, gauges)
+    return Submitted(read) if wait is None else Submitted(read, replicas.fewest(acked1 + acked2))
 
 
 def _notifications(written: list[Turn], shards: int) -> list[tuple[str, Command]]:
@@ -257,11 +299,15 @@ def queue_inboxes(pipe: Any, built: list[tuple[Turn, bytes]]) -> None:
         queue_inbox(pipe, turn, payload)
 
 
-def queue_notifications(pipe: Any, written: list[Turn], tier: str, shards: int = 1) -> None:
-    """Round trip 2 of the ordered submit: the notifications and active marks, then the gauges."""
+def queue_notifications(pipe: Any, written: list[Turn], tier: str, shards: int = 1,
+                        gauges: bool = True) -> None:
+    """Round trip 2 of the ordered submit: the notifications and active marks, then the gauges
+    (when this submit checks for pressure: at most every ``PRESSURE_CHECK_S``, see
+    :func:`queue_round_trip`)."""
     for turn in written:
         queue_notify(pipe, turn, shards)
-    queue_submit_gauges(pipe, tier, _last_shard(written, shards))
+    if gauges:
+        queue_submit_gauges(pipe, tier, _last_shard(written, shards))
 
 
 def inbox_written(results: Any, built: list[tuple[Turn, bytes]]) -> tuple[list[Turn], Exception | None]:
@@ -276,14 +322,15 @@ def inbox_written(results: Any, built: list[tuple[Turn, bytes]]) -> tuple[list[T
     return written, refused
 
 
-def notified(results: Any, written: list[Turn], refused: Exception | None) -> list[Any]:
+def notified(results: Any, written: list[Turn], refused: Exception | None,
+             gauges: bool = True) -> list[Any]:
     """Check round trip 2 of the ordered submit and return its gauges.
 
     Raises :class:`SubmitNotNotified` if a notification or active mark failed, else the first
     inbox refusal of round trip 1 if there was one.
     """
     queued = NOTIFY_COMMANDS * len(written)
-    if not isinstance(results, list) or len(results) != queued + 2:
+    if not isinstance(results, list) or len(results) != queued + (2 if gauges else 0):
         raise SubmitNotNotified(written, redis.ResponseError(
             f"unexpected replies to the submit's notifications: {results!r}"))
     failed = next((res for res in results[:queued] if isinstance(res, Exception)), None)
@@ -292,9 +339,3 @@ def notified(results: Any, written: list[Turn], refused: Exception | None) -> li
     if refused is not None:
         raise refused
     return results[queued:]
-
-
-def _raise_first_error(results: list[Any]) -> None:
-    for res in results:
-        if isinstance(res, Exception):
-            raise res

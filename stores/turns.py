@@ -1,7 +1,10 @@
 """The worker side of a user's mailbox: lane lease, inbox reads, context pack, write-back.
 
-Every call here is one round trip. The Lua scripts do the parts that must be atomic:
-taking and releasing the lane, and committing a turn together with the cursor advance.
+Every call here is one round trip, and on one node the acquires and commits of a loop pass
+share it (``stores.batch``). The Lua scripts do the parts that must be atomic: taking the lane
+with the first turn and its context pack (``lane_acquire.lua``), and committing a turn
+together with the cursor advance, then releasing the lane or handing back the next turn with
+its context (``turn_commit.lua``): a visit of one turn is two script calls.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from protocol import keys
 from protocol.codec import as_str, decode_valid
 from protocol.models import MemoryItem, SessionEntry
 from stores import cluster, replicas
+from stores.batch import ScriptBatcher
 from stores.memory import parse_members
 from stores.replies import raw_rows
 from stores.scripts import Scripts
@@ -41,13 +45,44 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class NextTurn:
+    """The first inbox entry after the cursor, as a script handed it back with the lane: its
+    fields as stored and, when the script could read it (the entry names its turn id and is for
+    this tier), its context pack, duplicate check and attempt count (``pulled``; None: the
+    worker reads them itself with :meth:`UserStore.pull`). ``turn_id`` is the id they were
+    read for."""
+
+    entry: str
+    fields: dict[bytes, bytes]
+    pulled: Pulled | None = None
+    turn_id: str = ""
+
+
+@dataclass(frozen=True)
 class Lease:
-    """A lane we hold: ``owner`` is the ``<worker>|<token>`` string the scripts check."""
+    """A lane we hold: ``owner`` is the ``<worker>|<token>`` string the scripts check; ``next``
+    the turn to serve first."""
 
     user: str
     owner: str
     cursor: str
-    entries: list[tuple[str, dict[bytes, bytes]]] = field(default_factory=list)  # first inbox batch
+    next: NextTurn | None = None
+
+
+@dataclass(frozen=True)
+class Idle:
+    """The lane was free (or ours) and nothing waited after the cursor: it was not taken (ours
+    was given up), as if taken, found empty and released in one step."""
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What a commit did: ``result`` 'ok', 'dup' or 'stale' (see ``turn_commit.lua``); then the
+    lane was ``released`` (nothing waited), or kept with the ``next`` turn to serve."""
+
+    result: str
+    released: bool
+    next: NextTurn | None = None
 
 
 @dataclass(frozen=True)
@@ -58,22 +93,30 @@ class Busy:
     ttl_ms: int
 
 
-@dataclass(frozen=True)
-class Release:
-    """What a release did: ``code`` 1 released, 0 kept (turns wait after ``cursor``, the
-    cursor as Redis has it, '' for none yet), -1 the lane was lost."""
-
-    code: int
-    cursor: str = ""
-
-
-@dataclass
 class ContextPack:
-    """What a handler sees of the user: pulled at the start of the turn, forgotten after."""
+    """What a handler sees of the user: pulled at the start of the turn, forgotten after.
 
-    session: list[SessionEntry] = field(default_factory=list)
-    profile: dict[str, str] = field(default_factory=dict)
-    memories: list[MemoryItem] = field(default_factory=list)
+    The session's entries are decoded when a handler first reads ``session`` (a handler that
+    never looks at them costs no decoding: the 20 entries of a pack were most of a worker's
+    pydantic and msgpack time); ``session_size`` is how many the pack holds, as read."""
+
+    def __init__(self, session: list[SessionEntry] | None = None, profile: dict[str, str] | None = None,
+                 memories: list[MemoryItem] | None = None, *, session_raw: list[bytes] | None = None) -> None:
+        self._session = session
+        self._session_raw = session_raw or []
+        self.profile = profile or {}
+        self.memories = memories or []
+
+    @property
+    def session(self) -> list[SessionEntry]:
+        """The session tail, oldest first (an entry that does not decode is skipped)."""
+        if self._session is None:
+            self._session = _parse_session(self._session_raw)
+        return self._session
+
+    @property
+    def session_size(self) -> int:
+        return len(self._session) if self._session is not None else len(self._session_raw)
 
 
 @dataclass(frozen=True)
@@ -98,28 +141,36 @@ class Writes:
 class UserStore:
     """Per-user operations for one worker, on one asyncio client."""
 
-    def __init__(self, r: aioredis.Redis, worker: str, config: StoreConfig | None = None) -> None:
+    def __init__(self, r: aioredis.Redis, worker: str, config: StoreConfig | None = None,
+                 tier: str = "chat") -> None:
         self.r = r
         self.worker = worker
+        self.tier = tier  # a turn of another tier gets no context pack from the scripts
         self.cfg = config or StoreConfig()
         self.scripts = Scripts(r)
+        self.batcher = ScriptBatcher(r)  # acquires and commits of one loop pass: one round trip
         self.acks = replicas.ReplicaAcks.of("acquire", "commit")
         # WAIT after the lane acquire and the turn commit (the worker sets it from the tier's
         # policy, ``ReplicaWait.of``); None: no WAIT is sent, the commands of a store without it
         self.replica_wait: replicas.ReplicaWait | None = None
 
-    async def acquire(self, user: str, batch: int = 16) -> Lease | Busy:
-        """Take the lane with up to ``batch`` inbox entries after the cursor, or learn who holds it.
+    async def acquire(self, user: str) -> Lease | Busy | Idle:
+        """Take the lane with the first turn after the cursor and its context pack, learn who
+        holds it, or find nothing waiting (:class:`Idle`: the lane is left free).
 
         With ``replica_wait``, the new fencing token reached that many replicas before this
         returns, or the WAIT timed out: counted in ``acks``, logged, and the lane is served anyway
         (docs/ARCHITECTURE.md, "Failover: what Fleet promises", says why)."""
-        keys_ = [keys.lane(user), keys.fence(user), keys.state(user), keys.inbox(user)]
-        res = await self._run(self.scripts.lane_acquire, keys_, [self.worker, self.cfg.lane_ttl_ms, batch],
-                              "acquire")
-        if int(res[0]) == 1:
-            entries = [(as_str(e), _pairs(f)) for e, f in res[3]]
-            return Lease(user, f"{self.worker}|{as_str(res[1])}", as_str(res[2]), entries)
+        k = keys.user_keys(user)
+        res = await self._call(self.scripts.lane_acquire,
+                               [k.lane, k.fence, k.state, k.inbox, k.session, k.profile, k.memory, k.done],
+                               [self.worker, self.cfg.lane_ttl_ms, self.tier, self.cfg.context_turns,
+                                self.cfg.memory_k], "acquire")
+        code = int(res[0])
+        if code == 1:
+            return Lease(user, f"{self.worker}|{as_str(res[1])}", as_str(res[2]), _next_turn(res[3]))
+        if code == 2:
+            return Idle()
         return Busy(as_str(res[1]), int(res[2]))
 
     async def read_inbox(self, user: str, cursor: str, count: int) -> list[tuple[str, dict[bytes, bytes]]]:
@@ -129,47 +180,59 @@ class UserStore:
         return [(as_str(entry), fields) for entry, fields in rows]
 
     async def pull(self, user: str, turn_id: str, entry: str) -> Pulled:
-        """The context pack, the duplicate check and the attempt count, in one round trip."""
+        """The context pack, the duplicate check and the attempt count, in one round trip: for a
+        retry, and for an entry the scripts could not read them for (:class:`NextTurn`)."""
+        k = keys.user_keys(user)
         pipe = self.r.pipeline(transaction=False)
-        pipe.lrange(keys.session(user), -self.cfg.context_turns, -1)
-        pipe.hgetall(keys.profile(user))
-        pipe.zrevrange(keys.memory(user), 0, self.cfg.memory_k - 1)
-        pipe.zscore(keys.done(user), turn_id)
-        pipe.hincrby(keys.state(user), f"att:{entry}", 1)
+        pipe.lrange(k.session, -self.cfg.context_turns, -1)
+        pipe.hgetall(k.profile)
+        pipe.zrevrange(k.memory, 0, self.cfg.memory_k - 1)
+        pipe.zscore(k.done, turn_id)
+        pipe.hincrby(k.state, f"att:{entry}", 1)
         session_raw, profile_raw, memories_raw, seen, attempts = await pipe.execute()
         pack = ContextPack(
-            session=_parse_session(session_raw),
+            session_raw=session_raw,
             profile={as_str(k): as_str(v) for k, v in profile_raw.items()},
             memories=parse_members(memories_raw),
         )
         return Pulled(pack, seen is not None, int(attempts))
 
-    async def commit(self, lease: Lease, entry: str, reply_key_turn: str, w: Writes, now_ms: int) -> str:
-        """Write the turn back and advance the cursor: 'ok', or 'stale' if already done.
+    async def commit(self, lease: Lease, entry: str, reply_key_turn: str, w: Writes,
+                     now_ms: int) -> Committed:
+        """Write the turn back and advance the cursor, then release the lane if nothing waits
+        (else keep it and hand back the next turn): one script, one round trip.
 
         With ``replica_wait``, the commit (cursor, reply, done-set) reached that many replicas
         before this returns, or the WAIT timed out: the turn is committed on the master all the
         same (counted in ``acks`` and logged, never an error)."""
-        user = lease.user
-        keys_ = [keys.lane(user), keys.state(user), keys.inbox(user), keys.session(user),
-                 keys.done(user), keys.reply(user, reply_key_turn), keys.usage(user),
-                 keys.profile(user), keys.memory(user)]
-        args: list[Any] = [lease.owner, entry, w.turn_id, w.session_entry, self.cfg.session_max, w.reply,
-                           self.cfg.reply_ttl_ms, self.cfg.done_keep, now_ms, self.cfg.memory_max,
-                           len(w.profile), len(w.memories), len(w.usage)]
+        k = keys.user_keys(lease.user)
+        keys_ = [k.lane, k.state, k.inbox, k.session, k.done, k.reply(reply_key_turn), k.usage,
+                 k.profile, k.memory]
+        cfg = self.cfg
+        usage = {counter: int(n) for counter, n in w.usage.items() if n}  # a zero adds nothing
+        args: list[Any] = [lease.owner, entry, w.turn_id, w.session_entry, cfg.session_max, w.reply,
+                           cfg.reply_ttl_ms, cfg.done_keep, now_ms, cfg.memory_max, self.tier,
+                           cfg.context_turns, cfg.memory_k, len(w.profile), len(w.memories), len(usage)]
         for field_, value in w.profile.items():
             args += [field_, value]
         for member, score in w.memories:
             args += [member, repr(float(score))]
-        for counter, n in w.usage.items():
-            args += [counter, int(n)]
+        for counter, n in usage.items():
+            args += [counter, n]
         try:
-            res = await self._run(self.scripts.turn_commit, keys_, args, "commit")
+            res = await self._call(self.scripts.turn_commit, keys_, args, "commit")
         except ResponseError as exc:
             if str(exc).startswith("FENCED"):
-                raise Fenced(user) from None
+                raise Fenced(lease.user) from None
             raise
-        return as_str(res)
+        return Committed(as_str(res[0]), int(res[1]) == 1, _next_turn(res[2]))
+
+    async def _call(self, script: AsyncScript, keys_: list[str], args: list[Any], op: str) -> Any:
+        """A hot-path script call: on one node without ``replica_wait``, queued with the other
+        calls of this loop pass (``stores.batch``: one round trip for all); else on its own."""
+        if self.replica_wait is None and not cluster.is_cluster(self.r):
+            return await self.batcher.call(script, keys_, args)
+        return await self._run(script, keys_, args, op)
 
     async def _run(self, script: AsyncScript, keys_: list[str], args: list[Any], op: str) -> Any:
         """Run a script; with ``replica_wait``, then ``WAIT`` on the same connection (WAIT counts
@@ -207,13 +270,6 @@ class UserStore:
         else:
             await self.r.script_load(script.script)
 
-    async def release(self, lease: Lease) -> Release:
-        """Give the lane up unless turns wait after the cursor: ``code`` 1 released, 0 kept
-        (serve on from ``cursor``, Redis's), -1 lost."""
-        keys_ = [keys.lane(lease.user), keys.state(lease.user), keys.inbox(lease.user)]
-        reply = await self.scripts.lane_release(keys=keys_, args=[lease.owner])
-        return Release(int(reply[0]), as_str(reply[1]) if len(reply) > 1 else "")
-
     async def drop(self, lease: Lease) -> bool:
         """Give the lane up whatever waits in the inbox (the caller re-notifies)."""
         return bool(await self.scripts.lease_drop(keys=[keys.lane(lease.user)], args=[lease.owner]))
@@ -244,3 +300,19 @@ def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
 
 def _parse_session(raw: list[bytes]) -> list[SessionEntry]:
     return decode_valid(SessionEntry, raw)
+
+
+def _next_turn(raw: Any) -> NextTurn | None:
+    """A script's ``next`` (include/next_turn.lua): None when nothing waits."""
+    if not raw:
+        return None
+    entry, flat, context = raw
+    if not context:
+        return NextTurn(as_str(entry), _pairs(flat))
+    session_raw, profile_flat, memories_raw, answered, attempts, turn_id = context
+    pack = ContextPack(session_raw=session_raw,
+                       profile={as_str(k): as_str(v) for k, v in zip(profile_flat[::2], profile_flat[1::2],
+                                                                      strict=True)},
+                       memories=parse_members(memories_raw))
+    return NextTurn(as_str(entry), _pairs(flat), Pulled(pack, int(answered) == 1, int(attempts)),
+                    as_str(turn_id))

@@ -22,6 +22,7 @@ from protocol import keys
 from protocol.codec import as_str, encode
 from protocol.models import WorkerInfo
 from stores import cluster
+from stores.batch import ScriptBatcher
 from stores.replies import raw_streams
 from stores.scripts import Scripts
 
@@ -162,11 +163,21 @@ async def reclaim_idle(r: aioredis.Redis, tier: str, worker_id: str, min_idle_ms
     return as_str(nxt), [(nid_of(shard, as_str(nid)), fields) for nid, fields in rows]
 
 
-async def ack_notifications(scripts: Scripts, tier: str, worker_id: str, nids: Sequence[str]) -> None:
+async def ack_notifications(scripts: Scripts, tier: str, worker_id: str, nids: Sequence[str],
+                            batcher: ScriptBatcher | None = None) -> None:
     """Ack those of ``nids`` still pending under ``worker_id`` (``notification_ack.lua``, one
-    call per ready shard)."""
+    call per ready shard). With a ``batcher`` (one node), the call joins those of the same loop
+    pass, merged with other jobs' acks of the same shard: one call acks many users' ids."""
+    batched = batcher is not None and not cluster.is_cluster(batcher.r)
+    calls = []
     for shard, ids in by_shard(nids).items():
-        await scripts.notification_ack(keys=[keys.ready(tier, shard)], args=[keys.GROUP, worker_id, *ids])
+        keys_, args = [keys.ready(tier, shard)], [keys.GROUP, worker_id, *ids]
+        if batched and batcher is not None:
+            calls.append(batcher.call(scripts.notification_ack, keys_, args, merge_from=2))
+        else:
+            await scripts.notification_ack(keys=keys_, args=args)
+    if calls:
+        await asyncio.gather(*calls)
 
 
 async def ack_covered(scripts: Scripts, tier: str, worker_id: str, holder_worker: str, user: str,

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 
 from protocol.flags import Parser, add_flags, settings_from_flags
 from worker.app import Worker
@@ -42,11 +43,31 @@ def run(args: argparse.Namespace) -> int:
     set_process_title(settings.tier, settings.worker_id)
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.worker_id} %(message)s")
+    worker: Worker
     if settings.pod_name or settings.health_port is not None:
         from worker.pod import PodWorker  # (aiohttp is imported only where it serves)
 
-        return asyncio.run(PodWorker(settings).run())
-    return asyncio.run(Worker(settings).run())
+        worker = PodWorker(settings)
+    else:
+        worker = Worker(settings)
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+        code = runner.run(worker.run())
+    print(f"{settings.worker_id}: {worker.store.batcher.stats.summary()}", file=sys.stderr)  # (bench_peers)
+    return code
+
+
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop for ``uvloop`` (and for ``auto`` when it is installed), else asyncio's (None)."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,7 +57,7 @@ class Worker(JobServices):
         self.store = UserStore(self.r, self.worker_id, StoreConfig(
             lane_ttl_ms=settings.lane_ttl_ms, session_max=settings.session_max,
             context_turns=settings.context_turns, memory_k=settings.memory_k,
-            reply_ttl_ms=settings.reply_ttl_s * 1000))
+            reply_ttl_ms=settings.reply_ttl_s * 1000), tier=settings.tier)
         self.policy = Policy()
         self.handler: handlers.Handler = handlers.get(self.policy.handler)
         self._executor: ThreadPoolExecutor | None = None  # sync handlers' threads, one per slot

@@ -1,7 +1,9 @@
 """Turning raw stream entries into turns, or into clear rejections.
 
 A turn arrives in the user's inbox in one of two forms:
-- binary: one field ``m`` holding a msgpack ``Turn`` (what the Python client writes);
+- binary: field ``m`` holding a msgpack ``Turn`` (what the Python client writes), with plain
+  copies of its ``turn_id`` and ``tier`` (the worker's scripts read them; entries written
+  before they existed have ``m`` alone, and are served the same);
 - plain: fields ``text`` and optionally ``turn_id`` (default: the inbox entry id), ``tier``
   (default: the tier of the worker that reads it) and ``meta`` (a JSON object), which any
   Redis client can write. Replies to plain turns are JSON.
@@ -22,9 +24,14 @@ Fields = dict[bytes, bytes]
 _ROUTE_PEEK_LIMIT = 16 * 1024 * 1024  # read a rejected binary turn this far for its turn id
 
 
+_BINARY_PLAIN = (b"turn_id", b"tier")  # a binary entry's plain copies of its turn id and tier
+
+
 def entry_size(fields: Fields) -> int:
-    """Bytes of an entry's values: for a binary turn, exactly what the client measured."""
-    return sum(len(v) for v in fields.values())
+    """Bytes of an entry's values: for a binary turn, exactly what the client measured (its
+    payload, not the plain copies of its turn id and tier beside it)."""
+    binary = b"m" in fields
+    return sum(len(v) for k, v in fields.items() if not (binary and k in _BINARY_PLAIN))
 
 
 def reply_route(entry: str, fields: Fields) -> tuple[str, Literal["msgpack", "json"]]:
@@ -62,6 +69,9 @@ def decode_entry(user: str, tier: str, entry: str, fields: Fields, max_bytes: in
         turn = validate(Turn, unpack(fields[b"m"]))
         if turn.user != user:
             raise CodecError(f"turn is for user {turn.user!r} but sits in the inbox of {user!r}")
+        for name, value in ((b"turn_id", turn.turn_id), (b"tier", turn.tier)):
+            if name in fields and fields[name] != value.encode():
+                raise CodecError(f"the entry's {name.decode()} field does not match its turn's")
         return turn
     return _plain(user, tier, entry, fields)
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Protocol
 
 from protocol.codec import CodecError, encode
@@ -20,7 +21,7 @@ from protocol.models import HandlerResult, Reply, SessionEntry, Turn
 from protocol.policy import Policy
 from stores.memory import new_member
 from stores.retry import TRANSIENT, Backoff
-from stores.turns import Busy, Fenced, Lease, Pulled, UserStore, Writes
+from stores.turns import Busy, Fenced, Lease, NextTurn, Pulled, UserStore, Writes
 from worker import handlers
 from worker.intake import Fields, decode_entry, reply_route
 from worker.settings import WorkerSettings
@@ -28,8 +29,6 @@ from worker.tally import Result, TurnTally
 
 log = logging.getLogger("fleet.worker")
 _RETRY_BACKOFF = Backoff(base=0.2, cap=5.0)  # between a failed handler call and its retry
-INBOX_BATCH = 16
-Rows = list[tuple[str, Fields]]
 
 
 class JobHost(Protocol):
@@ -57,6 +56,16 @@ class JobHost(Protocol):
     def counters_add(self, turns: int = 0, errors: int = 0, handler_seconds: float = 0.0) -> None: ...
     def trace_handler(self, event: str, ctx: handlers.TurnContext) -> None: ...
     def protect(self, seconds: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class Done:
+    """A turn committed: the lane ``released`` (covering ``covered`` notification ids), or kept
+    with the ``next`` turn to serve."""
+
+    released: bool
+    next: NextTurn | None
+    covered: int
 
 
 class OtherTier(Exception):
@@ -166,8 +175,9 @@ class UserJob:
         covered: list[str] | int | None  # the notification ids a holder covers, then a count
         while True:
             asked = len(self.fresh)  # the notifications whose turns are in the inbox by now
-            sent = time.monotonic()
-            got = await store.acquire(self.user, INBOX_BATCH)
+            covered = len(self.nids)  # ...and all ours, should nothing wait (Idle)
+            sent = time.monotonic()  # the lease's PX starts on the server after this
+            got = await store.acquire(self.user)
             if isinstance(got, Busy):
                 # The holder will see, before it lets go, every turn whose notification came
                 # before we asked: those are covered. One attached while we asked may be for a
@@ -182,12 +192,14 @@ class UserJob:
                 if not self.fresh:
                     return
                 continue
-            self.lease, self.renewed = got, float("-inf")
-            self.renewed_at(got, sent)
-            covered = await self._serve_until_released(got)
-            if covered is None:  # handed over (draining, or the next turn is another tier's)
-                await self.w.ack(self.handed)
-                return
+            if isinstance(got, Lease):
+                self.lease, self.renewed = got, float("-inf")
+                self.renewed_at(got, sent)
+                covered = await self._serve_until_released(got)
+                if covered is None:  # handed over (draining, or the next turn is another tier's)
+                    await self.w.ack(self.handed)
+                    return
+            # released, or nothing waited (Idle: seen in the acquire's one atomic step)
             if len(self.nids) == covered:
                 ids = self.nids
                 self.w.job_done(self)  # before the await: a new notification starts a new job
@@ -197,30 +209,31 @@ class UserJob:
             # the release saw, so take the lane again before acking it
 
     async def _serve_until_released(self, lease: Lease) -> int | None:
-        """Serve until the inbox is empty and the lane released; return how many ids that covers."""
-        rows: Rows | None
-        cursor, rows = lease.cursor, lease.entries
-        while True:
+        """Serve turn after turn (each commit hands back the next, or releases the lane); return
+        how many notification ids the release covers, or None if the user was handed over."""
+        nxt = lease.next
+        while nxt is not None:
             try:
-                cursor = await self._serve_inbox(lease, cursor, rows)
+                done = await self._serve_turn(lease, nxt)
             except OtherTier as other:
                 await self._give_up(lease, other.tier)
                 return None
-            rows = None
-            if self.w.draining and await self.w.store.read_inbox(self.user, cursor, 1):
+            if done.released:
+                self.lease = None
+                return done.covered
+            nxt = done.next
+            if self.w.draining and nxt is not None:
                 await self._give_up(lease, self.w.tier)
                 return None
-            covered = len(self.nids)
-            res = await self.w.store.release(lease)
-            if res.code == 1:
-                self.lease = None
-                return covered
-            if res.code == -1:
-                raise Fenced(self.user)
-            if res.cursor != cursor:  # ours is ahead: a failover lost a commit we were told of
-                log.warning("cursor of %s is %s in Redis, not %s: a lost commit; serving from there",
-                            self.user, res.cursor or "(none)", cursor)
-                cursor = res.cursor
+        return await self._release_empty(lease)
+
+    async def _release_empty(self, lease: Lease) -> int:
+        """A lease with no turn in hand (only a script's odd reply leaves one): give it up and
+        take the lane again, which releases it for good once nothing waits."""
+        if not await self.w.store.drop(lease):
+            raise Fenced(self.user)
+        self.lease = None
+        return -1  # no count of ids: the job takes the lane again, and acks once nothing waits
 
     async def _give_up(self, lease: Lease, tier: str) -> None:
         """Drop the lane with turns still queued and notify ``tier``, whose workers take over.
@@ -236,22 +249,9 @@ class UserJob:
         await self.w.notify(self.user, tier)
         log.info("handed %s over to tier %s with turns still queued", self.user, tier)
 
-    async def _serve_inbox(self, lease: Lease, cursor: str, rows: Rows | None) -> str:
-        """Serve entries after ``cursor`` until a short batch; the release re-checks for more."""
-        while True:
-            if rows is None:
-                rows = await self.w.store.read_inbox(self.user, cursor, INBOX_BATCH)
-            for entry, fields in rows:
-                await self._serve_turn(lease, entry, fields)
-                cursor = entry
-                if self.w.draining:
-                    return cursor
-            if len(rows) < INBOX_BATCH:
-                return cursor
-            rows = None
-
-    async def _serve_turn(self, lease: Lease, entry: str, fields: Fields) -> None:
+    async def _serve_turn(self, lease: Lease, nxt: NextTurn) -> Done:
         self.turn_handler_s = 0.0  # every attempt of this turn here counts
+        entry, fields = nxt.entry, nxt.fields
         try:
             turn = decode_entry(self.user, self.w.tier, entry, fields, self.w.settings.max_turn_bytes)
         except Exception as exc:  # CodecError, or a decoder bug: never wedge the user's lane
@@ -259,27 +259,27 @@ class UserJob:
                 log.exception("turn %s of %s could not be decoded", entry, self.user)
             reason = str(exc) if isinstance(exc, CodecError) else f"{type(exc).__name__}: {str(exc)[:200]}"
             reply_to, fmt = reply_route(entry, fields)  # only for a rejected turn: it re-reads the payload
-            await self._reject(lease, entry, fields, reply_to, fmt, f"bad turn: {reason}", attempts=0)
-            return
+            return await self._reject(lease, entry, fields, reply_to, fmt, f"bad turn: {reason}", attempts=0)
         if turn.tier != self.w.tier:  # per-user order holds across tiers: that tier goes next
             if not await self.w.tier_defined(turn.tier):  # ...unless no worker will ever serve it
-                await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt,
-                                   f"tier {turn.tier!r} has no policy: no worker serves it", attempts=0,
-                                   submitted=turn.ts)
-                return
+                return await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt,
+                                          f"tier {turn.tier!r} has no policy: no worker serves it",
+                                          attempts=0, submitted=turn.ts)
             raise OtherTier(turn.tier)
+        # the scripts read the context for the entry's plain turn_id field: used only if that is
+        # the decoded turn's own (else, or when they could not read it, it is pulled here)
+        pulled = nxt.pulled if nxt.pulled is not None and nxt.turn_id == turn.turn_id else None
         last_error = "the worker died during the turn"
         while True:
-            pulled = await self.w.store.pull(self.user, turn.turn_id, entry)
+            if pulled is None:
+                pulled = await self.w.store.pull(self.user, turn.turn_id, entry)
             if pulled.answered:
                 log.info("turn %s of %s was answered before: skipped", turn.turn_id, self.user)
-                await self._commit(lease, entry, turn.turn_id, Writes(), "dup")
-                return
+                return await self._commit(lease, entry, turn.turn_id, Writes(), "dup")
             if pulled.attempts > self.w.policy.max_attempts:
                 reason = f"failed {pulled.attempts - 1} attempts; last: {last_error}"
-                await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt, reason,
-                                   attempts=pulled.attempts - 1, submitted=turn.ts)
-                return
+                return await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt, reason,
+                                          attempts=pulled.attempts - 1, submitted=turn.ts)
             try:
                 result = await self._call(lease, turn, pulled)
             except asyncio.CancelledError:
@@ -290,9 +290,9 @@ class UserJob:
                 log.warning("turn %s of %s, attempt %d: %s", turn.turn_id, self.user,
                             pulled.attempts, last_error)
                 await asyncio.sleep(_RETRY_BACKOFF.compute(pulled.attempts))
+                pulled = None
                 continue
-            await self._answer(lease, entry, turn, pulled, result)
-            return
+            return await self._answer(lease, entry, turn, pulled, result)
 
     async def _call(self, lease: Lease, turn: Turn, pulled: Pulled) -> HandlerResult:
         """Run the tier's handler on the turn; its exceptions are the caller's to count."""
@@ -322,16 +322,18 @@ class UserJob:
         return result
 
     async def _answer(self, lease: Lease, entry: str, turn: Turn, pulled: Pulled,
-                      result: HandlerResult) -> None:
+                      result: HandlerResult) -> Done:
         """Write the turn back with its reply, session entry, memories, profile and usage."""
         now = time.time()
-        reply = Reply(turn_id=turn.turn_id, user=self.user, ok=True, text=result.text,
-                      worker=self.w.worker_id, ts=now, attempts=pulled.attempts,
-                      context={"session_turns": len(pulled.pack.session),
-                               "memories": [m.text for m in pulled.pack.memories],
-                               "profile": pulled.pack.profile})
-        session_entry = SessionEntry(turn_id=turn.turn_id, entry=entry, text=turn.text,
-                                     reply=result.text, ts=now)
+        # built without validation: every value is validated already (the turn, the handler's
+        # result, the ids) or made here
+        reply = Reply.model_construct(turn_id=turn.turn_id, user=self.user, ok=True, text=result.text,
+                                      worker=self.w.worker_id, ts=now, attempts=pulled.attempts,
+                                      context={"session_turns": pulled.pack.session_size,
+                                               "memories": [m.text for m in pulled.pack.memories],
+                                               "profile": pulled.pack.profile})
+        session_entry = SessionEntry.model_construct(turn_id=turn.turn_id, entry=entry, text=turn.text,
+                                                     reply=result.text, ts=now)
         writes = Writes(
             turn_id=turn.turn_id, session_entry=encode(session_entry),
             reply=_encode_reply(reply, turn.reply_fmt), profile=result.profile,
@@ -339,25 +341,31 @@ class UserJob:
             usage={"turns": 1, "chars_in": len(turn.text), "chars_out": len(result.text),
                    "handler_ms": round(self.turn_handler_s * 1000)},
         )
-        await self._commit(lease, entry, turn.turn_id, writes, "ok", turn.ts)
+        done = await self._commit(lease, entry, turn.turn_id, writes, "ok", turn.ts)
         self.w.counters_add(turns=1)
+        return done
 
     async def _reject(self, lease: Lease, entry: str, fields: Fields, reply_to: str, fmt: str,
-                      reason: str, attempts: int, submitted: float | None = None) -> None:
+                      reason: str, attempts: int, submitted: float | None = None) -> Done:
         """Dead-letter a turn with its reason and tell the user; the lane moves on."""
         await self.w.dead_letter(self.user, entry, reply_to, reason, fields)
         reply = Reply(turn_id=reply_to, user=self.user, ok=False, error=reason,
                       worker=self.w.worker_id, ts=time.time(), attempts=attempts)
         writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt),
                         usage={"errors": 1, "handler_ms": round(self.turn_handler_s * 1000)})
-        await self._commit(lease, entry, reply_to, writes, "error", submitted)
+        done = await self._commit(lease, entry, reply_to, writes, "error", submitted)
         self.w.counters_add(turns=1, errors=1)
+        return done
 
     async def _commit(self, lease: Lease, entry: str, reply_to: str, writes: Writes, result: Result,
-                      submitted: float | None = None) -> None:
-        """Commit the turn's writes and count what the commit found (``result`` if it wrote them;
-        with ``submitted``, the end-to-end latency too)."""
-        res = await self.w.store.commit(lease, entry, reply_to, writes, int(time.time() * 1000))
+                      submitted: float | None = None) -> Done:
+        """Commit the turn's writes (and release the lane if nothing waits) and count what the
+        commit found (``result`` if it wrote them; with ``submitted``, the end-to-end latency too).
+        The ids attached by now are the ones a release covers: one that comes during the call
+        may be for a turn after what it saw."""
+        covered = len(self.nids)
+        committed = await self.w.store.commit(lease, entry, reply_to, writes, int(time.time() * 1000))
+        res = committed.result
         self.w.tally.served(result if res == "ok" else "dup" if res == "dup" else "stale")
         if res == "ok" and submitted is not None:
             self.w.tally.observe("latency", time.time() - submitted)
@@ -366,6 +374,7 @@ class UserJob:
                      self.user, entry)
         elif res != "ok":
             log.warning("turn %s of %s was already committed (%s)", entry, self.user, res)
+        return Done(committed.released, committed.next, covered)
 
 
 def _encode_reply(reply: Reply, fmt: str) -> bytes:

@@ -71,7 +71,8 @@ class JobServices:
         """Ack notifications of the tier's ready stream that are still ours: one another worker
         reclaimed meanwhile carries a duty for it now, and stays."""
         if nids:
-            await worker_ops.ack_notifications(self.store.scripts, self.tier, self.worker_id, nids)
+            await worker_ops.ack_notifications(self.store.scripts, self.tier, self.worker_id, nids,
+                                               self.store.batcher)
 
     async def ack_covered(self, holder: str, user: str, nids: list[str]) -> None:
         """Ack notifications for ``user`` whose turns the lane's ``holder`` ("<worker>|<token>")

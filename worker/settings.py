@@ -31,6 +31,9 @@ class WorkerSettings(BaseSettings):
     tier: str = Field("chat", description="tier to serve")
     worker_id: str = Field("", description="unique id (default: <tier>-<random hex>)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        "auto", description="the event loop: auto = uvloop if installed (+37% turns/s in "
+                            "scripts/bench_peers, docs/BENCHMARKS.md), else asyncio's")
     batch: int = Field(32, ge=1, le=1000, description="notifications read at most per XREADGROUP")
     block_ms: int = Field(1000, ge=10, le=60_000, description="how long a read of the ready stream blocks")
     lane_ttl_ms: int = Field(6000, ge=500, description="a lane expires this long after its renewal")

@@ -1,4 +1,6 @@
-"""One chat turn as a plain job, for the peer job systems (RQ, Celery): written once, here.
+"""One chat turn as a plain job, for the peer job systems (RQ, Celery, Dramatiq, SAQ, arq):
+written once, here (``run_turn`` for the thread- and process-based ones, ``run_turn_async`` with
+the same commands for the asyncio ones).
 
 It does what a Fleet worker does for a turn with the ``noop`` handler, with the same keys and
 the same encodings (``protocol.keys``, ``protocol.codec``):
@@ -17,10 +19,13 @@ by turn id, no attempt counter, no cursor. A peer that runs a job twice writes i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
 from protocol import keys
 from protocol.codec import CodecError, decode, encode
@@ -42,7 +47,7 @@ def pull(r: redis.Redis, user: str) -> tuple[list[SessionEntry], dict[str, str],
     return _sessions(session_raw), profile, parse_members(memories_raw)
 
 
-def _sessions(raw: list[bytes]) -> list[SessionEntry]:
+def _sessions(raw: list[bytes]) -> list[SessionEntry]:  # (decoded as Fleet's worker does)
     out = []
     for item in raw:
         try:
@@ -58,14 +63,45 @@ def run_turn(r: redis.Redis, user: str, turn_id: str, text: str, model_ms: float
     session, profile, memories = pull(r, user)
     if model_ms > 0:
         time.sleep(model_ms / 1000)
-    result_text = ""  # the no-op model call
-    now = time.time()
-    reply = Reply(turn_id=turn_id, user=user, ok=True, text=result_text, worker=f"pid{os.getpid()}",
-                  ts=now, context={"session_turns": len(session), "memories": [m.text for m in memories],
-                                   "profile": profile, "started": started})
+    reply = _reply(user, turn_id, started, session, profile, memories)
+    pipe = r.pipeline(transaction=True)  # MULTI/EXEC: the write-back is atomic, as Fleet's Lua commit
+    _queue_write_back(pipe, user, turn_id, text, reply)
+    pipe.execute()
+    return reply
+
+
+async def run_turn_async(r: aioredis.Redis, user: str, turn_id: str, text: str,
+                         model_ms: float = 0.0) -> Reply:
+    """``run_turn`` on an asyncio client: the same commands, in the same round trips."""
+    started = time.time()
+    pipe = r.pipeline(transaction=False)
+    pipe.lrange(keys.session(user), -CFG.context_turns, -1)
+    pipe.hgetall(keys.profile(user))
+    pipe.zrevrange(keys.memory(user), 0, CFG.memory_k - 1)
+    session_raw, profile_raw, memories_raw = await pipe.execute()
+    profile = {k.decode(): v.decode() for k, v in profile_raw.items()}
+    if model_ms > 0:
+        await asyncio.sleep(model_ms / 1000)
+    reply = _reply(user, turn_id, started, _sessions(session_raw), profile, parse_members(memories_raw))
+    apipe = r.pipeline(transaction=True)
+    _queue_write_back(apipe, user, turn_id, text, reply)
+    await apipe.execute()
+    return reply
+
+
+def _reply(user: str, turn_id: str, started: float, session: list[SessionEntry], profile: dict[str, str],
+           memories: list) -> Reply:
+    context = {"session_turns": len(session), "memories": [m.text for m in memories], "profile": profile,
+               "started": started}
+    return Reply(turn_id=turn_id, user=user, ok=True, text="", worker=f"pid{os.getpid()}",  # no-op model
+                 ts=time.time(), context=context)
+
+
+def _queue_write_back(pipe: Any, user: str, turn_id: str, text: str, reply: Reply) -> None:
+    """Session entry, one memory, one profile field, the usage counters and the reply."""
+    now, result_text = reply.ts, reply.text
     entry = SessionEntry(turn_id=turn_id, entry=turn_id, text=text, reply=result_text, ts=now)
     member, score = new_member(text[:200], 0.5, now)
-    pipe = r.pipeline(transaction=True)  # MULTI/EXEC: the write-back is atomic, as Fleet's Lua commit
     pipe.rpush(keys.session(user), encode(entry))
     pipe.ltrim(keys.session(user), -CFG.session_max, -1)
     pipe.zadd(keys.memory(user), {member: score})
@@ -76,5 +112,3 @@ def run_turn(r: redis.Redis, user: str, turn_id: str, text: str, model_ms: float
     pipe.hincrby(keys.usage(user), "chars_out", len(result_text))
     pipe.rpush(keys.reply(user, turn_id), encode(reply))
     pipe.pexpire(keys.reply(user, turn_id), CFG.reply_ttl_ms)
-    pipe.execute()
-    return reply

@@ -1,15 +1,32 @@
--- lane_acquire: take a user's lane (lease) if it is free, with a new fencing token.
+-- lane_acquire: take a user's lane (lease) if it is free and a turn waits, with a new fencing
+-- token, and hand back the first turn after the cursor with its context pack (one round trip
+-- for the lane, the turn, the session, the profile, the memories, the duplicate check and
+-- the attempt count).
 --
--- KEYS[1]  fleet:u:{U}:lane    string "<worker>|<token>" with a PX TTL
--- KEYS[2]  fleet:u:{U}:fence   counter of fencing tokens
--- KEYS[3]  fleet:u:{U}:state   hash; field "cursor" = last inbox id done
--- KEYS[4]  fleet:u:{U}:inbox   stream of the user's turns
+-- KEYS[1]  fleet:u:{U}:lane     string "<worker>|<token>" with a PX TTL
+-- KEYS[2]  fleet:u:{U}:fence    counter of fencing tokens
+-- KEYS[3]  fleet:u:{U}:state    hash; "cursor" = last inbox id done, "att:<entry>" attempts
+-- KEYS[4]  fleet:u:{U}:inbox    stream of the user's turns
+-- KEYS[5]  fleet:u:{U}:session  list of msgpack SessionEntry (the tail is the context)
+-- KEYS[6]  fleet:u:{U}:profile  hash
+-- KEYS[7]  fleet:u:{U}:memory   zset of msgpack MemoryItem
+-- KEYS[8]  fleet:u:{U}:done     zset of answered turn ids
 -- ARGV[1]  worker id
 -- ARGV[2]  lease TTL in milliseconds
--- ARGV[3]  how many inbox entries after the cursor to return (saves a round trip)
+-- ARGV[3]  the worker's tier (a turn of another tier gets no context: it is handed over)
+-- ARGV[4]  session entries in the context pack
+-- ARGV[5]  memories in the context pack
 --
--- Returns {1, token, cursor, entries} when the caller holds the lane (new, or its own),
---         {0, holder, pttl}  when another worker holds it.
+-- Returns {1, token, cursor, next}  the caller holds the lane (new, or its own): next is the
+--                                   first turn after the cursor, as include/next_turn says;
+--         {0, holder, pttl}         another worker holds it;
+--         {2}                       the lane was free (or the caller's own) and nothing waits
+--                                   after the cursor: it is left free (the caller's own is
+--                                   deleted), as if taken, found empty and released at once.
+local K = {state = KEYS[3], inbox = KEYS[4], session = KEYS[5], profile = KEYS[6],
+           memory = KEYS[7], done = KEYS[8]}
+-- @include next_turn
+
 local held = redis.call('GET', KEYS[1])
 local token
 if held then
@@ -18,13 +35,17 @@ if held then
     return {0, held, redis.call('PTTL', KEYS[1])}
   end
   token = current
+end
+local cursor = redis.call('HGET', KEYS[3], 'cursor')
+local nxt = next_turn(K, cursor, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))
+if #nxt == 0 then
+  if held then redis.call('DEL', KEYS[1]) end
+  return {2}
+end
+if held then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else
   token = tostring(redis.call('INCR', KEYS[2]))
   redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
 end
-local cursor = redis.call('HGET', KEYS[3], 'cursor')
-local start = '-'
-if cursor then start = '(' .. cursor end
-local entries = redis.call('XRANGE', KEYS[4], start, '+', 'COUNT', tonumber(ARGV[3]))
-return {1, token, cursor or '', entries}
+return {1, token, cursor or '', nxt}

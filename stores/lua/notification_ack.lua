@@ -10,12 +10,18 @@
 -- ARGV[2]  the caller's consumer name (its worker id)
 -- ARGV[3..] notification ids
 --
+-- The worker batches its jobs' acks: one call acks the ids of many users (each id was
+-- found ackable by its own job, under its own user's lane), with one XACK for all that pass.
+--
 -- Returns the number of notifications acked.
-local acked = 0
+local ours = {}
 for i = 3, #ARGV do
   local entry = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
   if #entry == 1 and entry[1][2] == ARGV[2] then
-    acked = acked + redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+    ours[#ours + 1] = ARGV[i]
   end
 end
-return acked
+if #ours == 0 then
+  return 0
+end
+return redis.call('XACK', KEYS[1], ARGV[1], (table.unpack or unpack)(ours))

@@ -1,4 +1,6 @@
--- turn_commit: the atomic write-back of one turn, fenced and idempotent.
+-- turn_commit: the atomic write-back of one turn, fenced and idempotent, then the lane: given
+-- up if nothing waits after the new cursor, else kept, with the next turn and its context
+-- pack handed back (a visit of several turns is one round trip per turn).
 -- Advances the user's cursor past the turn's inbox entry together with every write the
 -- turn makes, so a turn re-run after a crash can never be written twice.
 --
@@ -19,39 +21,61 @@
 -- ARGV[8]  how many answered turn ids to remember
 -- ARGV[9]  now in ms
 -- ARGV[10] memory max size (lowest scores are dropped)
--- ARGV[11] P: number of profile (field, value) pairs that follow
--- ARGV[12] M: number of memory (member, score) pairs that follow
--- ARGV[13] Q: number of usage (counter, increment) pairs that follow
--- ARGV[14 ..] the P profile pairs, then the M memory pairs, then the Q usage pairs
+-- ARGV[11] the worker's tier                ARGV[12] session entries in the next context pack
+-- ARGV[13] memories in the next context pack
+-- ARGV[14] P: number of profile (field, value) pairs that follow
+-- ARGV[15] M: number of memory (member, score) pairs that follow
+-- ARGV[16] Q: number of usage (counter, increment) pairs that follow
+-- ARGV[17 ..] the P profile pairs, then the M memory pairs, then the Q usage pairs
 --
--- Returns 'ok'; 'stale' if the entry is not the next one after the cursor (already done);
--- 'dup' if the turn id was answered before (a resubmitted turn): the cursor moves past the
--- entry and nothing else is written, so a turn gets exactly one reply however often it was
--- submitted; an error 'FENCED ...' if the caller no longer holds the lane.
+-- Returns {result, released, next}:
+--   result  'ok'; 'stale' if the entry is not the next one after the cursor (already done:
+--           nothing written); 'dup' if the turn id was answered before (a resubmitted turn):
+--           the cursor moves past the entry and nothing else is written, so a turn gets
+--           exactly one reply however often it was submitted;
+--   released 1 if nothing waits after the cursor (as Redis has it): the lane is deleted; else 0
+--           and the lane is kept;
+--   next    {} when released, else the first turn after the cursor with its context, as
+--           include/next_turn says (after a commit a failover lost, that is the lost turn
+--           again: the worker serves on from Redis's cursor, never from its own).
+-- An error 'FENCED ...' if the caller no longer holds the lane (nothing written).
+local K = {state = KEYS[2], inbox = KEYS[3], session = KEYS[4], profile = KEYS[8],
+           memory = KEYS[9], done = KEYS[5]}
+-- @include next_turn
+
+local function finish(result, cursor)
+  local nxt = next_turn(K, cursor, ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]))
+  if #nxt == 0 then
+    redis.call('DEL', KEYS[1])
+    return {result, 1, {}}
+  end
+  return {result, 0, nxt}
+end
+
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED lane lost')
 end
 local cursor = redis.call('HGET', KEYS[2], 'cursor')
 local start = '-'
 if cursor then start = '(' .. cursor end
-local nxt = redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', 1)
-if #nxt == 0 or nxt[1][1] ~= ARGV[2] then
-  return 'stale'
+local first = redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', 1)
+if #first == 0 or first[1][1] ~= ARGV[2] then
+  return finish('stale', cursor)
 end
 
 if ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3]) then
   redis.call('HSET', KEYS[2], 'cursor', ARGV[2])
   redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2])
   redis.call('XDEL', KEYS[3], ARGV[2])
-  return 'dup'
+  return finish('dup', ARGV[2])
 end
 
 -- check every argument before the first write: a script that fails halfway is not undone
-local np, nm, nu = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
-if not (np and nm and nu) or #ARGV ~= 13 + 2 * (np + nm + nu) then
+local np, nm, nu = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
+if not (np and nm and nu) or #ARGV ~= 16 + 2 * (np + nm + nu) then
   return redis.error_reply('BADARGS pair counts do not match the arguments')
 end
-local first_mem, first_use = 14 + 2 * np, 14 + 2 * (np + nm)
+local first_mem, first_use = 17 + 2 * np, 17 + 2 * (np + nm)
 for i = first_mem, first_mem + 2 * nm - 1, 2 do
   if not tonumber(ARGV[i + 1]) then return redis.error_reply('BADARGS memory score') end
 end
@@ -63,28 +87,36 @@ redis.call('HSET', KEYS[2], 'cursor', ARGV[2])
 redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2])
 redis.call('XDEL', KEYS[3], ARGV[2])
 
+-- The session is cut back to its bound only once a push takes it past (RPUSH says its length):
+-- a user below the bound costs no LTRIM. The answered ids and the memories are trimmed with
+-- it (a full session: every turn), and the answered ids at once by a turn with no session
+-- entry (an error); below that they grow by a turn's own writes only, so each stays bounded.
+local session_max = tonumber(ARGV[5])
+local trim = ARGV[4] == ''
+if ARGV[4] ~= '' then
+  if redis.call('RPUSH', KEYS[4], ARGV[4]) > session_max then
+    redis.call('LTRIM', KEYS[4], -session_max, -1)
+    trim = true
+  end
+end
 if ARGV[3] ~= '' then
   redis.call('ZADD', KEYS[5], ARGV[9], ARGV[3])
-  redis.call('ZREMRANGEBYRANK', KEYS[5], 0, -(tonumber(ARGV[8]) + 1))
-end
-if ARGV[4] ~= '' then
-  redis.call('RPUSH', KEYS[4], ARGV[4])
-  redis.call('LTRIM', KEYS[4], -tonumber(ARGV[5]), -1)
+  if trim then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, -(tonumber(ARGV[8]) + 1)) end
 end
 if ARGV[6] ~= '' then
   redis.call('RPUSH', KEYS[6], ARGV[6])
   redis.call('PEXPIRE', KEYS[6], ARGV[7])
 end
-for i = 14, first_mem - 1, 2 do
+for i = 17, first_mem - 1, 2 do
   redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 1])
 end
 if nm > 0 then
   for i = first_mem, first_use - 1, 2 do
     redis.call('ZADD', KEYS[9], ARGV[i + 1], ARGV[i])
   end
-  redis.call('ZREMRANGEBYRANK', KEYS[9], 0, -(tonumber(ARGV[10]) + 1))
+  if trim or nm > 1 then redis.call('ZREMRANGEBYRANK', KEYS[9], 0, -(tonumber(ARGV[10]) + 1)) end
 end
 for i = first_use, #ARGV, 2 do
   redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1])
 end
-return 'ok'
+return finish('ok', ARGV[2])

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
-PEERS = ("rq", "celery")
+PEERS = ("rq", "celery", "dramatiq", "saq", "arq")
 
 
 def _require_peers() -> None:
@@ -41,10 +41,13 @@ def test_bench_peers_quick_every_system_answers_turns(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     systems = result["systems"]
-    assert set(systems) == {"fleet", "rq-simple", "rq-fork", "celery"}
+    assert set(systems) == {"fleet", "rq-simple", "rq-fork", "celery", "dramatiq-1", "dramatiq-8", "saq",
+                            "arq"}
     for name, s in systems.items():
         sat = s["saturation"]
         assert sat["turns"] > 0 and sat["turns_per_s"] > 0, (name, sat)
+        cost = s["cost_per_turn"]
+        assert min(cost["redis_commands"], cost["round_trips"], cost["total_cpu_us"]) > 0, (name, cost)
         assert "errors" not in sat, (name, sat)
         half = s["half_load"]
         assert half.get("overloaded") or half["turns"] > 0, (name, half)

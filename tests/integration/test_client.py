@@ -1,10 +1,11 @@
-"""The submit transaction on a real redis-server: what its atomicity honestly covers.
+"""The submit on a real redis-server: what its atomicity honestly covers.
 
-A submit is ``MULTI``, the inbox ``XADD``, the ready ``XADD``, the active ``ZADD``, ``EXEC``.
-Proven here: a connection lost after the inbox ``XADD`` was sent lands nothing (before, the turn
-landed with no notification and waited for the user's next submit), a retried round trip lands
-the turn once (before, twice), and a command refused while queued discards the whole submit. Not
-covered, because Redis never rolls back: a command failing while ``EXEC`` runs (shown below).
+A submit is one script call (``turn_submit.lua``: the inbox ``XADD``, the ready ``XADD``, the
+active ``ZADD``); it was ``MULTI`` .. ``EXEC`` before issue 17, and the same holds. Proven here:
+a connection lost mid-submit lands nothing (before the transaction, the turn landed with no
+notification and waited for the user's next submit), a retried round trip lands the turn once,
+and a write the user's ACL refuses refuses the whole submit (the script checks them all first).
+Not covered, because Redis never rolls back: a command failing while the script runs (below).
 """
 
 from __future__ import annotations
@@ -141,13 +142,14 @@ def test_a_command_refused_while_queued_discards_the_whole_submit(chat, redis_se
     assert not chat.exists(keys.active("chat"))
 
 
-def test_a_runtime_error_inside_exec_is_raised_and_not_rolled_back(chat, redis_server) -> None:
-    """The limit of Redis transactions: a command failing while EXEC runs leaves the others applied."""
+def test_a_runtime_error_inside_the_submit_is_raised_and_not_rolled_back(chat, redis_server) -> None:
+    """The limit of a Redis script (as of a transaction): a command failing while it runs leaves
+    the writes before it applied; the script stops there (the active mark comes after)."""
     chat.set(keys.ready("chat"), "not a stream")
     with Fleet(redis_server.url) as client, pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         client.submit("erin", "hi")
     assert chat.xlen(keys.inbox("erin")) == 1  # no rollback: the turn is there, its notification not
-    assert chat.zscore(keys.active("chat"), "erin") is not None
+    assert chat.zscore(keys.active("chat"), "erin") is None
 
 
 def test_an_unknown_tier_writes_nothing_on_a_real_server(r, redis_server) -> None:

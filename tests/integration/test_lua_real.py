@@ -1,4 +1,6 @@
-"""turn_commit's profile/memory/usage arguments on a real redis-server."""
+"""turn_commit's profile/memory/usage arguments on a real redis-server, and the hot path's
+scripts (the submit, the pressure check, the acquire's context pack, the commit's release) on
+it: what fakeredis' Lua runs in the unit tests and the explorer, on Redis's own Lua 5.1."""
 
 from __future__ import annotations
 
@@ -50,14 +52,14 @@ async def test_commit_writes_profile_memories_and_usage(r: redis.Redis, store: U
     w = Writes(turn_id="t1", session_entry=b"s", reply=b"r", profile={"name": "Alice", "lang": "fr"},
                memories=[new_member("likes tea", 0.9, 1000.0), new_member("old", 0.1, 1.0)],
                usage={"turns": 1, "chars_in": 5})
-    assert await store.commit(lease, e1, "t1", w, 1) == "ok"
+    assert (await store.commit(lease, e1, "t1", w, 1)).result == "ok"
     assert r.hgetall(keys.profile(U)) == {b"name": b"Alice", b"lang": b"fr"}
     assert r.hgetall(keys.usage(U)) == {b"turns": b"1", b"chars_in": b"5"}
     pulled = await store.pull(U, "t2", e2)
     assert [m.text for m in pulled.pack.memories] == ["likes tea", "old"]  # ranked, decoded intact
     assert pulled.pack.profile["name"] == "Alice"
     w2 = Writes(turn_id="t2", usage={"turns": 1, "errors": 1})
-    assert await store.commit(lease, e2, "t2", w2, 2) == "ok"
+    assert (await store.commit(lease, e2, "t2", w2, 2)).result == "ok"
     assert r.hgetall(keys.usage(U)) == {b"turns": b"2", b"chars_in": b"5", b"errors": b"1"}
 
 
@@ -65,7 +67,7 @@ async def test_memory_is_bounded_by_score(r: redis.Redis, store: UserStore) -> N
     entry = r.xadd(keys.inbox(U), {"text": "a"}).decode()
     lease = await _lease(store)
     mems = [new_member(f"m{i}", imp, 1000.0) for i, imp in enumerate([0.1, 0.9, 0.5, 0.2, 0.8])]
-    assert await store.commit(lease, entry, "t1", Writes(memories=mems), 1) == "ok"
+    assert (await store.commit(lease, entry, "t1", Writes(memories=mems), 1)).result == "ok"
     kept = [decode(MemoryItem, m).text for m in r.zrevrange(keys.memory(U), 0, -1)]
     assert kept == ["m1", "m4", "m2"]  # memory_max=3 keeps the highest scores
 
@@ -83,12 +85,13 @@ async def test_bad_arguments_leave_no_partial_write(r: redis.Redis, store: UserS
     entry = r.xadd(keys.inbox(U), {"text": "a"}).decode()
     lease = await _lease(store)
     before = snapshot(r)
-    head: list[object] = [lease.owner, entry, "t1", b"session", 10, b"reply", 60_000, 10, 1, 10]
+    head: list[object] = [lease.owner, entry, "t1", b"session", 10, b"reply", 60_000, 10, 1, 10, "chat", 20,
+                          5]
     with pytest.raises(ResponseError, match="BADARGS"):
         await store.scripts.turn_commit(keys=KEYS_, args=head + tail)
     assert snapshot(r) == before
     good = [1, 1, 1, "name", "A", b"member", "1.0", "turns", 1]
-    assert await store.scripts.turn_commit(keys=KEYS_, args=head + good) == b"ok"
+    assert await store.scripts.turn_commit(keys=KEYS_, args=head + good) == [b"ok", 1, []]  # released
 
 
 @pytest.mark.parametrize("script", ["notification_ack", "notification_touch"])
@@ -129,3 +132,38 @@ async def test_a_busy_path_ack_needs_the_holders_carrier_on_the_real_server(
     await client.xreadgroup(keys.GROUP, "w0", {ready: ">"})
     assert await scripts.notification_ack_covered(keys=[ready], args=args) == 1
     await client.aclose()
+
+
+async def test_the_hot_path_scripts_on_the_real_server(r: redis.Redis, redis_server: RedisServer) -> None:
+    from protocol.codec import encode as encode_model
+    from protocol.models import SessionEntry, Turn
+    from stores import submit
+
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        turns = [Turn(turn_id=f"t{i}", user=U, text=f"turn {i}", ts=1.0) for i in range(2)]
+        event = {"tier": "chat", "user": U, "ts": "1"}
+        done = await submit.submit_round_trip_async(client, [(t, encode_model(t)) for t in turns], "chat",
+                                                    pressure=event)
+        assert done.posted and r.xlen(keys.pressure("chat")) == 1  # no worker ever read the tier
+        store = UserStore(client, "w1")
+        lease = await store.acquire(U)
+        assert isinstance(lease, Lease) and lease.next is not None and lease.next.pulled is not None
+        assert (lease.next.turn_id, lease.next.pulled.attempts) == ("t0", 1)
+        entry = encode_model(SessionEntry(turn_id="t0", entry=lease.next.entry, text="turn 0", reply="r",
+                                          ts=1.0))
+        w = Writes(turn_id="t0", session_entry=entry, reply=b"r", usage={"turns": 1})
+        first = await store.commit(lease, lease.next.entry, "t0", w, 1)
+        assert (first.result, first.released) == ("ok", False)
+        assert first.next is not None and first.next.pulled is not None and first.next.turn_id == "t1"
+        assert [e.turn_id for e in first.next.pulled.pack.session] == ["t0"]
+        second = await store.commit(lease, first.next.entry, "t1", Writes(turn_id="t1"), 2)
+        assert (second.result, second.released, second.next) == ("ok", True, None)
+        assert r.get(keys.lane(U)) is None
+        from stores.scripts import Scripts
+        ready = keys.ready("chat")
+        r.xgroup_create(ready, keys.GROUP, id="0")
+        ids = [nid.decode() for _s, rows in r.xreadgroup(keys.GROUP, "w1", {ready: ">"}) for nid, _f in rows]
+        assert await Scripts(client).notification_ack(keys=[ready], args=[keys.GROUP, "w1", *ids]) == 2
+    finally:
+        await client.aclose()

@@ -21,6 +21,7 @@ from protocol.models import WorkerInfo
 from protocol.policy import Policy
 from stores.policies import read_policy, write_policy
 from stores.replicas import ReplicaWait
+from stores.scripts import sha
 from stores.submit import Submitted, committed, queue_round_trip
 from stores.tier_probe import SubmitOptions, heartbeats_of, tier_defined
 
@@ -55,59 +56,49 @@ def info(worker: str, tier: str) -> bytes:
 
 
 # --- the round trip's shape ---------------------------------------------------------------
-def test_the_submit_commands_are_inside_multi_exec_and_the_gauges_after_it() -> None:
+def test_the_submit_is_one_script_call_and_the_pressure_check_after_it() -> None:
     built = [_build_turn(u, "hi", "chat", None, None, 1 << 16) for u in ("alice", "bob")]
     pipe = Recorder()
-    queue_round_trip(pipe, built, "chat")
-    per_turn = [("XADD", keys.inbox(u)) for u in ("alice", "bob")]
-    assert [cmd[:2] for cmd in pipe.sent] == [
-        ("MULTI",),
-        per_turn[0], ("XADD", keys.ready("chat")), ("ZADD", keys.active("chat")),
-        per_turn[1], ("XADD", keys.ready("chat")), ("ZADD", keys.active("chat")),
-        ("EXEC",),
-        ("XINFO GROUPS", keys.ready("chat")), ("GET", keys.starting("chat")),
-    ]
+    queue_round_trip(pipe, built, "chat", pressure={"tier": "chat", "user": "bob", "ts": "1"})
+    assert [cmd[0] for cmd in pipe.sent] == ["EVALSHA", "EVALSHA"]
+    submit, check = pipe.sent
+    assert submit[1] == sha("turn_submit") and check[1] == sha("submit_pressure")
+    assert submit[2:3 + submit[2]] == (5, keys.active("chat"), keys.inbox("alice"), keys.inbox("bob"),
+                                       keys.ready("chat"), keys.ready("chat"))
+    t_alice, p_alice = built[0]
+    assert submit[8:14] == (2, "alice", t_alice.ts, t_alice.turn_id, "chat", p_alice)
+    assert check[2:6] == (3, keys.ready("chat"), keys.starting("chat"), keys.pressure("chat"))
 
 
-def test_with_replica_acks_a_wait_follows_exec_on_the_same_round_trip() -> None:
+def test_without_a_pressure_check_the_submit_is_the_script_alone() -> None:
     built = [_build_turn("alice", "hi", "chat", None, None, 1 << 16)]
     pipe = Recorder()
-    queue_round_trip(pipe, built, "chat", SubmitOptions(wait=ReplicaWait(1, 50)))
-    assert [cmd[:2] for cmd in pipe.sent] == [
-        ("MULTI",), ("XADD", keys.inbox("alice")), ("XADD", keys.ready("chat")),
-        ("ZADD", keys.active("chat")), ("EXEC",), ("WAIT", 1),
-        ("XINFO GROUPS", keys.ready("chat")), ("GET", keys.starting("chat")),
-    ]
-    assert pipe.sent[5] == ("WAIT", 1, 50)
-    replies = [b"OK", *[b"QUEUED"] * 3, [b"1-0", b"1-1", 1], 1, ["groups"], b"2"]
-    assert committed(replies, 1, waited=True) == Submitted([["groups"], b"2"], 1)
+    queue_round_trip(pipe, built, "chat")
+    assert [cmd[:2] for cmd in pipe.sent] == [("EVALSHA", sha("turn_submit"))]
 
 
-def _replies(exec_reply: Any, queued: list[Any] | None = None, multi: Any = b"OK") -> list[Any]:
-    return [multi, *(queued or [b"QUEUED"] * 3), exec_reply, ["groups"], b"2"]
+def test_with_replica_acks_a_wait_follows_the_script_on_the_same_round_trip() -> None:
+    built = [_build_turn("alice", "hi", "chat", None, None, 1 << 16)]
+    pipe = Recorder()
+    queue_round_trip(pipe, built, "chat", SubmitOptions(wait=ReplicaWait(1, 50)), {"user": "alice"})
+    assert [cmd[0] for cmd in pipe.sent] == ["EVALSHA", "WAIT", "EVALSHA"]
+    assert pipe.sent[1] == ("WAIT", 1, 50)
+    assert committed([[b"1-0"], 1, 1], waited=True, checked=True) == Submitted([], 1, True)
 
 
-def test_committed_returns_the_gauges_of_an_applied_transaction() -> None:
-    assert committed(_replies([b"1-0", b"1-1", 1]), 1) == Submitted([["groups"], b"2"])
+def test_committed_says_whether_the_check_posted_a_pressure_event() -> None:
+    assert committed([[b"1-0"], 1], checked=True) == Submitted([], None, True)
+    assert committed([[b"1-0"], 0], checked=True) == Submitted([], None, False)
+    assert committed([[b"1-0"], redis.ResponseError("NOPERM xinfo")], checked=True) == Submitted([])
+    assert committed([[b"1-0"]]) == Submitted([])
 
 
-@pytest.mark.parametrize(("replies", "error"), [
-    pytest.param(_replies(redis.ResponseError("NOPERM exec"), [redis.ResponseError("NOPERM xadd")] * 3,
-                          multi=redis.ResponseError("NOPERM multi")),
-                 "NOPERM multi", id="multi-refused"),
-    pytest.param(_replies(redis.exceptions.ExecAbortError("EXECABORT discarded"),
-                          [b"QUEUED", b"QUEUED", redis.ResponseError("NOPERM zadd")]),
-                 "NOPERM zadd", id="queue-time-refusal-is-the-cause"),
-    pytest.param(_replies(redis.exceptions.ExecAbortError("EXECABORT discarded")), "EXECABORT",
-                 id="aborted"),
-    pytest.param(_replies([b"1-0", redis.ResponseError("WRONGTYPE ready"), 1]), "WRONGTYPE",
-                 id="runtime-error-inside-exec"),
-    pytest.param(_replies(None), "unexpected reply", id="no-array"),
-    pytest.param(_replies([b"1-0"]), "unexpected reply", id="short-array"),
-])
-def test_committed_raises_the_first_error_of_the_transaction(replies: list[Any], error: str) -> None:
-    with pytest.raises(redis.ResponseError, match=error):
-        committed(replies, 1)
+@pytest.mark.parametrize("error", [redis.ResponseError("NOPERM evalsha"),
+                                   redis.ResponseError("WRONGTYPE inbox"),
+                                   redis.ResponseError("BADARGS turn count")])
+def test_committed_raises_the_scripts_error(error: Exception) -> None:
+    with pytest.raises(redis.ResponseError, match=str(error).split()[0]):
+        committed([error, 1], checked=True)
 
 
 # --- whether a tier exists (pure) ---------------------------------------------------------

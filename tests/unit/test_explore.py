@@ -97,11 +97,10 @@ def test_a_failing_schedule_is_shrunk_and_replays(tmp_path: Path, monkeypatch: p
 
     real = job.UserJob._serve_turn
 
-    async def drops_the_second_turn(self, lease, entry, fields):  # type: ignore[no-untyped-def]
-        if b"-t1" in fields.get(b"m", b""):
-            await self._commit(lease, entry, "", job.Writes())
-            return
-        await real(self, lease, entry, fields)
+    async def drops_the_second_turn(self, lease, nxt):  # type: ignore[no-untyped-def]
+        if b"-t1" in nxt.fields.get(b"m", b""):
+            return await self._commit(lease, nxt.entry, "", job.Writes(), "ok")
+        return await real(self, lease, nxt)
 
     monkeypatch.setattr(job.UserJob, "_serve_turn", drops_the_second_turn)
     code = explore.main(["--schedules", "5", "--seed", "1", "--users", "2", "--turns", "2",
@@ -126,4 +125,14 @@ def test_a_run_with_pauses_and_lost_replies_replays_step_for_step(seed: int) -> 
 # Open holes: a schedule the explorer found that still fails is kept as its shrunk file under
 # tests/unit/schedules/ and replayed exactly by a strict xfail test here; the day it holds (fixed,
 # or the code changed under it) that test fails and the row moves to HOLES, with its focused test.
-# None is open now (seed 28924's moved to HOLES).
+# None is open now (seed 28924's moved to HOLES; 274459's holds, below).
+SCHEDULES = Path(__file__).parent / "schedules"
+
+
+def test_zombie_274459_after_an_outage_and_an_expiry_holds() -> None:
+    """Found by issue 17's long exploration (seed 274459, shrunk: a 6.7 s Redis outage and a lane
+    expiry; w0's handler ran 1.5 s past its lane's end). The same class as seed 28924: the worker
+    learned of the loss only when its renew loop came round. A renewal pass every interval and a
+    timer per lane (tests/unit/test_lane_renewal.py) make it hold; replayed exactly here."""
+    got = run(Schedule.from_json((SCHEDULES / "zombie-274459.json").read_text()))
+    assert got.ok, [str(v) for v in got.violations]

@@ -35,7 +35,7 @@ class Host:
     def store(self) -> Host:
         return self
 
-    async def acquire(self, user: str, batch: int) -> Busy:
+    async def acquire(self, user: str) -> Busy:
         self.asked += 1
         await asyncio.sleep(0)
         if self.asked == 1 and self.job is not None:  # a new notification is dispatched meanwhile

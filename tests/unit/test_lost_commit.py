@@ -7,6 +7,10 @@ nothing, and the release kept the lane because the server still saw a turn after
 -- around again, forever, holding the lane (and a later turn of the user came back 'stale'
 and got no reply). Found reading the code for the WAIT option; here the lost write is a commit
 that answers "ok" and writes nothing, exactly what the worker sees across such a failover.
+
+Since the commit hands back the next turn (issue 17), the worker serves that turn; its commit
+is stale on the promoted replica, which hands back the lost turn again (Redis's cursor, not
+the worker's), and both are answered in order.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from typing import Any
 import fakeredis
 
 from fleet.client import AsyncFleet
+from protocol import keys
 from protocol.policy import Policy
 from stores.policies import write_policy_async
+from stores.turns import Committed, NextTurn
 from worker.app import Worker
 from worker.settings import WorkerSettings
 
@@ -30,18 +36,18 @@ async def test_a_commit_lost_in_a_failover_is_served_again_and_the_next_turn_too
     real_commit = worker.store.commit
     lost: list[str] = []
 
-    async def commit(*args: Any, **kwargs: Any) -> str:
-        if not lost:  # acknowledged by the old master, gone with it
+    async def commit(*args: Any, **kwargs: Any) -> Committed:
+        if not lost:  # acknowledged by the old master (the next turn handed back), gone with it
             lost.append(args[1])
-            return "ok"
+            (entry, fields), = await r.xrange(keys.inbox("alice"), min=f"({args[1]}", count=1)
+            return Committed("ok", False, NextTurn(entry.decode(), fields))
         return await real_commit(*args, **kwargs)
 
     worker.store.commit = commit  # type: ignore[method-assign]
     run = asyncio.ensure_future(worker.run())
     fleet = AsyncFleet(client=r)
     try:
-        first = await fleet.submit("alice", "one")
-        second = await fleet.submit("alice", "two")
+        first, second = await fleet.submit_many([("alice", "one"), ("alice", "two")])
         # before the fix: neither came (the first commit was lost, the second was 'stale')
         assert (await fleet.wait("alice", first.turn_id, timeout=5)).text.startswith("echo: one")
         assert (await fleet.wait("alice", second.turn_id, timeout=5)).text.startswith("echo: two")

@@ -2,6 +2,9 @@
 
 The scripts use plain Redis commands only (no cmsgpack), so they run on fakeredis' Lua as
 on a real server; ``tests/integration/test_lua_real.py`` repeats the commit on a real one.
+The acquire takes the lane only when a turn waits (else :class:`Idle`), and hands back that
+turn with its context pack; the commit releases the lane when nothing waits after the new
+cursor, else hands back the next turn (issue 17).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from redis.exceptions import ResponseError
 
 from protocol import keys
 from stores.scripts import NAMES, source
-from stores.turns import Busy, Fenced, Lease, Release, StoreConfig, UserStore, Writes
+from stores.turns import Busy, Committed, Fenced, Idle, Lease, StoreConfig, UserStore, Writes
 
 U = "alice"
 TTL = 6_000
@@ -80,6 +83,18 @@ def writes(turn_id: str, reply: bytes = b"reply", session: bytes = b"session") -
     return Writes(turn_id=turn_id, session_entry=session, reply=reply)
 
 
+async def take(rig: Rig, store: UserStore | None = None, user: str = U) -> Lease:
+    """A lease on ``user``'s lane: a turn is submitted first if none waits (the acquire takes
+    no lane for an empty inbox)."""
+    store = store or rig.w1
+    got = await store.acquire(user)
+    if isinstance(got, Idle):
+        await rig.submit(user=user)
+        got = await store.acquire(user)
+    assert isinstance(got, Lease), got
+    return got
+
+
 # --- scripts as files -------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", NAMES)
@@ -98,29 +113,103 @@ def test_unknown_script_name() -> None:
 
 # --- acquire ----------------------------------------------------------------------------
 
-async def test_acquire_a_free_lane(rig: Rig) -> None:
+async def test_acquire_with_nothing_waiting_takes_no_lane(rig: Rig) -> None:
+    assert await rig.w1.acquire(U) == Idle()
+    assert await rig.lane() is None
+    assert not await rig.r.exists(keys.fence(U))  # no token handed out
+
+
+async def test_acquire_a_free_lane_with_the_first_turn(rig: Rig) -> None:
+    e1 = await rig.submit("one")
+    await rig.submit("two")
     got = await rig.w1.acquire(U)
-    assert got == Lease(U, "w1|1", "")
+    assert isinstance(got, Lease) and (got.user, got.owner, got.cursor) == (U, "w1|1", "")
+    assert got.next is not None and got.next.entry == e1 and got.next.fields == {b"text": b"one"}
     assert await rig.lane() == "w1|1"
     assert 0 < await rig.r.pttl(keys.lane(U)) <= TTL
 
 
-async def test_acquire_returns_the_cursor(rig: Rig) -> None:
-    await rig.r.hset(keys.state(U), "cursor", "5-0")
+async def test_acquire_returns_the_cursor_and_the_turn_after_it(rig: Rig) -> None:
+    e1, e2 = await rig.submit("one"), await rig.submit("two")
+    await rig.r.hset(keys.state(U), "cursor", e1)
     got = await rig.w1.acquire(U)
-    assert isinstance(got, Lease) and got.cursor == "5-0"
+    assert isinstance(got, Lease) and got.cursor == e1
+    assert got.next is not None and got.next.entry == e2
+
+
+async def test_acquire_reads_the_context_pack_of_the_first_turn(rig: Rig) -> None:
+    from protocol.codec import encode
+    from protocol.models import SessionEntry
+    from stores.memory import new_member
+
+    await rig.r.rpush(keys.session(U), encode(SessionEntry(turn_id="t0", entry="1-0", text="a", reply="b",
+                                                           ts=1.0)), b"garbage")
+    await rig.r.hset(keys.profile(U), "name", "Alice")
+    member, score = new_member("likes tea", 0.5, 1.0)
+    await rig.r.zadd(keys.memory(U), {member: score})
+    e1 = (await rig.r.xadd(keys.inbox(U), {"text": "hi", "turn_id": "t1"})).decode()
+    got = await rig.w1.acquire(U)
+    assert isinstance(got, Lease) and got.next is not None and got.next.pulled is not None
+    pulled = got.next.pulled
+    assert got.next.turn_id == "t1"
+    assert [e.turn_id for e in pulled.pack.session] == ["t0"]  # the corrupt entry is skipped
+    assert pulled.pack.profile == {"name": "Alice"}
+    assert [m.text for m in pulled.pack.memories] == ["likes tea"]
+    assert (pulled.answered, pulled.attempts) == (False, 1)
+    assert await rig.r.hget(keys.state(U), f"att:{e1}") == b"1"
+
+
+async def test_acquire_sees_an_answered_turn_id(rig: Rig) -> None:
+    await rig.r.zadd(keys.done(U), {"t1": 1})
+    await rig.r.xadd(keys.inbox(U), {"text": "again", "turn_id": "t1"})
+    got = await rig.w1.acquire(U)
+    assert isinstance(got, Lease) and got.next is not None and got.next.pulled is not None
+    assert got.next.pulled.answered is True
+
+
+async def test_a_plain_turn_without_turn_id_is_read_for_its_entry_id(rig: Rig) -> None:
+    e1 = await rig.submit()
+    got = await rig.w1.acquire(U)
+    assert isinstance(got, Lease) and got.next is not None
+    assert got.next.turn_id == e1 and got.next.pulled is not None
+
+
+async def test_a_binary_turn_from_before_the_plain_fields_gets_no_context(rig: Rig) -> None:
+    """An entry written by an older client (``m`` alone) names no turn id the script can read:
+    no context and no attempt counted; the worker pulls them itself."""
+    e1 = (await rig.r.xadd(keys.inbox(U), {"m": b"\x80"})).decode()
+    got = await rig.w1.acquire(U)
+    assert isinstance(got, Lease) and got.next is not None
+    assert (got.next.entry, got.next.pulled, got.next.turn_id) == (e1, None, "")
+    assert await rig.r.hget(keys.state(U), f"att:{e1}") is None
+
+
+async def test_a_turn_of_another_tier_gets_no_context_and_no_attempt(rig: Rig) -> None:
+    e1 = (await rig.r.xadd(keys.inbox(U), {"text": "x", "tier": "gpu"})).decode()
+    got = await rig.w1.acquire(U)
+    assert isinstance(got, Lease) and got.next is not None and got.next.pulled is None
+    assert await rig.r.hget(keys.state(U), f"att:{e1}") is None
 
 
 async def test_reacquire_by_the_owner_keeps_the_token_and_extends(rig: Rig) -> None:
-    first = await rig.w1.acquire(U)
+    first = await take(rig)
     await rig.r.pexpire(keys.lane(U), 100)
     again = await rig.w1.acquire(U)
-    assert again == first
+    assert isinstance(again, Lease) and (again.owner, again.cursor) == (first.owner, first.cursor)
     assert await rig.r.pttl(keys.lane(U)) > 100
 
 
+async def test_reacquire_by_the_owner_with_nothing_waiting_gives_the_lane_up(rig: Rig) -> None:
+    lease = await take(rig)
+    assert lease.next is not None
+    assert (await rig.w1.commit(lease, lease.next.entry, "t1", Writes(), 1)).released
+    await rig.r.set(keys.lane(U), lease.owner)  # as if the release had been lost
+    assert await rig.w1.acquire(U) == Idle()
+    assert await rig.lane() is None
+
+
 async def test_acquire_a_held_lane_says_who_holds_it(rig: Rig) -> None:
-    await rig.w1.acquire(U)
+    await take(rig)
     got = await rig.w2.acquire(U)
     assert isinstance(got, Busy)
     assert got.holder == "w1|1"
@@ -129,27 +218,25 @@ async def test_acquire_a_held_lane_says_who_holds_it(rig: Rig) -> None:
 
 
 async def test_an_expired_lane_goes_to_the_next_with_a_higher_token(rig: Rig) -> None:
-    old = await rig.w1.acquire(U)
+    await take(rig)
     await rig.expire_lane()
     new = await rig.w2.acquire(U)
-    assert isinstance(old, Lease) and isinstance(new, Lease)
+    assert isinstance(new, Lease)
     assert new.owner == "w2|2"
     again = await rig.w1.acquire(U)
     assert isinstance(again, Busy) and again.holder == "w2|2"
 
 
 async def test_lanes_of_different_users_are_independent(rig: Rig) -> None:
-    a = await rig.w1.acquire("alice")
-    b = await rig.w2.acquire("bob")
-    assert isinstance(a, Lease) and isinstance(b, Lease)
+    a = await take(rig, rig.w1, "alice")
+    b = await take(rig, rig.w2, "bob")
     assert (a.owner, b.owner) == ("w1|1", "w2|1")  # fencing counters are per user
 
 
 # --- renew ------------------------------------------------------------------------------
 
 async def test_renew_script_extends_only_the_owner(rig: Rig) -> None:
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
+    lease = await take(rig)
     await rig.r.pexpire(keys.lane(U), 100)
     assert await rig.w1.scripts.lease_renew(keys=[keys.lane(U)], args=[lease.owner, TTL]) == 1
     assert await rig.r.pttl(keys.lane(U)) > 100
@@ -158,8 +245,7 @@ async def test_renew_script_extends_only_the_owner(rig: Rig) -> None:
 
 
 async def test_renew_script_does_not_resurrect_an_expired_lane(rig: Rig) -> None:
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
+    lease = await take(rig)
     await rig.expire_lane()
     assert await rig.w1.scripts.lease_renew(keys=[keys.lane(U)], args=[lease.owner, TTL]) == 0
     assert await rig.lane() is None
@@ -170,9 +256,8 @@ async def test_renew_nothing(rig: Rig) -> None:
 
 
 async def test_renew_extends_held_leases_and_reports_lost_ones(rig: Rig) -> None:
-    mine = await rig.w1.acquire("alice")
-    lost = await rig.w1.acquire("bob")
-    assert isinstance(mine, Lease) and isinstance(lost, Lease)
+    mine = await take(rig, rig.w1, "alice")
+    lost = await take(rig, rig.w1, "bob")
     await rig.r.pexpire(keys.lane("alice"), 100)
     await rig.expire_lane("bob")
     try:
@@ -183,67 +268,69 @@ async def test_renew_extends_held_leases_and_reports_lost_ones(rig: Rig) -> None
     assert await rig.r.pttl(keys.lane("alice")) > 100
 
 
-# --- release ----------------------------------------------------------------------------
+# --- the commit's release ------------------------------------------------------------------
 
-async def test_release_with_an_empty_inbox(rig: Rig) -> None:
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
-    assert (await rig.w1.release(lease)).code == 1
+async def test_a_commit_with_nothing_after_it_releases_the_lane(rig: Rig) -> None:
+    e1 = await rig.submit()
+    lease = await take(rig)
+    assert await rig.w1.commit(lease, e1, "t1", writes("t1"), 1) == Committed("ok", True)
     assert await rig.lane() is None
 
 
-async def test_release_is_refused_while_a_turn_waits(rig: Rig) -> None:
-    await rig.submit()
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
-    assert await rig.w1.release(lease) == Release(0, "")  # kept; no cursor yet
-    assert await rig.lane() == lease.owner
-
-
-async def test_release_returns_0_when_a_newer_entry_came_after_the_cursor(rig: Rig) -> None:
-    e1 = await rig.submit("one")
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
-    assert await rig.w1.commit(lease, e1, "t1", writes("t1"), 1) == "ok"
-    await rig.submit("two")  # arrives while the worker is about to let go
-    assert await rig.w1.release(lease) == Release(0, e1)  # kept, with Redis's cursor
-    assert await rig.lane() == lease.owner
-
-
-async def test_release_after_everything_is_done(rig: Rig) -> None:
+async def test_a_commit_keeps_the_lane_and_hands_back_the_next_turn(rig: Rig) -> None:
     e1, e2 = await rig.submit("one"), await rig.submit("two")
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
-    assert await rig.w1.commit(lease, e1, "t1", writes("t1"), 1) == "ok"
-    assert await rig.w1.commit(lease, e2, "t2", writes("t2"), 2) == "ok"
-    assert (await rig.w1.release(lease)).code == 1
+    lease = await take(rig)
+    done = await rig.w1.commit(lease, e1, "t1", writes("t1"), 1)
+    assert (done.result, done.released) == ("ok", False)
+    assert done.next is not None and done.next.entry == e2 and done.next.pulled is not None
+    assert [e.reply for e in done.next.pulled.pack.session] == []  # b"session" is no SessionEntry
+    assert done.next.pulled.attempts == 1
+    assert await rig.lane() == lease.owner
+
+
+async def test_the_next_turns_context_holds_the_turn_just_committed(rig: Rig) -> None:
+    from protocol.codec import encode
+    from protocol.models import SessionEntry
+
+    e1, _e2 = await rig.submit("one"), await rig.submit("two")
+    lease = await take(rig)
+    entry = encode(SessionEntry(turn_id="t1", entry=e1, text="one", reply="r", ts=1.0))
+    done = await rig.w1.commit(lease, e1, "t1", writes("t1", session=entry), 1)
+    assert done.next is not None and done.next.pulled is not None
+    assert [e.turn_id for e in done.next.pulled.pack.session] == ["t1"]
+
+
+async def test_a_turn_that_arrives_before_the_commit_keeps_the_lane(rig: Rig) -> None:
+    e1 = await rig.submit("one")
+    lease = await take(rig)
+    e2 = await rig.submit("two")  # arrives while the worker is in the handler
+    done = await rig.w1.commit(lease, e1, "t1", writes("t1"), 1)
+    assert not done.released and done.next is not None and done.next.entry == e2
+    assert (await rig.w1.commit(lease, e2, "t2", writes("t2"), 2)).released
     assert await rig.lane() is None
 
 
-async def test_release_of_a_lost_lane(rig: Rig) -> None:
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
-    await rig.expire_lane()
-    assert (await rig.w1.release(lease)).code == -1
-    taken = await rig.w2.acquire(U)
-    assert (await rig.w1.release(lease)).code == -1
-    assert isinstance(taken, Lease) and await rig.lane() == taken.owner  # not released by the stale owner
+async def test_a_stale_commit_serves_on_from_the_cursor_redis_has(rig: Rig) -> None:
+    """A failover can lose a commit the worker was told of: the next commit is stale, and the
+    lost turn comes back as the next one (its cursor, not the worker's)."""
+    e1, e2 = await rig.submit("one"), await rig.submit("two")
+    lease = await take(rig)
+    done = await rig.w1.commit(lease, e2, "t2", writes("t2"), 1)  # as if e1 were committed
+    assert (done.result, done.released) == ("stale", False)
+    assert done.next is not None and done.next.entry == e1
 
 
 # --- drop -------------------------------------------------------------------------------
 
 async def test_drop_gives_the_lane_up_even_with_turns_waiting(rig: Rig) -> None:
-    await rig.submit()
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
+    lease = await take(rig)
     assert await rig.w1.drop(lease) is True
     assert await rig.lane() is None
     assert isinstance(await rig.w2.acquire(U), Lease)
 
 
 async def test_drop_by_a_non_owner_changes_nothing(rig: Rig) -> None:
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
+    lease = await take(rig)
     assert await rig.w2.drop(Lease(U, "w2|1", "")) is False
     assert await rig.w1.drop(Lease(U, "w1|7", "")) is False  # right worker, wrong token
     assert await rig.lane() == lease.owner
@@ -254,11 +341,10 @@ async def test_drop_by_a_non_owner_changes_nothing(rig: Rig) -> None:
 async def test_commit_writes_everything_with_the_cursor(rig: Rig) -> None:
     e1 = await rig.submit("one")
     await rig.submit("two")
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
+    lease = await take(rig)
     pulled = await rig.w1.pull(U, "t1", e1)
-    assert (pulled.answered, pulled.attempts) == (False, 1)
-    assert await rig.w1.commit(lease, e1, "t1", writes("t1"), 1234) == "ok"
+    assert (pulled.answered, pulled.attempts) == (False, 2)  # the acquire counted the first
+    assert (await rig.w1.commit(lease, e1, "t1", writes("t1"), 1234)).result == "ok"
     assert await rig.cursor() == e1
     assert await rig.r.hget(keys.state(U), f"att:{e1}") is None
     assert e1.encode() not in [e for e, _ in await rig.r.xrange(keys.inbox(U))]  # done entries go
@@ -272,9 +358,8 @@ async def test_commit_writes_everything_with_the_cursor(rig: Rig) -> None:
 
 async def test_commit_with_nothing_to_write_only_advances(rig: Rig) -> None:
     e1 = await rig.submit()
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
-    assert await rig.w1.commit(lease, e1, "t1", Writes(), 1) == "ok"
+    lease = await take(rig)
+    assert (await rig.w1.commit(lease, e1, "t1", Writes(), 1)).result == "ok"
     assert await rig.cursor() == e1
     for key in (keys.session(U), keys.done(U), keys.reply(U, "t1")):
         assert not await rig.r.exists(key)
@@ -282,22 +367,19 @@ async def test_commit_with_nothing_to_write_only_advances(rig: Rig) -> None:
 
 async def test_commit_by_a_stale_owner_is_fenced_and_writes_nothing(rig: Rig) -> None:
     e1 = await rig.submit()
-    old = await rig.w1.acquire(U)
-    assert isinstance(old, Lease)
+    old = await take(rig)
     await rig.expire_lane()
-    new = await rig.w2.acquire(U)
-    assert isinstance(new, Lease)
+    new = await take(rig, rig.w2)
     before = await rig.snapshot()
     with pytest.raises(Fenced):
         await rig.w1.commit(old, e1, "t1", writes("t1"), 1)
     assert await rig.snapshot() == before
-    assert await rig.w2.commit(new, e1, "t1", writes("t1"), 1) == "ok"
+    assert (await rig.w2.commit(new, e1, "t1", writes("t1"), 1)).result == "ok"
 
 
 async def test_commit_after_the_lane_expired_is_fenced(rig: Rig) -> None:
     e1 = await rig.submit()
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
+    lease = await take(rig)
     await rig.expire_lane()
     with pytest.raises(Fenced):
         await rig.w1.commit(lease, e1, "t1", writes("t1"), 1)
@@ -305,56 +387,69 @@ async def test_commit_after_the_lane_expired_is_fenced(rig: Rig) -> None:
 
 
 async def test_recommit_of_the_same_entry_is_stale_and_writes_nothing(rig: Rig) -> None:
-    e1 = await rig.submit()
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
-    assert await rig.w1.commit(lease, e1, "t1", writes("t1"), 1) == "ok"
+    """(A pipeline resent after a lost reply runs the commit twice.) The second is stale and
+    writes nothing of the turn; it hands the next turn back again, counting one more attempt."""
+    e1, e2 = await rig.submit(), await rig.submit()
+    lease = await take(rig)
+    assert (await rig.w1.commit(lease, e1, "t1", writes("t1"), 1)).result == "ok"
     before = await rig.snapshot()
-    assert await rig.w1.commit(lease, e1, "t1", writes("t1"), 2) == "stale"
-    assert await rig.snapshot() == before
+    again = await rig.w1.commit(lease, e1, "t1", writes("t1"), 2)
+    assert (again.result, again.released) == ("stale", False)
+    assert again.next is not None and again.next.entry == e2
+    after = await rig.snapshot()
+    state = keys.state(U)
+    assert after[state] == {**before[state], f"att:{e2}".encode(): b"2"}  # type: ignore[dict-item]
+    assert {k: v for k, v in after.items() if k != state} == {k: v for k, v in before.items() if k != state}
     assert await rig.r.llen(keys.session(U)) == 1
     assert await rig.r.llen(keys.reply(U, "t1")) == 1
+
+
+async def test_a_recommit_after_the_release_is_fenced(rig: Rig) -> None:
+    e1 = await rig.submit()
+    lease = await take(rig)
+    assert (await rig.w1.commit(lease, e1, "t1", writes("t1"), 1)).released
+    with pytest.raises(Fenced):
+        await rig.w1.commit(lease, e1, "t1", writes("t1"), 2)
 
 
 async def test_a_resubmitted_turn_is_answered_once_even_on_the_reject_path(rig: Rig) -> None:
     """Found by the explorer (seed 11): a turn submitted twice (the first submit's reply was
     lost) and rejected both times got two error replies. The commit itself dedupes by turn id."""
     e1, e2 = await rig.submit("first copy"), await rig.submit("second copy")
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
-    assert await rig.w1.commit(lease, e1, "t1", writes("t1", reply=b"error"), 1) == "ok"
-    assert await rig.w1.commit(lease, e2, "t1", writes("t1", reply=b"error again"), 2) == "dup"
+    lease = await take(rig)
+    assert (await rig.w1.commit(lease, e1, "t1", writes("t1", reply=b"error"), 1)).result == "ok"
+    assert (await rig.w1.commit(lease, e2, "t1", writes("t1", reply=b"error again"), 2)).result == "dup"
     assert await rig.r.lrange(keys.reply(U, "t1"), 0, -1) == [b"error"]
     assert await rig.r.lrange(keys.session(U), 0, -1) == [b"session"]
     assert await rig.cursor() == e2
     assert await rig.r.xlen(keys.inbox(U)) == 0
-    assert (await rig.w1.release(lease)).code == 1
+    assert await rig.lane() is None  # nothing waits after the dup: released with it
 
 
 async def test_commit_out_of_order_is_stale(rig: Rig) -> None:
     e1, e2 = await rig.submit("one"), await rig.submit("two")
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
+    lease = await take(rig)
     before = await rig.snapshot()
-    assert await rig.w1.commit(lease, e2, "t2", writes("t2"), 1) == "stale"
-    assert await rig.snapshot() == before
-    assert await rig.w1.commit(lease, e1, "t1", writes("t1"), 1) == "ok"
-    assert await rig.w1.commit(lease, e2, "t2", writes("t2"), 1) == "ok"
+    assert (await rig.w1.commit(lease, e2, "t2", writes("t2"), 1)).result == "stale"
+    after = await rig.snapshot()
+    after[keys.state(U)] = before[keys.state(U)]  # (only e1's attempt count: it is handed back)
+    assert after == before
+    assert (await rig.w1.commit(lease, e1, "t1", writes("t1"), 1)).result == "ok"
+    assert (await rig.w1.commit(lease, e2, "t2", writes("t2"), 1)).result == "ok"
 
 
 async def test_commit_of_an_unknown_entry_is_stale(rig: Rig) -> None:
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
-    assert await rig.w1.commit(lease, "1-0", "t1", writes("t1"), 1) == "stale"
+    lease = await take(rig)  # (its own turn waits: the stale commit hands it back)
+    assert (await rig.w1.commit(lease, "1-0", "t1", writes("t1"), 1)).result == "stale"
 
 
 async def test_session_and_done_are_bounded(rig: Rig) -> None:
     entries = [await rig.submit(str(i)) for i in range(5)]
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
+    lease = await take(rig)
     for i, entry in enumerate(entries):
         w = writes(f"t{i}", session=f"s{i}".encode())
-        assert await rig.w1.commit(lease, entry, f"t{i}", w, i) == "ok"
+        assert (await rig.w1.commit(lease, entry, f"t{i}", w, i)).result == "ok"
+    # cut back to the bound once a push takes the session past it (the others trimmed with it)
     assert await rig.r.lrange(keys.session(U), 0, -1) == [b"s2", b"s3", b"s4"]  # session_max=3
     assert await rig.r.zrange(keys.done(U), 0, -1) == [b"t3", b"t4"]  # done_keep=2
     assert await rig.r.xlen(keys.inbox(U)) == 0
@@ -362,31 +457,30 @@ async def test_session_and_done_are_bounded(rig: Rig) -> None:
 
 async def test_pull_counts_attempts_until_the_commit(rig: Rig) -> None:
     e1 = await rig.submit()
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
-    assert [(await rig.w1.pull(U, "t1", e1)).attempts for _ in range(3)] == [1, 2, 3]
+    lease = await take(rig)
+    assert [(await rig.w1.pull(U, "t1", e1)).attempts for _ in range(3)] == [2, 3, 4]  # 1: the acquire
     await rig.w1.commit(lease, e1, "t1", Writes(), 1)
     assert await rig.r.hget(keys.state(U), f"att:{e1}") is None
 
 
 async def test_a_takeover_resumes_from_the_cursor(rig: Rig) -> None:
     e1, e2 = await rig.submit("one"), await rig.submit("two")
-    old = await rig.w1.acquire(U)
-    assert isinstance(old, Lease)
+    old = await take(rig)
     await rig.w1.commit(old, e1, "t1", writes("t1"), 1)
     await rig.expire_lane()  # w1 dies mid-way through e2
     new = await rig.w2.acquire(U)
     assert isinstance(new, Lease) and new.cursor == e1
+    assert new.next is not None and new.next.entry == e2
     assert [e for e, _ in await rig.w2.read_inbox(U, new.cursor, 10)] == [e2]
 
 
 async def test_an_undecodable_argument_leaves_no_partial_write(rig: Rig) -> None:
     # pair counts that do not match the arguments: the script fails before its first write
     e1 = await rig.submit()
-    lease = await rig.w1.acquire(U)
-    assert isinstance(lease, Lease)
+    lease = await take(rig)
     before = await rig.snapshot()
-    args = [lease.owner, e1, "t1", b"session", 3, b"reply", 60_000, 2, 1, 10, 2, 0, 0, "only-one"]
+    args = [lease.owner, e1, "t1", b"session", 3, b"reply", 60_000, 2, 1, 10, "chat", 20, 5, 2, 0, 0,
+            "only-one"]
     keys_ = [keys.lane(U), keys.state(U), keys.inbox(U), keys.session(U), keys.done(U),
              keys.reply(U, "t1"), keys.usage(U), keys.profile(U), keys.memory(U)]
     with pytest.raises(ResponseError):

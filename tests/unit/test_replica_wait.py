@@ -115,9 +115,9 @@ async def one_turn(store: UserStore, r: fakeredis.FakeAsyncRedis, sent: Sent) ->
         await r.script_load(script.script)  # as on a server that has run them before
     sent.log.clear()
     lease = await store.acquire(U)
-    assert isinstance(lease, Lease) and lease.entries[0][0] == entry
+    assert isinstance(lease, Lease) and lease.next is not None and lease.next.entry == entry
     res = await store.commit(lease, entry, "t1", Writes(turn_id="t1", reply=b"r"), int(time.time() * 1000))
-    assert res == "ok"
+    assert res.result == "ok"
     return lease, entry
 
 
@@ -125,7 +125,8 @@ async def test_replica_acks_0_sends_exactly_the_script_calls(r: fakeredis.FakeAs
     store = UserStore(r, "w1")
     store.replica_wait = ReplicaWait.of(Policy())
     await one_turn(store, r, sent)
-    assert sent.log == [("cmd", "EVALSHA"), ("cmd", "EVALSHA")]  # acquire, commit: no WAIT, no pipeline
+    # acquire, commit: no WAIT; each in the group commit's pipeline (alone here: one call each)
+    assert sent.log == [("pipe", ["EVALSHA"], False), ("pipe", ["EVALSHA"], False)]
     assert store.acks.waits == {"acquire": 0, "commit": 0}
 
 
@@ -236,7 +237,7 @@ async def test_on_a_cluster_evalsha_and_wait_go_to_the_slot_master(r: fakeredis.
     entry = (await r.xadd(keys.inbox(U), {"text": "hi"})).decode()
     lease = await store.acquire(U)
     assert isinstance(lease, Lease)
-    assert await store.commit(lease, entry, "t1", Writes(turn_id="t1", reply=b"r"), 0) == "ok"
+    assert (await store.commit(lease, entry, "t1", Writes(turn_id="t1", reply=b"r"), 0)).result == "ok"
     assert set(rc.asked) == {keys.lane(U)}  # the user's slot, for every call and the script load
     assert node.sent == [["EVALSHA", "WAIT"], ["SCRIPT LOAD"], ["EVALSHA", "WAIT"],  # NOSCRIPT: loaded
                          ["EVALSHA", "WAIT"], ["SCRIPT LOAD"], ["EVALSHA", "WAIT"]]
@@ -247,7 +248,7 @@ async def test_on_a_cluster_evalsha_and_wait_go_to_the_slot_master(r: fakeredis.
     entry2 = (await r.xadd(keys.inbox(U), {"text": "again"})).decode()
     lease = await store.acquire(U)
     assert isinstance(lease, Lease)
-    assert await store.commit(lease, entry2, "t2", Writes(turn_id="t2", reply=b"r2"), 0) == "ok"
+    assert (await store.commit(lease, entry2, "t2", Writes(turn_id="t2", reply=b"r2"), 0)).result == "ok"
     assert store.acks.short == {"acquire": 1, "commit": 1}
 
 

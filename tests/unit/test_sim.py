@@ -114,11 +114,10 @@ def test_a_lost_turn_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
 
     real = job.UserJob._serve_turn
 
-    async def drops_the_second_turn(self, lease, entry, fields):  # type: ignore[no-untyped-def]
-        if fields.get(b"m", b"").find(b"-t1") >= 0:
-            await self._commit(lease, entry, "", job.Writes())  # cursor moves on, no reply
-            return
-        await real(self, lease, entry, fields)
+    async def drops_the_second_turn(self, lease, nxt):  # type: ignore[no-untyped-def]
+        if nxt.fields.get(b"m", b"").find(b"-t1") >= 0:
+            return await self._commit(lease, nxt.entry, "", job.Writes(), "ok")  # cursor moves on, no reply
+        return await real(self, lease, nxt)
 
     monkeypatch.setattr(job.UserJob, "_serve_turn", drops_the_second_turn)
     assert "I1" in _kinds(range(1, 4))
@@ -131,14 +130,14 @@ def test_two_workers_in_one_users_handler_are_found(monkeypatch: pytest.MonkeyPa
 
     real_acquire, real_source = turns.UserStore.acquire, scripts.source
 
-    async def always_wins(self, user, batch=16):  # type: ignore[no-untyped-def]
+    async def always_wins(self, user):  # type: ignore[no-untyped-def]
         await self.r.delete(f"fleet:u:{{{user}}}:lane")
-        return await real_acquire(self, user, batch)
+        return await real_acquire(self, user)
 
     def unfenced(name: str) -> str:  # no owner check, no cursor check, no dedupe
         text = real_source(name)
         if name == "turn_commit":
-            for check in ("redis.call('GET', KEYS[1]) ~= ARGV[1]", "#nxt == 0 or nxt[1][1] ~= ARGV[2]",
+            for check in ("redis.call('GET', KEYS[1]) ~= ARGV[1]", "#first == 0 or first[1][1] ~= ARGV[2]",
                           "ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3])"):
                 assert check in text
                 text = text.replace(check, "false")
@@ -153,10 +152,14 @@ def test_two_workers_in_one_users_handler_are_found(monkeypatch: pytest.MonkeyPa
 def test_a_stuck_user_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     from stores import turns
 
-    async def never_lets_go(self, lease):  # type: ignore[no-untyped-def]
-        return turns.Release(1)  # says released, keeps the lane: the next turn waits for its expiry
+    real = turns.UserStore.commit
 
-    monkeypatch.setattr(turns.UserStore, "release", never_lets_go)
+    async def never_lets_go(self, lease, *args):  # type: ignore[no-untyped-def]
+        done = await real(self, lease, *args)
+        # says released even when a turn waits (keeping the lane): that turn waits for nothing
+        return turns.Committed(done.result, True, None)
+
+    monkeypatch.setattr(turns.UserStore, "commit", never_lets_go)
     monkeypatch.setattr("sim.explore.STARVE_BOUND_S", 1.0)
     assert _kinds(range(1, 6), turns=4) & {"liveness", "I1"}
 

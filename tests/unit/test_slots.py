@@ -103,10 +103,22 @@ def instantiate(pattern: str, user: str, tier: str) -> str:
     return pattern.replace("{U}", f"{{{user}}}").replace("{T}", f"{{{tier}}}")
 
 
+# Scripts that take a variable number of keys (their header names KEYS[1] and then ranges) and
+# span slots on purpose: single-node only, with the reason; the Cluster path never calls them.
+SINGLE_NODE_SCRIPTS = {
+    "turn_submit": "the single-node submit in one atomic call: each turn's inbox (its user's slot) and "
+                   "notification (the tier's slot), then the active set; on a Cluster the submit is "
+                   "ordered instead (stores/submit.py submit_ordered: inbox acknowledged, then notification)",
+}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_script_header_keys_share_one_slot(name: str) -> None:
     patterns = header_keys(name)
     assert patterns, f"{name}.lua has no KEYS header"
+    if name in SINGLE_NODE_SCRIPTS:
+        assert "SINGLE NODE ONLY" in source(name), f"{name}.lua must say it is single-node only"
+        return
     for user in USERS:
         for tier in TIERS:
             built = [instantiate(p, user, tier) for p in patterns]
@@ -283,7 +295,7 @@ def drive_sync(r: redis.Redis) -> None:
     # submit (the client's side)
     for tier in TIERS:
         built = [turn(u, tier, i) for i, u in enumerate(USERS)]
-        submit.submit_round_trip(r, built, tier)
+        submit.submit_round_trip(r, built, tier, pressure={"tier": tier, "user": USERS[-1]})
         tier_probe.read_tier_probe(r, tier)
         tier_probe.post_pressure(r, tier, {"user": USERS[0]})
     r.hset(keys.WORKERS, mapping={w: encode(worker_info(w)) for w in WORKERS})
@@ -352,7 +364,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         await policies.write_policy_async(ar, tier, Policy())
         await policies.tier_defined_async(ar, tier)
         built = [turn(u, tier, 10 + i) for i, u in enumerate(USERS)]
-        await submit.submit_round_trip_async(ar, built, tier)
+        await submit.submit_round_trip_async(ar, built, tier, pressure={"tier": tier, "user": USERS[0]})
         await tier_probe.read_tier_probe_async(ar, tier)
         await tier_probe.post_pressure_async(ar, tier, {"user": USERS[0]})
     await tier_probe.any_beating_async(ar, [keys.heartbeat(w) for w in WORKERS])
@@ -392,12 +404,12 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         await store.commit(res, entry, "t-1", Writes(turn_id="t-1", session_entry=b"s", reply=b"r",
                                                       profile={"k": "v"}, memories=[(b"m", 1.0)],
                                                       usage={"turns": 1}), int(time.time() * 1000))
+    await store.acquire("nobody")  # nothing waits: the lane is not taken
     await store.renew(leases)
     await worker_ops.touch_and_beat(ar, scripts, tier, wid, nids, 60_000)
     await worker_ops.touch_and_beat(ar, scripts, tier, wid, [], 60_000)
     await UserStore(ar, other, cfg).acquire(USERS[0])  # busy
     await worker_ops.ack_covered(scripts, tier, other, wid, USERS[0], nids[:1])
-    await store.release(leases[0])
     await store.drop(leases[1])
     await worker_ops.ack_notifications(scripts, tier, wid, nids[:2])
     await worker_ops.notify_ready(ar, tier, USERS[0])
@@ -461,6 +473,16 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.records": "run records on disk, no Redis",
     "stores.replies": "reply casts, no Redis",
     "stores.scripts.source": "reads a file",
+    "stores.scripts.sha": "hashes a file",
+    "stores.batch.ScriptBatcher.call": "queues a call: its pipeline is sent by a task of its own, which "
+                                       "the recorder sees unattributed (driven through UserStore, acks)",
+    "stores.batch.BatchStats": "counters",
+    "stores.submit.inbox_fields": "names fields",
+    "stores.submit.submit_call": "names a command",
+    "stores.submit.pressure_call": "names a command",
+    "stores.turns.NextTurn": "a value",
+    "stores.turns.Idle": "a value",
+    "stores.turns.Committed": "a value",
     "stores.scripts.Scripts": "registers scripts (no command until called: the calls are driven)",
     "stores.scripts.SyncScripts": "as Scripts",
     "stores.replicas.ReplicaWait": "a value (its keyless WAIT rides with the writes: test_replica_wait)",
@@ -472,7 +494,6 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.connection": "builds clients (another helper's file on issue 11): no data commands",
     "stores.retry": "retry policy (another helper's file on issue 11): no commands of its own",
     "stores.submit.committed": "parses replies",
-    "stores.submit.submit_pipeline": "builds a pipeline",
     "stores.tier_probe.tier_defined": "parses replies",
     "stores.tier_probe.heartbeats_of": "parses replies",
     "stores.tier_probe.SubmitOptions": "a value",
@@ -480,7 +501,6 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.submit.Submitted": "a value",
     "stores.submit.inbox_command": "names a command",
     "stores.submit.notify_commands": "names commands",
-    "stores.submit.SUBMIT_COMMANDS": "a constant",
     "stores.submit.SubmitNotNotified": "an exception",
     "stores.submit.inbox_written": "parses replies",
     "stores.submit.notified": "parses replies",
@@ -497,7 +517,6 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.turns.StoreConfig": "a value",
     "stores.turns.Lease": "a value",
     "stores.turns.Busy": "a value",
-    "stores.turns.Release": "a value",
     "stores.turns.ContextPack": "a value",
     "stores.turns.Pulled": "a value",
     "stores.turns.Writes": "a value",
@@ -519,10 +538,11 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
 # hold on ONE node only, where each is deliberate and the Cluster path avoids it; each must
 # still be observed in the single-node run (a fixed one must leave the list).
 SINGLE_NODE_EXCEPTIONS = {
-    ("stores.submit.submit_round_trip", "transaction"):
-        "the single-node submit: MULTI over the user's inbox and the tier's ready stream and active "
-        "set (user slot + tier slot), atomic by design on one node; on a Cluster the submit is "
-        "ordered instead (inbox acknowledged, then notification): stores/submit.py's Cluster path",
+    ("stores.submit.submit_round_trip", "command"):
+        "the single-node submit: one turn_submit.lua call over the users' inboxes and the tier's ready "
+        "stream and active set (user slots + tier slot), atomic by design on one node; on a Cluster "
+        "the submit is ordered instead (inbox acknowledged, then notification): stores/submit.py's "
+        "Cluster path (SINGLE_NODE_SCRIPTS)",
     ("stores.worker_ops.read_ready", "command"):
         "the single-node worker blocks on every ready shard of its tier in one XREADGROUP (shard k "
         "has its own slot, so that a Cluster spreads the tier); on a Cluster it reads each shard "
@@ -666,6 +686,9 @@ def test_every_script_is_called_with_its_header_keys(recorder: Recorder, clients
                 seen.setdefault(recorder.sha_to_name[sha], set()).add(int(args[2]))
     assert set(seen) == set(NAMES), f"scripts never called by the drive: {set(NAMES) - set(seen)}"
     for name, counts in seen.items():
+        if name in SINGLE_NODE_SCRIPTS:  # KEYS[1], then two keys per turn
+            assert all(n >= 3 and (n - 1) % 2 == 0 for n in counts), (name, counts)
+            continue
         assert counts == {len(header_keys(name))}, (name, counts)
 
 

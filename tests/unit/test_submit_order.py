@@ -1,7 +1,7 @@
 """The ordered submit on Redis Cluster (issue 11, DESIGN §3): every inbox entry is acknowledged in
 an earlier round trip than any notification; a refused inbox entry gets no notification and is
-raised; no ``MULTI`` is sent to a cluster. And the single-node path is still one ``MULTI`` ..
-``EXEC`` round trip.
+raised; no ``MULTI`` or script is sent to a cluster. And the single-node path is one round trip:
+the submit script (``turn_submit.lua``) and the pressure check after it.
 
 The client here is a recording fake: each ``execute`` of one of its pipelines (and each direct
 command) is one round trip, recorded with its commands; ``is_cluster`` is told which fakes are
@@ -22,6 +22,7 @@ import stores.cluster
 import stores.submit
 from fleet.client import AsyncFleet, Fleet, SubmitNotNotified
 from protocol import keys
+from stores.scripts import sha
 from stores.tier_probe import SubmitOptions
 
 Command = tuple[str, str]
@@ -55,6 +56,8 @@ class FakeClient:
             return [{"name": keys.GROUP.encode(), "lag": self.lag}]
         if name == "GET":
             return None
+        if name == "EVALSHA" and not self.cluster:  # the single-node submit and pressure check
+            return 0 if cmd[1] == sha("submit_pressure") else [b"1-1"]
         raise AssertionError(f"unexpected command {cmd}")
 
     def run(self, commands: list[Command]) -> list[Any]:
@@ -276,11 +279,9 @@ def test_submit_not_notified_is_exported() -> None:
     assert fleet.SubmitNotNotified is SubmitNotNotified and "SubmitNotNotified" in fleet.__all__
 
 
-# --- on one node: unchanged -----------------------------------------------------------------
+# --- on one node: one script call ----------------------------------------------------------
 @pytest.mark.parametrize("mode", MODES)
-def test_one_node_is_still_one_multi_exec_round_trip(mode: str) -> None:
+def test_one_node_is_one_script_round_trip(mode: str) -> None:
     fake, call = submit(mode, fake_cluster=False)
     call()
-    users = USERS if mode.endswith("many") else USERS[:1]
-    body = [cmd for u in users for cmd in (inbox(u), *NOTIFY)]
-    assert fake.trips == [[("MULTI", ""), *body, ("EXEC", ""), *GAUGES]]
+    assert fake.trips == [[("EVALSHA", sha("turn_submit")), ("EVALSHA", sha("submit_pressure"))]]

@@ -13,7 +13,7 @@ from fleet.client import AsyncFleet
 from protocol import keys
 from protocol.policy import Policy
 from stores.policies import write_policy_async
-from stores.turns import Fenced
+from stores.turns import Committed, Fenced, NextTurn
 from worker.app import Worker
 from worker.settings import WorkerSettings
 
@@ -32,14 +32,15 @@ async def test_a_lost_commit_is_counted_and_the_turn_once_served(first_commit: s
     real_commit = worker.store.commit
     calls: list[str] = []
 
-    async def commit(*args: Any, **kwargs: Any) -> str:
+    async def commit(*args: Any, **kwargs: Any) -> Committed:
         calls.append(args[1])
         if len(calls) > 1:
             return await real_commit(*args, **kwargs)
         if first_commit == "fenced":
             await r.delete(keys.lane("alice"))  # another worker's takeover cleared the lane
             raise Fenced("alice")
-        return "stale"
+        (entry, fields), = await r.xrange(keys.inbox("alice"), count=1)  # as the script says:
+        return Committed("stale", False, NextTurn(entry.decode(), fields))  # the entry is next
 
     worker.store.commit = commit  # type: ignore[method-assign]
     run = asyncio.ensure_future(worker.run())

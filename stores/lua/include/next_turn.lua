@@ -1,0 +1,52 @@
+-- include/next_turn: a fragment, not a script. stores/scripts.py puts it in place of the line
+-- "-- @include next_turn" of the scripts that hand the worker its next turn (lane_acquire,
+-- turn_commit), so the two read it the same way. It builds no key names: the caller passes
+-- its own KEYS.
+--
+-- next_turn(K, cursor, tier, context_turns, memory_k) where K holds the user's keys
+--   K.state K.inbox K.session K.profile K.memory K.done
+-- Returns {} when nothing follows the cursor, else {entry, fields, context}: the first inbox
+-- entry after the cursor, its fields as stored, and its context pack when the entry names a
+-- turn id and is for ``tier``:
+--   {session tail, profile (flat), top memories, 1 if the turn id was answered before else 0,
+--    the attempt count with this one (att:<entry> incremented), the turn id it was read for}
+-- or {} when it cannot tell (a binary entry written before the plain turn_id/tier fields, or
+-- a turn of another tier: the worker then reads the pack itself, or hands the user over).
+local function next_turn(K, cursor, tier, context_turns, memory_k)
+  local start = '-'
+  if cursor and cursor ~= '' then start = '(' .. cursor end
+  local rows = redis.call('XRANGE', K.inbox, start, '+', 'COUNT', 1)
+  if #rows == 0 then
+    return {}
+  end
+  local entry, fields = rows[1][1], rows[1][2]
+  local binary, turn_id, entry_tier = false, false, false
+  for i = 1, #fields - 1, 2 do
+    local name = fields[i]
+    if name == 'm' then
+      binary = true
+    elseif name == 'turn_id' then
+      turn_id = fields[i + 1]
+    elseif name == 'tier' then
+      entry_tier = fields[i + 1]
+    end
+  end
+  if not binary then  -- the plain form's defaults (README, "The raw protocol")
+    turn_id = turn_id or entry
+    entry_tier = entry_tier or tier
+  end
+  if not turn_id or entry_tier ~= tier then
+    return {entry, fields, {}}
+  end
+  local answered = 0
+  if redis.call('ZSCORE', K.done, turn_id) then answered = 1 end
+  local context = {
+    redis.call('LRANGE', K.session, -context_turns, -1),
+    redis.call('HGETALL', K.profile),
+    redis.call('ZREVRANGE', K.memory, 0, memory_k - 1),
+    answered,
+    redis.call('HINCRBY', K.state, 'att:' .. entry, 1),
+    turn_id,
+  }
+  return {entry, fields, context}
+end
