@@ -179,7 +179,7 @@ def test_the_installed_wheel_runs_fleet(wheel: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "commander" in done.stdout and "worker" in done.stdout
     probe = ("import stores, commander.monitor.server as s, pathlib; print(stores.__file__); "
-             "print(len(list(pathlib.Path(stores.__file__).parent.glob('lua/*.lua')))); "
+             "print(len(list(pathlib.Path(stores.__file__).parent.glob('lua/**/*.lua')))); "
              "print(s.STATIC.joinpath('index.html').is_file())")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True,
                          text=True, check=True, timeout=60).stdout.split()
