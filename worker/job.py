@@ -91,6 +91,9 @@ class UserJob:
         self.task: asyncio.Task[None] | None = None
         self.renewed = 0.0  # when the lease was last taken or renewed (monotonic, as the request went out)
         self._lost = False  # lane_lost() cancelled the task: take the lane again
+        # a commit is in flight: it may release the lane (and then wait for replicas), so a
+        # renewal that finds the lane gone meanwhile says nothing yet (see UserJob.renew_failed)
+        self.committing = False
         self._expiry: asyncio.TimerHandle | None = None  # lane_lost() one lane TTL after ``renewed``
 
     def attach(self, nid: str, reclaimed: bool) -> None:
@@ -162,6 +165,17 @@ class UserJob:
         if self.lease is lease:
             log.warning("lane of %s not renewed within its TTL: stopping the turn in progress", self.user)
             self.lane_lost()
+
+    def renew_failed(self) -> None:
+        """A renewal found the lane gone. While a commit is in flight that is its own doing
+        (the commit releases the lane when nothing waits, and its reply may wait on for a WAIT
+        after it): the commit's answer decides. Released: nothing was lost. Kept: the next
+        renewal pass judges the lane again, the commit was fenced if it had been lost before,
+        and the lane's own TTL timer (``renewed_at``) still bounds the turn after it."""
+        if self.committing:
+            return
+        log.warning("lane of %s expired under us: stopping the turn in progress", self.user)
+        self.lane_lost()
 
     def lane_lost(self) -> None:
         """A renewal found the lane gone, or its deadline passed unrenewed: stop the turn in
@@ -364,7 +378,11 @@ class UserJob:
         The ids attached by now are the ones a release covers: one that comes during the call
         may be for a turn after what it saw."""
         covered = len(self.nids)
-        committed = await self.w.store.commit(lease, entry, reply_to, writes, int(time.time() * 1000))
+        self.committing = True
+        try:
+            committed = await self.w.store.commit(lease, entry, reply_to, writes, int(time.time() * 1000))
+        finally:
+            self.committing = False
         res = committed.result
         self.w.tally.served(result if res == "ok" else "dup" if res == "dup" else "stale")
         if res == "ok" and submitted is not None:

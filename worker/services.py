@@ -208,8 +208,7 @@ class JobServices:
                 job.renewed_at(lease, now)
                 nids += job.nids
             else:
-                log.warning("lane of %s expired under us: stopping the turn in progress", job.user)
-                job.lane_lost()
+                job.renew_failed()
         # touching resets their idle time, so no one reclaims a live holder's: only the ones
         # still pending under us (one another worker reclaimed is its duty)
         await worker_ops.touch_and_beat(self.r, self.store.scripts, self.tier, self.worker_id, nids,

@@ -109,3 +109,41 @@ async def test_a_lane_not_renewed_within_its_ttl_stops_its_turn_whatever_the_ren
         if tasks:
             await asyncio.wait(tasks, timeout=5)
         await r.aclose()
+
+
+async def test_a_renewal_during_a_commit_that_released_the_lane_does_not_stop_the_job(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The commit releases the lane in the same script (issue 17), and with ``replica_acks`` its
+    reply waits for the WAIT after it (up to the policy's timeout). A renewal pass in that window
+    found the lane gone and cancelled the job as "lost mid-turn": the turn was answered, but its
+    commit's WAIT was never counted, the job took the lane again for nothing and the log said a
+    lane expired (CI, tests/cluster/test_replica_wait_cluster.py, a replica stopped). A commit in
+    flight is the lane's last word: a renewal that fails meanwhile is judged after it."""
+    r = fakeredis.FakeAsyncRedis()
+    worker = Worker(WorkerSettings(worker_id="w1", tier="chat", renew_interval_s=INTERVAL_S), r=r)
+    real_commit = worker.store.commit
+    commits: list[bool] = []
+
+    async def commit_then_wait(*args: object, **kwargs: object) -> object:
+        done = await real_commit(*args, **kwargs)  # type: ignore[arg-type]
+        await asyncio.sleep(INTERVAL_S * 6)  # the WAIT after it, timing out (several renew passes)
+        commits.append(done.released)
+        return done
+
+    worker.store.commit = commit_then_wait  # type: ignore[method-assign]
+    await r.xadd(keys.inbox("alice"), {"text": "hi", "turn_id": "t1", "tier": "chat"})
+    run = asyncio.ensure_future(worker.run())
+    try:
+        async with asyncio.timeout(10):
+            while worker.state != "ready":
+                await asyncio.sleep(0.01)
+            worker.dispatch("1-0", {b"user": b"alice"}, reclaimed=False)
+            while not commits or worker.jobs:
+                await asyncio.sleep(0.01)
+    finally:
+        worker.drain("test")
+        await asyncio.wait({run}, timeout=10)
+        await r.aclose()
+    assert commits == [True]  # one commit, which released the lane, and whose WAIT ended
+    assert worker.tally.fenced == 0
+    assert not [rec for rec in caplog.records if "lane of alice" in rec.getMessage()]
