@@ -31,8 +31,8 @@ from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
 from worker.aio import Abandoned, cancel_within, dump_tasks, unless_stuck
-from worker.intake import Fields
-from worker.job import UserJob, notification_user
+from worker.intake import Fields, notification_user
+from worker.job import UserJob
 from worker.sensor import Sensor
 from worker.services import BACKOFF, JobServices
 from worker.settings import WorkerSettings

@@ -17,7 +17,7 @@ from typing import Literal
 import msgpack
 
 from protocol.codec import CodecError, unpack, validate
-from protocol.ids import InvalidId, validate_token
+from protocol.ids import InvalidId, validate_token, validate_user_id
 from protocol.models import Turn
 
 Fields = dict[bytes, bytes]
@@ -97,3 +97,14 @@ def _plain(user: str, tier: str, entry: str, fields: Fields) -> Turn:
     body = {"turn_id": turn_id, "user": user, "tier": tier, "text": text,
             "ts": int(ts) / 1000 if ts.isascii() and ts.isdigit() else 0.0, "meta": meta, "reply_fmt": "json"}
     return validate(Turn, body)
+
+
+def notification_user(fields: Fields) -> str:
+    """The user a ready-stream notification is for (raises CodecError if it names none)."""
+    raw = fields.get(b"user")
+    if raw is None:
+        raise CodecError("notification has no 'user' field")
+    try:
+        return validate_user_id(raw)
+    except InvalidId as exc:
+        raise CodecError(str(exc)) from None

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from protocol.codec import CodecError, encode
-from protocol.ids import InvalidId, validate_user_id
 from protocol.models import HandlerResult, Reply, SessionEntry, Turn
 from protocol.policy import Policy
 from stores.memory import new_member
@@ -91,9 +90,7 @@ class UserJob:
         self.task: asyncio.Task[None] | None = None
         self.renewed = 0.0  # when the lease was last taken or renewed (monotonic, as the request went out)
         self._lost = False  # lane_lost() cancelled the task: take the lane again
-        # a commit is in flight: it may release the lane (and then wait for replicas), so a
-        # renewal that finds the lane gone meanwhile says nothing yet (see UserJob.renew_failed)
-        self.committing = False
+        self.committing = False  # a commit is in flight (see renew_failed)
         self._expiry: asyncio.TimerHandle | None = None  # lane_lost() one lane TTL after ``renewed``
 
     def attach(self, nid: str, reclaimed: bool) -> None:
@@ -398,13 +395,3 @@ class UserJob:
 def _encode_reply(reply: Reply, fmt: str) -> bytes:
     return reply.model_dump_json().encode() if fmt == "json" else encode(reply)
 
-
-def notification_user(fields: Fields) -> str:
-    """The user a ready-stream notification is for (raises CodecError if it names none)."""
-    raw = fields.get(b"user")
-    if raw is None:
-        raise CodecError("notification has no 'user' field")
-    try:
-        return validate_user_id(raw)
-    except InvalidId as exc:
-        raise CodecError(str(exc)) from None
