@@ -435,8 +435,10 @@ async def user_loop(fleet: AsyncFleet, user: str, log: UserLog, stop: asyncio.Ev
                 batch.append((turn_id, t0))
             else:
                 log.uncertain.add(turn_id)
-        for turn_id, t0 in batch:
-            await _await_reply(fleet, user, turn_id, t0, log, stop, grace_s)
+        # each reply polled on its own: one after the other, a turn behind one that a failover
+        # lost was timed only once the lost one's poll gave up (tests/unit/test_chaos_waits.py)
+        await asyncio.gather(*(_await_reply(fleet, user, turn_id, t0, log, stop, grace_s)
+                               for turn_id, t0 in batch))
         await asyncio.sleep(rng.uniform(0.0, 0.3))
 
 
