@@ -63,6 +63,7 @@ from stores import (
     control,
     deadletters,
     decide_state,
+    jobctx,
     leader,
     ledger,
     policies,
@@ -137,6 +138,7 @@ SINGLE_KEY = {  # key = args[1]; each name here was checked to take one key
     "HSET", "HGET", "HGETALL", "HMGET", "HDEL", "HEXISTS", "HINCRBY", "HLEN", "HKEYS",
     "SADD", "SREM", "SMEMBERS", "SISMEMBER", "SCARD",
     "ZADD", "ZSCAN", "ZREM", "ZCOUNT", "ZCARD", "ZSCORE", "ZRANGE", "ZREVRANGE", "ZREMRANGEBYSCORE",
+    "ZREMRANGEBYRANK",
     "LPUSH", "RPUSH", "LRANGE", "LLEN", "LTRIM",
     "XADD", "XRANGE", "XREVRANGE", "XLEN", "XTRIM", "XDEL", "XACK", "XCLAIM", "XAUTOCLAIM",
     "XPENDING", "XGROUP CREATE", "XGROUP DESTROY", "XGROUP DELCONSUMER", "XGROUP CREATECONSUMER",
@@ -353,6 +355,12 @@ def drive_sync(r: redis.Redis) -> None:
     reports.wait_pressure(r, after, 10, 10)  # events are there: no wait
     reports.wait_pressure(r, {tier: reports.last_pressure_id(r, tier) for tier in TIERS}, 10, 10)
     reports.wait_pressure(r, {"chat": "0-0"}, 10, 10)
+    # what a deferred job reads and writes of its user (issue 16)
+    for user in USERS:
+        jobctx.pull(r, user)
+        jobctx.pull(r, user, 0, 0)
+        jobctx.incr_usage(r, user, "jobs_run")
+        jobctx.add_memory(r, user, "summary", 0.5, count="summaries")
 
 
 async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
@@ -403,7 +411,8 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         await store.pull(user, "t-1", entry)
         await store.commit(res, entry, "t-1", Writes(turn_id="t-1", session_entry=b"s", reply=b"r",
                                                       profile={"k": "v"}, memories=[(b"m", 1.0)],
-                                                      usage={"turns": 1}), int(time.time() * 1000))
+                                                      usage={"turns": 1}, deferrals=[("j-0", b"d")]),
+                           int(time.time() * 1000))
     await store.acquire("nobody")  # nothing waits: the lane is not taken
     await store.renew(leases)
     await worker_ops.touch_and_beat(ar, scripts, tier, wid, nids, 60_000)
