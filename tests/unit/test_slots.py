@@ -66,6 +66,7 @@ from stores import (
     jobctx,
     leader,
     ledger,
+    outbox,
     policies,
     recovery,
     registry,
@@ -355,6 +356,23 @@ def drive_sync(r: redis.Redis) -> None:
     reports.wait_pressure(r, after, 10, 10)  # events are there: no wait
     reports.wait_pressure(r, {tier: reports.last_pressure_id(r, tier) for tier in TIERS}, 10, 10)
     reports.wait_pressure(r, {"chat": "0-0"}, 10, 10)
+    # the relay's reads and writes of the outboxes (issue 16)
+    outbox.join_relay_group(r)
+    outbox.join_relay_group(r)  # (the group exists: kept)
+    for user in USERS:
+        r.xadd(keys.outbox(user), {"job": "j-0", "d": b"x"})
+        r.xadd(keys.OUTBOX_READY, {"user": user})
+        r.zadd(keys.active("chat"), {user: now})
+    hints = outbox.read_hints(r, "relay-1", 10, 1)
+    outbox.claim_idle_hints(r, "relay-2", 0, "0-0", 10)
+    outbox.hint_backlog(r)
+    list(outbox.users_with_entries(r, outbox.registered_tiers(r)))
+    for user in USERS:
+        entries = outbox.read_outbox(r, user, 10)
+        outbox.outbox_length(r, user)
+        outbox.dead_letter(r, user, entries[0], "x", now)
+        outbox.delete_entries(r, user, [e.id for e in entries])
+    outbox.ack_hints(r, [h.id for h in hints])
     # what a deferred job reads and writes of its user (issue 16)
     for user in USERS:
         jobctx.pull(r, user)
@@ -541,6 +559,11 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.users.UserUsage": "a value",
     "stores.users.lane_parts": "parses a reply",
     "stores.users.counters": "parses a reply",
+    "stores.outbox.Hint": "a value",
+    "stores.outbox.Entry": "a value",
+    "stores.rqjobs": "RQ's own keys (rq:job:<id>, rq:queue:<q>, its registries: no hash tags, written "
+                     "together by RQ's scripts and transactions): RQ needs one Redis node (--rq-url); "
+                     "driven by tests/unit/test_relay.py and tests/integration/test_defer_rq.py",
 }
 
 # Known exceptions: (stores function on the stack, span kind) -> why it may span slots. They
