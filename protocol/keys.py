@@ -35,6 +35,13 @@ COMMANDERS = f"{PREFIX}:commanders"  # hash: commander id -> msgpack CommanderIn
 OUTBOX_READY = f"{PREFIX}:{{outbox}}:ready"
 OUTBOX_DEAD = f"{PREFIX}:{{outbox}}:dead"  # stream: outbox entries the relay could not enqueue
 RELAY_GROUP = "relays"
+# RQ's own names (rq.worker_registration), read by the process runtime to see an RQ worker up
+RQ_WORKERS = "rq:workers"  # set of "rq:worker:<name>"
+
+
+def rq_worker(name: str) -> str:
+    """RQ's hash of one worker (its member in ``RQ_WORKERS``)."""
+    return f"rq:worker:{validate_token(name, 'worker id')}"
 
 
 # --- per user (hash tag = user id) -----------------------------------------------------

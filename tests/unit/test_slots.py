@@ -373,6 +373,7 @@ def drive_sync(r: redis.Redis) -> None:
         outbox.dead_letter(r, user, entries[0], "x", now)
         outbox.delete_entries(r, user, [e.id for e in entries])
     outbox.ack_hints(r, [h.id for h in hints])
+    registry.rq_registered(r, WORKERS)
     # what a deferred job reads and writes of its user (issue 16)
     for user in USERS:
         jobctx.pull(r, user)
