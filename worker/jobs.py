@@ -147,6 +147,16 @@ def _count(jctx: JobContext, counter: str = "jobs_run", by: int = 1, sleep_s: fl
     return jobctx.incr_usage(jctx.r, jctx.user, counter, by)
 
 
+@job("fail_first", queue="writeback")
+def _fail_first(jctx: JobContext, times: int = 1, counter: str = "fail_first_runs") -> int:
+    """Count the run in the user's usage ``counter``, and raise for the first ``times`` runs
+    (the failure path: RQ's failed registry, ``fleet jobs requeue``)."""
+    runs = jobctx.incr_usage(jctx.r, jctx.user, counter, 1)
+    if runs <= times:
+        raise RuntimeError(f"fail_first: run {runs} of {jctx.job_id} fails on purpose (times={times})")
+    return runs
+
+
 @job("memory_summary", queue="writeback", retry_max=3, retry_interval_s=[1, 2, 5])
 def _memory_summary(jctx: JobContext, turns: int = 5) -> str:
     """Summarise the user's last ``turns`` session entries into one memory (importance 0.5),

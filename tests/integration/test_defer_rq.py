@@ -8,6 +8,7 @@ idempotency of its own, adds up to exactly one run per turn."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -148,3 +149,30 @@ def test_sigkill_of_the_relay_and_of_rq_workers_mid_job_runs_every_job_once(
     assert r.xpending(keys.OUTBOX_READY, keys.RELAY_GROUP)["pending"] == 0
     assert w2.proc.poll() is None
 
+
+
+def test_failed_jobs_are_listed_and_requeued_from_the_cli(r: redis.Redis, redis_server, start_worker,
+                                                          start_proc: Callable[..., Proc],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from fleet.cli import main
+
+    write_policy(r, "chat", Policy(handler="echo_defer", handler_options={"job": "fail_first"}))
+    start_worker()
+    relay(start_proc, "relay-1")
+    rq_worker(start_proc, r, "rq-1")
+    submit_all(redis_server.url, [("carol", "t1")])
+    jid = job_id("carol", "t1", 0)
+    wait_until(lambda: r.zscore(f"rq:failed:{QUEUE}", jid) is not None, 30, "the job to fail")
+    url = ["--redis-url", redis_server.url]
+    assert main([*url, "jobs", "failed", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["id"] == jid and "fails on purpose" in row["traceback"] and "Traceback" in row["traceback"]
+    assert main([*url, "jobs", "failed"]) == 0
+    assert jid in capsys.readouterr().out
+    assert main([*url, "jobs", "requeue", "fleet-nope-0"]) == 1
+    assert "not in the failed registry" in capsys.readouterr().err
+    assert main([*url, "jobs", "requeue"]) == 2  # neither ids nor --all: one line, exit 2
+    assert main([*url, "jobs", "requeue", "--all"]) == 0
+    wait_until(lambda: r.hget(keys.usage("carol"), "fail_first_runs") == b"2", 30, "the requeued run")
+    wait_until(lambda: r.zscore(f"rq:finished:{QUEUE}", jid) is not None, 30, "the job to finish")
+    assert r.zcard(f"rq:failed:{QUEUE}") == 0
