@@ -4,6 +4,7 @@ back to zero; real commander, chat worker, relay and RQ worker processes on a re
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -93,3 +94,36 @@ def test_a_burst_grows_the_rq_tier_from_zero_drains_and_goes_back_to_zero(
     assert r.zcard(f"rq:failed:{QUEUE}") == 0
     text = log.read_text()
     assert "Traceback" not in text and "pass failed" not in text, text[-3000:]
+
+
+def test_an_rq_worker_killed_mid_job_is_reaped_by_the_commander_and_its_job_runs_once(
+        r: redis.Redis, redis_server, commander, start_proc: Callable[..., Proc]) -> None:  # noqa: F811
+    write_policy(r, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
+                                   handler_options={"job": "count", "job_sleep_s": 1.0}))
+    write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=2, target_backlog_per_worker=4,
+                                  users_per_instance=None, scale_down_stabilization_s=1,
+                                  drain_timeout_s=15))
+    log = commander()
+    relay(start_proc, "relay-1")
+    turns = [(f"v{i % 4}", f"t{i}") for i in range(8)]
+    fleet = Fleet(redis_server.url)
+    for h in fleet.submit_many([(u, "hi") for u, _ in turns], turn_ids=[t for _, t in turns]):
+        assert h.result(30).ok
+
+    def busy() -> tuple[str, int] | None:
+        for w in rq_workers(r):
+            if w.state == "busy" and w.job:
+                return w.name, int(r.hget(keys.rq_worker(w.name), "pid") or 0)
+        return None
+
+    name, pid = wait_until(busy, 30, "an RQ worker in a job")  # type: ignore[misc]
+    os.kill(pid, signal.SIGKILL)  # mid-job: its job sleeps 1 s before its one write
+    exited = lambda: [e for e in ledger(r, QUEUE) if e.action == "worker-exited"]  # noqa: E731
+    wait_until(exited, 30, "the commander to reap the RQ worker")
+    assert exited()[0].victims == [name] and exited()[0].why.get("rq_reaped") == 1, log.read_text()[-3000:]
+
+    total = lambda: sum(int(r.hget(keys.usage(f"v{i}"), "jobs_run") or 0) for i in range(4))  # noqa: E731
+    wait_until(lambda: total() >= len(turns) and r.llen(f"rq:queue:{QUEUE}") == 0
+               and r.zcard(f"rq:wip:{QUEUE}") == 0, 60, "every job to run")
+    assert total() == len(turns)  # the killed job ran again, once; none twice
+    assert r.zcard(f"rq:finished:{QUEUE}") == len(turns) and r.zcard(f"rq:failed:{QUEUE}") == 0
