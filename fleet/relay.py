@@ -123,7 +123,6 @@ class Relay:
     def handle(self, hints: list[Hint]) -> None:
         """Relay each user named once, then ack the notifications of the users relayed whole (a
         user whose pass failed keeps its notifications pending: claimed again once idle)."""
-        done: list[str] = []
         failed: set[str] = set()
         for user in dict.fromkeys(h.user for h in hints if h.user is not None):
             try:

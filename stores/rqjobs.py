@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from rq import Queue, Retry
+from rq import Queue, Retry, worker_registration
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.executions import Execution
 from rq.job import Job
@@ -26,6 +26,7 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegist
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
+from protocol import keys
 from protocol.codec import as_str
 from protocol.deferral import RESULT_TTL_S, Deferral
 from stores.replies import bytes_list
@@ -136,16 +137,23 @@ def reap_worker(conn: redis.Redis, worker_name: str, queue_names: list[str]) -> 
     """Hand back the jobs a dead RQ worker was running: each is retried if it has retries left,
     else moved to the failed registry (RQ's own handling of an abandoned job, done now rather
     than when its heartbeat would expire, a minute or more later). The number of jobs handed
-    back. Only for a worker known dead (its process is gone): a live one's job would run twice."""
+    back. Only for a worker known dead (its process is gone): a live one's job would run twice.
+    The worker leaves RQ's worker registry too (else it would be listed until its key expires)."""
     reaped = 0
     for name in queue_names:
         reg = StartedJobRegistry(queue=queue(conn, name))
+        here = 0
         for job_id, execution_id in reg.get_job_and_execution_ids(cleanup=False):
             execution = Execution.fetch(execution_id, job_id, connection=conn)
             if execution is None or execution.worker_name != worker_name:
                 continue
             conn.zadd(reg.key, {execution.composite_key: 1}, xx=True)  # expired: abandoned now
-            reaped += 1
-        if reaped:
+            here += 1
+        if here:
             reg.cleanup(timestamp=1)  # only what is scored at or below 1: the entries set above
+        reaped += here
+    dead = Worker.find_by_key(keys.rq_worker(worker_name), connection=conn, serializer=JSONSerializer)
+    if dead is not None:
+        worker_registration.unregister(dead)
+        conn.delete(dead.key)
     return reaped

@@ -127,3 +127,5 @@ def test_an_rq_worker_killed_mid_job_is_reaped_by_the_commander_and_its_job_runs
                and r.zcard(f"rq:wip:{QUEUE}") == 0, 60, "every job to run")
     assert total() == len(turns)  # the killed job ran again, once; none twice
     assert r.zcard(f"rq:finished:{QUEUE}") == len(turns) and r.zcard(f"rq:failed:{QUEUE}") == 0
+    # the dead worker left RQ's registry when it was reaped: the tier goes back to zero
+    wait_until(lambda: rq_workers(r) == [], 60, "the rq tier to go back to zero")

@@ -89,6 +89,7 @@ def test_reaping_a_dead_workers_job_retries_it_now() -> None:
     assert rqjobs.enqueue(r, Deferral(**{**d.model_dump(), "retry_max": 1}))
     w = rq_worker.build(r, [Q], "rq-dead")
     w.register_birth()
+    assert [w.name for w in rqjobs.workers(r, Q)] == ["rq-dead"]
     job = w.dequeue_job_and_maintain_ttl(1)
     assert job is not None
     w.prepare_execution(job[0])  # in the started registry under rq-dead, as perform_job has it:
@@ -96,5 +97,6 @@ def test_reaping_a_dead_workers_job_retries_it_now() -> None:
     assert rqjobs.queue_stats(r, Q).started == 1
     assert rqjobs.reap_worker(r, "rq-other", [Q]) == 0  # another worker's: untouched
     assert rqjobs.reap_worker(r, "rq-dead", [Q]) == 1
+    assert [w.name for w in rqjobs.workers(r, Q)] == []  # out of RQ's worker registry too
     st = rqjobs.queue_stats(r, Q)
     assert (st.started, st.queued + st.scheduled) == (0, 1)  # retried (its retry is due at once)
