@@ -9,11 +9,16 @@
    enqueued into its empty queue and the time until an RQ worker registers and until the job
    starts is measured (a fresh interpreter importing RQ: no fork template for RQ workers); then
    the tier goes back to zero before the next trial.
+4. burst: B jobs of ``count`` (``sleep_s`` each) land at once in an rq tier (min 0, max M);
+   its RQ workers and queue length are sampled every 0.1 s until it is back to zero: the
+   worker-seconds it used, against a fixed pool of M workers (sized for the peak) over the same
+   span, and with ``--plot`` a PNG of both curves (matplotlib, the bench extra).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -35,6 +40,7 @@ from stores.policies import write_policy
 
 BENCH_Q = "benchq"
 COLD_TIER = "coldq"
+BURST_TIER = "burstq"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,10 +49,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2000, help="deferrals relayed and run (default 2000)")
     p.add_argument("--workers", type=int, default=2, help="RQ worker processes of phase 2 (default 2)")
     p.add_argument("--trials", type=int, default=3, help="from-zero trials of phase 3 (default 3)")
+    p.add_argument("--burst", type=int, default=200, help="jobs of the burst phase (default 200)")
+    p.add_argument("--job-s", type=float, default=0.05, help="seconds each burst job takes (default 0.05)")
+    p.add_argument("--max-workers", type=int, default=4, help="the burst tier's max_workers (default 4)")
+    p.add_argument("--plot", type=Path, help="write the burst phase's plot (PNG) here")
     p.add_argument("--json", type=Path, help="also write the result here")
     args = p.parse_args(argv)
-    if args.jobs < 1 or args.workers < 1 or args.trials < 1:
-        p.error("--jobs, --workers and --trials must be at least 1")
+    if min(args.jobs, args.workers, args.trials, args.burst, args.max_workers) < 1 or args.job_s < 0:
+        p.error("--jobs, --workers, --trials, --burst and --max-workers must be at least 1, --job-s >= 0")
     return args
 
 
@@ -97,49 +107,109 @@ def workers_phase(r: redis.Redis, url: str, n: int, k: int, log_dir: Path) -> di
             "jobs_per_s": round(len(jobs) / span, 1)}
 
 
-def cold_phase(r: redis.Redis, url: str, trials: int, log_dir: Path) -> dict[str, object]:
-    write_policy(r, COLD_TIER, Policy(kind="rq", min_workers=0, max_workers=1, users_per_instance=None,
-                                      scale_down_stabilization_s=0.5, drain_timeout_s=10))
+def start_commander(r: redis.Redis, url: str, log_dir: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "commander", "--commander-id", "bench", "--no-metrics", "--interval", "0.2",
            "--log-dir", str(log_dir), "--stop-workers-on-exit"]
     commander = subprocess.Popen(cmd, env=env_for(url), stdout=(log_dir / "commander.log").open("wb"),
                                  stderr=subprocess.STDOUT)
-    registered, started = [], []
-    try:
-        while not r.get(keys.LEADER):  # a leader first
-            time.sleep(0.05)
-        for i in range(trials):
-            while rqjobs.workers(r, COLD_TIER):  # back to zero first
-                time.sleep(0.1)
-            d = Deferral(name="noop", queue=COLD_TIER, user="cold", turn_id=f"c{i}", index=0, ts=time.time())
-            t0 = time.time()
-            rqjobs.enqueue(r, d)
-            while not rqjobs.workers(r, COLD_TIER):
-                time.sleep(0.01)
-            registered.append(time.time() - t0)
-            from rq.job import Job
+    while not r.get(keys.LEADER):  # a leader first
+        time.sleep(0.05)
+    return commander
 
-            while True:
-                job = Job.fetch(d.job_id, connection=r, serializer=rqjobs.JSONSerializer)
-                if job.started_at is not None:
-                    started.append(job.started_at.timestamp() - t0)
-                    break
-                time.sleep(0.01)
-    finally:
-        stop_processes([commander], timeout=30)
+
+def cold_phase(r: redis.Redis, trials: int) -> dict[str, object]:
+    registered, started = [], []
+    for i in range(trials):
+        while rqjobs.workers(r, COLD_TIER):  # back to zero first
+            time.sleep(0.1)
+        d = Deferral(name="noop", queue=COLD_TIER, user="cold", turn_id=f"c{i}", index=0, ts=time.time())
+        t0 = time.time()
+        rqjobs.enqueue(r, d)
+        while not rqjobs.workers(r, COLD_TIER):
+            time.sleep(0.01)
+        registered.append(time.time() - t0)
+        from rq.job import Job
+
+        while True:
+            job = Job.fetch(d.job_id, connection=r, serializer=rqjobs.JSONSerializer)
+            if job.started_at is not None:
+                started.append(job.started_at.timestamp() - t0)
+                break
+            time.sleep(0.01)
     return {"trials": trials, "to_worker_registered_s": [round(x, 3) for x in registered],
             "to_job_started_s": [round(x, 3) for x in started],
             "median_to_job_started_s": round(statistics.median(started), 3)}
+
+
+def burst_phase(r: redis.Redis, args: argparse.Namespace) -> dict[str, object]:
+    t0 = time.time()
+    pipe_jobs = [Deferral(name="count", kwargs={"sleep_s": args.job_s}, queue=BURST_TIER, user=f"b{i % 50}",
+                          turn_id=f"b{i}", index=0, ts=t0) for i in range(args.burst)]
+    for d in pipe_jobs:
+        rqjobs.enqueue(r, d)
+    samples: list[tuple[float, int, int]] = []
+    seen_work = False
+    while time.time() - t0 < 300:
+        n, q = len(rqjobs.workers(r, BURST_TIER)), rqjobs.queue_stats(r, BURST_TIER).queued
+        samples.append((time.time() - t0, n, q))
+        seen_work = seen_work or n > 0
+        if seen_work and n == 0 and q == 0:
+            break
+        time.sleep(0.1)
+    span = samples[-1][0]
+    used = sum(a[1] * (b[0] - a[0]) for a, b in itertools.pairwise(samples))  # registered RQ workers
+    drained = next(t for t, n, q in samples if q == 0 and t > 0)
+    out: dict[str, object] = {
+        "jobs": args.burst, "job_s": args.job_s, "max_workers": args.max_workers,
+        "peak_workers": max(n for _, n, _ in samples), "queue_empty_after_s": round(drained, 2),
+        "back_to_zero_after_s": round(span, 2), "worker_seconds": round(used, 1),
+        "fixed_pool_worker_seconds": round(args.max_workers * span, 1),
+        "work_seconds": round(args.burst * args.job_s, 1)}
+    if args.plot:
+        plot(samples, args, args.plot)
+        out["plot"] = str(args.plot)
+    return out
+
+
+def plot(samples: list[tuple[float, int, int]], args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ts = [s[0] for s in samples]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.step(ts, [s[1] for s in samples], where="post", label="rq tier's RQ workers (commander)")
+    ax.axhline(args.max_workers, color="grey", linestyle="--",
+               label=f"fixed pool for the peak ({args.max_workers})")
+    ax.set_xlabel("seconds since the burst")
+    ax.set_ylabel("workers")
+    ax2 = ax.twinx()
+    ax2.plot(ts, [s[2] for s in samples], color="tab:orange", alpha=0.6, label="queued jobs")
+    ax2.set_ylabel("queued jobs")
+    fig.legend(loc="center right", fontsize=8, bbox_to_anchor=(0.88, 0.6))
+    ax.set_title(f"{args.burst} jobs x {args.job_s}s into an rq tier (min 0, max {args.max_workers})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with redis_server() as url, tempfile.TemporaryDirectory(prefix="fleet-bench-rq-") as tmp:
         r = redis.Redis.from_url(url)
-        result = {"relay": relay_phase(r, args.jobs),
-                  "rq_workers": workers_phase(r, url, args.jobs, args.workers, Path(tmp)),
-                  "from_zero": cold_phase(r, url, args.trials, Path(tmp)),
-                  "load": os.getloadavg()[0]}
+        result: dict[str, object] = {"relay": relay_phase(r, args.jobs),
+                                     "rq_workers": workers_phase(r, url, args.jobs, args.workers, Path(tmp))}
+        for tier, top in ((COLD_TIER, 1), (BURST_TIER, args.max_workers)):
+            write_policy(r, tier, Policy(kind="rq", min_workers=0, max_workers=top, users_per_instance=None,
+                                         target_backlog_per_worker=10, scale_down_stabilization_s=1,
+                                         drain_timeout_s=10))
+        commander = start_commander(r, url, Path(tmp))
+        try:
+            result["from_zero"] = cold_phase(r, args.trials)
+            result["burst"] = burst_phase(r, args)
+        finally:
+            stop_processes([commander], timeout=30)
+        result["load"] = os.getloadavg()[0]
     emit(result, args.json)
     return 0
 
