@@ -27,6 +27,7 @@ import redis
 from commander.runtime import WorkerHandle, WorkerState
 from commander.snapshot import TierSnapshot, WorkerView
 from commander.snapshot import WorkerState as ViewState
+from commander.views import mark_reception
 from protocol.models import LedgerEvent
 from protocol.policy import Policy
 
@@ -76,12 +77,7 @@ def rq_views(tier: str, handles: Iterable[WorkerHandle],
                             else "ready" if rq is not None else "starting")
         views.append(WorkerView(id=h.worker_id, state=state, occupancy=float(busy), busy=busy, total=1,
                                 lanes=busy, fresh=True, started=h.started))
-    ready = [v for v in views if v.state == "ready"]
-    if not ready:
-        return tuple(views)
-    first = min(ready, key=lambda v: (v.started, v.id)).id
-    return tuple(WorkerView(**{**{n: getattr(v, n) for n in WorkerView.__slots__},
-                               "is_reception": v.id == first}) for v in views)
+    return mark_reception(views)
 
 
 def rq_snapshot(tier: str, views: tuple[WorkerView, ...], read: RqTierRead,

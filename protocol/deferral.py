@@ -20,6 +20,7 @@ from protocol.models import _Model
 
 MAX_DEFERRAL_BYTES = 64 * 1024  # one deferral's encoded size: an outbox entry stays small
 MAX_DEFERRALS = 32  # per turn
+JOB_ENTRY = "worker.jobs.run"  # the function of every RQ job Fleet enqueues (worker/jobs.py)
 RESULT_TTL_S = 86_400  # RQ keeps a done job's hash this long: the relay's duplicate check needs it
 _JOB_NAME_RE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 _QUEUE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")

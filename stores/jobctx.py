@@ -13,9 +13,9 @@ import redis
 from protocol import keys
 from protocol.codec import as_str
 from stores.memory import new_member, parse_members
-from stores.turns import ContextPack
+from stores.turns import ContextPack, StoreConfig
 
-MEMORY_MAX = 500  # as StoreConfig.memory_max: a job's memory write keeps the same bound
+MEMORY_MAX = StoreConfig().memory_max  # a job's memory write keeps a turn's bound
 
 
 def pull(r: redis.Redis, user: str, session_turns: int = 20, memories: int = 5) -> ContextPack:

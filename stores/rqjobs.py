@@ -28,10 +28,8 @@ from rq.worker import Worker
 
 from protocol import keys
 from protocol.codec import as_str
-from protocol.deferral import RESULT_TTL_S, Deferral
+from protocol.deferral import JOB_ENTRY, RESULT_TTL_S, Deferral
 from stores.replies import bytes_list
-
-ENTRY = "worker.jobs.run"  # the function of every job Fleet enqueues (worker.jobs.ENTRY)
 
 
 def queue(conn: redis.Redis, name: str) -> Queue:
@@ -56,9 +54,9 @@ def enqueue(conn: redis.Redis, d: Deferral, result_ttl_s: int = RESULT_TTL_S) ->
     try:
         if d.delay_s > 0:
             due = datetime.fromtimestamp(d.ts + d.delay_s, tz=UTC)
-            q.enqueue_at(due, ENTRY, payload, **options)
+            q.enqueue_at(due, JOB_ENTRY, payload, **options)
         else:
-            q.enqueue_call(ENTRY, args=[payload], **options)
+            q.enqueue_call(JOB_ENTRY, args=[payload], **options)
     except DuplicateJobError:
         return False
     return True

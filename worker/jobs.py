@@ -20,12 +20,12 @@ from typing import Any
 
 import redis
 
-from protocol.deferral import Deferral, validate_job_name, validate_queue
+from protocol.deferral import JOB_ENTRY, Deferral, validate_job_name, validate_queue
 from stores import jobctx
 from stores.turns import ContextPack
 
 log = logging.getLogger("fleet.jobs")
-ENTRY = "worker.jobs.run"  # the one function an RQ job of Fleet's may name
+ENTRY = JOB_ENTRY  # the one function an RQ job of Fleet's may name: this module's run
 DEFAULT_QUEUE = "default"
 
 

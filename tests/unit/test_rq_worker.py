@@ -100,3 +100,9 @@ def test_reaping_a_dead_workers_job_retries_it_now() -> None:
     assert [w.name for w in rqjobs.workers(r, Q)] == []  # out of RQ's worker registry too
     st = rqjobs.queue_stats(r, Q)
     assert (st.started, st.queued + st.scheduled) == (0, 1)  # retried (its retry is due at once)
+
+
+def test_the_entry_rq_jobs_name_is_the_registrys_runner() -> None:
+    from worker import jobs
+
+    assert f"{jobs.run.__module__}.{jobs.run.__name__}" == jobs.ENTRY
