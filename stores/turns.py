@@ -10,6 +10,7 @@ its context (``turn_commit.lua``): a visit of one turn is two script calls.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,10 @@ from stores import cluster, replicas
 from stores.batch import ScriptBatcher
 from stores.memory import parse_members
 from stores.replies import raw_rows
+from stores.retry import TRANSIENT
 from stores.scripts import Scripts
+
+log = logging.getLogger("fleet.worker")
 
 
 class Fenced(Exception):
@@ -238,10 +242,15 @@ class UserStore:
 
     async def notify_relay(self, user: str) -> None:
         """Tell the relay that ``user``'s outbox holds entries (after the commit that wrote them:
-        a notification ahead of its entries could find the outbox empty and be acked). A crash
-        between the two leaves the entries without one: the relay's sweep finds them
-        (``stores.outbox.sweep``)."""
-        await self.r.xadd(keys.OUTBOX_READY, {"user": user})
+        a notification ahead of its entries could find the outbox empty and be acked). The
+        entries are committed either way: a notification lost to a crash or a failed ``XADD``
+        (logged here, not raised: the turn is done) leaves them to the relay's sweep of the
+        active users (``fleet.relay.Relay.sweep``), seconds later."""
+        try:
+            await self.r.xadd(keys.OUTBOX_READY, {"user": user})
+        except TRANSIENT as exc:
+            log.warning("the relay's notification for %s was not written (%s: %s): its sweep will "
+                        "find the outbox", user, type(exc).__name__, exc)
 
     async def _call(self, script: AsyncScript, keys_: list[str], args: list[Any], op: str) -> Any:
         """A hot-path script call: on one node without ``replica_wait``, queued with the other

@@ -532,3 +532,20 @@ async def test_a_stale_or_fenced_commit_writes_no_deferral(rig: Rig) -> None:
         await rig.w1.commit(lease, e1, "t1", w, 3)
     assert await rig.r.xlen(keys.outbox(U)) == 1
     assert await rig.r.xlen(keys.OUTBOX_READY) == 1
+
+
+async def test_a_lost_relay_notification_does_not_fail_the_committed_turn(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async def down(*args: object, **kwargs: object) -> None:
+        raise RedisConnectionError("connection lost")
+
+    e1 = await rig.submit()
+    lease = await take(rig)
+    monkeypatch.setattr(rig.w1.r, "xadd", down)
+    w = Writes(turn_id="t1", reply=b"r", deferrals=[("job-0", b"p0")])
+    assert (await rig.w1.commit(lease, e1, "t1", w, 1)).result == "ok"  # committed: not retried
+    assert await rig.r.xlen(keys.outbox(U)) == 1  # its entry waits for the relay's sweep
+    assert not await rig.r.exists(keys.OUTBOX_READY)
+    assert "sweep will find the outbox" in caplog.text
