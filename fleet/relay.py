@@ -98,6 +98,11 @@ class Relay:
             try:
                 self.step()
                 failures = 0
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                log.warning("the relays' group is gone (Redis restarted empty?): created again")
+                outbox.join_relay_group(self.r)
             except redis.RedisError as exc:
                 failures += 1
                 log.warning("relay pass failed (%s); retrying", exc)

@@ -8,6 +8,8 @@ consumer name) takes over its pending notification."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -193,3 +195,22 @@ def test_a_delayed_deferral_waits_in_the_scheduled_registry(server: fakeredis.Fa
     assert rqjobs.enqueue(r, d) and not rqjobs.enqueue(r, d)
     st = rqjobs.queue_stats(r, QUEUE)
     assert (st.queued, st.scheduled) == (0, 1)
+
+
+def test_a_relay_recreates_its_group_when_redis_lost_it(server: fakeredis.FakeServer) -> None:
+    r = sync(server)
+    rl = relay(server, "r1")
+    t = threading.Thread(target=rl.run)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while rl.stats.passes < 2 and time.monotonic() < deadline:  # running, with its group
+            rl.stop.wait(0.01)
+        r.delete(keys.OUTBOX_READY)  # a Redis restarted without its data: stream and group gone
+        commit(server, [("alice", "t1", 1)])  # the worker's XADD creates the stream, not the group
+        while rl.stats.enqueued < 1 and time.monotonic() < deadline:
+            rl.stop.wait(0.01)
+    finally:
+        rl.stop.set()
+        t.join(10)
+    assert rl.stats.enqueued == 1 and len(rq_state(server)[0]) == 1
