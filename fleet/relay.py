@@ -87,8 +87,10 @@ class Relay:
         self.stats = RelayStats()
         self.stop = threading.Event()
         self._claim_cursor = "0-0"
-        self._last_claim = 0.0
-        self._last_sweep = 0.0
+        # None: never yet, so a relay's first pass claims and sweeps at once (one started after
+        # a crash picks up what was left without waiting an interval)
+        self._last_claim: float | None = None
+        self._last_sweep: float | None = None
 
     def run(self) -> None:
         """Relay until ``stop`` is set; errors are logged and backed off, never fatal."""
@@ -113,14 +115,14 @@ class Relay:
         now and then sweep the active sets for outboxes whose notification was never written."""
         now = time.monotonic()
         hints: list[Hint] = []
-        if now - self._last_claim >= self.s.claim_idle_ms / 1000:
+        if self._last_claim is None or now - self._last_claim >= self.s.claim_idle_ms / 1000:
             self._last_claim = now
             self._claim_cursor, hints = outbox.claim_idle_hints(
                 self.r, self.s.relay_id, self.s.claim_idle_ms, self._claim_cursor, self.s.batch)
         if not hints:
             hints = outbox.read_hints(self.r, self.s.relay_id, self.s.batch, self.s.block_ms)
         self.handle(hints)
-        if now - self._last_sweep >= self.s.sweep_interval_s:
+        if self._last_sweep is None or now - self._last_sweep >= self.s.sweep_interval_s:
             self._last_sweep = now
             self.sweep()
         self.stats.passes += 1
