@@ -34,15 +34,30 @@ def _rq_client(args: argparse.Namespace) -> redis.Redis:
 
 def cmd_relay(args: argparse.Namespace) -> int:
     _need_rq()
+    from pydantic import ValidationError
+
     from fleet.relay import run
 
-    return run(args)
+    try:
+        return run(args)
+    except ValidationError as exc:  # a value the settings refuse (--batch 0, ...)
+        err = exc.errors()[0]
+        raise CliError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}", EXIT_USAGE) from None
 
 
 def cmd_rq_worker(args: argparse.Namespace) -> int:
     _need_rq()
+    from protocol.deferral import validate_queue
     from worker.rq_worker import run
 
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    if not queues:
+        raise CliError("--queues names no queue", EXIT_USAGE)
+    for q in queues:
+        try:
+            validate_queue(q)
+        except ValueError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
     return run(args)
 
 
