@@ -12,7 +12,6 @@ worker unpickle (run) arbitrary code, and their one function is ``worker.jobs.ru
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -84,7 +83,8 @@ def queue_stats(conn: redis.Redis, name: str, now: float | None = None) -> Queue
         try:
             job = Job.fetch(as_str(first[0]), connection=conn, serializer=JSONSerializer)
             if job.enqueued_at is not None:
-                oldest = max(0.0, (now or time.time()) - job.enqueued_at.timestamp())
+                now = now if now is not None else datetime.now(UTC).timestamp()
+                oldest = max(0.0, now - job.enqueued_at.timestamp())
         except NoSuchJobError:
             pass  # removed between the two reads: the next read sees the new head
     return QueueStats(name, q.count, StartedJobRegistry(queue=q).count, FailedJobRegistry(queue=q).count,
