@@ -110,11 +110,16 @@ class RqReader:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
         self.rates: dict[str, RqRates] = {}
+        self.popped: dict[str, dict[str, float]] = {}  # queue -> job taken, not started -> first seen
 
     def read(self, tier: str, policy: Policy, now: float) -> tuple[RqTierRead, float]:
         """The tier's queues and RQ workers now, and its jobs per second."""
         from stores import rqjobs  # the rq extra
 
+        for q in policy.rq_queues(tier):  # a job taken by a worker that died before starting it
+            for job_id in rqjobs.requeue_stuck(self.r, q, self.popped.setdefault(q, {}), now):
+                log.warning("tier %s: job %s was taken from queue %s by a worker that never started "
+                            "it: queued again", tier, job_id, q)
         stats = [rqjobs.queue_stats(self.r, q, now) for q in policy.rq_queues(tier)]
         seen: dict[str, Any] = {}
         for q in policy.rq_queues(tier):

@@ -20,7 +20,7 @@ import redis
 from rq import Queue, Retry, worker_registration
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.executions import Execution
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
@@ -131,6 +131,41 @@ def requeue(conn: redis.Redis, name: str, job_ids: list[str] | None) -> list[str
     return ids
 
 
+def requeue_stuck(conn: redis.Redis, name: str, seen: dict[str, float], now: float,
+                  grace_s: float = 5.0) -> list[str]:
+    """Jobs a worker took from the queue (RQ moves them into ``<queue>:intermediate``) and died
+    before it registered them as started: back to the head of the queue once seen so for
+    ``grace_s`` (a live worker registers its job within milliseconds of taking it). RQ's own
+    cleanup waits two maintenance rounds a minute apart and then counts it as a failure.
+    ``seen`` is the caller's memory between calls (job id -> first seen); the ids requeued."""
+    q = queue(conn, name)
+    wip = {as_str(m).split(":", 1)[0] for m in bytes_list(conn.zrange(q.started_job_registry.key, 0, -1))}
+    popped = [as_str(x) for x in bytes_list(conn.lrange(q.intermediate_queue_key, 0, -1))]
+    for job_id in list(seen):
+        if job_id not in popped or job_id in wip:
+            del seen[job_id]
+    requeued = []
+    for job_id in popped:
+        if job_id in wip:
+            continue
+        first = seen.setdefault(job_id, now)
+        if now - first < grace_s:
+            continue
+        try:
+            status = Job.fetch(job_id, connection=conn, serializer=JSONSerializer).get_status()
+        except NoSuchJobError:
+            conn.lrem(q.intermediate_queue_key, 1, job_id)
+            continue
+        if status == JobStatus.QUEUED:
+            with conn.pipeline() as pipe:
+                pipe.lrem(q.intermediate_queue_key, 1, job_id)
+                q.push_job_id(job_id, pipeline=pipe, at_front=True)
+                pipe.execute()
+            requeued.append(job_id)
+        del seen[job_id]
+    return requeued
+
+
 def reap_worker(conn: redis.Redis, worker_name: str, queue_names: list[str]) -> int:
     """Hand back the jobs a dead RQ worker was running: each is retried if it has retries left,
     else moved to the failed registry (RQ's own handling of an abandoned job, done now rather
@@ -139,17 +174,30 @@ def reap_worker(conn: redis.Redis, worker_name: str, queue_names: list[str]) -> 
     The worker leaves RQ's worker registry too (else it would be listed until its key expires)."""
     reaped = 0
     for name in queue_names:
-        reg = StartedJobRegistry(queue=queue(conn, name))
-        here = 0
+        q = queue(conn, name)
+        reg = StartedJobRegistry(queue=q)
+        abandoned = 0
         for job_id, execution_id in reg.get_job_and_execution_ids(cleanup=False):
             execution = Execution.fetch(execution_id, job_id, connection=conn)
             if execution is None or execution.worker_name != worker_name:
                 continue
-            conn.zadd(reg.key, {execution.composite_key: 1}, xx=True)  # expired: abandoned now
-            here += 1
-        if here:
+            status = Job.fetch(job_id, connection=conn, serializer=JSONSerializer).get_status()
+            if status == JobStatus.STARTED:
+                conn.zadd(reg.key, {execution.composite_key: 1}, xx=True)  # expired: abandoned now
+                abandoned += 1
+            elif status == JobStatus.QUEUED:
+                # dequeued, and the worker died before it marked the job started (RQ registers
+                # the execution first): RQ's own cleanup would drop it as a leftover, so it goes
+                # back to the head of its queue here, never started, so never run twice
+                with conn.pipeline() as pipe:
+                    pipe.zrem(reg.key, execution.composite_key)
+                    pipe.lrem(q.intermediate_queue_key, 1, job_id)
+                    q.push_job_id(job_id, pipeline=pipe, at_front=True)
+                    pipe.execute()
+                reaped += 1
+        if abandoned:
             reg.cleanup(timestamp=1)  # only what is scored at or below 1: the entries set above
-        reaped += here
+        reaped += abandoned
     dead = Worker.find_by_key(keys.rq_worker(worker_name), connection=conn, serializer=JSONSerializer)
     if dead is not None:
         worker_registration.unregister(dead)

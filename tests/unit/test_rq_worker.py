@@ -82,8 +82,11 @@ def test_a_memory_summary_pulls_the_users_context() -> None:
     assert r.hget(keys.usage("alice"), "summaries") == b"1"
 
 
-def test_reaping_a_dead_workers_job_retries_it_now() -> None:
-    """What the commander does when it sees an RQ worker's process die mid-job."""
+@pytest.mark.parametrize("started", [True, False], ids=["mid-job", "between-dequeue-and-start"])
+def test_reaping_a_dead_workers_job_retries_it_now(started: bool) -> None:
+    """What the commander does when it sees an RQ worker's process die mid-job, or after it
+    took the job but before it marked it started (RQ registers the execution first: its own
+    cleanup would drop that job as a leftover, and the job would never run)."""
     r = fakeredis.FakeRedis()
     d = deferral("count")
     assert rqjobs.enqueue(r, Deferral(**{**d.model_dump(), "retry_max": 1}))
@@ -92,17 +95,42 @@ def test_reaping_a_dead_workers_job_retries_it_now() -> None:
     assert [w.name for w in rqjobs.workers(r, Q)] == ["rq-dead"]
     job = w.dequeue_job_and_maintain_ttl(1)
     assert job is not None
-    w.prepare_execution(job[0])  # in the started registry under rq-dead, as perform_job has it:
-    job[0].set_status(JobStatus.STARTED)  # started; then the worker is "killed"
+    w.prepare_execution(job[0])  # in the started registry under rq-dead (and busy), then
+    if started:
+        job[0].set_status(JobStatus.STARTED)  # as perform_job has it; then the worker is "killed"
     assert rqjobs.queue_stats(r, Q).started == 1
     assert rqjobs.reap_worker(r, "rq-other", [Q]) == 0  # another worker's: untouched
     assert rqjobs.reap_worker(r, "rq-dead", [Q]) == 1
     assert [w.name for w in rqjobs.workers(r, Q)] == []  # out of RQ's worker registry too
     st = rqjobs.queue_stats(r, Q)
-    assert (st.started, st.queued + st.scheduled) == (0, 1)  # retried (its retry is due at once)
+    assert (st.started, st.queued + st.scheduled) == (0, 1)  # back in the queue: run once
+    run(r)
+    assert r.hget(keys.usage("alice"), "jobs_run") == b"1"
 
 
 def test_the_entry_rq_jobs_name_is_the_registrys_runner() -> None:
     from worker import jobs
 
     assert f"{jobs.run.__module__}.{jobs.run.__name__}" == jobs.ENTRY
+
+
+def test_a_job_taken_but_never_started_is_queued_again_after_a_grace() -> None:
+    """A worker that died between taking a job (RQ moves it to ``<queue>:intermediate``) and
+    registering it: the commander's pass puts it back once it has sat there ``grace_s``; a job a
+    live worker has registered is left alone."""
+    r = fakeredis.FakeRedis()
+    d, live = deferral("count"), deferral("count", index=1)
+    assert rqjobs.enqueue(r, d) and rqjobs.enqueue(r, live)
+    q = rqjobs.queue(r, Q)
+    r.lmove(q.key, q.intermediate_queue_key)  # the dead worker took d
+    w = rq_worker.build(r, [Q], "rq-live")
+    job, _ = w.dequeue_job_and_maintain_ttl(1)  # a live worker took the other, and registered it
+    w.prepare_execution(job)
+    seen: dict[str, float] = {}
+    assert rqjobs.requeue_stuck(r, Q, seen, 100.0, grace_s=5) == []  # first seen now
+    assert rqjobs.requeue_stuck(r, Q, seen, 104.0, grace_s=5) == []  # within the grace
+    assert rqjobs.requeue_stuck(r, Q, seen, 106.0, grace_s=5) == [d.job_id]
+    assert r.lrange(q.key, 0, -1) == [d.job_id.encode()]
+    assert seen == {}
+    run(r)
+    assert r.hget(keys.usage("alice"), "jobs_run") == b"1"  # d ran, once
