@@ -24,6 +24,7 @@ from commander.monitor.board import Board, TierSeen
 from commander.observe import Observer
 from commander.records import Records
 from commander.recovery import Recovery
+from commander.rqtier import RqReader, RqTiers
 from commander.runtime import Runtime, UnknownWorker, WorkerHandle, WorkerState
 from commander.runtime_notes import RuntimeNotes
 from commander.settings import CommanderSettings
@@ -64,7 +65,7 @@ class _Dead:
     unasked: bool = False  # an exit nobody asked for (a crash): recorded even if it left nothing
 
 
-class Commander(Records, RuntimeNotes):
+class Commander(Records, RuntimeNotes, RqTiers):
     """One commander process: a standby until it wins the lease, then the fleet's only actor."""
 
     def __init__(self, r: redis.Redis, runtime: Runtime, settings: CommanderSettings,
@@ -74,6 +75,7 @@ class Commander(Records, RuntimeNotes):
         self.clock, self.monotonic = clock, monotonic  # wall and monotonic time (tests: virtual)
         self.leader = Leadership(r, settings.commander_id, settings.lease_ttl_ms)
         self.observer = Observer(r)
+        self.rq = RqReader(r)  # rq tiers' queues and RQ workers (their RQ is Fleet's Redis)
         self.tiers: dict[str, _Tier] = {}
         self.started = self.clock()
         self._adopted_at = 0.0
@@ -221,13 +223,18 @@ class Commander(Records, RuntimeNotes):
         memo = self.tiers[tier]
         if not memo.loaded:
             memo.state, memo.loaded = self._load_state(tier), True
-        views = worker_views(tier, handles, registry, self.observer.evaluator, read.policy, now,
-                             self.trusted_since)
-        snap = snapshot(tier, views, signals, tier_rates(views, self.observer.evaluator))
+        policy = read.policy
+        self.runtime.configure(tier, policy.kind, policy.rq_queues(tier))
+        if policy.kind == "rq":
+            views, snap, policy = self._rq_inputs(tier, policy, handles, now)
+        else:
+            views = worker_views(tier, handles, registry, self.observer.evaluator, policy, now,
+                                 self.trusted_since)
+            snap = snapshot(tier, views, signals, tier_rates(views, self.observer.evaluator))
         started = time.perf_counter()
-        plan, state = decide(snap, read.policy, memo.state, now)
+        plan, state = decide(snap, policy, memo.state, now)
         elapsed = time.perf_counter() - started
-        self._act(plan, read.policy)
+        self._act(plan, policy)
         self._note_pending(tier, handles, read.policy, plan, now)
         self._record_notes()
         if state != memo.state:
@@ -285,7 +292,11 @@ class Commander(Records, RuntimeNotes):
 
     def _reap(self, now: float) -> None:
         for handle in self.runtime.reap():
-            if not handle.drained:  # crashed, killed, or ended unseen: its users are taken over
+            memo = self.tiers.get(handle.tier)
+            if memo is not None and memo.policy.kind == "rq":
+                if not handle.drained:  # an RQ worker: its job goes back to RQ, no users to take over
+                    self._reap_rq(handle, memo.policy)
+            elif not handle.drained:  # crashed, killed, or ended unseen: its users are taken over
                 how = "was killed" if handle.killed else f"exited (code {handle.exit_code})"
                 self._dead[handle.worker_id] = _Dead(handle.tier, f"worker {handle.worker_id} {how}",
                                                      unasked=handle.retire_reason is None)

@@ -75,10 +75,11 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
             busy=report.slots.busy, total=report.slots.total, lanes=report.slots.busy, fresh=fresh,
             started=started, ready_at=evaluator.ready_at(wid), turns=report.counters.turns,
             protected_until=report.protected_until))
-    return _mark_reception(views)
+    return mark_reception(views)
 
 
-def _mark_reception(views: list[WorkerView]) -> tuple[WorkerView, ...]:
+def mark_reception(views: list[WorkerView]) -> tuple[WorkerView, ...]:
+    """The views with the tier's reception marked: its oldest ready worker."""
     ready = [v for v in views if v.state == "ready"]
     if not ready:
         return tuple(views)

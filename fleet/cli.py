@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_policy_commands(sub)
     _add_observe_commands(sub)
     _add_run_commands(sub)
+    from fleet.cli_jobs import add_job_commands
+
+    add_job_commands(sub)
     return p
 
 

@@ -117,6 +117,8 @@ def _status_text(snap: dict[str, Any]) -> str:
         policy = t["policy_source"] + (f" (REJECTED{by}: {t['policy_error']})" if t["policy_error"] else "")
         if t.get("ready_shards", 1) > 1:
             policy += f", {t['ready_shards']} ready shards"
+        if t.get("kind") == "rq":
+            policy += _rq_text(t)
         lines.append(f"{tier:<12}{t['workers_alive']:>8}{t['min_workers']:>5}{t['max_workers']:>5}"
                      f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}"
                      f"  {policy}")
@@ -130,6 +132,14 @@ def _status_text(snap: dict[str, Any]) -> str:
         lines += ["", "LAST EVENTS"]
         lines += [f"  {_event_line(e)}" for e in snap["events"]]
     return "\n".join(lines)
+
+
+def _rq_text(t: dict[str, Any]) -> str:
+    """An rq tier's part of its POLICY column: queues, failed jobs, the oldest queued job's age."""
+    if "rq_error" in t:
+        return f", rq: {t['rq_error']}"
+    queues = ",".join(q["name"] for q in t.get("queues", []))
+    return f", rq on {queues}: {t['failed_jobs']} failed, oldest queued {t['oldest_job_age_s']:.0f}s"
 
 
 def _commander_line(snap: dict[str, Any]) -> str:

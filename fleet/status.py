@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Collection
 from typing import Any
@@ -10,6 +11,7 @@ import redis
 
 from protocol.codec import as_str
 from protocol.models import WorkerInfo
+from protocol.policy import Policy
 from stores.backlog import TierBacklog, active_users, live_ids, read_backlog, unserved_by_tier
 from stores.deadletters import dead_letter_count, newest_dead_letters
 from stores.leader import lease_holder
@@ -68,8 +70,26 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
             **backlog_json(backlogs[tier]),
             "dead_letters": dead_letter_count(r, tier),
             "active_users": active_users(r, tier, time.time() - read.policy.active_window_s),
+            "kind": read.policy.kind,
         }
+        if read.policy.kind == "rq":
+            out["tiers"][tier].update(rq_status(r, tier, read.policy))
     return out
+
+
+def rq_status(r: redis.Redis, tier: str, policy: Policy) -> dict[str, Any]:
+    """An rq tier's row: its RQ workers, queued jobs (its backlog), started ones (pending),
+    failed ones and the oldest queued job's age, from RQ's registries."""
+    try:
+        from stores import rqjobs
+    except ImportError:  # the rq extra is not installed where `fleet status` runs
+        return {"rq_error": "RQ is not installed here (the rq extra)"}
+    stats = [rqjobs.queue_stats(r, q) for q in policy.rq_queues(tier)]
+    names = {w.name for q in policy.rq_queues(tier) for w in rqjobs.workers(r, q)}
+    return {"workers_alive": len(names), "backlog": sum(s.queued for s in stats),
+            "pending": sum(s.started for s in stats), "failed_jobs": sum(s.failed for s in stats),
+            "oldest_job_age_s": round(max((s.oldest_age_s for s in stats), default=0.0), 1),
+            "queues": [dataclasses.asdict(s) for s in stats]}
 
 
 def policy_verdict(r: redis.Redis, tier: str, own_error: str | None) -> tuple[str | None, str | None]:

@@ -30,6 +30,18 @@ LEADER = f"{{{EVENTS}}}:leader"  # string "<commander>|<epoch>" with a TTL
 EPOCH = f"{{{EVENTS}}}:epoch"  # counter: every leadership gets a larger epoch
 RECOVERED = f"{PREFIX}:recovered"  # the data epoch of the last failover recovery (stores.recovery)
 COMMANDERS = f"{PREFIX}:commanders"  # hash: commander id -> msgpack CommanderInfo (leader and standbys)
+# The relay's notifications (issue 16): ``{user: U}`` per turn that deferred jobs, written right
+# after its commit; one key (tag ``outbox``), read through consumer group ``RELAY_GROUP``.
+OUTBOX_READY = f"{PREFIX}:{{outbox}}:ready"
+OUTBOX_DEAD = f"{PREFIX}:{{outbox}}:dead"  # stream: outbox entries the relay could not enqueue
+RELAY_GROUP = "relays"
+# RQ's own names (rq.worker_registration), read by the process runtime to see an RQ worker up
+RQ_WORKERS = "rq:workers"  # set of "rq:worker:<name>"
+
+
+def rq_worker(name: str) -> str:
+    """RQ's hash of one worker (its member in ``RQ_WORKERS``)."""
+    return f"rq:worker:{validate_token(name, 'worker id')}"
 
 
 # --- per user (hash tag = user id) -----------------------------------------------------
@@ -82,6 +94,11 @@ def usage(user: str) -> str:
     return _u(user, "usage")
 
 
+def outbox(user: str) -> str:
+    """Stream of the user's deferred jobs, written by the turn commit, emptied by the relay."""
+    return _u(user, "outbox")
+
+
 def reply(user: str, turn_id: str) -> str:
     """List the reply is pushed to; the submitter ``BLPOP``s it. Expires."""
     return _u(user, f"reply:{validate_token(turn_id, 'turn id')}")
@@ -102,6 +119,7 @@ class UserKeys:
     memory: str
     done: str
     usage: str
+    outbox: str
 
     def reply(self, turn_id: str) -> str:
         """:func:`reply` of this user."""
@@ -112,7 +130,7 @@ class UserKeys:
 def user_keys(user: str) -> UserKeys:
     """The keys of ``user`` (validated here, once per user while it stays in the cache)."""
     return UserKeys(validate_user_id(user), inbox(user), lane(user), fence(user), state(user),
-                    session(user), profile(user), memory(user), done(user), usage(user))
+                    session(user), profile(user), memory(user), done(user), usage(user), outbox(user))
 
 
 # --- per tier (hash tag = tier) --------------------------------------------------------

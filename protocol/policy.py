@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from protocol.deferral import validate_queue
 from protocol.policy_controls import DisruptionBudget, Fallback, ScaleBehavior, ScaleInHold, ScheduledBounds
 
 _HANDLER_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
@@ -133,6 +134,12 @@ class Policy(BaseModel):
     replica_ack_timeout_ms: int = 100
     # the tier's ready stream spread over this many streams (keys.ready(tier, k)), by user
     ready_shards: PositiveInt = Field(1, le=64)
+    # what the tier's workers are (issue 16): "turns", Fleet's workers serving users' turns; or
+    # "rq", RQ workers (``worker.rq_worker``) running deferred jobs from the RQ ``queues`` (empty:
+    # the queue named like the tier), scaled on queue length. An rq worker runs one job at a
+    # time: ``concurrency`` and the handler do not apply to it
+    kind: Literal["turns", "rq"] = "turns"
+    queues: tuple[str, ...] = Field((), max_length=16)
 
     @field_validator("handler")
     @classmethod
@@ -143,6 +150,19 @@ class Policy(BaseModel):
                 "never import paths)"
             )
         return v
+
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            validate_queue(name)
+        if len(set(v)) != len(v):
+            raise ValueError("a queue is named twice")
+        return v
+
+    def rq_queues(self, tier: str) -> tuple[str, ...]:
+        """The RQ queues an rq tier's workers consume, in priority order."""
+        return self.queues or (tier,)
 
     @field_validator("replica_acks")
     @classmethod

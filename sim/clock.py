@@ -24,6 +24,9 @@ MODULES = (
     "worker.app", "worker.services", "worker.job", "worker.handlers", "worker.sensor", "worker.pod",
     "stores.policies", "stores.commanders", "stores.worker_ops", "stores.deadletters", "stores.reports",
     "fleet.client",
+    # deferred jobs' code (issue 16): run by RQ workers, never in a simulation; listed so that
+    # a clock read there would follow the seed if it ever were
+    "worker.jobs", "stores.jobctx",
 )
 
 

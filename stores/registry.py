@@ -64,6 +64,14 @@ def registered_and_beating(r: redis.Redis, worker_ids: Sequence[str]) -> list[bo
     return [bool(answers[2 * i] and answers[2 * i + 1]) for i in range(len(worker_ids))]
 
 
+def rq_registered(r: redis.Redis, names: Sequence[str]) -> list[bool]:
+    """For each name, whether RQ's worker registry has that RQ worker (one round trip)."""
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.sismember(keys.RQ_WORKERS, keys.rq_worker(name))
+    return [bool(x) for x in pipe.execute()]
+
+
 def heartbeat_alive(r: redis.Redis, worker_id: str) -> bool:
     """Whether the worker's heartbeat key still exists."""
     return bool(r.exists(keys.heartbeat(worker_id)))

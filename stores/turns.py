@@ -10,6 +10,7 @@ its context (``turn_commit.lua``): a visit of one turn is two script calls.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,10 @@ from stores import cluster, replicas
 from stores.batch import ScriptBatcher
 from stores.memory import parse_members
 from stores.replies import raw_rows
+from stores.retry import TRANSIENT
 from stores.scripts import Scripts
+
+log = logging.getLogger("fleet.worker")
 
 
 class Fenced(Exception):
@@ -136,6 +140,9 @@ class Writes:
     profile: dict[str, str] = field(default_factory=dict)
     memories: list[tuple[bytes, float]] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)
+    # the turn's deferred jobs as (job id, msgpack Deferral): one outbox entry each, written by
+    # the commit (never by a 'dup' or 'stale' one); after an 'ok' commit the relay is told
+    deferrals: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 class UserStore:
@@ -207,25 +214,43 @@ class UserStore:
         same (counted in ``acks`` and logged, never an error)."""
         k = keys.user_keys(lease.user)
         keys_ = [k.lane, k.state, k.inbox, k.session, k.done, k.reply(reply_key_turn), k.usage,
-                 k.profile, k.memory]
+                 k.profile, k.memory, k.outbox]
         cfg = self.cfg
         usage = {counter: int(n) for counter, n in w.usage.items() if n}  # a zero adds nothing
         args: list[Any] = [lease.owner, entry, w.turn_id, w.session_entry, cfg.session_max, w.reply,
                            cfg.reply_ttl_ms, cfg.done_keep, now_ms, cfg.memory_max, self.tier,
-                           cfg.context_turns, cfg.memory_k, len(w.profile), len(w.memories), len(usage)]
+                           cfg.context_turns, cfg.memory_k, len(w.profile), len(w.memories), len(usage),
+                           len(w.deferrals)]
         for field_, value in w.profile.items():
             args += [field_, value]
         for member, score in w.memories:
             args += [member, repr(float(score))]
         for counter, n in usage.items():
             args += [counter, n]
+        for job, payload in w.deferrals:
+            args += [job, payload]
         try:
             res = await self._call(self.scripts.turn_commit, keys_, args, "commit")
         except ResponseError as exc:
             if str(exc).startswith("FENCED"):
                 raise Fenced(lease.user) from None
             raise
-        return Committed(as_str(res[0]), int(res[1]) == 1, _next_turn(res[2]))
+        committed = Committed(as_str(res[0]), int(res[1]) == 1, _next_turn(res[2]))
+        if w.deferrals and committed.result == "ok":  # only a turn that deferred pays this
+            await self.notify_relay(lease.user)
+        return committed
+
+    async def notify_relay(self, user: str) -> None:
+        """Tell the relay that ``user``'s outbox holds entries (after the commit that wrote them:
+        a notification ahead of its entries could find the outbox empty and be acked). The
+        entries are committed either way: a notification lost to a crash or a failed ``XADD``
+        (logged here, not raised: the turn is done) leaves them to the relay's sweep of the
+        active users (``fleet.relay.Relay.sweep``), seconds later."""
+        try:
+            await self.r.xadd(keys.OUTBOX_READY, {"user": user})
+        except TRANSIENT as exc:
+            log.warning("the relay's notification for %s was not written (%s: %s): its sweep will "
+                        "find the outbox", user, type(exc).__name__, exc)
 
     async def _call(self, script: AsyncScript, keys_: list[str], args: list[Any], op: str) -> Any:
         """A hot-path script call: on one node without ``replica_wait``, queued with the other

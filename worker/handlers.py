@@ -23,8 +23,11 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
+from protocol.codec import encode
+from protocol.deferral import MAX_DEFERRAL_BYTES, MAX_DEFERRALS, Deferral
 from protocol.models import HandlerResult, Turn
 from stores.turns import ContextPack
+from worker import jobs
 
 Handler = Callable[["TurnContext"], "HandlerResult | str | Awaitable[HandlerResult | str]"]
 _REGISTRY: dict[str, Handler] = {}
@@ -46,6 +49,28 @@ class TurnContext:
     attempt: int = 1
     lease: str = ""  # "<worker>|<fencing token>" of the lane the turn runs under
     protector: Callable[[float], float] | None = None  # the worker's, behind ``protect``
+    # what ``defer`` asked for in this attempt, encoded: committed with the turn's reply
+    deferred: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def defer(self, name: str, *args: Any, queue: str | None = None, delay: float | None = None,
+              **kwargs: Any) -> str:
+        """Ask for background job ``name`` (registered in ``worker.jobs``) with plain-data
+        arguments, on ``queue`` (else the job's own) after ``delay`` seconds. It is written in
+        the same atomic commit as the turn's reply (nothing if the turn fails or was answered
+        before) and reaches RQ exactly once, under the job id returned. Raises ValueError or
+        KeyError on a bad deferral: the turn fails like any handler error."""
+        spec = jobs.get(name)
+        if len(self.deferred) >= MAX_DEFERRALS:
+            raise ValueError(f"a turn may defer at most {MAX_DEFERRALS} jobs")
+        d = Deferral(name=name, args=list(args), kwargs=kwargs, queue=queue or spec.queue,
+                     delay_s=delay or 0.0, user=self.turn.user, turn_id=self.turn.turn_id,
+                     index=len(self.deferred), retry_max=spec.retry_max,
+                     retry_interval_s=spec.retry_interval_s, ts=time.time())
+        payload = encode(d)
+        if len(payload) > MAX_DEFERRAL_BYTES:
+            raise ValueError(f"deferral {name!r} is {len(payload)} bytes, over {MAX_DEFERRAL_BYTES}")
+        self.deferred.append((d.job_id, payload))
+        return d.job_id
 
     def protect(self, seconds: float) -> float:
         """Ask that this worker not be retired by scale-in for ``seconds`` (capped by the policy's
@@ -155,6 +180,11 @@ def _set_once(fut: asyncio.Future[None]) -> None:
 
 @register("echo")
 async def echo(ctx: TurnContext) -> HandlerResult:
+    """The user's text back, with what the context pack holds (see ``_echo``)."""
+    return await _echo(ctx)
+
+
+async def _echo(ctx: TurnContext) -> HandlerResult:
     """Echo the text and show the context: the previous turn, the top memory, the profile."""
     text = ctx.turn.text
     parts = [f"echo: {text}"]
@@ -205,3 +235,17 @@ async def _burn(seconds: float) -> None:
         while time.process_time() < stop:
             pass
         await asyncio.sleep(0)
+
+
+@register("echo_defer")
+async def echo_defer(ctx: TurnContext) -> HandlerResult:
+    """``echo``, and defers one background job per turn (issue 16): handler option ``job``
+    (default ``memory_summary``; ``count`` adds 1 to the user's usage ``jobs_run``, after
+    option ``job_sleep_s`` seconds), on option ``queue`` if set. The deferral is committed with
+    the reply, so it exists once per turn."""
+    result = await _echo(ctx)
+    name = str(ctx.option("job", "memory_summary"))
+    queue = ctx.option("queue", None)
+    sleep_s = float(ctx.option("job_sleep_s", 0.0))
+    ctx.defer(name, queue=str(queue) if queue else None, **({"sleep_s": sleep_s} if sleep_s > 0 else {}))
+    return result

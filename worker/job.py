@@ -28,6 +28,7 @@ from worker.tally import Result, TurnTally
 
 log = logging.getLogger("fleet.worker")
 _RETRY_BACKOFF = Backoff(base=0.2, cap=5.0)  # between a failed handler call and its retry
+Deferred = list[tuple[str, bytes]]  # a turn's deferrals: (job id, msgpack Deferral)
 
 
 class JobHost(Protocol):
@@ -292,7 +293,7 @@ class UserJob:
                 return await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt, reason,
                                           attempts=pulled.attempts - 1, submitted=turn.ts)
             try:
-                result = await self._call(lease, turn, pulled)
+                result, deferred = await self._call(lease, turn, pulled)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the handler's failure: retried, then dead-lettered
@@ -303,10 +304,11 @@ class UserJob:
                 await asyncio.sleep(_RETRY_BACKOFF.compute(pulled.attempts))
                 pulled = None
                 continue
-            return await self._answer(lease, entry, turn, pulled, result)
+            return await self._answer(lease, entry, turn, pulled, result, deferred)
 
-    async def _call(self, lease: Lease, turn: Turn, pulled: Pulled) -> HandlerResult:
-        """Run the tier's handler on the turn; its exceptions are the caller's to count."""
+    async def _call(self, lease: Lease, turn: Turn, pulled: Pulled) -> tuple[HandlerResult, Deferred]:
+        """Run the tier's handler on the turn: its result and what it deferred (this attempt's
+        only: a failed attempt's deferrals go with it). Its exceptions are the caller's to count."""
         ctx = handlers.TurnContext(turn, pulled.pack, dict(self.w.policy.handler_options),
                                    self.w.worker_id, pulled.attempts, lease.owner, self.w.protect)
         tally = self.w.tally
@@ -330,10 +332,10 @@ class UserJob:
         limit = self.w.settings.max_reply_bytes
         if len(result.text.encode()) > limit:
             raise handlers.HandlerError(f"reply text is over the limit of {limit} bytes")
-        return result
+        return result, ctx.deferred
 
     async def _answer(self, lease: Lease, entry: str, turn: Turn, pulled: Pulled,
-                      result: HandlerResult) -> Done:
+                      result: HandlerResult, deferred: Deferred) -> Done:
         """Write the turn back with its reply, session entry, memories, profile and usage."""
         now = time.time()
         # built without validation: every value is validated already (the turn, the handler's
@@ -351,6 +353,7 @@ class UserJob:
             memories=[new_member(text, imp, now) for text, imp in result.memories],
             usage={"turns": 1, "chars_in": len(turn.text), "chars_out": len(result.text),
                    "handler_ms": round(self.turn_handler_s * 1000)},
+            deferrals=deferred,
         )
         done = await self._commit(lease, entry, turn.turn_id, writes, "ok", turn.ts)
         self.w.counters_add(turns=1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -109,6 +110,11 @@ class Runtime(ABC):
     @abstractmethod
     def list(self) -> Handles:
         """Every tracked worker, including exited ones not yet reaped."""
+
+    def configure(self, tier: str, kind: str, queues: Sequence[str] = ()) -> None:  # noqa: B027
+        """What the tier's policy says its workers are: ``kind`` "turns" (Fleet's workers) or
+        "rq" (RQ workers on ``queues``); the commander calls it each pass before it acts. A
+        runtime that can run only Fleet's workers ignores it (and an rq tier gets none)."""
 
     def refusal(self, tier: str) -> str | None:
         """Why this runtime may not act on ``tier`` now (``spawn`` and ``retire`` would raise

@@ -34,7 +34,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import redis
@@ -84,6 +84,7 @@ class KubernetesRuntime(Listing, Runtime):
         self._handles: dict[str, WorkerHandle] = {}
         self._placeholders: dict[str, list[WorkerHandle]] = {}
         self._retiring: dict[str, Retiring] = {}
+        self._rq_tiers: set[str] = set()  # tiers of kind rq (configure): refused
         self._going: dict[str, float] = {}  # pod -> monotonic time the expectation lapses
         self._exits: list[WorkerHandle] = []
         self._notes: list[RuntimeNote] = []
@@ -103,9 +104,19 @@ class KubernetesRuntime(Listing, Runtime):
         self.r.close()
 
     # --- may it act? ---------------------------------------------------------------------
+    def configure(self, tier: str, kind: str, queues: Sequence[str] = ()) -> None:
+        """Remember the rq tiers: this runtime does not run RQ workers (yet), so it refuses them."""
+        if kind == "rq":
+            self._rq_tiers.add(tier)
+        else:
+            self._rq_tiers.discard(tier)
+
     def refusal(self, tier: str) -> str | None:
-        """Why the tier's replicas may not be written now (no single Deployment, another
-        autoscaler on it, or the API could not say), or None."""
+        """Why the tier's replicas may not be written now (an rq tier, no single Deployment,
+        another autoscaler on it, or the API could not say), or None."""
+        if tier in self._rq_tiers:
+            return (f"tier {tier} is of kind rq: the kubernetes runtime does not run RQ workers yet "
+                    "(run them with `fleet rq-worker`, or the process runtime)")
         self._refresh()
         deployment = self._deployment(tier)
         if isinstance(deployment, str):

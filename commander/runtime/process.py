@@ -41,6 +41,7 @@ from commander.runtime.procs import (
     leads_group,
     poll_foreign,
     process_of,
+    rq_worker_command,
     start_fresh,
     worker_command,
 )
@@ -52,7 +53,7 @@ from stores.connection import connect_sync, resolve_url
 from stores.control import send_control
 from stores.policies import read_good_policy
 from stores.records import write_record
-from stores.registry import registered_and_beating
+from stores.registry import registered_and_beating, rq_registered
 from stores.retry import TRANSIENT
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class ProcessRuntime(Adoption, Runtime):
         self.host = socket.gethostname()
         self._workers: dict[str, _Tracked] = {}
         self._unclean: set[str] = set()  # exited workers whose registry entry is still to remove
+        self._rq: dict[str, tuple[str, ...]] = {}  # rq tiers (configure): tier -> its queues
         self.template = self._make_template(spawn_mode, template)
 
     def _make_template(self, mode: SpawnMode, template: TemplateSpawner | None) -> TemplateSpawner | None:
@@ -126,6 +128,13 @@ class ProcessRuntime(Adoption, Runtime):
         except (RedisError, OSError, RedisClusterException, PolicyError):  # TRANSIENT, or a bad policy
             return Policy().drain_timeout_s
 
+    def configure(self, tier: str, kind: str, queues: Sequence[str] = ()) -> None:
+        """An rq tier's workers are started as ``worker.rq_worker`` on its queues."""
+        if kind == "rq":
+            self._rq[tier] = tuple(queues) or (tier,)
+        else:
+            self._rq.pop(tier, None)
+
     # --- spawn ---------------------------------------------------------------------------
     def spawn(self, tier: str, n: int = 1) -> WorkerIds:
         """Start ``n`` workers of ``tier``; raise ``SpawnError`` if one cannot start."""
@@ -141,7 +150,12 @@ class ProcessRuntime(Adoption, Runtime):
         worker_id = new_worker_id(tier)
         log_path = self.log_dir / f"{worker_id}.log"
         template, popen = self.template, None
-        if template is not None:
+        queues = self._rq.get(tier)
+        if queues is not None:  # an RQ worker: a fresh interpreter (RQ is not in the template)
+            popen = start_fresh(rq_worker_command(queues, worker_id), env, log_path,
+                                f"RQ worker of tier {tier}")
+            pid, template = popen.pid, None
+        elif template is not None:
             spawned = template.spawn(tier, worker_id, env, log_path)
             pid, popen = spawned.pid, spawned.popen
             template = template if spawned.forked else None
@@ -151,7 +165,8 @@ class ProcessRuntime(Adoption, Runtime):
             pid = popen.pid
         proc = process_of(pid)
         handle = WorkerHandle(worker_id, tier, pid, WorkerState.STARTING, time.time())
-        self._workers[worker_id] = _Tracked(handle, proc, popen, time.monotonic(), template)
+        self._workers[worker_id] = _Tracked(handle, proc, popen, time.monotonic(), template,
+                                            rq=queues is not None)
         write_record(self.run_dir, handle, proc)
         log.info("spawned worker %s (tier %s, pid %d, %s, log %s)", worker_id, tier, pid,
                  "exec" if popen else "forked", log_path)
@@ -172,7 +187,7 @@ class ProcessRuntime(Adoption, Runtime):
         was_starting = handle.state is WorkerState.STARTING
         handle.state, handle.retire_reason = WorkerState.DRAINING, reason
         handle.kill_at = time.monotonic() + timeout
-        sent = self._send_drain(worker_id, reason)
+        sent = not tracked.rq and self._send_drain(worker_id, reason)  # RQ's warm shutdown: SIGTERM
         if not sent or was_starting:
             # a starting worker may not read its control stream yet; it holds no work either
             self._signal(tracked, signal.SIGTERM)
@@ -268,16 +283,17 @@ class ProcessRuntime(Adoption, Runtime):
 
     def _note_registrations(self) -> bool:
         """Promote starting workers that registered with a heartbeat; False if Redis is down."""
-        starting = [t.handle for t in self._workers.values()
-                    if t.handle.state is WorkerState.STARTING]
+        starting = [t for t in self._workers.values() if t.handle.state is WorkerState.STARTING]
         if not starting:
             return True
-        try:
-            answers = registered_and_beating(self.r, [h.worker_id for h in starting])
+        try:  # Fleet's workers: in the registry with a heartbeat; RQ workers: in RQ's registry
+            fleet_ = registered_and_beating(self.r, [t.handle.worker_id for t in starting if not t.rq])
+            rq_ = rq_registered(self.r, [t.handle.worker_id for t in starting if t.rq])
         except TRANSIENT as exc:
             log.debug("registry not readable, registrations not checked: %s", exc)
             return False
-        for handle, registered in zip(starting, answers, strict=True):
+        answers = [(rq_ if t.rq else fleet_).pop(0) for t in starting]
+        for handle, registered in zip((t.handle for t in starting), answers, strict=True):
             if registered:
                 handle.state = WorkerState.RUNNING
                 log.info("worker %s (tier %s) is running", handle.worker_id, handle.tier)

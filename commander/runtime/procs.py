@@ -11,7 +11,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -28,6 +28,11 @@ class SpawnError(RuntimeError):
 def worker_command(tier: str, worker_id: str) -> list[str]:
     """The argv of a real worker (the contract of ``worker/__main__.py``)."""
     return [sys.executable, "-m", "worker", "--tier", tier, "--worker-id", worker_id]
+
+
+def rq_worker_command(queues: Sequence[str], worker_id: str) -> list[str]:
+    """The argv of an RQ worker of Fleet's (``worker/rq_worker.py``) on ``queues``."""
+    return [sys.executable, "-m", "worker.rq_worker", "--queues", ",".join(queues), "--name", worker_id]
 
 
 def child_env(url: str, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -13,6 +13,7 @@
 -- KEYS[7]  fleet:u:{U}:usage    hash of consumption counters
 -- KEYS[8]  fleet:u:{U}:profile  hash
 -- KEYS[9]  fleet:u:{U}:memory   zset of msgpack MemoryItem by score
+-- KEYS[10] fleet:u:{U}:outbox   stream of deferred jobs (fields job, d) the relay moves to RQ
 -- ARGV[1]  "<worker>|<token>"
 -- ARGV[2]  inbox entry id of the turn: must be the first entry after the cursor
 -- ARGV[3]  turn id to remember as answered ('' = none)
@@ -26,13 +27,16 @@
 -- ARGV[14] P: number of profile (field, value) pairs that follow
 -- ARGV[15] M: number of memory (member, score) pairs that follow
 -- ARGV[16] Q: number of usage (counter, increment) pairs that follow
--- ARGV[17 ..] the P profile pairs, then the M memory pairs, then the Q usage pairs
+-- ARGV[17] D: number of deferral (job id, msgpack Deferral) pairs that follow
+-- ARGV[18 ..] the P profile pairs, then the M memory pairs, then the Q usage pairs, then the
+--          D deferral pairs (each one XADDed to the outbox: written with the turn or not at all)
 --
 -- Returns {result, released, next}:
 --   result  'ok'; 'stale' if the entry is not the next one after the cursor (already done:
 --           nothing written); 'dup' if the turn id was answered before (a resubmitted turn):
 --           the cursor moves past the entry and nothing else is written, so a turn gets
---           exactly one reply however often it was submitted;
+--           exactly one reply (and its deferrals one outbox entry each) however often it was
+--           submitted;
 --   released 1 if nothing waits after the cursor (as Redis has it): the lane is deleted; else 0
 --           and the lane is kept;
 --   next    {} when released, else the first turn after the cursor with its context, as
@@ -71,11 +75,12 @@ if ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3]) then
 end
 
 -- check every argument before the first write: a script that fails halfway is not undone
-local np, nm, nu = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
-if not (np and nm and nu) or #ARGV ~= 16 + 2 * (np + nm + nu) then
+local np, nm, nu, nd = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
+if not (np and nm and nu and nd) or #ARGV ~= 17 + 2 * (np + nm + nu + nd) then
   return redis.error_reply('BADARGS pair counts do not match the arguments')
 end
-local first_mem, first_use = 17 + 2 * np, 17 + 2 * (np + nm)
+local first_mem, first_use = 18 + 2 * np, 18 + 2 * (np + nm)
+local first_def = 18 + 2 * (np + nm + nu)
 for i = first_mem, first_mem + 2 * nm - 1, 2 do
   if not tonumber(ARGV[i + 1]) then return redis.error_reply('BADARGS memory score') end
 end
@@ -107,7 +112,7 @@ if ARGV[6] ~= '' then
   redis.call('RPUSH', KEYS[6], ARGV[6])
   redis.call('PEXPIRE', KEYS[6], ARGV[7])
 end
-for i = 17, first_mem - 1, 2 do
+for i = 18, first_mem - 1, 2 do
   redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 1])
 end
 if nm > 0 then
@@ -116,7 +121,10 @@ if nm > 0 then
   end
   if trim or nm > 1 then redis.call('ZREMRANGEBYRANK', KEYS[9], 0, -(tonumber(ARGV[10]) + 1)) end
 end
-for i = first_use, #ARGV, 2 do
+for i = first_use, first_def - 1, 2 do
   redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1])
+end
+for i = first_def, #ARGV, 2 do
+  redis.call('XADD', KEYS[10], '*', 'job', ARGV[i], 'd', ARGV[i + 1])
 end
 return finish('ok', ARGV[2])

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 U = "alice"
 KEYS_ = [keys.lane(U), keys.state(U), keys.inbox(U), keys.session(U), keys.done(U), keys.reply(U, "t1"),
-         keys.usage(U), keys.profile(U), keys.memory(U)]
+         keys.usage(U), keys.profile(U), keys.memory(U), keys.outbox(U)]
 
 
 @pytest.fixture
@@ -73,9 +73,10 @@ async def test_memory_is_bounded_by_score(r: redis.Redis, store: UserStore) -> N
 
 
 BAD_ARGS = {
-    "counts": [1, 0, 0, "name"],  # says one profile pair, gives half of one
-    "memory-score": [0, 1, 0, b"member", "not-a-number"],
-    "usage-increment": [0, 0, 1, "turns", "x"],
+    "counts": [1, 0, 0, 0, "name"],  # says one profile pair, gives half of one
+    "memory-score": [0, 1, 0, 0, b"member", "not-a-number"],
+    "usage-increment": [0, 0, 1, 0, "turns", "x"],
+    "deferral-count": [0, 0, 0, 1, "job-1"],  # says one deferral pair, gives half of one
 }
 
 
@@ -90,7 +91,7 @@ async def test_bad_arguments_leave_no_partial_write(r: redis.Redis, store: UserS
     with pytest.raises(ResponseError, match="BADARGS"):
         await store.scripts.turn_commit(keys=KEYS_, args=head + tail)
     assert snapshot(r) == before
-    good = [1, 1, 1, "name", "A", b"member", "1.0", "turns", 1]
+    good = [1, 1, 1, 1, "name", "A", b"member", "1.0", "turns", 1, "job-1", b"payload"]
     assert await store.scripts.turn_commit(keys=KEYS_, args=head + good) == [b"ok", 1, []]  # released
 
 

@@ -117,3 +117,23 @@ def test_the_cli_imports_the_replay_driver_only_for_fleet_replay() -> None:
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert run.stdout.splitlines()[0] == "False", run.stdout + run.stderr
     assert "replay" in run.stdout
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["relay", "--batch", "0"], "fleet relay: --batch:"),
+    (["relay", "--batch", "many"], "invalid int value"),
+    (["rq-worker", "--queues", ","], "fleet rq-worker: --queues names no queue"),
+    (["rq-worker", "--queues", "Bad Queue"], "fleet rq-worker: invalid queue"),
+    (["jobs", "requeue"], "fleet jobs: name the job ids to requeue, or --all"),
+    (["jobs", "requeue", "x", "--all"], "fleet jobs: name the job ids to requeue, or --all"),
+    (["jobs", "failed", "--count", "-1"], "--count"),
+])
+def test_the_async_tier_commands_refuse_bad_arguments_in_one_line(argv: list[str], says: str, capsys) -> None:
+    from fleet.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and err.count("\n") == 1, err

@@ -479,10 +479,73 @@ async def test_an_undecodable_argument_leaves_no_partial_write(rig: Rig) -> None
     e1 = await rig.submit()
     lease = await take(rig)
     before = await rig.snapshot()
-    args = [lease.owner, e1, "t1", b"session", 3, b"reply", 60_000, 2, 1, 10, "chat", 20, 5, 2, 0, 0,
+    args = [lease.owner, e1, "t1", b"session", 3, b"reply", 60_000, 2, 1, 10, "chat", 20, 5, 2, 0, 0, 0,
             "only-one"]
     keys_ = [keys.lane(U), keys.state(U), keys.inbox(U), keys.session(U), keys.done(U),
-             keys.reply(U, "t1"), keys.usage(U), keys.profile(U), keys.memory(U)]
+             keys.reply(U, "t1"), keys.usage(U), keys.profile(U), keys.memory(U), keys.outbox(U)]
     with pytest.raises(ResponseError):
         await rig.w1.scripts.turn_commit(keys=keys_, args=args)
     assert await rig.snapshot() == before
+
+
+# --- deferrals: the outbox is written with the turn, once (issue 16) ---------------------------
+
+async def test_a_commit_writes_its_deferrals_to_the_outbox_and_tells_the_relay(rig: Rig) -> None:
+    e1 = await rig.submit()
+    lease = await take(rig)
+    w = Writes(turn_id="t1", reply=b"r", deferrals=[("job-0", b"p0"), ("job-1", b"p1")])
+    assert (await rig.w1.commit(lease, e1, "t1", w, 1)).result == "ok"
+    rows = await rig.r.xrange(keys.outbox(U))
+    assert [(f[b"job"], f[b"d"]) for _, f in rows] == [(b"job-0", b"p0"), (b"job-1", b"p1")]
+    hints = await rig.r.xrange(keys.OUTBOX_READY)
+    assert [f for _, f in hints] == [{b"user": U.encode()}]
+
+
+async def test_a_commit_without_deferrals_costs_no_outbox_and_no_notification(rig: Rig) -> None:
+    e1 = await rig.submit()
+    lease = await take(rig)
+    assert (await rig.w1.commit(lease, e1, "t1", writes("t1"), 1)).result == "ok"
+    assert not await rig.r.exists(keys.outbox(U))
+    assert not await rig.r.exists(keys.OUTBOX_READY)
+
+
+async def test_a_duplicate_turn_writes_no_deferral_twice(rig: Rig) -> None:
+    """A turn submitted twice (the client retried): the second copy commits as 'dup' and adds
+    nothing to the outbox, nor a second notification."""
+    e1, e2 = await rig.submit("first copy"), await rig.submit("second copy")
+    lease = await take(rig)
+    w = Writes(turn_id="t1", reply=b"r", deferrals=[("job-0", b"p0")])
+    assert (await rig.w1.commit(lease, e1, "t1", w, 1)).result == "ok"
+    assert (await rig.w1.commit(lease, e2, "t1", w, 2)).result == "dup"
+    assert await rig.r.xlen(keys.outbox(U)) == 1
+    assert await rig.r.xlen(keys.OUTBOX_READY) == 1
+
+
+async def test_a_stale_or_fenced_commit_writes_no_deferral(rig: Rig) -> None:
+    e1, _ = await rig.submit(), await rig.submit()
+    lease = await take(rig)
+    w = Writes(turn_id="t1", reply=b"r", deferrals=[("job-0", b"p0")])
+    assert (await rig.w1.commit(lease, e1, "t1", w, 1)).result == "ok"
+    assert (await rig.w1.commit(lease, e1, "t1", w, 2)).result == "stale"
+    await rig.expire_lane()
+    with pytest.raises(Fenced):
+        await rig.w1.commit(lease, e1, "t1", w, 3)
+    assert await rig.r.xlen(keys.outbox(U)) == 1
+    assert await rig.r.xlen(keys.OUTBOX_READY) == 1
+
+
+async def test_a_lost_relay_notification_does_not_fail_the_committed_turn(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async def down(*args: object, **kwargs: object) -> None:
+        raise RedisConnectionError("connection lost")
+
+    e1 = await rig.submit()
+    lease = await take(rig)
+    monkeypatch.setattr(rig.w1.r, "xadd", down)
+    w = Writes(turn_id="t1", reply=b"r", deferrals=[("job-0", b"p0")])
+    assert (await rig.w1.commit(lease, e1, "t1", w, 1)).result == "ok"  # committed: not retried
+    assert await rig.r.xlen(keys.outbox(U)) == 1  # its entry waits for the relay's sweep
+    assert not await rig.r.exists(keys.OUTBOX_READY)
+    assert "sweep will find the outbox" in caplog.text

@@ -63,8 +63,10 @@ from stores import (
     control,
     deadletters,
     decide_state,
+    jobctx,
     leader,
     ledger,
+    outbox,
     policies,
     recovery,
     registry,
@@ -137,6 +139,7 @@ SINGLE_KEY = {  # key = args[1]; each name here was checked to take one key
     "HSET", "HGET", "HGETALL", "HMGET", "HDEL", "HEXISTS", "HINCRBY", "HLEN", "HKEYS",
     "SADD", "SREM", "SMEMBERS", "SISMEMBER", "SCARD",
     "ZADD", "ZSCAN", "ZREM", "ZCOUNT", "ZCARD", "ZSCORE", "ZRANGE", "ZREVRANGE", "ZREMRANGEBYSCORE",
+    "ZREMRANGEBYRANK",
     "LPUSH", "RPUSH", "LRANGE", "LLEN", "LTRIM",
     "XADD", "XRANGE", "XREVRANGE", "XLEN", "XTRIM", "XDEL", "XACK", "XCLAIM", "XAUTOCLAIM",
     "XPENDING", "XGROUP CREATE", "XGROUP DESTROY", "XGROUP DELCONSUMER", "XGROUP CREATECONSUMER",
@@ -353,6 +356,30 @@ def drive_sync(r: redis.Redis) -> None:
     reports.wait_pressure(r, after, 10, 10)  # events are there: no wait
     reports.wait_pressure(r, {tier: reports.last_pressure_id(r, tier) for tier in TIERS}, 10, 10)
     reports.wait_pressure(r, {"chat": "0-0"}, 10, 10)
+    # the relay's reads and writes of the outboxes (issue 16)
+    outbox.join_relay_group(r)
+    outbox.join_relay_group(r)  # (the group exists: kept)
+    for user in USERS:
+        r.xadd(keys.outbox(user), {"job": "j-0", "d": b"x"})
+        r.xadd(keys.OUTBOX_READY, {"user": user})
+        r.zadd(keys.active("chat"), {user: now})
+    hints = outbox.read_hints(r, "relay-1", 10, 1)
+    outbox.claim_idle_hints(r, "relay-2", 0, "0-0", 10)
+    outbox.hint_backlog(r)
+    list(outbox.users_with_entries(r, outbox.registered_tiers(r)))
+    for user in USERS:
+        entries = outbox.read_outbox(r, user, 10)
+        outbox.outbox_length(r, user)
+        outbox.dead_letter(r, user, entries[0], "x", now)
+        outbox.delete_entries(r, user, [e.id for e in entries])
+    outbox.ack_hints(r, [h.id for h in hints])
+    registry.rq_registered(r, WORKERS)
+    # what a deferred job reads and writes of its user (issue 16)
+    for user in USERS:
+        jobctx.pull(r, user)
+        jobctx.pull(r, user, 0, 0)
+        jobctx.incr_usage(r, user, "jobs_run")
+        jobctx.add_memory(r, user, "summary", 0.5, count="summaries")
 
 
 async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
@@ -403,7 +430,8 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         await store.pull(user, "t-1", entry)
         await store.commit(res, entry, "t-1", Writes(turn_id="t-1", session_entry=b"s", reply=b"r",
                                                       profile={"k": "v"}, memories=[(b"m", 1.0)],
-                                                      usage={"turns": 1}), int(time.time() * 1000))
+                                                      usage={"turns": 1}, deferrals=[("j-0", b"d")]),
+                           int(time.time() * 1000))
     await store.acquire("nobody")  # nothing waits: the lane is not taken
     await store.renew(leases)
     await worker_ops.touch_and_beat(ar, scripts, tier, wid, nids, 60_000)
@@ -532,6 +560,11 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.users.UserUsage": "a value",
     "stores.users.lane_parts": "parses a reply",
     "stores.users.counters": "parses a reply",
+    "stores.outbox.Hint": "a value",
+    "stores.outbox.Entry": "a value",
+    "stores.rqjobs": "RQ's own keys (rq:job:<id>, rq:queue:<q>, its registries: no hash tags, written "
+                     "together by RQ's scripts and transactions): RQ needs one Redis node (--rq-url); "
+                     "driven by tests/unit/test_relay.py and tests/integration/test_defer_rq.py",
 }
 
 # Known exceptions: (stores function on the stack, span kind) -> why it may span slots. They

@@ -1,0 +1,131 @@
+"""An rq tier scaled by the commander (issue 16): a burst of turns whose handler defers a job
+each grows the write-back tier's RQ workers from zero, the queue drains, and the tier goes
+back to zero; real commander, chat worker, relay and RQ worker processes on a real Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleet.client import Fleet
+from protocol import keys
+from protocol.codec import decode
+from protocol.models import LedgerEvent
+from protocol.policy import Policy
+from stores import rqjobs
+from stores.policies import write_policy
+from tests.integration.conftest import FAST_WORKER_ENV, wait_until
+from tests.integration.test_defer_rq import Proc, relay, start_proc  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.integration
+QUEUE = "writeback"
+
+
+@pytest.fixture
+def commander(fleet_env: dict[str, str], r: redis.Redis, tmp_path: Path) -> Iterator[Callable[[], Path]]:
+    """Factory: one commander process (its workers stopped with it, after the test)."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> Path:
+        log = tmp_path / "commander.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "commander", "--commander-id", "c1", "--no-metrics",
+                 "--interval", "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit"],
+                env={**fleet_env, **FAST_WORKER_ENV}, stdout=out, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        wait_until(lambda: r.get(keys.LEADER) or proc.poll() is not None, 15, "a leader")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        return log
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def ledger(r: redis.Redis, tier: str) -> list[LedgerEvent]:
+    return [e for e in (decode(LedgerEvent, f[b"m"]) for _, f in r.xrange(keys.EVENTS)) if e.tier == tier]
+
+
+def rq_workers(r: redis.Redis) -> list[rqjobs.RqWorker]:
+    return rqjobs.workers(r, QUEUE)
+
+
+def test_a_burst_grows_the_rq_tier_from_zero_drains_and_goes_back_to_zero(
+        r: redis.Redis, redis_server, commander, start_proc: Callable[..., Proc]) -> None:  # noqa: F811
+    write_policy(r, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
+                                   handler_options={"job": "count", "job_sleep_s": 0.25}))
+    write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=4, target_backlog_per_worker=4,
+                                  users_per_instance=None, scale_down_stabilization_s=1,
+                                  drain_timeout_s=15))
+    log = commander()
+    relay(start_proc, "relay-1")
+    wait_until(lambda: any(e.action == "scale-up" for e in ledger(r, "chat")), 20, "the chat worker")
+    assert rq_workers(r) == [] and not [e for e in ledger(r, QUEUE) if e.action == "scale-up"]
+
+    turns = [(f"u{i % 10}", f"t{i}") for i in range(40)]
+    fleet = Fleet(redis_server.url)
+    for h in fleet.submit_many([(u, "hi") for u, _ in turns], turn_ids=[t for _, t in turns]):
+        assert h.result(30).ok
+    wait_until(lambda: len(rq_workers(r)) >= 2, 30, "the rq tier to grow")
+    ups = [e for e in ledger(r, QUEUE) if e.action == "scale-up"]
+    assert ups and ups[0].from_count == 0, log.read_text()[-3000:]
+
+    total = lambda: sum(int(r.hget(keys.usage(f"u{i}"), "jobs_run") or 0) for i in range(10))  # noqa: E731
+    wait_until(lambda: total() == len(turns), 60, "every job to run")
+    wait_until(lambda: rq_workers(r) == [], 60, "the rq tier to go back to zero")
+    downs = [e for e in ledger(r, QUEUE) if e.action in ("reclaim-idle", "consolidate")]
+    assert downs and all(e.action == "reclaim-idle" for e in downs)
+    assert not [e for e in ledger(r, QUEUE) if e.action == "worker-exited"]  # warm shutdowns, no crash
+    assert total() == len(turns)
+    assert r.zcard(f"rq:failed:{QUEUE}") == 0
+    text = log.read_text()
+    assert "Traceback" not in text and "pass failed" not in text, text[-3000:]
+
+
+def test_an_rq_worker_killed_mid_job_is_reaped_by_the_commander_and_its_job_runs_once(
+        r: redis.Redis, redis_server, commander, start_proc: Callable[..., Proc]) -> None:  # noqa: F811
+    write_policy(r, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
+                                   handler_options={"job": "count", "job_sleep_s": 1.0}))
+    write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=2, target_backlog_per_worker=4,
+                                  users_per_instance=None, scale_down_stabilization_s=1,
+                                  drain_timeout_s=15))
+    log = commander()
+    relay(start_proc, "relay-1")
+    turns = [(f"v{i % 4}", f"t{i}") for i in range(8)]
+    fleet = Fleet(redis_server.url)
+    for h in fleet.submit_many([(u, "hi") for u, _ in turns], turn_ids=[t for _, t in turns]):
+        assert h.result(30).ok
+
+    def busy() -> tuple[str, int] | None:
+        for w in rq_workers(r):
+            if w.state == "busy" and w.job:
+                return w.name, int(r.hget(keys.rq_worker(w.name), "pid") or 0)
+        return None
+
+    name, pid = wait_until(busy, 30, "an RQ worker in a job")  # type: ignore[misc]
+    os.kill(pid, signal.SIGKILL)  # mid-job: its job sleeps 1 s before its one write
+    exited = lambda: [e for e in ledger(r, QUEUE) if e.action == "worker-exited"]  # noqa: E731
+    wait_until(exited, 30, "the commander to reap the RQ worker")
+    assert exited()[0].victims == [name] and exited()[0].why.get("rq_reaped") == 1, log.read_text()[-3000:]
+
+    total = lambda: sum(int(r.hget(keys.usage(f"v{i}"), "jobs_run") or 0) for i in range(4))  # noqa: E731
+    wait_until(lambda: total() >= len(turns) and r.llen(f"rq:queue:{QUEUE}") == 0
+               and r.zcard(f"rq:wip:{QUEUE}") == 0, 60, "every job to run")
+    assert total() == len(turns)  # the killed job ran again, once; none twice
+    assert r.zcard(f"rq:finished:{QUEUE}") == len(turns) and r.zcard(f"rq:failed:{QUEUE}") == 0
+    # the dead worker left RQ's registry when it was reaped: the tier goes back to zero
+    wait_until(lambda: rq_workers(r) == [], 60, "the rq tier to go back to zero")

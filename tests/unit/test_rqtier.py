@@ -1,0 +1,97 @@
+"""An rq tier's inputs to ``decide`` (issue 16), as tables: RQ's registry and queues in, the
+same pure ``decide`` out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from commander.decide import TierState, decide
+from commander.rqtier import RqRates, RqTierRead, RqWorkerSeen, decide_policy, rq_snapshot, rq_views
+from commander.runtime import WorkerHandle, WorkerState
+from protocol.policy import Policy, PolicyError, parse_policy
+
+NOW = 1_700_000_000.0
+TIER = "writeback"
+
+
+def policy(**over: Any) -> Policy:
+    base: dict[str, Any] = dict(kind="rq", min_workers=0, max_workers=4, users_per_instance=None,
+                                target_backlog_per_worker=4, scale_down_stabilization_s=0.0, max_step_up=4)
+    return Policy(**{**base, **over})
+
+
+def handle(i: int, state: WorkerState = WorkerState.RUNNING, tier: str = TIER) -> WorkerHandle:
+    return WorkerHandle(f"rq-{i}", tier, 100 + i, state, NOW - 100 + i)
+
+
+def judge(handles: list[WorkerHandle], seen: list[RqWorkerSeen], queued: int, p: Policy | None = None,
+          state: TierState | None = None) -> Any:
+    p = p or policy(max_workers=8)
+    views = rq_views(TIER, handles, seen)
+    snap = rq_snapshot(TIER, views, RqTierRead(queued=queued, workers=tuple(seen)), 0.0)
+    return decide(snap, decide_policy(p), state or TierState(), NOW)[0]
+
+
+def test_views_follow_rqs_registry() -> None:
+    handles = [handle(0), handle(1), handle(2), handle(3, WorkerState.DRAINING),
+               handle(4, WorkerState.EXITED), handle(5, tier="other")]
+    seen = [RqWorkerSeen("rq-0", "busy", "j"), RqWorkerSeen("rq-1", "idle"), RqWorkerSeen("rq-3", "busy")]
+    views = {v.id: v for v in rq_views(TIER, handles, seen)}
+    assert set(views) == {"rq-0", "rq-1", "rq-2", "rq-3"}  # exited and other tiers' left out
+    assert (views["rq-0"].state, views["rq-0"].busy, views["rq-0"].idle) == ("ready", 1, False)
+    assert (views["rq-1"].state, views["rq-1"].idle) == ("ready", True)
+    assert views["rq-2"].state == "starting"  # spawned, not in RQ's registry yet
+    assert views["rq-3"].state == "draining"  # warm shutdown under way
+    assert views["rq-0"].is_reception and not views["rq-1"].is_reception
+
+
+@pytest.mark.parametrize(("queued", "running", "busy", "spawn", "retire"), [
+    (0, 0, 0, 0, 0),  # nothing queued, no worker: stays at zero
+    (1, 0, 0, 1, 0),  # a job arriving at an empty tier starts a worker
+    (10, 0, 0, 4, 0),  # a burst: up to max_step_up at once
+    (10, 2, 2, 4, 0),  # busy workers and a queue: max_step_up more
+    # the queue drained: idle ones go, down to what the capacity ledger keeps around a running
+    # job (its compaction margin: 3 workers for one busy one), never the busy one
+    (0, 4, 1, 0, 1),
+    (0, 3, 1, 0, 0),
+    (0, 2, 0, 0, 1),  # all idle: back to zero, the reception last (the next pass)
+    (0, 1, 0, 0, 1),
+])
+def test_queue_depth_drives_the_count(queued: int, running: int, busy: int, spawn: int, retire: int) -> None:
+    handles = [handle(i) for i in range(running)]
+    seen = [RqWorkerSeen(f"rq-{i}", "busy" if i < busy else "idle") for i in range(running)]
+    plan = judge(handles, seen, queued)
+    assert (plan.spawn, len(plan.retire)) == (spawn, retire), plan.reason
+    busy_ids = {f"rq-{i}" for i in range(busy)}
+    assert not {r.worker for r in plan.retire} & busy_ids  # never from under a job
+    assert all(r.action == "reclaim-idle" for r in plan.retire)
+
+
+def test_the_floor_keeps_warm_workers() -> None:
+    plan = judge([handle(0), handle(1)], [RqWorkerSeen("rq-0", "idle"), RqWorkerSeen("rq-1", "idle")], 0,
+                 policy(min_workers=1))
+    assert len(plan.retire) == 1
+
+
+def test_rates_from_registry_counts() -> None:
+    rates = RqRates()
+    assert rates.add(0.0, 10) == 0.0  # one point: no rate
+    assert rates.add(2.0, 30) == 10.0
+    assert rates.add(4.0, 5) == 0.0  # the registries were cleaned: no rate, not a negative one
+    late = RqRates()
+    for t in range(0, 200, 10):
+        late.add(float(t), t)  # one job a second, over a window of the last minute
+    assert late.add(200.0, 200) == pytest.approx(1.0)
+    assert late.points[0][0] >= 200.0 - 70
+
+
+def test_rq_policy_fields_are_validated() -> None:
+    p = parse_policy({"kind": "rq", "queues": ["writeback", "eval"], "min_workers": 0})
+    assert p.rq_queues(TIER) == ("writeback", "eval")
+    assert Policy(kind="rq").rq_queues(TIER) == (TIER,)
+    assert decide_policy(p).concurrency == 1 and p.concurrency == 8
+    for bad in ({"kind": "celery"}, {"queues": ["Bad Queue"]}, {"queues": ["a", "a"]}):
+        with pytest.raises(PolicyError):
+            parse_policy(bad)

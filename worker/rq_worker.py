@@ -1,0 +1,97 @@
+"""Fleet's RQ worker: an ``rq.SimpleWorker`` that runs only Fleet's registered jobs (issue 16).
+
+``python -m worker.rq_worker --queues writeback[,eval] [--name N]`` (or ``fleet rq-worker``).
+
+- *The allowlist.* RQ imports a job's function from the dotted path in the job's hash, so
+  anyone who can write to Redis could make a plain ``rq worker`` run any importable function.
+  Here a job's function must be ``worker.jobs.run`` (:class:`FleetJob` refuses any other: the
+  job fails, with the reason in RQ's failed registry), which runs only a name registered in
+  ``worker.jobs``; and jobs are JSON, never pickle.
+- *No fork per job* (``SimpleWorker``): the job runs in this process, so a SIGKILL of the
+  worker ends its job too (no orphaned work-horse), and a job costs no fork.
+- *Retiring*: SIGTERM is RQ's warm shutdown (the current job finishes, then the worker exits);
+  a second SIGTERM is its cold shutdown.
+- RQ's scheduler runs in it (``with_scheduler``): delayed deferrals and retry intervals are
+  moved to their queue when due, by whichever worker holds the scheduler's lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import uuid
+from typing import Any
+
+import redis
+import setproctitle
+from rq import SimpleWorker
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from worker import jobs
+
+log = logging.getLogger("fleet.rq")
+MAINTENANCE_INTERVAL_S = 30  # RQ's registry cleanup (RQ's default: 10 minutes)
+
+
+class UnsafeJob(Exception):
+    """A job in a Fleet queue names a function other than ``worker.jobs.run``."""
+
+
+class FleetJob(Job):
+    """A job whose function can only be :func:`worker.jobs.run`."""
+
+    @property
+    def func(self) -> Any:
+        if self.func_name != jobs.ENTRY:
+            raise UnsafeJob(f"job {self.id} names function {self.func_name!r}: Fleet's RQ workers run "
+                            f"only {jobs.ENTRY} (a registered job name in its arguments)")
+        return jobs.run
+
+
+class FleetWorker(SimpleWorker):
+    """RQ's in-process worker with Fleet's job class and serializer."""
+
+    job_class = FleetJob
+
+
+def build(conn: redis.Redis, queues: list[str], name: str | None = None) -> FleetWorker:
+    """A worker on ``queues`` (Fleet's serializer, allowlist and maintenance interval)."""
+    return FleetWorker(queues, name=name or f"rq-{uuid.uuid4().hex[:8]}", connection=conn,
+                       job_class=FleetJob, serializer=JSONSerializer,
+                       maintenance_interval=MAINTENANCE_INTERVAL_S)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--queues", required=True, help="comma-separated RQ queues to consume, in priority order")
+    p.add_argument("--name", help="the worker's name in RQ's registry (default: random)")
+    p.add_argument("--rq-url", help="RQ's Redis (default: $FLEET_RQ_URL, else $REDIS_URL)")
+    p.add_argument("--burst", action="store_true", help="exit once the queues are empty")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Work until SIGTERM (warm shutdown) or, with ``--burst``, until the queues are empty."""
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    if not queues:
+        print("rq-worker: --queues names no queue", file=sys.stderr)
+        return 2
+    url = args.rq_url or os.environ.get("FLEET_RQ_URL") or os.environ.get("REDIS_URL")
+    if not url:
+        print("rq-worker: no Redis: pass --rq-url or set REDIS_URL", file=sys.stderr)
+        return 2
+    setproctitle.setproctitle(f"fleet-rq-worker {','.join(queues)} {args.name or ''}".rstrip())
+    w = build(redis.Redis.from_url(url), queues, args.name)
+    w.work(burst=args.burst, with_scheduler=True, logging_level="INFO")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m worker.rq_worker", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
