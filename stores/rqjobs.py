@@ -6,8 +6,8 @@ commander's rq tiers and ``fleet jobs`` import this module. RQ keeps its keys un
 (``rq:job:<id>``, ``rq:queue:<name>``) and writes them together, so it needs one Redis node:
 on a Fleet Cluster, the RQ connection is a node of its own (``--rq-url``).
 
-Jobs are stored with RQ's JSON serializer, never pickle: a job hash in Redis cannot make a
-worker unpickle (run) arbitrary code, and their one function is ``worker.jobs.run``.
+Jobs are stored with RQ's JSON serializer, never its default one: a job hash in Redis cannot make a
+worker deserialize (run) arbitrary code, and their one function is ``worker.jobs.run``.
 """
 
 from __future__ import annotations

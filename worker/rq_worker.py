@@ -6,7 +6,7 @@
   anyone who can write to Redis could make a plain ``rq worker`` run any importable function.
   Here a job's function must be ``worker.jobs.run`` (:class:`FleetJob` refuses any other: the
   job fails, with the reason in RQ's failed registry), which runs only a name registered in
-  ``worker.jobs``; and jobs are JSON, never pickle.
+  ``worker.jobs``; and jobs are JSON, never RQ's default serializer.
 - *No fork per job* (``SimpleWorker``): the job runs in this process, so a SIGKILL of the
   worker ends its job too (no orphaned work-horse), and a job costs no fork.
 - *Retiring*: SIGTERM is RQ's warm shutdown (the current job finishes, then the worker exits);
