@@ -63,6 +63,7 @@ from stores import (
     control,
     deadletters,
     decide_state,
+    groups,
     leader,
     ledger,
     policies,
@@ -443,6 +444,20 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     recovery.renotify_unserved(r, tier, shards=3, batch=1)
     registry.forget_workers(r, list(WORKERS))
     SyncScripts(r)
+    await drive_groups(r, ar)
+
+
+async def drive_groups(r: redis.Redis, ar: aioredis.Redis) -> None:
+    """Pins and rejected groups (stores.groups), and a group's pool on the data plane."""
+    groups.pin_group(r, USERS[0], "chat", "green")
+    groups.user_pins(r, USERS[0])
+    await groups.read_pin_async(ar, USERS[0], "chat")
+    groups.unpin_group(r, USERS[0], "chat")
+    groups.reject_group(r, "chat", "green", "no interpreter")
+    groups.rejected_groups(r, "chat")
+    await groups.rejected_groups_async(ar, "chat")
+    groups.accept_group(r, "chat", "green")
+    await submit.submit_round_trip_async(ar, [turn(USERS[1], "chat", 91)], "chat.green")
 
 
 def drive(r: redis.Redis, ar: aioredis.Redis) -> None:
