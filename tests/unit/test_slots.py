@@ -513,6 +513,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.tier_probe.heartbeats_of": "parses replies",
     "stores.tier_probe.SubmitOptions": "a value",
     "stores.tier_probe.submit_options_of": "parses replies",
+    "stores.tier_probe.split_by_pool": "arithmetic",
     "stores.submit.Submitted": "a value",
     "stores.submit.inbox_command": "names a command",
     "stores.submit.notify_commands": "names commands",
