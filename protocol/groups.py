@@ -180,3 +180,33 @@ def assign(user: str, weights: Sequence[tuple[str, float]], pin: str | None = No
         if point < edge and weight > 0:
             return name
     return next(name for name, w in reversed(live) if w > 0)  # (rounding at the very top)
+
+
+def rollout_weights(weights: Sequence[tuple[str, float]], group: str,
+                    percent: float) -> tuple[tuple[str, float], ...]:
+    """The weights after ``fleet rollout T group --weight percent``: ``group`` gets ``percent`` of
+    100, the others share the rest in proportion to their weights now (equally if they are all
+    0). The total stays 100, so only the users between the old and new thresholds move (a
+    proportional rescale of all weights moves nobody: :func:`assign` scales points by the total).
+    """
+    names = [n for n, _ in weights]
+    if group not in names:
+        raise ValueError(f"no group {group!r} (groups: {', '.join(names)})")
+    if not 0 <= percent <= 100:
+        raise ValueError(f"weight {percent} is not a percentage (0..100)")
+    others = [(n, w) for n, w in weights if n != group]
+    rest = 100.0 - percent
+    if not others:
+        if percent <= 0:
+            raise ValueError(f"{group} is the only group: its weight cannot go to 0")
+        return ((group, 100.0),)
+    total = sum(w for _, w in others)
+    share = {n: rest * w / total if total > 0 else rest / len(others) for n, w in others}
+    return tuple((n, round(float(percent), 6) if n == group else round(share[n], 6)) for n in names)
+
+
+def with_weights(fields: Mapping[str, Any], weights: Sequence[tuple[str, float]]) -> dict[str, Any]:
+    """A policy's fields (JSON dump) with its groups' weights replaced by ``weights``."""
+    new = dict(weights)
+    groups = [{**g, "weight": new.get(g["name"], g.get("weight", 0.0))} for g in fields.get("groups", ())]
+    return {**fields, "groups": groups}

@@ -225,8 +225,8 @@ class UserJob:
                 self.lease = None
                 return done.covered
             nxt = done.next
-            if self.w.draining and nxt is not None:
-                await self._give_up(lease, self.w.pool)
+            if self.w.draining and nxt is not None:  # to the user's pool (this one, unless it was
+                await self._give_up(lease, await self.w.pool_of(self.user, self.w.tier))  # removed)
                 return None
         return await self._release_empty(lease)
 

@@ -164,7 +164,7 @@ class JobServices:
     async def hand_back(self, nid: str, user: str) -> None:
         """A draining worker returns a notification: a fresh one for others, then the ack."""
         try:
-            await self.notify(user, self.pool)
+            await self.notify(user, await self.pool_of(user, self.tier))  # (its group's, if it moved)
             await self.ack([nid])
         except TRANSIENT as exc:
             log.warning("could not hand back notification %s (%s); it stays pending", nid, exc)

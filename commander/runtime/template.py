@@ -192,7 +192,7 @@ class TemplateSpawner:
                 except TemplateError as exc:
                     log.warning("fork of %s failed (%s): starting a fresh interpreter", worker_id, exc)
                     break
-        popen = start_fresh(worker_command(tier, worker_id), full_env, path)
+        popen = start_fresh(worker_command(tier, worker_id, self.python), full_env, path)
         return Spawned(popen.pid, popen)
 
     def _fork(self, tier: str, worker_id: str, env: dict[str, str], log_path: Path) -> int:
