@@ -117,6 +117,7 @@ def _status_text(snap: dict[str, Any]) -> str:
         policy = t["policy_source"] + (f" (REJECTED{by}: {t['policy_error']})" if t["policy_error"] else "")
         if t.get("ready_shards", 1) > 1:
             policy += f", {t['ready_shards']} ready shards"
+        policy += _group_note(t)
         lines.append(f"{tier:<12}{t['workers_alive']:>8}{t['min_workers']:>5}{t['max_workers']:>5}"
                      f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}"
                      f"  {policy}")
@@ -130,6 +131,17 @@ def _status_text(snap: dict[str, Any]) -> str:
         lines += ["", "LAST EVENTS"]
         lines += [f"  {_event_line(e)}" for e in snap["events"]]
     return "\n".join(lines)
+
+
+def _group_note(t: dict[str, Any]) -> str:
+    """A grouped tier's weights (and canary); a group's weight, and why it is rejected."""
+    if "weights" in t:
+        canary = f", canary {t['canary']}" if t.get("canary") else ""
+        return ", groups " + " / ".join(f"{n} {w:g}" for n, w in t["weights"].items()) + canary
+    if "weight" in t:
+        why = f", REJECTED: {t['group_rejected']}" if t.get("group_rejected") else ""
+        return f", weight {t['weight']:g}{why}"
+    return ""
 
 
 def _commander_line(snap: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@ that meets the turn) calls :func:`protocol.groups.assign` with what these return
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -16,8 +18,9 @@ import redis.asyncio as aioredis
 
 from protocol import keys
 from protocol.codec import as_str
-from protocol.groups import validate_group
+from protocol.groups import pool_name, split_pool, validate_group
 from protocol.ids import validate_tier
+from stores.policies import PolicyRead, read_policy
 
 
 def pin_group(r: redis.Redis, user: str, tier: str, group: str) -> None:
@@ -64,3 +67,27 @@ def reject_group(r: redis.Redis, tier: str, group: str, reason: str) -> None:
 def accept_group(r: redis.Redis, tier: str, group: str) -> bool:
     """Forget a rejection of ``group`` (its workers start now); whether there was one."""
     return bool(r.hdel(keys.groups_rejected(tier), group))
+
+
+def pool_policy(read: PolicyRead, pool: str) -> PolicyRead:
+    """The policy read of ``pool`` from its tier's ``read``: a group's pool runs its group's
+    policy (the tier's, for the tier itself or a group the policy no longer names)."""
+    group = split_pool(pool)[1]
+    if group and any(g.name == group for g in read.policy.groups):
+        return replace(read, tier=pool, policy=read.policy.for_group(group))
+    return replace(read, tier=pool)
+
+
+def read_pool_policy(r: redis.Redis, pool: str, handlers: Iterable[str] | None = None) -> PolicyRead:
+    """:func:`stores.policies.read_policy` of a tier or of a group's pool (:func:`pool_policy`)."""
+    tier, group = split_pool(pool)
+    return pool_policy(read_policy(r, tier, handlers, group=group or None), pool)
+
+
+def with_group_pools(r: redis.Redis, tiers: Iterable[str]) -> list[str]:
+    """``tiers``, each followed by its groups' pools (``chat``, ``chat.blue``, ``chat.green``)."""
+    out: list[str] = []
+    for tier in tiers:
+        out.append(tier)
+        out += [pool_name(tier, g.name) for g in read_policy(r, tier).policy.groups]
+    return out

@@ -457,6 +457,8 @@ async def drive_groups(r: redis.Redis, ar: aioredis.Redis) -> None:
     groups.rejected_groups(r, "chat")
     await groups.rejected_groups_async(ar, "chat")
     groups.accept_group(r, "chat", "green")
+    groups.with_group_pools(r, ["chat"])
+    groups.read_pool_policy(r, "chat.green")
     await submit.submit_round_trip_async(ar, [turn(USERS[1], "chat", 91)], "chat.green")
 
 
@@ -514,6 +516,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.tier_probe.SubmitOptions": "a value",
     "stores.tier_probe.submit_options_of": "parses replies",
     "stores.tier_probe.split_by_pool": "arithmetic",
+    "stores.groups.pool_policy": "arithmetic over a PolicyRead",
     "stores.submit.Submitted": "a value",
     "stores.submit.inbox_command": "names a command",
     "stores.submit.notify_commands": "names commands",
