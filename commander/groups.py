@@ -151,7 +151,7 @@ class Groups:
         why = judge_canary(window(canary), baseline, guard)
         if why is None:
             return
-        weights = rollout_weights(policy.weights(), canary, 0.0)
+        weights = rollout_weights(policy.weights(), canary, 0.0, frozenset(rejected_groups(self.r, tier)))
         new = parse_policy(with_weights(policy.model_dump(mode="json"), weights))
         self._append(self._event(tier, "rollout-abort", reason=f"canary {canary} aborted: {why}; "
                                  f"weights now {weights_text(weights)}",

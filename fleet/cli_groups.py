@@ -16,7 +16,7 @@ from fleet.cli_base import EXIT_USAGE, CliError, cli_client, print_result
 from protocol.groups import rollout_weights, with_weights
 from protocol.ids import InvalidId, validate_tier, validate_user_id
 from protocol.policy import Policy, PolicyError, parse_policy
-from stores.groups import pin_group, unpin_group, user_pins
+from stores.groups import pin_group, rejected_groups, unpin_group, user_pins
 from stores.policies import has_policy_key, read_policy, write_policy
 
 
@@ -115,7 +115,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     policy = _grouped_policy(r, tier)
     percent = 0.0 if args.abort else args.weight if args.weight is not None else args.to
     try:
-        weights = rollout_weights(policy.weights(), args.group, percent)
+        weights = rollout_weights(policy.weights(), args.group, percent, frozenset(rejected_groups(r, tier)))
         new = parse_policy({**with_weights(policy.model_dump(mode="json"), weights), "canary": args.group})
     except (ValueError, PolicyError) as exc:
         raise CliError(f"rollout not done: {exc}", EXIT_USAGE) from None

@@ -182,11 +182,12 @@ def assign(user: str, weights: Sequence[tuple[str, float]], pin: str | None = No
     return next(name for name, w in reversed(live) if w > 0)  # (rounding at the very top)
 
 
-def rollout_weights(weights: Sequence[tuple[str, float]], group: str,
-                    percent: float) -> tuple[tuple[str, float], ...]:
+def rollout_weights(weights: Sequence[tuple[str, float]], group: str, percent: float,
+                    rejected: frozenset[str] = frozenset()) -> tuple[tuple[str, float], ...]:
     """The weights after ``fleet rollout T group --weight percent``: ``group`` gets ``percent`` of
     100, the others share the rest in proportion to their weights now (equally if they are all
-    0). The total stays 100, so only the users between the old and new thresholds move (a
+    0); ``rejected`` groups (their workers cannot start) get none of it, unless no other is left.
+    The total stays 100, so only the users between the old and new thresholds move (a
     proportional rescale of all weights moves nobody: :func:`assign` scales points by the total).
     """
     names = [n for n, _ in weights]
@@ -195,6 +196,8 @@ def rollout_weights(weights: Sequence[tuple[str, float]], group: str,
     if not 0 <= percent <= 100:
         raise ValueError(f"weight {percent} is not a percentage (0..100)")
     others = [(n, w) for n, w in weights if n != group]
+    if any(n not in rejected for n, _ in others):
+        others = [(n, w) for n, w in others if n not in rejected]
     rest = 100.0 - percent
     if not others:
         if percent <= 0:
@@ -202,7 +205,8 @@ def rollout_weights(weights: Sequence[tuple[str, float]], group: str,
         return ((group, 100.0),)
     total = sum(w for _, w in others)
     share = {n: rest * w / total if total > 0 else rest / len(others) for n, w in others}
-    return tuple((n, round(float(percent), 6) if n == group else round(share[n], 6)) for n in names)
+    return tuple((n, round(float(percent), 6) if n == group else round(share.get(n, 0.0), 6))
+                 for n in names)
 
 
 def with_weights(fields: Mapping[str, Any], weights: Sequence[tuple[str, float]]) -> dict[str, Any]:

@@ -325,9 +325,12 @@ class Worker(JobServices):
         self._policy_rejected = read.error if read.missing_handler is not None else None
         if keep:
             return  # the last good copy is not loadable here either: keep ours, not the default
-        self.tier_policy = read.policy
-        self.rejected = frozenset(await rejected_groups_async(self.r, self.tier)) \
-            if read.policy.groups else frozenset()
+        rejected = frozenset(await rejected_groups_async(self.r, self.tier) if read.policy.groups else ())
+        if (read.policy.weights(), rejected) != (self.tier_policy.weights(), self.rejected):
+            log.info("groups of %s now %s%s", self.tier,  # (users move between turns from here on)
+                     ", ".join(f"{n} {w:g}" for n, w in read.policy.weights()) or "none",
+                     f" (rejected: {', '.join(sorted(rejected))})" if rejected else "")
+        self.tier_policy, self.rejected = read.policy, rejected
         mine = self._own_policy(read.policy)
         if mine != self.policy:
             if mine.handler != self.policy.handler:

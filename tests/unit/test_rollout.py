@@ -26,6 +26,20 @@ WEIGHTS_TABLE: list[Any] = [
                  id="others-all-0-share-equally"),
     pytest.param([("a", 1)], "a", 100, (("a", 100.0),), id="single"),
 ]
+REJECTED_TABLE: list[Any] = [
+    pytest.param([("a", 0), ("b", 100), ("x", 0)], "b", 0, {"x"}, (("a", 100.0), ("b", 0.0), ("x", 0.0)),
+                 id="abort-skips-rejected"),
+    pytest.param([("a", 50), ("b", 25), ("x", 25)], "b", 50, {"x"}, (("a", 50.0), ("b", 50.0), ("x", 0.0)),
+                 id="rejected-weight-goes-to-the-rest"),
+    pytest.param([("b", 100), ("x", 0)], "b", 0, {"x"}, (("b", 0.0), ("x", 100.0)), id="only-rejected-left"),
+]
+
+
+@pytest.mark.parametrize(("weights", "group", "percent", "rejected", "want"), REJECTED_TABLE)
+def test_rollout_weights_with_rejected_groups(weights: list[tuple[str, float]], group: str, percent: float,
+                                              rejected: set[str], want: tuple[tuple[str, float], ...],
+                                              ) -> None:
+    assert rollout_weights(weights, group, percent, frozenset(rejected)) == want
 
 
 @pytest.mark.parametrize(("weights", "group", "percent", "want"), WEIGHTS_TABLE)
