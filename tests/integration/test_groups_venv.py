@@ -170,29 +170,45 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
         for u in USERS:
             history[u].append(got[u])
 
+    assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--weight", "50"]) == 0
+    wait_until(lambda: logs_say(commander, live_pools(r), "groups of chat now blue 50, green 50"), 30,
+               "every worker to see the 50 % step")
+    client.reread_policies()
+    half = [("blue", 50.0), ("green", 50.0), ("gone", 0.0), ("bare", 0.0)]
+    got = serve_round(client, 2)  # only the users between the 90 and the 50 threshold moved
+    assert got == {u: "v1" if assign(u, half) == "blue" else "v2" for u in USERS}
+    assert all(got[u] == "v2" for u in USERS if want[u] == "v2") and set(got.values()) == {"v1", "v2"}
+    for u in USERS:
+        history[u].append(got[u])
+
     assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--to", "100"]) == 0
     wait_until(lambda: logs_say(commander, live_pools(r), "groups of chat now blue 0, green 100"), 30,
                "every worker to see the rollout")
     client.reread_policies()
-    for n in range(2, 4):  # all on green now
+    for n in range(3, 5):  # all on green now
         got = serve_round(client, n)
         assert set(got.values()) == {"v2"}
         for u in USERS:
             history[u].append(got[u])
-    wait_until(lambda: events(r, "rollout"), 10, "the rollout in the ledger")
-    assert "-> blue 0, green 100, gone 0, bare 0 (canary green)" in events(r, "rollout")[-1].reason
+    wait_until(lambda: [e for e in events(r, "rollout")
+                        if "-> blue 0, green 100, gone 0, bare 0 (canary green)" in e.reason], 10,
+               "the rollout to 100 in the ledger")
+    steps = [e.reason.partition(" -> ")[2] for e in sorted(events(r, "rollout"), key=lambda e: e.ts)]
+    assert steps == ["blue 50, green 50, gone 0, bare 0 (canary green)",
+                     "blue 0, green 100, gone 0, bare 0 (canary green)"]
 
     assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--abort"]) == 0
     wait_until(lambda: logs_say(commander, live_pools(r), "groups of chat now blue 100, green 0"), 30,
                "every worker to see the abort")
     client.reread_policies()
-    assert set(serve_round(client, 4).values()) == {"v1"}
+    assert set(serve_round(client, 5).values()) == {"v1"}
     client.close()
 
     for u in USERS:  # every turn answered once, in order; versions moved once each way
         rows = r.lrange(keys.session(u), 0, -1)
         sessions = [decode(SessionEntry, raw if isinstance(raw, bytes) else raw.encode()).text
                     for raw in rows]
-        assert sessions == [f"{u} turn {n}" for n in range(5)], (u, sessions)
-        assert history[u] == [want[u]] * 2 + ["v2"] * 2, (u, history[u])
+        assert sessions == [f"{u} turn {n}" for n in range(6)], (u, sessions)
+        assert history[u][:2] == [want[u]] * 2 and history[u][3:] == ["v2"] * 2, (u, history[u])
+        assert history[u] == sorted(history[u]), (u, history[u])  # v1 ... v2, never back before the abort
     assert read_policy(r, "chat").policy.weights()[:2] == (("blue", 100.0), ("green", 0.0))
