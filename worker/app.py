@@ -56,7 +56,7 @@ class Worker(JobServices):
         self.tier = settings.tier
         self.group = settings.group  # "" unless this worker serves one group of the tier
         self.pool = pool_name(self.tier, self.group)  # whose ready streams, registry entry, reports
-        self.tier_policy = Policy()  # the tier's whole policy (its groups): who serves whom
+        self.tier_policy: Policy | None = None  # the tier's whole policy: its groups (None: not read)
         self.rejected: frozenset[str] = frozenset()  # the tier's groups the commander rejected
         self.worker_id = settings.worker_id
         self.r = r or connect_async(settings.redis_url)
@@ -326,8 +326,9 @@ class Worker(JobServices):
         if keep:
             return  # the last good copy is not loadable here either: keep ours, not the default
         rejected = frozenset(await rejected_groups_async(self.r, self.tier) if read.policy.groups else ())
-        if (read.policy.weights(), rejected) != (self.tier_policy.weights(), self.rejected):
-            log.info("groups of %s now %s%s", self.tier,  # (users move between turns from here on)
+        seen = None if self.tier_policy is None else (self.tier_policy.weights(), self.rejected)
+        if (read.policy.weights(), rejected) != seen:  # users move between turns from here on
+            log.info("groups of %s now %s%s", self.tier,
                      ", ".join(f"{n} {w:g}" for n, w in read.policy.weights()) or "none",
                      f" (rejected: {', '.join(sorted(rejected))})" if rejected else "")
         self.tier_policy, self.rejected = read.policy, rejected

@@ -48,7 +48,7 @@ class JobServices:
     worker_id: str
     store: UserStore
     policy: Policy  # what this worker runs: its group's policy when it serves a group
-    tier_policy: Policy  # the tier's whole policy: its groups and their weights
+    tier_policy: Policy | None  # the tier's whole policy: its groups and weights (None: not read yet)
     rejected: frozenset[str]
     counters: Counters
     tally: TurnTally  # the turn counts the reports carry (worker.tally)
@@ -108,6 +108,8 @@ class JobServices:
         the user is pinned to or hashed into (``protocol.groups.assign``). This worker's tier is
         judged by the policy it refreshes; another tier's policy is read now."""
         if tier == self.tier:
+            if self.tier_policy is None:  # (no policy applied here yet: never hand users to nowhere)
+                return self.pool
             policy, rejected = self.tier_policy, self.rejected
         else:
             policy = (await read_policy_async(self.r, tier)).policy
