@@ -94,6 +94,8 @@ def users_loop(url: str, stop: threading.Event, served: dict[str, int]) -> None:
         for h in handles:
             reply = h.result(timeout=60)
             served["ok" if reply.ok else "error"] = served.get("ok" if reply.ok else "error", 0) + 1
+            if not reply.ok:
+                served[f"error: {reply.error}"[:200]] = served.get(f"error: {reply.error}"[:200], 0) + 1
         n += 1
         if n % 10 == 0:
             client.reread_policies()

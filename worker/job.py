@@ -74,9 +74,9 @@ class OtherTier(Exception):
     """The user's next turn is for another pool (another tier, or another group of this one):
     hand the lane to its workers."""
 
-    def __init__(self, pool: str) -> None:
+    def __init__(self, pool: str, uncount: str | None = None) -> None:
         super().__init__(pool)
-        self.pool = pool
+        self.pool, self.uncount = pool, uncount  # the entry whose counted attempt a hand-over takes back
 
 
 class UserJob:
@@ -219,7 +219,7 @@ class UserJob:
             try:
                 done = await self._serve_turn(lease, nxt)
             except OtherTier as other:
-                await self._give_up(lease, other.pool)
+                await self._give_up(lease, other.pool, other.uncount)
                 return None
             if done.released:
                 self.lease = None
@@ -238,12 +238,14 @@ class UserJob:
         self.lease = None
         return -1  # no count of ids: the job takes the lane again, and acks once nothing waits
 
-    async def _give_up(self, lease: Lease, pool: str) -> None:
+    async def _give_up(self, lease: Lease, pool: str, uncount: str | None = None) -> None:
         """Drop the lane with turns still queued and notify ``pool``, whose workers take over.
 
         The ids to ack are fixed, and the job forgotten, before the new notification exists:
         should it come back to this very worker, it must start a new job, not be acked here.
         """
+        if uncount is not None:  # (under the lane: no other worker counts this entry meanwhile)
+            await self.w.store.uncount(self.user, uncount)
         if not await self.w.store.drop(lease):
             raise Fenced(self.user)
         self.lease = None
@@ -269,11 +271,10 @@ class UserJob:
                                           f"tier {turn.tier!r} has no policy: no worker serves it",
                                           attempts=0, submitted=turn.ts)
             raise OtherTier(await self.w.pool_of(self.user, turn.tier))
-        pool = await self.w.pool_of(self.user, turn.tier)  # a user moving group: the next turn
-        if pool != self.w.pool:  # is the new group's, the one in progress finished on the old
-            raise OtherTier(pool)
-        # the scripts read the context for the entry's plain turn_id field: used only if that is
-        # the decoded turn's own (else, or when they could not read it, it is pulled here)
+        pool = await self.w.pool_of(self.user, turn.tier)  # a user moving group: the next turn is
+        if pool != self.w.pool:  # the new group's (the attempt the acquire counted is taken back)
+            raise OtherTier(pool, entry if nxt.pulled is not None else None)
+        # the scripts' pack is for the entry's turn_id field: used if that is the decoded turn's
         pulled = nxt.pulled if nxt.pulled is not None and nxt.turn_id == turn.turn_id else None
         last_error = "the worker died during the turn"
         while True:

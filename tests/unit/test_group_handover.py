@@ -21,7 +21,9 @@ from worker.app import Worker
 from worker.settings import WorkerSettings
 
 WEIGHTS = [("blue", 50.0), ("green", 50.0)]
-POLICY = parse_policy({"concurrency": 4, "groups": [{"name": n, "weight": w} for n, w in WEIGHTS]})
+# max_attempts 1: a hand-over must not count as an attempt (else a moved user is dead-lettered)
+POLICY = parse_policy({"concurrency": 4, "max_attempts": 1,
+                       "groups": [{"name": n, "weight": w} for n, w in WEIGHTS]})
 USERS = [f"user-{i}" for i in range(8)]
 
 
@@ -79,7 +81,8 @@ async def test_a_pinned_user_is_handed_to_its_group_between_turns(
     await r.hset(keys.pins(user), "chat", "green")  # (stores.groups.pin_group, on the async client)
     # the client still sends it to blue (it knows no pins): blue's worker hands it over
     later = await client.submit_many([(user, "two"), (user, "three")])
-    assert [(await client.wait(user, t.turn_id, timeout=5)).worker for t in later] == ["w-green"] * 2
+    replies = [await client.wait(user, t.turn_id, timeout=5) for t in later]
+    assert [(rep.ok, rep.worker, rep.attempts) for rep in replies] == [(True, "w-green", 1)] * 2, replies
     assert await session_texts(r, user) == ["one", "two", "three"]
 
 
