@@ -87,7 +87,8 @@ class Interpreters:
             return None
         spawner = self._templates.get(python)
         if spawner is None:
-            spawner = self._templates[python] = TemplateSpawner(self.env, self.log_dir, python=python)
+            spawner = self._templates[python] = TemplateSpawner(self.env, self.log_dir, python=python,
+                                                                exec_python=python)
             spawner.start(wait=False)
         return spawner
 
