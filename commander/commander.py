@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from commander.decide import Plan, TierState, decide
+from commander.groups import Groups
 from commander.leader import Deposed, Leadership
 from commander.monitor.board import Board, TierSeen
 from commander.observe import Observer
@@ -29,6 +30,7 @@ from commander.runtime import Runtime, UnknownWorker, WorkerHandle, WorkerState
 from commander.runtime_notes import RuntimeNotes
 from commander.settings import CommanderSettings
 from commander.views import TierSignals, snapshot, tier_rates, worker_views
+from protocol.groups import split_pool
 from protocol.models import Control, LedgerEvent
 from protocol.policy import Policy
 from stores.backlog import write_starting
@@ -53,6 +55,7 @@ class _Tier:
     verdict: tuple[str, str | None] | None = None  # (source, error) last recorded in the ledger
     held: str | None = None  # the last hold reason recorded
     rejected: str | None = None  # why the policy key is rejected now (None: it is in force)
+    removed: bool = False  # a pool no group of its tier's policy names: its workers are drained
     loaded: bool = False  # decide state read back from Redis after an election
 
 
@@ -65,7 +68,7 @@ class _Dead:
     unasked: bool = False  # an exit nobody asked for (a crash): recorded even if it left nothing
 
 
-class Commander(Records, RuntimeNotes, RqTiers):
+class Commander(Records, RuntimeNotes, RqTiers, Groups):
     """One commander process: a standby until it wins the lease, then the fleet's only actor."""
 
     def __init__(self, r: redis.Redis, runtime: Runtime, settings: CommanderSettings,
@@ -89,6 +92,7 @@ class Commander(Records, RuntimeNotes, RqTiers):
         self.recovery = Recovery()  # re-notifies after a Cluster failover
         self._refusals: dict[str, str] = {}  # (runtime_notes.py)
         self._no_capacity: dict[str, set[str]] = {}
+        self._seen_weights, self._group_verdicts, self._removed = {}, {}, set()  # (groups.py)
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
@@ -173,6 +177,10 @@ class Commander(Records, RuntimeNotes, RqTiers):
                 return
             except Exception:
                 log.exception("tier %s: pass failed; the next pass retries", tier)
+        try:
+            self._guard_rollouts({split_pool(n)[0] for n in names if split_pool(n)[1]}, now)
+        except Deposed:
+            return
         self.board.publish(now, registry, self.observer.evaluator)
 
     def _note_outage(self, now: float) -> None:
@@ -187,9 +195,10 @@ class Commander(Records, RuntimeNotes, RqTiers):
         self._last_pass = mono
 
     def _tier_names(self, handles: list[WorkerHandle], registry: dict[str, Any]) -> list[str]:
-        names = set(list_tiers(self.r)) | set(self.settings.always_tiers)
-        names |= {h.tier for h in handles if h.state is not WorkerState.EXITED}
-        names |= {info.tier for info, alive in registry.values() if alive}
+        """The tiers and group pools to judge (commander.groups)."""
+        live = {h.tier for h in handles if h.state is not WorkerState.EXITED}
+        live |= {info.tier for info, alive in registry.values() if alive}
+        names = self._with_pools(set(list_tiers(self.r)) | set(self.settings.always_tiers) | live, live)
         for name in names:
             self.tiers.setdefault(name, _Tier())
         return sorted(names)
@@ -199,7 +208,9 @@ class Commander(Records, RuntimeNotes, RqTiers):
         that none of the tier's live workers has (they keep their last good one then)."""
         known = sorted({name for info, alive in registry.values()
                         if alive and info.tier == tier for name in info.handlers})
-        read = read_policy(self.r, tier, known or None)  # no live worker said: structure only
+        base, group = split_pool(tier)  # a group's pool runs its group's policy (groups.py)
+        read = read_policy(self.r, base, known or None,  # no live worker said: structure only
+                           group=group or None)
         memo = self.tiers[tier]
         verdict = (read.source, read.error)
         why = read.error
@@ -213,6 +224,7 @@ class Commander(Records, RuntimeNotes, RqTiers):
                 if read.error else f"policy from {read.source} in force"
             self._append(self._event(tier, action, reason=reason))
             (log.warning if read.error else log.info)("tier %s: %s", tier, reason)
+        read, memo.removed = self._pool_read(tier, read)
         memo.verdict, memo.policy = verdict, read.policy
         if self.metrics is not None:
             self.metrics.policy_rejected(tier, read.error is not None)
@@ -221,6 +233,9 @@ class Commander(Records, RuntimeNotes, RqTiers):
     def _judge(self, tier: str, read: PolicyRead, handles: list[WorkerHandle],
                registry: dict[str, Any], signals: Any, now: float) -> None:
         memo = self.tiers[tier]
+        if memo.removed:
+            self._drain_removed(tier, handles, registry, read.policy)
+            return
         if not memo.loaded:
             memo.state, memo.loaded = self._load_state(tier), True
         policy = read.policy
@@ -234,6 +249,9 @@ class Commander(Records, RuntimeNotes, RqTiers):
         started = time.perf_counter()
         plan, state = decide(snap, policy, memo.state, now)
         elapsed = time.perf_counter() - started
+        group_rejected = self._group_rejected(tier)  # its interpreter cannot run its handler
+        if group_rejected is not None:
+            plan = replace(plan, spawn=0)
         self._act(plan, policy)
         self._note_pending(tier, handles, read.policy, plan, now)
         self._record_notes()
@@ -245,7 +263,7 @@ class Commander(Records, RuntimeNotes, RqTiers):
                        ttl_ms=int(3 * self.settings.interval_s * 1000) + 1000)
         self._observe_metrics(tier, snap, plan, views, starting, elapsed)
         self.board.tier(TierSeen(tier=tier, ts=now, policy=read.policy, source=read.source,
-                                 error=memo.rejected, snapshot=snap, plan=plan,
+                                 error=memo.rejected or group_rejected, snapshot=snap, plan=plan,
                                  starting=starting))
 
     def _act(self, plan: Plan, policy: Policy) -> None:

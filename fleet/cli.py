@@ -30,6 +30,7 @@ from fleet.cli_base import (
     print_result,
     seconds_arg,
 )
+from fleet.cli_groups import add_group_commands
 from fleet.client import UnknownTier
 from protocol.ids import InvalidId
 from protocol.models import MAX_TEXT_CHARS, Reply
@@ -140,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_up_down(sub)
     _add_turn_commands(sub)
     _add_policy_commands(sub)
+    add_group_commands(sub, Parser)
     _add_observe_commands(sub)
     _add_run_commands(sub)
     from fleet.cli_jobs import add_job_commands

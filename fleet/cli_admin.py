@@ -119,6 +119,7 @@ def _status_text(snap: dict[str, Any]) -> str:
             policy += f", {t['ready_shards']} ready shards"
         if t.get("kind") == "rq":
             policy += _rq_text(t)
+        policy += _group_note(t)
         lines.append(f"{tier:<12}{t['workers_alive']:>8}{t['min_workers']:>5}{t['max_workers']:>5}"
                      f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}"
                      f"  {policy}")
@@ -140,6 +141,17 @@ def _rq_text(t: dict[str, Any]) -> str:
         return f", rq: {t['rq_error']}"
     queues = ",".join(q["name"] for q in t.get("queues", []))
     return f", rq on {queues}: {t['failed_jobs']} failed, oldest queued {t['oldest_job_age_s']:.0f}s"
+
+
+def _group_note(t: dict[str, Any]) -> str:
+    """A grouped tier's weights (and canary); a group's weight, and why it is rejected."""
+    if "weights" in t:
+        canary = f", canary {t['canary']}" if t.get("canary") else ""
+        return ", groups " + " / ".join(f"{n} {w:g}" for n, w in t["weights"].items()) + canary
+    if "weight" in t:
+        why = f", REJECTED: {t['group_rejected']}" if t.get("group_rejected") else ""
+        return f", weight {t['weight']:g}{why}"
+    return ""
 
 
 def _commander_line(snap: dict[str, Any]) -> str:

@@ -94,6 +94,7 @@ from stores.tier_probe import (
     read_submit_options_async,
     read_tier_probe,
     read_tier_probe_async,
+    split_by_pool,
     tier_defined,
     wait_reply,
     wait_reply_async,
@@ -249,11 +250,12 @@ class Fleet:
         tier = built[0][0].tier
         self._ensure_tier(tier, create_tier)
         opts = self._submit_options(tier)
-        pressure = _pressure_due(self, tier, built[-1][0].user)
-        done = submit_round_trip(self.r, built, tier, opts, pressure)
-        _count_wait(self, opts, done, built)
-        if pressure is not None and _needs_pressure(done):
-            post_pressure(self.r, tier, pressure)
+        for pool, part in split_by_pool(tier, built, opts):  # a tier with groups: one per group
+            pressure = _pressure_due(self, pool, part[-1][0].user)
+            done = submit_round_trip(self.r, part, pool, opts, pressure)
+            _count_wait(self, opts, done, part)
+            if pressure is not None and _needs_pressure(done):
+                post_pressure(self.r, pool, pressure)
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
 
     def _ensure_tier(self, tier: str, create: bool) -> None:
@@ -330,11 +332,12 @@ class AsyncFleet:
 
     async def _submit_built(self, built: list[tuple[Turn, bytes]], tier: str) -> list[Turn]:
         opts = await self._submit_options(tier)
-        pressure = _pressure_due(self, tier, built[-1][0].user)
-        done = await submit_round_trip_async(self.r, built, tier, opts, pressure)
-        _count_wait(self, opts, done, built)
-        if pressure is not None and _needs_pressure(done):
-            await post_pressure_async(self.r, tier, pressure)
+        for pool, part in split_by_pool(tier, built, opts):  # a tier with groups: one per group
+            pressure = _pressure_due(self, pool, part[-1][0].user)
+            done = await submit_round_trip_async(self.r, part, pool, opts, pressure)
+            _count_wait(self, opts, done, part)
+            if pressure is not None and _needs_pressure(done):
+                await post_pressure_async(self.r, pool, pressure)
         return [t for t, _ in built]
 
     async def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",

@@ -10,10 +10,12 @@ from typing import Any
 import redis
 
 from protocol.codec import as_str
+from protocol.groups import pool_name, split_pool
 from protocol.models import WorkerInfo
 from protocol.policy import Policy
 from stores.backlog import TierBacklog, active_users, live_ids, read_backlog, unserved_by_tier
 from stores.deadletters import dead_letter_count, newest_dead_letters
+from stores.groups import read_pool_policy, rejected_groups, with_group_pools
 from stores.leader import lease_holder
 from stores.policies import list_tiers, read_policy, read_policy_status
 from stores.registry import Registry, read_registry
@@ -50,14 +52,14 @@ def workers(r: redis.Redis, reg: Registry | None = None) -> list[dict[str, Any]]
 
 def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any]:
     """Everything ``fleet status`` shows, as plain data."""
-    tiers = sorted(set(list_tiers(r)) | {"chat"})
+    tiers = with_group_pools(r, sorted(set(list_tiers(r)) | {"chat"}))  # chat, chat.blue, chat.green
     reg = read_registry(r)
     ws = workers(r, reg)
     backlogs = read_backlog(r, tiers, live_ids(reg.workers), unserved_by_tier(reg.workers, tiers))
     out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r)}
     for tier in tiers:
-        read = read_policy(r, tier, handlers)
-        error, by = policy_verdict(r, tier, read.error)
+        read = read_pool_policy(r, tier, handlers)
+        error, by = policy_verdict(r, split_pool(tier)[0], read.error)
         out["tiers"][tier] = {
             "policy_source": read.source,
             "policy_error": error,
@@ -74,6 +76,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
         }
         if read.policy.kind == "rq":
             out["tiers"][tier].update(rq_status(r, tier, read.policy))
+    _add_groups(r, out["tiers"])
     return out
 
 
@@ -90,6 +93,19 @@ def rq_status(r: redis.Redis, tier: str, policy: Policy) -> dict[str, Any]:
             "pending": sum(s.started for s in stats), "failed_jobs": sum(s.failed for s in stats),
             "oldest_job_age_s": round(max((s.oldest_age_s for s in stats), default=0.0), 1),
             "queues": [dataclasses.asdict(s) for s in stats]}
+
+
+def _add_groups(r: redis.Redis, rows: dict[str, dict[str, Any]]) -> None:
+    """A grouped tier's row gets its weights and canary; each group's row its weight and, if the
+    commander rejected the group, why."""
+    for name in [n for n in rows if not split_pool(n)[1]]:
+        policy = read_policy(r, name).policy
+        if not policy.groups:
+            continue
+        rows[name].update(weights=dict(policy.weights()), canary=policy.canary)
+        rejected = rejected_groups(r, name)
+        for group, weight in policy.weights():
+            rows[pool_name(name, group)].update(weight=weight, group_rejected=rejected.get(group))
 
 
 def policy_verdict(r: redis.Redis, tier: str, own_error: str | None) -> tuple[str | None, str | None]:

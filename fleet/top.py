@@ -32,9 +32,10 @@ from protocol.models import CommanderInfo, OccupancyReport
 from stores.backlog import active_users
 from stores.commanders import commander_entries
 from stores.deadletters import dead_letter_count
+from stores.groups import read_pool_policy, with_group_pools
 from stores.leader import lease_holder, lease_ttl_ms
 from stores.ledger import Entry, read_events
-from stores.policies import PolicyRead, list_tiers, read_policy
+from stores.policies import PolicyRead, list_tiers
 from stores.reports import newest_reports
 
 REPORT_ROWS = 500
@@ -157,7 +158,8 @@ def _tier_row(r: redis.Redis, tier: str, read: PolicyRead, rows: list[WorkerRow]
 
 
 def _tiers(r: redis.Redis, only: str | None) -> list[str]:
-    return [only] if only else sorted(set(list_tiers(r)) | {"chat"})
+    """The tiers, each followed by its groups' pools (``--tier chat``: chat and its groups')."""
+    return with_group_pools(r, [only] if only else sorted(set(list_tiers(r)) | {"chat"}))
 
 
 def collect(r: redis.Redis, tier: str | None = None, handlers: Iterable[str] | None = None,
@@ -167,10 +169,10 @@ def collect(r: redis.Redis, tier: str | None = None, handlers: Iterable[str] | N
     handlers = list(handlers) if handlers is not None else None
     evaluator = Evaluator()
     corrupt = load_reports(r, evaluator)
-    reads = {t: read_policy(r, t, handlers) for t in _tiers(r, tier)}
+    reads = {t: read_pool_policy(r, t, handlers) for t in _tiers(r, tier)}
     rows = []
     for info in sorted(registry_workers(r), key=lambda w: (w["tier"], w["worker"])):
-        if tier is not None and info["tier"] != tier:
+        if tier is not None and info["tier"] not in reads:
             continue
         read = reads.get(info["tier"])
         limit = memory_limit_bytes(read.policy) if read else None

@@ -13,6 +13,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
+from protocol.groups import validate_pool
 from protocol.ids import validate_tier, validate_token, validate_user_id
 
 PREFIX = "fleet"
@@ -99,6 +100,11 @@ def outbox(user: str) -> str:
     return _u(user, "outbox")
 
 
+def pins(user: str) -> str:
+    """Hash tier -> group: the user's explicit group per tier (``fleet group pin``)."""
+    return _u(user, "pins")
+
+
 def reply(user: str, turn_id: str) -> str:
     """List the reply is pushed to; the submitter ``BLPOP``s it. Expires."""
     return _u(user, f"reply:{validate_token(turn_id, 'turn id')}")
@@ -134,8 +140,10 @@ def user_keys(user: str) -> UserKeys:
 
 
 # --- per tier (hash tag = tier) --------------------------------------------------------
+# The data-plane keys of a tier (ready, active, pressure, starting, decide state) are per
+# *pool*: the tier itself, or one group's pool ``<tier>.<group>`` (protocol.groups), tagged by it.
 def _t(tier: str, suffix: str) -> str:
-    return f"{PREFIX}:{{{validate_tier(tier)}}}:{suffix}"
+    return f"{PREFIX}:{{{validate_pool(tier)}}}:{suffix}"
 
 
 def ready(tier: str, shard: int = 0) -> str:
@@ -152,7 +160,7 @@ def ready(tier: str, shard: int = 0) -> str:
         return _t(tier, "ready")
     if not 0 < shard < MAX_READY_SHARDS:
         raise ValueError(f"ready shard {shard} is not in 0..{MAX_READY_SHARDS - 1}")
-    return f"{PREFIX}:{{{validate_tier(tier)}#{shard}}}:ready"
+    return f"{PREFIX}:{{{validate_pool(tier)}#{shard}}}:ready"
 
 
 MAX_READY_SHARDS = 64  # the policy's bound on ready_shards; workers look for shards up to it
@@ -222,6 +230,12 @@ def policy_good(tier: str) -> str:
 def policy_status(tier: str) -> str:
     """Hash: ``ok`` 1/0, ``error`` (the rejection reason), ``source``, ``ts``."""
     return f"{policy(tier)}:status"
+
+
+def groups_rejected(tier: str) -> str:
+    """Hash group -> reason: the tier's groups whose workers cannot start (the commander's
+    verdict); assignment treats them as weight 0. In the policy key's slot: read with it."""
+    return f"{policy(tier)}:rejected"
 
 
 # --- per worker (hash tag = worker id) ---------------------------------------------------

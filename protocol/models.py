@@ -197,7 +197,11 @@ class LedgerEvent(_Model):
                     # Deployment, or no single Deployment is the tier's); a worker waited for a
                     # place to run past the policy's pending_timeout_s; the runtime removed
                     # another worker than the victim named (a Pending pod goes first)
-                    "refused", "no-capacity", "substituted"]
+                    "refused", "no-capacity", "substituted",
+                    # groups (protocol.groups): the weights changed (``fleet rollout``, a policy
+                    # edit); the rollout guard set the canary's weight to 0; a group's interpreter
+                    # cannot run its handler / can again; a pool no group of the policy names
+                    "rollout", "rollout-abort", "group-rejected", "group-accepted", "group-removed"]
     from_count: int = 0
     to_count: int = 0
     victims: list[str] = Field(default_factory=list)

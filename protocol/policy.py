@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from protocol.deferral import validate_queue
+from protocol.groups import Group, RolloutGuard, check_groups, group_overrides
 from protocol.policy_controls import DisruptionBudget, Fallback, ScaleBehavior, ScaleInHold, ScheduledBounds
 
 _HANDLER_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
@@ -140,6 +141,10 @@ class Policy(BaseModel):
     # time: ``concurrency`` and the handler do not apply to it
     kind: Literal["turns", "rq"] = "turns"
     queues: tuple[str, ...] = Field((), max_length=16)
+    # blue/green and canary (protocol.groups): each group a pool of its own; () = one pool, the tier
+    groups: tuple[Group, ...] = Field((), max_length=8)
+    canary: str | None = None  # the group under rollout (``fleet rollout``), judged by rollout_guard
+    rollout_guard: RolloutGuard | None = None  # None: no automatic abort
 
     @field_validator("handler")
     @classmethod
@@ -198,7 +203,30 @@ class Policy(BaseModel):
         if self.fallback is not None and self.fallback.workers is not None \
                 and self.fallback.workers > self.max_workers:
             raise ValueError(f"fallback workers ({self.fallback.workers}) > max_workers ({self.max_workers})")
+        check_groups(self.groups, self.canary)
+        for group in self.groups:  # each group's pool must run on a valid policy of its own
+            self.for_group(group.name)
         return self
+
+    def for_group(self, name: str) -> Policy:
+        """The policy the pool of group ``name`` runs on: the tier's, with the group's fields
+        applied (raises ValueError naming the group if that is invalid, KeyError if no such group)."""
+        group = next((g for g in self.groups if g.name == name), None)
+        if group is None:
+            raise KeyError(name)
+        try:
+            return Policy.model_validate(group_overrides(group, self.model_dump()))
+        except ValidationError as exc:
+            raise ValueError(f"group {name}: {_one_line(exc)}") from None
+
+    def weights(self) -> tuple[tuple[str, float], ...]:
+        """The groups' (name, weight) in order: what ``protocol.groups.assign`` takes."""
+        return tuple((g.name, g.weight) for g in self.groups)
+
+    def group_handler(self, name: str | None) -> str:
+        """The handler the pool of group ``name`` runs (the tier's for None or an unknown group)."""
+        group = next((g for g in self.groups if g.name == name), None)
+        return group.handler if group is not None and group.handler is not None else self.handler
 
     def to_json(self) -> str:
         """Canonical JSON, as stored in the policy key."""
@@ -214,8 +242,10 @@ def _one_line(exc: ValidationError) -> str:
     return " ".join("; ".join(parts).split())  # field names come from input: keep one line
 
 
-def parse_policy(raw: str | bytes | Mapping[str, Any], handlers: Iterable[str] | None = None) -> Policy:
-    """Validate a policy from JSON (or a mapping); check the handler against ``handlers``."""
+def parse_policy(raw: str | bytes | Mapping[str, Any], handlers: Iterable[str] | None = None,
+                 group: str | None = None) -> Policy:
+    """Validate a policy from JSON (or a mapping); check the handler against ``handlers``: the
+    handler of ``group`` (a reader of that group's pool runs only that one), else the tier's."""
     if isinstance(raw, (str, bytes)):
         try:
             raw = json.loads(raw)
@@ -229,8 +259,10 @@ def parse_policy(raw: str | bytes | Mapping[str, Any], handlers: Iterable[str] |
         raise PolicyError(_one_line(exc)) from None
     if handlers is not None:
         known = sorted(set(handlers))
-        if policy.handler not in known:
-            raise PolicyError(f"handler: {policy.handler!r} is not registered (known: {', '.join(known)})")
+        name = policy.group_handler(group)
+        if name not in known:
+            where = f"group {group}: handler" if group and policy.groups else "handler"
+            raise PolicyError(f"{where}: {name!r} is not registered (known: {', '.join(known)})")
     return policy
 
 

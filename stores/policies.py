@@ -39,20 +39,22 @@ class PolicyRead:
     missing_handler: str | None = None  # the key is valid but names a handler this reader lacks
 
 
-def _resolve(tier: str, raw: bytes | None, good: bytes | None, handlers: Iterable[str] | None) -> PolicyRead:
+def _resolve(tier: str, raw: bytes | None, good: bytes | None, handlers: Iterable[str] | None,
+             group: str | None = None) -> PolicyRead:
+    """The policy in force; ``handlers`` are checked against ``group``'s handler (the reader's)."""
     if raw is None:
         return PolicyRead(tier, Policy(), "default")
     missing = None
     try:
-        return PolicyRead(tier, parse_policy(raw, handlers), "key")
+        return PolicyRead(tier, parse_policy(raw, handlers, group), "key")
     except PolicyError as exc:
         error = str(exc)
         if handlers is not None:
             with contextlib.suppress(PolicyError):  # valid but for the handler: say which
-                missing = parse_policy(raw).handler
+                missing = parse_policy(raw).group_handler(group)
     if good is not None:
         try:
-            return PolicyRead(tier, parse_policy(good, handlers), "last-good", error, missing)
+            return PolicyRead(tier, parse_policy(good, handlers, group), "last-good", error, missing)
         except PolicyError:
             pass  # the registry changed under the last good one: fall through to defaults
     return PolicyRead(tier, Policy(), "default", error, missing)
@@ -90,13 +92,14 @@ def _queue_writes(pipe: Any, tier: str, new_good: bytes | None, status: dict[str
 
 
 def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None, *,
-                record: bool = False, reader: str = "") -> PolicyRead:
+                record: bool = False, reader: str = "", group: str | None = None) -> PolicyRead:
     """Read and validate a tier's policy (blocking client); with ``record``, note a changed
-    verdict and copy an accepted key to the last good one (for the tier's own processes)."""
+    verdict and copy an accepted key to the last good one (for the tier's own processes).
+    ``handlers`` are checked against the handler of ``group`` (the reader's pool)."""
     pipe = r.pipeline(transaction=False)
     _queue_reads(pipe, tier)
     raw, good, status = pipe.execute()
-    read = _resolve(tier, raw, good, handlers)
+    read = _resolve(tier, raw, good, handlers, group)
     if record:
         pipe = r.pipeline(transaction=False)
         if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status, reader)):
@@ -106,12 +109,12 @@ def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None
 
 
 async def read_policy_async(r: aioredis.Redis, tier: str, handlers: Iterable[str] | None = None, *,
-                            record: bool = False, reader: str = "") -> PolicyRead:
+                            record: bool = False, reader: str = "", group: str | None = None) -> PolicyRead:
     """The asyncio twin of ``read_policy``."""
     pipe = r.pipeline(transaction=False)
     _queue_reads(pipe, tier)
     raw, good, status = await pipe.execute()
-    read = _resolve(tier, raw, good, handlers)
+    read = _resolve(tier, raw, good, handlers, group)
     if record:
         pipe = r.pipeline(transaction=False)
         if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status, reader)):

@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 import psutil
 
-from protocol.ids import validate_tier, validate_token
+from protocol.groups import validate_pool
+from protocol.ids import validate_token
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def read_records(run_dir: Path, quiet: bool = False) -> list[dict[str, Any]]:
     for path in sorted(run_dir.glob("*.json")):
         try:
             rec = json.loads(path.read_text())
-            validate_tier(rec["tier"])
+            validate_pool(rec["tier"])  # a tier, or a group's pool
             validate_token(rec["worker"], "worker id")
             records.append({**rec, "pid": int(rec["pid"]), "started": float(rec["started"]),
                             "path": path})

@@ -204,6 +204,11 @@ class UserStore:
         )
         return Pulled(pack, seen is not None, int(attempts))
 
+    async def uncount(self, user: str, entry: str) -> None:
+        """Take back the attempt an acquire counted for a turn handed over unserved (a user moving
+        group): a hand-over is no attempt, however often a rollout's transition bounces it."""
+        await self.r.hincrby(keys.user_keys(user).state, f"att:{entry}", -1)
+
     async def commit(self, lease: Lease, entry: str, reply_key_turn: str, w: Writes,
                      now_ms: int) -> Committed:
         """Write the turn back and advance the cursor, then release the lane if nothing waits

@@ -20,11 +20,13 @@ from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode
+from protocol.groups import pool_name
 from protocol.models import Control, Counters, WorkerInfo, WorkerState
 from protocol.policy import Policy
 from stores import worker_ops
 from stores.connection import connect_async
 from stores.control import read_control_async
+from stores.groups import rejected_groups_async
 from stores.policies import PolicyRead, read_policy_async
 from stores.replicas import ReplicaWait
 from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok
@@ -52,6 +54,10 @@ class Worker(JobServices):
     def __init__(self, settings: WorkerSettings, r: aioredis.Redis | None = None) -> None:
         self.settings = settings
         self.tier = settings.tier
+        self.group = settings.group  # "" unless this worker serves one group of the tier
+        self.pool = pool_name(self.tier, self.group)  # whose ready streams, registry entry, reports
+        self.tier_policy: Policy | None = None  # the tier's whole policy: its groups (None: not read)
+        self.rejected: frozenset[str] = frozenset()  # the tier's groups the commander rejected
         self.worker_id = settings.worker_id
         self.r = r or connect_async(settings.redis_url)
         self.store = UserStore(self.r, self.worker_id, StoreConfig(
@@ -80,7 +86,7 @@ class Worker(JobServices):
         self._rescanned: dict[str, float] = {}  # missing handler -> when entry points were re-read
         self._started = 0.0
         self._redis_away = False  # the last read of the ready stream failed or was abandoned
-        self._ready_key = keys.ready(self.tier)
+        self._ready_key = keys.ready(self.pool)
         # line-buffered: a SIGKILLed worker's last entry is on disk (its exit never is)
         self._trace = open(settings.handler_trace, "a", buffering=1) if settings.handler_trace else None  # noqa: SIM115
 
@@ -104,7 +110,7 @@ class Worker(JobServices):
             self._every("housekeeping", self.settings.housekeeping_interval_s, self._housekeeping),
             self._report_loop(), self._control_loop())]
         log.info("worker %s serving tier %s (handler=%s, concurrency=%d)", self.worker_id,
-                 self.tier, self.policy.handler, self.policy.concurrency)
+                 self.pool, self.policy.handler, self.policy.concurrency)
         await self._pull_loop()
         await self._finish_jobs()
         await self._stop_background(background)
@@ -164,19 +170,19 @@ class Worker(JobServices):
 
     async def _start(self) -> None:
         await self._refresh_policy()
-        await worker_ops.join_ready_group(self.r, self.tier, self._shards)
+        await worker_ops.join_ready_group(self.r, self.pool, self._shards)
         self._started = time.time()
         await self._register()
 
     async def _register(self) -> None:
-        info = WorkerInfo(worker=self.worker_id, tier=self.tier, pid=os.getpid(),
+        info = WorkerInfo(worker=self.worker_id, tier=self.pool, pid=os.getpid(),
                           host=self.settings.host, started=self._started,
                           handlers=handlers.registered_names(),
                           renew_interval_s=self.settings.renew_interval_s, **self.settings.placement)
         await worker_ops.register_worker(self.r, info, self.settings.heartbeat_ttl_ms)
 
     async def _deregister(self) -> None:
-        await worker_ops.deregister_worker(self.r, self.tier, self.worker_id, self._shards)
+        await worker_ops.deregister_worker(self.r, self.pool, self.worker_id, self._shards)
 
     async def _finish_jobs(self) -> None:
         while self._tasks:
@@ -241,7 +247,7 @@ class Worker(JobServices):
         (Redis is gone) and is abandoned, so SIGTERM does not wait them out. Anything it may
         have delivered stays pending under this consumer: the commander's sweep hands it on."""
         self._read_turn += 1
-        read = worker_ops.read_ready(self.r, self.tier, self.worker_id, count, self.settings.block_ms,
+        read = worker_ops.read_ready(self.r, self.pool, self.worker_id, count, self.settings.block_ms,
                                      self._shards, self._read_turn)
         try:
             rows = await unless_stuck(read, self._drained, self.settings.block_ms / 1000 + DRAIN_READ_GRACE_S,
@@ -299,7 +305,7 @@ class Worker(JobServices):
             if self.draining or free <= 0:
                 return
             self._reclaim_from[shard], claimed = await worker_ops.reclaim_idle(
-                self.r, self.tier, self.worker_id, self.settings.reclaim_idle_ms,
+                self.r, self.pool, self.worker_id, self.settings.reclaim_idle_ms,
                 start_id=self._reclaim_from.get(shard, "0-0"), count=free, shard=shard)
             for nid, fields in claimed:
                 if fields:
@@ -319,20 +325,38 @@ class Worker(JobServices):
         self._policy_rejected = read.error if read.missing_handler is not None else None
         if keep:
             return  # the last good copy is not loadable here either: keep ours, not the default
-        if read.policy != self.policy:
-            if read.policy.handler != self.policy.handler:
-                self.handler = handlers.get(read.policy.handler)
-            self.policy = read.policy
-            self.store.replica_wait = ReplicaWait.of(read.policy)  # WAIT after acquire and commit
-            log.info("policy of %s now from %s (handler=%s, concurrency=%d)%s", self.tier,
-                     read.source, read.policy.handler, read.policy.concurrency,
+        rejected = frozenset(await rejected_groups_async(self.r, self.tier) if read.policy.groups else ())
+        seen = None if self.tier_policy is None else (self.tier_policy.weights(), self.rejected)
+        if (read.policy.weights(), rejected) != seen:  # users move between turns from here on
+            log.info("groups of %s now %s%s", self.tier,
+                     ", ".join(f"{n} {w:g}" for n, w in read.policy.weights()) or "none",
+                     f" (rejected: {', '.join(sorted(rejected))})" if rejected else "")
+        self.tier_policy, self.rejected = read.policy, rejected
+        mine = self._own_policy(read.policy)
+        if mine != self.policy:
+            if mine.handler != self.policy.handler:
+                self.handler = handlers.get(mine.handler)
+            self.policy = mine
+            self.store.replica_wait = ReplicaWait.of(mine)  # WAIT after acquire and commit
+            log.info("policy of %s now from %s (handler=%s, concurrency=%d)%s", self.pool,
+                     read.source, mine.handler, mine.concurrency,
                      f"; key rejected: {read.error}" if read.error else "")
             self._slot_freed.set()
-        self._shards = await worker_ops.more_shards(self.r, self.tier, self.policy.ready_shards, self._shards)
+        self._shards = await worker_ops.more_shards(self.r, self.pool, self.policy.ready_shards, self._shards)
+
+    def _own_policy(self, policy: Policy) -> Policy:
+        """What this worker runs of the tier's ``policy``: its group's, when it serves a group the
+        policy names; the tier's when it serves none; its current one when its group was removed
+        (it serves nobody then: every user it meets is handed to their group)."""
+        if not self.group:
+            return policy
+        if any(g.name == self.group for g in policy.groups):
+            return policy.for_group(self.group)
+        return self.policy
 
     async def _read_policy(self) -> PolicyRead:
         read = await read_policy_async(self.r, self.tier, handlers.registered_names(), record=True,
-                                       reader=f"worker {self.worker_id}")
+                                       reader=f"worker {self.worker_id}", group=self.group or None)
         name = read.missing_handler
         every = self.settings.handler_rescan_s
         if name is None or time.monotonic() - self._rescanned.get(name, -every) < every:
@@ -343,11 +367,11 @@ class Worker(JobServices):
         log.info("handler %r found (installed since this worker started)", name)
         await self._register()  # the registry says which handlers this worker has
         return await read_policy_async(self.r, self.tier, handlers.registered_names(), record=True,
-                                       reader=f"worker {self.worker_id}")
+                                       reader=f"worker {self.worker_id}", group=self.group or None)
 
     async def _housekeeping(self) -> None:
         """Trim the ready stream below what is pending or undelivered; forget stale users."""
-        await worker_ops.trim_ready(self.r, self.tier, 10 * self.policy.active_window_s, self._shards)
+        await worker_ops.trim_ready(self.r, self.pool, 10 * self.policy.active_window_s, self._shards)
 
     async def _control_loop(self) -> None:
         last, failures = "0-0", 0

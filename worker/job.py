@@ -36,6 +36,7 @@ class JobHost(Protocol):
 
     worker_id: str
     tier: str
+    pool: str  # the tier, or the pool of the group this worker serves
     draining: bool
     settings: WorkerSettings  # max_turn_bytes, max_reply_bytes, handler_timeout_s
     policy: Policy  # max_attempts, handler_options
@@ -48,7 +49,8 @@ class JobHost(Protocol):
 
     async def ack(self, nids: list[str]) -> None: ...
     async def ack_covered(self, holder: str, user: str, nids: list[str]) -> None: ...
-    async def notify(self, user: str, tier: str) -> None: ...
+    async def notify(self, user: str, pool: str) -> None: ...
+    async def pool_of(self, user: str, tier: str) -> str: ...
     async def tier_defined(self, tier: str) -> bool: ...
     async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str,
                           fields: Fields) -> None: ...
@@ -69,11 +71,12 @@ class Done:
 
 
 class OtherTier(Exception):
-    """The user's next turn is for another tier: hand the lane to its workers."""
+    """The user's next turn is for another pool (another tier, or another group of this one):
+    hand the lane to its workers."""
 
-    def __init__(self, tier: str) -> None:
-        super().__init__(tier)
-        self.tier = tier
+    def __init__(self, pool: str, uncount: str | None = None) -> None:
+        super().__init__(pool)
+        self.pool, self.uncount = pool, uncount  # the entry whose counted attempt a hand-over takes back
 
 
 class UserJob:
@@ -228,14 +231,14 @@ class UserJob:
             try:
                 done = await self._serve_turn(lease, nxt)
             except OtherTier as other:
-                await self._give_up(lease, other.tier)
+                await self._give_up(lease, other.pool, other.uncount)
                 return None
             if done.released:
                 self.lease = None
                 return done.covered
             nxt = done.next
-            if self.w.draining and nxt is not None:
-                await self._give_up(lease, self.w.tier)
+            if self.w.draining and nxt is not None:  # to the user's pool (this one, unless it was
+                await self._give_up(lease, await self.w.pool_of(self.user, self.w.tier))  # removed)
                 return None
         return await self._release_empty(lease)
 
@@ -247,19 +250,21 @@ class UserJob:
         self.lease = None
         return -1  # no count of ids: the job takes the lane again, and acks once nothing waits
 
-    async def _give_up(self, lease: Lease, tier: str) -> None:
-        """Drop the lane with turns still queued and notify ``tier``, whose workers take over.
+    async def _give_up(self, lease: Lease, pool: str, uncount: str | None = None) -> None:
+        """Drop the lane with turns still queued and notify ``pool``, whose workers take over.
 
         The ids to ack are fixed, and the job forgotten, before the new notification exists:
         should it come back to this very worker, it must start a new job, not be acked here.
         """
+        if uncount is not None:  # (under the lane: no other worker counts this entry meanwhile)
+            await self.w.store.uncount(self.user, uncount)
         if not await self.w.store.drop(lease):
             raise Fenced(self.user)
         self.lease = None
         self.handed = self.nids
         self.w.job_done(self)
-        await self.w.notify(self.user, tier)
-        log.info("handed %s over to tier %s with turns still queued", self.user, tier)
+        await self.w.notify(self.user, pool)
+        log.info("handed %s over to %s with turns still queued", self.user, pool)
 
     async def _serve_turn(self, lease: Lease, nxt: NextTurn) -> Done:
         self.turn_handler_s = 0.0  # every attempt of this turn here counts
@@ -277,9 +282,11 @@ class UserJob:
                 return await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt,
                                           f"tier {turn.tier!r} has no policy: no worker serves it",
                                           attempts=0, submitted=turn.ts)
-            raise OtherTier(turn.tier)
-        # the scripts read the context for the entry's plain turn_id field: used only if that is
-        # the decoded turn's own (else, or when they could not read it, it is pulled here)
+            raise OtherTier(await self.w.pool_of(self.user, turn.tier))
+        pool = await self.w.pool_of(self.user, turn.tier)  # a user moving group: the next turn is
+        if pool != self.w.pool:  # the new group's (the attempt the acquire counted is taken back)
+            raise OtherTier(pool, entry if nxt.pulled is not None else None)
+        # the scripts' pack is for the entry's turn_id field: used if that is the decoded turn's
         pulled = nxt.pulled if nxt.pulled is not None and nxt.turn_id == turn.turn_id else None
         last_error = "the worker died during the turn"
         while True:

@@ -14,11 +14,13 @@ from typing import IO
 
 import redis.asyncio as aioredis
 
+from protocol.groups import assign, pool_name, split_pool
 from protocol.models import Counters, Slots, WorkerState
 from protocol.policy import Policy
 from stores import worker_ops
 from stores.deadletters import dead_letter_async
-from stores.policies import tier_defined_async
+from stores.groups import read_pin_async, rejected_groups_async
+from stores.policies import read_policy_async, tier_defined_async
 from stores.reports import post_report_async
 from stores.retry import TRANSIENT, Backoff
 from stores.turns import UserStore
@@ -41,9 +43,13 @@ class JobServices:
     r: aioredis.Redis
     settings: WorkerSettings
     tier: str
+    group: str
+    pool: str  # the tier, or its group's pool <tier>.<group> (protocol.groups)
     worker_id: str
     store: UserStore
-    policy: Policy
+    policy: Policy  # what this worker runs: its group's policy when it serves a group
+    tier_policy: Policy | None  # the tier's whole policy: its groups and weights (None: not read yet)
+    rejected: frozenset[str]
     counters: Counters
     tally: TurnTally  # the turn counts the reports carry (worker.tally)
     jobs: dict[str, UserJob]
@@ -71,7 +77,7 @@ class JobServices:
         """Ack notifications of the tier's ready stream that are still ours: one another worker
         reclaimed meanwhile carries a duty for it now, and stays."""
         if nids:
-            await worker_ops.ack_notifications(self.store.scripts, self.tier, self.worker_id, nids,
+            await worker_ops.ack_notifications(self.store.scripts, self.pool, self.worker_id, nids,
                                                self.store.batcher)
 
     async def ack_covered(self, holder: str, user: str, nids: list[str]) -> None:
@@ -80,7 +86,7 @@ class JobServices:
         duty, should it die); else keep them pending: they are reclaimed once idle."""
         if not nids:
             return
-        acked = await worker_ops.ack_covered(self.store.scripts, self.tier, self.worker_id,
+        acked = await worker_ops.ack_covered(self.store.scripts, self.pool, self.worker_id,
                                              holder.rpartition("|")[0], user, nids)
         if acked < 0:
             log.info("lane of %s is held by %s with none of its notifications pending: ours stay "
@@ -90,12 +96,28 @@ class JobServices:
         """Whether a policy defines ``tier``: a turn for one that does not is dead-lettered."""
         return await tier_defined_async(self.r, tier)
 
-    async def notify(self, user: str, tier: str) -> None:
-        """Post a fresh notification for ``user`` on ``tier``'s ready stream (a hand-over)."""
-        # the user's shard of this tier; another tier's count is not known here: its shard 0,
-        # which every worker of that tier reads
-        await worker_ops.notify_ready(self.r, tier, user,
-                                      self.policy.ready_shards if tier == self.tier else 1)
+    async def notify(self, user: str, pool: str) -> None:
+        """Post a fresh notification for ``user`` on ``pool``'s ready stream (a hand-over)."""
+        # the user's shard of this tier (its groups share the count); another tier's count is not
+        # known here: its shard 0, which every worker of that tier reads
+        same = split_pool(pool)[0] == self.tier
+        await worker_ops.notify_ready(self.r, pool, user, self.policy.ready_shards if same else 1)
+
+    async def pool_of(self, user: str, tier: str) -> str:
+        """The pool that serves ``user``'s next turn of ``tier``: the tier's own, or the group
+        the user is pinned to or hashed into (``protocol.groups.assign``). This worker's tier is
+        judged by the policy it refreshes; another tier's policy is read now."""
+        if tier == self.tier:
+            if self.tier_policy is None:  # (no policy applied here yet: never hand users to nowhere)
+                return self.pool
+            policy, rejected = self.tier_policy, self.rejected
+        else:
+            policy = (await read_policy_async(self.r, tier)).policy
+            rejected = frozenset(await rejected_groups_async(self.r, tier)) if policy.groups else frozenset()
+        if not policy.groups:
+            return tier
+        pin = await read_pin_async(self.r, user, tier)
+        return pool_name(tier, assign(user, policy.weights(), pin, rejected))
 
     def counters_now(self) -> Counters:
         """The counters with the handler time of turns still running: slot-seconds up to now.
@@ -144,7 +166,7 @@ class JobServices:
     async def hand_back(self, nid: str, user: str) -> None:
         """A draining worker returns a notification: a fresh one for others, then the ack."""
         try:
-            await self.notify(user, self.tier)
+            await self.notify(user, await self.pool_of(user, self.tier))  # (its group's, if it moved)
             await self.ack([nid])
         except TRANSIENT as exc:
             log.warning("could not hand back notification %s (%s); it stays pending", nid, exc)
@@ -211,7 +233,7 @@ class JobServices:
                 job.renew_failed()
         # touching resets their idle time, so no one reclaims a live holder's: only the ones
         # still pending under us (one another worker reclaimed is its duty)
-        await worker_ops.touch_and_beat(self.r, self.store.scripts, self.tier, self.worker_id, nids,
+        await worker_ops.touch_and_beat(self.r, self.store.scripts, self.pool, self.worker_id, nids,
                                         self.settings.heartbeat_ttl_ms)
 
     # --- reports ---------------------------------------------------------------------
@@ -235,7 +257,7 @@ class JobServices:
     async def _report(self) -> None:
         busy = sum(1 for job in self.jobs.values() if job.lease is not None)
         report = self.sensor.sample(
-            worker=self.worker_id, tier=self.tier, state=self.state,
+            worker=self.worker_id, tier=self.pool, state=self.state,
             slots=Slots(busy=busy, total=self.policy.concurrency,
                         queue_depth=len(self.jobs) - busy),
             counters=self.counters_now(), interval=self.policy.report_interval_s,

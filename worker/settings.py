@@ -10,6 +10,7 @@ from typing import Literal, TypedDict
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol.groups import pool_name, validate_group
 from protocol.ids import validate_tier, validate_token
 from protocol.models import RENEW_INTERVAL_S
 
@@ -29,6 +30,8 @@ class WorkerSettings(BaseSettings):
 
     redis_url: str | None = Field(None, description="default: $REDIS_URL, else the local fleet")
     tier: str = Field("chat", description="tier to serve")
+    group: str = Field("", description="the group of the tier to serve (its pool <tier>.<group>); "
+                       "empty: the tier's own pool")
     worker_id: str = Field("", description="unique id (default: <tier>-<random hex>)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
@@ -72,10 +75,16 @@ class WorkerSettings(BaseSettings):
     def _tier(cls, v: str) -> str:
         return validate_tier(v)
 
+    @field_validator("group")
+    @classmethod
+    def _group(cls, v: str) -> str:
+        return validate_group(v) if v else v
+
     @model_validator(mode="after")
     def _ids_and_timing(self) -> WorkerSettings:
         if not self.worker_id:
-            object.__setattr__(self, "worker_id", self.pod_name or f"{self.tier}-{secrets.token_hex(4)}")
+            object.__setattr__(self, "worker_id", self.pod_name or
+                               f"{pool_name(self.tier, self.group)}-{secrets.token_hex(4)}")
         validate_token(self.worker_id, "worker id")
         if self.reclaim_idle_ms <= self.renew_interval_s * 1000 * 2:
             raise ValueError("reclaim_idle_ms must exceed two renew intervals, or live owners get robbed")

@@ -116,6 +116,11 @@ class Runtime(ABC):
         "rq" (RQ workers on ``queues``); the commander calls it each pass before it acts. A
         runtime that can run only Fleet's workers ignores it (and an rq tier gets none)."""
 
+    def check_group(self, pool: str) -> str | None:
+        """Why the workers of a group's ``pool`` cannot start here (its interpreter is missing or
+        cannot load its handler), or None. Runtimes that cannot tell answer None."""
+        return None
+
     def refusal(self, tier: str) -> str | None:
         """Why this runtime may not act on ``tier`` now (``spawn`` and ``retire`` would raise
         ``Refused``), or None. The commander asks before it acts and ledgers the answer."""

@@ -35,6 +35,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from commander.runtime.adoption import Adoption, _Tracked
 from commander.runtime.base import Handles, Runtime, UnknownWorker, WorkerHandle, WorkerIds, WorkerState
+from commander.runtime.interpreters import GroupRejected, Interpreters
 from commander.runtime.procs import (
     SpawnError,
     child_env,
@@ -46,12 +47,13 @@ from commander.runtime.procs import (
     worker_command,
 )
 from commander.runtime.template import TemplateSpawner
-from protocol.ids import validate_tier, validate_token
+from protocol.groups import split_pool, validate_pool
+from protocol.ids import validate_token
 from protocol.models import Control
 from protocol.policy import Policy, PolicyError, parse_policy
 from stores.connection import connect_sync, resolve_url
 from stores.control import send_control
-from stores.policies import read_good_policy
+from stores.policies import read_good_policy, read_policy
 from stores.records import write_record
 from stores.registry import registered_and_beating, rq_registered
 from stores.retry import TRANSIENT
@@ -68,8 +70,9 @@ __all__ = ["ProcessRuntime", "SpawnError", "UnknownWorker", "child_env", "new_wo
 
 
 def new_worker_id(tier: str) -> str:
-    """``<tier>-<8 hex>``: unique enough for a fleet, readable in ``fleet status``."""
-    return validate_token(f"{validate_tier(tier)}-{secrets.token_hex(4)}", "worker id")
+    """``<tier>-<8 hex>`` (``<tier>.<group>-<8 hex>`` in a group's pool): unique enough for a
+    fleet, readable in ``fleet status``."""
+    return validate_token(f"{validate_pool(tier)}-{secrets.token_hex(4)}", "worker id")
 
 
 class ProcessRuntime(Adoption, Runtime):
@@ -107,6 +110,8 @@ class ProcessRuntime(Adoption, Runtime):
         self._unclean: set[str] = set()  # exited workers whose registry entry is still to remove
         self._rq: dict[str, tuple[str, ...]] = {}  # rq tiers (configure): tier -> its queues
         self.template = self._make_template(spawn_mode, template)
+        self.interpreters = Interpreters(self.template, child_env(self.url), self.log_dir,
+                                         fork=self.template is not None)
 
     def _make_template(self, mode: SpawnMode, template: TemplateSpawner | None) -> TemplateSpawner | None:
         if mode == "exec" or self.command is not worker_command:
@@ -119,6 +124,7 @@ class ProcessRuntime(Adoption, Runtime):
         """Close the Redis client and stop the fork template (the workers keep running)."""
         if self.template is not None:
             self.template.close()
+        self.interpreters.close()
         self.r.close()
 
     def _policy_drain_timeout(self, tier: str) -> float:
@@ -137,38 +143,62 @@ class ProcessRuntime(Adoption, Runtime):
 
     # --- spawn ---------------------------------------------------------------------------
     def spawn(self, tier: str, n: int = 1) -> WorkerIds:
-        """Start ``n`` workers of ``tier``; raise ``SpawnError`` if one cannot start."""
-        validate_tier(tier)
+        """Start ``n`` workers of ``tier`` (or of a group's pool ``<tier>.<group>``, run by the
+        group's interpreter); raise ``SpawnError`` if one cannot start, ``GroupRejected`` if the
+        group's interpreter is missing or cannot load its handler."""
+        validate_pool(tier)
         if n < 0:
             raise ValueError(f"cannot spawn {n} workers")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         env = child_env(self.url)
-        return [self._spawn_one(tier, env) for _ in range(n)]
+        base, group = split_pool(tier)
+        python = None
+        if group and n > 0:
+            env["FLEET_WORKER_GROUP"] = group  # (WorkerSettings' env prefix: the fork takes it too)
+            python, handler = self._group_runs(base, group)
+            why = self.interpreters.check(python, handler) if python is not None else None
+            if why is not None:
+                raise GroupRejected(why)
+        return [self._spawn_one(tier, env, python) for _ in range(n)]
 
-    def _spawn_one(self, tier: str, env: dict[str, str]) -> str:
-        worker_id = new_worker_id(tier)
+    def check_group(self, pool: str) -> str | None:
+        """Why the group of ``pool`` cannot run here: its interpreter cannot load its handler."""
+        tier, group = split_pool(pool)
+        python, handler = self._group_runs(tier, group) if group else (None, "")
+        return self.interpreters.check(python, handler) if python is not None else None
+
+    def _group_runs(self, tier: str, group: str) -> tuple[str | None, str]:
+        """The interpreter of ``group`` (None: this one) and its handler, from the tier's policy."""
+        policy = read_policy(self.r, tier).policy
+        found = next((g for g in policy.groups if g.name == group), None)
+        return (found.python if found is not None else None), policy.group_handler(group)
+
+    def _spawn_one(self, pool: str, env: dict[str, str], python: str | None = None) -> str:
+        worker_id = new_worker_id(pool)
+        tier = split_pool(pool)[0]  # a group's worker is told its group by the environment
         log_path = self.log_dir / f"{worker_id}.log"
-        template, popen = self.template, None
-        queues = self._rq.get(tier)
+        template, popen = self.interpreters.template(python), None
+        queues = self._rq.get(pool)
         if queues is not None:  # an RQ worker: a fresh interpreter (RQ is not in the template)
             popen = start_fresh(rq_worker_command(queues, worker_id), env, log_path,
-                                f"RQ worker of tier {tier}")
+                                f"RQ worker of {pool}")
             pid, template = popen.pid, None
         elif template is not None:
             spawned = template.spawn(tier, worker_id, env, log_path)
             pid, popen = spawned.pid, spawned.popen
             template = template if spawned.forked else None
         else:
-            popen = start_fresh(list(self.command(tier, worker_id)), env, log_path,
-                                f"worker of tier {tier}")
+            argv = worker_command(tier, worker_id, python) if self.command is worker_command and python \
+                else list(self.command(tier, worker_id))
+            popen = start_fresh(argv, env, log_path, f"worker of {pool}")
             pid = popen.pid
         proc = process_of(pid)
-        handle = WorkerHandle(worker_id, tier, pid, WorkerState.STARTING, time.time())
+        handle = WorkerHandle(worker_id, pool, pid, WorkerState.STARTING, time.time())
         self._workers[worker_id] = _Tracked(handle, proc, popen, time.monotonic(), template,
                                             rq=queues is not None)
         write_record(self.run_dir, handle, proc)
-        log.info("spawned worker %s (tier %s, pid %d, %s, log %s)", worker_id, tier, pid,
+        log.info("spawned worker %s (%s, pid %d, %s, log %s)", worker_id, pool, pid,
                  "exec" if popen else "forked", log_path)
         return worker_id
 

@@ -25,9 +25,10 @@ class SpawnError(RuntimeError):
     """A worker process could not be started."""
 
 
-def worker_command(tier: str, worker_id: str) -> list[str]:
-    """The argv of a real worker (the contract of ``worker/__main__.py``)."""
-    return [sys.executable, "-m", "worker", "--tier", tier, "--worker-id", worker_id]
+def worker_command(tier: str, worker_id: str, python: str | None = None) -> list[str]:
+    """The argv of a real worker (the contract of ``worker/__main__.py``), run by ``python``
+    (a group's virtualenv) or by this interpreter."""
+    return [python or sys.executable, "-m", "worker", "--tier", tier, "--worker-id", worker_id]
 
 
 def rq_worker_command(queues: Sequence[str], worker_id: str) -> list[str]:

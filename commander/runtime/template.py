@@ -60,10 +60,13 @@ class TemplateSpawner:
 
     def __init__(self, env: Mapping[str, str] | None = None, log_dir: Path | str = Path(".fleet/logs"),
                  *, python: str = sys.executable, start_timeout_s: float = 30.0,
-                 request_timeout_s: float = 5.0, retry_after_s: float = 30.0) -> None:
+                 request_timeout_s: float = 5.0, retry_after_s: float = 30.0,
+                 exec_python: str | None = None) -> None:
+        """``exec_python``: the interpreter of the fresh workers started when the template cannot
+        fork (a group's virtualenv); this one's by default."""
         self.env = dict(os.environ if env is None else env)
         self.log_dir = Path(log_dir).resolve()
-        self.python = python
+        self.python, self.exec_python = python, exec_python
         self.start_timeout_s = start_timeout_s
         self.request_timeout_s = request_timeout_s
         self.retry_after_s = retry_after_s
@@ -192,7 +195,7 @@ class TemplateSpawner:
                 except TemplateError as exc:
                     log.warning("fork of %s failed (%s): starting a fresh interpreter", worker_id, exc)
                     break
-        popen = start_fresh(worker_command(tier, worker_id), full_env, path)
+        popen = start_fresh(worker_command(tier, worker_id, self.exec_python), full_env, path)
         return Spawned(popen.pid, popen)
 
     def _fork(self, tier: str, worker_id: str, env: dict[str, str], log_path: Path) -> int:

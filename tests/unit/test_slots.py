@@ -63,6 +63,7 @@ from stores import (
     control,
     deadletters,
     decide_state,
+    groups,
     jobctx,
     leader,
     ledger,
@@ -428,6 +429,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         entries = await store.read_inbox(user, "", 10)
         entry = entries[0][0]
         await store.pull(user, "t-1", entry)
+        await store.uncount(user, entry)
         await store.commit(res, entry, "t-1", Writes(turn_id="t-1", session_entry=b"s", reply=b"r",
                                                       profile={"k": "v"}, memories=[(b"m", 1.0)],
                                                       usage={"turns": 1}, deferrals=[("j-0", b"d")]),
@@ -471,6 +473,22 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     recovery.renotify_unserved(r, tier, shards=3, batch=1)
     registry.forget_workers(r, list(WORKERS))
     SyncScripts(r)
+    await drive_groups(r, ar)
+
+
+async def drive_groups(r: redis.Redis, ar: aioredis.Redis) -> None:
+    """Pins and rejected groups (stores.groups), and a group's pool on the data plane."""
+    groups.pin_group(r, USERS[0], "chat", "green")
+    groups.user_pins(r, USERS[0])
+    await groups.read_pin_async(ar, USERS[0], "chat")
+    groups.unpin_group(r, USERS[0], "chat")
+    groups.reject_group(r, "chat", "green", "no interpreter")
+    groups.rejected_groups(r, "chat")
+    await groups.rejected_groups_async(ar, "chat")
+    groups.accept_group(r, "chat", "green")
+    groups.with_group_pools(r, ["chat"])
+    groups.read_pool_policy(r, "chat.green")
+    await submit.submit_round_trip_async(ar, [turn(USERS[1], "chat", 91)], "chat.green")
 
 
 def drive(r: redis.Redis, ar: aioredis.Redis) -> None:
@@ -526,6 +544,8 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.tier_probe.heartbeats_of": "parses replies",
     "stores.tier_probe.SubmitOptions": "a value",
     "stores.tier_probe.submit_options_of": "parses replies",
+    "stores.tier_probe.split_by_pool": "arithmetic",
+    "stores.groups.pool_policy": "arithmetic over a PolicyRead",
     "stores.submit.Submitted": "a value",
     "stores.submit.inbox_command": "names a command",
     "stores.submit.notify_commands": "names commands",

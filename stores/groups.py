@@ -1,0 +1,93 @@
+"""Group assignment in Redis: users' pins, and the groups the commander rejected.
+
+A pin (``fleet group pin U green``) is a field of the user's ``fleet:u:{U}:pins`` hash (tier ->
+group), in the user's slot. Rejected groups (their interpreter is missing, or cannot import
+their handler) are fields of ``fleet:policy:{T}:rejected``, in the slot of the tier's policy
+key, so they are read with it. Who resolves a user's group (the client at submit, the worker
+that meets the turn) calls :func:`protocol.groups.assign` with what these return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from protocol import keys
+from protocol.codec import as_str
+from protocol.groups import pool_name, split_pool, validate_group
+from protocol.ids import validate_tier
+from stores.policies import PolicyRead, read_policy
+
+
+def pin_group(r: redis.Redis, user: str, tier: str, group: str) -> None:
+    """Pin ``user`` to ``group`` of ``tier``: its next turn is served there (the one in progress
+    finishes where it is)."""
+    r.hset(keys.pins(user), validate_tier(tier), validate_group(group))
+
+
+def unpin_group(r: redis.Redis, user: str, tier: str) -> bool:
+    """Remove ``user``'s pin on ``tier``; whether there was one."""
+    return bool(r.hdel(keys.pins(user), validate_tier(tier)))
+
+
+def user_pins(r: redis.Redis, user: str) -> dict[str, str]:
+    """Every pin of ``user``: tier -> group."""
+    return {as_str(k): as_str(v) for k, v in r.hgetall(keys.pins(user)).items()}
+
+
+async def read_pin_async(r: aioredis.Redis, user: str, tier: str) -> str | None:
+    """``user``'s pin on ``tier``, or None."""
+    raw = await r.hget(keys.pins(user), tier)
+    return None if raw is None else as_str(raw)
+
+
+def _rejected(raw: dict[Any, Any]) -> dict[str, str]:
+    return {as_str(k): as_str(v) for k, v in raw.items()}
+
+
+def rejected_groups(r: redis.Redis, tier: str) -> dict[str, str]:
+    """The tier's rejected groups: group -> reason."""
+    return _rejected(r.hgetall(keys.groups_rejected(tier)))
+
+
+async def rejected_groups_async(r: aioredis.Redis, tier: str) -> dict[str, str]:
+    """The asyncio twin of :func:`rejected_groups`."""
+    return _rejected(await r.hgetall(keys.groups_rejected(tier)))
+
+
+def reject_group(r: redis.Redis, tier: str, group: str, reason: str) -> None:
+    """Record that ``group``'s workers cannot start, and why (assignment skips it)."""
+    r.hset(keys.groups_rejected(tier), validate_group(group), reason[:500])
+
+
+def accept_group(r: redis.Redis, tier: str, group: str) -> bool:
+    """Forget a rejection of ``group`` (its workers start now); whether there was one."""
+    return bool(r.hdel(keys.groups_rejected(tier), group))
+
+
+def pool_policy(read: PolicyRead, pool: str) -> PolicyRead:
+    """The policy read of ``pool`` from its tier's ``read``: a group's pool runs its group's
+    policy (the tier's, for the tier itself or a group the policy no longer names)."""
+    group = split_pool(pool)[1]
+    if group and any(g.name == group for g in read.policy.groups):
+        return replace(read, tier=pool, policy=read.policy.for_group(group))
+    return replace(read, tier=pool)
+
+
+def read_pool_policy(r: redis.Redis, pool: str, handlers: Iterable[str] | None = None) -> PolicyRead:
+    """:func:`stores.policies.read_policy` of a tier or of a group's pool (:func:`pool_policy`)."""
+    tier, group = split_pool(pool)
+    return pool_policy(read_policy(r, tier, handlers, group=group or None), pool)
+
+
+def with_group_pools(r: redis.Redis, tiers: Iterable[str]) -> list[str]:
+    """``tiers``, each followed by its groups' pools (``chat``, ``chat.blue``, ``chat.green``)."""
+    out: list[str] = []
+    for tier in tiers:
+        out.append(tier)
+        out += [pool_name(tier, g.name) for g in read_policy(r, tier).policy.groups]
+    return out

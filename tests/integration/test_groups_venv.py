@@ -1,0 +1,214 @@
+"""Canary and blue/green end to end: two real virtualenvs, each with its own version of a small
+handler package built here, one tier with a group per virtualenv, a real commander (process
+runtime, a fork template per interpreter) and real workers on a private redis-server.
+
+A 90/10 split serves every user on its group's version, in order; a rollout to 100 % moves the
+blue users to green between turns (every turn answered once, each session in submission order,
+a user's versions never going back); an abort brings them back; and groups whose interpreter
+is missing or cannot import the handler are rejected while the tier serves on.
+
+The virtualenvs are made offline: ``python -m venv --without-pip`` from the base interpreter,
+a ``.pth`` file giving them this environment's dependencies (redis, pydantic, ...), the
+checkout on ``PYTHONPATH`` (the runtime sets it), and the handler package installed with this
+environment's pip (``--python``, ``--no-index --no-build-isolation``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from commander.commander import Commander
+from commander.runtime.process import ProcessRuntime
+from commander.settings import CommanderSettings
+from fleet.cli import main as fleet_main
+from fleet.client import Fleet
+from protocol import keys
+from protocol.codec import decode
+from protocol.groups import assign
+from protocol.models import LedgerEvent, SessionEntry
+from protocol.policy import parse_policy
+from stores.groups import rejected_groups
+from stores.ledger import ledger_page
+from stores.policies import read_policy, write_policy
+from stores.registry import read_registry
+from tests.conftest import TEST_WORKER_ENV
+from tests.integration.conftest import wait_until
+
+pytestmark = pytest.mark.integration
+USERS = [f"user-{i}" for i in range(30)]
+PYPROJECT = """[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+[project]
+name = "fleet-canary-test"
+version = "{version}"
+[project.entry-points."fleet.handlers"]
+canary = "fleet_canary_test:handle"
+[tool.setuptools]
+packages = ["fleet_canary_test"]
+"""
+HANDLER = """from protocol.models import HandlerResult
+
+
+def handle(ctx):
+    return HandlerResult(text="v{version}: " + ctx.turn.text)
+"""
+
+
+def make_venv(root: Path, version: int) -> str:
+    """A virtualenv holding version ``version`` of the handler package; its interpreter's path."""
+    venv = root / f"venv{version}"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)  # type: ignore[attr-defined]
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "fleet_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    pkg = root / f"pkg{version}"
+    (pkg / "fleet_canary_test").mkdir(parents=True)
+    (pkg / "pyproject.toml").write_text(PYPROJECT.format(version=f"{version}.0"))
+    (pkg / "fleet_canary_test" / "__init__.py").write_text(HANDLER.format(version=version))
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index",
+                    "--no-deps", "--no-build-isolation", str(pkg)], check=True)
+    return str(python)
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("venvs")
+    return make_venv(root, 1), make_venv(root, 2)
+
+
+@pytest.fixture
+def commander(redis_server: Any, r: redis.Redis, tmp_path: Path,
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcessRuntime]:
+    """A leading commander on a process runtime, in a thread; its workers stopped by pid after."""
+    for key, value in {**TEST_WORKER_ENV, "FLEET_WORKER_POLICY_REFRESH_S": "0.2"}.items():
+        monkeypatch.setenv(key, value)
+    runtime = ProcessRuntime(redis_server.url, log_dir=tmp_path / "logs")
+    settings = CommanderSettings(commander_id="c-groups", metrics_port=None, interval_s=0.2,
+                                 always_tiers=())
+    stop = threading.Event()
+    thread = threading.Thread(target=Commander(redis_server.client(), runtime, settings).run, args=(stop,),
+                              daemon=True)
+    thread.start()
+    try:
+        yield runtime
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        runtime.stop_all(timeout=5.0)
+        runtime.reap()
+        runtime.close()
+    assert not thread.is_alive()
+
+
+def events(r: redis.Redis, action: str) -> list[LedgerEvent]:
+    rows = [decode(LedgerEvent, fields[b"m"]) for _id, fields in ledger_page(r, "+", 10_000)]
+    return [e for e in rows if e.action == action]
+
+
+def live_pools(r: redis.Redis) -> dict[str, list[str]]:
+    pools: dict[str, list[str]] = {}
+    for wid, (info, alive) in read_registry(r).workers.items():
+        if alive:
+            pools.setdefault(info.tier, []).append(wid)
+    return pools
+
+
+def serve_round(client: Fleet, n: int) -> dict[str, str]:
+    """One turn per user, all submitted in one batch; each user's reply's version (``v1``/``v2``)."""
+    handles = client.submit_many([(u, f"{u} turn {n}") for u in USERS])
+    out = {}
+    for h in handles:
+        reply = h.result(timeout=30)
+        assert reply.ok and reply.text == f"v{reply.text[1]}: {h.user} turn {n}", reply
+        out[h.user] = reply.text[:2]
+    return out
+
+
+def logs_say(runtime: ProcessRuntime, pools: dict[str, list[str]], text: str) -> bool:
+    """Every live worker's log has ``text`` (its policy refresh saw the change)."""
+    wids = [w for ws in pools.values() for w in ws]
+    return bool(wids) and all(text in (runtime.log_dir / f"{w}.log").read_text() for w in wids)
+
+
+def test_canary_rollout_and_abort_across_two_virtualenvs(
+        venvs: tuple[str, str], redis_server: Any, r: redis.Redis, commander: ProcessRuntime) -> None:
+    v1, v2 = venvs
+    bare = sys._base_executable  # type: ignore[attr-defined]  # (no handler package: cannot load it)
+    one = {"handler": "canary", "min_workers": 1, "max_workers": 2}
+    write_policy(r, "chat", parse_policy({"min_workers": 0, "report_interval_s": 0.5, "groups": [
+        {"name": "blue", "python": v1, "weight": 90, **one},
+        {"name": "green", "python": v2, "weight": 10, **one},
+        {"name": "gone", "handler": "canary", "python": "/nonexistent/bin/python", "weight": 0},
+        {"name": "bare", "handler": "canary", "python": bare, "weight": 0}]}))
+    wait_until(lambda: {"chat.blue", "chat.green"} <= set(live_pools(r)), 60, "a worker in each group")
+    wait_until(lambda: {"gone", "bare"} <= set(rejected_groups(r, "chat")), 60, "the broken groups rejected")
+    why = rejected_groups(r, "chat")
+    assert "/nonexistent/bin/python is missing" in why["gone"]
+    assert "cannot load handler 'canary'" in why["bare"]
+    assert {e.tier for e in events(r, "group-rejected")} == {"chat.gone", "chat.bare"}
+    assert set(live_pools(r)) == {"chat.blue", "chat.green"}  # the tier serves on
+
+    split = [("blue", 90.0), ("green", 10.0), ("gone", 0.0), ("bare", 0.0)]
+    want = {u: "v1" if assign(u, split) == "blue" else "v2" for u in USERS}
+    assert set(want.values()) == {"v1", "v2"}  # (the table's users fall in both)
+    client = Fleet(redis_server.url)
+    history: dict[str, list[str]] = {u: [] for u in USERS}
+    for n in range(2):  # the 90/10 split: every user on its group's version
+        got = serve_round(client, n)
+        assert got == want
+        for u in USERS:
+            history[u].append(got[u])
+
+    assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--weight", "50"]) == 0
+    wait_until(lambda: logs_say(commander, live_pools(r), "groups of chat now blue 50, green 50"), 30,
+               "every worker to see the 50 % step")
+    client.reread_policies()
+    half = [("blue", 50.0), ("green", 50.0), ("gone", 0.0), ("bare", 0.0)]
+    got = serve_round(client, 2)  # only the users between the 90 and the 50 threshold moved
+    assert got == {u: "v1" if assign(u, half) == "blue" else "v2" for u in USERS}
+    assert all(got[u] == "v2" for u in USERS if want[u] == "v2") and set(got.values()) == {"v1", "v2"}
+    for u in USERS:
+        history[u].append(got[u])
+
+    assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--to", "100"]) == 0
+    wait_until(lambda: logs_say(commander, live_pools(r), "groups of chat now blue 0, green 100"), 30,
+               "every worker to see the rollout")
+    client.reread_policies()
+    for n in range(3, 5):  # all on green now
+        got = serve_round(client, n)
+        assert set(got.values()) == {"v2"}
+        for u in USERS:
+            history[u].append(got[u])
+    wait_until(lambda: [e for e in events(r, "rollout")
+                        if "-> blue 0, green 100, gone 0, bare 0 (canary green)" in e.reason], 10,
+               "the rollout to 100 in the ledger")
+    steps = [e.reason.partition(" -> ")[2] for e in sorted(events(r, "rollout"), key=lambda e: e.ts)]
+    assert steps == ["blue 50, green 50, gone 0, bare 0 (canary green)",
+                     "blue 0, green 100, gone 0, bare 0 (canary green)"]
+
+    assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--abort"]) == 0
+    wait_until(lambda: logs_say(commander, live_pools(r), "groups of chat now blue 100, green 0"), 30,
+               "every worker to see the abort")
+    client.reread_policies()
+    assert set(serve_round(client, 5).values()) == {"v1"}
+    client.close()
+
+    for u in USERS:  # every turn answered once, in order; versions moved once each way
+        rows = r.lrange(keys.session(u), 0, -1)
+        sessions = [decode(SessionEntry, raw if isinstance(raw, bytes) else raw.encode()).text
+                    for raw in rows]
+        assert sessions == [f"{u} turn {n}" for n in range(6)], (u, sessions)
+        assert history[u][:2] == [want[u]] * 2 and history[u][3:] == ["v2"] * 2, (u, history[u])
+        assert history[u] == sorted(history[u]), (u, history[u])  # v1 ... v2, never back before the abort
+    assert read_policy(r, "chat").policy.weights()[:2] == (("blue", 100.0), ("green", 0.0))
