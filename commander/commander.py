@@ -24,7 +24,7 @@ from commander.leader import Deposed, Leadership
 from commander.monitor.board import Board, TierSeen
 from commander.observe import Observer
 from commander.records import Records
-from commander.recovery import Recovery
+from commander.recovery import Recovering, Recovery
 from commander.rqtier import RqReader, RqTiers
 from commander.runtime import Runtime, UnknownWorker, WorkerHandle, WorkerState
 from commander.runtime_notes import RuntimeNotes
@@ -36,7 +36,6 @@ from protocol.policy import Policy
 from stores.backlog import write_starting
 from stores.control import send_control
 from stores.policies import PolicyRead, list_tiers, read_policy
-from stores.recovery import cluster_epoch
 from stores.retry import TRANSIENT, Backoff
 from stores.takeover import Takeover, sweep, take_over
 
@@ -68,7 +67,7 @@ class _Dead:
     unasked: bool = False  # an exit nobody asked for (a crash): recorded even if it left nothing
 
 
-class Commander(Records, RuntimeNotes, RqTiers, Groups):
+class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
     """One commander process: a standby until it wins the lease, then the fleet's only actor."""
 
     def __init__(self, r: redis.Redis, runtime: Runtime, settings: CommanderSettings,
@@ -364,29 +363,6 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups):
             for one in done:
                 self._record_takeover(one, f"consumer {one.worker} is no live worker")
         self._swept_at = self.monotonic()
-
-    def _recover(self, shards: dict[str, int]) -> None:
-        """After a Cluster failover, re-notify the users whose queued turns may have lost their
-        notification (``stores.recovery``); a failure is retried next pass."""
-        try:
-            done = self.recovery.run(self.r, shards, cluster_epoch(self.r))
-        except Exception as exc:  # noqa: BLE001 - Redis still failing over: the next pass retries
-            log.warning("recovery after a failover failed (%s: %s); retried next pass",
-                        type(exc).__name__, exc)
-            return
-        if done is None:
-            return
-        for tier in done.tiers:
-            if not tier.users:
-                continue
-            reason = (f"cluster epoch {done.before} -> {done.now} (a failover may have lost "
-                      f"notifications): re-notified {len(tier.users)} of {tier.checked} active "
-                      f"users with turns queued")
-            log.warning("tier %s: %s", tier.tier, reason)
-            self._append(self._event(tier.tier, "renotified", reason=reason,
-                                     why={"renotified": {"users": list(tier.users[:20]),
-                                                         "count": len(tier.users),
-                                                         "checked": tier.checked}}))
 
     def _record_takeover(self, done: Takeover, why: str, unasked: bool = False) -> None:
         """Log and count a takeover; a ledger event when it did something, or when the exit

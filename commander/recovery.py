@@ -4,13 +4,15 @@ failover can lose and what the sweep does about it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import redis
 
+from protocol.models import LedgerEvent
 from stores.recovery import (
     Renotified,
+    cluster_epoch,
     read_recovered,
     renotify_unserved,
     write_recovered,
@@ -58,3 +60,35 @@ class Recovery:
         write_recovered(r, now)
         before, self.last = self.last, now
         return Recovered(before, now, done)
+
+
+class Recovering:
+    """The leader's recovery pass, for ``Commander``, which provides the state below."""
+
+    r: redis.Redis
+    recovery: Recovery
+    _append: Callable[[LedgerEvent], None]
+    _event: Callable[..., LedgerEvent]
+
+    def _recover(self, shards: dict[str, int]) -> None:
+        """After a Cluster failover, re-notify the users whose queued turns may have lost their
+        notification (``stores.recovery``); a failure is retried next pass."""
+        try:
+            done = self.recovery.run(self.r, shards, cluster_epoch(self.r))
+        except Exception as exc:  # noqa: BLE001 - Redis still failing over: the next pass retries
+            log.warning("recovery after a failover failed (%s: %s); retried next pass",
+                        type(exc).__name__, exc)
+            return
+        if done is None:
+            return
+        for tier in done.tiers:
+            if not tier.users:
+                continue
+            reason = (f"cluster epoch {done.before} -> {done.now} (a failover may have lost "
+                      f"notifications): re-notified {len(tier.users)} of {tier.checked} active "
+                      f"users with turns queued")
+            log.warning("tier %s: %s", tier.tier, reason)
+            self._append(self._event(tier.tier, "renotified", reason=reason,
+                                     why={"renotified": {"users": list(tier.users[:20]),
+                                                         "count": len(tier.users),
+                                                         "checked": tier.checked}}))

@@ -23,6 +23,7 @@ from stores.retry import TRANSIENT, Backoff
 from stores.turns import Busy, Fenced, Lease, NextTurn, Pulled, UserStore, Writes
 from worker import handlers
 from worker.intake import Fields, decode_entry, reply_route
+from worker.lanetimer import LaneTimer
 from worker.settings import WorkerSettings
 from worker.tally import Result, TurnTally
 
@@ -79,7 +80,7 @@ class OtherTier(Exception):
         self.pool, self.uncount = pool, uncount  # the entry whose counted attempt a hand-over takes back
 
 
-class UserJob:
+class UserJob(LaneTimer):
     """Serves one user's inbox under its lane; created per user, gone when the lane is."""
 
     def __init__(self, worker: JobHost, user: str) -> None:
@@ -96,6 +97,9 @@ class UserJob:
         self._lost = False  # lane_lost() cancelled the task: take the lane again
         self.committing = False  # a commit is in flight (see renew_failed)
         self._expiry: asyncio.TimerHandle | None = None  # lane_lost() one lane TTL after ``renewed``
+
+    def lane_ttl_s(self) -> float:
+        return self.w.settings.lane_ttl_ms / 1000
 
     def attach(self, nid: str, reclaimed: bool) -> None:
         """Give this job the duty of a notification for its user."""
@@ -147,43 +151,6 @@ class UserJob:
         self._lost = False
         self.lease = None
         return False
-
-    def renewed_at(self, lease: Lease, sent: float) -> None:
-        """``lease`` was taken or renewed by a request sent at ``sent`` (monotonic): it lasts one
-        lane TTL from then at least. Unless renewed again by then, the turn in progress is stopped
-        at that deadline, by a timer of its own: not by the renew loop, which Redis away, a pass
-        stuck in the client's retries or a paused process make late (explorer seeds 20217, 28924)."""
-        if self.lease is not lease or sent <= self.renewed:
-            return  # (a renewal pass left behind may end after a newer one)
-        self.renewed = sent
-        if self._expiry is not None:
-            self._expiry.cancel()
-        left = sent + self.w.settings.lane_ttl_ms / 1000 - time.monotonic()
-        self._expiry = asyncio.get_running_loop().call_later(max(0.0, left), self._expired, lease)
-
-    def _expired(self, lease: Lease) -> None:
-        self._expiry = None
-        if self.lease is lease:
-            log.warning("lane of %s not renewed within its TTL: stopping the turn in progress", self.user)
-            self.lane_lost()
-
-    def renew_failed(self) -> None:
-        """A renewal found the lane gone. While a commit is in flight that is its own doing
-        (the commit releases the lane when nothing waits, and its reply may wait on for a WAIT
-        after it): the commit's answer decides. Released: nothing was lost. Kept: the next
-        renewal pass judges the lane again, the commit was fenced if it had been lost before,
-        and the lane's own TTL timer (``renewed_at``) still bounds the turn after it."""
-        if self.committing:
-            return
-        log.warning("lane of %s expired under us: stopping the turn in progress", self.user)
-        self.lane_lost()
-
-    def lane_lost(self) -> None:
-        """A renewal found the lane gone, or its deadline passed unrenewed: stop the turn in
-        progress, whose write would be fenced anyway, so no handler runs on beside the new owner's."""
-        if self.task is not None and not self.task.done() and not self._lost:
-            self._lost = True
-            self.task.cancel()
 
     async def _run(self) -> None:
         store = self.w.store
