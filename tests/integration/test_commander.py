@@ -297,7 +297,12 @@ def test_redis_pause_causes_no_mass_scale_in_nor_spawn_storm(r, redis_server, st
     with Load(redis_server.url, users=4, pause_s=0.0, lockstep=False) as load:
         wait_until(lambda: len(live_workers(r)) == 4, 30, "the load to scale the tier up")
         passes(r, 5)
-        before = len(ledger(r))
+        events = ledger(r)
+        before = len(events)
+        # with no hold, a worker fresh from a scale-up may be consolidated before the pause (its
+        # window's occupancy is low): the tier then stands below the 4 users' demand, and a
+        # scale-up back to it after the pause is recovery, not a storm
+        at_pause = events[-1].to_count
         redis_server.proc.send_signal(signal.SIGSTOP)
         # the fault itself, not a wait for anything: Redis answers nobody for longer than the
         # leader lease, so the commander is deposed and re-elected
@@ -308,7 +313,8 @@ def test_redis_pause_causes_no_mass_scale_in_nor_spawn_storm(r, redis_server, st
         during = ledger(r)[before:]
     load.check(r)
     assert not [e for e in during if e.action in ("reclaim-idle", "consolidate")], during
-    assert sum(e.to_count - e.from_count for e in during if e.action == "scale-up") <= 1, during
+    ups = sum(e.to_count - e.from_count for e in during if e.action == "scale-up")
+    assert ups <= 1 + (4 - at_pause), during
 
 
 def test_a_worker_started_separately_is_counted_not_doubled(r, redis_server, start_commander, start_worker):
