@@ -374,6 +374,7 @@ def drive_sync(r: redis.Redis) -> None:
         outbox.delete_entries(r, user, [e.id for e in entries])
     outbox.ack_hints(r, [h.id for h in hints])
     registry.rq_registered(r, WORKERS)
+    registry.rq_entries(r)
     # what a deferred job reads and writes of its user (issue 16)
     for user in USERS:
         jobctx.pull(r, user)
@@ -483,6 +484,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.unserved_after_ms": "arithmetic",
     "stores.backlog.unserved_by_tier": "arithmetic over a Registry",
     "stores.backlog.TierBacklog": "a value",
+    "stores.registry.RqEntry": "a value",
     "stores.backlog.tier_backlog": "parses replies",
     "stores.backlog.workers_group": "parses replies",
     "stores.backlog.no_free_slot": "parses replies",
