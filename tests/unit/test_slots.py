@@ -564,6 +564,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.users.counters": "parses a reply",
     "stores.outbox.Hint": "a value",
     "stores.outbox.Entry": "a value",
+    "stores.rqview": "reads RQ's own keys through stores.rqjobs (see it)",
     "stores.rqjobs": "RQ's own keys (rq:job:<id>, rq:queue:<q>, its registries: no hash tags, written "
                      "together by RQ's scripts and transactions): RQ needs one Redis node (--rq-url); "
                      "driven by tests/unit/test_relay.py and tests/integration/test_defer_rq.py",
