@@ -9,7 +9,8 @@
 # would pin it harder: add `@sha256:…` once you have pulled it and can read it).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
-# --- build: the project and its `k8s` extra as wheels, from this repository -----------------
+# --- build: the project and its `k8s` and `rq` extras as wheels, from this repository --------
+# (`rq`: the relay, the RQ workers of rq tiers and `fleet jobs`, issue 16)
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
@@ -18,7 +19,7 @@ WORKDIR /src
 # and the package directories, with stores/lua/*.lua and commander/monitor/static/*)
 COPY . .
 # every dependency ships a manylinux wheel for CPython 3.11, so no compiler is needed here
-RUN pip wheel --wheel-dir /wheels ".[k8s]"
+RUN pip wheel --wheel-dir /wheels ".[k8s,rq]"
 
 # --- runtime: the wheels installed, nothing else -------------------------------------------
 FROM ${PYTHON_IMAGE}
@@ -47,7 +48,7 @@ RUN groupadd --system --gid 10001 fleet \
 # DL3013 (pin versions) does not apply: --no-index installs exactly the wheels built above.
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels "fleet[k8s]"
+    pip install --no-index --find-links=/wheels "fleet[k8s,rq]"
 USER 10001:10001
 # `fleet commander` with the process runtime keeps its worker logs under .fleet/logs here
 WORKDIR /var/lib/fleet

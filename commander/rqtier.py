@@ -166,6 +166,12 @@ class RqTiers:
                         "RQ does it once their heartbeat expires", handle.tier, handle.worker_id,
                         type(exc).__name__, exc)
             return
+        if n == 0 and handle.retire_reason is not None and not handle.killed and handle.exit_code is None:
+            # retired, and not our child (adopted): its exit status is unknown, but it left no
+            # job behind, which is what a warm shutdown does
+            log.info("tier %s: RQ worker %s (adopted) exited after its retirement, no job in hand",
+                     handle.tier, handle.worker_id)
+            return
         how = "was killed" if handle.killed else f"exited (code {handle.exit_code})"
         reason = f"RQ worker {handle.worker_id} {how}; {n} job(s) in hand handed back to RQ"
         log.warning("tier %s: %s", handle.tier, reason)

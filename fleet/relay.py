@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import redis
@@ -35,13 +36,41 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.codec import CodecError, decode
 from protocol.deferral import RESULT_TTL_S, Deferral
+from protocol.policy import Policy
 from stores import outbox
 from stores.connection import connect_sync
 from stores.outbox import Hint
+from stores.policies import list_tiers, read_policy
 from stores.retry import Backoff
 
 log = logging.getLogger("fleet.relay")
 _BACKOFF = Backoff(base=0.05, cap=2.0)
+POLICY_REFRESH_S = 5.0  # how often the rq tiers' retry settings are read again
+Retries = tuple[int, tuple[int, ...] | None]  # (retry_max, retry_interval_s or None: the job's)
+
+
+def retry_overrides(policies: Mapping[str, Policy]) -> dict[str, Retries]:
+    """Queue -> the retries of the rq tier that consumes it, for the tiers whose policy sets
+    ``retry_max``; a queue of two such tiers takes the first tier's (by name)."""
+    out: dict[str, Retries] = {}
+    for tier in sorted(policies):
+        p = policies[tier]
+        if p.kind == "rq" and p.retry_max is not None:
+            for q in p.rq_queues(tier):
+                out.setdefault(q, (p.retry_max, p.retry_interval_s))
+    return out
+
+
+def with_retries(d: Deferral, overrides: Mapping[str, Retries]) -> Deferral:
+    """The deferral with its queue's tier's retries in place of its job's registration's."""
+    found = overrides.get(d.queue)
+    if found is None:
+        return d
+    retry_max, intervals = found
+    update: dict[str, object] = {"retry_max": retry_max}
+    if intervals is not None:
+        update["retry_interval_s"] = list(intervals)
+    return d.model_copy(update=update)
 
 
 class RelaySettings(BaseModel):
@@ -91,6 +120,8 @@ class Relay:
         # a crash picks up what was left without waiting an interval)
         self._last_claim: float | None = None
         self._last_sweep: float | None = None
+        self._last_policies: float | None = None
+        self.retries: dict[str, Retries] = {}  # queue -> its rq tier's retries (policy)
 
     def run(self) -> None:
         """Relay until ``stop`` is set; errors are logged and backed off, never fatal."""
@@ -114,6 +145,9 @@ class Relay:
         """One pass: claim idle notifications, read new ones, relay their users, ack them; and
         now and then sweep the active sets for outboxes whose notification was never written."""
         now = time.monotonic()
+        if self._last_policies is None or now - self._last_policies >= POLICY_REFRESH_S:
+            self._last_policies = now
+            self.read_retries()
         hints: list[Hint] = []
         if self._last_claim is None or now - self._last_claim >= self.s.claim_idle_ms / 1000:
             self._last_claim = now
@@ -126,6 +160,10 @@ class Relay:
             self._last_sweep = now
             self.sweep()
         self.stats.passes += 1
+
+    def read_retries(self) -> None:
+        """The rq tiers' retry settings, from their policies (each tier's last good one)."""
+        self.retries = retry_overrides({t: read_policy(self.r, t).policy for t in list_tiers(self.r)})
 
     def handle(self, hints: list[Hint]) -> None:
         """Relay each user named once, then ack the notifications of the users relayed whole (a
@@ -163,7 +201,7 @@ class Relay:
             outbox.dead_letter(self.r, user, entry, str(exc), time.time())
             self.stats.dead += 1
             return
-        if self._rqjobs.enqueue(self.rq, d, self.s.result_ttl_s):
+        if self._rqjobs.enqueue(self.rq, with_retries(d, self.retries), self.s.result_ttl_s):
             self.stats.enqueued += 1
             self.stats.by_queue[d.queue] = self.stats.by_queue.get(d.queue, 0) + 1
         else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Collection
 from typing import Any
@@ -81,18 +80,14 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
 
 
 def rq_status(r: redis.Redis, tier: str, policy: Policy) -> dict[str, Any]:
-    """An rq tier's row: its RQ workers, queued jobs (its backlog), started ones (pending),
-    failed ones and the oldest queued job's age, from RQ's registries."""
+    """An rq tier's row: its RQ workers (``rq_workers``: each one's state, job in hand and age),
+    queued jobs (its backlog), started ones (pending), failed ones and the oldest queued job's
+    age, from RQ's registries. ``fleet status``, ``fleet top`` and the monitor page show it."""
     try:
-        from stores import rqjobs
+        from stores import rqview
     except ImportError:  # the rq extra is not installed where `fleet status` runs
         return {"rq_error": "RQ is not installed here (the rq extra)"}
-    stats = [rqjobs.queue_stats(r, q) for q in policy.rq_queues(tier)]
-    names = {w.name for q in policy.rq_queues(tier) for w in rqjobs.workers(r, q)}
-    return {"workers_alive": len(names), "backlog": sum(s.queued for s in stats),
-            "pending": sum(s.started for s in stats), "failed_jobs": sum(s.failed for s in stats),
-            "oldest_job_age_s": round(max((s.oldest_age_s for s in stats), default=0.0), 1),
-            "queues": [dataclasses.asdict(s) for s in stats]}
+    return rqview.tier_view(r, policy.rq_queues(tier), time.time())
 
 
 def _add_groups(r: redis.Redis, rows: dict[str, dict[str, Any]]) -> None:

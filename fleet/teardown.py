@@ -30,7 +30,7 @@ def _commanders(r: redis.Redis) -> list[CommanderInfo]:
 
 
 def _teardown(state: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Commander (drains its workers), leftover workers, local Redis; in that order.
+    """Commander (drains its workers), leftover workers, the relay, local Redis; in that order.
 
     On the Redis ``up`` started, the commanders and workers started apart (a standby, a
     ``fleet worker``) on this host are stopped too: the standbys first, so that none takes
@@ -45,6 +45,9 @@ def _teardown(state: dict[str, Any], timeout: float) -> dict[str, Any]:
         result["others_stopped"] += _stop_others(state["url"], sup, "commander")
     result["commander_killed"] = _stop_commander(sup, timeout)
     result["workers_stopped"] = _stop_recorded_workers(WORKER_STOP_S)
+    relay = state.get("relay") or {}  # after the workers: it relays what their last turns deferred
+    if relay.get("pid"):
+        result["relay_killed"] = not local.terminate(relay["pid"], relay.get("create_time"), WORKER_STOP_S)
     if own_redis:
         result["others_stopped"] += _stop_others(state["url"], sup, "worker")
         local.stop_local_redis()
@@ -155,7 +158,7 @@ def _forget_commander_entry(url: str, sup: dict[str, Any]) -> None:
 
 def _still_alive(state: dict[str, Any]) -> list[str]:
     alive = []
-    for name in ("commander", "redis"):
+    for name in ("commander", "relay", "redis"):
         part = state.get(name) or {}
         if part.get("pid") and local.pid_alive(part["pid"], part.get("create_time")):
             alive.append(f"{name} pid {part['pid']}")

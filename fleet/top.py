@@ -25,8 +25,9 @@ from redis.exceptions import RedisClusterException
 
 from commander.evaluator import Evaluator, Occupancy, memory_limit_bytes
 from fleet.events import clip, format_event
-from fleet.status import tier_backlog
+from fleet.status import rq_status, tier_backlog
 from fleet.status import workers as registry_workers
+from fleet.top_rq import rq_lines
 from protocol.codec import CodecError, as_str, decode
 from protocol.models import CommanderInfo, OccupancyReport
 from stores.backlog import active_users
@@ -104,6 +105,7 @@ class Frame:
     commanders: list[CommanderInfo | str] = field(default_factory=list)  # a str: a corrupt entry
     events: list[Entry] = field(default_factory=list)
     corrupt_reports: int = 0
+    rq: dict[str, dict[str, Any]] = field(default_factory=dict)  # rq tiers: fleet.status.rq_status
 
 
 # --- reading --------------------------------------------------------------------------
@@ -143,15 +145,19 @@ def _worker_row(info: dict[str, Any], evaluator: Evaluator, limit: float | None,
     )
 
 
-def _tier_row(r: redis.Redis, tier: str, read: PolicyRead, rows: list[WorkerRow], now: float) -> TierRow:
+def _tier_row(r: redis.Redis, tier: str, read: PolicyRead, rows: list[WorkerRow], now: float,
+              rq: Mapping[str, Any] | None = None) -> TierRow:
     mine = [w for w in rows if w.tier == tier]
     count = {s: sum(1 for w in mine if w.state == s) for s in ("ready", "starting", "draining", "dead")}
+    rq = rq if rq is not None and "rq_error" not in rq else None
+    if rq is not None:  # an rq tier: RQ's workers, its queued jobs
+        count["ready"] = rq["workers_alive"]
     window = read.policy.active_window_s
     return TierRow(
         tier=tier, min_workers=read.policy.min_workers, max_workers=read.policy.max_workers,
         policy_source=read.source, policy_error=read.error, running=count["ready"],
         starting=count["starting"], draining=count["draining"], dead_workers=count["dead"],
-        backlog=tier_backlog(r, tier)["backlog"],
+        backlog=rq["backlog"] if rq is not None else tier_backlog(r, tier)["backlog"],
         active_users=active_users(r, tier, now - window),
         dead_letters=dead_letter_count(r, tier),
     )
@@ -177,13 +183,14 @@ def collect(r: redis.Redis, tier: str | None = None, handlers: Iterable[str] | N
         read = reads.get(info["tier"])
         limit = memory_limit_bytes(read.policy) if read else None
         rows.append(_worker_row(info, evaluator, limit, now))
-    tiers = [_tier_row(r, t, read, rows, now) for t, read in reads.items()]
+    rq = {t: rq_status(r, t, read.policy) for t, read in reads.items() if read.policy.kind == "rq"}
+    tiers = [_tier_row(r, t, read, rows, now, rq.get(t)) for t, read in reads.items()]
     leader = lease_holder(r)
     ttl = lease_ttl_ms(r) if leader is not None else None
     return Frame(ts=now, tiers=tiers, workers=rows, leader=leader,
                  leader_ttl_ms=ttl if ttl is not None and ttl >= 0 else None,
                  commanders=_commanders(r), events=read_events(r, tier, LAST_EVENTS),
-                 corrupt_reports=corrupt)
+                 corrupt_reports=corrupt, rq=rq)
 
 
 # --- rendering ------------------------------------------------------------------------
@@ -301,6 +308,7 @@ def render(frame: Frame, width: int | None = None) -> str:
     lines += ["", *_tier_lines(frame), "", *_worker_lines(frame, width)]
     if frame.corrupt_reports:
         lines.append(f"  ({frame.corrupt_reports} corrupt report(s) skipped)")
+    lines += rq_lines(frame.rq)
     lines += ["", *_event_lines(frame, brief=width is not None)]
     return "\n".join(lines if width is None else [clip(line, width) for line in lines])
 

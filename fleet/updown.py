@@ -5,11 +5,18 @@ else an embedded in-memory server with a warning), a default ``chat`` tier, and 
 commander as a detached process; it returns once the chat tier has its ``min_workers``
 registered and heartbeating. ``down``: stop the commander (it drains its workers), kill
 whatever is left after the timeout, stop the Redis ``up`` started. Both are idempotent.
+
+``up`` also starts a relay (``fleet relay``: deferred jobs into RQ) whenever the ``rq`` extra
+is installed, whatever the tiers' policies say now: a handler may start deferring, or an rq
+tier appear, by a policy edit at any time after ``up``, and an idle relay costs one process
+blocked on a stream read plus a sweep every few seconds. Without the extra there is no relay
+(and no ``ctx.defer`` to relay): ``up`` says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -143,12 +150,33 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
                                "commander.log", local.child_env({"REDIS_URL": url}))
     state = local.update_state(url=url, commander=local.process_record(pid), started=time.time(),
                                home=str(local.fleet_home()))
+    state = local.update_state(relay=_start_relay(state, url))
     deadline = time.monotonic() + getattr(args, "timeout", UP_TIMEOUT_S)
     workers = _wait_for_workers(r, state, min_workers, deadline)
+    _check_relay(state)
     metrics = _wait_for_metrics(r, state["commander"]["pid"], deadline)
     state = local.update_state(metrics_url=f"http://{metrics}/metrics" if metrics else None,
                                monitor_url=f"http://{metrics}/" if metrics else None)
     return {**_describe(state), "status": "up", "resumed": resumed, "workers": workers}
+
+
+def _start_relay(state: dict[str, Any], url: str) -> dict[str, Any] | None:
+    """A resumed setup's live relay, else a new one; None without the ``rq`` extra."""
+    if _alive(state.get("relay")):
+        return dict(state["relay"])
+    if importlib.util.find_spec("rq") is None:
+        return None
+    pid = local.spawn_detached([sys.executable, "-m", "fleet.cli", "relay"], "relay.log",
+                               local.child_env({"REDIS_URL": url}))
+    return local.process_record(pid)
+
+
+def _check_relay(state: dict[str, Any]) -> None:
+    """The relay ``up`` started is still running once the workers are (else: its last words)."""
+    if state.get("relay") and not _alive(state["relay"]):
+        log = local.logs_dir() / "relay.log"
+        raise FleetError(f"the relay exited at start: {_last_line(log)} (log: {log}); "
+                         "`fleet down` stops the rest")
 
 
 def _redis_reusable(state: dict[str, Any], args: argparse.Namespace) -> bool:
@@ -235,6 +263,8 @@ def _describe(state: dict[str, Any]) -> dict[str, Any]:
         "redis": {k: v for k, v in redis_part.items() if k != "create_time"},
         "commander": {"pid": (state.get("commander") or {}).get("pid"),
                        "log": str(local.logs_dir() / "commander.log")},
+        "relay": ({"pid": state["relay"].get("pid"), "log": str(local.logs_dir() / "relay.log")}
+                  if state.get("relay") else None),
         "metrics_url": state.get("metrics_url"),
         "monitor_url": state.get("monitor_url"),  # the monitor page: the same address, path /
     }
@@ -255,7 +285,10 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     print(f"  state       {result['home']}")
     print(f"  redis       {result['url']} ({_redis_text(result['redis'])})")
     print(f"  commander   pid {result['commander']['pid']} (log {result['commander']['log']})")
+    relay = result.get("relay")
     if status != "down":
+        print(f"  relay       pid {relay['pid']} (log {relay['log']})" if relay else
+              "  relay       not started: the rq extra is not installed (no deferred jobs)")
         print(f"  metrics     {result.get('metrics_url') or 'not served'}")
         print(f"  monitor     {result.get('monitor_url') or 'not served'}")
     if status == "up":
@@ -266,7 +299,8 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
         print('  this shell  eval "$(fleet env)"   (sets REDIS_URL, for redis-cli -u and Fleet())')
     if status == "down":
         killed = " (killed: it did not stop in time)" if result.get("commander_killed") else ""
-        print(f"  stopped the commander{killed}; {result['workers_running']} worker(s) drained")
+        print(f"  stopped the commander{killed}; {result['workers_running']} worker(s) drained"
+              + ("; the relay" if relay else ""))
         for line in result.get("others_stopped") or []:
             print(f"  also stopped {line} (started apart, on this fleet's Redis)")
         for line in result.get("left") or []:

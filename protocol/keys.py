@@ -38,11 +38,21 @@ OUTBOX_DEAD = f"{PREFIX}:{{outbox}}:dead"  # stream: outbox entries the relay co
 RELAY_GROUP = "relays"
 # RQ's own names (rq.worker_registration), read by the process runtime to see an RQ worker up
 RQ_WORKERS = "rq:workers"  # set of "rq:worker:<name>"
+RQ_WORKER_PREFIX = "rq:worker:"
 
 
 def rq_worker(name: str) -> str:
     """RQ's hash of one worker (its member in ``RQ_WORKERS``)."""
-    return f"rq:worker:{validate_token(name, 'worker id')}"
+    return f"{RQ_WORKER_PREFIX}{validate_token(name, 'worker id')}"
+
+
+def rq_worker_name(key: str) -> str | None:
+    """The worker name in an ``RQ_WORKERS`` member (None if it is not one a worker id could be)."""
+    name = key[len(RQ_WORKER_PREFIX):] if key.startswith(RQ_WORKER_PREFIX) else ""
+    try:
+        return validate_token(name, "worker id")
+    except ValueError:
+        return None
 
 
 # --- per user (hash tag = user id) -----------------------------------------------------

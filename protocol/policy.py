@@ -31,6 +31,8 @@ _HANDLER_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _HHMM_RE = re.compile(r"([01]\d|2[0-3]):[0-5]\d")
 MAX_REPLICA_ACKS = 8
 MAX_REPLICA_ACK_TIMEOUT_MS = 2_000
+MAX_RETRIES = 100  # an rq tier's retry_max, and its retry_interval_s entries
+MAX_RETRY_INTERVAL_S = 86_400  # a day between two retries of a job
 Fraction = float  # (0, 1], enforced by Field(gt=0, le=1)
 
 
@@ -145,6 +147,11 @@ class Policy(BaseModel):
     groups: tuple[Group, ...] = Field((), max_length=8)
     canary: str | None = None  # the group under rollout (``fleet rollout``), judged by rollout_guard
     rollout_guard: RolloutGuard | None = None  # None: no automatic abort
+    # an rq tier's retries of a failed job (RQ's ``Retry``), for the jobs of its queues: they
+    # override the job's registration (``@job(retry_max=…, retry_interval_s=…)``); None: the
+    # registration's. The intervals are seconds before each retry (the last one repeats)
+    retry_max: int | None = Field(None, ge=0, le=MAX_RETRIES)
+    retry_interval_s: tuple[int, ...] | None = Field(None, max_length=MAX_RETRIES)
 
     @field_validator("handler")
     @classmethod
@@ -164,6 +171,22 @@ class Policy(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError("a queue is named twice")
         return v
+
+    @field_validator("retry_interval_s")
+    @classmethod
+    def _retry_intervals(cls, v: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        for interval in v or ():
+            if not 0 <= interval <= MAX_RETRY_INTERVAL_S:
+                raise ValueError(f"{interval} s is not a retry interval: 0 .. {MAX_RETRY_INTERVAL_S}")
+        return v
+
+    @model_validator(mode="after")
+    def _rq_retries(self) -> Policy:
+        if self.kind != "rq" and (self.retry_max is not None or self.retry_interval_s is not None):
+            raise ValueError("retry_max and retry_interval_s apply only to an rq tier (kind=rq)")
+        if self.retry_interval_s is not None and self.retry_max is None:
+            raise ValueError("retry_interval_s needs retry_max (the number of retries)")
+        return self
 
     def rq_queues(self, tier: str) -> tuple[str, ...]:
         """The RQ queues an rq tier's workers consume, in priority order."""

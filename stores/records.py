@@ -32,13 +32,14 @@ class Recorded(Protocol):
     started: float
 
 
-def write_record(run_dir: Path, handle: Recorded, proc: psutil.Process | None) -> None:
-    """Record a worker we track (atomically; a failure is logged, never raised)."""
+def write_record(run_dir: Path, handle: Recorded, proc: psutil.Process | None, rq: bool = False) -> None:
+    """Record a worker we track (atomically; a failure is logged, never raised); ``rq``: an RQ
+    worker (``worker.rq_worker``), adopted as one."""
     create_time = None
     with contextlib.suppress(psutil.Error):
         create_time = proc.create_time() if proc is not None else None
     record = {"worker": handle.worker_id, "tier": handle.tier, "pid": handle.pid,
-              "started": handle.started, "create_time": create_time}
+              "started": handle.started, "create_time": create_time, "rq": rq}
     path = run_dir / f"{handle.worker_id}.json"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,7 @@ def read_records(run_dir: Path, quiet: bool = False) -> list[dict[str, Any]]:
             validate_pool(rec["tier"])  # a tier, or a group's pool
             validate_token(rec["worker"], "worker id")
             records.append({**rec, "pid": int(rec["pid"]), "started": float(rec["started"]),
-                            "path": path})
+                            "rq": rec.get("rq") is True, "path": path})
         except (OSError, ValueError, KeyError, TypeError) as exc:
             if not quiet:
                 log.warning("ignoring unreadable run record %s: %s", path, exc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import redis
 
@@ -89,3 +90,32 @@ def forget_workers(r: redis.Redis, worker_ids: Sequence[str]) -> None:
         pipe.delete(keys.heartbeat(w))
         pipe.delete(keys.control(w))
     pipe.execute()
+
+
+@dataclass(frozen=True)
+class RqEntry:
+    """An RQ worker as RQ's worker registry has it: enough to adopt its process."""
+
+    name: str
+    hostname: str
+    pid: int
+    birth: float  # when it registered (epoch seconds)
+
+
+def rq_entries(r: redis.Redis) -> list[RqEntry]:
+    """Every RQ worker in RQ's registry whose hash has a host, a pid and a birth (two round
+    trips); a member whose hash is gone or incomplete (dying, or not RQ's) is skipped."""
+    names = sorted(n for n in (keys.rq_worker_name(as_str(m)) for m in r.smembers(keys.RQ_WORKERS)) if n)
+    if not names:
+        return []
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.hmget(keys.rq_worker(name), ["hostname", "pid", "birth"])
+    out = []
+    for name, (host, pid, birth) in zip(names, pipe.execute(), strict=True):
+        try:
+            born = datetime.strptime(as_str(birth), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+            out.append(RqEntry(name, as_str(host), int(pid), born.timestamp()))
+        except (TypeError, ValueError):
+            continue  # an incomplete hash: the worker is registering or going away
+    return out

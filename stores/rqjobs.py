@@ -99,6 +99,7 @@ class RqWorker:
     queues: tuple[str, ...]
     state: str  # RQ's: idle, busy, started, suspended
     job: str | None
+    birth: float | None = None  # when it registered (epoch seconds)
 
 
 def workers(conn: redis.Redis, queue_name: str | None = None) -> list[RqWorker]:
@@ -106,7 +107,8 @@ def workers(conn: redis.Redis, queue_name: str | None = None) -> list[RqWorker]:
     q = queue(conn, queue_name) if queue_name else None
     out = []
     for w in Worker.all(connection=conn, queue=q, serializer=JSONSerializer):
-        out.append(RqWorker(w.name, tuple(w.queue_names()), w.get_state(), w.get_current_job_id()))
+        born = w.birth_date.timestamp() if w.birth_date is not None else None
+        out.append(RqWorker(w.name, tuple(w.queue_names()), w.get_state(), w.get_current_job_id(), born))
     return out
 
 

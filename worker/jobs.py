@@ -126,8 +126,9 @@ def run(payload: dict[str, Any]) -> Any:
     current = get_current_job()
     if current is None:
         raise RuntimeError("worker.jobs.run called outside an RQ job")
-    left = current.retries_left if current.retries_left is not None else spec.retry_max
-    attempt = 1 + spec.retry_max - left
+    # the deferral's retries: its job's registration's, or its rq tier's policy's (the relay's)
+    left = current.retries_left if current.retries_left is not None else deferral.retry_max
+    attempt = 1 + deferral.retry_max - left
     jctx = JobContext(deferral, current.id, current.connection, attempt)
     return spec.fn(jctx, *deferral.args, **deferral.kwargs)
 

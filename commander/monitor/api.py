@@ -183,6 +183,26 @@ async def dead_letters(request: web.Request) -> web.Response:
                   "dead_letters": rows.get("data") or []})
 
 
+async def rq_tiers(request: web.Request) -> web.Response:
+    """The rq tiers of the last pass: each one's RQ workers (busy or idle, the job in hand, age)
+    and queue signals (queued, started, failed, the oldest queued job's age), as ``fleet status``."""
+    m = request.app[MONITOR]
+    seen = m.board.seen
+    if seen is None:
+        return _json({"tiers": {}, **_no_pass(m)})
+    rq = {t: s.policy.rq_queues(t) for t, s in sorted(seen.tiers.items()) if s.policy.kind == "rq"}
+    if not rq:
+        return _json({"tiers": {}, "error": None})
+    got = await section("rq tiers", _rq_views, _redis(m), rq, m.clock())
+    return _json({"tiers": got.get("data") or {}, "error": got.get("error")})
+
+
+def _rq_views(r: redis.Redis, queues: dict[str, tuple[str, ...]], now: float) -> dict[str, Any]:
+    from stores.rqview import tier_view  # the rq extra: only with an rq tier
+
+    return {tier: tier_view(r, qs, now) for tier, qs in queues.items()}
+
+
 def _dead_rows(r: redis.Redis, tier: str, count: int) -> list[dict[str, Any]]:
     return views.dead_letter_json(row.to_json() for row in dead_letter_rows(r, tier, count))
 
@@ -272,6 +292,7 @@ def api_app(monitor: Monitor) -> web.Application:
     app.router.add_get("/history", history)
     app.router.add_get("/ledger", ledger)
     app.router.add_get("/dead-letters", dead_letters)
+    app.router.add_get("/rq", rq_tiers)
     app.router.add_post("/dead-letters/retry", retry)
     app.router.add_post("/dead-letters/purge", purge)
     app.router.add_get("/population", population)

@@ -4,6 +4,10 @@
 ``run_dir`` (pid + creation time) and from the registry (this host and runtime, command line
 checked); a worker whose process is gone loses its record, and its registry entry once it is
 certainly dead. ``_clean_registry`` removes what a killed worker could not.
+
+An rq tier's RQ workers are adopted as RQ workers (counted, up once in RQ's registry, retired
+by SIGTERM): their run record says so, and one without a record is found in RQ's worker
+registry (this host, a worker id of this runtime's form, its name on its command line).
 """
 
 from __future__ import annotations
@@ -16,23 +20,32 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import redis
 
 from commander.runtime.base import Handles, WorkerHandle, WorkerState
-from commander.runtime.procs import looks_like_worker, same_process
+from commander.runtime.procs import looks_like_rq_worker, looks_like_worker, same_process, tier_of
 from commander.runtime.template import TemplateSpawner
 from protocol.models import WorkerInfo
 from stores.records import drop_record, read_records, write_record
-from stores.registry import forget_workers, heartbeat_alive, read_entries
+from stores.registry import RqEntry, forget_workers, heartbeat_alive, read_entries, rq_entries
 from stores.retry import TRANSIENT
 
 log = logging.getLogger("commander.runtime.process")  # the runtime's logger, as before the split
 
 
-# (worker id, tier, pid, started, identity check, from a run record?)
-_Candidate = tuple[str, str, int, float, Callable[[int], "psutil.Process | None"], bool]
+class _Candidate(NamedTuple):
+    """A worker a previous commander may have left, and how to check its pid is still it."""
+
+    worker_id: str
+    tier: str
+    pid: int
+    started: float
+    check: Callable[[int], psutil.Process | None]
+    from_record: bool
+    rq: bool = False
 
 
 @dataclass
@@ -62,18 +75,19 @@ class Adoption:
     def adopt(self) -> Handles:
         """Track live local workers from run records and the registry; drop dead records."""
         adopted = []
-        for worker_id, tier, pid, started, check, from_record in self._candidates():
-            if worker_id in self._workers:
+        for c in self._candidates():
+            if c.worker_id in self._workers:
                 continue
-            proc = check(pid)
+            proc = c.check(c.pid)
             if proc is None:
-                self._forget_stale(worker_id, certain=from_record)
+                self._forget_stale(c.worker_id, certain=c.from_record)
                 continue
-            handle = WorkerHandle(worker_id, tier, pid, WorkerState.STARTING, started, adopted=True)
-            self._workers[worker_id] = _Tracked(handle, proc, None, time.monotonic())
-            write_record(self.run_dir, handle, proc)
+            handle = WorkerHandle(c.worker_id, c.tier, c.pid, WorkerState.STARTING, c.started, adopted=True)
+            self._workers[c.worker_id] = _Tracked(handle, proc, None, time.monotonic(), rq=c.rq)
+            write_record(self.run_dir, handle, proc, rq=c.rq)
             adopted.append(handle)
-            log.info("adopted worker %s (tier %s, pid %d)", worker_id, tier, pid)
+            log.info("adopted %sworker %s (tier %s, pid %d)", "RQ " if c.rq else "", c.worker_id,
+                     c.tier, c.pid)
         self._note_registrations()
         self._clean_registry()
         return [replace(h) for h in adopted]
@@ -82,13 +96,20 @@ class Adoption:
         seen = set()
         for rec in read_records(self.run_dir):
             seen.add(rec["worker"])
-            yield (rec["worker"], rec["tier"], rec["pid"], rec["started"],
-                   partial(same_process, create_time=rec.get("create_time")), True)
+            yield _Candidate(rec["worker"], rec["tier"], rec["pid"], rec["started"],
+                             partial(same_process, create_time=rec.get("create_time")), True, rec["rq"])
         for info in self._registry():
             if info.worker not in seen and info.host == self.host and info.runtime == self.name:
-                yield (info.worker, info.tier, info.pid, info.started,
-                       partial(looks_like_worker, worker_id=info.worker, started=info.started),
-                       False)
+                seen.add(info.worker)
+                yield _Candidate(info.worker, info.tier, info.pid, info.started,
+                                 partial(looks_like_worker, worker_id=info.worker, started=info.started),
+                                 False)
+        for entry in self._rq_registry():
+            tier = tier_of(entry.name)
+            if entry.name not in seen and entry.hostname == self.host and tier is not None:
+                yield _Candidate(entry.name, tier, entry.pid, entry.birth,
+                                 partial(looks_like_rq_worker, name=entry.name, started=entry.birth),
+                                 False, rq=True)
 
     def _registry(self) -> builtins.list[WorkerInfo]:  # `list` is a method here
         try:
@@ -99,6 +120,14 @@ class Adoption:
         for worker_id in unreadable:
             log.warning("registry entry %r does not decode", worker_id)
         return infos
+
+    def _rq_registry(self) -> builtins.list[RqEntry]:
+        try:
+            return rq_entries(self.r)
+        except TRANSIENT as exc:
+            log.warning("RQ's worker registry not readable, RQ workers adopted from run records "
+                        "only: %s", exc)
+            return []
 
     def _forget_stale(self, worker_id: str, certain: bool) -> None:
         """A local worker whose process is gone: drop its record and registry entry.

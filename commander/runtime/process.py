@@ -197,7 +197,7 @@ class ProcessRuntime(Adoption, Runtime):
         handle = WorkerHandle(worker_id, pool, pid, WorkerState.STARTING, time.time())
         self._workers[worker_id] = _Tracked(handle, proc, popen, time.monotonic(), template,
                                             rq=queues is not None)
-        write_record(self.run_dir, handle, proc)
+        write_record(self.run_dir, handle, proc, rq=queues is not None)
         log.info("spawned worker %s (%s, pid %d, %s, log %s)", worker_id, pool, pid,
                  "exec" if popen else "forked", log_path)
         return worker_id

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ import psutil
 from stores import home
 
 TEMPLATE_MODULE = "worker.template"  # in the command line of every forked worker
+WORKER_ID = re.compile(r"(?P<tier>[a-z0-9][a-z0-9_-]{0,31})-[0-9a-f]{8}")  # new_worker_id's form
 
 
 class SpawnError(RuntimeError):
@@ -34,6 +36,12 @@ def worker_command(tier: str, worker_id: str, python: str | None = None) -> list
 def rq_worker_command(queues: Sequence[str], worker_id: str) -> list[str]:
     """The argv of an RQ worker of Fleet's (``worker/rq_worker.py``) on ``queues``."""
     return [sys.executable, "-m", "worker.rq_worker", "--queues", ",".join(queues), "--name", worker_id]
+
+
+def tier_of(worker_id: str) -> str | None:
+    """The tier of a worker id the process runtime made (``<tier>-<8 hex>``), else None."""
+    m = WORKER_ID.fullmatch(worker_id)
+    return m["tier"] if m else None
 
 
 def child_env(url: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -96,6 +104,22 @@ def looks_like_worker(pid: int, worker_id: str, started: float) -> psutil.Proces
         return proc
     forked = TEMPLATE_MODULE in cmdline and proc.create_time() <= started + 1.0
     return proc if forked else None
+
+
+def looks_like_rq_worker(pid: int, name: str, started: float) -> psutil.Process | None:
+    """The live process ``pid`` if it is the RQ worker ``name`` that registered at ``started``.
+
+    Its command line names it: ``--name`` until RQ sets its title, ``rq:worker:<name>: …``
+    after; and it existed before it registered (a pid reused later belongs to a newer process).
+    """
+    proc = process_of(pid)
+    if proc is None or not alive(proc) or proc.create_time() > started + 1.0:
+        return None
+    try:
+        words = " ".join(proc.cmdline()).split()
+    except psutil.Error:
+        return None
+    return proc if name in words or f"rq:worker:{name}:" in words else None
 
 
 def alive(proc: psutil.Process) -> bool:

@@ -102,6 +102,15 @@ def test_fixed_workers_are_optional_and_drain_in_time(config: dict[str, Any]) ->
         assert grace.endswith("s") and float(grace[:-1]) >= Policy().drain_timeout_s + 10, name
 
 
+def test_the_relay_is_optional_and_restarts(config: dict[str, Any]) -> None:
+    """The relay of deferred jobs (issue 16) starts only with its profile, on the same Redis."""
+    relay = config["services"]["relay"]
+    assert relay["profiles"] == ["jobs"] and relay["command"] == ["relay"]
+    assert relay["environment"]["REDIS_URL"] == REDIS_URL
+    assert relay["restart"] == "unless-stopped" and relay["init"] is True
+    assert not relay.get("ports"), "the relay serves nothing"
+
+
 def test_the_policy_one_shot_keeps_an_existing_policy(config: dict[str, Any]) -> None:
     policy = config["services"]["policy"]
     assert policy["entrypoint"] == ["/bin/sh", "-c"]
@@ -113,7 +122,7 @@ def test_the_policy_one_shot_keeps_an_existing_policy(config: dict[str, Any]) ->
 def test_every_fleet_service_builds_the_one_image(config: dict[str, Any]) -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     fleet = {name: s for name, s in config["services"].items() if name != "redis"}
-    assert set(fleet) == {"policy", "commander", "worker", "cli"}
+    assert set(fleet) == {"policy", "commander", "worker", "cli", "relay"}
     for name, service in fleet.items():
         assert service["image"] == f"fleet:{version}", name
         assert service["build"]["context"] == str(ROOT), name

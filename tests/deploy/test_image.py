@@ -90,8 +90,9 @@ def test_the_image_runs_fleet_as_a_numeric_unprivileged_user() -> None:
 def test_the_image_installs_the_project_and_bakes_in_no_secret() -> None:
     assert not instructions("ADD"), "COPY only: ADD fetches URLs and unpacks archives"
     runs = " ".join(i["value"] for i in instructions("RUN"))
-    assert 'pip wheel --wheel-dir /wheels ".[k8s]"' in runs
-    assert 'pip install --no-index --find-links=/wheels "fleet[k8s]"' in runs
+    # the rq extra: the relay and the RQ workers of rq tiers run from this image too (issue 16)
+    assert 'pip wheel --wheel-dir /wheels ".[k8s,rq]"' in runs
+    assert 'pip install --no-index --find-links=/wheels "fleet[k8s,rq]"' in runs
     assert not re.search(r"\b(curl|wget)\b", runs), "nothing is downloaded but through pip"
     for kind in ("ENV", "ARG", "LABEL"):
         for i in instructions(kind):
@@ -163,8 +164,9 @@ def test_the_wheel_carries_the_entry_point_and_the_package_data(wheel: Path) -> 
         assert path in names, f"{path} is not in the wheel"
     assert {n.split("/")[0] for n in names if n.endswith(".py")} == set(PACKAGES)
     extras = set(re.findall(r"^Provides-Extra: (\S+)$", metadata, re.M))
-    assert "k8s" in extras
+    assert {"k8s", "rq"} <= extras
     assert re.search(r"^Requires-Dist: kubernetes\b.*extra == \"k8s\"", metadata, re.M)
+    assert re.search(r"^Requires-Dist: rq\b.*extra == \"rq\"", metadata, re.M)
 
 
 def test_the_installed_wheel_runs_fleet(wheel: Path, tmp_path: Path) -> None:

@@ -344,6 +344,22 @@ def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]
     assert url == "redis://redis:6379/0"
     policy = one(objects, "NetworkPolicy", "redis")
     assert policy["spec"]["podSelector"]["matchLabels"] == service["spec"]["selector"]
+    # every Fleet pod may reach it: the relay of deferred jobs too (issue 16)
+    (rule,) = policy["spec"]["ingress"][0]["from"]
+    (admitted,) = rule["podSelector"]["matchExpressions"]
+    components = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+                  for kind in WORKLOADS for o in by_kind(objects, kind) if o["metadata"]["name"] != "redis"}
+    assert components == {"commander", "worker", "policy", "relay"} and components <= set(admitted["values"])
+
+
+def test_the_demo_runs_a_relay_and_production_none(manifests: dict[str, list[dict[str, Any]]]) -> None:
+    """RQ needs one Redis node: the demo's is one; production's may be a Cluster (issue 16)."""
+    relay = one(manifests["demo"], "Deployment", "fleet-relay")
+    (c,) = containers(relay)
+    assert c["command"] == ["fleet", "relay"] and relay["spec"]["replicas"] == 1
+    assert not pod_spec(relay)["automountServiceAccountToken"] and not c.get("ports")
+    names = [o["metadata"]["name"] for o in by_kind(manifests["production"], "Deployment")]
+    assert "fleet-relay" not in names
 
 
 def test_production_commits_no_secret_and_mounts_tls_everywhere(

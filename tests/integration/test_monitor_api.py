@@ -281,3 +281,7 @@ async def test_the_token_guards_everything_and_a_browser_logs_in_once(rig: Rig, 
         assert (await client.get("/")).status == 200
     finally:
         await client.close()
+
+
+async def test_rq_lists_nothing_without_an_rq_tier(api: TestClient[Any, Any]) -> None:
+    assert await _get(api, "/api/rq") == {"tiers": {}, "error": None}

@@ -4,6 +4,7 @@ back to zero; real commander, chat worker, relay and RQ worker processes on a re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,13 +12,14 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 
 from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
-from protocol.models import LedgerEvent
+from protocol.models import CommanderInfo, LedgerEvent
 from protocol.policy import Policy
 from stores import rqjobs
 from stores.policies import write_policy
@@ -33,18 +35,20 @@ def commander(fleet_env: dict[str, str], r: redis.Redis, tmp_path: Path) -> Iter
     """Factory: one commander process (its workers stopped with it, after the test)."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start() -> Path:
-        log = tmp_path / "commander.log"
+    def start(cid: str = "c1") -> Path:
+        log = tmp_path / f"commander-{cid}.log"
         with log.open("ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "commander", "--commander-id", "c1", "--no-metrics",
+                [sys.executable, "-m", "commander", "--commander-id", cid, "--no-metrics",
                  "--interval", "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit"],
                 env={**fleet_env, **FAST_WORKER_ENV}, stdout=out, stderr=subprocess.STDOUT)
         procs.append(proc)
-        wait_until(lambda: r.get(keys.LEADER) or proc.poll() is not None, 15, "a leader")
+        leads = lambda: (r.get(keys.LEADER) or b"").startswith(f"{cid}|".encode())  # noqa: E731
+        wait_until(lambda: leads() or proc.poll() is not None, 15, f"{cid} to lead")
         assert proc.poll() is None, log.read_text()[-3000:]
         return log
 
+    start.procs = procs  # type: ignore[attr-defined]  # the tests that kill one by pid
     yield start
     for proc in procs:
         if proc.poll() is None:
@@ -129,3 +133,53 @@ def test_an_rq_worker_killed_mid_job_is_reaped_by_the_commander_and_its_job_runs
     assert r.zcard(f"rq:finished:{QUEUE}") == len(turns) and r.zcard(f"rq:failed:{QUEUE}") == 0
     # the dead worker left RQ's registry when it was reaped: the tier goes back to zero
     wait_until(lambda: rq_workers(r) == [], 60, "the rq tier to go back to zero")
+
+
+@pytest.mark.parametrize("source", ["run-records", "rq-registry"])
+def test_a_new_commander_adopts_the_rq_workers_counts_them_and_scales_them_in(
+        r: redis.Redis, commander, tmp_path: Path, source: str) -> None:
+    # a policy of exactly two: an uncounted pair would make the new commander start two more
+    write_policy(r, QUEUE, Policy(kind="rq", min_workers=2, max_workers=2, users_per_instance=None,
+                                  scale_down_stabilization_s=1, drain_timeout_s=15))
+    commander("c1")
+    wait_until(lambda: len(rq_workers(r)) == 2, 30, "two RQ workers")
+    before = {w.name: int(r.hget(keys.rq_worker(w.name), "pid") or 0) for w in rq_workers(r)}
+    first = commander.procs[0]
+    os.kill(first.pid, signal.SIGKILL)  # no drain: its RQ workers keep running, orphaned
+    first.wait(timeout=10)
+    if source == "rq-registry":  # nothing on disk: RQ's worker registry is the only trace
+        for rec in (tmp_path / "run").glob("*.json"):
+            rec.unlink()
+    try:
+        log = commander("c2")
+        wait_until(lambda: log.read_text().count("adopted RQ worker") == 2, 20, "c2 to adopt the RQ workers")
+        _passes(r, "c2", 10)
+        assert {w.name for w in rq_workers(r)} == set(before), log.read_text()[-3000:]
+        assert not [e for e in ledger(r, QUEUE) if e.commander == "c2" and e.action == "scale-up"]
+        assert log.read_text().count("adopted RQ worker") == 2
+
+        write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=2, users_per_instance=None,
+                                      scale_down_stabilization_s=1, drain_timeout_s=15))
+        wait_until(lambda: rq_workers(r) == [], 60, "c2 to scale the adopted RQ workers in")
+        downs = [e for e in ledger(r, QUEUE) if e.commander == "c2" and e.action == "reclaim-idle"]
+        assert {v for e in downs for v in e.victims} == set(before), log.read_text()[-3000:]
+        wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                   for p in before.values()), 30, "the adopted processes to exit")
+        assert not [e for e in ledger(r, QUEUE) if e.action == "worker-exited"]  # warm shutdowns
+    finally:
+        for pid in before.values():  # if the test failed before c2 stopped them
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _passes(r: redis.Redis, name: str, n: int) -> None:
+    """Wait until commander ``name`` has run ``n`` more passes (it registers after each)."""
+    seen: set[float] = set()
+
+    def more() -> bool:
+        raw = r.hget(keys.COMMANDERS, name)
+        if raw:
+            seen.add(decode(CommanderInfo, raw).seen)
+        return len(seen) > n
+
+    wait_until(more, 30, f"{n} passes of commander {name!r}")

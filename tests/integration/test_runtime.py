@@ -23,9 +23,12 @@ import redis
 
 from commander.runtime import WorkerHandle, WorkerState
 from commander.runtime.process import ProcessRuntime, new_worker_id
+from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode, encode
 from protocol.models import WorkerInfo
+from protocol.policy import Policy
+from stores.policies import write_policy
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -303,6 +306,15 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
         client = redis.Redis.from_url(state["url"])
         assert client.sismember(keys.TIERS, "chat") and client.exists(keys.policy("chat"))
         worker_pids = [i.pid for i in _registry(client).values()]
+        # the relay runs beside the commander (the rq extra is installed here): a handler that
+        # starts deferring after `up` has its jobs moved into RQ
+        relay_pid = state["relay"]["pid"]
+        assert result["relay"]["pid"] == relay_pid and _exists(relay_pid)
+        write_policy(client, "chat", Policy(handler="echo_defer"))
+        deadline = time.monotonic() + 30
+        while not client.llen("rq:queue:writeback"):
+            assert time.monotonic() < deadline, "the deferred job never reached RQ"
+            assert Fleet(state["url"]).submit("zoe", "hi").result(30).ok
         client.close()
         assert (redis_pid := (state.get("redis") or {}).get("pid")) or external
 
@@ -312,7 +324,7 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
         down = _fleet(["down", "--json"], env, tmp_path)
     assert down.returncode == 0, down.stderr
     assert json.loads(down.stdout)["status"] == "down"
-    pids = [state["commander"]["pid"], *worker_pids] + ([] if external else [redis_pid])
+    pids = [state["commander"]["pid"], relay_pid, *worker_pids] + ([] if external else [redis_pid])
     assert not [p for p in pids if _exists(p)]
     assert not state_file.exists()
     if external:

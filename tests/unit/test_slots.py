@@ -375,6 +375,7 @@ def drive_sync(r: redis.Redis) -> None:
         outbox.delete_entries(r, user, [e.id for e in entries])
     outbox.ack_hints(r, [h.id for h in hints])
     registry.rq_registered(r, WORKERS)
+    registry.rq_entries(r)
     # what a deferred job reads and writes of its user (issue 16)
     for user in USERS:
         jobctx.pull(r, user)
@@ -501,6 +502,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.unserved_after_ms": "arithmetic",
     "stores.backlog.unserved_by_tier": "arithmetic over a Registry",
     "stores.backlog.TierBacklog": "a value",
+    "stores.registry.RqEntry": "a value",
     "stores.backlog.tier_backlog": "parses replies",
     "stores.backlog.workers_group": "parses replies",
     "stores.backlog.no_free_slot": "parses replies",
@@ -582,6 +584,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.users.counters": "parses a reply",
     "stores.outbox.Hint": "a value",
     "stores.outbox.Entry": "a value",
+    "stores.rqview": "reads RQ's own keys through stores.rqjobs (see it)",
     "stores.rqjobs": "RQ's own keys (rq:job:<id>, rq:queue:<q>, its registries: no hash tags, written "
                      "together by RQ's scripts and transactions): RQ needs one Redis node (--rq-url); "
                      "driven by tests/unit/test_relay.py and tests/integration/test_defer_rq.py",

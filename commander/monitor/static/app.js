@@ -181,8 +181,31 @@ function commanderRow(c) {
     h("td", {}, c.epoch ?? "–"), h("td", {}, c.pid ? `${c.pid}@${c.host}` : "–"), h("td", {}, `${fmt(c.seen_ago_s, 1)} s ago`),
     h("td", {}, c.monitor_url ? h("a", { href: c.monitor_url }, c.monitor_url) : "–"));
 }
+function rqTier(tier, t) {  // an rq tier: its queue signals and its RQ workers (the view of `fleet status`)
+  const queues = (t.queues || []).map((q) => q.name).join(", ");
+  const rows = (t.rq_workers || []).map((w) => h("tr", { "data-rq-worker": w.worker },
+    h("td", {}, w.worker), h("td", { class: w.state === "busy" ? "state-ready" : "" }, w.state),
+    h("td", {}, w.job || "–"), h("td", { class: "num" }, dur(w.age_s))));
+  const tb = h("tbody");
+  fill(tb, rows, 4, "no RQ worker registered");
+  return h("div", { class: "rq-tier", "data-rq-tier": tier },
+    h("h3", {}, `${tier} `, h("span", { class: "muted" }, `queues ${queues}`)),
+    h("div", { class: "stats" }, stat("queued", t.backlog), stat("started", t.pending),
+      stat("failed", t.failed_jobs), stat("oldest queued", dur(t.oldest_job_age_s))),
+    h("table", { class: "grid" }, h("thead", {}, h("tr", {}, h("th", {}, "RQ worker"), h("th", {}, "state"),
+      h("th", {}, "job"), h("th", {}, "age"))), tb));
+}
+async function refreshRq(tiers) {  // asked for only when a tier is of kind rq
+  const section = $("#rq-section");
+  section.hidden = !tiers.some((t) => t.policy && t.policy.kind === "rq");
+  if (section.hidden) return;
+  const res = await api("rq");
+  const box = $("#rq-tiers");
+  if (res.status !== 200 || res.body.error) box.replaceChildren(h("div", { class: "tier error" }, `rq tiers: ${res.body.error}`));
+  else box.replaceChildren(...Object.entries(res.body.tiers).map(([tier, t]) => rqTier(tier, t)));
+}
 async function refreshOverview(ov) {
-  const [wres] = await Promise.all([api("workers"), refreshCharts(ov.tiers || [])]);
+  const [wres] = await Promise.all([api("workers"), refreshCharts(ov.tiers || []), refreshRq(ov.tiers || [])]);
   const tiers = $("#tiers");
   if (ov.tiers_error) tiers.replaceChildren(h("div", { class: "tier error" }, ov.tiers_error));
   else tiers.replaceChildren(...ov.tiers.map(tierPanel));
