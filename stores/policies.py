@@ -187,6 +187,12 @@ def list_tiers(r: redis.Redis) -> list[str]:
     return sorted(names)
 
 
+def has_rq_tier(r: redis.Redis) -> bool:
+    """Whether any tier's policy is kind rq: only then is RQ part of this fleet, and its keys
+    (``rq:*``, outside the ``fleet:*`` of SECURITY.md's ACL) worth reading."""
+    return any(read_policy(r, tier).policy.kind == "rq" for tier in list_tiers(r))
+
+
 async def tier_defined_async(r: aioredis.Redis, tier: str) -> bool:
     """Whether a policy defines ``tier``: every way of defining one writes its key."""
     return bool(await r.exists(keys.policy(tier)))

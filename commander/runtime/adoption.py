@@ -29,6 +29,7 @@ from commander.runtime.base import Handles, WorkerHandle, WorkerState
 from commander.runtime.procs import looks_like_rq_worker, looks_like_worker, same_process, tier_of
 from commander.runtime.template import TemplateSpawner
 from protocol.models import WorkerInfo
+from stores.policies import has_rq_tier
 from stores.records import drop_record, read_records, write_record
 from stores.registry import RqEntry, forget_workers, heartbeat_alive, read_entries, rq_entries
 from stores.retry import TRANSIENT
@@ -123,6 +124,8 @@ class Adoption:
 
     def _rq_registry(self) -> builtins.list[RqEntry]:
         try:
+            if not has_rq_tier(self.r):  # no rq tier: RQ's keys are none of this fleet's business
+                return []
             return rq_entries(self.r)
         except TRANSIENT as exc:
             log.warning("RQ's worker registry not readable, RQ workers adopted from run records "

@@ -296,6 +296,7 @@ def drive_sync(r: redis.Redis) -> None:
         policies.read_good_policy(r, tier)
     policies.ensure_policy(r, "gpu")
     policies.list_tiers(r)
+    policies.has_rq_tier(r)
     # submit (the client's side)
     for tier in TIERS:
         built = [turn(u, tier, i) for i, u in enumerate(USERS)]
