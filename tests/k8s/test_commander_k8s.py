@@ -5,7 +5,9 @@ commander chose, idle first, and every turn gets exactly one reply)."""
 
 from __future__ import annotations
 
+import calendar
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -125,6 +127,14 @@ def test_burst_scales_up_then_quiet_scales_in_the_pods_the_commander_chose(stand
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
     run_commander()
     (first,) = wait_until(lambda: live_workers(r), 20, "the first worker")
+    # Kubernetes times pods to the second: a burst pod created in the first pod's second is as
+    # old as it, and the commander's reception (the oldest) is then the one with the smaller
+    # name, at random (this test failed 1 run in 2 on a fast start). The premise, "the first pod
+    # is the oldest", needs the burst to come in a later second.
+    with standin.cluster.lock:
+        created = standin.cluster.pods[first]["metadata"]["creationTimestamp"]
+    born = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))
+    wait_until(lambda: time.time() >= born + 1, 5, "the second after the first pod's")
 
     with Fleet(redis_server.url) as fleet:
         handles = fleet.submit_many([(f"b{i:02d}", "burst") for i in range(40)])
