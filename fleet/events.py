@@ -95,6 +95,16 @@ def clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
 
 
+def duration(seconds: float | None) -> str:
+    """``45s``, ``12m``, ``3h``, ``2d``: short enough for a narrow column."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
 def _who(event: LedgerEvent) -> str:
     parts = []
     if event.spawned:

@@ -24,7 +24,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from commander.evaluator import Evaluator, Occupancy, memory_limit_bytes
-from fleet.events import clip, format_event
+from fleet.events import clip, duration, format_event
 from fleet.status import rq_status, tier_backlog
 from fleet.status import workers as registry_workers
 from fleet.top_rq import rq_lines
@@ -230,25 +230,15 @@ def _tier_lines(frame: Frame) -> list[str]:
     return lines
 
 
-def _duration(seconds: float | None) -> str:
-    """``45s``, ``12m``, ``3h``, ``2d``: short enough for a narrow column."""
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= 2 * size:
-            return f"{seconds // size:.0f}{unit}"
-    return f"{seconds:.0f}s"
-
-
 def _worker_cells(w: WorkerRow, bar_width: int) -> dict[str, str]:
-    cells = {"WORKER": w.worker, "TIER": w.tier, "STATE": w.state, "AGE": _duration(w.age_s)}
+    cells = {"WORKER": w.worker, "TIER": w.tier, "STATE": w.state, "AGE": duration(w.age_s)}
     if w.report_age_s is None:  # no report in the window: nothing is known, not "idle"
         return {**cells, "OCCUPANCY": "(no report)"}
     return {**cells, "OCCUPANCY": f"{bar(w.occupancy.value, bar_width)} {w.occupancy.value:4.2f}",
             "SLOTS": f"{w.busy}/{w.total}", "USERS": f"{w.users}/{w.active_users}",
             "CPU": "-" if w.cpu is None else f"{w.cpu * 100:.0f}%",
             "RSS": f"{w.rss / (1024 * 1024):.0f}MB" if w.rss else "-",
-            "LAST": _duration(w.report_age_s)}
+            "LAST": duration(w.report_age_s)}
 
 
 # the right-aligned columns and their widths (a separating space included)

@@ -7,16 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fleet.events import clip
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= 2 * size:
-            return f"{seconds // size:.0f}{unit}"
-    return f"{seconds:.0f}s"
+from fleet.events import clip, duration
 
 
 def rq_lines(rq: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -29,11 +20,11 @@ def rq_lines(rq: Mapping[str, Mapping[str, Any]]) -> list[str]:
             continue
         queues = ",".join(q["name"] for q in row.get("queues", []))
         lines += ["", f"RQ TIER {tier} (queues {queues}): queued {row['backlog']}  started {row['pending']}"
-                      f"  failed {row['failed_jobs']}  oldest {_age(row['oldest_job_age_s'])}",
+                      f"  failed {row['failed_jobs']}  oldest {duration(row['oldest_job_age_s'])}",
                   f"  {'RQ WORKER':<25}{'STATE':<10}{'AGE':>5}  JOB"]
         for w in row.get("rq_workers", []):
             job = w["job"] or "-"
-            lines.append(f"  {clip(w['worker'], 24):<25}{w['state']:<10}{_age(w['age_s']):>5}  {job}")
+            lines.append(f"  {clip(w['worker'], 24):<25}{w['state']:<10}{duration(w['age_s']):>5}  {job}")
         if not row.get("rq_workers"):
             lines.append("  (no RQ worker registered)")
     return lines
