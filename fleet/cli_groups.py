@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from typing import Any
 
 from fleet.cli_base import EXIT_USAGE, CliError, cli_client, print_result
@@ -59,11 +60,16 @@ def add_group_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) ->
     ro.set_defaults(func=cmd_rollout)
 
 
-def _ids(args: argparse.Namespace) -> tuple[str, str]:
+def _valid(check: Callable[[str], str], value: str) -> str:
+    """``value`` as ``check`` validates it; a bad id is a one-line usage error."""
     try:
-        return validate_user_id(args.user), validate_tier(args.tier)
+        return check(value)
     except InvalidId as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def _ids(args: argparse.Namespace) -> tuple[str, str]:
+    return _valid(validate_user_id, args.user), _valid(validate_tier, args.tier)
 
 
 def _grouped_policy(r: Any, tier: str) -> Policy:
@@ -96,10 +102,7 @@ def cmd_group_unpin(args: argparse.Namespace) -> int:
 
 
 def cmd_group_show(args: argparse.Namespace) -> int:
-    try:
-        user = validate_user_id(args.user)
-    except InvalidId as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
+    user = _valid(validate_user_id, args.user)
     pins = user_pins(cli_client(args), user)
     print_result(pins, args.json, lambda p: "\n".join(f"{t}: {g}" for t, g in sorted(p.items()))
                  or f"{user} has no pins")
@@ -107,10 +110,7 @@ def cmd_group_show(args: argparse.Namespace) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    try:
-        tier = validate_tier(args.tier)
-    except InvalidId as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
+    tier = _valid(validate_tier, args.tier)
     r = cli_client(args)
     policy = _grouped_policy(r, tier)
     percent = 0.0 if args.abort else args.weight if args.weight is not None else args.to
