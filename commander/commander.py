@@ -92,6 +92,7 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
         self._refusals: dict[str, str] = {}  # (runtime_notes.py)
         self._no_capacity: dict[str, set[str]] = {}
         self._seen_weights, self._group_verdicts, self._removed = {}, {}, set()  # (groups.py)
+        self._moved, self._moved_at = {}, {}
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
@@ -233,7 +234,7 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
                registry: dict[str, Any], signals: Any, now: float) -> None:
         memo = self.tiers[tier]
         if memo.removed:
-            self._drain_removed(tier, handles, registry, read.policy)
+            self._move_users(tier, self._drain_removed(tier, handles, registry, read.policy), now)
             return
         if not memo.loaded:
             memo.state, memo.loaded = self._load_state(tier), True

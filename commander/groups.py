@@ -20,13 +20,25 @@ import redis
 
 from commander.rollout import judge_canary, pool_window
 from commander.runtime import Runtime, WorkerHandle, WorkerState
-from protocol.groups import pool_name, rollout_weights, split_pool, with_weights
+from protocol.groups import assign, pool_name, rollout_weights, split_pool, with_weights
+from protocol.keys import ready_shard
 from protocol.models import LedgerEvent
 from protocol.policy import Policy, PolicyError, parse_policy
-from stores.groups import accept_group, reject_group, rejected_groups
+from stores.groups import (
+    accept_group,
+    forget_pool,
+    known_pools,
+    read_pins,
+    reject_group,
+    rejected_groups,
+    remember_pools,
+)
 from stores.policies import PolicyRead, read_policy, write_policy
+from stores.recovery import active_since, active_users, notify_on, unserved_newest
 
 log = logging.getLogger("fleet.commander")
+MOVE_EVERY_S = 5.0  # a removed pool with no worker left is looked at this often
+FORGET_AFTER_S = 60.0  # ... and forgotten once nothing is queued on it and nobody submitted for this long
 
 
 def weights_text(weights: tuple[tuple[str, float], ...]) -> str:
@@ -42,6 +54,9 @@ class Groups:
     _seen_weights: dict[str, tuple[tuple[str, float], ...]]  # tier -> its groups' weights last seen
     _group_verdicts: dict[str, str | None]  # pool -> why it is rejected (None: accepted)
     _removed: set[str]  # workers of removed pools already told to drain
+    _moved: dict[str, dict[str, str]]  # removed pool -> user -> the newest turn notified elsewhere
+    _moved_at: dict[str, float]  # removed pool -> monotonic time of its last move
+    monotonic: Callable[[], float]
 
     _append: Callable[[LedgerEvent], None]
     _event: Callable[..., LedgerEvent]
@@ -58,10 +73,11 @@ class Groups:
                 continue
             policy = read_policy(self.r, tier).policy  # (structure only: the handlers are the pools')
             self._note_weights(tier, policy)
-            if not policy.groups:
-                out.add(tier)
-                continue
-            out |= {pool_name(tier, g.name) for g in policy.groups}
+            pools = {pool_name(tier, g.name) for g in policy.groups} or {tier}
+            known = known_pools(self.r, tier)
+            if not pools <= known:
+                remember_pools(self.r, tier, pools - known)
+            out |= pools | known  # a removed pool until nothing queued on it is left (_move_users)
             if tier in live:
                 out.add(tier)
         return out
@@ -91,8 +107,8 @@ class Groups:
         return replace(read, tier=pool), True
 
     def _drain_removed(self, pool: str, handles: list[WorkerHandle], registry: dict[str, Any],
-                       policy: Policy) -> None:
-        """Drain every live worker of a removed pool (once each)."""
+                       policy: Policy) -> bool:
+        """Drain every live worker of a removed pool (once each); whether any is left."""
         ours = {h.worker_id for h in handles if h.tier == pool and h.state is not WorkerState.EXITED}
         theirs = {wid for wid, (info, alive) in registry.items() if alive and info.tier == pool}
         for wid in sorted((ours | theirs) - self._removed):
@@ -101,6 +117,42 @@ class Groups:
             self._retire(wid, reason, policy.drain_timeout_s)
             self._removed.add(wid)
         self._removed &= ours | theirs
+        return bool(ours | theirs)
+
+    def _move_users(self, pool: str, live: bool, now: float) -> None:
+        """Once a removed pool has no live worker, notify each user with a turn still queued on
+        it on the pool it belongs to now (nobody reads the removed pool's notifications any
+        more: without this the turn waits for the user's next submit). Each queued turn once;
+        the pool is forgotten when none is left and nobody has submitted on it for a while."""
+        mono = self.monotonic()
+        if live or mono - self._moved_at.get(pool, float("-inf")) < MOVE_EVERY_S:
+            return
+        self._moved_at[pool] = mono
+        tier = split_pool(pool)[0]
+        policy = read_policy(self.r, tier).policy
+        rejected = frozenset(rejected_groups(self.r, tier)) if policy.groups else frozenset()
+        done, moved, left = self._moved.setdefault(pool, {}), dict[str, str](), 0
+        for users in active_users(self.r, pool):
+            newest = unserved_newest(self.r, users)
+            left += len(newest)
+            fresh = [u for u, entry in newest.items() if done.get(u) != entry]
+            pins = read_pins(self.r, fresh, tier) if policy.groups else {}
+            placed = {u: (pool_name(tier, assign(u, policy.weights(), pins.get(u), rejected))
+                          if policy.groups else tier, ready_shard(u, policy.ready_shards)) for u in fresh}
+            notify_on(self.r, placed, now)
+            moved |= {u: to for u, (to, _shard) in placed.items()}
+            done.update({u: newest[u] for u in fresh})
+        if moved:
+            shown = ", ".join(f"{u} -> {to}" for u, to in sorted(moved.items())[:10])
+            more = f" and {len(moved) - 10} more" if len(moved) > 10 else ""
+            reason = (f"pool {pool} is no group of its tier's policy and has no worker left: "
+                      f"{len(moved)} users with a turn queued on it notified on their group ({shown}{more})")
+            log.info("%s", reason)
+            self._append(self._event(pool, "renotified", reason=reason))
+        if not left and not active_since(self.r, pool, now - FORGET_AFTER_S):
+            forget_pool(self.r, tier, pool)
+            self._moved.pop(pool, None)
+            self._moved_at.pop(pool, None)
 
     def _group_rejected(self, pool: str) -> str | None:
         """Why ``pool``'s group cannot start workers (recorded for assignment and the ledger when

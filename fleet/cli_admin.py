@@ -33,7 +33,7 @@ def cmd_policy_get(args: argparse.Namespace) -> int:
     from fleet.status import policy_verdict
 
     read = read_policy(r, args.tier, known_handlers())
-    error, by = policy_verdict(r, args.tier, read.error)
+    error, by = policy_verdict(r, args.tier, "", read.error)
     data = {"tier": args.tier, "source": read.source, "rejected": error, "rejected_by": by,
             "policy": read.policy.model_dump(mode="json")}
 

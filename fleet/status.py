@@ -58,7 +58,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
     out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r)}
     for tier in tiers:
         read = read_pool_policy(r, tier, handlers)
-        error, by = policy_verdict(r, split_pool(tier)[0], read.error)
+        error, by = policy_verdict(r, *split_pool(tier), read.error)
         out["tiers"][tier] = {
             "policy_source": read.source,
             "policy_error": error,
@@ -103,13 +103,14 @@ def _add_groups(r: redis.Redis, rows: dict[str, dict[str, Any]]) -> None:
             rows[pool_name(name, group)].update(weight=weight, group_rejected=rejected.get(group))
 
 
-def policy_verdict(r: redis.Redis, tier: str, own_error: str | None) -> tuple[str | None, str | None]:
-    """Why the tier's key is rejected, and by whom: this reader's own check first, else what
-    the tier's workers or commander recorded (a handler installed here but not where they run
-    is only seen by them)."""
+def policy_verdict(r: redis.Redis, tier: str, group: str,
+                   own_error: str | None) -> tuple[str | None, str | None]:
+    """Why the tier's key is rejected (for ``group``'s workers, if given), and by whom: this
+    reader's own check first, else what the tier's (group's) workers or commander recorded (a
+    handler installed here but not where they run is only seen by them)."""
     if own_error:
         return own_error, None
-    status = read_policy_status(r, tier)
+    status = read_policy_status(r, tier, group)
     if status.get("ok") == "0" and status.get("error"):
         return status["error"], status.get("by") or None
     return None, None

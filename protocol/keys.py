@@ -13,6 +13,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
+from protocol.groups import validate_group as _group
 from protocol.groups import validate_pool
 from protocol.ids import validate_tier, validate_token, validate_user_id
 
@@ -232,20 +233,31 @@ def policy(tier: str) -> str:
     return f"{POLICY_PREFIX}{{{validate_tier(tier)}}}"
 
 
-def policy_good(tier: str) -> str:
-    """The last policy that validated: what the fleet runs on when the key is invalid."""
-    return f"{policy(tier)}:good"
+def policy_good(tier: str, group: str = "") -> str:
+    """The last policy that validated: what the fleet runs on when the key is invalid. A
+    group's workers keep their own (``...:good:<group>``, same slot): a key valid for one
+    group's virtualenv may name a handler another's lacks, which keeps its last good one."""
+    return f"{policy(tier)}:good" + (f":{_group(group)}" if group else "")
 
 
-def policy_status(tier: str) -> str:
-    """Hash: ``ok`` 1/0, ``error`` (the rejection reason), ``source``, ``ts``."""
-    return f"{policy(tier)}:status"
+def policy_status(tier: str, group: str = "") -> str:
+    """Hash: ``ok`` 1/0, ``error`` (the rejection reason), ``source``, ``ts``; a group's workers
+    record theirs apart (``...:status:<group>``), so two virtualenvs' verdicts do not overwrite
+    each other."""
+    return f"{policy(tier)}:status" + (f":{_group(group)}" if group else "")
 
 
 def groups_rejected(tier: str) -> str:
     """Hash group -> reason: the tier's groups whose workers cannot start (the commander's
     verdict); assignment treats them as weight 0. In the policy key's slot: read with it."""
     return f"{policy(tier)}:rejected"
+
+
+def pools(tier: str) -> str:
+    """Set of the pools the commander has run the tier's users on (the tier itself, or its
+    groups' ``<tier>.<group>``): a pool a policy edit removes stays in it until no turn queued
+    on it is left to move to the user's pool now. In the policy key's slot."""
+    return f"{policy(tier)}:pools"
 
 
 # --- per worker (hash tag = worker id) ---------------------------------------------------

@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 
 from protocol import keys
 from protocol.codec import as_str
-from protocol.groups import pool_name, split_pool, validate_group
-from protocol.ids import validate_tier
+from protocol.groups import pool_name, split_pool, validate_group, validate_pool
+from protocol.ids import InvalidId, validate_tier
 from stores.policies import PolicyRead, read_policy
 
 
@@ -43,6 +43,37 @@ async def read_pin_async(r: aioredis.Redis, user: str, tier: str) -> str | None:
     """``user``'s pin on ``tier``, or None."""
     raw = await r.hget(keys.pins(user), tier)
     return None if raw is None else as_str(raw)
+
+
+def read_pins(r: redis.Redis, users: list[str], tier: str) -> dict[str, str | None]:
+    """Each of ``users``' pin on ``tier`` (None: none), in one round trip."""
+    pipe = r.pipeline(transaction=False)
+    for user in users:
+        pipe.hget(keys.pins(user), tier)
+    return {u: None if raw is None else as_str(raw) for u, raw in zip(users, pipe.execute(), strict=True)}
+
+
+def remember_pools(r: redis.Redis, tier: str, pools: Iterable[str]) -> None:
+    """Add ``pools`` to the pools the tier's users have been served on (:func:`keys.pools`)."""
+    pools = [validate_pool(p) for p in pools]
+    if pools:
+        r.sadd(keys.pools(tier), *pools)
+
+
+def known_pools(r: redis.Redis, tier: str) -> set[str]:
+    """The pools the tier's users have been served on and that are not forgotten yet."""
+    out = set()
+    for raw in r.smembers(keys.pools(tier)):
+        try:
+            out.add(validate_pool(as_str(raw)))
+        except InvalidId:  # (not written by Fleet: ignored, never a key)
+            continue
+    return out
+
+
+def forget_pool(r: redis.Redis, tier: str, pool: str) -> None:
+    """A removed pool with nothing left queued on it: no longer looked at."""
+    r.srem(keys.pools(tier), pool)
 
 
 def _rejected(raw: dict[Any, Any]) -> dict[str, str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
@@ -39,9 +39,10 @@ class PolicyRead:
     missing_handler: str | None = None  # the key is valid but names a handler this reader lacks
 
 
-def _resolve(tier: str, raw: bytes | None, good: bytes | None, handlers: Iterable[str] | None,
+def _resolve(tier: str, raw: bytes | None, goods: Iterable[bytes | None], handlers: Iterable[str] | None,
              group: str | None = None) -> PolicyRead:
-    """The policy in force; ``handlers`` are checked against ``group``'s handler (the reader's)."""
+    """The policy in force; ``handlers`` are checked against ``group``'s handler (the reader's).
+    ``goods``: the last good copies to fall back on, the reader's group's first."""
     if raw is None:
         return PolicyRead(tier, Policy(), "default")
     missing = None
@@ -52,11 +53,13 @@ def _resolve(tier: str, raw: bytes | None, good: bytes | None, handlers: Iterabl
         if handlers is not None:
             with contextlib.suppress(PolicyError):  # valid but for the handler: say which
                 missing = parse_policy(raw).group_handler(group)
-    if good is not None:
+    for good in goods:
+        if good is None:
+            continue
         try:
             return PolicyRead(tier, parse_policy(good, handlers, group), "last-good", error, missing)
         except PolicyError:
-            pass  # the registry changed under the last good one: fall through to defaults
+            continue  # the registry changed under the last good one: the next, else defaults
     return PolicyRead(tier, Policy(), "default", error, missing)
 
 
@@ -64,31 +67,52 @@ def _verdict(read: PolicyRead) -> tuple[bytes, bytes]:
     return (read.source.encode(), (read.error or "").encode())
 
 
-def _plan_writes(tier: str, read: PolicyRead, raw: bytes | None, good: bytes | None,
-                 status: list[bytes | None], reader: str) -> tuple[bytes | None, dict[str, str] | None]:
-    """What to write back: the new last-good copy, and the status only when the verdict changed."""
-    new_good = raw if read.source == "key" and raw != good else None
+@dataclass(frozen=True)
+class _Writes:
+    """What a recording reader writes back: the new last good copies (the tier's, and its
+    group's), and its verdict when it changed."""
+
+    good: bytes | None = None
+    group_good: bytes | None = None
+    status: dict[str, str] | None = None
+
+
+def _plan_writes(read: PolicyRead, raw: bytes | None, goods: tuple[bytes | None, bytes | None],
+                 status: list[bytes | None], reader: str, group: str | None) -> _Writes:
+    """The key, once this reader accepts it, becomes the last good copy: the tier's (its
+    structure: what submit and the commander read) and, for a group's worker, its group's."""
+    accepted = read.source == "key"
+    good, group_good = goods
+    writes = _Writes(raw if accepted and raw != good else None,
+                     raw if accepted and group and raw != group_good else None)
     if tuple(status) == _verdict(read):
-        return new_good, None
-    fields = {"ok": "0" if read.error else "1", "error": read.error or "", "source": read.source,
-              "by": reader, "ts": f"{time.time():.3f}"}
-    return new_good, fields
+        return writes
+    return replace(writes, status={"ok": "0" if read.error else "1", "error": read.error or "",
+                                   "source": read.source, "by": reader, "ts": f"{time.time():.3f}"})
 
 
-def _queue_reads(pipe: Any, tier: str) -> None:
-    # two GETs, not one MGET: redis-py's cluster pipeline refuses MGET (the three keys share
-    # the tier's slot, ``fleet:policy:{T}...``, so either would be single-slot)
+def _queue_reads(pipe: Any, tier: str, group: str | None) -> None:
+    # GETs, not one MGET: redis-py's cluster pipeline refuses MGET (the keys share the tier's
+    # slot, ``fleet:policy:{T}...``, so either would be single-slot)
     pipe.get(keys.policy(tier))
     pipe.get(keys.policy_good(tier))
-    pipe.hmget(keys.policy_status(tier), ["source", "error"])
+    pipe.get(keys.policy_good(tier, group or ""))
+    pipe.hmget(keys.policy_status(tier, group or ""), ["source", "error"])
 
 
-def _queue_writes(pipe: Any, tier: str, new_good: bytes | None, status: dict[str, str] | None) -> bool:
-    if new_good is not None:
-        pipe.set(keys.policy_good(tier), new_good)
-    if status is not None:
-        pipe.hset(keys.policy_status(tier), mapping=status)
-    return new_good is not None or status is not None
+def _queue_writes(pipe: Any, tier: str, group: str | None, writes: _Writes) -> bool:
+    if writes.good is not None:
+        pipe.set(keys.policy_good(tier), writes.good)
+    if writes.group_good is not None and group:
+        pipe.set(keys.policy_good(tier, group), writes.group_good)
+    if writes.status is not None:
+        pipe.hset(keys.policy_status(tier, group or ""), mapping=writes.status)
+    return writes != _Writes()
+
+
+def _goods(good: bytes | None, group_good: bytes | None, group: str | None) -> tuple[bytes | None, ...]:
+    """The last good copies a reader falls back on, its group's first."""
+    return (group_good, good) if group else (good,)
 
 
 def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None, *,
@@ -97,12 +121,13 @@ def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None
     verdict and copy an accepted key to the last good one (for the tier's own processes).
     ``handlers`` are checked against the handler of ``group`` (the reader's pool)."""
     pipe = r.pipeline(transaction=False)
-    _queue_reads(pipe, tier)
-    raw, good, status = pipe.execute()
-    read = _resolve(tier, raw, good, handlers, group)
+    _queue_reads(pipe, tier, group)
+    raw, good, group_good, status = pipe.execute()
+    read = _resolve(tier, raw, _goods(good, group_good, group), handlers, group)
     if record:
         pipe = r.pipeline(transaction=False)
-        if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status, reader)):
+        writes = _plan_writes(read, raw, (good, group_good), status, reader, group)
+        if _queue_writes(pipe, tier, group, writes):
             with contextlib.suppress(NoPermissionError):  # a read-only user cannot record it
                 pipe.execute()
     return read
@@ -112,20 +137,22 @@ async def read_policy_async(r: aioredis.Redis, tier: str, handlers: Iterable[str
                             record: bool = False, reader: str = "", group: str | None = None) -> PolicyRead:
     """The asyncio twin of ``read_policy``."""
     pipe = r.pipeline(transaction=False)
-    _queue_reads(pipe, tier)
-    raw, good, status = await pipe.execute()
-    read = _resolve(tier, raw, good, handlers, group)
+    _queue_reads(pipe, tier, group)
+    raw, good, group_good, status = await pipe.execute()
+    read = _resolve(tier, raw, _goods(good, group_good, group), handlers, group)
     if record:
         pipe = r.pipeline(transaction=False)
-        if _queue_writes(pipe, tier, *_plan_writes(tier, read, raw, good, status, reader)):
+        writes = _plan_writes(read, raw, (good, group_good), status, reader, group)
+        if _queue_writes(pipe, tier, group, writes):
             with contextlib.suppress(NoPermissionError):
                 await pipe.execute()
     return read
 
 
-def read_policy_status(r: redis.Redis, tier: str) -> dict[str, str]:
-    """What the tier's processes last recorded about its key: ok, error, source, by, ts."""
-    return {as_str(k): as_str(v) for k, v in r.hgetall(keys.policy_status(tier)).items()}
+def read_policy_status(r: redis.Redis, tier: str, group: str = "") -> dict[str, str]:
+    """What the tier's processes (a group's workers: ``group``) last recorded about its key:
+    ok, error, source, by, ts."""
+    return {as_str(k): as_str(v) for k, v in r.hgetall(keys.policy_status(tier, group)).items()}
 
 
 def _queue_policy_write(pipe: Any, tier: str, policy: Policy) -> None:

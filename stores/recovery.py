@@ -28,7 +28,7 @@ in a crash: on one node such a client should send its three commands in one ``MU
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,12 +81,40 @@ def unserved(cursor: Any, newest: Any) -> bool:
 
 def unserved_users(r: redis.Redis, users: list[str]) -> list[str]:
     """Those of ``users`` whose inbox holds a turn after their cursor (one round trip)."""
+    return list(unserved_newest(r, users))
+
+
+def unserved_newest(r: redis.Redis, users: list[str]) -> dict[str, str]:
+    """Those of ``users`` whose inbox holds a turn after their cursor, with their inbox's newest
+    entry id (one round trip)."""
     pipe = r.pipeline(transaction=False)
     for user in users:
         pipe.hget(keys.state(user), "cursor")
         pipe.xrevrange(keys.inbox(user), "+", "-", count=1)
     replies = pipe.execute()
-    return [u for i, u in enumerate(users) if unserved(replies[2 * i], replies[2 * i + 1])]
+    return {u: as_str(replies[2 * i + 1][0][0]) for i, u in enumerate(users)
+            if unserved(replies[2 * i], replies[2 * i + 1])}
+
+
+def active_users(r: redis.Redis, pool: str, batch: int = BATCH) -> Iterator[list[str]]:
+    """The users of ``pool``'s active set, in lists of ``batch`` (``ZSCAN``: a user in the set
+    throughout is seen at least once)."""
+    yield from _batches(r.zscan_iter(keys.active(pool), count=batch), batch)
+
+
+def active_since(r: redis.Redis, pool: str, since: float) -> int:
+    """How many users submitted on ``pool`` at or after ``since`` (unix seconds)."""
+    return int(r.zcount(keys.active(pool), since, "+inf"))
+
+
+def notify_on(r: redis.Redis, placed: Mapping[str, tuple[str, int]], now: float) -> None:
+    """One fresh notification for each user on its (pool, ready shard), and the user marked
+    active there, as a submit does (one round trip)."""
+    pipe = r.pipeline(transaction=False)
+    for user, (pool, shard) in placed.items():
+        pipe.xadd(keys.ready(pool, shard), {"user": user})
+        pipe.zadd(keys.active(pool), {user: now})
+    pipe.execute()
 
 
 def _batches(members: Iterable[Any], size: int) -> Iterable[list[str]]:
@@ -124,7 +152,7 @@ def renotify_unserved(r: redis.Redis, tier: str, shards: int = 1, batch: int = B
     whose inbox holds a turn after the cursor (``ZSCAN``: a user in the set throughout is seen
     at least once). Per batch, one round trip of reads and one of notifications."""
     checked, found = 0, list[str]()
-    for users in _batches(r.zscan_iter(keys.active(tier), count=batch), batch):
+    for users in active_users(r, tier, batch):
         checked += len(users)
         stuck = unserved_users(r, users)
         if not stuck:

@@ -19,7 +19,7 @@ import pytest
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import HandlerResult, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import Policy, parse_policy
 from stores.policies import read_policy, read_policy_async, read_policy_status, write_policy
 from worker import handlers
 from worker.app import Worker
@@ -124,3 +124,31 @@ async def test_the_async_read_records_like_the_blocking_one() -> None:
     await read_policy_async(r, "chat", KNOWN, record=True, reader="worker w1")
     assert await r.get(keys.policy_good("chat")) is not None
     await r.aclose()
+
+
+def _grouped(blue: str, green: str) -> Policy:
+    return parse_policy({"groups": [{"name": "blue", "weight": 90, "handler": blue},
+                                    {"name": "green", "weight": 10, "handler": green}]})
+
+
+def test_each_groups_workers_keep_their_own_verdict_and_last_good_copy() -> None:
+    """Two virtualenvs: green's has the new handler, blue's does not. A key green accepts must
+    not become the copy blue falls back on, nor its verdict overwrite blue's (before: green's
+    workers wrote the tier's one last good copy, blue's then failed on it too and ran the
+    default policy, without groups; and the two wrote one status hash in turn)."""
+    r = fakeredis.FakeRedis()
+    blue_has, green_has = ["echo"], ["echo", "answer"]
+    write_policy(r, "chat", _grouped("echo", "echo"))
+    for group, has in (("blue", blue_has), ("green", green_has)):
+        assert read_policy(r, "chat", has, record=True, reader=group, group=group).source == "key"
+    write_policy(r, "chat", _grouped("answer", "answer"))  # blue's venv lacks "answer"
+    green = read_policy(r, "chat", green_has, record=True, reader="green", group="green")
+    assert green.source == "key" and green.policy.group_handler("green") == "answer"
+    blue = read_policy(r, "chat", blue_has, record=True, reader="blue", group="blue")
+    assert blue.source == "last-good" and blue.missing_handler == "answer"
+    assert blue.policy.group_handler("blue") == "echo" and blue.policy.groups  # its groups kept
+    assert read_policy_status(r, "chat", "blue")["ok"] == "0"
+    assert "answer" in read_policy_status(r, "chat", "blue")["error"]
+    assert read_policy_status(r, "chat", "green")["ok"] == "1"
+    read_policy(r, "chat", green_has, record=True, reader="green", group="green")
+    assert read_policy_status(r, "chat", "blue")["ok"] == "0"  # not overwritten by green

@@ -490,6 +490,15 @@ async def drive_groups(r: redis.Redis, ar: aioredis.Redis) -> None:
     groups.accept_group(r, "chat", "green")
     groups.with_group_pools(r, ["chat"])
     groups.read_pool_policy(r, "chat.green")
+    groups.read_pins(r, list(USERS), "chat")
+    groups.remember_pools(r, "chat", ["chat.blue", "chat.green"])
+    groups.known_pools(r, "chat")
+    groups.forget_pool(r, "chat", "chat.green")
+    # a removed pool's queued users moved to their group's pool (commander.groups._move_users)
+    for batch in recovery.active_users(r, "chat", batch=2):
+        recovery.unserved_newest(r, batch)
+    recovery.active_since(r, "chat", 0.0)
+    recovery.notify_on(r, {USERS[0]: ("chat.blue", 0), USERS[1]: ("chat.blue", 0)}, 1.0)
     await submit.submit_round_trip_async(ar, [turn(USERS[1], "chat", 91)], "chat.green")
 
 
