@@ -25,7 +25,11 @@ class GroupWindow:
 
     @property
     def error_rate(self) -> float:
-        return self.errors / self.turns if self.turns else 0.0
+        """The share of handler calls that failed: ``errors`` counts every failed attempt (a
+        retried turn fails, then is answered: one error, one turn), so errors per turn could
+        pass 100 %; failed calls per call (turns + errors) cannot."""
+        calls = self.turns + self.errors
+        return self.errors / calls if calls else 0.0
 
     @property
     def latency_s(self) -> float:
@@ -64,7 +68,7 @@ def judge_canary(canary: GroupWindow, baseline: GroupWindow, guard: RolloutGuard
         return None
     margin = guard.error_rate_margin
     if margin is not None and canary.error_rate > baseline.error_rate + margin:
-        return (f"error rate {canary.error_rate:.1%} over {canary.turns:.0f} turns vs "
+        return (f"error rate {canary.error_rate:.1%} of handler calls over {canary.turns:.0f} turns vs "
                 f"{baseline.error_rate:.1%} over {baseline.turns:.0f} on the other groups "
                 f"(margin {margin:.1%}, window {guard.window_s:.0f}s)")
     slower = guard.latency_margin

@@ -14,6 +14,7 @@ import pytest
 from commander.commander import Commander
 from commander.runtime import Handles, Runtime, WorkerHandle, WorkerIds, WorkerState
 from commander.settings import CommanderSettings
+from protocol import keys
 from protocol.codec import decode
 from protocol.groups import assign
 from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots
@@ -167,7 +168,47 @@ def test_the_guard_aborts_a_failing_canary(r: fakeredis.FakeRedis, rig: tuple[Co
         commander.observer.evaluator.add(_report("b1", "chat.blue", ts, turns, errors))
     commander.pass_once(now)
     (abort,) = events(r, "rollout-abort")
-    assert "canary green aborted: error rate 30.0%" in abort.reason
+    assert "canary green aborted: error rate 23.1% of handler calls" in abort.reason
     assert read_policy(r, T).policy.weights() == (("blue", 100.0), ("green", 0.0))
     commander.pass_once(now + 1)
     assert len(events(r, "rollout-abort")) == 1 and not events(r, "rollout")  # (its own event only)
+
+
+def _queued(r: fakeredis.FakeRedis, user: str, pool: str) -> None:
+    """A turn of ``user`` queued on ``pool`` as a submit leaves it: inbox entry, active mark,
+    notification on the pool's ready stream."""
+    r.xadd(keys.inbox(user), {"text": "hello"})
+    r.zadd(keys.active(pool), {user: time.time()})
+    r.xadd(keys.ready(pool, 0), {"user": user})
+
+
+def _notified(r: fakeredis.FakeRedis, pool: str) -> list[str]:
+    return [fields[b"user"].decode() for _id, fields in r.xrange(keys.ready(pool, 0))]
+
+
+def test_a_removed_pools_queued_users_are_notified_on_their_group_once_its_workers_are_gone(
+        r: fakeredis.FakeRedis, rig: tuple[Commander, Recording]) -> None:
+    """A turn notified on a pool that a policy edit removes, while no worker of the pool reads
+    it any more, would wait for the user's next submit: once the pool has no live worker, the
+    commander notifies each of its users with a turn still to serve on the user's group now."""
+    commander, runtime = rig
+    commander.pass_once(time.time())
+    weights = [("blue", 90.0), ("green", 10.0)]
+    waiting, served = [u for u in (f"u{i}" for i in range(400)) if assign(u, weights) == "green"][:2]
+    _queued(r, waiting, "chat.green")
+    _queued(r, served, "chat.green")
+    newest = r.xrevrange(keys.inbox(served), "+", "-", count=1)[0][0]
+    r.hset(keys.state(served), "cursor", newest)  # its turn was served before the edit
+    policy = read_policy(r, T).policy
+    write_policy(r, T, parse_policy({**policy.model_dump(mode="json"),
+                                     "groups": [{"name": "blue", "weight": 100, "min_workers": 2}]}))
+    commander.pass_once(time.time())
+    assert runtime.retired == ["chat.green-3"]
+    assert _notified(r, "chat.blue") == []  # its draining worker may still serve them
+    del runtime.handles["chat.green-3"]  # the drained worker exited and was reaped
+    commander.pass_once(time.time())
+    assert _notified(r, "chat.blue") == [waiting]
+    (event,) = events(r, "renotified")
+    assert event.tier == "chat.green" and waiting in event.reason
+    commander.pass_once(time.time())
+    assert _notified(r, "chat.blue") == [waiting]  # once per queued turn, not every pass

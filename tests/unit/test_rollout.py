@@ -82,9 +82,12 @@ GUARD = RolloutGuard(window_s=60, error_rate_margin=0.05, latency_margin=0.5, mi
 # (canary, baseline, verdict fragment or None)
 GUARD_TABLE: list[Any] = [
     pytest.param(GroupWindow(100, 1, 10), GroupWindow(900, 9, 90), None, id="healthy"),
-    pytest.param(GroupWindow(100, 20, 10), GroupWindow(900, 9, 90), "error rate 20.0%", id="errors"),
+    pytest.param(GroupWindow(100, 20, 10), GroupWindow(900, 9, 90), "error rate 16.7%", id="errors"),
+    pytest.param(GroupWindow(24, 33, 6), GroupWindow(900, 9, 90),
+                 "error rate 57.9% of handler calls over 24 turns",
+                 id="retried-turns-more-errors-than-turns"),
     pytest.param(GroupWindow(100, 6, 10), GroupWindow(900, 9, 90), None, id="errors-inside-margin"),
-    pytest.param(GroupWindow(100, 7, 10), GroupWindow(900, 9, 90), "error rate 7.0%", id="errors-just-over"),
+    pytest.param(GroupWindow(100, 7, 10), GroupWindow(900, 9, 90), "error rate 6.5%", id="errors-just-over"),
     pytest.param(GroupWindow(100, 0, 16), GroupWindow(900, 0, 90), "handler latency 160 ms", id="slow"),
     pytest.param(GroupWindow(100, 0, 14), GroupWindow(900, 0, 90), None, id="slower-inside-margin"),
     pytest.param(GroupWindow(10, 10, 100), GroupWindow(900, 0, 90), None, id="too-few-canary-turns"),
