@@ -8,7 +8,13 @@ green --weight 50``, ``--to 100``, ``--abort``. Every 0.5 s it samples the live 
 each pool; at the end it writes the plot and the samples with the ledger as JSON, and stops
 every process it started (by pid).
 
+With ``--guard``, green is a bad release (its handler fails each turn's first attempt; the
+retry answers it) under a ``rollout_guard``: the operator only raises it to 50 %, and the
+commander aborts it by itself once green's error rate over the window passes blue's by the
+margin.
+
     .venv/bin/python scripts/rollout_plot.py [--out docs/groups-rollout]
+    .venv/bin/python scripts/rollout_plot.py --guard [--out docs/groups-guard]
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from stores.registry import read_registry  # noqa: E402
 USERS = 40
 THINK_S = 0.5
 STEPS = ((20.0, ["--weight", "50"]), (40.0, ["--to", "100"]), (65.0, ["--abort"]))
+GUARD_STEPS = ((20.0, ["--weight", "50"]),)  # the rollout guard does the rest
 END_S = 90.0
 POOLS = ("chat.blue", "chat.green")
 
@@ -76,13 +83,18 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("redis-server did not start")
 
 
-def policy() -> Any:
+def policy(guard: bool = False) -> Any:
     one = {"handler": "sleep", "min_workers": 1, "max_workers": 6}
+    green: dict[str, Any] = {"name": "green", "weight": 10, **one}
+    extra: dict[str, Any] = {}
+    if guard:
+        green["handler_options"] = {"sleep_ms": 150, "fail_attempts": 1}
+        extra = {"canary": "green", "rollout_guard": {"window_s": 20, "min_turns": 20,
+                                                      "error_rate_margin": 0.2, "latency_margin": None}}
     return parse_policy({"min_workers": 0, "concurrency": 2, "users_per_instance": 4,
                          "handler_options": {"sleep_ms": 150}, "report_interval_s": 0.5,
-                         "scale_down_stabilization_s": 5, "active_window_s": 5,
-                         "groups": [{"name": "blue", "weight": 90, **one},
-                                    {"name": "green", "weight": 10, **one}]})
+                         "scale_down_stabilization_s": 5, "active_window_s": 5, **extra,
+                         "groups": [{"name": "blue", "weight": 90, **one}, green]})
 
 
 def users_loop(url: str, stop: threading.Event, served: dict[str, int]) -> None:
@@ -111,7 +123,7 @@ def counts(r: redis.Redis) -> dict[str, int]:
     return out
 
 
-def run(workdir: Path) -> dict[str, Any]:
+def run(workdir: Path, guard: bool = False) -> dict[str, Any]:
     redis_proc, url = start_redis(workdir)
     os.environ.update({"FLEET_WORKER_BLOCK_MS": "200", "FLEET_WORKER_POLICY_REFRESH_S": "0.5"})
     runtime = ProcessRuntime(url, log_dir=workdir / "logs")
@@ -119,7 +131,7 @@ def run(workdir: Path) -> dict[str, Any]:
     stop, users_stop = threading.Event(), threading.Event()
     served: dict[str, int] = {}
     try:
-        write_policy(r, "chat", policy())
+        write_policy(r, "chat", policy(guard))
         settings = CommanderSettings(commander_id="c-plot", metrics_port=None, interval_s=0.3,
                                      always_tiers=())
         cmd = threading.Thread(target=Commander(redis.Redis.from_url(url), runtime, settings).run,
@@ -127,7 +139,7 @@ def run(workdir: Path) -> dict[str, Any]:
         cmd.start()
         load = threading.Thread(target=users_loop, args=(url, users_stop, served), daemon=True)
         load.start()
-        t0, samples, steps = time.time(), [], list(STEPS)
+        t0, samples, steps = time.time(), [], list(GUARD_STEPS if guard else STEPS)
         while (now := time.time() - t0) < END_S:
             if steps and now >= steps[0][0]:
                 fleet_main(["--redis-url", url, "rollout", "chat", "green", *steps.pop(0)[1]])
@@ -150,7 +162,7 @@ def run(workdir: Path) -> dict[str, Any]:
         redis_proc.wait(timeout=10)
 
 
-def plot(data: dict[str, Any], out: Path) -> None:
+def plot(data: dict[str, Any], out: Path, guard: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,11 +175,13 @@ def plot(data: dict[str, Any], out: Path) -> None:
     for e in data["ledger"]:
         if e["action"] in ("rollout", "rollout-abort"):
             ax.axvline(e["t"], color="grey", linestyle=":")
-            ax.text(e["t"], ax.get_ylim()[1] * 0.98, e["reason"].partition("-> ")[2].split(" (")[0],
-                    rotation=90, va="top", ha="right", fontsize=7)
+            label = ("guard abort: green 0" if e["action"] == "rollout-abort"
+                     else e["reason"].partition("-> ")[2].split(" (")[0])
+            ax.text(e["t"], ax.get_ylim()[1] * 0.98, label, rotation=90, va="top", ha="right", fontsize=7)
     ax.set_xlabel("seconds")
     ax.set_ylabel("live workers")
-    ax.set_title(f"canary rollout of tier chat: {USERS} users, sleep handler 150 ms, concurrency 2")
+    what = "a failing canary aborted by the rollout guard" if guard else "canary rollout"
+    ax.set_title(f"{what}, tier chat: {USERS} users, sleep handler 150 ms, concurrency 2")
     ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=110)
@@ -175,13 +189,14 @@ def plot(data: dict[str, Any], out: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(ROOT / "docs" / "groups-rollout"), help="path without suffix")
+    p.add_argument("--guard", action="store_true", help="green fails; the rollout guard aborts it")
+    p.add_argument("--out", help="path without suffix (default: docs/groups-rollout, or docs/groups-guard)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="fleet-rollout-") as tmp:
-        data = run(Path(tmp))
-    out = Path(args.out)
+        data = run(Path(tmp), args.guard)
+    out = Path(args.out or ROOT / "docs" / ("groups-guard" if args.guard else "groups-rollout"))
     out.with_suffix(".json").write_text(json.dumps(data, indent=1))
-    plot(data, out)
+    plot(data, out, args.guard)
     for e in data["ledger"]:
         if e["action"] != "leader":
             print(f"{e['t']:7.1f}s  {e['tier']:<11} {e['action']:<15} {e['from']}->{e['to']}  "
