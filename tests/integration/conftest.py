@@ -6,15 +6,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
 
 from protocol import keys
+
+if TYPE_CHECKING:
+    from commander.runtime.process import ProcessRuntime
 
 # Short leases so a killed worker's user is taken over in seconds, not the production 6 s
 # (and, from fleet_env, tests/conftest.py's TEST_WORKER_ENV).
@@ -85,3 +90,32 @@ def start_worker(fleet_env: dict[str, str], r: redis.Redis,
         except subprocess.TimeoutExpired:
             wp.proc.kill()
             wp.proc.wait(timeout=5)
+
+
+@pytest.fixture
+def process_commander(redis_server: Any, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcessRuntime]:
+    """A leading commander on a process runtime, in a thread (workers refresh their policy every
+    0.2 s); every worker it started is stopped by pid after the test."""
+    from commander.commander import Commander
+    from commander.runtime.process import ProcessRuntime
+    from commander.settings import CommanderSettings
+    from tests.conftest import TEST_WORKER_ENV
+
+    for key, value in {**TEST_WORKER_ENV, "FLEET_WORKER_POLICY_REFRESH_S": "0.2"}.items():
+        monkeypatch.setenv(key, value)
+    runtime = ProcessRuntime(redis_server.url, log_dir=tmp_path / "logs")
+    settings = CommanderSettings(commander_id="c-test", metrics_port=None, interval_s=0.2, always_tiers=())
+    stop = threading.Event()
+    thread = threading.Thread(target=Commander(redis_server.client(), runtime, settings).run, args=(stop,),
+                              daemon=True)
+    thread.start()
+    try:
+        yield runtime
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        runtime.stop_all(timeout=5.0)
+        runtime.reap()
+        runtime.close()
+    assert not thread.is_alive()

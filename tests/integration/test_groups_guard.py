@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from commander.commander import Commander
 from commander.runtime.process import ProcessRuntime
-from commander.settings import CommanderSettings
 from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
@@ -33,7 +29,6 @@ from protocol.policy import parse_policy
 from stores.ledger import ledger_page
 from stores.policies import read_policy, write_policy
 from stores.registry import read_registry
-from tests.conftest import TEST_WORKER_ENV
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -50,28 +45,6 @@ POLICY: dict[str, Any] = {
          "min_workers": 1, "max_workers": 6},
         {"name": "green", "weight": 25, "handler": "sleep", "handler_options": {**SLEEP, "fail_attempts": 1},
          "min_workers": 1, "max_workers": 6}]}
-
-
-@pytest.fixture
-def commander(redis_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcessRuntime]:
-    """A leading commander on a process runtime, in a thread; its workers stopped by pid after."""
-    for key, value in {**TEST_WORKER_ENV, "FLEET_WORKER_POLICY_REFRESH_S": "0.2"}.items():
-        monkeypatch.setenv(key, value)
-    runtime = ProcessRuntime(redis_server.url, log_dir=tmp_path / "logs")
-    settings = CommanderSettings(commander_id="c-guard", metrics_port=None, interval_s=0.2, always_tiers=())
-    stop = threading.Event()
-    thread = threading.Thread(target=Commander(redis_server.client(), runtime, settings).run, args=(stop,),
-                              daemon=True)
-    thread.start()
-    try:
-        yield runtime
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        runtime.stop_all(timeout=5.0)
-        runtime.reap()
-        runtime.close()
-    assert not thread.is_alive()
 
 
 class PoolCounts(threading.Thread):
@@ -112,7 +85,7 @@ def ledger(r: redis.Redis, action: str) -> list[LedgerEvent]:
 
 
 def test_the_guard_aborts_a_failing_canary_under_load_and_each_pool_follows_its_demand(
-        redis_server: Any, r: redis.Redis, commander: ProcessRuntime) -> None:
+        redis_server: Any, r: redis.Redis, process_commander: ProcessRuntime) -> None:
     write_policy(r, "chat", parse_policy(POLICY))
     wait_until(lambda: {"chat.blue", "chat.green"} <= pools(r), 60, "a worker in each group")
     green_users = {u for u in USERS if assign(u, SPLIT) == "green"}
@@ -135,7 +108,7 @@ def test_the_guard_aborts_a_failing_canary_under_load_and_each_pool_follows_its_
         (abort,) = ledger(r, "rollout-abort")
         assert abort.tier == "chat" and "canary green aborted: error rate" in abort.reason, abort.reason
         assert read_policy(r, "chat").policy.weights() == (("blue", 100.0), ("green", 0.0))
-        wait_until(lambda: logs_say(commander, "groups of chat now blue 100, green 0"), 30,
+        wait_until(lambda: logs_say(process_commander, "groups of chat now blue 100, green 0"), 30,
                    "every worker to see the abort")  # (a worker hands a user on by its own view)
         client.reread_policies()
         for n in range(rounds, rounds + 3):  # after the abort: everyone on blue

@@ -18,17 +18,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import sysconfig
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from commander.commander import Commander
 from commander.runtime.process import ProcessRuntime
-from commander.settings import CommanderSettings
 from fleet.cli import main as fleet_main
 from fleet.client import Fleet
 from protocol import keys
@@ -40,7 +36,6 @@ from stores.groups import rejected_groups
 from stores.ledger import ledger_page
 from stores.policies import read_policy, write_policy
 from stores.registry import read_registry
-from tests.conftest import TEST_WORKER_ENV
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -87,30 +82,6 @@ def venvs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return make_venv(root, 1), make_venv(root, 2)
 
 
-@pytest.fixture
-def commander(redis_server: Any, r: redis.Redis, tmp_path: Path,
-              monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcessRuntime]:
-    """A leading commander on a process runtime, in a thread; its workers stopped by pid after."""
-    for key, value in {**TEST_WORKER_ENV, "FLEET_WORKER_POLICY_REFRESH_S": "0.2"}.items():
-        monkeypatch.setenv(key, value)
-    runtime = ProcessRuntime(redis_server.url, log_dir=tmp_path / "logs")
-    settings = CommanderSettings(commander_id="c-groups", metrics_port=None, interval_s=0.2,
-                                 always_tiers=())
-    stop = threading.Event()
-    thread = threading.Thread(target=Commander(redis_server.client(), runtime, settings).run, args=(stop,),
-                              daemon=True)
-    thread.start()
-    try:
-        yield runtime
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        runtime.stop_all(timeout=5.0)
-        runtime.reap()
-        runtime.close()
-    assert not thread.is_alive()
-
-
 def events(r: redis.Redis, action: str) -> list[LedgerEvent]:
     rows = [decode(LedgerEvent, fields[b"m"]) for _id, fields in ledger_page(r, "+", 10_000)]
     return [e for e in rows if e.action == action]
@@ -142,7 +113,7 @@ def logs_say(runtime: ProcessRuntime, pools: dict[str, list[str]], text: str) ->
 
 
 def test_canary_rollout_and_abort_across_two_virtualenvs(
-        venvs: tuple[str, str], redis_server: Any, r: redis.Redis, commander: ProcessRuntime) -> None:
+        venvs: tuple[str, str], redis_server: Any, r: redis.Redis, process_commander: ProcessRuntime) -> None:
     v1, v2 = venvs
     bare = sys._base_executable  # type: ignore[attr-defined]  # (no handler package: cannot load it)
     one = {"handler": "canary", "min_workers": 1, "max_workers": 2}
@@ -171,7 +142,7 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
             history[u].append(got[u])
 
     assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--weight", "50"]) == 0
-    wait_until(lambda: logs_say(commander, live_pools(r), "groups of chat now blue 50, green 50"), 30,
+    wait_until(lambda: logs_say(process_commander, live_pools(r), "groups of chat now blue 50, green 50"), 30,
                "every worker to see the 50 % step")
     client.reread_policies()
     half = [("blue", 50.0), ("green", 50.0), ("gone", 0.0), ("bare", 0.0)]
@@ -182,7 +153,7 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
         history[u].append(got[u])
 
     assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--to", "100"]) == 0
-    wait_until(lambda: logs_say(commander, live_pools(r), "groups of chat now blue 0, green 100"), 30,
+    wait_until(lambda: logs_say(process_commander, live_pools(r), "groups of chat now blue 0, green 100"), 30,
                "every worker to see the rollout")
     client.reread_policies()
     for n in range(3, 5):  # all on green now
@@ -198,7 +169,7 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
                      "blue 0, green 100, gone 0, bare 0 (canary green)"]
 
     assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--abort"]) == 0
-    wait_until(lambda: logs_say(commander, live_pools(r), "groups of chat now blue 100, green 0"), 30,
+    wait_until(lambda: logs_say(process_commander, live_pools(r), "groups of chat now blue 100, green 0"), 30,
                "every worker to see the abort")
     client.reread_policies()
     assert set(serve_round(client, 5).values()) == {"v1"}
