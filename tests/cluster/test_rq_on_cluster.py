@@ -32,18 +32,30 @@ from stores.registry import read_registry
 from tests.cluster.conftest import RedisClusterRig
 from tests.conftest import ROOT, TEST_WORKER_ENV, RedisServer
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
+from tests.integration.test_security import documented_rules, with_password
 
 pytestmark = pytest.mark.integration
 QUEUE = "writeback"
 
 
+RQ_PASSWORD = "rq-secret"
+
+
 @pytest.fixture
 def rq_node(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    """RQ's own Redis: one plain redis-server (the module's), emptied."""
+    """RQ's own Redis: one plain redis-server (the module's), emptied, with SECURITY.md's user
+    ``fleet-rq`` for the relay, the commander and the RQ workers (``rq_url``); the test itself
+    reads it as the default user."""
     client = redis_server.client()
     client.flushall()
+    client.execute_command("ACL", "SETUSER", "fleet-rq",
+                           *with_password(documented_rules("fleet-rq"), RQ_PASSWORD))
     yield client
     client.close()
+
+
+def rq_url(server: RedisServer) -> str:
+    return f"redis://fleet-rq:{RQ_PASSWORD}@127.0.0.1:{server.port}/0"
 
 
 Started = list[tuple[subprocess.Popen[bytes], Path]]
@@ -98,10 +110,10 @@ def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
     log = tmp_path / "commander.log"
     commander = _start(procs, env, log, "-m", "commander", "--commander-id", "c1", "--no-metrics",
                        "--interval", "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit",
-                       "--rq-url", redis_server.url)
+                       "--rq-url", rq_url(redis_server))
     relay_log = tmp_path / "relay.log"
     relay = _start(procs, env, relay_log, "-m", "fleet.cli", "relay", "--id", "relay-c", "--rq-url",
-                   redis_server.url, "--claim-idle-ms", "500", "--sweep-interval", "2")
+                   rq_url(redis_server), "--claim-idle-ms", "500", "--sweep-interval", "2")
     chat_up = lambda: any(e.action == "scale-up" for e in ledger(rc, "chat"))  # noqa: E731
     wait_until(lambda: chat_up() or commander.poll() is not None,
                30, "the chat worker")
@@ -134,6 +146,8 @@ def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
     assert relay.poll() is None, relay_log.read_text()[-3000:]
     text = log.read_text()
     assert "Traceback" not in text and "pass failed" not in text, text[-3000:]
+    refusals = [e for e in rq_node.acl_log() if e.get("username") == "fleet-rq"]
+    assert not refusals, refusals  # SECURITY.md's ACL for RQ's node covers what they sent
 
 
 def test_an_rq_tier_on_a_cluster_without_rqs_redis_is_refused_once(
