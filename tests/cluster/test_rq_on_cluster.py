@@ -10,6 +10,7 @@ goes back to zero. Every process is ours, started and stopped by pid."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -146,6 +147,13 @@ def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
     assert relay.poll() is None, relay_log.read_text()[-3000:]
     text = log.read_text()
     assert "Traceback" not in text and "pass failed" not in text, text[-3000:]
+    # fleet status reads the rq tier on RQ's node ($FLEET_RQ_URL), and says so when it has none
+    status = lambda extra: json.loads(subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "fleet.cli", "status", "--json"], env={**env, **extra}, check=True,
+        capture_output=True, text=True, timeout=60).stdout)["tiers"][QUEUE]
+    row = status({"FLEET_RQ_URL": rq_url(redis_server)})
+    assert row["queues"][0]["finished"] == len(turns) and row["failed_jobs"] == 0, row
+    assert "names no RQ Redis" in status({})["rq_error"]
     refusals = [e for e in rq_node.acl_log() if e.get("username") == "fleet-rq"]
     assert not refusals, refusals  # SECURITY.md's ACL for RQ's node covers what they sent
 
