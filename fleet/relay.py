@@ -224,7 +224,8 @@ class Relay:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rq-url", help="RQ's Redis (one node; default: $FLEET_RQ_URL, else Fleet's own)")
-    p.add_argument("--id", dest="relay_id", help="this relay's consumer name (default: random)")
+    p.add_argument("--id", dest="relay_id",
+                   help="this relay's consumer name and heartbeat id (default: relay-<host>-<pid>)")
     p.add_argument("--batch", type=int, default=100, help="notifications and outbox entries per read")
     p.add_argument("--sweep-interval", type=float, default=10.0,
                    help="seconds between walks of the active sets for outboxes without a notification")
