@@ -18,7 +18,7 @@ from commander.runtime import Runtime
 from commander.runtime.process import ProcessRuntime
 from commander.settings import CommanderSettings
 from protocol.flags import Parser, add_flags, settings_from_flags
-from stores.connection import ClusterModeError, connect_sync, resolve_url
+from stores.connection import ClusterModeError, connect_rq, connect_sync, resolve_url
 from stores.retry import TRANSIENT, Backoff
 
 log = logging.getLogger("fleet.commander")
@@ -44,6 +44,8 @@ def _runtime(settings: CommanderSettings, url: str) -> Runtime | None:
     kwargs: dict[str, Any] = {}
     if "spawn_mode" in inspect.signature(ProcessRuntime).parameters:
         kwargs["spawn_mode"] = settings.spawn_mode
+    if "rq_url" in inspect.signature(ProcessRuntime).parameters:
+        kwargs["rq_url"] = settings.rq_url
     return ProcessRuntime(url, Path(settings.log_dir), **kwargs)
 
 
@@ -77,7 +79,8 @@ def _metrics(settings: CommanderSettings) -> Any | None:
     return Metrics()
 
 
-def _serve(metrics: Any, commander: Commander, settings: CommanderSettings, url: str) -> None:
+def _serve(metrics: Any, commander: Commander, settings: CommanderSettings, url: str,
+           rq: redis.Redis | None) -> None:
     """Serve /metrics, /healthz and the monitor (page and API) on the metrics address.
 
     The monitor reads Redis on a client of its own, with short timeouts, so a viewer never
@@ -86,7 +89,7 @@ def _serve(metrics: Any, commander: Commander, settings: CommanderSettings, url:
 
     client = connect_sync(url, retries=1, socket_timeout=5)
     monitor = Monitor(board=commander.board, leading=lambda: commander.leader.leading,
-                      commander_id=settings.commander_id, r=client)
+                      commander_id=settings.commander_id, r=client, rq=rq)
     host, port = metrics.serve(settings.metrics_host, settings.metrics_port, settings.metrics_token,
                                monitor=monitor)
     log.info("serving /metrics on http://%s:%d/metrics and the monitor on http://%s:%d/",
@@ -136,10 +139,11 @@ def run(args: argparse.Namespace) -> int:
     if runtime is None:
         return 2
     metrics = _metrics(settings)
+    rq = connect_rq(settings.rq_url) if settings.rq_url else None  # (lazy: no round trip here)
     try:
-        commander = Commander(r, runtime, settings, metrics)
+        commander = Commander(r, runtime, settings, metrics, rq=rq)
         if metrics is not None:
-            _serve(metrics, commander, settings, url)
+            _serve(metrics, commander, settings, url, rq)
         return commander.run(stop)
     finally:
         runtime.close()

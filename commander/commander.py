@@ -34,6 +34,7 @@ from protocol.groups import split_pool
 from protocol.models import Control, LedgerEvent
 from protocol.policy import Policy
 from stores.backlog import write_starting
+from stores.cluster import is_cluster
 from stores.control import send_control
 from stores.policies import PolicyRead, list_tiers, read_policy
 from stores.retry import TRANSIENT, Backoff
@@ -72,12 +73,14 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
 
     def __init__(self, r: redis.Redis, runtime: Runtime, settings: CommanderSettings,
                  metrics: Any | None = None, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, rq: redis.Redis | None = None) -> None:
+        """``rq``: RQ's Redis (``settings.rq_url``); None: Fleet's own, unless that is a Cluster."""
         self.r, self.runtime, self.settings, self.metrics = r, runtime, settings, metrics
         self.clock, self.monotonic = clock, monotonic  # wall and monotonic time (tests: virtual)
         self.leader = Leadership(r, settings.commander_id, settings.lease_ttl_ms)
         self.observer = Observer(r)
-        self.rq = RqReader(r)  # rq tiers' queues and RQ workers (their RQ is Fleet's Redis)
+        self.rq = RqReader(rq if rq is not None else None if is_cluster(r) else r)  # (rqtier.py)
+        self._rq_refusals: set[str] = set()
         self.tiers: dict[str, _Tier] = {}
         self.started = self.clock()
         self._adopted_at = 0.0
@@ -240,6 +243,8 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
             memo.state, memo.loaded = self._load_state(tier), True
         policy = read.policy
         self.runtime.configure(tier, policy.kind, policy.rq_queues(tier))
+        if policy.kind == "rq" and self._rq_refused(tier) is not None:
+            return  # no RQ Redis (a Cluster without rq_url): said once in the ledger
         if policy.kind == "rq":
             views, snap, policy = self._rq_inputs(tier, policy, handles, now)
         else:

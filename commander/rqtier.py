@@ -104,11 +104,18 @@ class RqRates:
         return (n1 - n0) / (t1 - t0)
 
 
-class RqReader:
-    """Reads the rq tiers' queues and workers (one reader per commander)."""
+NO_RQ_ON_CLUSTER = ("Fleet's Redis is a Cluster and the commander has no RQ Redis: RQ keeps its keys "
+                    "without hash tags and needs one node; give the commander (and the relay and RQ "
+                    "workers) that node's URL: --rq-url or $FLEET_RQ_URL")
 
-    def __init__(self, r: redis.Redis) -> None:
-        self.r = r
+
+class RqReader:
+    """Reads the rq tiers' queues and workers (one reader per commander) on RQ's Redis: its own
+    node (``rq_url``), else Fleet's when that is one node; ``r`` None: none usable (a Cluster
+    without ``rq_url``), and every rq tier is refused (``RqTiers._rq_refused``)."""
+
+    def __init__(self, r: redis.Redis | None) -> None:
+        self._r = r
         self.rates: dict[str, RqRates] = {}
         self.popped: dict[str, dict[str, float]] = {}  # queue -> job taken, not started -> first seen
 
@@ -139,14 +146,35 @@ class RqReader:
 
         return rqjobs.reap_worker(self.r, worker_id, list(policy.rq_queues(tier)))
 
+    @property
+    def r(self) -> redis.Redis:
+        """RQ's client (only asked once ``RqTiers._rq_refused`` said there is one)."""
+        if self._r is None:
+            raise RuntimeError(NO_RQ_ON_CLUSTER)
+        return self._r
+
 
 class RqTiers:
     """The commander's part for rq tiers, for ``Commander``, which provides the state below."""
 
     runtime: Any
     rq: RqReader
+    _rq_refusals: set[str]  # rq tiers refused for want of an RQ Redis, ledgered once each
     _append: Callable[[LedgerEvent], None]
     _event: Callable[..., LedgerEvent]
+
+    def _rq_refused(self, tier: str) -> str | None:
+        """Why the rq tier cannot be run here (no RQ Redis: a Cluster without ``rq_url``), or
+        None; said once in the ledger and the log, not every pass."""
+        if self.rq._r is not None:
+            self._rq_refusals.discard(tier)
+            return None
+        if tier not in self._rq_refusals:
+            self._rq_refusals.add(tier)
+            reason = f"tier {tier} is of kind rq, not run: {NO_RQ_ON_CLUSTER}"
+            self._append(self._event(tier, "refused", reason=reason, why={"refused": NO_RQ_ON_CLUSTER}))
+            log.error("%s", reason)
+        return NO_RQ_ON_CLUSTER
 
     def _rq_inputs(self, tier: str, policy: Policy, handles: list[WorkerHandle],
                    now: float) -> tuple[tuple[WorkerView, ...], TierSnapshot, Policy]:

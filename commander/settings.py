@@ -3,6 +3,7 @@ from it by ``protocol.flags``)."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 from typing import Literal
@@ -19,6 +20,9 @@ class CommanderSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLEET_COMMANDER_", frozen=True)
 
     redis_url: str | None = Field(None, description="default: $REDIS_URL, else the local fleet")
+    rq_url: str | None = Field(None, description="RQ's Redis, one node (rq tiers' queues and RQ's "
+                               "worker registry; default: $FLEET_RQ_URL, else Fleet's own, which "
+                               "must then be one node)")
     commander_id: str = Field("", description="unique id (default: cmd-<host>-<random>)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     interval_s: float = Field(0.5, gt=0, le=60, description="seconds between passes",
@@ -60,6 +64,8 @@ class CommanderSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _id_and_timing(self) -> CommanderSettings:
+        if not self.rq_url and os.environ.get("FLEET_RQ_URL"):  # the relay's and RQ workers' variable
+            object.__setattr__(self, "rq_url", os.environ["FLEET_RQ_URL"])
         if not self.commander_id:
             host = "".join(c for c in socket.gethostname() if c.isalnum())[:20] or "host"
             object.__setattr__(self, "commander_id", f"cmd-{host}-{secrets.token_hex(3)}")

@@ -25,20 +25,21 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.relay_health import DEFAULT_MAX_AGE_S, default_relay_id, gone, judge
 from protocol.codec import CodecError, decode
 from protocol.deferral import RESULT_TTL_S, Deferral
 from protocol.policy import Policy
 from stores import outbox
-from stores.connection import connect_sync
+from stores.connection import connect_rq, connect_sync
 from stores.outbox import Hint
 from stores.policies import list_tiers, read_policy
 from stores.retry import Backoff
@@ -80,7 +81,7 @@ class RelaySettings(BaseModel):
 
     redis_url: str | None = None
     rq_url: str | None = None  # RQ's Redis (one node); None: Fleet's own (which must be one node)
-    relay_id: str = Field(default_factory=lambda: f"relay-{uuid.uuid4().hex[:8]}")
+    relay_id: str = Field(default_factory=default_relay_id)  # relay-<host>-<pid> (relay_health)
     batch: int = Field(default=100, ge=1, le=10_000)
     block_ms: int = Field(default=1_000, ge=1, le=60_000)
     claim_idle_ms: int = Field(default=5_000, ge=0)  # a notification pending that long is claimed
@@ -107,7 +108,7 @@ class Relay:
         if rq is not None:
             self.rq = rq
         elif settings.rq_url:
-            self.rq = redis.Redis.from_url(settings.rq_url)
+            self.rq = connect_rq(settings.rq_url)
         else:
             self.rq = self.r
         from stores import rqjobs  # the rq extra: imported by a relay only, not by `fleet --help`
@@ -130,6 +131,7 @@ class Relay:
         while not self.stop.is_set():
             try:
                 self.step()
+                outbox.beat_relay(self.r, self.s.relay_id, time.time())  # (`fleet relay --check`)
                 failures = 0
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
@@ -159,6 +161,7 @@ class Relay:
         if self._last_sweep is None or now - self._last_sweep >= self.s.sweep_interval_s:
             self._last_sweep = now
             self.sweep()
+            outbox.forget_relays(self.r, gone(outbox.relay_beats(self.r), time.time()))
         self.stats.passes += 1
 
     def read_retries(self) -> None:
@@ -220,8 +223,9 @@ class Relay:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rq-url", help="RQ's Redis (one node; default: Fleet's own)")
-    p.add_argument("--id", dest="relay_id", help="this relay's consumer name (default: random)")
+    p.add_argument("--rq-url", help="RQ's Redis (one node; default: $FLEET_RQ_URL, else Fleet's own)")
+    p.add_argument("--id", dest="relay_id",
+                   help="this relay's consumer name and heartbeat id (default: relay-<host>-<pid>)")
     p.add_argument("--batch", type=int, default=100, help="notifications and outbox entries per read")
     p.add_argument("--sweep-interval", type=float, default=10.0,
                    help="seconds between walks of the active sets for outboxes without a notification")
@@ -229,13 +233,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="claim another relay's notification pending this long (a dead relay's)")
     p.add_argument("--result-ttl", type=int, default=RESULT_TTL_S,
                    help="seconds RQ keeps a finished job (the duplicate check's memory)")
+    p.add_argument("--check", action="store_true",
+                   help="relay nothing: exit 0 if the relay --id (default: this host's newest) beat "
+                        "within --max-age seconds, else 1 with the reason (a health check)")
+    p.add_argument("--max-age", type=float, default=DEFAULT_MAX_AGE_S,
+                   help=f"--check: the staleness bound in seconds (default {DEFAULT_MAX_AGE_S:g})")
+
+
+def check(args: argparse.Namespace) -> int:
+    """``fleet relay --check``: 0 and one line on stdout if the relay's heartbeat is fresh, else
+    1 and the reason on stderr (no heartbeat, a stale one, Redis unreachable)."""
+    try:
+        r = connect_sync(getattr(args, "redis_url", None) or os.environ.get("REDIS_URL"),
+                         retries=1, socket_timeout=5)
+        beats = outbox.relay_beats(r)
+    except (redis.RedisError, OSError, ValueError) as exc:
+        print(f"fleet relay --check: cannot read the relays' heartbeats: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 1
+    ok, line = judge(beats, time.time(), args.max_age, args.relay_id)
+    print(f"fleet relay --check: {line}", file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 def run(args: argparse.Namespace) -> int:
-    """``fleet relay``: relay until SIGTERM/SIGINT."""
+    """``fleet relay``: relay until SIGTERM/SIGINT (``--check``: judge a relay's heartbeat)."""
+    if getattr(args, "check", False):
+        return check(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = RelaySettings(redis_url=getattr(args, "redis_url", None) or os.environ.get("REDIS_URL"),
-                             rq_url=args.rq_url, batch=args.batch, sweep_interval_s=args.sweep_interval,
+                             rq_url=args.rq_url or os.environ.get("FLEET_RQ_URL"), batch=args.batch,
+                             sweep_interval_s=args.sweep_interval,
                              claim_idle_ms=args.claim_idle_ms, result_ttl_s=args.result_ttl,
                              **({"relay_id": args.relay_id} if args.relay_id else {}))
     relay = Relay(settings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Collection
 from typing import Any
@@ -13,6 +14,8 @@ from protocol.groups import pool_name, split_pool
 from protocol.models import WorkerInfo
 from protocol.policy import Policy
 from stores.backlog import TierBacklog, active_users, live_ids, read_backlog, unserved_by_tier
+from stores.cluster import is_cluster
+from stores.connection import connect_rq
 from stores.deadletters import dead_letter_count, newest_dead_letters
 from stores.groups import read_pool_policy, rejected_groups, with_group_pools
 from stores.leader import lease_holder
@@ -87,7 +90,24 @@ def rq_status(r: redis.Redis, tier: str, policy: Policy) -> dict[str, Any]:
         from stores import rqview
     except ImportError:  # the rq extra is not installed where `fleet status` runs
         return {"rq_error": "RQ is not installed here (the rq extra)"}
-    return rqview.tier_view(r, policy.rq_queues(tier), time.time())
+    rq = rq_redis(r)
+    if rq is None:
+        return {"rq_error": "Fleet's Redis is a Cluster and $FLEET_RQ_URL names no RQ Redis (one node)"}
+    return rqview.tier_view(rq, policy.rq_queues(tier), time.time())
+
+
+_RQ: dict[str, redis.Redis] = {}  # $FLEET_RQ_URL -> its client (fleet top reads every second)
+
+
+def rq_redis(r: redis.Redis) -> redis.Redis | None:
+    """RQ's Redis for the readers: ``$FLEET_RQ_URL``'s node, else Fleet's own unless that is a
+    Cluster (None: RQ's keys are on no node known here)."""
+    url = os.environ.get("FLEET_RQ_URL")
+    if url:
+        if url not in _RQ:
+            _RQ[url] = connect_rq(url)
+        return _RQ[url]
+    return None if is_cluster(r) else r
 
 
 def _add_groups(r: redis.Redis, rows: dict[str, dict[str, Any]]) -> None:

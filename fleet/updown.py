@@ -65,6 +65,10 @@ def add_up_down_arguments(subparsers: argparse._SubParsersAction[argparse.Argume
                                description=cmd_up.__doc__)
     up.add_argument("--redis-url", default=argparse.SUPPRESS,
                     help="use this Redis (default: $REDIS_URL, else a local one under .fleet/)")
+    up.add_argument("--rq-url", default=argparse.SUPPRESS,
+                    help="RQ's Redis, one node, for the relay, the commander and the rq tiers' "
+                         "workers (default: $FLEET_RQ_URL, else Fleet's own; needed when that is a "
+                         "Redis Cluster)")
     up.add_argument("--appendfsync", choices=["always", "everysec"], default="always",
                     help="the local redis-server's AOF fsync: always (default; an accepted turn "
                          "survives a crash) or everysec (~3x turns/s; a crash can lose the "
@@ -145,12 +149,13 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
             local.clear_state()
         raise FleetError(f"cannot use Redis at {redact_url(url)}: {_one_line(exc)}") from exc
     # a resumed commander adopts the workers its predecessor left (run records, registry)
+    env = local.child_env(_urls_env(url, args))
     pid = local.spawn_detached([sys.executable, "-m", "commander", "--stop-workers-on-exit",
                                 "--metrics-port", "0", "--log-dir", str(local.logs_dir())],
-                               "commander.log", local.child_env({"REDIS_URL": url}))
+                               "commander.log", env)
     state = local.update_state(url=url, commander=local.process_record(pid), started=time.time(),
                                home=str(local.fleet_home()))
-    state = local.update_state(relay=_start_relay(state, url))
+    state = local.update_state(relay=_start_relay(state, env))
     deadline = time.monotonic() + getattr(args, "timeout", UP_TIMEOUT_S)
     workers = _wait_for_workers(r, state, min_workers, deadline)
     _check_relay(state)
@@ -160,14 +165,20 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
     return {**_describe(state), "status": "up", "resumed": resumed, "workers": workers}
 
 
-def _start_relay(state: dict[str, Any], url: str) -> dict[str, Any] | None:
+def _urls_env(url: str, args: argparse.Namespace) -> dict[str, str]:
+    """``REDIS_URL``, and ``FLEET_RQ_URL`` if ``--rq-url`` or the environment names RQ's Redis:
+    the commander (its rq tiers, and their RQ workers) and the relay read both."""
+    rq_url = getattr(args, "rq_url", None) or os.environ.get("FLEET_RQ_URL")
+    return {"REDIS_URL": url, **({"FLEET_RQ_URL": rq_url} if rq_url else {})}
+
+
+def _start_relay(state: dict[str, Any], env: dict[str, str]) -> dict[str, Any] | None:
     """A resumed setup's live relay, else a new one; None without the ``rq`` extra."""
     if _alive(state.get("relay")):
         return dict(state["relay"])
     if importlib.util.find_spec("rq") is None:
         return None
-    pid = local.spawn_detached([sys.executable, "-m", "fleet.cli", "relay"], "relay.log",
-                               local.child_env({"REDIS_URL": url}))
+    pid = local.spawn_detached([sys.executable, "-m", "fleet.cli", "relay"], "relay.log", env)
     return local.process_record(pid)
 
 

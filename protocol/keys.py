@@ -37,6 +37,8 @@ COMMANDERS = f"{PREFIX}:commanders"  # hash: commander id -> msgpack CommanderIn
 OUTBOX_READY = f"{PREFIX}:{{outbox}}:ready"
 OUTBOX_DEAD = f"{PREFIX}:{{outbox}}:dead"  # stream: outbox entries the relay could not enqueue
 RELAY_GROUP = "relays"
+# hash relay id -> its last heartbeat (wall time, written every loop): `fleet relay --check`
+RELAYS = f"{PREFIX}:{{outbox}}:relays"
 # RQ's own names (rq.worker_registration), read by the process runtime to see an RQ worker up
 RQ_WORKERS = "rq:workers"  # set of "rq:worker:<name>"
 RQ_WORKER_PREFIX = "rq:worker:"

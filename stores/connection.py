@@ -301,3 +301,10 @@ def connect_sync(url: str | None = None, *, retries: int = 8, socket_timeout: fl
 def ping(r: redis.Redis) -> bool:
     """``PING``: whether the server answers (a connection error is raised, as by any command)."""
     return bool(r.ping())
+
+
+
+def connect_rq(url: str, *, retries: int = 2, socket_timeout: float | None = 5.0) -> redis.Redis:
+    """A client of RQ's Redis (``--rq-url``, ``$FLEET_RQ_URL``): one node's client, never a
+    cluster client (RQ keeps its keys without hash tags, so it needs one node)."""
+    return connect_sync(url, retries=retries, socket_timeout=socket_timeout, cluster="no")

@@ -154,3 +154,25 @@ def users_with_entries(r: redis.Redis, tiers: Sequence[str]) -> Iterator[str]:
                 yield from (u for u, n in zip(users, pipe.execute(), strict=True) if n)
             if cursor == 0:
                 break
+
+
+def beat_relay(r: redis.Redis, relay_id: str, now: float) -> None:
+    """The relay's heartbeat: ``now`` under its id in :data:`protocol.keys.RELAYS`."""
+    r.hset(keys.RELAYS, relay_id, repr(now))
+
+
+def relay_beats(r: redis.Redis) -> dict[str, float]:
+    """Every relay's last heartbeat, by id (a value that is no number is left out)."""
+    out = {}
+    for rid, ts in r.hgetall(keys.RELAYS).items():
+        try:
+            out[as_str(rid)] = float(ts)
+        except ValueError:
+            continue
+    return out
+
+
+def forget_relays(r: redis.Redis, relay_ids: Sequence[str]) -> None:
+    """Remove the heartbeats of relays gone long ago (one ``HDEL``)."""
+    if relay_ids:
+        r.hdel(keys.RELAYS, *relay_ids)

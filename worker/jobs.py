@@ -64,6 +64,13 @@ class JobSpec:
 
 
 _REGISTRY: dict[str, JobSpec] = {}
+_FLEET: list[redis.Redis] = []  # Fleet's own Redis when RQ has a node of its own (use_fleet_redis)
+
+
+def use_fleet_redis(r: redis.Redis) -> None:
+    """Give jobs Fleet's Redis (``JobContext.r``: the user's context and write-backs) when RQ's
+    is another (``--rq-url``, ``$FLEET_RQ_URL``; Fleet's may be a Cluster); else they use RQ's."""
+    _FLEET[:] = [r]
 
 
 def job(name: str, queue: str = DEFAULT_QUEUE, retry_max: int = 0,
@@ -129,7 +136,7 @@ def run(payload: dict[str, Any]) -> Any:
     # the deferral's retries: its job's registration's, or its rq tier's policy's (the relay's)
     left = current.retries_left if current.retries_left is not None else deferral.retry_max
     attempt = 1 + deferral.retry_max - left
-    jctx = JobContext(deferral, current.id, current.connection, attempt)
+    jctx = JobContext(deferral, current.id, _FLEET[0] if _FLEET else current.connection, attempt)
     return spec.fn(jctx, *deferral.args, **deferral.kwargs)
 
 

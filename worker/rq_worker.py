@@ -30,6 +30,7 @@ from rq import SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from stores.connection import connect_sync
 from worker import jobs
 
 log = logging.getLogger("fleet.rq")
@@ -77,10 +78,13 @@ def run(args: argparse.Namespace) -> int:
     if not queues:
         print("rq-worker: --queues names no queue", file=sys.stderr)
         return 2
-    url = args.rq_url or os.environ.get("FLEET_RQ_URL") or os.environ.get("REDIS_URL")
+    fleet_url = os.environ.get("REDIS_URL")
+    url = args.rq_url or os.environ.get("FLEET_RQ_URL") or fleet_url
     if not url:
         print("rq-worker: no Redis: pass --rq-url or set REDIS_URL", file=sys.stderr)
         return 2
+    if fleet_url and url != fleet_url:  # RQ on a node of its own: jobs read and write Fleet's
+        jobs.use_fleet_redis(connect_sync(fleet_url))
     setproctitle.setproctitle(f"fleet-rq-worker {','.join(queues)} {args.name or ''}".rstrip())
     w = build(redis.Redis.from_url(url), queues, args.name)
     w.work(burst=args.burst, with_scheduler=True, logging_level="INFO")

@@ -45,6 +45,7 @@ class Monitor:
     timings: dict[str, float] = field(default_factory=dict)  # endpoint -> seconds of its last call
     memo: views.RowMemo = field(default_factory=views.RowMemo)  # each report's history value, once
     cache: dict[tuple[int, str | None], bytes] = field(default_factory=dict)  # (pass, tier) -> /workers
+    rq: redis.Redis | None = None  # RQ's Redis when it is not Fleet's (the commander's rq_url)
 
 
 MONITOR: web.AppKey[Monitor] = web.AppKey("monitor", Monitor)
@@ -193,7 +194,7 @@ async def rq_tiers(request: web.Request) -> web.Response:
     rq = {t: s.policy.rq_queues(t) for t, s in sorted(seen.tiers.items()) if s.policy.kind == "rq"}
     if not rq:
         return _json({"tiers": {}, "error": None})
-    got = await section("rq tiers", _rq_views, _redis(m), rq, m.clock())
+    got = await section("rq tiers", _rq_views, m.rq or _redis(m), rq, m.clock())
     return _json({"tiers": got.get("data") or {}, "error": got.get("error")})
 
 

@@ -66,6 +66,7 @@ class Adoption:
     host: str
     run_dir: Path
     r: redis.Redis
+    rq: redis.Redis  # RQ's Redis (the commander's rq_url), else Fleet's
     _workers: dict[str, _Tracked]
     _unclean: set[str]
 
@@ -126,7 +127,7 @@ class Adoption:
         try:
             if not has_rq_tier(self.r):  # no rq tier: RQ's keys are none of this fleet's business
                 return []
-            return rq_entries(self.r)
+            return rq_entries(self.rq)  # RQ's Redis (the commander's rq_url), else Fleet's
         except TRANSIENT as exc:
             log.warning("RQ's worker registry not readable, RQ workers adopted from run records "
                         "only: %s", exc)

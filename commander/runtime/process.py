@@ -51,7 +51,7 @@ from protocol.groups import split_pool, validate_pool
 from protocol.ids import validate_token
 from protocol.models import Control
 from protocol.policy import Policy, PolicyError, parse_policy
-from stores.connection import connect_sync, resolve_url
+from stores.connection import connect_rq, connect_sync, resolve_url
 from stores.control import send_control
 from stores.policies import read_good_policy, read_policy
 from stores.records import write_record
@@ -92,9 +92,11 @@ class ProcessRuntime(Adoption, Runtime):
         client: redis.Redis | None = None,
         spawn_mode: SpawnMode = "fork",
         template: TemplateSpawner | None = None,
+        rq_url: str | None = None,
     ) -> None:
         """``spawn_mode="fork"`` applies to the real worker only (the default ``command``);
-        ``template`` replaces the spawner built from ``url`` and ``log_dir`` (tests)."""
+        ``template`` replaces the spawner built from ``url`` and ``log_dir`` (tests); ``rq_url``:
+        RQ's Redis (RQ workers' registry, and their ``FLEET_RQ_URL``), else Fleet's own."""
         if spawn_mode not in ("fork", "exec"):
             raise ValueError(f"spawn_mode must be 'fork' or 'exec', not {spawn_mode!r}")
         self.url = resolve_url(url)
@@ -105,6 +107,7 @@ class ProcessRuntime(Adoption, Runtime):
         self.start_timeout_s = start_timeout_s
         self.r = client if client is not None else connect_sync(self.url, retries=2,
                                                                  socket_timeout=5)
+        self.rq_url, self.rq = rq_url, connect_rq(rq_url) if rq_url else self.r
         self.host = socket.gethostname()
         self._workers: dict[str, _Tracked] = {}
         self._unclean: set[str] = set()  # exited workers whose registry entry is still to remove
@@ -126,6 +129,8 @@ class ProcessRuntime(Adoption, Runtime):
             self.template.close()
         self.interpreters.close()
         self.r.close()
+        if self.rq is not self.r:
+            self.rq.close()
 
     def _policy_drain_timeout(self, tier: str) -> float:
         """The tier's last good policy's ``drain_timeout_s`` (the default if unreadable)."""
@@ -181,7 +186,8 @@ class ProcessRuntime(Adoption, Runtime):
         template, popen = self.interpreters.template(python), None
         queues = self._rq.get(pool)
         if queues is not None:  # an RQ worker: a fresh interpreter (RQ is not in the template)
-            popen = start_fresh(rq_worker_command(queues, worker_id), env, log_path,
+            rq_env = {**env, "FLEET_RQ_URL": self.rq_url} if self.rq_url else env
+            popen = start_fresh(rq_worker_command(queues, worker_id), rq_env, log_path,
                                 f"RQ worker of {pool}")
             pid, template = popen.pid, None
         elif template is not None:
@@ -318,7 +324,7 @@ class ProcessRuntime(Adoption, Runtime):
             return True
         try:  # Fleet's workers: in the registry with a heartbeat; RQ workers: in RQ's registry
             fleet_ = registered_and_beating(self.r, [t.handle.worker_id for t in starting if not t.rq])
-            rq_ = rq_registered(self.r, [t.handle.worker_id for t in starting if t.rq])
+            rq_ = rq_registered(self.rq, [t.handle.worker_id for t in starting if t.rq])
         except TRANSIENT as exc:
             log.debug("registry not readable, registrations not checked: %s", exc)
             return False

@@ -15,7 +15,7 @@ import pytest
 from protocol.policy import Policy
 from tests.deploy.tools import REDIS_IMAGE, ROOT, compose_config
 
-LONG_RUNNING = ("redis", "commander", "worker")
+LONG_RUNNING = ("redis", "commander", "worker", "relay")
 REDIS_URL = "redis://redis:6379/0"
 
 
@@ -109,6 +109,8 @@ def test_the_relay_is_optional_and_restarts(config: dict[str, Any]) -> None:
     assert relay["environment"]["REDIS_URL"] == REDIS_URL
     assert relay["restart"] == "unless-stopped" and relay["init"] is True
     assert not relay.get("ports"), "the relay serves nothing"
+    # its health: this container's relay beat within the bound (fleet relay --check)
+    assert relay["healthcheck"]["test"] == ["CMD", "fleet", "relay", "--check", "--max-age", "30"]
 
 
 def test_the_policy_one_shot_keeps_an_existing_policy(config: dict[str, Any]) -> None:

@@ -8,8 +8,19 @@ from typing import Any
 import pytest
 
 from commander.decide import TierState, decide
-from commander.rqtier import RqRates, RqTierRead, RqWorkerSeen, decide_policy, rq_snapshot, rq_views
+from commander.rqtier import (
+    NO_RQ_ON_CLUSTER,
+    RqRates,
+    RqReader,
+    RqTierRead,
+    RqTiers,
+    RqWorkerSeen,
+    decide_policy,
+    rq_snapshot,
+    rq_views,
+)
 from commander.runtime import WorkerHandle, WorkerState
+from commander.settings import CommanderSettings
 from protocol.policy import Policy, PolicyError, parse_policy
 
 NOW = 1_700_000_000.0
@@ -95,3 +106,34 @@ def test_rq_policy_fields_are_validated() -> None:
     for bad in ({"kind": "celery"}, {"queues": ["Bad Queue"]}, {"queues": ["a", "a"]}):
         with pytest.raises(PolicyError):
             parse_policy(bad)
+
+
+class _Refusing(RqTiers):
+    """The rq-tier part of a commander whose RQ Redis is missing (a Cluster, no rq_url)."""
+
+    def __init__(self, rq: Any) -> None:
+        self.rq = RqReader(rq)
+        self._rq_refusals: set[str] = set()
+        self.ledger: list[tuple[str, str, str]] = []
+        self._append = lambda e: self.ledger.append(e)  # type: ignore[assignment,method-assign]
+        self._event = lambda tier, action, **kw: (tier, action, kw["reason"])  # type: ignore[assignment,method-assign]
+
+
+def test_an_rq_tier_without_an_rq_redis_is_refused_once_in_the_ledger() -> None:
+    c = _Refusing(None)
+    for _ in range(3):  # every pass refuses it; the ledger says so once
+        assert c._rq_refused(TIER) == NO_RQ_ON_CLUSTER
+    assert [(t, a) for t, a, _ in c.ledger] == [(TIER, "refused")]
+    assert "--rq-url or $FLEET_RQ_URL" in c.ledger[0][2]
+    with pytest.raises(RuntimeError, match="needs one node"):
+        c.rq.r  # noqa: B018 - nothing reads RQ through a missing client
+    assert _Refusing(object())._rq_refused(TIER) is None
+
+
+def test_the_commanders_rq_url_comes_from_fleet_rq_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEET_COMMANDER_RQ_URL", raising=False)
+    monkeypatch.setenv("FLEET_RQ_URL", "redis://rq:1/0")
+    assert CommanderSettings().rq_url == "redis://rq:1/0"
+    assert CommanderSettings(rq_url="redis://other:2/0").rq_url == "redis://other:2/0"  # the flag wins
+    monkeypatch.delenv("FLEET_RQ_URL")
+    assert CommanderSettings().rq_url is None
