@@ -73,8 +73,8 @@ def rq_views(tier: str, handles: Iterable[WorkerHandle],
             continue
         rq = by_name.get(h.worker_id)
         busy = 1 if rq is not None and rq.state == "busy" else 0
-        state: ViewState = ("draining" if h.state is WorkerState.DRAINING
-                            else "ready" if rq is not None else "starting")
+        state: ViewState = ("draining" if h.state is WorkerState.DRAINING  # (a dead one's entry: not ready)
+                            else "ready" if rq is not None and h.state is WorkerState.RUNNING else "starting")
         views.append(WorkerView(id=h.worker_id, state=state, occupancy=float(busy), busy=busy, total=1,
                                 lanes=busy, fresh=True, started=h.started))
     return mark_reception(views)

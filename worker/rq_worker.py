@@ -13,6 +13,12 @@
   a second SIGTERM is its cold shutdown.
 - RQ's scheduler runs in it (``with_scheduler``): delayed deferrals and retry intervals are
   moved to their queue when due, by whichever worker holds the scheduler's lock.
+- *In a pod* (``FLEET_WORKER_POD_NAME`` set by the downward API, no ``--name``) its RQ name is the
+  pod's name: the ``kubernetes`` runtime knows a pod's RQ worker by it. A pod runs one container
+  at a time, so an RQ worker registered under that name when this one starts is its previous
+  container's, which died without deregistering (killed, OOM): its job is handed back to RQ
+  (retried if it has retries left, else failed) and its entry removed before this one registers
+  (RQ would refuse the name until the dead one's key expired, minutes later).
 """
 
 from __future__ import annotations
@@ -30,10 +36,13 @@ from rq import SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from stores import rqjobs
 from stores.connection import connect_sync
+from stores.registry import rq_registered
 from worker import jobs
 
 log = logging.getLogger("fleet.rq")
+POD_NAME_ENV = "FLEET_WORKER_POD_NAME"  # the pod's name (Kubernetes' downward API), as a chat worker's
 MAINTENANCE_INTERVAL_S = 30  # RQ's registry cleanup (RQ's default: 10 minutes)
 
 
@@ -67,7 +76,8 @@ def build(conn: redis.Redis, queues: list[str], name: str | None = None) -> Flee
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queues", required=True, help="comma-separated RQ queues to consume, in priority order")
-    p.add_argument("--name", help="the worker's name in RQ's registry (default: random)")
+    p.add_argument("--name", help=f"the worker's name in RQ's registry (default: the pod's name, "
+                                  f"${POD_NAME_ENV}, in a pod; else random)")
     p.add_argument("--rq-url", help="RQ's Redis (default: $FLEET_RQ_URL, else $REDIS_URL)")
     p.add_argument("--burst", action="store_true", help="exit once the queues are empty")
 
@@ -85,10 +95,24 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if fleet_url and url != fleet_url:  # RQ on a node of its own: jobs read and write Fleet's
         jobs.use_fleet_redis(connect_sync(fleet_url))
-    setproctitle.setproctitle(f"fleet-rq-worker {','.join(queues)} {args.name or ''}".rstrip())
-    w = build(redis.Redis.from_url(url), queues, args.name)
+    pod = None if args.name else os.environ.get(POD_NAME_ENV) or None
+    name = args.name or pod
+    setproctitle.setproctitle(f"fleet-rq-worker {','.join(queues)} {name or ''}".rstrip())
+    conn = redis.Redis.from_url(url)
+    if pod is not None:
+        reap_predecessor(conn, pod, queues)
+    w = build(conn, queues, name)
     w.work(burst=args.burst, with_scheduler=True, logging_level="INFO")
     return 0
+
+
+def reap_predecessor(conn: redis.Redis, pod: str, queues: list[str]) -> None:
+    """Hand back what the pod's previous container left under the pod's name (see the module's doc)."""
+    if not rq_registered(conn, [pod])[0]:
+        return
+    n = rqjobs.reap_worker(conn, pod, queues)
+    log.warning("pod %s: the RQ worker of its previous container died without deregistering: "
+                "%d job(s) it held handed back to RQ, its entry removed", pod, n)
 
 
 def main(argv: list[str] | None = None) -> int:

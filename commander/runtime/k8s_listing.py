@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import redis
@@ -98,7 +98,8 @@ class Listing:
         first, self._listed_at = self._listed_at is None, now
         self._deployments, self._pods = deployments, pods
         self._going = {name: until for name, until in self._going.items() if until > now}
-        view = reconcile(self._handles, pods, registry, self._retiring, self._going, self.clock(), first)
+        view = reconcile(self._handles, pods, self._registered(registry, pods), self._retiring,
+                         self._going, self.clock(), first)
         for name in view.revived:
             log.warning("pod %s was drained but the ReplicaSet kept it (its container restarted): "
                         "it serves again", name)
@@ -124,6 +125,11 @@ class Listing:
                             wid, info.pod)
         return {**dict.fromkeys(registry.unreadable, False),
                 **{wid: alive for wid, (_info, alive) in registry.workers.items()}}
+
+    def _registered(self, registry: Mapping[str, bool] | None,
+                    pods: Sequence[Pod]) -> Mapping[str, bool] | None:
+        """The registry the pods' states are read from (the rq tiers' pods: RQ's, ``k8s_rq``)."""
+        return registry
 
     def _clean_registry(self) -> None:
         """Remove what an ended pod's worker could not (it was killed): entry, heartbeat, control."""

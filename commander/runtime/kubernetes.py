@@ -3,7 +3,9 @@
 A tier's Deployment is the one labelled ``app.kubernetes.io/component=worker`` and
 ``fleet.dev/tier=<tier>`` in the runtime's namespace (the manifests name it
 ``fleet-worker-<tier>``, ``_`` as ``-``; only the labels count). Its pods carry the same labels,
-and each pod's worker registers under the pod's name (``FLEET_WORKER_POD_NAME``).
+and each pod's worker registers under the pod's name (``FLEET_WORKER_POD_NAME``). A tier of kind
+rq is run the same way by pods of ``fleet rq-worker``, known by RQ's worker registry and retired by
+their SIGTERM (RQ's warm shutdown), with no drain over Redis (``k8s_rq.py``).
 
 - ``spawn(tier, n)`` raises the Deployment's ``spec.replicas`` by ``n`` through its ``/scale``
   subresource (read, then a patch conditional on the resourceVersion read) and returns ``n``
@@ -34,7 +36,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import redis
@@ -53,6 +55,7 @@ from commander.runtime.base import (
 from commander.runtime.k8s_api import ApiException, KubeApi
 from commander.runtime.k8s_listing import API_ERRORS, Listing, describe
 from commander.runtime.k8s_model import Deployment, Pod, cost_patches, outranking, refusal
+from commander.runtime.k8s_rq import RqPods, short_grace
 from commander.runtime.k8s_view import Retiring, live_pods
 from protocol.ids import validate_tier
 from protocol.models import Control
@@ -67,7 +70,7 @@ DEFAULT_GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds when its spec sa
 Scalers = dict[str, list[str]] | str  # deployment -> the autoscalers on it; or why unknown
 
 
-class KubernetesRuntime(Listing, Runtime):
+class KubernetesRuntime(RqPods, Listing, Runtime):
     """Worker pods of one Deployment per tier, in one namespace. Not thread-safe: one loop owns it."""
 
     name = "kubernetes"
@@ -84,7 +87,7 @@ class KubernetesRuntime(Listing, Runtime):
         self._handles: dict[str, WorkerHandle] = {}
         self._placeholders: dict[str, list[WorkerHandle]] = {}
         self._retiring: dict[str, Retiring] = {}
-        self._rq_tiers: set[str] = set()  # tiers of kind rq (configure): refused
+        self._rq: dict[str, tuple[str, ...]] = {}  # rq tiers (configure, k8s_rq): tier -> queues
         self._going: dict[str, float] = {}  # pod -> monotonic time the expectation lapses
         self._exits: list[WorkerHandle] = []
         self._notes: list[RuntimeNote] = []
@@ -104,19 +107,9 @@ class KubernetesRuntime(Listing, Runtime):
         self.r.close()
 
     # --- may it act? ---------------------------------------------------------------------
-    def configure(self, tier: str, kind: str, queues: Sequence[str] = ()) -> None:
-        """Remember the rq tiers: this runtime does not run RQ workers (yet), so it refuses them."""
-        if kind == "rq":
-            self._rq_tiers.add(tier)
-        else:
-            self._rq_tiers.discard(tier)
-
     def refusal(self, tier: str) -> str | None:
-        """Why the tier's replicas may not be written now (an rq tier, no single Deployment,
-        another autoscaler on it, or the API could not say), or None."""
-        if tier in self._rq_tiers:
-            return (f"tier {tier} is of kind rq: the kubernetes runtime does not run RQ workers yet "
-                    "(run them with `fleet rq-worker`, or the process runtime)")
+        """Why the tier's replicas may not be written now (no single Deployment, another
+        autoscaler on it, or the API could not say), or None."""
         self._refresh()
         deployment = self._deployment(tier)
         if isinstance(deployment, str):
@@ -186,7 +179,8 @@ class KubernetesRuntime(Listing, Runtime):
             for name in sorted(patches, key=lambda name: name == worker_id):  # the victim last
                 self.api.annotate(name, patches[name])
                 self._pods = [replace(p, cost=patches[name]) if p.name == name else p for p in self._pods]
-        self._send_drain(worker_id, reason)
+        if handle.tier not in self._rq:  # an RQ worker's drain is its SIGTERM (k8s_rq)
+            self._send_drain(worker_id, reason)
         # draining from now on, even if lowering replicas fails: the worker drains and, once its
         # linger is over, exits; its container restarts and the pod counts again (revived)
         self._retiring[worker_id] = Retiring(victim.restarts, reason)
@@ -261,13 +255,10 @@ class KubernetesRuntime(Listing, Runtime):
             log.warning("cannot send drain to %s over Redis (%s): its SIGTERM will drain it", worker_id, exc)
 
     def _check_grace(self, deployment: Deployment, drain_timeout_s: float | None) -> None:
-        grace = DEFAULT_GRACE_S if deployment.grace_s is None else deployment.grace_s
-        if drain_timeout_s is None or grace >= drain_timeout_s or deployment.name in self._warned_grace:
-            return
-        self._warned_grace.add(deployment.name)
-        log.warning("Deployment %s: terminationGracePeriodSeconds %g is under the tier's drain_timeout_s "
-                    "%g: the kubelet kills a drain at %gs, and the turns in flight run again elsewhere",
-                    deployment.name, grace, drain_timeout_s, grace)
+        why = short_grace(deployment, drain_timeout_s, deployment.tier in self._rq, DEFAULT_GRACE_S)
+        if why is not None and deployment.name not in self._warned_grace:
+            self._warned_grace.add(deployment.name)
+            log.warning("%s", why)
 
     def notes(self) -> Notes:
         out, self._notes = self._notes, []

@@ -207,11 +207,19 @@ def test_the_commander_runs_two_replicas_with_the_kubernetes_runtime(
 
 # --- the workers --------------------------------------------------------------------------
 
+def runs_rq(deployment: dict[str, Any]) -> bool:
+    """Whether the worker Deployment is an rq tier's (its pods run `fleet rq-worker`)."""
+    (c,) = pod_spec(deployment)["containers"]
+    return bool(c["command"][:2] == ["fleet", "rq-worker"])
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_worker_deployments_follow_the_runtime_contract(
         manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
     deployments = workers(manifests[overlay])
-    assert [d["metadata"]["name"] for d in deployments] == ["fleet-worker-chat"]
+    rq = ["fleet-worker-writeback"] if overlay == "demo" else []  # RQ needs one Redis node: the demo's
+    assert [d["metadata"]["name"] for d in deployments] == ["fleet-worker-chat", *rq]
+    assert [d["metadata"]["name"] for d in deployments if runs_rq(d)] == rq
     for d in deployments:
         tier = d["metadata"]["labels"]["fleet.dev/tier"]
         labels = {"app.kubernetes.io/name": "fleet", "app.kubernetes.io/component": "worker",
@@ -222,25 +230,32 @@ def test_worker_deployments_follow_the_runtime_contract(
         assert d["spec"]["selector"] == {"matchLabels": labels}
         assert "replicas" not in d["spec"], "the commander is the single writer of the count"
         (c,) = pod_spec(d)["containers"]
-        assert c["command"] == ["fleet", "worker", "--tier", tier]
         assert c["image"] == fleet_image(overlay)
         env = env_of(c)
         assert env["FLEET_WORKER_POD_NAME"]["valueFrom"] == field_ref("metadata.name")
+        assert env["REDIS_URL"]["valueFrom"] == REDIS_URL_REF
+        pdb = one(manifests[overlay], "PodDisruptionBudget", d["metadata"]["name"])
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}
+        if runs_rq(d):  # its RQ worker is named after the pod; no port, no probe: Ready while it runs
+            assert c["command"][:3] == ["fleet", "rq-worker", "--queues"] and len(c["command"]) == 4
+            assert set(env) == {"REDIS_URL", "FLEET_WORKER_POD_NAME"}
+            assert not {"ports", "readinessProbe", "livenessProbe", "startupProbe"} & set(c)
+            continue
+        assert c["command"] == ["fleet", "worker", "--tier", tier]
         assert env["FLEET_WORKER_NODE_NAME"]["valueFrom"] == field_ref("spec.nodeName")
         assert env["FLEET_WORKER_HEALTH_PORT"]["value"] == "8081"
-        assert env["REDIS_URL"]["valueFrom"] == REDIS_URL_REF
         assert c["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
         assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
-        pdb = one(manifests[overlay], "PodDisruptionBudget", d["metadata"]["name"])
-        assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_a_tiers_pods_and_its_policy_agree_on_memory_and_time(
         manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
     """The policy Job writes memory_limit_mb and drain_timeout_s; the pods must match them:
-    limit = request = memory_limit_mb MiB, grace = drain_timeout_s + the margin."""
+    limit = request = memory_limit_mb MiB, grace = drain_timeout_s + the margin. An rq tier's
+    Job writes kind=rq and drain_timeout_s (its grace is a warm shutdown's: the longest job's),
+    and its pods consume the queues its policy names."""
     for d in workers(manifests[overlay]):
         tier = d["metadata"]["labels"]["fleet.dev/tier"]
         job = one(manifests[overlay], "Job", "fleet-policy-" + tier.replace("_", "-"))
@@ -248,13 +263,18 @@ def test_a_tiers_pods_and_its_policy_agree_on_memory_and_time(
         assert setter["command"][:4] == ["fleet", "policy", "set", tier]
         assert setter["image"] == fleet_image(overlay)
         changes = parse_assignments(setter["command"][4:])
-        assert set(changes) == {"memory_limit_mb", "drain_timeout_s"}
         policy = updated(Policy(), changes)  # a valid policy, as `fleet policy set` checks it
-        assert policy.memory_limit_mb is not None
         (c,) = pod_spec(d)["containers"]
         resources = c["resources"]
-        assert mebibytes(resources["limits"]["memory"]) == policy.memory_limit_mb
-        assert mebibytes(resources["requests"]["memory"]) == policy.memory_limit_mb
+        if runs_rq(d):
+            assert set(changes) == {"kind", "drain_timeout_s"} and policy.kind == "rq"
+            assert c["command"][3] == ",".join(policy.rq_queues(tier))
+            assert resources["limits"]["memory"] == resources["requests"]["memory"]
+        else:
+            assert set(changes) == {"memory_limit_mb", "drain_timeout_s"} and policy.kind == "turns"
+            assert policy.memory_limit_mb is not None
+            assert mebibytes(resources["limits"]["memory"]) == policy.memory_limit_mb
+            assert mebibytes(resources["requests"]["memory"]) == policy.memory_limit_mb
         grace = pod_spec(d)["terminationGracePeriodSeconds"]
         assert grace == policy.drain_timeout_s + GRACE_MARGIN_S
         assert grace >= Policy().drain_timeout_s + GRACE_MARGIN_S  # and a tier left at the default drains too

@@ -1,5 +1,6 @@
 """The stand-in's control plane and nodes: objects, the ReplicaSet controller, a scheduler with a
-capacity, and a kubelet whose containers are real ``fleet worker`` processes.
+capacity, and a kubelet whose containers are real processes: the container's command, ``fleet``
+being the console script (``fleet worker``, ``fleet rq-worker``).
 
 Everything here runs under ``Cluster.lock`` (a ``threading.Condition``: tests wait on it for a
 state, never sleep), driven by ``tick`` from the stand-in's event loop; the probes run apart
@@ -15,11 +16,12 @@ What a tick does, in the controllers' order:
   with room (``capacity`` pods per node, terminating ones included until they are gone), else
   ``PodScheduled=False``, reason ``Unschedulable``.
 - **kubelet**: a scheduled pod's container is started (the pod is Running, not ready until its
-  readiness probe answers 200); a container that exits while its pod is not terminating is
-  restarted (restartPolicy Always: at once the first time, then after 10 s, 20 s, ... as
-  CrashLoopBackOff); graceful deletion sends SIGTERM, then SIGKILL to the container's process
-  group after ``terminationGracePeriodSeconds``; the pod object goes when its container has
-  exited (at once for a pod with none), and ``ended`` says how.
+  readiness probe answers 200; one without a probe, ``fleet rq-worker``'s, is Ready while it
+  runs); a container that exits while its pod is not terminating is restarted (restartPolicy
+  Always: at once the first time, then after 10 s, 20 s, ... as CrashLoopBackOff); graceful
+  deletion sends SIGTERM, then SIGKILL to the container's process group after
+  ``terminationGracePeriodSeconds``; the pod object goes when its container has exited (at once
+  for a pod with none), and ``ended`` says how.
 """
 
 from __future__ import annotations
@@ -106,11 +108,16 @@ class Cluster:
                 "labels": dict(labels or {}), "_created": now}
 
     def add_deployment(self, name: str, tier: str, replicas: int = 0, grace_s: int = 30,
-                       env: dict[str, str] | None = None) -> None:
+                       env: dict[str, str] | None = None, command: list[str] | None = None) -> None:
+        """A worker Deployment; ``command`` (default ``fleet worker --tier <tier>``) is its
+        container's, ``fleet`` being the console script; only ``fleet worker`` has a readiness probe."""
         labels = {"app.kubernetes.io/component": "worker", "fleet.dev/tier": tier}
-        container = {"name": "worker", "command": ["fleet", "worker", "--tier", tier],
-                     "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
-                     "ports": [{"name": "health", "containerPort": 8081}]}
+        container: dict[str, Any] = {"name": "worker",
+                                     "command": command or ["fleet", "worker", "--tier", tier],
+                                     "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}
+        if container["command"][1] == "worker":
+            container.update(ports=[{"name": "health", "containerPort": 8081}],
+                             readinessProbe={"httpGet": {"path": "/readyz", "port": "health"}})
         self.deployments[name] = {
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {**self.meta(name, labels), "generation": 1},
@@ -241,20 +248,24 @@ class Cluster:
         pod["metadata"]["resourceVersion"] = self.version()
 
     def _start_container(self, pod: dict[str, Any], box: Container) -> None:
-        name = pod["metadata"]["name"]
-        box.port = free_port()
-        env = {**self.pod_env, **{e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]},
+        name, (container,) = pod["metadata"]["name"], pod["spec"]["containers"]
+        probed = "readinessProbe" in container  # else Ready while it runs, as a kubelet has it
+        box.port = free_port() if probed else 0
+        health = {"FLEET_WORKER_HEALTH_PORT": str(box.port), "FLEET_WORKER_HEALTH_HOST": "127.0.0.1"}
+        env = {**self.pod_env, **{e["name"]: e["value"] for e in container["env"]},
                "FLEET_WORKER_POD_NAME": name, "FLEET_WORKER_NODE_NAME": pod["spec"]["nodeName"],
-               "FLEET_WORKER_HEALTH_PORT": str(box.port), "FLEET_WORKER_HEALTH_HOST": "127.0.0.1"}
-        tier = pod["metadata"]["labels"]["fleet.dev/tier"]
+               **(health if probed else {})}
         with box.log.open("ab") as out:
-            box.proc = subprocess.Popen([*self.command, "worker", "--tier", tier], env=env, stdout=out,
+            box.proc = subprocess.Popen([*self.command, *container["command"][1:]], env=env, stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         statuses = pod["status"]["containerStatuses"]
         restarts = statuses[0]["restartCount"] if statuses else 0
         pod["status"]["phase"] = "Running"
-        pod["status"]["containerStatuses"] = [{"name": "worker", "ready": False, "restartCount": restarts,
-                                               "state": {"running": {"startedAt": rfc3339(time.time())}}}]
+        running = {"startedAt": rfc3339(time.time())}
+        pod["status"]["containerStatuses"] = [{"name": "worker", "ready": not probed,
+                                               "restartCount": restarts, "state": {"running": running}}]
+        if not probed:
+            _condition(pod, "Ready", "True")
         pod["metadata"]["resourceVersion"] = self.version()
 
     def _finalize(self, name: str) -> None:

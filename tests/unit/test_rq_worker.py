@@ -134,3 +134,26 @@ def test_a_job_taken_but_never_started_is_queued_again_after_a_grace() -> None:
     assert seen == {}
     run(r)
     assert r.hget(keys.usage("alice"), "jobs_run") == b"1"  # d ran, once
+
+
+def test_a_pods_new_rq_worker_hands_back_what_its_killed_predecessor_held() -> None:
+    """A container killed mid-job leaves its RQ worker registered under the pod's name, which RQ
+    refuses to a new worker; the pod's next container hands the job back and takes the name."""
+    r = fakeredis.FakeRedis()
+    assert rqjobs.enqueue(r, Deferral(**{**deferral("count").model_dump(), "retry_max": 1}))
+    dead = rq_worker.build(r, [Q], "fleet-worker-writeback-5f7c9d8b6-abcde")
+    dead.register_birth()
+    job, _ = dead.dequeue_job_and_maintain_ttl(1)
+    dead.prepare_execution(job)
+    job.set_status(JobStatus.STARTED)  # then the container is SIGKILLed
+    with pytest.raises(ValueError, match="exists an active worker"):
+        rq_worker.build(r, [Q], dead.name).register_birth()
+
+    rq_worker.reap_predecessor(r, dead.name, [Q])
+    st = rqjobs.queue_stats(r, Q)
+    assert (st.started, st.queued + st.scheduled) == (0, 1)  # back in the queue (a retry left)
+    assert rqjobs.workers(r, Q) == []
+    rq_worker.reap_predecessor(r, "fleet-worker-writeback-5f7c9d8b6-fghij", [Q])  # none: nothing done
+    assert rqjobs.queue_stats(r, Q).queued + rqjobs.queue_stats(r, Q).scheduled == 1
+    rq_worker.build(r, [Q], dead.name).work(burst=True)  # the name is free again: it registers
+    assert r.hget(keys.usage("alice"), "jobs_run") == b"1"
