@@ -106,10 +106,17 @@ class Cluster:
                 "labels": dict(labels or {}), "_created": now}
 
     def add_deployment(self, name: str, tier: str, replicas: int = 0, grace_s: int = 30,
-                       env: dict[str, str] | None = None) -> None:
+                       env: dict[str, str] | None = None, group: str | None = None,
+                       image: str = "fleet:1") -> None:
+        """A worker Deployment of ``tier`` (of its ``group``: the group label, and
+        ``FLEET_WORKER_GROUP`` as the manifests set it)."""
         labels = {"app.kubernetes.io/component": "worker", "fleet.dev/tier": tier}
-        container = {"name": "worker", "command": ["fleet", "worker", "--tier", tier],
-                     "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+        env = dict(env or {})
+        if group is not None:
+            labels["fleet.dev/group"] = group
+            env["FLEET_WORKER_GROUP"] = group
+        container = {"name": "worker", "image": image, "command": ["fleet", "worker", "--tier", tier],
+                     "env": [{"name": k, "value": v} for k, v in env.items()],
                      "ports": [{"name": "health", "containerPort": 8081}]}
         self.deployments[name] = {
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -243,7 +250,8 @@ class Cluster:
     def _start_container(self, pod: dict[str, Any], box: Container) -> None:
         name = pod["metadata"]["name"]
         box.port = free_port()
-        env = {**self.pod_env, **{e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]},
+        declared = pod["spec"]["containers"][0].get("env") or []
+        env = {**self.pod_env, **{e["name"]: e["value"] for e in declared if "value" in e},
                "FLEET_WORKER_POD_NAME": name, "FLEET_WORKER_NODE_NAME": pod["spec"]["nodeName"],
                "FLEET_WORKER_HEALTH_PORT": str(box.port), "FLEET_WORKER_HEALTH_HOST": "127.0.0.1"}
         tier = pod["metadata"]["labels"]["fleet.dev/tier"]
