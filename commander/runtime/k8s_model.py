@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.groups import split_pool
-from protocol.ids import InvalidId
+from protocol.groups import pool_name, validate_group
+from protocol.ids import InvalidId, validate_tier
 
 COMPONENT = "app.kubernetes.io/component"
 TIER_LABEL = "fleet.dev/tier"
@@ -54,12 +54,10 @@ def pool_of(labels: Mapping[str, str] | None) -> str | None:
     tier, group = labels.get(TIER_LABEL), labels.get(GROUP_LABEL)
     if not tier:
         return None
-    pool = f"{tier}.{group}" if group is not None else tier
     try:
-        split_pool(pool)
+        return validate_tier(tier) if group is None else pool_name(validate_tier(tier), validate_group(group))
     except InvalidId:
         return None
-    return pool
 
 
 @dataclass(frozen=True, slots=True)

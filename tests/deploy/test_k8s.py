@@ -39,7 +39,7 @@ WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
 # The runtime's rules, exactly: the calls commander/runtime/k8s_api.py makes (its docstring's table)
 RUNTIME_RULES = {
-    ("apps", "deployments"): {"list"},
+    ("apps", "deployments"): {"list", "get", "create", "patch"},  # get, create, patch: groups' Deployments
     ("apps", "deployments/scale"): {"get", "patch"},
     ("", "pods"): {"list", "patch"},
     ("autoscaling", "horizontalpodautoscalers"): {"list"},
