@@ -71,7 +71,9 @@ def test_a_grouped_tier_serves_on_kubernetes_each_pool_following_its_demand(
     assert served[BLUE] == 37 and served[GREEN] == 3
     blue_up = max(e.to_count for e in events(r, "chat.blue", "scale-up"))
     green_up = max(e.to_count for e in events(r, "chat.green", "scale-up"))
-    assert blue_up == 4 and green_up <= 2, (blue_up, green_up)  # 37 users' backlog against 3 users'
+    # 37 users' backlog takes blue to its max; green's 3 users never need more than 3 workers (its
+    # pressure events and the reception's lower threshold may ask for a third: seen 1 run in 3)
+    assert blue_up == 4 and green_up <= 3, (blue_up, green_up)
     assert replicas(standin, DEPLOYMENT) == 0  # the tier's own Deployment only lends its spec
 
     wait_until(lambda: replicas(standin, BLUE) == 1 and replicas(standin, GREEN) == 1
