@@ -131,7 +131,14 @@ def test_a_group_without_deployment_or_image_is_refused_with_the_reason(standin:
     assert runtime.check_group("chat.green") == why and runtime.refusal("chat.green") == why
     with pytest.raises(Refused, match="the group gives no image"):
         runtime.spawn("chat.green", 1)
-    assert runtime.check_group("chat.blue") is None
+    assert runtime.check_group("chat.blue") is None and runtime.refusal("chat.blue") is None
+    # another autoscaler on one group's Deployment refuses that pool only
+    with standin.cluster.lock:
+        standin.cluster.add_autoscaler("hpa", "blue-hpa", BLUE)
+    fresh = make_runtime()  # (the autoscalers are cached per runtime)
+    assert "HorizontalPodAutoscaler blue-hpa targets Deployment fleet-worker-chat-blue" in (
+        fresh.refusal("chat.blue") or "")
+    assert fresh.check_group("chat.blue") is None and fresh.refusal("chat.green") == why
     # a group naming a Deployment labelled for another pool: refused until its labels are right
     write_policy(r, "chat", grouped(deployment=BLUE))
     assert runtime.check_group("chat.green") == (
