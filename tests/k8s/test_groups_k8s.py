@@ -16,7 +16,7 @@ from protocol.groups import Group
 from protocol.policy import Policy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
-from tests.k8s.conftest import DEPLOYMENT
+from tests.k8s.conftest import DEPLOYMENT, running_and_ready
 from tests.k8s.standin import StandIn
 from tests.k8s.test_runtime_k8s import registered, states
 
@@ -69,6 +69,8 @@ def test_a_grouped_tiers_pools_scale_and_retire_on_their_own(standin: StandIn, m
     infos = registered(r)
     assert {infos[p].tier for p in green} == {"chat.green"} and infos[blue].tier == "chat.blue"
 
+    # every pod Ready first: a not-ready pod would be deleted in the victim's place (substituted)
+    running_and_ready(standin, 3)
     victim = green[1]
     runtime.retire(victim, "reclaim-idle: test")
     standin.wait_for(lambda c: victim in c.ended, 30, f"green pod {victim} to go")
