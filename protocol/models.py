@@ -201,7 +201,9 @@ class LedgerEvent(_Model):
                     # groups (protocol.groups): the weights changed (``fleet rollout``, a policy
                     # edit); the rollout guard set the canary's weight to 0; a group's interpreter
                     # cannot run its handler / can again; a pool no group of the policy names
-                    "rollout", "rollout-abort", "group-rejected", "group-accepted", "group-removed"]
+                    "rollout", "rollout-abort", "group-rejected", "group-accepted", "group-removed",
+                    # kubernetes: the runtime made a group's Deployment from a copy of its tier's
+                    "deployment-created"]
     from_count: int = 0
     to_count: int = 0
     victims: list[str] = Field(default_factory=list)

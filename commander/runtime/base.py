@@ -117,8 +117,9 @@ class Runtime(ABC):
         runtime that can run only Fleet's workers ignores it (and an rq tier gets none)."""
 
     def check_group(self, pool: str) -> str | None:
-        """Why the workers of a group's ``pool`` cannot start here (its interpreter is missing or
-        cannot load its handler), or None. Runtimes that cannot tell answer None."""
+        """Why the workers of a group's ``pool`` cannot start here (process: its interpreter is
+        missing or cannot load its handler; kubernetes: it has no Deployment and gives no image),
+        or None. Runtimes that cannot tell answer None. The commander asks every pass."""
         return None
 
     def refusal(self, tier: str) -> str | None:

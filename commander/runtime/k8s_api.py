@@ -6,12 +6,18 @@ of its own in the commander's thread). Every call asks for the raw response
 (``_preload_content=False``) and reads the JSON the API server sent: the runtime works on
 the API's own documents, whatever generation of the client's model classes is installed.
 
+The three calls on one Deployment serve groups (``k8s_groups.py``): a group's Deployment made
+from a copy of its tier's, and its image set when the group's changes.
+
 The calls, and so the RBAC the commander's ServiceAccount needs in the workers' namespace:
 
 =================================  ============================  ==========
 call                               resource                      verb
 =================================  ============================  ==========
 ``deployments``                    apps deployments              list
+``deployment``                     apps deployments              get
+``create_deployment``              apps deployments              create
+``set_image``                      apps deployments              patch
 ``read_scale``                     apps deployments/scale        get
 ``write_scale``                    apps deployments/scale        patch
 ``pods``                           pods                          list
@@ -108,6 +114,22 @@ class KubeApi:
             self.namespace, label_selector=WORKERS_SELECTOR, _preload_content=False,
             _request_timeout=TIMEOUT))
         return [p for p in map(pod_of, body.get("items") or ()) if p is not None]
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        """One Deployment's JSON (a group's Deployment is made from a copy of it)."""
+        return _body(self.apps.read_namespaced_deployment(
+            name, self.namespace, _preload_content=False, _request_timeout=TIMEOUT))
+
+    def create_deployment(self, body: dict[str, Any]) -> Deployment | None:
+        """Create a Deployment from its JSON; return it as the API made it."""
+        return deployment_of(_body(self.apps.create_namespaced_deployment(
+            self.namespace, body, _preload_content=False, _request_timeout=TIMEOUT)))
+
+    def set_image(self, name: str, ops: list[dict[str, Any]]) -> Deployment | None:
+        """Apply a JSON patch (``k8s_clone.image_patch``: a ``test`` of the container's name, then
+        a ``replace`` of its image) to a Deployment; return it as patched."""
+        return deployment_of(_body(self.apps.patch_namespaced_deployment(
+            name, self.namespace, ops, _preload_content=False, _request_timeout=TIMEOUT)))
 
     def read_scale(self, deployment: str) -> tuple[int, str]:
         """The Deployment's ``spec.replicas`` through its ``/scale``, with its resourceVersion."""

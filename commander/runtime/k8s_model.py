@@ -19,8 +19,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.groups import pool_name, validate_group
+from protocol.ids import InvalidId, validate_tier
+
 COMPONENT = "app.kubernetes.io/component"
 TIER_LABEL = "fleet.dev/tier"
+GROUP_LABEL = "fleet.dev/group"  # a group's Deployment and pods: their pool is <tier>.<group>
+WORKER_CONTAINER = "worker"  # the container a group's image goes to (else the pod's first)
 WORKERS_SELECTOR = f"{COMPONENT}=worker"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 COST_MIN = -(2**31)  # the annotation is an int32
@@ -29,14 +34,30 @@ _PHASE_ORDER = {"Pending": 0, "Unknown": 1, "Running": 2}
 Obj = Mapping[str, Any]  # one API object, as JSON
 
 
-def tier_selector(tier: str) -> str:
-    """The label selector of a tier's worker Deployment (and its pods)."""
-    return f"{WORKERS_SELECTOR},{TIER_LABEL}={tier}"
+def tier_selector(pool: str) -> str:
+    """The label selector of a pool's worker Deployment (and its pods): a tier's, or a group's
+    (``chat.green``: ``fleet.dev/tier=chat,fleet.dev/group=green``)."""
+    tier, _sep, group = pool.partition(".")
+    return f"{WORKERS_SELECTOR},{TIER_LABEL}={tier}" + (f",{GROUP_LABEL}={group}" if group else "")
 
 
-def conventional_name(tier: str) -> str:
-    """The name the manifests give a tier's Deployment (the selector, not the name, finds it)."""
-    return "fleet-worker-" + tier.replace("_", "-")
+def conventional_name(pool: str) -> str:
+    """The name the manifests give a pool's Deployment (the selector, not the name, finds it):
+    ``fleet-worker-<tier>[-<group>]``, ``_`` as ``-``."""
+    return "fleet-worker-" + pool.replace("_", "-").replace(".", "-")
+
+
+def pool_of(labels: Mapping[str, str] | None) -> str | None:
+    """The pool of an object by its labels: ``<tier>`` (no group label) or ``<tier>.<group>``;
+    None without a tier label, or with labels that name no valid pool (not a worker of ours)."""
+    labels = labels or {}
+    tier, group = labels.get(TIER_LABEL), labels.get(GROUP_LABEL)
+    if not tier:
+        return None
+    try:
+        return validate_tier(tier) if group is None else pool_name(validate_tier(tier), validate_group(group))
+    except InvalidId:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +87,13 @@ class Pod:
 
 @dataclass(frozen=True, slots=True)
 class Deployment:
-    """A tier's worker Deployment."""
+    """A pool's worker Deployment (a tier's, or a group's: ``tier`` is then ``<tier>.<group>``)."""
 
     name: str
     tier: str
     replicas: int
     grace_s: float | None = None  # its pods' terminationGracePeriodSeconds (None: 30, the default)
+    image: str = ""  # its worker container's image ("" if it names none)
 
 
 def parse_time(value: object) -> float:
@@ -100,9 +122,10 @@ def _waiting(status: Obj) -> str:
 
 
 def pod_of(obj: Obj) -> Pod | None:
-    """A pod from its JSON; None for one without a tier label (not a worker of ours)."""
+    """A pod from its JSON (its ``tier`` is its pool); None for one without a tier label (not a
+    worker of ours)."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    tier = (meta.get("labels") or {}).get(TIER_LABEL)
+    tier = pool_of(meta.get("labels"))
     if not tier:
         return None
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
@@ -117,15 +140,24 @@ def pod_of(obj: Obj) -> Pod | None:
 
 
 def deployment_of(obj: Obj) -> Deployment | None:
-    """A Deployment from its JSON; None for one without a tier label."""
+    """A Deployment from its JSON (its ``tier`` is its pool); None for one without a tier label."""
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-    tier = (meta.get("labels") or {}).get(TIER_LABEL)
+    tier = pool_of(meta.get("labels"))
     if not tier:
         return None
-    grace = ((spec.get("template") or {}).get("spec") or {}).get("terminationGracePeriodSeconds")
+    pod = (spec.get("template") or {}).get("spec") or {}
+    grace = pod.get("terminationGracePeriodSeconds")
     replicas = spec.get("replicas")
+    containers = pod.get("containers") or []
+    index = worker_index(containers)
+    image = str(containers[index].get("image") or "") if containers else ""
     return Deployment(name=meta["name"], tier=tier, replicas=1 if replicas is None else int(replicas),
-                      grace_s=None if grace is None else float(grace))
+                      grace_s=None if grace is None else float(grace), image=image)
+
+
+def worker_index(containers: Sequence[Obj]) -> int:
+    """The index of the worker container among a pod template's: the one named ``worker``, else 0."""
+    return next((i for i, c in enumerate(containers) if c.get("name") == WORKER_CONTAINER), 0)
 
 
 def scalers_of(hpas: Iterable[Obj], scaled_objects: Iterable[Obj]) -> dict[str, list[str]]:
@@ -141,7 +173,7 @@ def scalers_of(hpas: Iterable[Obj], scaled_objects: Iterable[Obj]) -> dict[str, 
 
 
 def tier_deployment(tier: str, deployments: Sequence[Deployment], namespace: str) -> Deployment | str:
-    """The tier's one Deployment, or why there is not exactly one."""
+    """The pool's one Deployment (a tier's, or a group's), or why there is not exactly one."""
     mine = [d for d in deployments if d.tier == tier]
     if len(mine) == 1:
         return mine[0]

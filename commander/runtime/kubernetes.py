@@ -1,5 +1,9 @@
 """The ``kubernetes`` runtime: one worker Deployment per tier, whose replicas Fleet alone writes.
 
+A group's pool ``<tier>.<group>`` (protocol.groups) is a tier of its own here: its Deployment is
+the one labelled ``fleet.dev/tier=<tier>`` and ``fleet.dev/group=<group>`` (a tier's own has no
+group label), made from a copy of the tier's when the group gives an image (``k8s_groups.py``).
+
 A tier's Deployment is the one labelled ``app.kubernetes.io/component=worker`` and
 ``fleet.dev/tier=<tier>`` in the runtime's namespace (the manifests name it
 ``fleet-worker-<tier>``, ``_`` as ``-``; only the labels count). Its pods carry the same labels,
@@ -53,11 +57,12 @@ from commander.runtime.base import (
     WorkerState,
 )
 from commander.runtime.k8s_api import ApiException, KubeApi
+from commander.runtime.k8s_groups import GroupDeployments
 from commander.runtime.k8s_listing import API_ERRORS, Listing, describe
 from commander.runtime.k8s_model import Deployment, Pod, cost_patches, outranking, refusal
 from commander.runtime.k8s_rq import RqPods, short_grace
 from commander.runtime.k8s_view import Retiring, live_pods
-from protocol.ids import validate_tier
+from protocol.groups import validate_pool
 from protocol.models import Control
 from stores.control import send_control
 from stores.retry import TRANSIENT
@@ -70,7 +75,7 @@ DEFAULT_GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds when its spec sa
 Scalers = dict[str, list[str]] | str  # deployment -> the autoscalers on it; or why unknown
 
 
-class KubernetesRuntime(RqPods, Listing, Runtime):
+class KubernetesRuntime(RqPods, GroupDeployments, Listing, Runtime):
     """Worker pods of one Deployment per tier, in one namespace. Not thread-safe: one loop owns it."""
 
     name = "kubernetes"
@@ -111,6 +116,9 @@ class KubernetesRuntime(RqPods, Listing, Runtime):
         """Why the tier's replicas may not be written now (no single Deployment, another
         autoscaler on it, or the API could not say), or None."""
         self._refresh()
+        group_why = self._group_check(tier)  # (a group's pool: its Deployment made, its image set)
+        if group_why is not None:
+            return group_why
         deployment = self._deployment(tier)
         if isinstance(deployment, str):
             return deployment
@@ -142,7 +150,7 @@ class KubernetesRuntime(RqPods, Listing, Runtime):
     # --- act -----------------------------------------------------------------------------
     def spawn(self, tier: str, n: int = 1) -> WorkerIds:
         """Raise the tier's replicas by ``n``; return ``n`` placeholder ids."""
-        validate_tier(tier)
+        validate_pool(tier)
         if n < 0:
             raise ValueError(f"cannot spawn {n} workers")
         if n == 0:

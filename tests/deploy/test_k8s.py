@@ -39,7 +39,7 @@ WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
 # The runtime's rules, exactly: the calls commander/runtime/k8s_api.py makes (its docstring's table)
 RUNTIME_RULES = {
-    ("apps", "deployments"): {"list"},
+    ("apps", "deployments"): {"list", "get", "create", "patch"},  # get, create, patch: groups' Deployments
     ("apps", "deployments/scale"): {"get", "patch"},
     ("", "pods"): {"list", "patch"},
     ("autoscaling", "horizontalpodautoscalers"): {"list"},
@@ -95,7 +95,17 @@ def mebibytes(quantity: str) -> float:
 
 
 def fleet_image(overlay: str) -> str:
-    return {"demo": "fleet", "production": "registry.example.com/fleet"}[overlay] + f":{version()}"
+    return {"demo": "fleet", "production": "registry.example.com/fleet", "canary": "fleet"}[overlay] \
+        + f":{version()}"
+
+
+# the worker Deployments of each overlay: (tier, group) -> name
+WORKER_DEPLOYMENTS = {
+    "demo": {("chat", ""): "fleet-worker-chat", ("writeback", ""): "fleet-worker-writeback"},
+    "production": {("chat", ""): "fleet-worker-chat"},
+    "canary": {("chat", "blue"): "fleet-worker-chat-blue", ("chat", "green"): "fleet-worker-chat-green",
+               ("writeback", ""): "fleet-worker-writeback"},
+}
 
 
 # --- schemas ------------------------------------------------------------------------------
@@ -217,14 +227,18 @@ def runs_rq(deployment: dict[str, Any]) -> bool:
 def test_worker_deployments_follow_the_runtime_contract(
         manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
     deployments = workers(manifests[overlay])
-    rq = ["fleet-worker-writeback"] if overlay == "demo" else []  # RQ needs one Redis node: the demo's
-    assert [d["metadata"]["name"] for d in deployments] == ["fleet-worker-chat", *rq]
+    found = {(d["metadata"]["labels"]["fleet.dev/tier"], d["metadata"]["labels"].get("fleet.dev/group", "")):
+             d["metadata"]["name"] for d in deployments}
+    assert found == WORKER_DEPLOYMENTS[overlay] and len(deployments) == len(found)
+    rq = ["fleet-worker-writeback"] if overlay != "production" else []  # RQ needs one Redis node: the demo's
     assert [d["metadata"]["name"] for d in deployments if runs_rq(d)] == rq
     for d in deployments:
         tier = d["metadata"]["labels"]["fleet.dev/tier"]
+        group = d["metadata"]["labels"].get("fleet.dev/group")
         labels = {"app.kubernetes.io/name": "fleet", "app.kubernetes.io/component": "worker",
-                  "fleet.dev/tier": tier}
-        assert d["metadata"]["name"] == "fleet-worker-" + tier.replace("_", "-")
+                  "fleet.dev/tier": tier, **({"fleet.dev/group": group} if group else {})}
+        pool = f"{tier}-{group}" if group else tier
+        assert d["metadata"]["name"] == "fleet-worker-" + pool.replace("_", "-")
         assert labels.items() <= d["metadata"]["labels"].items()
         assert labels.items() <= d["spec"]["template"]["metadata"]["labels"].items()
         assert d["spec"]["selector"] == {"matchLabels": labels}
@@ -232,6 +246,7 @@ def test_worker_deployments_follow_the_runtime_contract(
         (c,) = pod_spec(d)["containers"]
         assert c["image"] == fleet_image(overlay)
         env = env_of(c)
+        assert env.get("FLEET_WORKER_GROUP", {}).get("value") == group  # the worker's pool: <tier>.<group>
         assert env["FLEET_WORKER_POD_NAME"]["valueFrom"] == field_ref("metadata.name")
         assert env["REDIS_URL"]["valueFrom"] == REDIS_URL_REF
         pdb = one(manifests[overlay], "PodDisruptionBudget", d["metadata"]["name"])
@@ -408,6 +423,10 @@ def test_base_images_are_named_once_per_overlay() -> None:
         doc = yaml.safe_load((ROOT / "compose" / "k8s" / path / "kustomization.yaml").read_text())
         (image,) = doc["images"]
         assert image["name"] == "fleet" and image["newTag"] == version(), path
+    # the canary names green's build apart (`fleet-green`), so that a new tag moves green alone
+    doc = yaml.safe_load((K8S / "overlays" / "canary" / "kustomization.yaml").read_text())
+    assert {i["name"]: (i["newName"], i["newTag"]) for i in doc["images"]} == {
+        "fleet": ("fleet", version()), "fleet-green": ("fleet", version())}
 
 
 def test_the_readme_states_the_chat_tiers_numbers(manifests: dict[str, list[dict[str, Any]]]) -> None:

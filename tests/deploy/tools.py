@@ -23,7 +23,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "compose" / "k8s"
-OVERLAYS = ("demo", "production")
+OVERLAYS = ("demo", "production", "canary")  # canary: the demo with its chat tier as two groups
 COMPOSE_FILE = ROOT / "compose" / "docker-compose.yml"
 
 # The demo's Redis, in compose and in the k8s demo overlay: the 7.2 line, the last under the BSD

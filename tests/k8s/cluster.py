@@ -108,13 +108,20 @@ class Cluster:
                 "labels": dict(labels or {}), "_created": now}
 
     def add_deployment(self, name: str, tier: str, replicas: int = 0, grace_s: int = 30,
-                       env: dict[str, str] | None = None, command: list[str] | None = None) -> None:
-        """A worker Deployment; ``command`` (default ``fleet worker --tier <tier>``) is its
-        container's, ``fleet`` being the console script; only ``fleet worker`` has a readiness probe."""
+                       env: dict[str, str] | None = None, command: list[str] | None = None,
+                       group: str | None = None, image: str = "fleet:1") -> None:
+        """A worker Deployment of ``tier`` (of its ``group``: the group label, and
+        ``FLEET_WORKER_GROUP`` as the manifests set it); ``command`` (default ``fleet worker
+        --tier <tier>``) is its container's, ``fleet`` being the console script; only ``fleet
+        worker`` has a readiness probe."""
         labels = {"app.kubernetes.io/component": "worker", "fleet.dev/tier": tier}
-        container: dict[str, Any] = {"name": "worker",
+        env = dict(env or {})
+        if group is not None:
+            labels["fleet.dev/group"] = group
+            env["FLEET_WORKER_GROUP"] = group
+        container: dict[str, Any] = {"name": "worker", "image": image,
                                      "command": command or ["fleet", "worker", "--tier", tier],
-                                     "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}
+                                     "env": [{"name": k, "value": v} for k, v in env.items()]}
         if container["command"][1] == "worker":
             container.update(ports=[{"name": "health", "containerPort": 8081}],
                              readinessProbe={"httpGet": {"path": "/readyz", "port": "health"}})
@@ -252,7 +259,8 @@ class Cluster:
         probed = "readinessProbe" in container  # else Ready while it runs, as a kubelet has it
         box.port = free_port() if probed else 0
         health = {"FLEET_WORKER_HEALTH_PORT": str(box.port), "FLEET_WORKER_HEALTH_HOST": "127.0.0.1"}
-        env = {**self.pod_env, **{e["name"]: e["value"] for e in container["env"]},
+        declared = container.get("env") or []
+        env = {**self.pod_env, **{e["name"]: e["value"] for e in declared if "value" in e},
                "FLEET_WORKER_POD_NAME": name, "FLEET_WORKER_NODE_NAME": pod["spec"]["nodeName"],
                **(health if probed else {})}
         with box.log.open("ab") as out:

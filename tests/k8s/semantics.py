@@ -94,8 +94,20 @@ def _pointer(path: str) -> list[str]:
     return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
 
 
+def _step(node: Any, part: str) -> Any:
+    """One step of a JSON pointer: a key of an object, an index of an array."""
+    if isinstance(node, list):
+        if not part.isdigit() or int(part) >= len(node):
+            raise ValueError(f"no index {part!r} in an array of {len(node)}")
+        return int(part)
+    if not isinstance(node, dict):
+        raise ValueError(f"cannot step into a {type(node).__name__} at {part!r}")
+    return part
+
+
 def json_patch(doc: Any, ops: Any) -> Any:
-    """RFC 6902 for objects: ``add``, ``replace``, ``remove``, ``test``."""
+    """RFC 6902 on objects and arrays (by index): ``add`` (to an object), ``replace``,
+    ``remove``, ``test``."""
     out = copy.deepcopy(doc)
     if not isinstance(ops, list):
         raise ValueError("a JSON patch is a list of operations")
@@ -103,16 +115,17 @@ def json_patch(doc: Any, ops: Any) -> Any:
         *parents, last = _pointer(op["path"])
         node = out
         for part in parents:
-            node = node[part]
+            node = node[_step(node, part)]
         kind = op["op"]
+        key = _step(node, last) if isinstance(node, list) or kind != "add" else last
         if kind in ("add", "replace"):
-            if kind == "replace" and last not in node:
+            if kind == "replace" and isinstance(node, dict) and key not in node:
                 raise ValueError(f"replace of a missing {op['path']}")
-            node[last] = op["value"]
+            node[key] = op["value"]
         elif kind == "remove":
-            del node[last]
+            del node[key]
         elif kind == "test":
-            if node.get(last) != op["value"]:
+            if (node[key] if isinstance(node, list) or key in node else None) != op["value"]:
                 raise ValueError(f"test failed at {op['path']}")
         else:
             raise ValueError(f"unsupported op {kind!r}")

@@ -4,6 +4,8 @@ It serves, over real HTTP on a loopback port (an aiohttp app on an event loop of
 the endpoints the runtime calls through the official client, with their semantics:
 
 - ``GET /apis/apps/v1/namespaces/{ns}/deployments[?labelSelector=]`` and ``.../deployments/{name}``;
+  ``POST .../deployments`` and ``PATCH .../deployments/{name}``, validated as the API server
+  validates a Deployment (``standin_writes.py``);
 - ``GET`` and ``PATCH .../deployments/{name}/scale``: an ``autoscaling/v1`` Scale; a merge,
   strategic-merge or JSON patch; a ``metadata.resourceVersion`` in the patch is a precondition
   (409 Conflict when the object moved on); 415 for another content type;
@@ -40,6 +42,7 @@ from aiohttp import web
 
 from tests.k8s.cluster import Cluster
 from tests.k8s.semantics import PATCH_TYPES, apply_patch, match_labels, selects, status_error
+from tests.k8s.standin_writes import created, patched
 
 
 def public(obj: Any) -> Any:
@@ -168,6 +171,8 @@ class StandIn:
         pods = "/api/v1/namespaces/{ns}/pods"
         app.router.add_get(apps, self._list(lambda c: c.deployments, "DeploymentList", "apps/v1"))
         app.router.add_get(apps + "/{name}", self._get(lambda c: c.deployments, "deployments"))
+        app.router.add_post(apps, self._create_deployment)
+        app.router.add_patch(apps + "/{name}", self._patch_deployment)
         app.router.add_get(apps + "/{name}/scale", self._get_scale)
         app.router.add_patch(apps + "/{name}/scale", self._patch_scale)
         app.router.add_get(pods, self._list(lambda c: c.pods, "PodList", "v1"))
@@ -262,6 +267,32 @@ class StandIn:
 
         return await self._patch(request, self.cluster.deployments, "deployments.apps", self._scale_of,
                                  commit)
+
+    async def _create_deployment(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return status_error(400, "BadRequest", f"the body is not JSON: {exc}")
+        with self.cluster.lock:
+            namespace = request.match_info["ns"]
+            name = str((body.get("metadata") or {}).get("name") or "") if isinstance(body, dict) else ""
+            if namespace != self.cluster.namespace:
+                return status_error(404, "NotFound", f'namespaces "{namespace}" not found')
+            if name in self.cluster.deployments:
+                return status_error(409, "AlreadyExists", f'deployments.apps "{name}" already exists')
+            made = created(body, namespace, self.cluster.meta(name))
+            if isinstance(made, web.Response):
+                return made
+            self.cluster.deployments[name] = made
+            self.cluster.lock.notify_all()
+            return web.json_response(public(made), status=201)
+
+    async def _patch_deployment(self, request: web.Request) -> web.Response:
+        def commit(deployment: dict[str, Any], after: dict[str, Any]) -> web.Response | None:
+            why = patched(deployment, after)
+            return status_error(422, "Invalid", why) if why is not None else None
+
+        return await self._patch(request, self.cluster.deployments, "deployments.apps", public, commit)
 
     async def _patch_pod(self, request: web.Request) -> web.Response:
         def commit(pod: dict[str, Any], patched: dict[str, Any]) -> web.Response | None:

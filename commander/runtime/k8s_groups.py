@@ -1,0 +1,120 @@
+"""Groups on the ``kubernetes`` runtime (a mixin of ``KubernetesRuntime``): each group's pool
+``<tier>.<group>`` is one Deployment, found by its labels, made from a copy of its tier's when
+the group gives an image and none exists, its image set when the group's changes
+(``k8s_clone.py`` decides; this writes).
+
+``check_group(pool)``, which the commander asks every pass for every group's pool, and
+``refusal(pool)``, which it asks before acting, both bring the pool's Deployment in line with
+the group (``_group_check``): so a new group gets its Deployment (at 0 replicas) as soon as
+the policy names it, and an image edit rolls the pool out at the next pass. A created
+Deployment is ledgered (``deployment-created``), an image set too (``rollout``: the Deployment
+replaces its pods with the new image by its own strategy). A group that can have no Deployment
+here (none labelled for it and no image; a Deployment named by the group but labelled for
+another pool; several) is rejected with the reason; so is one whose write failed, for
+``WRITE_BACKOFF_S``, after which it is tried again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+
+import redis
+
+from commander.runtime.base import RuntimeNote
+from commander.runtime.k8s_api import ApiException, KubeApi
+from commander.runtime.k8s_clone import GroupAction, clone_for_group, group_action, image_patch
+from commander.runtime.k8s_listing import API_ERRORS
+from commander.runtime.k8s_model import Deployment, deployment_of
+from protocol.groups import Group, split_pool
+from stores.policies import read_policy
+from stores.retry import TRANSIENT
+
+log = logging.getLogger("commander.runtime.kubernetes")  # the runtime's logger
+
+
+class GroupDeployments:
+    """The groups' side of ``KubernetesRuntime``, which provides the state below."""
+
+    api: KubeApi
+    r: redis.Redis
+    namespace: str
+    monotonic: Callable[[], float]
+    _deployments: list[Deployment] | None
+    _notes: list[RuntimeNote]
+    _failed: dict[str, tuple[float, str]]
+    _refresh: Callable[..., None]
+    _writing: Callable[[Deployment], contextlib.AbstractContextManager[None]]
+
+    def check_group(self, pool: str) -> str | None:
+        """Why the group of ``pool`` can have no Deployment here, or None (it has one, now)."""
+        self._refresh()
+        return self._group_check(pool)
+
+    def _group_check(self, pool: str) -> str | None:
+        """Bring the pool's Deployment in line with its group (create it, set its image); why it
+        cannot be, or None. None too for a tier's own pool, a pool no group names any more, and
+        while the Deployments or the policy cannot be read (``refusal`` says so, or nothing)."""
+        tier, name = split_pool(pool)
+        group = self._group(tier, name) if name else None
+        if group is None or self._deployments is None:
+            return None
+        until, why = self._failed.get(pool, (0.0, ""))
+        if self.monotonic() < until:
+            return why
+        action = group_action(pool, group.deployment, group.image, self._deployments, self.namespace)
+        if action.kind == "refuse":
+            return action.why
+        if action.kind == "ok":
+            return None
+        try:
+            self._group_write(pool, action, group)
+        except API_ERRORS:
+            return self._failed[pool][1]
+        return None
+
+    def _group(self, tier: str, name: str) -> Group | None:
+        try:
+            policy = read_policy(self.r, tier).policy
+        except TRANSIENT as exc:
+            log.debug("policy of %s not readable: its groups' Deployments wait (%s)", tier, exc)
+            return None
+        return next((g for g in policy.groups if g.name == name), None)
+
+    def _group_write(self, pool: str, action: GroupAction, group: Group) -> None:
+        assert action.deployment is not None and group.image is not None  # (group_action's promise)
+        if action.kind == "create":
+            made = self._create(pool, action.deployment, action.name, group.image)
+            note = RuntimeNote(pool, "deployment-created", (
+                f"Deployment {made.name} created for group {group.name} of tier {split_pool(pool)[0]}: "
+                f"a copy of {action.deployment.name} with image {group.image}, 0 replicas"))
+        else:
+            made = self._set_image(action.deployment, group.image)
+            note = RuntimeNote(pool, "rollout", (
+                f"Deployment {made.name}: image {action.deployment.image or '(none)'} -> {group.image}: "
+                f"a rollout of pool {pool} (its Deployment replaces its pods by its own strategy)"))
+        self._deployments = [d for d in self._deployments or () if d.name != made.name] + [made]
+        log.info("pool %s: %s", pool, note.reason)
+        self._notes.append(note)
+
+    def _create(self, pool: str, source: Deployment, name: str, image: str) -> Deployment:
+        with self._writing(Deployment(name, pool, 0)):
+            body = clone_for_group(self.api.deployment(source.name), pool, image, name)
+            try:
+                made = self.api.create_deployment(body)
+            except ApiException as exc:
+                if exc.status != 409:  # 409: it exists already (a listing behind the write)
+                    raise
+                made = deployment_of(self.api.deployment(name))
+            if made is None or made.tier != pool:
+                raise ValueError(f"Deployment {name} is not labelled for pool {pool}")
+            return made
+
+    def _set_image(self, deployment: Deployment, image: str) -> Deployment:
+        with self._writing(deployment):
+            ops = image_patch(self.api.deployment(deployment.name), image)
+            made = self.api.set_image(deployment.name, ops)
+            if made is None or made.tier != deployment.tier:
+                raise ValueError(f"Deployment {deployment.name} is labelled for another pool now")
+            return made

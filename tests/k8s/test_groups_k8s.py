@@ -1,0 +1,156 @@
+"""Groups on the ``kubernetes`` runtime against the stand-in API server: each group's pool is a
+Deployment of its own (labels ``fleet.dev/tier`` and ``fleet.dev/group``), scaled and retired on
+its own; a group that gives an image gets its Deployment made from a copy of its tier's, and its
+image set when the group's changes; a group with neither a Deployment nor an image is refused
+with the reason.
+
+Every pod is a real ``fleet worker`` process on the test's redis-server; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from commander.runtime import Refused, WorkerState
+from protocol.groups import Group
+from protocol.policy import Policy
+from stores.policies import write_policy
+from tests.integration.conftest import wait_until
+from tests.k8s.conftest import DEPLOYMENT, running_and_ready
+from tests.k8s.standin import StandIn
+from tests.k8s.test_runtime_k8s import registered, states
+
+pytestmark = pytest.mark.integration
+
+BLUE, GREEN = "fleet-worker-chat-blue", "fleet-worker-chat-green"
+TIER = dict(handler="sleep", handler_options={"sleep_ms": 50}, concurrency=2, report_interval_s=0.3,
+            drain_timeout_s=15)
+
+
+def grouped(**green: object) -> Policy:
+    return Policy(**TIER, groups=(Group(name="blue", weight=90, deployment=BLUE),
+                                  Group(name="green", weight=10, **green)))
+
+
+def replicas(standin: StandIn, name: str) -> int:
+    with standin.cluster.lock:
+        return int(standin.cluster.deployments[name]["spec"]["replicas"])
+
+
+def pods_of(standin: StandIn, name: str) -> list[str]:
+    with standin.cluster.lock:
+        return sorted(p["metadata"]["name"] for p in standin.cluster.of(standin.cluster.deployments[name])
+                      if not p["metadata"].get("deletionTimestamp"))
+
+
+def running(runtime, pool: str, n: int) -> list[str]:
+    def ok() -> list[str]:
+        seen = states(runtime, pool)
+        return sorted(seen) if len(seen) == n and all(s is WorkerState.RUNNING for s in seen.values()) else []
+    return list(wait_until(ok, 30, f"{n} running workers of {pool}"))
+
+
+def test_a_grouped_tiers_pools_scale_and_retire_on_their_own(standin: StandIn, make_runtime, r):
+    write_policy(r, "chat", grouped())
+    with standin.cluster.lock:
+        standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
+        standin.cluster.add_deployment(BLUE, "chat", replicas=1, group="blue")
+        standin.cluster.add_deployment(GREEN, "chat", replicas=0, group="green")
+    runtime = make_runtime()
+    assert runtime.check_group("chat.blue") is None and runtime.check_group("chat.green") is None
+    (blue,) = running(runtime, "chat.blue", 1)
+
+    ids = runtime.spawn("chat.green", 2)
+    assert all(i.startswith(f"{GREEN}:starting-") for i in ids)
+    assert (replicas(standin, GREEN), replicas(standin, BLUE), replicas(standin, DEPLOYMENT)) == (2, 1, 0)
+    assert [h.tier for h in runtime.live("chat.green")] == ["chat.green"] * 2
+    green = running(runtime, "chat.green", 2)
+    assert green == pods_of(standin, GREEN)
+    infos = registered(r)
+    assert {infos[p].tier for p in green} == {"chat.green"} and infos[blue].tier == "chat.blue"
+
+    # every pod Ready first: a not-ready pod would be deleted in the victim's place (substituted)
+    running_and_ready(standin, 3)
+    victim = green[1]
+    runtime.retire(victim, "reclaim-idle: test")
+    standin.wait_for(lambda c: victim in c.ended, 30, f"green pod {victim} to go")
+    assert standin.cluster.rs_deleted == [victim]
+    assert (replicas(standin, GREEN), replicas(standin, BLUE)) == (1, 1)
+    assert pods_of(standin, BLUE) == [blue] and pods_of(standin, GREEN) == [green[0]]
+    assert runtime.refusal("chat") is None  # the tier's own Deployment is a pool of its own, still
+
+
+def test_a_group_with_an_image_gets_its_deployment_made_scaled_and_rolled(standin: StandIn, make_runtime, r):
+    write_policy(r, "chat", grouped(image="fleet:2"))
+    with standin.cluster.lock:
+        standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0, grace_s=45, env={"EXTRA": "1"})
+        standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
+    runtime = make_runtime()
+    assert runtime.check_group("chat.green") is None
+    with standin.cluster.lock:
+        made = standin.cluster.deployments[GREEN]
+        template = made["spec"]["template"]
+        labels = {"app.kubernetes.io/component": "worker", "fleet.dev/tier": "chat",
+                  "fleet.dev/group": "green"}
+        assert made["metadata"]["labels"] == labels == template["metadata"]["labels"]
+        assert made["spec"]["selector"] == {"matchLabels": labels} and made["spec"]["replicas"] == 0
+        assert made["metadata"]["annotations"] == {"fleet.dev/copied-from": DEPLOYMENT}
+        (worker,) = template["spec"]["containers"]
+        assert worker["image"] == "fleet:2" and template["spec"]["terminationGracePeriodSeconds"] == 45
+        assert worker["env"] == [{"name": "EXTRA", "value": "1"},
+                                 {"name": "FLEET_WORKER_GROUP", "value": "green"}]
+    (note,) = runtime.notes()
+    assert (note.tier, note.action) == ("chat.green", "deployment-created")
+    assert f"a copy of {DEPLOYMENT} with image fleet:2" in note.reason
+    assert runtime.check_group("chat.green") is None and standin.cluster.requests["POST deployments"] == 1
+
+    runtime.spawn("chat.green", 1)
+    assert replicas(standin, GREEN) == 1 and replicas(standin, BLUE) == 0
+    (pod,) = running(runtime, "chat.green", 1)
+    assert registered(r)[pod].tier == "chat.green"  # the copy told its worker its group
+
+    write_policy(r, "chat", grouped(image="fleet:3"))  # a new version of green: a rollout of its pool
+    generation = standin.cluster.deployments[GREEN]["metadata"]["generation"]
+    assert runtime.check_group("chat.green") is None
+    with standin.cluster.lock:
+        made = standin.cluster.deployments[GREEN]
+        assert made["spec"]["template"]["spec"]["containers"][0]["image"] == "fleet:3"
+        assert made["metadata"]["generation"] == generation + 1 and made["spec"]["replicas"] == 1
+    (note,) = runtime.notes()
+    assert note.action == "rollout"
+    assert "image fleet:2 -> fleet:3: a rollout of pool chat.green" in note.reason
+    assert runtime.check_group("chat.green") is None and not runtime.notes()  # in line: nothing more
+    assert standin.cluster.requests["PATCH deployments"] == 1
+
+
+def test_a_group_without_deployment_or_image_is_refused_with_the_reason(standin: StandIn, make_runtime, r):
+    write_policy(r, "chat", grouped())
+    with standin.cluster.lock:
+        standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
+    runtime = make_runtime()
+    why = ("no Deployment labelled app.kubernetes.io/component=worker,fleet.dev/tier=chat,"
+           "fleet.dev/group=green in namespace fleet and the group gives no image")
+    assert runtime.check_group("chat.green") == why and runtime.refusal("chat.green") == why
+    with pytest.raises(Refused, match="the group gives no image"):
+        runtime.spawn("chat.green", 1)
+    assert runtime.check_group("chat.blue") is None and runtime.refusal("chat.blue") is None
+    # another autoscaler on one group's Deployment refuses that pool only
+    with standin.cluster.lock:
+        standin.cluster.add_autoscaler("hpa", "blue-hpa", BLUE)
+    fresh = make_runtime()  # (the autoscalers are cached per runtime)
+    assert "HorizontalPodAutoscaler blue-hpa targets Deployment fleet-worker-chat-blue" in (
+        fresh.refusal("chat.blue") or "")
+    assert fresh.check_group("chat.blue") is None and fresh.refusal("chat.green") == why
+    # a group naming a Deployment labelled for another pool: refused until its labels are right
+    write_policy(r, "chat", grouped(deployment=BLUE))
+    assert runtime.check_group("chat.green") == (
+        f"Deployment {BLUE}, named by group green of tier chat, is labelled for pool chat.blue: label it "
+        "and its pod template app.kubernetes.io/component=worker,fleet.dev/tier=chat,fleet.dev/group=green")
+    # the Role without `create` on deployments: the reason says so, and it is not hammered
+    write_policy(r, "chat", grouped(image="fleet:2"))
+    with standin.cluster.lock:
+        standin.cluster.forbidden.add("POST deployments")
+    assert runtime.check_group("chat.green") == (
+        f"writing Deployment {GREEN} failed (HTTP 403 Forbidden): not tried again for 10s")
+    assert runtime.check_group("chat.green") is not None and standin.cluster.requests["POST deployments"] == 1
+    assert standin.cluster.requests["PATCH scale"] == 0 and GREEN not in standin.cluster.deployments
