@@ -392,6 +392,7 @@ def test_the_demo_runs_a_relay_and_production_none(manifests: dict[str, list[dic
     relay = one(manifests["demo"], "Deployment", "fleet-relay")
     (c,) = containers(relay)
     assert c["command"] == ["fleet", "relay"] and relay["spec"]["replicas"] == 1
+    assert c["livenessProbe"]["exec"]["command"][:3] == ["fleet", "relay", "--check"]  # its heartbeat
     assert not pod_spec(relay)["automountServiceAccountToken"] and not c.get("ports")
     names = [o["metadata"]["name"] for o in by_kind(manifests["production"], "Deployment")]
     assert "fleet-relay" not in names
