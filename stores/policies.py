@@ -96,8 +96,18 @@ def _queue_reads(pipe: Any, tier: str, group: str | None) -> None:
     # slot, ``fleet:policy:{T}...``, so either would be single-slot)
     pipe.get(keys.policy(tier))
     pipe.get(keys.policy_good(tier))
-    pipe.get(keys.policy_good(tier, group or ""))
+    if group:  # (a tier's own reader has no copy of its own: no second read of the tier's)
+        pipe.get(keys.policy_good(tier, group))
     pipe.hmget(keys.policy_status(tier, group or ""), ["source", "error"])
+
+
+def _unpack(replies: list[Any], group: str | None) -> tuple[Any, Any, Any, Any]:
+    """(key, the tier's good copy, the group's good copy or None, status) from ``_queue_reads``."""
+    if group:
+        raw, good, group_good, status = replies
+        return raw, good, group_good, status
+    raw, good, status = replies
+    return raw, good, None, status
 
 
 def _queue_writes(pipe: Any, tier: str, group: str | None, writes: _Writes) -> bool:
@@ -122,7 +132,7 @@ def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None
     ``handlers`` are checked against the handler of ``group`` (the reader's pool)."""
     pipe = r.pipeline(transaction=False)
     _queue_reads(pipe, tier, group)
-    raw, good, group_good, status = pipe.execute()
+    raw, good, group_good, status = _unpack(pipe.execute(), group)
     read = _resolve(tier, raw, _goods(good, group_good, group), handlers, group)
     if record:
         pipe = r.pipeline(transaction=False)
@@ -138,7 +148,7 @@ async def read_policy_async(r: aioredis.Redis, tier: str, handlers: Iterable[str
     """The asyncio twin of ``read_policy``."""
     pipe = r.pipeline(transaction=False)
     _queue_reads(pipe, tier, group)
-    raw, good, group_good, status = await pipe.execute()
+    raw, good, group_good, status = _unpack(await pipe.execute(), group)
     read = _resolve(tier, raw, _goods(good, group_good, group), handlers, group)
     if record:
         pipe = r.pipeline(transaction=False)
