@@ -119,3 +119,15 @@ def process_commander(redis_server: Any, tmp_path: Path,
         runtime.reap()
         runtime.close()
     assert not thread.is_alive()
+
+
+def wait_workers_saw(runtime: ProcessRuntime, r: redis.Redis, text: str, what: str,
+                     timeout: float = 30) -> None:
+    """Wait until every live worker (the registry's) has ``text`` in its log: its policy refresh
+    saw a change (a worker hands a user on by its own view of the weights)."""
+    from stores.registry import read_registry
+
+    def saw() -> bool:
+        live = [wid for wid, (_info, alive) in read_registry(r).workers.items() if alive]
+        return bool(live) and all(text in (runtime.log_dir / f"{w}.log").read_text() for w in live)
+    wait_until(saw, timeout, what)

@@ -29,7 +29,7 @@ from protocol.policy import parse_policy
 from stores.ledger import ledger_page
 from stores.policies import read_policy, write_policy
 from stores.registry import read_registry
-from tests.integration.conftest import wait_until
+from tests.integration.conftest import wait_until, wait_workers_saw
 
 pytestmark = pytest.mark.integration
 USERS = [f"user-{i}" for i in range(24)]
@@ -69,12 +69,6 @@ class PoolCounts(threading.Thread):
         return self.samples[-1][1].get(pool, 0)
 
 
-def logs_say(runtime: ProcessRuntime, text: str) -> bool:
-    """Every live worker's log has ``text`` (its policy refresh saw the change)."""
-    live = [h.worker_id for h in runtime.live()]
-    return bool(live) and all(text in (runtime.log_dir / f"{w}.log").read_text() for w in live)
-
-
 def pools(r: redis.Redis) -> set[str]:
     return {info.tier for info, alive in read_registry(r).workers.values() if alive}
 
@@ -108,8 +102,8 @@ def test_the_guard_aborts_a_failing_canary_under_load_and_each_pool_follows_its_
         (abort,) = ledger(r, "rollout-abort")
         assert abort.tier == "chat" and "canary green aborted: error rate" in abort.reason, abort.reason
         assert read_policy(r, "chat").policy.weights() == (("blue", 100.0), ("green", 0.0))
-        wait_until(lambda: logs_say(process_commander, "groups of chat now blue 100, green 0"), 30,
-                   "every worker to see the abort")  # (a worker hands a user on by its own view)
+        wait_workers_saw(process_commander, r, "groups of chat now blue 100, green 0",
+                         "every worker to see the abort")
         client.reread_policies()
         for n in range(rounds, rounds + 3):  # after the abort: everyone on blue
             for h in client.submit_many([(u, f"{u} turn {n}") for u in USERS]):

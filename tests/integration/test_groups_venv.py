@@ -36,7 +36,7 @@ from stores.groups import rejected_groups
 from stores.ledger import ledger_page
 from stores.policies import read_policy, write_policy
 from stores.registry import read_registry
-from tests.integration.conftest import wait_until
+from tests.integration.conftest import wait_until, wait_workers_saw
 
 pytestmark = pytest.mark.integration
 USERS = [f"user-{i}" for i in range(30)]
@@ -106,10 +106,13 @@ def serve_round(client: Fleet, n: int) -> dict[str, str]:
     return out
 
 
-def logs_say(runtime: ProcessRuntime, pools: dict[str, list[str]], text: str) -> bool:
-    """Every live worker's log has ``text`` (its policy refresh saw the change)."""
-    wids = [w for ws in pools.values() for w in ws]
-    return bool(wids) and all(text in (runtime.log_dir / f"{w}.log").read_text() for w in wids)
+def rollout(url: str, runtime: ProcessRuntime, r: redis.Redis, client: Fleet, step: list[str],
+            weights: str) -> None:
+    """``fleet rollout chat green <step>``; wait until every worker runs the new ``weights``; the
+    client reads them too."""
+    assert fleet_main(["--redis-url", url, "rollout", "chat", "green", *step]) == 0
+    wait_workers_saw(runtime, r, f"groups of chat now {weights}", f"every worker to see {weights}")
+    client.reread_policies()
 
 
 def test_canary_rollout_and_abort_across_two_virtualenvs(
@@ -141,10 +144,7 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
         for u in USERS:
             history[u].append(got[u])
 
-    assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--weight", "50"]) == 0
-    wait_until(lambda: logs_say(process_commander, live_pools(r), "groups of chat now blue 50, green 50"), 30,
-               "every worker to see the 50 % step")
-    client.reread_policies()
+    rollout(redis_server.url, process_commander, r, client, ["--weight", "50"], "blue 50, green 50")
     half = [("blue", 50.0), ("green", 50.0), ("gone", 0.0), ("bare", 0.0)]
     got = serve_round(client, 2)  # only the users between the 90 and the 50 threshold moved
     assert got == {u: "v1" if assign(u, half) == "blue" else "v2" for u in USERS}
@@ -152,10 +152,7 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
     for u in USERS:
         history[u].append(got[u])
 
-    assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--to", "100"]) == 0
-    wait_until(lambda: logs_say(process_commander, live_pools(r), "groups of chat now blue 0, green 100"), 30,
-               "every worker to see the rollout")
-    client.reread_policies()
+    rollout(redis_server.url, process_commander, r, client, ["--to", "100"], "blue 0, green 100")
     for n in range(3, 5):  # all on green now
         got = serve_round(client, n)
         assert set(got.values()) == {"v2"}
@@ -168,10 +165,7 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
     assert steps == ["blue 50, green 50, gone 0, bare 0 (canary green)",
                      "blue 0, green 100, gone 0, bare 0 (canary green)"]
 
-    assert fleet_main(["--redis-url", redis_server.url, "rollout", "chat", "green", "--abort"]) == 0
-    wait_until(lambda: logs_say(process_commander, live_pools(r), "groups of chat now blue 100, green 0"), 30,
-               "every worker to see the abort")
-    client.reread_policies()
+    rollout(redis_server.url, process_commander, r, client, ["--abort"], "blue 100, green 0")
     assert set(serve_round(client, 5).values()) == {"v1"}
     client.close()
 
