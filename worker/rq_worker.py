@@ -10,7 +10,12 @@
 - *No fork per job* (``SimpleWorker``): the job runs in this process, so a SIGKILL of the
   worker ends its job too (no orphaned work-horse), and a job costs no fork.
 - *Retiring*: SIGTERM is RQ's warm shutdown (the current job finishes, then the worker exits);
-  a second SIGTERM is its cold shutdown.
+  a second SIGTERM is its cold shutdown. Two of RQ's gaps are closed here (``FleetWorker``):
+  a SIGTERM that arrives before RQ installs its handler (it registers the worker and forks its
+  scheduler first) is held and honoured as soon as the loop starts, instead of killing the
+  process with its registry entry and an orphaned scheduler left behind; and the pub/sub
+  thread is told to stop *before* the UNSUBSCRIBE whose reply wakes it, so stopping it never
+  waits for its 60 s poll (RQ stops it after, and redis-py 8's ``stop()`` waits for it).
 - RQ's scheduler runs in it (``with_scheduler``): delayed deferrals and retry intervals are
   moved to their queue when due, by whichever worker holds the scheduler's lock.
 - *In a pod* (``FLEET_WORKER_POD_NAME`` set by the downward API, no ``--name``) its RQ name is the
@@ -24,10 +29,13 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
+import signal
 import sys
 import uuid
+from types import FrameType
 from typing import Any
 
 import redis
@@ -35,6 +43,7 @@ import setproctitle
 from rq import SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
+from rq.utils import now as rq_now
 
 from stores import rqjobs
 from stores.connection import connect_sync
@@ -44,6 +53,20 @@ from worker import jobs
 log = logging.getLogger("fleet.rq")
 POD_NAME_ENV = "FLEET_WORKER_POD_NAME"  # the pod's name (Kubernetes' downward API), as a chat worker's
 MAINTENANCE_INTERVAL_S = 30  # RQ's registry cleanup (RQ's default: 10 minutes)
+PUBSUB_JOIN_S = 2.0  # how long a shutdown waits for the pub/sub thread once it was told to stop
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_early_stop: list[int] = []  # the stop signals received before RQ's handlers were installed
+
+
+def _hold_stop(signum: int, frame: FrameType | None) -> None:
+    """The stop signals' handler until RQ installs its own: remember the request."""
+    _early_stop.append(signum)
+
+
+def hold_stop_signals() -> None:
+    """From now until the worker's loop starts, a SIGTERM or SIGINT is held, not fatal."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _hold_stop)
 
 
 class UnsafeJob(Exception):
@@ -62,9 +85,43 @@ class FleetJob(Job):
 
 
 class FleetWorker(SimpleWorker):
-    """RQ's in-process worker with Fleet's job class and serializer."""
+    """RQ's in-process worker with Fleet's job class and serializer, and a shutdown that
+    neither loses an early SIGTERM nor waits on its pub/sub thread (see the module's doc)."""
 
     job_class = FleetJob
+
+    def _install_signal_handlers(self) -> None:
+        super()._install_signal_handlers()  # type: ignore[no-untyped-call]
+        if _early_stop:  # asked to stop while RQ was starting: the loop's first check ends it
+            self.log.info("Worker %s: stop signal %s received while starting: stopping",
+                          self.name, signal.Signals(_early_stop[0]).name)
+            self._stop_requested = True
+            self._shutdown_requested_date = rq_now()  # a second signal is a cold shutdown, as in RQ
+
+    def unsubscribe(self) -> None:
+        thread, pubsub = self.pubsub_thread, self.pubsub
+        if thread is None or pubsub is None:
+            return
+        self.log.info("Worker %s: unsubscribing from channel %s", self.name, self.pubsub_channel_name)
+        _clear_run_flag(thread)
+        try:
+            pubsub.unsubscribe()  # its reply wakes the thread, which sees the flag and ends
+        except redis.RedisError as exc:  # Redis gone: the thread's read fails and it ends too
+            self.log.warning("Worker %s: unsubscribe failed (%s); closing the connection", self.name, exc)
+        thread.join(timeout=PUBSUB_JOIN_S)
+        if thread.is_alive():
+            self.log.warning("Worker %s: the pub/sub thread still runs after %.0f s; exiting without it "
+                             "(a daemon thread)", self.name, PUBSUB_JOIN_S)
+        pubsub.close()
+
+
+def _clear_run_flag(thread: Any) -> None:
+    """Tell redis-py's pub/sub thread to end its loop, without waiting for it (redis-py 8's
+    ``stop()`` also joins the thread, for ever unless given a timeout; older ones only clear)."""
+    if "timeout" in inspect.signature(thread.stop).parameters:
+        thread.stop(timeout=0)
+    else:
+        thread.stop()
 
 
 def build(conn: redis.Redis, queues: list[str], name: str | None = None) -> FleetWorker:
@@ -84,6 +141,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Work until SIGTERM (warm shutdown) or, with ``--burst``, until the queues are empty."""
+    hold_stop_signals()
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     if not queues:
         print("rq-worker: --queues names no queue", file=sys.stderr)
@@ -101,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
     conn = redis.Redis.from_url(url)
     if pod is not None:
         reap_predecessor(conn, pod, queues)
+    if _early_stop:  # retired before it registered: nothing to undo
+        print("rq-worker: stop signal received while starting: exiting before registering", file=sys.stderr)
+        return 0
     w = build(conn, queues, name)
     w.work(burst=args.burst, with_scheduler=True, logging_level="INFO")
     return 0

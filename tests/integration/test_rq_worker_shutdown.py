@@ -1,0 +1,148 @@
+"""Fleet's RQ worker stops on SIGTERM whatever it is doing (issue 16: the kubelet's SIGTERM is
+how a pod's RQ worker is retired), on a real redis-server.
+
+Both interleavings below were found by SIGTERMing ``fleet rq-worker`` at random moments (CI
+had a pod that outlived its 30 s grace period, and a retired pod that died of the signal):
+
+- RQ's ``unsubscribe`` sends UNSUBSCRIBE, then stops its pub/sub thread, and redis-py 8's
+  ``stop()`` waits for the thread. When the thread reads the UNSUBSCRIBE's reply before the
+  stop, it goes back to waiting for a message, 60 s (RQ's ``sleep_time``): the warm shutdown of
+  an idle worker took a minute and the kubelet SIGKILLed it first.
+- RQ installs its SIGTERM handler only after it has registered the worker and started its
+  scheduler. A SIGTERM in between killed the process outright: exit -15, its entry left in
+  RQ's registry and its scheduler process orphaned, holding the scheduler's lock.
+
+Each test forces its interleaving; neither sleeps to make it happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import pytest
+import redis
+
+from stores import rqjobs
+from tests.conftest import RedisServer
+from tests.integration.conftest import wait_until
+from worker import rq_worker
+
+pytestmark = pytest.mark.integration
+QUEUE = "writeback"
+
+
+def parked(thread: threading.Thread) -> bool:
+    """Whether ``thread`` waits in an ``Event.wait`` (redis-py's ``get_message`` while it is not
+    subscribed) rather than reading its socket."""
+    frame: FrameType | None = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "wait" and frame.f_code.co_filename.endswith("threading.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def bounded(call: Callable[[], object], timeout: float) -> bool:
+    """Run ``call`` in a thread; whether it returned within ``timeout`` (a hang detector)."""
+    done = threading.Event()
+
+    def run() -> None:
+        call()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done.wait(timeout)
+
+
+def test_unsubscribe_returns_when_the_pubsub_thread_reads_the_reply_before_it_is_stopped(
+        redis_server: RedisServer, r: redis.Redis) -> None:
+    w = rq_worker.build(redis_server.client(), [QUEUE], "rq-unsub")
+    w.subscribe()
+    thread, pubsub = w.pubsub_thread, w.pubsub
+    assert thread is not None and pubsub is not None
+    wait_until(lambda: pubsub.subscribed, 5, "the subscription")
+    send = pubsub.unsubscribe
+
+    def unsubscribe_then_let_the_thread_read_it(*args: object) -> object:
+        sent = send(*args)
+        # the thread reads the reply and waits again for a message (or, once told to stop, ends)
+        wait_until(lambda: not thread.is_alive() or (not pubsub.subscribed and parked(thread)), 10,
+                   "the pub/sub thread to read the UNSUBSCRIBE's reply")
+        return sent
+
+    pubsub.unsubscribe = unsubscribe_then_let_the_thread_read_it  # type: ignore[method-assign]
+    assert bounded(w.unsubscribe, 10), "unsubscribe waited on a pub/sub thread parked for 60 s"
+    wait_until(lambda: not thread.is_alive(), 5, "the pub/sub thread to end")
+
+
+# A ``fleet rq-worker`` whose SIGTERM arrives right after RQ started its scheduler, before RQ
+# installs its own handler (the test's copy of the worker's ``_start_scheduler`` signals itself).
+SIGTERM_BEFORE_RQ_HANDLERS = textwrap.dedent("""
+    import os, signal, sys
+    from worker import rq_worker
+
+    base = rq_worker.FleetWorker._start_scheduler
+
+    def start_then_sigterm(self, *args, **kwargs):
+        base(self, *args, **kwargs)
+        assert self.scheduler is not None and self.scheduler._process is not None
+        print("scheduler-pid", self.scheduler._process.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    rq_worker.FleetWorker._start_scheduler = start_then_sigterm
+    sys.exit(rq_worker.main(["--queues", "writeback", "--name", "rq-early"]))
+""")
+
+
+def test_a_sigterm_before_rq_installs_its_handlers_stops_the_worker_cleanly(
+        fleet_env: dict[str, str], r: redis.Redis, tmp_path: Path) -> None:
+    log = tmp_path / "rq-early.log"
+    with log.open("wb") as out:  # a file, not a pipe: an orphaned scheduler would hold a pipe open
+        proc = subprocess.Popen([sys.executable, "-c", SIGTERM_BEFORE_RQ_HANDLERS], env=fleet_env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc.wait(timeout=30)
+        text = log.read_text()
+        scheduler = int(text.split("scheduler-pid ", 1)[1].split()[0])
+        scheduler_left = os.path.exists(f"/proc/{scheduler}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the worker left in its process group
+        proc.wait()
+    assert proc.returncode == 0, text
+    assert [w.name for w in rqjobs.workers(r, QUEUE)] == []  # it deregistered
+    assert not scheduler_left, "its scheduler outlived it"
+    assert not r.exists(f"rq:scheduler-lock:{QUEUE}")  # and let go of the queue's lock
+
+
+# ... and one whose SIGTERM arrives while it starts, before it registered with RQ
+SIGTERM_BEFORE_REGISTERING = textwrap.dedent("""
+    import os, signal, sys
+    from worker import rq_worker
+
+    hold = rq_worker.hold_stop_signals
+
+    def hold_then_sigterm():
+        hold()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    rq_worker.hold_stop_signals = hold_then_sigterm
+    sys.exit(rq_worker.main(["--queues", "writeback", "--name", "rq-earlier"]))
+""")
+
+
+def test_a_sigterm_while_starting_exits_before_registering(fleet_env: dict[str, str], r: redis.Redis) -> None:
+    done = subprocess.run([sys.executable, "-c", SIGTERM_BEFORE_REGISTERING], env=fleet_env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "exiting before registering" in done.stderr
+    assert [w.name for w in rqjobs.workers(r, QUEUE)] == [] and not r.exists("rq:worker:rq-earlier")
