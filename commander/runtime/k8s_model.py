@@ -94,6 +94,7 @@ class Deployment:
     replicas: int
     grace_s: float | None = None  # its pods' terminationGracePeriodSeconds (None: 30, the default)
     image: str = ""  # its worker container's image ("" if it names none)
+    stray_template: str = ""  # what its pod template's labels get wrong ("": they name its pool)
 
 
 def parse_time(value: object) -> float:
@@ -151,8 +152,22 @@ def deployment_of(obj: Obj) -> Deployment | None:
     containers = pod.get("containers") or []
     index = worker_index(containers)
     image = str(containers[index].get("image") or "") if containers else ""
+    template_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels")
     return Deployment(name=meta["name"], tier=tier, replicas=1 if replicas is None else int(replicas),
-                      grace_s=None if grace is None else float(grace), image=image)
+                      grace_s=None if grace is None else float(grace), image=image,
+                      stray_template=_stray(tier, template_labels))
+
+
+def _stray(pool: str, labels: Mapping[str, str] | None) -> str:
+    """What a pod template's labels get wrong for ``pool`` ("" if nothing): its pods are counted
+    by their own labels, so a template without the pool's would make pods nobody counts."""
+    labels = labels or {}
+    if labels.get(COMPONENT) != "worker":
+        return f"is not labelled {WORKERS_SELECTOR}"
+    theirs = pool_of(labels)
+    if theirs != pool:
+        return f"is labelled for pool {theirs}" if theirs else f"has no valid {TIER_LABEL} label"
+    return ""
 
 
 def worker_index(containers: Sequence[Obj]) -> int:
@@ -190,6 +205,9 @@ def refusal(tier: str, deployment: Deployment | str, scalers: Mapping[str, list[
     string when they could not be listed: not knowing refuses too."""
     if isinstance(deployment, str):
         return deployment
+    if deployment.stray_template:
+        return (f"the pod template of Deployment {deployment.name} {deployment.stray_template}: its pods "
+                f"would not count as pool {tier}'s workers; label the template {tier_selector(tier)}")
     if isinstance(scalers, str):
         return f"cannot check that no HPA or ScaledObject targets Deployment {deployment.name}: {scalers}"
     owners = scalers.get(deployment.name)

@@ -28,6 +28,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, latest_version
 
+from commander.runtime.k8s_model import deployment_of
 from protocol.policy import Policy, parse_assignments, updated
 from tests.deploy.tools import K8S, OVERLAYS, REDIS_IMAGE, ROOT, by_kind, one, render, render_dir
 
@@ -241,6 +242,9 @@ def test_worker_deployments_follow_the_runtime_contract(
         assert d["metadata"]["name"] == "fleet-worker-" + pool.replace("_", "-")
         assert labels.items() <= d["metadata"]["labels"].items()
         assert labels.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        read = deployment_of(d)  # as the runtime reads it: its pool, and pods it will count
+        assert read is not None and read.tier == (f"{tier}.{group}" if group else tier)
+        assert not read.stray_template
         assert d["spec"]["selector"] == {"matchLabels": labels}
         assert "replicas" not in d["spec"], "the commander is the single writer of the count"
         (c,) = pod_spec(d)["containers"]

@@ -52,8 +52,10 @@ def test_a_pools_selector_and_conventional_name(pool: str, selector: str, name: 
 
 def test_a_deployment_is_read_with_its_worker_containers_image() -> None:
     containers = [{"name": "sidecar", "image": "proxy:1"}, {"name": "worker", "image": "fleet:2"}]
-    body = {"metadata": {"name": "d", "labels": {T: "chat", G: "green"}},
-            "spec": {"replicas": 0, "template": {"spec": {"containers": containers}}}}
+    labels = {"app.kubernetes.io/component": "worker", T: "chat", G: "green"}
+    body = {"metadata": {"name": "d", "labels": labels},
+            "spec": {"replicas": 0, "template": {"metadata": {"labels": labels},
+                                                 "spec": {"containers": containers}}}}
     assert deployment_of(body) == Deployment("d", "chat.green", 0, image="fleet:2")
     body["spec"]["template"]["spec"]["containers"] = [{"name": "app", "image": "x:1"}]
     assert deployment_of(body) == Deployment("d", "chat.green", 0, image="x:1")  # no `worker`: the first

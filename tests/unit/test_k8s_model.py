@@ -61,9 +61,11 @@ def test_a_pod_is_read_from_the_apis_json() -> None:
 
 def test_a_deployment_is_read_with_its_replicas_and_grace() -> None:
     body = {"metadata": {"name": "fleet-worker-chat", "labels": LABELS},
-            "spec": {"replicas": 3, "template": {"spec": {"terminationGracePeriodSeconds": 45}}}}
+            "spec": {"replicas": 3, "template": {"metadata": {"labels": LABELS},
+                                                 "spec": {"terminationGracePeriodSeconds": 45}}}}
     assert deployment_of(body) == Deployment("fleet-worker-chat", "chat", 3, 45.0)
-    bare = {"metadata": {"name": "d", "labels": LABELS}, "spec": {}}
+    bare = {"metadata": {"name": "d", "labels": LABELS},
+            "spec": {"template": {"metadata": {"labels": LABELS}}}}
     assert deployment_of(bare) == Deployment("d", "chat", 1)  # replicas unset: 1, grace unset
     assert conventional_name("gpu_big") == "fleet-worker-gpu-big"
     assert tier_selector("chat") == "app.kubernetes.io/component=worker,fleet.dev/tier=chat"
@@ -101,6 +103,28 @@ def test_another_autoscaler_on_the_deployment_refuses(hpas: list[dict[str, objec
     deployment = Deployment("fleet-worker-chat", "chat", 1)
     why = refusal("chat", deployment, scalers_of(hpas, scaled))
     assert (why is None) if refused is None else (why is not None and why.startswith(refused))
+
+
+@pytest.mark.parametrize(("template", "stray"), [
+    (LABELS, ""),
+    ({**LABELS, "app": "x"}, ""),  # more labels: fine
+    (None, "is not labelled app.kubernetes.io/component=worker"),
+    ({"app.kubernetes.io/component": "worker"}, "has no valid fleet.dev/tier label"),
+    ({**LABELS, "fleet.dev/tier": "vip"}, "is labelled for pool vip"),
+    ({**LABELS, "fleet.dev/group": "green"}, "is labelled for pool chat.green"),
+])
+def test_a_deployment_whose_pod_template_is_not_labelled_for_its_pool_is_refused(
+        template: dict[str, str] | None, stray: str) -> None:
+    body = {"metadata": {"name": "d", "labels": LABELS},
+            "spec": {"template": {"metadata": {"labels": template}}}}
+    deployment = deployment_of(body)
+    assert deployment is not None and deployment.stray_template == stray
+    why = refusal("chat", deployment, {})
+    if not stray:
+        assert why is None
+    else:
+        assert why == (f"the pod template of Deployment d {stray}: its pods would not count as pool chat's "
+                       "workers; label the template app.kubernetes.io/component=worker,fleet.dev/tier=chat")
 
 
 def test_no_deployment_or_an_unknown_autoscaler_state_refuses_too() -> None:
