@@ -6,8 +6,9 @@ of its own in the commander's thread). Every call asks for the raw response
 (``_preload_content=False``) and reads the JSON the API server sent: the runtime works on
 the API's own documents, whatever generation of the client's model classes is installed.
 
-The three calls on one Deployment serve groups (``k8s_groups.py``): a group's Deployment made
-from a copy of its tier's, and its image set when the group's changes.
+The three calls on one Deployment, and ``create_budget``, serve groups (``k8s_groups.py``): a
+group's Deployment made from a copy of its tier's, with its PodDisruptionBudget, and its image
+set when the group's changes.
 
 The calls, and so the RBAC the commander's ServiceAccount needs in the workers' namespace:
 
@@ -18,6 +19,7 @@ call                               resource                      verb
 ``deployment``                     apps deployments              get
 ``create_deployment``              apps deployments              create
 ``set_image``                      apps deployments              patch
+``create_budget``                  policy poddisruptionbudgets   create
 ``read_scale``                     apps deployments/scale        get
 ``write_scale``                    apps deployments/scale        patch
 ``pods``                           pods                          list
@@ -96,6 +98,7 @@ class KubeApi:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.autoscaling = client.AutoscalingV2Api(api)
+        self.policy = client.PolicyV1Api(api)
         self.custom = client.CustomObjectsApi(api)
 
     def close(self) -> None:
@@ -124,6 +127,16 @@ class KubeApi:
         """Create a Deployment from its JSON; return it as the API made it."""
         return deployment_of(_body(self.apps.create_namespaced_deployment(
             self.namespace, body, _preload_content=False, _request_timeout=TIMEOUT)))
+
+    def create_budget(self, body: dict[str, Any]) -> None:
+        """Create a PodDisruptionBudget from its JSON (``k8s_clone.budget_for``); one of that name
+        existing already (a 409) is taken as made."""
+        try:
+            _body(self.policy.create_namespaced_pod_disruption_budget(
+                self.namespace, body, _preload_content=False, _request_timeout=TIMEOUT))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
 
     def set_image(self, name: str, ops: list[dict[str, Any]]) -> Deployment | None:
         """Apply a JSON patch (``k8s_clone.image_patch``: a ``test`` of the container's name, then

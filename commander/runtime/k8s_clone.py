@@ -13,7 +13,8 @@ is the one with the tier label and no group label. What the runtime does for a g
   ``fleet-worker-<tier>-<group>``) as a copy of the tier's own Deployment (the one without a
   group label; failing that, the tier's group Deployment first by name), with the group's labels
   on it, its selector and its pod template, ``FLEET_WORKER_GROUP=<group>`` and the image on the
-  worker container, and 0 replicas (:func:`clone_for_group`): the commander scales it;
+  worker container, and 0 replicas (:func:`clone_for_group`): the commander scales it; with
+  its PodDisruptionBudget (:func:`budget_for`);
 - else: the group cannot start here, and why.
 
 Nothing here talks to the API server; tests/unit/test_k8s_clone.py has the tables.
@@ -131,6 +132,16 @@ def clone_for_group(source: Obj, pool: str, image: str, name: str) -> dict[str, 
             "metadata": {"name": name, "labels": _labelled(meta.get("labels"), tier, group),
                          "annotations": {COPIED_FROM: str(meta.get("name") or "")}},
             "spec": spec}
+
+
+def budget_for(deployment: Obj) -> dict[str, Any]:
+    """The PodDisruptionBudget of a Deployment made for a group (``clone_for_group``'s): named and
+    labelled as it, over exactly its pods (its selector, which has the group label), letting a
+    node drain evict one at a time (each drains first), as the manifests' budget of a tier."""
+    meta, spec = deployment.get("metadata") or {}, deployment.get("spec") or {}
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
+            "spec": {"maxUnavailable": 1, "selector": copy.deepcopy(spec.get("selector") or {})}}
 
 
 def image_patch(obj: Obj, image: str) -> list[dict[str, Any]]:

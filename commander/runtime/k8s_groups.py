@@ -24,8 +24,8 @@ import redis
 
 from commander.runtime.base import RuntimeNote
 from commander.runtime.k8s_api import ApiException, KubeApi
-from commander.runtime.k8s_clone import GroupAction, clone_for_group, group_action, image_patch
-from commander.runtime.k8s_listing import API_ERRORS
+from commander.runtime.k8s_clone import GroupAction, budget_for, clone_for_group, group_action, image_patch
+from commander.runtime.k8s_listing import API_ERRORS, describe
 from commander.runtime.k8s_model import Deployment, deployment_of
 from protocol.groups import Group, split_pool
 from stores.policies import read_policy
@@ -85,10 +85,10 @@ class GroupDeployments:
     def _group_write(self, pool: str, action: GroupAction, group: Group) -> None:
         assert action.deployment is not None and group.image is not None  # (group_action's promise)
         if action.kind == "create":
-            made = self._create(pool, action.deployment, action.name, group.image)
+            made, budget = self._create(pool, action.deployment, action.name, group.image)
             note = RuntimeNote(pool, "deployment-created", (
                 f"Deployment {made.name} created for group {group.name} of tier {split_pool(pool)[0]}: "
-                f"a copy of {action.deployment.name} with image {group.image}, 0 replicas"))
+                f"a copy of {action.deployment.name} with image {group.image}, 0 replicas; {budget}"))
         else:
             made = self._set_image(action.deployment, group.image)
             note = RuntimeNote(pool, "rollout", (
@@ -98,7 +98,9 @@ class GroupDeployments:
         log.info("pool %s: %s", pool, note.reason)
         self._notes.append(note)
 
-    def _create(self, pool: str, source: Deployment, name: str, image: str) -> Deployment:
+    def _create(self, pool: str, source: Deployment, name: str, image: str) -> tuple[Deployment, str]:
+        """The group's Deployment, made; and what became of its PodDisruptionBudget (a budget
+        that cannot be made, a Role without the verb say, is reported, not a reason to refuse)."""
         with self._writing(Deployment(name, pool, 0)):
             body = clone_for_group(self.api.deployment(source.name), pool, image, name)
             try:
@@ -109,7 +111,13 @@ class GroupDeployments:
                 made = deployment_of(self.api.deployment(name))
             if made is None or made.tier != pool:
                 raise ValueError(f"Deployment {name} is not labelled for pool {pool}")
-            return made
+        try:
+            self.api.create_budget(budget_for(body))
+        except API_ERRORS as exc:
+            log.warning("pool %s: no PodDisruptionBudget for Deployment %s: %s", pool, name, exc)
+            why = describe(exc)
+            return made, f"no PodDisruptionBudget ({why}): a node drain may evict all its pods at once"
+        return made, f"PodDisruptionBudget {name} (maxUnavailable 1)"
 
     def _set_image(self, deployment: Deployment, image: str) -> Deployment:
         with self._writing(deployment):

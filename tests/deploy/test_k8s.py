@@ -31,6 +31,7 @@ from kubernetes_validate.utils import SchemaNotFoundError, latest_version
 from commander.runtime.k8s_model import deployment_of
 from protocol.policy import Policy, parse_assignments, updated
 from tests.deploy.tools import K8S, OVERLAYS, REDIS_IMAGE, ROOT, by_kind, one, render, render_dir
+from tests.k8s.standin_writes import selector_matches
 
 OLDEST = "1.29.0"  # the oldest minor still in the managed clouds' extended support
 GRACE_MARGIN_S = 15  # terminationGracePeriodSeconds - drain_timeout_s (compose/k8s/base/worker-chat.yaml)
@@ -45,6 +46,7 @@ RUNTIME_RULES = {
     ("", "pods"): {"list", "patch"},
     ("autoscaling", "horizontalpodautoscalers"): {"list"},
     ("keda.sh", "scaledobjects"): {"list"},
+    ("policy", "poddisruptionbudgets"): {"create"},  # a group's Deployment the runtime made
 }
 
 
@@ -254,7 +256,10 @@ def test_worker_deployments_follow_the_runtime_contract(
         assert env["FLEET_WORKER_POD_NAME"]["valueFrom"] == field_ref("metadata.name")
         assert env["REDIS_URL"]["valueFrom"] == REDIS_URL_REF
         pdb = one(manifests[overlay], "PodDisruptionBudget", d["metadata"]["name"])
-        assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}
+        # a tier's budget leaves out the groups' pods (each group's Deployment has its own budget)
+        no_group = [{"key": "fleet.dev/group", "operator": "DoesNotExist"}]
+        apart = {} if group else {"matchExpressions": no_group}
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels, **apart}}
         if runs_rq(d):  # its RQ worker is named after the pod; no port, no probe: Ready while it runs
             assert c["command"][:3] == ["fleet", "rq-worker", "--queues"] and len(c["command"]) == 4
             assert set(env) == {"REDIS_URL", "FLEET_WORKER_POD_NAME"}
@@ -336,8 +341,15 @@ def test_selectors_select_their_pods(manifests: dict[str, list[dict[str, Any]]],
     for kind in ("Deployment", "StatefulSet"):
         for o in by_kind(objects, kind):
             assert selected(o["spec"]["selector"]["matchLabels"]) == [o], o["metadata"]["name"]
-    for pdb in by_kind(objects, "PodDisruptionBudget"):
+    budgets = by_kind(objects, "PodDisruptionBudget")
+    for pdb in budgets:
         assert len(selected(pdb["spec"]["selector"]["matchLabels"])) == 1, pdb["metadata"]["name"]
+    # a pod of a group's Deployment the runtime copies from a tier's (its labels plus the group
+    # label) is under no budget of the manifests: only its own, made with it
+    for d in workers(objects):
+        copied = {**d["spec"]["template"]["metadata"]["labels"], "fleet.dev/group": "canary"}
+        over = [b["metadata"]["name"] for b in budgets if selector_matches(b["spec"]["selector"], copied)]
+        assert not over, (d["metadata"]["name"], over)
     for service in by_kind(objects, "Service"):
         name = service["metadata"]["name"]
         (target,) = selected(service["spec"]["selector"])

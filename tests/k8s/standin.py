@@ -42,7 +42,7 @@ from aiohttp import web
 
 from tests.k8s.cluster import Cluster
 from tests.k8s.semantics import PATCH_TYPES, apply_patch, match_labels, selects, status_error
-from tests.k8s.standin_writes import created, patched
+from tests.k8s.standin_writes import created, created_budget, patched
 
 
 def public(obj: Any) -> Any:
@@ -181,6 +181,7 @@ class StandIn:
         app.router.add_get("/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers",
                            self._list(lambda c: c.hpas, "HorizontalPodAutoscalerList", "autoscaling/v2"))
         app.router.add_get("/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects", self._scaled_objects)
+        app.router.add_post("/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", self._create_budget)
         return app
 
     @web.middleware
@@ -285,6 +286,18 @@ class StandIn:
                 return made
             self.cluster.deployments[name] = made
             self.cluster.lock.notify_all()
+            return web.json_response(public(made), status=201)
+
+    async def _create_budget(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return status_error(400, "BadRequest", f"the body is not JSON: {exc}")
+        with self.cluster.lock:
+            made = created_budget(body, request.match_info["ns"], self.cluster)
+            if isinstance(made, web.Response):
+                return made
+            self.cluster.budgets[made["metadata"]["name"]] = made
             return web.json_response(public(made), status=201)
 
     async def _patch_deployment(self, request: web.Request) -> web.Response:

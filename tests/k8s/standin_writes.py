@@ -116,6 +116,28 @@ def created(body: Any, namespace: str, meta: dict[str, Any]) -> dict[str, Any] |
             "status": {"replicas": 0, "readyReplicas": 0}}
 
 
+def created_budget(body: Any, namespace: str, cluster: Any) -> dict[str, Any] | web.Response:
+    """The PodDisruptionBudget the API server stores for a create's ``body``, or its error: one
+    of minAvailable and maxUnavailable, a selector, a name not taken (``cluster.budgets``)."""
+    if not isinstance(body, dict) or body.get("kind") != "PodDisruptionBudget" or \
+            body.get("apiVersion") != "policy/v1":
+        return status_error(400, "BadRequest", "the body is no policy/v1 PodDisruptionBudget")
+    given, spec = body.get("metadata") or {}, body.get("spec") or {}
+    name = str(given.get("name") or "")
+    if namespace != cluster.namespace:
+        return status_error(404, "NotFound", f'namespaces "{namespace}" not found')
+    if name in cluster.budgets:
+        return status_error(409, "AlreadyExists", f'poddisruptionbudgets.policy "{name}" already exists')
+    if ("minAvailable" in spec) == ("maxUnavailable" in spec) or not spec.get("selector"):
+        return status_error(422, "Invalid", f"PodDisruptionBudget.policy {name!r} is invalid: spec: one of "
+                            "minAvailable and maxUnavailable, and a selector, are required")
+    if why := _labels_invalid(given.get("labels"), "metadata.labels"):
+        return status_error(422, "Invalid", f"PodDisruptionBudget.policy {name!r} is invalid: {why}")
+    kept = {k: copy.deepcopy(given[k]) for k in _KEPT_META if k in given}
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {**cluster.meta(name), **kept, "generation": 1}, "spec": copy.deepcopy(spec)}
+
+
 def patched(current: dict[str, Any], after: dict[str, Any]) -> str | None:
     """Validate a patched Deployment against its current self and store it; or why not (422)."""
     name = current["metadata"]["name"]

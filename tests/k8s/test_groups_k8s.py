@@ -99,10 +99,16 @@ def test_a_group_with_an_image_gets_its_deployment_made_scaled_and_rolled(standi
         assert worker["image"] == "fleet:2" and template["spec"]["terminationGracePeriodSeconds"] == 45
         assert worker["env"] == [{"name": "EXTRA", "value": "1"},
                                  {"name": "FLEET_WORKER_GROUP", "value": "green"}]
+        # its PodDisruptionBudget: over exactly its pods, one eviction at a time
+        budget = standin.cluster.budgets[GREEN]
+        assert budget["metadata"]["labels"] == labels
+        assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}
     (note,) = runtime.notes()
     assert (note.tier, note.action) == ("chat.green", "deployment-created")
     assert f"a copy of {DEPLOYMENT} with image fleet:2" in note.reason
+    assert note.reason.endswith(f"; PodDisruptionBudget {GREEN} (maxUnavailable 1)")
     assert runtime.check_group("chat.green") is None and standin.cluster.requests["POST deployments"] == 1
+    assert standin.cluster.requests["POST poddisruptionbudgets"] == 1
 
     runtime.spawn("chat.green", 1)
     assert replicas(standin, GREEN) == 1 and replicas(standin, BLUE) == 0
@@ -154,3 +160,19 @@ def test_a_group_without_deployment_or_image_is_refused_with_the_reason(standin:
         f"writing Deployment {GREEN} failed (HTTP 403 Forbidden): not tried again for 10s")
     assert runtime.check_group("chat.green") is not None and standin.cluster.requests["POST deployments"] == 1
     assert standin.cluster.requests["PATCH scale"] == 0 and GREEN not in standin.cluster.deployments
+
+
+def test_a_group_deployment_is_made_even_when_its_budget_cannot_be(standin: StandIn, make_runtime, r):
+    write_policy(r, "chat", grouped(image="fleet:2"))
+    with standin.cluster.lock:
+        standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
+        standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
+        standin.cluster.forbidden.add("POST poddisruptionbudgets")  # a Role of before the budgets
+    runtime = make_runtime()
+    assert runtime.check_group("chat.green") is None and GREEN in standin.cluster.deployments
+    assert not standin.cluster.budgets
+    (note,) = runtime.notes()
+    assert note.action == "deployment-created" and note.reason.endswith(
+        "; no PodDisruptionBudget (HTTP 403 Forbidden): a node drain may evict all its pods at once")
+    runtime.spawn("chat.green", 1)  # the pool scales all the same
+    assert replicas(standin, GREEN) == 1
