@@ -269,7 +269,7 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
         self._observe_metrics(tier, snap, plan, views, starting, elapsed)
         self.board.tier(TierSeen(tier=tier, ts=now, policy=read.policy, source=read.source,
                                  error=memo.rejected or group_rejected, snapshot=snap, plan=plan,
-                                 starting=starting))
+                                 starting=starting, group_rejected=group_rejected))
 
     def _act(self, plan: Plan, policy: Policy) -> None:
         memo = self.tiers[plan.tier]

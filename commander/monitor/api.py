@@ -24,10 +24,12 @@ from aiohttp import web
 from commander.monitor import views
 from commander.monitor.board import KEEP_S, Board
 from commander.monitor.views import BadRequest
+from protocol.groups import split_pool
 from stores.commanders import read_commanders
 from stores.deadletters import dead_letter_count, dead_letter_rows, purge_dead_letters, retry_dead_letters
 from stores.leader import lease_holder
 from stores.ledger import events_since, read_events
+from stores.policies import read_policy
 
 log = logging.getLogger("fleet.monitor")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -123,16 +125,20 @@ async def overview(request: web.Request) -> web.Response:
     counts = await section("dead-letter counts", lambda r: {t: dead_letter_count(r, t) for t in names},
                            _redis(m))
     dead = counts.get("data") or {}
-    out["tiers"] = [views.tier_json(seen.tiers[t], dead.get(t)) for t in names]
+    grouped = sorted({split_pool(t)[0] for t in names if split_pool(t)[1]})  # their groups' weights
+    read = await section("grouped tiers' policies", lambda r: {t: read_policy(r, t).policy for t in grouped},
+                         _redis(m))
+    policies = read.get("data") or {}
+    out["tiers"] = [views.tier_json(seen.tiers[t], dead.get(t), seen.tiers, policies) for t in names]
     out["dead_letters_error"] = counts.get("error")
     out["pass_age_s"] = round(max(0.0, now - seen.ts), 2)
     return _json(out)
 
 
 async def workers(request: web.Request) -> web.Response:
-    """Every worker of the last pass (``?tier=`` one tier's), with its occupancy history."""
+    """Every worker of the last pass (``?tier=`` one tier's or pool's), with its occupancy history."""
     m = request.app[MONITOR]
-    tier = views.tier_param(request.query.get("tier"))
+    tier = views.tier_param(request.query.get("tier"), pools=True)
     seen = m.board.seen
     if seen is None:
         return _json({"workers": [], **_no_pass(m)})
@@ -147,9 +153,10 @@ async def workers(request: web.Request) -> web.Response:
 
 
 async def history(request: web.Request) -> web.Response:
-    """``?tier=T``: workers and demand over the last hour (samples, then the ledger before)."""
+    """``?tier=T``: workers and demand over the last hour (samples, then the ledger before); T
+    may be a group's pool."""
     m = request.app[MONITOR]
-    tier = views.tier_param(request.query.get("tier"), required=True)
+    tier = views.tier_param(request.query.get("tier"), required=True, pools=True)
     assert tier is not None
     now = m.clock()
     since = now - KEEP_S
@@ -160,9 +167,9 @@ async def history(request: web.Request) -> web.Response:
 
 
 async def ledger(request: web.Request) -> web.Response:
-    """``?tier=T&count=N``: the newest ledger entries, newest first."""
+    """``?tier=T&count=N``: the newest ledger entries (of tier or pool T), newest first."""
     m = request.app[MONITOR]
-    tier = views.tier_param(request.query.get("tier"))
+    tier = views.tier_param(request.query.get("tier"), pools=True)
     count = views.count_param(request.query.get("count"), 100, 1000)
     got = await section("ledger", read_events, _redis(m), tier, count)
     if "error" in got:

@@ -38,6 +38,7 @@ class TierSeen:
     snapshot: TierSnapshot
     plan: Plan
     starting: int
+    group_rejected: str | None = None  # a group's pool: why the commander rejected its group
 
 
 @dataclass(frozen=True, slots=True)

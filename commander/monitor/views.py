@@ -23,8 +23,10 @@ from commander.evaluator import (
 )
 from commander.monitor.board import Sample, Seen, TierSeen
 from commander.snapshot import WorkerView
+from protocol.groups import Group, pool_name, split_pool, validate_pool
 from protocol.ids import validate_tier, validate_user_id
 from protocol.models import LedgerEvent, OccupancyReport, WorkerInfo
+from protocol.policy import Policy
 from stores.ledger import CorruptEvent, Entry, event_json
 
 SCALE_ACTIONS = frozenset({"scale-up", "scale-down", "reclaim-idle", "consolidate", "recycle"})
@@ -41,8 +43,46 @@ def _r(value: float | None, digits: int = 3) -> float | None:
 
 
 # --- tiers ------------------------------------------------------------------------------
-def tier_json(seen: TierSeen, dead_letters: int | None = None) -> dict[str, Any]:
-    """One tier's panel: counts vs desired and target, bounds, signals, the policy in force."""
+def tier_json(seen: TierSeen, dead_letters: int | None = None, tiers: Mapping[str, TierSeen] | None = None,
+              policies: Mapping[str, Policy] | None = None) -> dict[str, Any]:
+    """One tier's panel: counts vs desired and target, bounds, signals, the policy in force;
+    with ``tiers`` (every row of the pass) and ``policies`` (grouped tiers' own policies, which
+    have the groups), a group pool's groups (``groups_json``)."""
+    return {**_counts(seen, dead_letters), **groups_json(seen, tiers or {}, policies or {})}
+
+
+def groups_json(seen: TierSeen, tiers: Mapping[str, TierSeen],
+                policies: Mapping[str, Policy]) -> dict[str, Any]:
+    """For a row of a grouped tier (a group's pool; the tier's own while its workers drain): its
+    tier's ``groups`` (each one's share of new users, weight, canary mark, ready workers and
+    rejection) and ``canary``; a pool's own ``group`` too (``removed`` once the policy no longer
+    names it). Empty for a tier without groups. A rejected group's users go to the others, so
+    its share is 0 whatever its weight, as assignment has it."""
+    tier, group = split_pool(seen.tier)
+    policy = policies.get(tier) or (None if group else seen.policy)
+    if policy is None or not policy.groups:
+        return {}
+    rejected = {g.name: getattr(tiers.get(pool_name(tier, g.name)), "group_rejected", None)
+                for g in policy.groups}
+    live = {g.name: 0.0 if rejected[g.name] else g.weight for g in policy.groups}
+    total = sum(live.values())
+
+    def one(g: Group) -> dict[str, Any]:
+        pool = tiers.get(pool_name(tier, g.name))
+        return {"group": g.name, "pool": pool_name(tier, g.name), "weight": g.weight,
+                "share": round(100 * live[g.name] / total, 1) if total else 0.0,
+                "canary": policy.canary == g.name, "rejected": rejected[g.name],
+                "ready": None if pool is None else sum(w.state == "ready" for w in pool.snapshot.workers)}
+
+    out: dict[str, Any] = {"groups": [one(g) for g in policy.groups], "canary": policy.canary}
+    if group:
+        mine = next((g for g in policy.groups if g.name == group), None)
+        out["group"] = {**one(mine), "tier": tier} if mine is not None else {
+            "group": group, "pool": seen.tier, "tier": tier, "removed": True}
+    return out
+
+
+def _counts(seen: TierSeen, dead_letters: int | None) -> dict[str, Any]:
     snap, plan, policy = seen.snapshot, seen.plan, seen.policy
     workers = snap.workers
     return {
@@ -298,14 +338,15 @@ def user_param(user: str) -> str:
         raise BadRequest(str(exc)) from None
 
 
-def tier_param(tier: str | None, *, required: bool = False) -> str | None:
-    """A tier from the query string, validated (a 400 otherwise)."""
+def tier_param(tier: str | None, *, required: bool = False, pools: bool = False) -> str | None:
+    """A tier from the query string, validated (a 400 otherwise); with ``pools``, a group's pool
+    (``chat.green``: a row of its own, with its workers, chart and ledger) too."""
     if tier in (None, ""):
         if required:
             raise BadRequest("give a tier: ?tier=<name>")
         return None
     try:
-        return validate_tier(tier)
+        return validate_pool(tier) if pools else validate_tier(tier)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
 

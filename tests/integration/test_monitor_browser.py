@@ -29,6 +29,7 @@ import redis
 from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import CodecError, decode
+from protocol.groups import Group
 from protocol.models import CommanderInfo, Reply
 from protocol.policy import Policy
 from stores.deadletters import retry_turn_id
@@ -239,6 +240,7 @@ def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server
                        "tr.textContent.includes('scale-up'))")
     _shot(browser, tmp_path, "ledger")
     _retry_a_dead_letter_from_the_page(r, redis_server.url, browser, tmp_path)
+    _a_canary_on_the_page(r, browser, tmp_path)
 
     browser("hash", hash="#/population")  # the users of the load, searchable; one user's page
     browser("wait", js="document.querySelectorAll('#population tbody a').length >= 5")
@@ -252,6 +254,27 @@ def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server
 
 
 from stores.deadletters import dead_letter_rows, purge_dead_letters  # noqa: E402
+
+
+def _groups(green: float) -> Policy:
+    return Policy(handler="echo", min_workers=0, max_workers=2, canary="green",
+                  groups=(Group(name="blue", weight=100 - green), Group(name="green", weight=green)))
+
+
+def _a_canary_on_the_page(r: redis.Redis, b: Browser, tmp_path: Path) -> None:
+    """A grouped tier: each group's pool is a panel that says which group it is and lists the
+    tier's groups with their shares, the canary marked; a rollout step shows without a reload."""
+    write_policy(r, "ab", _groups(10))
+    b("hash", hash="#/")
+    green = "document.querySelector('.tier[data-tier=\"ab.blue\"] tr[data-group=\"green\"]')"
+    b("wait", js=f"{green} !== null && {green}.textContent.includes('10.0 %') && "
+                 f"{green}.querySelector('.badge.canary') !== null", timeout=30000)
+    pool = "document.querySelector('.tier[data-tier=\"ab.green\"] .group-of')"
+    b("wait", js=f"{pool} !== null && {pool}.textContent.includes('group green of tier ab')")
+    write_policy(r, "ab", _groups(50))  # fleet rollout ab green --weight 50
+    b("wait", js=f"{green}.textContent.includes('50.0 %') && {pool}.textContent.includes('50.0 %')",
+      timeout=30000)
+    _shot(b, tmp_path, "groups")
 
 
 def _until_served(url: str, in_a_row: int) -> None:

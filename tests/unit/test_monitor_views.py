@@ -3,6 +3,7 @@ users (table tests), the request checks, the board the commander publishes, and 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from commander.monitor.board import Board, Sample, TierSeen
 from commander.monitor.server import authorized, cookie_value
 from commander.monitor.views import BadRequest
 from commander.snapshot import TierSnapshot, WorkerView
+from protocol.groups import Group
 from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots, WorkerInfo
 from protocol.policy import Policy
 from stores.ledger import CorruptEvent
@@ -53,6 +55,55 @@ def test_tier_json(workers: tuple[WorkerView, ...], error: str | None, want: dic
     assert (got["backlog"], got["active_users"], got["rps"], got["pressure"]) == (3, 7, 1.235, 1)
     assert got["dead_letters"] == 4 and got["proposals"] == {"users": 2, "rps": None}
     assert got["policy"]["max_workers"] == 5 and got["reason"] == "users 7 / 4"
+
+
+GROUPED = Policy(groups=(Group(name="blue", weight=90), Group(name="green", weight=10)), canary="green")
+
+
+def board(green_rejected: str | None = None) -> dict[str, TierSeen]:
+    """A pass over a grouped tier: blue's pool (two ready workers) and green's (one starting);
+    the tier's own pool is not judged (it has no worker)."""
+    return {"chat.blue": seen("chat.blue", workers=(WorkerView("b1"), WorkerView("b2"))),
+            "chat.green": replace(seen("chat.green", workers=(WorkerView("g1", state="starting"),)),
+                                  group_rejected=green_rejected)}
+
+
+def row(group: str, share: float, weight: float, ready: int, canary: bool = False,
+        rejected: str | None = None) -> dict[str, Any]:
+    return {"group": group, "pool": f"chat.{group}", "weight": weight, "share": share, "canary": canary,
+            "rejected": rejected, "ready": ready}
+
+
+GROUPS = [row("blue", 90.0, 90, 2), row("green", 10.0, 10, 0, canary=True)]
+WHY = "no module named app_v2"
+
+
+@pytest.mark.parametrize(("tier", "rejected", "want"), [
+    ("chat.green", None, {"groups": GROUPS, "canary": "green",
+                          "group": {**row("green", 10.0, 10, 0, canary=True), "tier": "chat"}}),
+    ("chat.blue", None, {"groups": GROUPS, "canary": "green",
+                         "group": {**row("blue", 90.0, 90, 2), "tier": "chat"}}),
+    # a rejected group's users go to the others: its share is 0 whatever its weight
+    ("chat.blue", WHY, {"groups": [row("blue", 100.0, 90, 2),
+                                   row("green", 0.0, 10, 0, canary=True, rejected=WHY)],
+                        "canary": "green", "group": {**row("blue", 100.0, 90, 2), "tier": "chat"}}),
+    # the policy no longer names the pool's group: it drains
+    ("chat.red", None, {"groups": GROUPS, "canary": "green",
+                        "group": {"group": "red", "pool": "chat.red", "tier": "chat", "removed": True}}),
+    # the tier's own pool, judged while its workers drain after groups were given to it
+    ("chat", None, {"groups": GROUPS, "canary": "green"}),
+], ids=["canary-pool", "blue-pool", "rejected-group", "removed-group", "tier-own-pool"])
+def test_a_group_pool_shows_its_tiers_groups_and_its_own(tier: str, rejected: str | None,
+                                                         want: dict[str, Any]) -> None:
+    tiers = board(rejected)
+    got = views.tier_json(tiers.get(tier) or seen(tier), 0, tiers, {"chat": GROUPED})
+    assert {k: got[k] for k in ("groups", "group", "canary") if k in got} == want
+
+
+def test_a_tier_without_groups_or_a_pool_whose_policy_was_not_read_shows_no_group() -> None:
+    got = views.tier_json(seen(), 0, {"chat": seen()}, {})
+    assert not {"groups", "group", "canary"} & set(got)
+    assert not {"groups", "group"} & set(views.tier_json(seen("chat.green"), 0, board(), {}))
 
 
 @pytest.mark.parametrize(("holder", "want"), [
@@ -246,6 +297,14 @@ def test_tier_and_user_params() -> None:
         views.tier_param("", required=True)
     with pytest.raises(BadRequest, match="invalid tier"):
         views.tier_param("../etc")
+    # a group's pool is a row of its own: its workers, chart and ledger are asked for by its name
+    assert views.tier_param("chat.green", pools=True) == "chat.green"
+    assert views.tier_param("chat", pools=True) == "chat"
+    for bad in ("chat.", "chat.Green!", "../etc"):
+        with pytest.raises(BadRequest, match="invalid"):
+            views.tier_param(bad, pools=True)
+    with pytest.raises(BadRequest, match="invalid tier"):
+        views.tier_param("chat.green")  # dead letters and users are a tier's
     assert views.user_param("alice@x") == "alice@x"
     with pytest.raises(BadRequest, match="invalid user id"):
         views.user_param("a b")

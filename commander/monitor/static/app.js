@@ -126,9 +126,26 @@ function chart(c) {
     s("path", { class: "workers", d: steps(workers, x, y) }));
   return svgEl;
 }
+function share(g) { return `${fmt(g.share, 1)} % of new users (weight ${g.weight})`; }
+function canaryBadge(g) { return g.canary ? h("span", { class: "badge canary" }, "canary") : null; }
+function groupsBlock(t) {  // a group's pool: which group it is, and its tier's groups
+  if (!t.groups) return null;
+  const g = t.group;
+  const line = !g ? null : g.removed
+    ? h("div", { class: "group-of" }, `group ${g.group} of tier ${g.tier}: no longer in the policy, draining`)
+    : h("div", { class: "group-of" }, `group ${g.group} of tier ${g.tier} · ${share(g)}`, canaryBadge(g),
+      g.rejected ? h("div", { class: "rejected" }, `group rejected: ${g.rejected}`) : null);
+  return h("div", {}, line, h("table", { class: "groups" },
+    h("thead", {}, h("tr", {}, ["group", "share of new users", "weight", "ready", ""].map((c) => h("th", {}, c)))),
+    h("tbody", {}, t.groups.map((x) => h("tr", { "data-group": x.group, class: g && x.group === g.group ? "mine" : null },
+      h("td", {}, x.group), h("td", { class: "num" }, `${fmt(x.share, 1)} %`), h("td", { class: "num" }, String(x.weight)),
+      h("td", { class: "num" }, x.ready === null ? "–" : String(x.ready)),
+      h("td", {}, canaryBadge(x), x.rejected ? h("span", { class: "rejected" }, ` rejected: ${x.rejected}`) : ""))))));
+}
 function tierPanel(t) {
   return h("div", { class: "tier", "data-tier": t.tier },
-    h("h3", {}, `tier ${t.tier}`),
+    h("h3", {}, t.group ? `pool ${t.tier}` : `tier ${t.tier}`),
+    groupsBlock(t),
     h("div", { class: "stats" },
       stat("ready", t.ready), stat("starting", t.starting), stat("draining", t.draining),
       stat("desired / target", `${t.desired} / ${t.target}`),
