@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,31 +47,42 @@ from stores.retry import Backoff
 
 log = logging.getLogger("fleet.relay")
 _BACKOFF = Backoff(base=0.05, cap=2.0)
-POLICY_REFRESH_S = 5.0  # how often the rq tiers' retry settings are read again
-Retries = tuple[int, tuple[int, ...] | None]  # (retry_max, retry_interval_s or None: the job's)
+POLICY_REFRESH_S = 5.0  # how often the rq tiers' job settings (retries, timeout) are read again
 
 
-def retry_overrides(policies: Mapping[str, Policy]) -> dict[str, Retries]:
-    """Queue -> the retries of the rq tier that consumes it, for the tiers whose policy sets
-    ``retry_max``; a queue of two such tiers takes the first tier's (by name)."""
-    out: dict[str, Retries] = {}
+class TierJobs(NamedTuple):
+    """What an rq tier's policy sets for the jobs of its queues (None: the job's own)."""
+
+    retry_max: int | None
+    retry_interval_s: tuple[int, ...] | None
+    job_timeout_s: int | None
+
+
+def tier_overrides(policies: Mapping[str, Policy]) -> dict[str, TierJobs]:
+    """Queue -> what the rq tier that consumes it sets for its jobs (``retry_max`` and its
+    intervals, ``job_timeout_s``), for tiers that set any; a queue of two such tiers takes the
+    first tier's (by name)."""
+    out: dict[str, TierJobs] = {}
     for tier in sorted(policies):
         p = policies[tier]
-        if p.kind == "rq" and p.retry_max is not None:
+        if p.kind == "rq" and (p.retry_max is not None or p.job_timeout_s is not None):
             for q in p.rq_queues(tier):
-                out.setdefault(q, (p.retry_max, p.retry_interval_s))
+                out.setdefault(q, TierJobs(p.retry_max, p.retry_interval_s, p.job_timeout_s))
     return out
 
 
-def with_retries(d: Deferral, overrides: Mapping[str, Retries]) -> Deferral:
-    """The deferral with its queue's tier's retries in place of its job's registration's."""
+def with_tier(d: Deferral, overrides: Mapping[str, TierJobs]) -> Deferral:
+    """The deferral with its queue's tier's settings in place of its job's registration's."""
     found = overrides.get(d.queue)
     if found is None:
         return d
-    retry_max, intervals = found
-    update: dict[str, object] = {"retry_max": retry_max}
-    if intervals is not None:
-        update["retry_interval_s"] = list(intervals)
+    update: dict[str, object] = {}
+    if found.retry_max is not None:
+        update["retry_max"] = found.retry_max
+        if found.retry_interval_s is not None:
+            update["retry_interval_s"] = list(found.retry_interval_s)
+    if found.job_timeout_s is not None:
+        update["job_timeout_s"] = found.job_timeout_s
     return d.model_copy(update=update)
 
 
@@ -122,7 +134,7 @@ class Relay:
         self._last_claim: float | None = None
         self._last_sweep: float | None = None
         self._last_policies: float | None = None
-        self.retries: dict[str, Retries] = {}  # queue -> its rq tier's retries (policy)
+        self.tier_jobs: dict[str, TierJobs] = {}  # queue -> its rq tier's job settings (policy)
 
     def run(self) -> None:
         """Relay until ``stop`` is set; errors are logged and backed off, never fatal."""
@@ -149,7 +161,7 @@ class Relay:
         now = time.monotonic()
         if self._last_policies is None or now - self._last_policies >= POLICY_REFRESH_S:
             self._last_policies = now
-            self.read_retries()
+            self.read_tier_jobs()
         hints: list[Hint] = []
         if self._last_claim is None or now - self._last_claim >= self.s.claim_idle_ms / 1000:
             self._last_claim = now
@@ -164,9 +176,9 @@ class Relay:
             outbox.forget_relays(self.r, gone(outbox.relay_beats(self.r), time.time()))
         self.stats.passes += 1
 
-    def read_retries(self) -> None:
-        """The rq tiers' retry settings, from their policies (each tier's last good one)."""
-        self.retries = retry_overrides({t: read_policy(self.r, t).policy for t in list_tiers(self.r)})
+    def read_tier_jobs(self) -> None:
+        """The rq tiers' job settings, from their policies (each tier's last good one)."""
+        self.tier_jobs = tier_overrides({t: read_policy(self.r, t).policy for t in list_tiers(self.r)})
 
     def handle(self, hints: list[Hint]) -> None:
         """Relay each user named once, then ack the notifications of the users relayed whole (a
@@ -204,7 +216,7 @@ class Relay:
             outbox.dead_letter(self.r, user, entry, str(exc), time.time())
             self.stats.dead += 1
             return
-        if self._rqjobs.enqueue(self.rq, with_retries(d, self.retries), self.s.result_ttl_s):
+        if self._rqjobs.enqueue(self.rq, with_tier(d, self.tier_jobs), self.s.result_ttl_s):
             self.stats.enqueued += 1
             self.stats.by_queue[d.queue] = self.stats.by_queue.get(d.queue, 0) + 1
         else:

@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, field_validator
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, field_validator
 
 from protocol.ids import validate_token, validate_user_id
 from protocol.models import _Model
@@ -40,6 +40,7 @@ class Deferral(_Model):
     index: NonNegativeInt
     retry_max: NonNegativeInt = 0
     retry_interval_s: list[NonNegativeInt] = Field(default_factory=list)
+    job_timeout_s: PositiveInt | None = None  # its rq tier's (the relay sets it); None: RQ's default
     ts: float = 0.0  # commit time, unix seconds: a delay counts from it
 
     _name = field_validator("name")(lambda v: validate_job_name(v))

@@ -152,6 +152,10 @@ class Policy(BaseModel):
     # registration's. The intervals are seconds before each retry (the last one repeats)
     retry_max: int | None = Field(None, ge=0, le=MAX_RETRIES)
     retry_interval_s: tuple[int, ...] | None = Field(None, max_length=MAX_RETRIES)
+    # an rq tier's job timeout (RQ's ``job_timeout``: a job running longer is stopped and fails,
+    # then is retried if it has retries left); None: RQ's default, 180 s. At most drain_timeout_s:
+    # a retired RQ worker finishes its job within its drain
+    job_timeout_s: int | None = Field(None, ge=1, le=3_600)
 
     @field_validator("handler")
     @classmethod
@@ -186,6 +190,13 @@ class Policy(BaseModel):
             raise ValueError("retry_max and retry_interval_s apply only to an rq tier (kind=rq)")
         if self.retry_interval_s is not None and self.retry_max is None:
             raise ValueError("retry_interval_s needs retry_max (the number of retries)")
+        if self.job_timeout_s is not None:
+            if self.kind != "rq":
+                raise ValueError("job_timeout_s applies only to an rq tier (kind=rq)")
+            if self.job_timeout_s > self.drain_timeout_s:
+                raise ValueError(f"job_timeout_s {self.job_timeout_s} is over drain_timeout_s "
+                                 f"{self.drain_timeout_s:g}: a retired RQ worker must be able to "
+                                 "finish its job")
         return self
 
     def rq_queues(self, tier: str) -> tuple[str, ...]:

@@ -53,9 +53,9 @@ def enqueue(conn: redis.Redis, d: Deferral, result_ttl_s: int = RESULT_TTL_S) ->
     try:
         if d.delay_s > 0:
             due = datetime.fromtimestamp(d.ts + d.delay_s, tz=UTC)
-            q.enqueue_at(due, JOB_ENTRY, payload, **options)
-        else:
-            q.enqueue_call(JOB_ENTRY, args=[payload], **options)
+            q.enqueue_at(due, JOB_ENTRY, payload, job_timeout=d.job_timeout_s, **options)
+        else:  # (None: RQ's default timeout)
+            q.enqueue_call(JOB_ENTRY, args=[payload], timeout=d.job_timeout_s, **options)
     except DuplicateJobError:
         return False
     return True

@@ -64,8 +64,9 @@ def short_grace(deployment: Deployment, drain_timeout_s: float | None, rq: bool,
             f"tier's drain_timeout_s {drain_timeout_s:g}: the kubelet kills")
     if rq:
         return (f"{head} an RQ worker's warm shutdown at {grace:g}s, and its job still running then is "
-                f"run again (if it has retries left) or failed; give both the longest job's time "
-                f"(RQ's default job timeout: {RQ_JOB_TIMEOUT_S}s)")
+                f"run again (if it has retries left) or failed; set the tier's job_timeout_s (at most "
+                f"drain_timeout_s) and a grace period over drain_timeout_s (without job_timeout_s, "
+                f"RQ's default job timeout is {RQ_JOB_TIMEOUT_S}s)")
     return f"{head} a drain at {grace:g}s, and the turns in flight run again elsewhere"
 
 

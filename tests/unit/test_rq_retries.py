@@ -10,7 +10,7 @@ from typing import Any
 import fakeredis
 import pytest
 
-from fleet.relay import Relay, RelaySettings, retry_overrides, with_retries
+from fleet.relay import Relay, RelaySettings, TierJobs, tier_overrides, with_tier
 from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
@@ -46,6 +46,10 @@ def test_rq_retry_fields_accepted(fields: dict[str, Any], retries: tuple[Any, An
     ({**RQ, "retry_max": 1, "retry_interval_s": [86_401]}, "not a retry interval"),
     ({**RQ, "retry_max": 1, "retry_interval_s": [1] * 101}, "retry_interval_s"),
     ({**RQ, "retry_max": "many"}, "retry_max"),
+    ({"job_timeout_s": 10}, "job_timeout_s applies only to an rq tier"),
+    ({**RQ, "job_timeout_s": 0}, "job_timeout_s"),
+    ({**RQ, "job_timeout_s": 31}, "job_timeout_s 31 is over drain_timeout_s 30"),
+    ({**RQ, "job_timeout_s": 120, "drain_timeout_s": 60}, "a retired RQ worker must be able to finish"),
 ])
 def test_rq_retry_fields_rejected(fields: dict[str, Any], error: str) -> None:
     with pytest.raises(PolicyError, match=error):
@@ -55,32 +59,39 @@ def test_rq_retry_fields_rejected(fields: dict[str, Any], error: str) -> None:
 @pytest.mark.parametrize(("policies", "want"), [
     ({}, {}),
     ({"chat": Policy(), "writeback": Policy(kind="rq")}, {}),  # no retry_max: the registration's
-    ({"writeback": Policy(kind="rq", retry_max=4)}, {"writeback": (4, None)}),
+    ({"writeback": Policy(kind="rq", retry_max=4)}, {"writeback": (4, None, None)}),
     ({"jobs": Policy(kind="rq", queues=("a", "b"), retry_max=1, retry_interval_s=(2,))},
-     {"a": (1, (2,)), "b": (1, (2,))}),
+     {"a": (1, (2,), None), "b": (1, (2,), None)}),
     ({"x": Policy(kind="rq", queues=("a",), retry_max=1),
       "y": Policy(kind="rq", queues=("a", "c"), retry_max=2)},
-     {"a": (1, None), "c": (2, None)}),  # a queue in two tiers: the first tier's, by name
+     {"a": (1, None, None), "c": (2, None, None)}),  # a queue in two tiers: the first tier's, by name
+    ({"writeback": Policy(kind="rq", job_timeout_s=20)}, {"writeback": (None, None, 20)}),
+    ({"writeback": Policy(kind="rq", retry_max=2, job_timeout_s=20, drain_timeout_s=20)},
+     {"writeback": (2, None, 20)}),
 ])
-def test_each_queue_takes_its_rq_tiers_retries(policies: dict[str, Policy], want: dict[str, Any]) -> None:
-    assert retry_overrides(policies) == want
+def test_each_queue_takes_its_rq_tiers_job_settings(policies: dict[str, Policy],
+                                                    want: dict[str, Any]) -> None:
+    assert tier_overrides(policies) == want
 
 
 def _d(**kw: Any) -> Deferral:
-    return Deferral(name="fail_first", queue=Q, user="alice", turn_id="t1", index=0, ts=1.0, **kw)
+    return Deferral(**{"name": "fail_first", "queue": Q, "user": "alice", "turn_id": "t1", "index": 0,
+                       "ts": 1.0, **kw})
 
 
-@pytest.mark.parametrize(("overrides", "retries"), [
-    ({}, (1, [7])),  # no tier sets them: the registration's
-    ({"other": (5, None)}, (1, [7])),
-    ({Q: (5, None)}, (5, [7])),  # the tier's count, the registration's intervals
-    ({Q: (0, ())}, (0, [])),
-    ({Q: (3, (1, 2))}, (3, [1, 2])),
+@pytest.mark.parametrize(("overrides", "settings"), [
+    ({}, (1, [7], None)),  # no tier sets them: the registration's
+    ({"other": TierJobs(5, None, None)}, (1, [7], None)),
+    ({Q: TierJobs(5, None, None)}, (5, [7], None)),  # the tier's count, the registration's intervals
+    ({Q: TierJobs(0, (), None)}, (0, [], None)),
+    ({Q: TierJobs(3, (1, 2), None)}, (3, [1, 2], None)),
+    ({Q: TierJobs(None, None, 45)}, (1, [7], 45)),  # only a timeout: the registration's retries
+    ({Q: TierJobs(2, None, 45)}, (2, [7], 45)),
 ])
-def test_a_deferral_gets_its_queues_retries(overrides: dict[str, Any],
-                                            retries: tuple[int, list[int]]) -> None:
-    d = with_retries(_d(retry_max=1, retry_interval_s=[7]), overrides)
-    assert (d.retry_max, d.retry_interval_s) == retries and d.job_id == _d().job_id
+def test_a_deferral_gets_its_queues_job_settings(overrides: dict[str, Any],
+                                                 settings: tuple[int, list[int], int | None]) -> None:
+    d = with_tier(_d(retry_max=1, retry_interval_s=[7]), overrides)
+    assert (d.retry_max, d.retry_interval_s, d.job_timeout_s) == settings and d.job_id == _d().job_id
 
 
 async def _commit(server: fakeredis.FakeServer, d: Deferral) -> None:
@@ -110,3 +121,33 @@ def test_the_relay_enqueues_with_the_tiers_retries_and_rq_retries_by_them() -> N
     rq_worker.build(r, [Q], "rq-test").work(burst=True)  # fails 3 times, retried at once each time
     assert r.hget(keys.usage("alice"), "fail_first_runs") == b"4"
     assert rqjobs.failed(r, Q) == [] and r.zcard(f"rq:finished:{Q}") == 1
+
+
+def test_the_relay_gives_a_job_its_tiers_timeout_and_rq_stops_it_there() -> None:
+    server = fakeredis.FakeServer()
+    r = fakeredis.FakeRedis(server=server)
+    write_policy(r, Q, Policy(kind="rq", job_timeout_s=1))
+    d = Deferral(name="count", kwargs={"sleep_s": 5}, queue=Q, user="alice", turn_id="t1", index=0, ts=1.0)
+    asyncio.run(_commit(server, d))
+    relay = Relay(RelaySettings(relay_id="r1", claim_idle_ms=0, block_ms=1, sweep_interval_s=3600), r=r)
+    outbox.join_relay_group(r)
+    relay.step()
+    job = rqjobs.queue(r, Q).fetch_job(d.job_id)
+    assert job is not None and job.timeout == 1
+    rq_worker.build(r, [Q], "rq-test").work(burst=True)  # the job sleeps 5 s: stopped at 1 s
+    [failed] = rqjobs.failed(r, Q)
+    result = failed.latest_result()
+    assert failed.id == d.job_id and result is not None and "JobTimeoutException" in (result.exc_string or "")
+    assert r.hget(keys.usage("alice"), "jobs_run") is None  # its effect is written at its end: never
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 30.0])  # enqueued now, or scheduled
+def test_an_enqueued_job_carries_the_deferrals_timeout(delay_s: float) -> None:
+    r = fakeredis.FakeRedis()
+    d = _d(delay_s=delay_s, job_timeout_s=7)
+    assert rqjobs.enqueue(r, d)
+    plain = _d(turn_id="t2", delay_s=delay_s)
+    assert rqjobs.enqueue(r, plain)
+    timed, untimed = (rqjobs.queue(r, Q).fetch_job(j) for j in (d.job_id, plain.job_id))
+    assert timed is not None and timed.timeout == 7
+    assert untimed is not None and untimed.timeout == 180  # RQ's default
