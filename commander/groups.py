@@ -151,6 +151,7 @@ class Groups:
             self._append(self._event(pool, "renotified", reason=reason))
         if not left and not active_since(self.r, pool, now - FORGET_AFTER_S):
             forget_pool(self.r, tier, pool)
+            self.runtime.pool_forgotten(pool)  # (kubernetes: the Deployment it made for the group)
             self._moved.pop(pool, None)
             self._moved_at.pop(pool, None)
 

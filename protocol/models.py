@@ -202,8 +202,9 @@ class LedgerEvent(_Model):
                     # edit); the rollout guard set the canary's weight to 0; a group's interpreter
                     # cannot run its handler / can again; a pool no group of the policy names
                     "rollout", "rollout-abort", "group-rejected", "group-accepted", "group-removed",
-                    # kubernetes: the runtime made a group's Deployment from a copy of its tier's
-                    "deployment-created"]
+                    # kubernetes: the runtime made a group's Deployment from a copy of its tier's;
+                    # deleted it once the group was gone for good; could not delete it
+                    "deployment-created", "deployment-deleted", "deployment-kept"]
     from_count: int = 0
     to_count: int = 0
     victims: list[str] = Field(default_factory=list)

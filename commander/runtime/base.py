@@ -122,6 +122,10 @@ class Runtime(ABC):
         or None. Runtimes that cannot tell answer None. The commander asks every pass."""
         return None
 
+    def pool_forgotten(self, pool: str) -> None:  # noqa: B027 - most runtimes made nothing for it
+        """The commander forgot the removed group pool ``pool`` (no worker, nothing queued, no
+        submit for a while): what this runtime made for it alone may go (``notes`` says so)."""
+
     def refusal(self, tier: str) -> str | None:
         """Why this runtime may not act on ``tier`` now (``spawn`` and ``retire`` would raise
         ``Refused``), or None. The commander asks before it acts and ledgers the answer."""

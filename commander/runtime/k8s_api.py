@@ -6,9 +6,10 @@ of its own in the commander's thread). Every call asks for the raw response
 (``_preload_content=False``) and reads the JSON the API server sent: the runtime works on
 the API's own documents, whatever generation of the client's model classes is installed.
 
-The three calls on one Deployment, and ``create_budget``, serve groups (``k8s_groups.py``): a
-group's Deployment made from a copy of its tier's, with its PodDisruptionBudget, and its image
-set when the group's changes.
+The calls on one Deployment and on budgets serve groups (``k8s_groups.py``): a group's
+Deployment made from a copy of its tier's, with its PodDisruptionBudget, its image set when the
+group's changes, and both deleted once the group is gone from the policy for good (only what
+the runtime made itself).
 
 The calls, and so the RBAC the commander's ServiceAccount needs in the workers' namespace:
 
@@ -19,7 +20,9 @@ call                               resource                      verb
 ``deployment``                     apps deployments              get
 ``create_deployment``              apps deployments              create
 ``set_image``                      apps deployments              patch
+``delete_deployment``              apps deployments              delete
 ``create_budget``                  policy poddisruptionbudgets   create
+``delete_budget``                  policy poddisruptionbudgets   delete
 ``read_scale``                     apps deployments/scale        get
 ``write_scale``                    apps deployments/scale        patch
 ``pods``                           pods                          list
@@ -136,6 +139,25 @@ class KubeApi:
                 self.namespace, body, _preload_content=False, _request_timeout=TIMEOUT))
         except ApiException as exc:
             if exc.status != 409:
+                raise
+
+    def delete_deployment(self, name: str) -> None:
+        """Delete a Deployment (its ReplicaSets and pods go with it, by the garbage collector);
+        one already gone (a 404) is taken as deleted."""
+        try:
+            _body(self.apps.delete_namespaced_deployment(
+                name, self.namespace, _preload_content=False, _request_timeout=TIMEOUT))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def delete_budget(self, name: str) -> None:
+        """Delete a PodDisruptionBudget; one already gone (a 404) is taken as deleted."""
+        try:
+            _body(self.policy.delete_namespaced_pod_disruption_budget(
+                name, self.namespace, _preload_content=False, _request_timeout=TIMEOUT))
+        except ApiException as exc:
+            if exc.status != 404:
                 raise
 
     def set_image(self, name: str, ops: list[dict[str, Any]]) -> Deployment | None:

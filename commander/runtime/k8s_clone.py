@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from commander.runtime.k8s_model import (
+    COPIED_FROM,
     GROUP_LABEL,
     TIER_LABEL,
     Deployment,
@@ -39,7 +40,6 @@ from commander.runtime.k8s_model import (
 from protocol.groups import split_pool
 
 GROUP_ENV = "FLEET_WORKER_GROUP"
-COPIED_FROM = "fleet.dev/copied-from"  # the annotation naming the Deployment a group's was made from
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from commander.runtime.base import RuntimeNote
 from commander.runtime.k8s_api import ApiException, KubeApi
 from commander.runtime.k8s_clone import GroupAction, budget_for, clone_for_group, group_action, image_patch
 from commander.runtime.k8s_listing import API_ERRORS, describe
-from commander.runtime.k8s_model import Deployment, deployment_of
+from commander.runtime.k8s_model import Deployment, Pod, deployment_of
 from protocol.groups import Group, split_pool
 from stores.policies import read_policy
 from stores.retry import TRANSIENT
@@ -42,6 +42,7 @@ class GroupDeployments:
     namespace: str
     monotonic: Callable[[], float]
     _deployments: list[Deployment] | None
+    _pods: list[Pod]
     _notes: list[RuntimeNote]
     _failed: dict[str, tuple[float, str]]
     _refresh: Callable[..., None]
@@ -73,6 +74,33 @@ class GroupDeployments:
         except API_ERRORS:
             return self._failed[pool][1]
         return None
+
+    def pool_forgotten(self, pool: str) -> None:
+        """Delete the Deployment this runtime made for a group now gone from its policy (its
+        ``copied-from`` annotation says so), and its budget, once it has no replica and no pod:
+        a ``deployment-deleted`` note. A Deployment of yours (no annotation) stays, as does one
+        still running pods; a delete that fails is noted, not retried (delete it by hand)."""
+        self._refresh(force=True)
+        for d in [d for d in self._deployments or () if d.tier == pool]:
+            pods = [p.name for p in self._pods if p.tier == pool]
+            if not d.copied_from or d.replicas or pods:
+                why = "not made by Fleet" if not d.copied_from else f"{d.replicas} replicas, pods {pods}"
+                log.info("pool %s is gone from its tier's policy; Deployment %s stays: %s", pool, d.name, why)
+                continue
+            try:
+                self.api.delete_deployment(d.name)
+                self.api.delete_budget(d.name)
+            except API_ERRORS as exc:
+                self._notes.append(RuntimeNote(pool, "deployment-kept", (
+                    f"Deployment {d.name}, made for a group now gone from the policy, could not be deleted "
+                    f"({describe(exc)}): delete it and its PodDisruptionBudget by hand")))
+                continue
+            self._deployments = [x for x in self._deployments or () if x.name != d.name]
+            note = RuntimeNote(pool, "deployment-deleted", (
+                f"Deployment {d.name} and its PodDisruptionBudget deleted: made for group "
+                f"{split_pool(pool)[1]}, which its tier's policy no longer names, and running no pod"))
+            log.info("pool %s: %s", pool, note.reason)
+            self._notes.append(note)
 
     def _group(self, tier: str, name: str) -> Group | None:
         try:

@@ -25,6 +25,7 @@ from protocol.ids import InvalidId, validate_tier
 COMPONENT = "app.kubernetes.io/component"
 TIER_LABEL = "fleet.dev/tier"
 GROUP_LABEL = "fleet.dev/group"  # a group's Deployment and pods: their pool is <tier>.<group>
+COPIED_FROM = "fleet.dev/copied-from"  # the annotation of a Deployment the runtime made for a group
 WORKER_CONTAINER = "worker"  # the container a group's image goes to (else the pod's first)
 WORKERS_SELECTOR = f"{COMPONENT}=worker"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -95,6 +96,7 @@ class Deployment:
     grace_s: float | None = None  # its pods' terminationGracePeriodSeconds (None: 30, the default)
     image: str = ""  # its worker container's image ("" if it names none)
     stray_template: str = ""  # what its pod template's labels get wrong ("": they name its pool)
+    copied_from: str = ""  # the runtime made it for a group, a copy of this one ("": not ours)
 
 
 def parse_time(value: object) -> float:
@@ -155,7 +157,8 @@ def deployment_of(obj: Obj) -> Deployment | None:
     template_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels")
     return Deployment(name=meta["name"], tier=tier, replicas=1 if replicas is None else int(replicas),
                       grace_s=None if grace is None else float(grace), image=image,
-                      stray_template=_stray(tier, template_labels))
+                      stray_template=_stray(tier, template_labels),
+                      copied_from=str((meta.get("annotations") or {}).get(COPIED_FROM) or ""))
 
 
 def _stray(pool: str, labels: Mapping[str, str] | None) -> str:

@@ -41,12 +41,12 @@ WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
 # The runtime's rules, exactly: the calls commander/runtime/k8s_api.py makes (its docstring's table)
 RUNTIME_RULES = {
-    ("apps", "deployments"): {"list", "get", "create", "patch"},  # get, create, patch: groups' Deployments
+    ("apps", "deployments"): {"list", "get", "create", "patch", "delete"},  # list; the rest: groups
     ("apps", "deployments/scale"): {"get", "patch"},
     ("", "pods"): {"list", "patch"},
     ("autoscaling", "horizontalpodautoscalers"): {"list"},
     ("keda.sh", "scaledobjects"): {"list"},
-    ("policy", "poddisruptionbudgets"): {"create"},  # a group's Deployment the runtime made
+    ("policy", "poddisruptionbudgets"): {"create", "delete"},  # a group's Deployment the runtime made
 }
 
 

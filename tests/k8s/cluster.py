@@ -90,6 +90,7 @@ class Cluster:
     hpas: dict[str, dict[str, Any]] = field(default_factory=dict)
     scaled_objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     budgets: dict[str, dict[str, Any]] = field(default_factory=dict)  # PodDisruptionBudgets by name
+    deleted: list[str] = field(default_factory=list)  # the names DELETE removed, in order
     keda: bool = True  # False: the ScaledObject resource is not installed (404)
     containers: dict[str, Container] = field(default_factory=dict)
     rs_deleted: list[str] = field(default_factory=list)  # the ReplicaSet's choices, in order

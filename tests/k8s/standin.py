@@ -182,6 +182,9 @@ class StandIn:
                            self._list(lambda c: c.hpas, "HorizontalPodAutoscalerList", "autoscaling/v2"))
         app.router.add_get("/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects", self._scaled_objects)
         app.router.add_post("/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", self._create_budget)
+        app.router.add_delete("/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}",
+                              self._deleting(lambda c: c.budgets, "poddisruptionbudgets.policy"))
+        app.router.add_delete(apps + "/{name}", self._deleting(lambda c: c.deployments, "deployments.apps"))
         return app
 
     @web.middleware
@@ -287,6 +290,26 @@ class StandIn:
             self.cluster.deployments[name] = made
             self.cluster.lock.notify_all()
             return web.json_response(public(made), status=201)
+
+    def _deleting(self, objects: Callable[[Cluster], dict[str, dict[str, Any]]],
+                  kind: str) -> Callable[[web.Request], Any]:
+        """DELETE of one object: gone at once (a Deployment's pods are deleted with it, as the
+        garbage collector does), answered with a Status; 404 if there is none."""
+        async def handle(request: web.Request) -> web.Response:
+            name = request.match_info["name"]
+            with self.cluster.lock:
+                found = objects(self.cluster).pop(name, None) \
+                    if request.match_info["ns"] == self.cluster.namespace else None
+                if found is None:
+                    return status_error(404, "NotFound", f'{kind} "{name}" not found')
+                if found.get("kind") == "Deployment":
+                    for pod in self.cluster.of(found):
+                        self.cluster.delete_pod(pod["metadata"]["name"])
+                self.cluster.deleted.append(name)
+                self.cluster.lock.notify_all()
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success",
+                                      "details": {"name": name, "kind": kind.split(".")[0]}})
+        return handle
 
     async def _create_budget(self, request: web.Request) -> web.Response:
         try:

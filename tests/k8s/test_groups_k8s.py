@@ -176,3 +176,49 @@ def test_a_group_deployment_is_made_even_when_its_budget_cannot_be(standin: Stan
         "; no PodDisruptionBudget (HTTP 403 Forbidden): a node drain may evict all its pods at once")
     runtime.spawn("chat.green", 1)  # the pool scales all the same
     assert replicas(standin, GREEN) == 1
+
+
+def test_once_a_group_is_gone_for_good_only_the_deployment_fleet_made_is_deleted(standin: StandIn,
+                                                                                  make_runtime, r):
+    write_policy(r, "chat", grouped(image="fleet:2"))
+    with standin.cluster.lock:
+        standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
+        standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
+    runtime = make_runtime()
+    assert runtime.check_group("chat.green") is None and GREEN in standin.cluster.budgets
+    runtime.notes()
+    runtime.spawn("chat.green", 1)
+    running(runtime, "chat.green", 1)
+
+    runtime.pool_forgotten("chat.green")  # (the commander drains a pool before it forgets it)
+    assert GREEN in standin.cluster.deployments and not runtime.notes()  # it still runs a pod: kept
+    runtime.pool_forgotten("chat.blue")
+    assert BLUE in standin.cluster.deployments and not runtime.notes()  # yours: kept
+
+    with standin.cluster.lock:
+        (pod,) = pods_of(standin, GREEN)
+    runtime.retire(pod, "group-removed: test")
+    standin.wait_for(lambda c: pod in c.ended, 30, f"green pod {pod} to go")
+    runtime.pool_forgotten("chat.green")
+    assert GREEN not in standin.cluster.deployments and GREEN not in standin.cluster.budgets
+    assert standin.cluster.deleted == [GREEN, GREEN]  # the Deployment, then its budget
+    (note,) = runtime.notes()
+    assert (note.tier, note.action) == ("chat.green", "deployment-deleted")
+    assert note.reason.startswith(f"Deployment {GREEN} and its PodDisruptionBudget deleted")
+    runtime.pool_forgotten("chat.green")  # nothing left: nothing more
+    assert not runtime.notes() and standin.cluster.deleted == [GREEN, GREEN]
+
+
+def test_a_delete_the_role_forbids_is_noted_and_the_deployment_stays(standin: StandIn, make_runtime, r):
+    write_policy(r, "chat", grouped(image="fleet:2"))
+    with standin.cluster.lock:
+        standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
+        standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
+        standin.cluster.forbidden.add("DELETE deployments")
+    runtime = make_runtime()
+    assert runtime.check_group("chat.green") is None
+    runtime.notes()
+    runtime.pool_forgotten("chat.green")
+    (note,) = runtime.notes()
+    assert note.action == "deployment-kept" and "(HTTP 403 Forbidden): delete it" in note.reason
+    assert GREEN in standin.cluster.deployments and GREEN in standin.cluster.budgets

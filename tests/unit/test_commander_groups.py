@@ -19,7 +19,7 @@ from protocol.codec import decode
 from protocol.groups import assign
 from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots
 from protocol.policy import parse_policy
-from stores.groups import rejected_groups
+from stores.groups import known_pools, rejected_groups
 from stores.ledger import ledger_page
 from stores.policies import read_policy, write_policy
 
@@ -38,6 +38,7 @@ class Recording(Runtime):
         self.handles: dict[str, WorkerHandle] = {}
         self.retired: list[str] = []
         self.broken: dict[str, str] = {}
+        self.forgotten: list[str] = []
         self.n = 0
 
     def spawn(self, tier: str, n: int = 1) -> WorkerIds:
@@ -51,6 +52,9 @@ class Recording(Runtime):
 
     def check_group(self, pool: str) -> str | None:
         return self.broken.get(pool)
+
+    def pool_forgotten(self, pool: str) -> None:
+        self.forgotten.append(pool)
 
     def retire(self, worker_id: str, reason: str = "", drain_timeout_s: float | None = None) -> None:
         self.retired.append(worker_id)
@@ -212,3 +216,20 @@ def test_a_removed_pools_queued_users_are_notified_on_their_group_once_its_worke
     assert event.tier == "chat.green" and waiting in event.reason
     commander.pass_once(time.time())
     assert _notified(r, "chat.blue") == [waiting]  # once per queued turn, not every pass
+
+
+def test_a_removed_pool_is_forgotten_once_drained_and_empty_and_the_runtime_told(
+        r: fakeredis.FakeRedis, rig: tuple[Commander, Recording]) -> None:
+    commander, runtime = rig
+    commander.pass_once(time.time())
+    assert known_pools(r, T) == {"chat.blue", "chat.green"}
+    policy = read_policy(r, T).policy
+    write_policy(r, T, parse_policy({**policy.model_dump(mode="json"),
+                                     "groups": [{"name": "blue", "weight": 100, "min_workers": 2}]}))
+    commander.pass_once(time.time())
+    assert runtime.retired == ["chat.green-3"] and runtime.forgotten == []  # its worker drains first
+    del runtime.handles["chat.green-3"]
+    commander.pass_once(time.time())  # no worker, nothing queued, nobody submitted: forgotten
+    assert known_pools(r, T) == {"chat.blue"} and runtime.forgotten == ["chat.green"]
+    commander.pass_once(time.time())
+    assert runtime.forgotten == ["chat.green"]  # once
