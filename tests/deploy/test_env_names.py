@@ -17,17 +17,20 @@ from typing import Any
 import pytest
 
 import stores.connection
+import worker.rq_worker
 from commander.settings import CommanderSettings
 from tests.deploy.tools import OVERLAYS, compose_config, render
 from worker.settings import WorkerSettings
 
 # name -> the module that reads it (checked: the name is in that module's source)
-OTHER = {"REDIS_URL": stores.connection, "FLEET_REDIS_CLUSTER": stores.connection}
+OTHER = {"REDIS_URL": stores.connection, "FLEET_REDIS_CLUSTER": stores.connection,
+         "FLEET_RQ_URL": worker.rq_worker}  # (the commander's settings take it too: checked below)
 PREFIXES = {"commander": ("FLEET_COMMANDER_", CommanderSettings),
             "worker": ("FLEET_WORKER_", WorkerSettings)}
 # what a fieldRef or a Secret gives at run time, to build the settings with
 SAMPLE = {"metadata.name": "fleet-commander-5d9c7b8f6d-x2x9z", "metadata.namespace": "fleet",
-          "spec.nodeName": "node-1", "REDIS_URL": "redis://redis:6379/0", "token": "0" * 64}
+          "spec.nodeName": "node-1", "REDIS_URL": "redis://redis:6379/0", "token": "0" * 64,
+          "RQ_URL": "redis://redis:6379/0"}
 
 
 def settings_names(prefix: str, model: type[Any]) -> set[str]:
@@ -92,6 +95,7 @@ def test_the_values_set_are_valid_settings(envs: list[tuple[str, str, dict[str, 
             monkeypatch.setenv(name, value)
         settings = model()  # raises on a value it does not accept
         if component == "commander":
+            assert settings.rq_url == env.get("FLEET_RQ_URL"), where  # RQ's node, when rq tiers run
             assert settings.metrics_host == "0.0.0.0", where
             assert settings.metrics_port == 9464, where
         monkeypatch.undo()

@@ -19,6 +19,7 @@ import base64
 import copy
 import os
 import re
+import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,22 @@ RUNTIME_RULES = {
 
 
 @pytest.fixture(scope="module")
-def manifests() -> dict[str, list[dict[str, Any]]]:
-    return {overlay: render(overlay) for overlay in OVERLAYS}
+def manifests(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    return {**{overlay: render(overlay) for overlay in OVERLAYS},
+            "production+rq": production_with_rq(tmp_path_factory.mktemp("k8s"))}
+
+
+def production_with_rq(tmp: Path) -> list[dict[str, Any]]:
+    """The production overlay with the rq component in, as its comment says to do it."""
+    k8s = tmp / "k8s"
+    shutil.copytree(K8S, k8s)
+    kustomization = k8s / "overlays" / "production" / "kustomization.yaml"
+    text = kustomization.read_text()
+    commented = "# components:\n#   - ../../components/rq\n"
+    enabled = text.replace(commented, "components:\n  - ../../components/rq\n")
+    assert enabled != text, "the production overlay no longer carries the rq component's line"
+    kustomization.write_text(enabled)
+    return render_dir(kustomization.parent)
 
 
 def version() -> str:
@@ -88,6 +103,7 @@ def field_ref(path: str) -> dict[str, Any]:
 
 
 REDIS_URL_REF = {"secretKeyRef": {"name": "fleet-redis", "key": "REDIS_URL"}}
+RQ_URL_REF = {"secretKeyRef": {"name": "fleet-rq", "key": "RQ_URL"}}
 
 
 def mebibytes(quantity: str) -> float:
@@ -113,7 +129,7 @@ WORKER_DEPLOYMENTS = {
 
 # --- schemas ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", [*OVERLAYS, "production+rq"])
 def test_every_object_validates_against_the_kubernetes_schemas(
         manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
     errors = []
@@ -249,7 +265,8 @@ def test_worker_deployments_follow_the_runtime_contract(
         assert not read.stray_template
         assert d["spec"]["selector"] == {"matchLabels": labels}
         assert "replicas" not in d["spec"], "the commander is the single writer of the count"
-        (c,) = pod_spec(d)["containers"]
+        (c,) = pod_spec(d)["containers"]  # one: a patch naming a container must not add one
+        assert c["name"] == "worker"  # the name production's TLS patch and group copies look for
         assert c["image"] == fleet_image(overlay)
         env = env_of(c)
         assert env.get("FLEET_WORKER_GROUP", {}).get("value") == group  # the worker's pool: <tier>.<group>
@@ -262,7 +279,8 @@ def test_worker_deployments_follow_the_runtime_contract(
         assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels, **apart}}
         if runs_rq(d):  # its RQ worker is named after the pod; no port, no probe: Ready while it runs
             assert c["command"][:3] == ["fleet", "rq-worker", "--queues"] and len(c["command"]) == 4
-            assert set(env) == {"REDIS_URL", "FLEET_WORKER_POD_NAME"}
+            assert set(env) == {"REDIS_URL", "FLEET_RQ_URL", "FLEET_WORKER_POD_NAME"}
+            assert env["FLEET_RQ_URL"]["valueFrom"] == RQ_URL_REF  # RQ's node (components/rq)
             assert not {"ports", "readinessProbe", "livenessProbe", "startupProbe"} & set(c)
             continue
         assert c["command"] == ["fleet", "worker", "--tier", tier]
@@ -390,9 +408,11 @@ def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]
         for name, key in secret_refs(workload):
             assert name in secrets, f"{workload['metadata']['name']} names Secret {name}"
             assert key is None or key in secrets[name]["data"]
-    (secret,) = secrets.values()
-    url = base64.b64decode(secret["data"]["REDIS_URL"]).decode()
-    assert url == "redis://redis:6379/0"
+    by_base = {re.sub(r"-[a-z0-9]{10}$", "", name): s for name, s in secrets.items()}  # (generated)
+    assert set(by_base) == {"fleet-redis", "fleet-rq"}
+    redis_url, rq_url = (base64.b64decode(by_base[name]["data"][key]).decode()
+                         for name, key in [("fleet-redis", "REDIS_URL"), ("fleet-rq", "RQ_URL")])
+    assert redis_url == rq_url == "redis://redis:6379/0"  # RQ's node is the demo's one Redis
     policy = one(objects, "NetworkPolicy", "redis")
     assert policy["spec"]["podSelector"]["matchLabels"] == service["spec"]["selector"]
     # every Fleet pod may reach it: the relay of deferred jobs too (issue 16)
@@ -414,12 +434,32 @@ def test_the_demo_runs_a_relay_and_production_none(manifests: dict[str, list[dic
     assert "fleet-relay" not in names
 
 
-def test_production_commits_no_secret_and_mounts_tls_everywhere(
+def test_production_runs_rq_tiers_with_the_component_on_a_node_of_their_own(
         manifests: dict[str, list[dict[str, Any]]]) -> None:
-    objects = manifests["production"]
+    """With components/rq in, production gets the relay and the rq tier `writeback`; they, and
+    the commander, find RQ's node in the Secret fleet-rq (RQ_URL), apart from Fleet's Redis."""
+    objects = manifests["production+rq"]
+    relay, writeback, commander = (one(objects, "Deployment", name) for name in
+                                   ("fleet-relay", "fleet-worker-writeback", "fleet-commander"))
+    assert runs_rq(writeback) and [d["metadata"]["name"] for d in workers(objects) if runs_rq(d)] == [
+        "fleet-worker-writeback"]
+    for workload in (relay, writeback, commander):
+        (c,) = containers(workload)
+        env = env_of(c)
+        assert env["FLEET_RQ_URL"]["valueFrom"] == RQ_URL_REF, workload["metadata"]["name"]
+        if workload is not commander:
+            assert env["REDIS_URL"]["valueFrom"] == REDIS_URL_REF  # Fleet's own Redis too
+    assert one(objects, "Job", "fleet-policy-writeback")  # it makes writeback an rq tier
+
+
+@pytest.mark.parametrize("overlay", ["production", "production+rq"])
+def test_production_commits_no_secret_and_mounts_tls_everywhere(
+        manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    objects = manifests[overlay]
     assert not by_kind(objects, "Secret"), "production Secrets are made by hand, never committed"
     fleet_pods = [o for kind in WORKLOADS for o in by_kind(objects, kind)]
-    assert {name for o in fleet_pods for name, _ in secret_refs(o)} == USER_SECRETS
+    rq = {"fleet-rq"} if overlay.endswith("+rq") else set()  # RQ_URL: RQ's node
+    assert {name for o in fleet_pods for name, _ in secret_refs(o)} == USER_SECRETS | rq
     for workload in fleet_pods:
         name = workload["metadata"]["name"]
         assert ("fleet-redis-tls", None) in secret_refs(workload), name
