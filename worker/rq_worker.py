@@ -40,7 +40,8 @@ from typing import Any
 
 import redis
 import setproctitle
-from rq import SimpleWorker
+from rq import Queue, SimpleWorker
+from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import now as rq_now
@@ -53,9 +54,11 @@ from worker import jobs
 log = logging.getLogger("fleet.rq")
 POD_NAME_ENV = "FLEET_WORKER_POD_NAME"  # the pod's name (Kubernetes' downward API), as a chat worker's
 MAINTENANCE_INTERVAL_S = 30  # RQ's registry cleanup (RQ's default: 10 minutes)
+SCHEDULER_STOP_S = 5.0  # a scheduler process left running gets this long after SIGTERM, then SIGKILL
 PUBSUB_JOIN_S = 2.0  # how long a shutdown waits for the pub/sub thread once it was told to stop
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _early_stop: list[int] = []  # the stop signals received before RQ's handlers were installed
+_fork_hook: list[bool] = []  # the at-fork hook is registered (once per process)
 
 
 def _hold_stop(signum: int, frame: FrameType | None) -> None:
@@ -64,9 +67,19 @@ def _hold_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def hold_stop_signals() -> None:
-    """From now until the worker's loop starts, a SIGTERM or SIGINT is held, not fatal."""
+    """From now until the worker's loop starts, a SIGTERM or SIGINT is held, not fatal. A forked
+    child (RQ's scheduler process) starts with the default handlers instead: it installs its own
+    at once, and a stop sent before that must end it, not be held in its copy of this process."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _hold_stop)
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_default_stop_signals)
+        _fork_hook.append(True)
+
+
+def _default_stop_signals() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
 
 
 class UnsafeJob(Exception):
@@ -89,14 +102,33 @@ class FleetWorker(SimpleWorker):
     neither loses an early SIGTERM nor waits on its pub/sub thread (see the module's doc)."""
 
     job_class = FleetJob
+    _looping = False  # RQ's loop asked for a job: its ``try`` (and teardown) is around us now
 
     def _install_signal_handlers(self) -> None:
         super()._install_signal_handlers()  # type: ignore[no-untyped-call]
-        if _early_stop:  # asked to stop while RQ was starting: the loop's first check ends it
-            self.log.info("Worker %s: stop signal %s received while starting: stopping",
-                          self.name, signal.Signals(_early_stop[0]).name)
-            self._stop_requested = True
-            self._shutdown_requested_date = rq_now()  # a second signal is a cold shutdown, as in RQ
+        if _early_stop:  # asked to stop while RQ was starting
+            self.request_stop(_early_stop[0], None)
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        """RQ's warm shutdown; before RQ's loop, a stop held for the loop's first check. (RQ's
+        handler raises StopRequested when idle: before the loop's ``try`` that escapes ``work()``
+        with no teardown, and the scheduler process, never stopped, is joined at exit for ever.)"""
+        if self._looping:
+            super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+            return
+        self.log.info("Worker %s: stop signal %s received while starting: stopping",
+                      self.name, signal.Signals(signum).name)
+        self._shutdown_requested_date = rq_now()
+        for sig in STOP_SIGNALS:  # a second signal is a cold shutdown, as in RQ
+            signal.signal(sig, self.request_force_stop)
+        self._stop_requested = True
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None,
+                                     max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
+        self._looping = True
+        if self._stop_requested:  # held since before the loop, or since the loop's own check
+            raise StopRequested()
+        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
     def unsubscribe(self) -> None:
         thread, pubsub = self.pubsub_thread, self.pubsub
@@ -163,8 +195,25 @@ def run(args: argparse.Namespace) -> int:
         print("rq-worker: stop signal received while starting: exiting before registering", file=sys.stderr)
         return 0
     w = build(conn, queues, name)
-    w.work(burst=args.burst, with_scheduler=True, logging_level="INFO")
+    try:
+        w.work(burst=args.burst, with_scheduler=True, logging_level="INFO")
+    finally:
+        end_scheduler(w)
     return 0
+
+
+def end_scheduler(w: FleetWorker) -> None:
+    """Stop the worker's scheduler process if it still runs: RQ stops it in its loop's teardown,
+    which an error while RQ starts skips, and the process (not a daemon) would then be waited
+    for at exit, for ever."""
+    proc = getattr(w.scheduler, "_process", None)
+    if proc is not None and proc.is_alive():
+        log.warning("rq-worker: its scheduler process outlived the worker's loop: stopping it")
+        proc.terminate()
+        proc.join(SCHEDULER_STOP_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 def reap_predecessor(conn: redis.Redis, pod: str, queues: list[str]) -> None:

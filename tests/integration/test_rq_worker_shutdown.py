@@ -146,3 +146,100 @@ def test_a_sigterm_while_starting_exits_before_registering(fleet_env: dict[str, 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "exiting before registering" in done.stderr
     assert [w.name for w in rqjobs.workers(r, QUEUE)] == [] and not r.exists("rq:worker:rq-earlier")
+
+
+# ... and one whose SIGTERM arrives once RQ's handler is in, before its loop's ``try`` (RQ's
+# handler raises StopRequested there, out of ``work()`` with no teardown: the scheduler process,
+# never stopped, was then joined at exit for ever)
+SIGTERM_BEFORE_THE_LOOP = textwrap.dedent("""
+    import os, signal, sys
+    from worker import rq_worker
+
+    base = rq_worker.FleetWorker._install_signal_handlers
+
+    def install_then_sigterm(self):
+        base(self)
+        print("scheduler-pid", self.scheduler._process.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    rq_worker.FleetWorker._install_signal_handlers = install_then_sigterm
+    sys.exit(rq_worker.main(["--queues", "writeback", "--name", "rq-late"]))
+""")
+
+
+def test_a_sigterm_between_rqs_handler_and_its_loop_stops_the_worker_cleanly(
+        fleet_env: dict[str, str], r: redis.Redis, tmp_path: Path) -> None:
+    log = tmp_path / "rq-late.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", SIGTERM_BEFORE_THE_LOOP], env=fleet_env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=20)
+        text = log.read_text()
+        scheduler = int(text.split("scheduler-pid ", 1)[1].split()[0])
+        scheduler_left = os.path.exists(f"/proc/{scheduler}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, text
+    assert [w.name for w in rqjobs.workers(r, QUEUE)] == []
+    assert not scheduler_left, "its scheduler outlived it"
+    assert not r.exists(f"rq:scheduler-lock:{QUEUE}")
+
+
+# ... and one that fails while RQ starts, after its scheduler process was forked
+FAILS_AFTER_THE_SCHEDULER_STARTED = textwrap.dedent("""
+    import sys
+    from worker import rq_worker
+
+    def fail(self):
+        print("scheduler-pid", self.scheduler._process.pid, flush=True)
+        raise RuntimeError("a failure while RQ starts")
+
+    rq_worker.FleetWorker._install_signal_handlers = fail
+    sys.exit(rq_worker.main(["--queues", "writeback", "--name", "rq-failed"]))
+""")
+
+
+def test_a_worker_that_fails_while_starting_exits_and_stops_its_scheduler(
+        fleet_env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "rq-failed.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", FAILS_AFTER_THE_SCHEDULER_STARTED], env=fleet_env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=20)  # RQ's teardown is skipped: the scheduler, not a daemon, was waited for
+        text = log.read_text()
+        scheduler_left = os.path.exists(f"/proc/{int(text.split('scheduler-pid ', 1)[1].split()[0])}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 1 and "a failure while RQ starts" in text, text  # the error, as it is
+    assert "its scheduler process outlived the worker's loop: stopping it" in text
+    assert not scheduler_left
+
+
+# the scheduler process is forked while the worker holds stop signals: the child must not hold
+# them (a SIGTERM sent before it installs its own handler would be lost, and RQ joins it)
+FORKED_CHILD_SIGNALS = textwrap.dedent("""
+    import os, signal
+    from worker import rq_worker
+
+    rq_worker.hold_stop_signals()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if all(signal.getsignal(s) == signal.SIG_DFL for s in rq_worker.STOP_SIGNALS) else 3)
+    _, status = os.waitpid(pid, 0)
+    held = signal.getsignal(signal.SIGTERM) is rq_worker._hold_stop
+    print("child", os.waitstatus_to_exitcode(status), "parent holds", held)
+""")
+
+
+def test_a_child_forked_while_stop_signals_are_held_gets_the_default_ones(fleet_env: dict[str, str]) -> None:
+    done = subprocess.run([sys.executable, "-c", FORKED_CHILD_SIGNALS], env=fleet_env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.stdout.strip() == "child 0 parent holds True", done.stdout + done.stderr
