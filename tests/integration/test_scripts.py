@@ -59,3 +59,12 @@ def test_bench_monitor_quick(tmp_path):
     assert result["workers"] == 20 and result["requests_per_refresh"] == 4
     assert result["cpu_ms_per_refresh"] > 0
     assert result["bytes"]["/api/workers"] > 1000  # every worker is in it, with its history
+
+
+@pytest.mark.smoke
+def test_rq_sigterm_quick():
+    """Random SIGTERMs on fleet rq-worker: every warm shutdown exits 0, promptly, leaving nothing."""
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "rq_sigterm.py"), "--rounds", "8",
+                          "--seed", "5"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "rounds 8 (seed 5)" in run.stdout and "bad 0" in run.stdout
