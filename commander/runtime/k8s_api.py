@@ -93,6 +93,15 @@ def _body(response: Any) -> dict[str, Any]:
     return body
 
 
+def _deleted(delete: Any, name: str, namespace: str) -> None:
+    """Call a client's ``delete_namespaced_*``; an object already gone (a 404) counts as deleted."""
+    try:
+        _body(delete(name, namespace, _preload_content=False, _request_timeout=TIMEOUT))
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 class KubeApi:
     """The calls the runtime makes, in one namespace, on one ``ApiClient``."""
 
@@ -142,23 +151,12 @@ class KubeApi:
                 raise
 
     def delete_deployment(self, name: str) -> None:
-        """Delete a Deployment (its ReplicaSets and pods go with it, by the garbage collector);
-        one already gone (a 404) is taken as deleted."""
-        try:
-            _body(self.apps.delete_namespaced_deployment(
-                name, self.namespace, _preload_content=False, _request_timeout=TIMEOUT))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        """Delete a Deployment (its ReplicaSets and pods go with it, by the garbage collector)."""
+        _deleted(self.apps.delete_namespaced_deployment, name, self.namespace)
 
     def delete_budget(self, name: str) -> None:
-        """Delete a PodDisruptionBudget; one already gone (a 404) is taken as deleted."""
-        try:
-            _body(self.policy.delete_namespaced_pod_disruption_budget(
-                name, self.namespace, _preload_content=False, _request_timeout=TIMEOUT))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        """Delete a PodDisruptionBudget."""
+        _deleted(self.policy.delete_namespaced_pod_disruption_budget, name, self.namespace)
 
     def set_image(self, name: str, ops: list[dict[str, Any]]) -> Deployment | None:
         """Apply a JSON patch (``k8s_clone.image_patch``: a ``test`` of the container's name, then

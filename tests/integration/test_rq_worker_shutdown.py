@@ -25,6 +25,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -84,6 +85,34 @@ def test_unsubscribe_returns_when_the_pubsub_thread_reads_the_reply_before_it_is
     wait_until(lambda: not thread.is_alive(), 5, "the pub/sub thread to end")
 
 
+@dataclass
+class Ended:
+    """How a worker script's process ended: its exit code (None: still running after the
+    deadline, then SIGKILLed), its output, and whether its scheduler process outlived it."""
+
+    code: int | None
+    text: str
+    scheduler_left: bool
+
+
+def run_worker_script(script: str, env: dict[str, str], log: Path, timeout: float = 20) -> Ended:
+    """Run a ``fleet rq-worker`` script that prints its scheduler's pid (``scheduler-pid N``);
+    its output goes to a file, not a pipe (an orphaned scheduler would hold a pipe open)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout)
+        code, text = proc.poll(), log.read_text()
+        scheduler = int(text.split("scheduler-pid ", 1)[1].split()[0])
+        return Ended(code, text, os.path.exists(f"/proc/{scheduler}"))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the worker left in its process group
+        proc.wait()
+
+
 # A ``fleet rq-worker`` whose SIGTERM arrives right after RQ started its scheduler, before RQ
 # installs its own handler (the test's copy of the worker's ``_start_scheduler`` signals itself).
 SIGTERM_BEFORE_RQ_HANDLERS = textwrap.dedent("""
@@ -102,25 +131,33 @@ SIGTERM_BEFORE_RQ_HANDLERS = textwrap.dedent("""
     sys.exit(rq_worker.main(["--queues", "writeback", "--name", "rq-early"]))
 """)
 
+# ... and one whose SIGTERM arrives once RQ's handler is in, before its loop's ``try`` (RQ's
+# handler raises StopRequested there, out of ``work()`` with no teardown: the scheduler process,
+# never stopped, was then joined at exit for ever)
+SIGTERM_BEFORE_THE_LOOP = textwrap.dedent("""
+    import os, signal, sys
+    from worker import rq_worker
 
-def test_a_sigterm_before_rq_installs_its_handlers_stops_the_worker_cleanly(
-        fleet_env: dict[str, str], r: redis.Redis, tmp_path: Path) -> None:
-    log = tmp_path / "rq-early.log"
-    with log.open("wb") as out:  # a file, not a pipe: an orphaned scheduler would hold a pipe open
-        proc = subprocess.Popen([sys.executable, "-c", SIGTERM_BEFORE_RQ_HANDLERS], env=fleet_env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        proc.wait(timeout=30)
-        text = log.read_text()
-        scheduler = int(text.split("scheduler-pid ", 1)[1].split()[0])
-        scheduler_left = os.path.exists(f"/proc/{scheduler}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever the worker left in its process group
-        proc.wait()
-    assert proc.returncode == 0, text
+    base = rq_worker.FleetWorker._install_signal_handlers
+
+    def install_then_sigterm(self):
+        base(self)
+        print("scheduler-pid", self.scheduler._process.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    rq_worker.FleetWorker._install_signal_handlers = install_then_sigterm
+    sys.exit(rq_worker.main(["--queues", "writeback", "--name", "rq-late"]))
+""")
+
+
+@pytest.mark.parametrize("script", [SIGTERM_BEFORE_RQ_HANDLERS, SIGTERM_BEFORE_THE_LOOP],
+                         ids=["before-rqs-handler", "before-rqs-loop"])
+def test_a_sigterm_while_rq_starts_stops_the_worker_cleanly(script: str, fleet_env: dict[str, str],
+                                                             r: redis.Redis, tmp_path: Path) -> None:
+    ended = run_worker_script(script, fleet_env, tmp_path / "rq.log")
+    assert ended.code == 0, ended.text
     assert [w.name for w in rqjobs.workers(r, QUEUE)] == []  # it deregistered
-    assert not scheduler_left, "its scheduler outlived it"
+    assert not ended.scheduler_left, "its scheduler outlived it"
     assert not r.exists(f"rq:scheduler-lock:{QUEUE}")  # and let go of the queue's lock
 
 
@@ -148,47 +185,6 @@ def test_a_sigterm_while_starting_exits_before_registering(fleet_env: dict[str, 
     assert [w.name for w in rqjobs.workers(r, QUEUE)] == [] and not r.exists("rq:worker:rq-earlier")
 
 
-# ... and one whose SIGTERM arrives once RQ's handler is in, before its loop's ``try`` (RQ's
-# handler raises StopRequested there, out of ``work()`` with no teardown: the scheduler process,
-# never stopped, was then joined at exit for ever)
-SIGTERM_BEFORE_THE_LOOP = textwrap.dedent("""
-    import os, signal, sys
-    from worker import rq_worker
-
-    base = rq_worker.FleetWorker._install_signal_handlers
-
-    def install_then_sigterm(self):
-        base(self)
-        print("scheduler-pid", self.scheduler._process.pid, flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    rq_worker.FleetWorker._install_signal_handlers = install_then_sigterm
-    sys.exit(rq_worker.main(["--queues", "writeback", "--name", "rq-late"]))
-""")
-
-
-def test_a_sigterm_between_rqs_handler_and_its_loop_stops_the_worker_cleanly(
-        fleet_env: dict[str, str], r: redis.Redis, tmp_path: Path) -> None:
-    log = tmp_path / "rq-late.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", SIGTERM_BEFORE_THE_LOOP], env=fleet_env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=20)
-        text = log.read_text()
-        scheduler = int(text.split("scheduler-pid ", 1)[1].split()[0])
-        scheduler_left = os.path.exists(f"/proc/{scheduler}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == 0, text
-    assert [w.name for w in rqjobs.workers(r, QUEUE)] == []
-    assert not scheduler_left, "its scheduler outlived it"
-    assert not r.exists(f"rq:scheduler-lock:{QUEUE}")
-
-
 # ... and one that fails while RQ starts, after its scheduler process was forked
 FAILS_AFTER_THE_SCHEDULER_STARTED = textwrap.dedent("""
     import sys
@@ -205,22 +201,11 @@ FAILS_AFTER_THE_SCHEDULER_STARTED = textwrap.dedent("""
 
 def test_a_worker_that_fails_while_starting_exits_and_stops_its_scheduler(
         fleet_env: dict[str, str], tmp_path: Path) -> None:
-    log = tmp_path / "rq-failed.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", FAILS_AFTER_THE_SCHEDULER_STARTED], env=fleet_env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=20)  # RQ's teardown is skipped: the scheduler, not a daemon, was waited for
-        text = log.read_text()
-        scheduler_left = os.path.exists(f"/proc/{int(text.split('scheduler-pid ', 1)[1].split()[0])}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == 1 and "a failure while RQ starts" in text, text  # the error, as it is
-    assert "its scheduler process outlived the worker's loop: stopping it" in text
-    assert not scheduler_left
+    # (RQ's teardown is skipped: the scheduler, not a daemon, was waited for at exit for ever)
+    ended = run_worker_script(FAILS_AFTER_THE_SCHEDULER_STARTED, fleet_env, tmp_path / "rq.log")
+    assert ended.code == 1 and "a failure while RQ starts" in ended.text, ended.text  # the error, as it is
+    assert "its scheduler process outlived the worker's loop: stopping it" in ended.text
+    assert not ended.scheduler_left
 
 
 # the scheduler process is forked while the worker holds stop signals: the child must not hold

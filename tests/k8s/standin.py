@@ -42,7 +42,7 @@ from aiohttp import web
 
 from tests.k8s.cluster import Cluster
 from tests.k8s.semantics import PATCH_TYPES, apply_patch, match_labels, selects, status_error
-from tests.k8s.standin_writes import created, created_budget, patched
+from tests.k8s.standin_writes import created, created_budget, json_body, patched
 
 
 def public(obj: Any) -> Any:
@@ -273,10 +273,9 @@ class StandIn:
                                  commit)
 
     async def _create_deployment(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            return status_error(400, "BadRequest", f"the body is not JSON: {exc}")
+        body = await json_body(request)
+        if isinstance(body, web.Response):
+            return body
         with self.cluster.lock:
             namespace = request.match_info["ns"]
             name = str((body.get("metadata") or {}).get("name") or "") if isinstance(body, dict) else ""
@@ -312,10 +311,9 @@ class StandIn:
         return handle
 
     async def _create_budget(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            return status_error(400, "BadRequest", f"the body is not JSON: {exc}")
+        body = await json_body(request)
+        if isinstance(body, web.Response):
+            return body
         with self.cluster.lock:
             made = created_budget(body, request.match_info["ns"], self.cluster)
             if isinstance(made, web.Response):

@@ -97,6 +97,14 @@ def invalid(deployment: Mapping[str, Any]) -> str | None:
     return None
 
 
+async def json_body(request: web.Request) -> Any:
+    """A create's body, or the 400 the API server answers when it is no JSON."""
+    try:
+        return await request.json()
+    except ValueError as exc:
+        return status_error(400, "BadRequest", f"the body is not JSON: {exc}")
+
+
 def created(body: Any, namespace: str, meta: dict[str, Any]) -> dict[str, Any] | web.Response:
     """The Deployment the API server stores for a create's ``body`` (``meta``: the server's
     metadata for its name), or the error it answers."""
