@@ -61,24 +61,14 @@ def cmd_rq_worker(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _job_row(job: Any) -> dict[str, Any]:
-    exc = job.latest_result().exc_string if job.latest_result() is not None else None
-    return {"id": job.id, "description": job.description, "queue": job.origin,
-            "ended_at": job.ended_at.isoformat() if job.ended_at else None,
-            "retries_left": job.retries_left, "meta": job.meta, "traceback": exc}
-
-
 def cmd_jobs_failed(args: argparse.Namespace) -> int:
     _need_rq()
-    from stores import rqjobs
+    from stores.rqview import failed_rows
 
-    rows = [_job_row(j) for j in rqjobs.failed(_rq_client(args), args.queue, args.count)]
+    rows = failed_rows(_rq_client(args), args.queue, args.count)
 
     def text(rows: list[dict[str, Any]]) -> str:
-        lines = []
-        for row in rows:
-            last = (row["traceback"] or "").strip().splitlines()[-1:] or ["(no traceback)"]
-            lines.append(f"{row['id']}  {row['description']}  {last[0]}")
+        lines = [f"{row['id']}  {row['description']}  {row['error']}" for row in rows]
         return "\n".join(lines) or f"no failed jobs in queue {args.queue!r}"
 
     print_result(rows, args.json, text)

@@ -205,6 +205,45 @@ async def rq_tiers(request: web.Request) -> web.Response:
     return _json({"tiers": got.get("data") or {}, "error": got.get("error")})
 
 
+async def rq_failed(request: web.Request) -> web.Response:
+    """``?queue=Q&count=N``: the queue's newest failed jobs, with their last traceback line."""
+    m = request.app[MONITOR]
+    queue = views.queue_param(request.query.get("queue"))
+    count = views.count_param(request.query.get("count"), 50, 500)
+    got = await section("failed jobs", _failed_rows, m.rq or _redis(m), queue, count)
+    return _json({"queue": queue, "jobs": got.get("data") or [], "error": got.get("error")})
+
+
+async def rq_requeue(request: web.Request) -> web.Response:
+    """POST ``{queue, ids | all: true}``: put failed jobs back in their queue (as ``fleet jobs
+    requeue``); a 409 names ids no longer in the failed registry, and nothing is requeued."""
+    m = request.app[MONITOR]
+    queue, ids = views.requeue_request(await _json_body(request))
+    got = await section("requeue", _requeue, m.rq or _redis(m), queue, ids)
+    if "error" in got:
+        return _json({"queue": queue, "error": got["error"]}, 502)
+    requeued, missing = got["data"]
+    if missing:
+        return _json({"queue": queue, "error": missing}, 409)
+    log.info("monitor: requeued %d failed job(s) of queue %s", len(requeued), queue)
+    return _json({"queue": queue, "requeued": requeued})
+
+
+def _failed_rows(r: redis.Redis, queue: str, count: int) -> list[dict[str, Any]]:
+    from stores.rqview import failed_rows  # the rq extra: only with an rq tier
+
+    return failed_rows(r, queue, count)
+
+
+def _requeue(r: redis.Redis, queue: str, ids: list[str] | None) -> tuple[list[str], str | None]:
+    from stores import rqjobs  # the rq extra
+
+    try:
+        return rqjobs.requeue(r, queue, ids), None
+    except KeyError as exc:  # an id gone since the page listed it (requeued, or deleted)
+        return [], str(exc.args[0])
+
+
 def _rq_views(r: redis.Redis, queues: dict[str, tuple[str, ...]], now: float) -> dict[str, Any]:
     from stores.rqview import tier_view  # the rq extra: only with an rq tier
 
@@ -250,14 +289,17 @@ async def user(request: web.Request) -> web.Response:
 
 
 # --- actions ----------------------------------------------------------------------------
-async def _body(request: web.Request) -> tuple[str, list[str] | None]:
+async def _json_body(request: web.Request) -> Any:
     if request.content_type != "application/json":
         raise BadRequest("send the body as application/json")
     try:
-        body = await request.json()
+        return await request.json()
     except ValueError:
         raise BadRequest("the body is not valid JSON") from None
-    return views.dead_letter_request(body)
+
+
+async def _body(request: web.Request) -> tuple[str, list[str] | None]:
+    return views.dead_letter_request(await _json_body(request))
 
 
 def _retry(r: redis.Redis, tier: str, ids: list[str] | None) -> list[Any]:
@@ -301,6 +343,8 @@ def api_app(monitor: Monitor) -> web.Application:
     app.router.add_get("/ledger", ledger)
     app.router.add_get("/dead-letters", dead_letters)
     app.router.add_get("/rq", rq_tiers)
+    app.router.add_get("/rq/failed", rq_failed)
+    app.router.add_post("/rq/requeue", rq_requeue)
     app.router.add_post("/dead-letters/retry", retry)
     app.router.add_post("/dead-letters/purge", purge)
     app.router.add_get("/population", population)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from commander.evaluator import (
@@ -23,6 +24,7 @@ from commander.evaluator import (
 )
 from commander.monitor.board import Sample, Seen, TierSeen
 from commander.snapshot import WorkerView
+from protocol.deferral import validate_queue
 from protocol.groups import Group, pool_name, split_pool, validate_pool
 from protocol.ids import validate_tier, validate_user_id
 from protocol.models import LedgerEvent, OccupancyReport, WorkerInfo
@@ -31,7 +33,8 @@ from stores.ledger import CorruptEvent, Entry, event_json
 
 SCALE_ACTIONS = frozenset({"scale-up", "scale-down", "reclaim-idle", "consolidate", "recycle"})
 POPULATION_COLUMNS = ("user", "turns", "handler_ms", "chars_in", "chars_out", "errors", "last_active_ts")
-MAX_IDS = 1_000  # dead letters one retry or purge request may name
+MAX_IDS = 1_000  # dead letters (or failed jobs) one retry, purge or requeue request may name
+_JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # RQ's job ids: letters, digits, _ and -
 
 
 class BadRequest(ValueError):
@@ -304,25 +307,36 @@ def population(rows: Iterable[Mapping[str, Any]], q: str = "", sort: str = "turn
 
 def dead_letter_request(body: Any) -> tuple[str, list[str] | None]:
     """``{tier, ids: [...]}`` or ``{tier, all: true}`` -> (tier, ids or None for all)."""
+    return _selection(body, "tier", validate_tier, "dead letters'", "a stream entry id", _stream_id)
+
+
+def requeue_request(body: Any) -> tuple[str, list[str] | None]:
+    """``{queue, ids: [...]}`` or ``{queue, all: true}`` -> (an RQ queue, job ids or None for all)."""
+    return _selection(body, "queue", validate_queue, "failed jobs'", "an RQ job id",
+                      lambda i: bool(_JOB_ID.fullmatch(i)))
+
+
+def _selection(body: Any, key: str, valid: Callable[[Any], str], whose: str, what: str,
+               id_ok: Callable[[str], bool]) -> tuple[str, list[str] | None]:
     if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object {tier, ids} or {tier, all: true}")
+        raise BadRequest(f"the body must be a JSON object {{{key}, ids}} or {{{key}, all: true}}")
     try:
-        tier = validate_tier(body.get("tier"))
+        name = valid(body.get(key))
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     if body.get("all") is True:
         if body.get("ids"):
             raise BadRequest("give ids or all: true, not both")
-        return tier, None
+        return name, None
     ids = body.get("ids")
     if not isinstance(ids, list) or not ids:
-        raise BadRequest("give the dead letters' ids (a non-empty list) or all: true")
+        raise BadRequest(f"give the {whose} ids (a non-empty list) or all: true")
     if len(ids) > MAX_IDS:
         raise BadRequest(f"at most {MAX_IDS} ids per request")
     for i in ids:
-        if not isinstance(i, str) or not _stream_id(i):
-            raise BadRequest(f"not a stream entry id: {str(i)[:40]!r}")
-    return tier, list(ids)
+        if not isinstance(i, str) or not id_ok(i):
+            raise BadRequest(f"not {what}: {str(i)[:40]!r}")
+    return name, list(ids)
 
 
 def _stream_id(text: str) -> bool:
@@ -347,6 +361,16 @@ def tier_param(tier: str | None, *, required: bool = False, pools: bool = False)
         return None
     try:
         return validate_pool(tier) if pools else validate_tier(tier)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def queue_param(queue: str | None) -> str:
+    """An RQ queue from the query string, validated (a 400 otherwise)."""
+    if not queue:
+        raise BadRequest("give a queue: ?queue=<name>")
+    try:
+        return validate_queue(queue)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
 

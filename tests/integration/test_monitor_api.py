@@ -4,7 +4,9 @@ header, ``/?token=`` cookie), the standby's answer, error sections and bad reque
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 import types
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -20,6 +22,7 @@ from commander.monitor.api import Monitor
 from commander.monitor.server import COOKIE, build_app, cookie_value
 from protocol import keys
 from protocol.codec import encode
+from protocol.deferral import Deferral
 from protocol.models import CommanderInfo
 from protocol.policy import Policy
 from stores.policies import write_policy
@@ -146,7 +149,36 @@ async def test_dead_letters_list_and_retry_and_purge_through_the_stores(
     assert (await _get(api, "/api/dead-letters?tier=chat"))["total"] == 0
 
 
+async def test_failed_jobs_are_listed_and_requeued_through_rq(api: TestClient[Any, Any], r: redis.Redis,
+                                                               fleet_env: dict[str, str]) -> None:
+    """A deferred job that failed (no retries left) shows with its error, and Requeue puts it
+    back in its queue, as ``fleet jobs failed|requeue`` (issue 16)."""
+    from stores import rqjobs  # (the rq extra)
+
+    d = Deferral(name="fail_first", kwargs={"times": 9}, queue="writeback", user="alice", turn_id="t1",
+                 index=0, ts=time.time())
+    assert rqjobs.enqueue(r, d)
+    subprocess.run([sys.executable, "-m", "worker.rq_worker", "--queues", "writeback", "--burst"],
+                   env=fleet_env, capture_output=True, timeout=60, check=True)  # runs it once: failed
+    body = await _get(api, "/api/rq/failed?queue=writeback")
+    (job,) = body["jobs"]
+    assert job["id"] == d.job_id and job["meta"]["fleet_user"] == "alice" and body["error"] is None
+    assert job["error"].startswith("RuntimeError") and "fail_first" in job["description"]
+    resp = await api.post("/api/rq/requeue", json={"queue": "writeback", "ids": [d.job_id]})
+    assert resp.status == 200 and (await resp.json())["requeued"] == [d.job_id]
+    assert r.lrange("rq:queue:writeback", 0, -1) == [d.job_id.encode()]  # queued again
+    assert (await _get(api, "/api/rq/failed?queue=writeback"))["jobs"] == []
+    # a row the page still showed: 409, naming it, and nothing requeued
+    resp = await api.post("/api/rq/requeue", json={"queue": "writeback", "ids": [d.job_id]})
+    assert resp.status == 409 and d.job_id in (await resp.json())["error"]
+    resp = await api.post("/api/rq/requeue", json={"queue": "writeback", "all": True})
+    assert resp.status == 200 and (await resp.json())["requeued"] == []
+    assert (await _get(api, "/api/rq/failed", status=400))["error"] == "give a queue: ?queue=<name>"
+
+
 @pytest.mark.parametrize(("path", "body", "match"), [
+    ("/api/rq/requeue", {"queue": "writeback"}, "give the failed jobs' ids"),
+    ("/api/rq/requeue", {"queue": "Bad!", "all": True}, "invalid queue"),
     ("/api/dead-letters/retry", {"tier": "chat"}, "give the dead letters' ids"),
     ("/api/dead-letters/purge", {"tier": "Bad!", "all": True}, "invalid tier"),
     ("/api/dead-letters/purge", {"tier": "chat", "ids": ["x"]}, "not a stream entry id"),

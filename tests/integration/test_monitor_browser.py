@@ -29,6 +29,7 @@ import redis
 from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import CodecError, decode
+from protocol.deferral import Deferral
 from protocol.groups import Group
 from protocol.models import CommanderInfo, Reply
 from protocol.policy import Policy
@@ -241,6 +242,7 @@ def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server
     _shot(browser, tmp_path, "ledger")
     _retry_a_dead_letter_from_the_page(r, redis_server.url, browser, tmp_path)
     _a_canary_on_the_page(r, browser, tmp_path)
+    _a_failed_job_requeued_from_the_page(r, browser, tmp_path)
 
     browser("hash", hash="#/population")  # the users of the load, searchable; one user's page
     browser("wait", js="document.querySelectorAll('#population tbody a').length >= 5")
@@ -275,6 +277,25 @@ def _a_canary_on_the_page(r: redis.Redis, b: Browser, tmp_path: Path) -> None:
     b("wait", js=f"{green}.textContent.includes('50.0 %') && {pool}.textContent.includes('50.0 %')",
       timeout=30000)
     _shot(b, tmp_path, "groups")
+
+
+def _a_failed_job_requeued_from_the_page(r: redis.Redis, b: Browser, tmp_path: Path) -> None:
+    """An rq tier's failed job shows with its error, and Requeue on the page runs it again."""
+    from stores import rqjobs  # (the rq extra)
+
+    write_policy(r, "writeback", Policy(kind="rq", min_workers=0, max_workers=1,
+                                        scale_down_stabilization_s=1))
+    d = Deferral(name="fail_first", kwargs={"times": 9}, queue="writeback", user="rq-user", turn_id="t1",
+                 index=0, ts=time.time())
+    assert rqjobs.enqueue(r, d)  # the commander starts an RQ worker for it; it fails, no retry left
+    b("hash", hash="#/")
+    row = f"document.querySelector('.failed-jobs[data-queue=\"writeback\"] tr[data-job=\"{d.job_id}\"]')"
+    b("wait", js=f"{row} !== null && {row}.textContent.includes('RuntimeError')", timeout=60000)
+    _shot(b, tmp_path, "rq-failed")
+    b("click", selector=f'.failed-jobs tr[data-job="{d.job_id}"] button.requeue')
+    b("wait", js="document.querySelector('#rq-result').textContent === 'requeued 1 job(s) on writeback'")
+    runs = lambda: r.hget(keys.usage("rq-user"), "fail_first_runs")  # noqa: E731
+    wait_until(lambda: runs() == b"2", 60, "the requeued job to run again")
 
 
 def _until_served(url: str, in_a_row: int) -> None:

@@ -280,6 +280,35 @@ def test_dead_letter_request_refuses(body: Any, match: str) -> None:
         views.dead_letter_request(body)
 
 
+@pytest.mark.parametrize(("body", "want"), [
+    ({"queue": "writeback", "ids": ["fleet-0123abcd-0"]}, ("writeback", ["fleet-0123abcd-0"])),
+    ({"queue": "writeback", "all": True}, ("writeback", None)),
+])
+def test_requeue_request(body: Any, want: tuple[str, list[str] | None]) -> None:
+    assert views.requeue_request(body) == want
+
+
+@pytest.mark.parametrize(("body", "match"), [
+    ("x", "JSON object {queue, ids}"),
+    ({"queue": "Bad Queue", "all": True}, "invalid queue"),
+    ({"queue": "writeback"}, "give the failed jobs' ids"),
+    ({"queue": "writeback", "ids": ["a"], "all": True}, "not both"),
+    ({"queue": "writeback", "ids": ["a b"]}, "not an RQ job id"),
+    ({"queue": "writeback", "ids": ["x" * 129]}, "not an RQ job id"),
+    ({"queue": "writeback", "ids": ["a"] * 1001}, "at most 1000"),
+])
+def test_requeue_request_refuses(body: Any, match: str) -> None:
+    with pytest.raises(BadRequest, match=match):
+        views.requeue_request(body)
+
+
+def test_queue_param() -> None:
+    assert views.queue_param("writeback") == "writeback"
+    for bad, match in ((None, "give a queue"), ("", "give a queue"), ("rq:queue:x", "invalid queue")):
+        with pytest.raises(BadRequest, match=match):
+            views.queue_param(bad)
+
+
 @pytest.mark.parametrize(("value", "want"), [(None, 50), ("", 50), ("10", 10), ("5000", 1000)])
 def test_count_param(value: str | None, want: int) -> None:
     assert views.count_param(value, 50, 1000) == want

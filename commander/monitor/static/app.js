@@ -198,7 +198,28 @@ function commanderRow(c) {
     h("td", {}, c.epoch ?? "–"), h("td", {}, c.pid ? `${c.pid}@${c.host}` : "–"), h("td", {}, `${fmt(c.seen_ago_s, 1)} s ago`),
     h("td", {}, c.monitor_url ? h("a", { href: c.monitor_url }, c.monitor_url) : "–"));
 }
-function rqTier(tier, t) {  // an rq tier: its queue signals and its RQ workers (the view of `fleet status`)
+function failedJobs(queue, got) {  // a queue's failed jobs, each with Requeue (as `fleet jobs requeue`)
+  const tb = h("tbody");
+  if (got.error) fill(tb, [errorRow(5, "failed jobs", got.error)], 5, "");
+  else {
+    fill(tb, got.jobs.map((j) => h("tr", { "data-job": j.id }, h("td", {}, j.id), h("td", {}, j.description || "–"),
+      h("td", {}, j.ended_at ? j.ended_at.slice(11, 19) : "–"), h("td", { style: "white-space:normal" }, j.error),
+      h("td", {}, h("button", { type: "button", class: "requeue", onclick: () => requeue(queue, [j.id]) }, "Requeue")))),
+    5, "no failed jobs");
+  }
+  return h("div", { class: "failed-jobs", "data-queue": queue },
+    h("h4", {}, `failed jobs of queue ${queue} `,
+      h("button", { type: "button", class: "requeue-all", onclick: () => requeue(queue, null) }, "Requeue all")),
+    h("table", { class: "grid" }, h("thead", {}, h("tr", {}, ["job id", "job", "ended", "error", ""].map((c) => h("th", {}, c)))), tb));
+}
+async function requeue(queue, ids) {
+  const res = await api("rq/requeue", { method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(ids ? { queue, ids } : { queue, all: true }) });
+  $("#rq-result").textContent = res.status !== 200 || res.body.error ? `requeue failed: ${res.body.error}`
+    : `requeued ${res.body.requeued.length} job(s) on ${queue}`;
+  await refreshRq(state.tiers);
+}
+function rqTier(tier, t, failed) {  // an rq tier: its queue signals and its RQ workers (the view of `fleet status`)
   const queues = (t.queues || []).map((q) => q.name).join(", ");
   const rows = (t.rq_workers || []).map((w) => h("tr", { "data-rq-worker": w.worker },
     h("td", {}, w.worker), h("td", { class: w.state === "busy" ? "state-ready" : "" }, w.state),
@@ -210,7 +231,8 @@ function rqTier(tier, t) {  // an rq tier: its queue signals and its RQ workers 
     h("div", { class: "stats" }, stat("queued", t.backlog), stat("started", t.pending),
       stat("failed", t.failed_jobs), stat("oldest queued", dur(t.oldest_job_age_s))),
     h("table", { class: "grid" }, h("thead", {}, h("tr", {}, h("th", {}, "RQ worker"), h("th", {}, "state"),
-      h("th", {}, "job"), h("th", {}, "age"))), tb));
+      h("th", {}, "job"), h("th", {}, "age"))), tb),
+    (t.queues || []).filter((q) => failed[q.name]).map((q) => failedJobs(q.name, failed[q.name])));
 }
 async function refreshRq(tiers) {  // asked for only when a tier is of kind rq
   const section = $("#rq-section");
@@ -218,8 +240,15 @@ async function refreshRq(tiers) {  // asked for only when a tier is of kind rq
   if (section.hidden) return;
   const res = await api("rq");
   const box = $("#rq-tiers");
-  if (res.status !== 200 || res.body.error) box.replaceChildren(h("div", { class: "tier error" }, `rq tiers: ${res.body.error}`));
-  else box.replaceChildren(...Object.entries(res.body.tiers).map(([tier, t]) => rqTier(tier, t)));
+  if (res.status !== 200 || res.body.error) { box.replaceChildren(h("div", { class: "tier error" }, `rq tiers: ${res.body.error}`)); return; }
+  // the failed jobs of each queue that has some (one request per such queue)
+  const queues = Object.values(res.body.tiers).flatMap((t) => (t.queues || []).filter((q) => q.failed > 0).map((q) => q.name));
+  const failed = {};
+  await Promise.all(queues.map(async (q) => {
+    const got = await api(`rq/failed?queue=${encodeURIComponent(q)}&count=20`);
+    failed[q] = got.status === 200 && !got.body.error ? got.body : { error: got.body.error || `HTTP ${got.status}` };
+  }));
+  box.replaceChildren(...Object.entries(res.body.tiers).map(([tier, t]) => rqTier(tier, t, failed)));
 }
 async function refreshOverview(ov) {
   const [wres] = await Promise.all([api("workers"), refreshCharts(ov.tiers || []), refreshRq(ov.tiers || [])]);
