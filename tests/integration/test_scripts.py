@@ -63,8 +63,11 @@ def test_bench_monitor_quick(tmp_path):
 
 @pytest.mark.smoke
 def test_rq_sigterm_quick():
-    """Random SIGTERMs on fleet rq-worker: every warm shutdown exits 0, promptly, leaving nothing."""
+    """Random SIGTERMs on fleet rq-worker: every warm shutdown exits 0, leaving nothing, and none
+    hangs (the bound is loose here, a busy CI machine being no place for timing: the long mode
+    in the README holds it to 3 s)."""
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "rq_sigterm.py"), "--rounds", "8",
-                          "--seed", "5"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          "--seed", "5", "--bound", "10", "--timeout", "30"],
+                         capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "rounds 8 (seed 5)" in run.stdout and "bad 0" in run.stdout
