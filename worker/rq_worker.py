@@ -10,12 +10,19 @@
 - *No fork per job* (``SimpleWorker``): the job runs in this process, so a SIGKILL of the
   worker ends its job too (no orphaned work-horse), and a job costs no fork.
 - *Retiring*: SIGTERM is RQ's warm shutdown (the current job finishes, then the worker exits);
-  a second SIGTERM is its cold shutdown. Two of RQ's gaps are closed here (``FleetWorker``):
-  a SIGTERM that arrives before RQ installs its handler (it registers the worker and forks its
-  scheduler first) is held and honoured as soon as the loop starts, instead of killing the
-  process with its registry entry and an orphaned scheduler left behind; and the pub/sub
-  thread is told to stop *before* the UNSUBSCRIBE whose reply wakes it, so stopping it never
-  waits for its 60 s poll (RQ stops it after, and redis-py 8's ``stop()`` waits for it).
+  a second SIGTERM is its cold shutdown, whenever it comes (``scripts/rq_sigterm`` checks it).
+  RQ's own gaps closed here:
+  - a stop before RQ installs its handler (it registers the worker and forks its scheduler
+    first) is held from ``run()``'s start, not fatal: before registering, the worker exits at
+    once; later, the stop is raised inside RQ's loop (``FleetWorker.request_stop``), whose
+    teardown deregisters the worker and stops its scheduler. RQ's handler would raise it
+    before the loop's ``try``, skipping the teardown;
+  - a forked child (the scheduler process) gets the default stop signals, not the held ones,
+    so a SIGTERM sent to it before it installs its own ends it; and a scheduler process that
+    outlives ``work()`` anyway is stopped (``end_scheduler``): RQ's join would wait for ever;
+  - the pub/sub thread is told to stop *before* the UNSUBSCRIBE whose reply wakes it, so
+    stopping it never waits for its 60 s poll (RQ stops it after, and redis-py 8's ``stop()``
+    waits for it).
 - RQ's scheduler runs in it (``with_scheduler``): delayed deferrals and retry intervals are
   moved to their queue when due, by whichever worker holds the scheduler's lock.
 - *In a pod* (``FLEET_WORKER_POD_NAME`` set by the downward API, no ``--name``) its RQ name is the
