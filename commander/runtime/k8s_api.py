@@ -93,12 +93,13 @@ def _body(response: Any) -> dict[str, Any]:
     return body
 
 
-def _deleted(delete: Any, name: str, namespace: str) -> None:
-    """Call a client's ``delete_namespaced_*``; an object already gone (a 404) counts as deleted."""
+def _done_unless(call: Any, *args: Any, already: int) -> None:
+    """Make a write call; the API's ``already`` status (409: it exists, 404: it is gone) means
+    the write's effect is there already, and counts as done."""
     try:
-        _body(delete(name, namespace, _preload_content=False, _request_timeout=TIMEOUT))
+        _body(call(*args, _preload_content=False, _request_timeout=TIMEOUT))
     except ApiException as exc:
-        if exc.status != 404:
+        if exc.status != already:
             raise
 
 
@@ -143,20 +144,15 @@ class KubeApi:
     def create_budget(self, body: dict[str, Any]) -> None:
         """Create a PodDisruptionBudget from its JSON (``k8s_clone.budget_for``); one of that name
         existing already (a 409) is taken as made."""
-        try:
-            _body(self.policy.create_namespaced_pod_disruption_budget(
-                self.namespace, body, _preload_content=False, _request_timeout=TIMEOUT))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+        _done_unless(self.policy.create_namespaced_pod_disruption_budget, self.namespace, body, already=409)
 
     def delete_deployment(self, name: str) -> None:
         """Delete a Deployment (its ReplicaSets and pods go with it, by the garbage collector)."""
-        _deleted(self.apps.delete_namespaced_deployment, name, self.namespace)
+        _done_unless(self.apps.delete_namespaced_deployment, name, self.namespace, already=404)
 
     def delete_budget(self, name: str) -> None:
         """Delete a PodDisruptionBudget."""
-        _deleted(self.policy.delete_namespaced_pod_disruption_budget, name, self.namespace)
+        _done_unless(self.policy.delete_namespaced_pod_disruption_budget, name, self.namespace, already=404)
 
     def set_image(self, name: str, ops: list[dict[str, Any]]) -> Deployment | None:
         """Apply a JSON patch (``k8s_clone.image_patch``: a ``test`` of the container's name, then
