@@ -32,6 +32,7 @@ from fleet.cli_base import (
 )
 from fleet.cli_groups import add_group_commands
 from fleet.client import UnknownTier
+from fleet.handler_template import add_handler_commands
 from protocol.ids import InvalidId
 from protocol.models import MAX_TEXT_CHARS, Reply
 from stores.connection import NoFleetFound, redact_url, resolve_url
@@ -142,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_turn_commands(sub)
     _add_policy_commands(sub)
     add_group_commands(sub, Parser)
+    add_handler_commands(sub, Parser)
     _add_observe_commands(sub)
     _add_run_commands(sub)
     from fleet.cli_jobs import add_job_commands

@@ -74,7 +74,7 @@ def _warn_if_no_worker_has(r: redis.Redis, tier: str, handler: str) -> None:
         have = sorted({h for w in live for h in w.handlers})
         print(f"warning: no live worker of tier {tier} has handler {handler!r} (they have: "
               f"{', '.join(have)}): they keep running their last good policy until it is "
-              f"installed where they run; see README, 'Your own handler'", file=sys.stderr)
+              f"installed where they run; see the docs, 'Handlers'", file=sys.stderr)
 
 
 def cmd_policy_edit(args: argparse.Namespace) -> int:

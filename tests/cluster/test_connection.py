@@ -120,7 +120,7 @@ def test_a_cluster_url_naming_another_database_is_refused(redis_cluster: RedisCl
 
 @pytest.mark.parametrize("denied", ["info", "select"])
 def test_detection_needs_only_one_of_select_or_info(redis_cluster: RedisClusterRig, denied: str):
-    """SELECT 1 (in SECURITY.md's ACL) decides; INFO cluster only if SELECT is refused."""
+    """SELECT 1 (in the security page's ACL) decides; INFO cluster only if SELECT is refused."""
     admins = [n.client() for n in redis_cluster.nodes]
     try:
         for admin in admins:  # an ACL is per node

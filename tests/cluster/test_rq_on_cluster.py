@@ -1,4 +1,4 @@
-"""rq tiers with Fleet on a Redis Cluster and RQ on a node of its own (issue 16).
+"""rq tiers with Fleet on a Redis Cluster and RQ on a node of its own.
 
 RQ keeps its keys without hash tags, so it needs one Redis node: here Fleet's data is on a
 real cluster (3 masters + 3 replicas) and RQ on an extra single redis-server. A chat handler
@@ -44,7 +44,7 @@ RQ_PASSWORD = "rq-secret"
 
 @pytest.fixture
 def rq_node(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    """RQ's own Redis: one plain redis-server (the module's), emptied, with SECURITY.md's user
+    """RQ's own Redis: one plain redis-server (the module's), emptied, with the security page's user
     ``fleet-rq`` for the relay, the commander and the RQ workers (``rq_url``); the test itself
     reads it as the default user."""
     client = redis_server.client()
@@ -155,7 +155,7 @@ def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
     assert row["queues"][0]["finished"] == len(turns) and row["failed_jobs"] == 0, row
     assert "names no RQ Redis" in status({})["rq_error"]
     refusals = [e for e in rq_node.acl_log() if e.get("username") == "fleet-rq"]
-    assert not refusals, refusals  # SECURITY.md's ACL for RQ's node covers what they sent
+    assert not refusals, refusals  # the security page's ACL for RQ's node covers what they sent
 
 
 def test_an_rq_tier_on_a_cluster_without_rqs_redis_is_refused_once(

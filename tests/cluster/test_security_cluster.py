@@ -1,4 +1,4 @@
-"""SECURITY.md's least-privilege ACL users on a real Redis Cluster: the documented lines plus
+"""The security page's least-privilege ACL users on a real Redis Cluster: the documented lines plus
 the documented cluster addition are all a worker, a submit, a policy edit and the observer's
 `fleet status` need; no node's ``ACL LOG`` records a refusal."""
 
@@ -34,10 +34,10 @@ FLEET = [sys.executable, "-c", "import sys; from fleet.cli import main; sys.exit
 
 
 def cluster_addition() -> list[str]:
-    """The rules SECURITY.md says to add on a Redis Cluster (its ``**Redis Cluster**`` item)."""
+    """The rules the security page says to add on a Redis Cluster (its ``**Redis Cluster**`` item)."""
     item = re.search(r"On a \*\*Redis Cluster\*\*, add these to both lines.*?: `([^`]+)`",
                      SECURITY_MD.read_text(), re.S)
-    assert item, "SECURITY.md names no ACL addition for a Redis Cluster"
+    assert item, "the security page names no ACL addition for a Redis Cluster"
     return item.group(1).split()
 
 

@@ -415,7 +415,7 @@ def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]
     assert redis_url == rq_url == "redis://redis:6379/0"  # RQ's node is the demo's one Redis
     policy = one(objects, "NetworkPolicy", "redis")
     assert policy["spec"]["podSelector"]["matchLabels"] == service["spec"]["selector"]
-    # every Fleet pod may reach it: the relay of deferred jobs too (issue 16)
+    # every Fleet pod may reach it: the relay of deferred jobs too
     (rule,) = policy["spec"]["ingress"][0]["from"]
     (admitted,) = rule["podSelector"]["matchExpressions"]
     components = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
@@ -424,7 +424,7 @@ def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]
 
 
 def test_the_demo_runs_a_relay_and_production_none(manifests: dict[str, list[dict[str, Any]]]) -> None:
-    """RQ needs one Redis node: the demo's is one; production's may be a Cluster (issue 16)."""
+    """RQ needs one Redis node: the demo's is one; production's may be a Cluster."""
     relay = one(manifests["demo"], "Deployment", "fleet-relay")
     (c,) = containers(relay)
     assert c["command"] == ["fleet", "relay"] and relay["spec"]["replicas"] == 1
@@ -486,9 +486,9 @@ def test_base_images_are_named_once_per_overlay() -> None:
         "fleet": ("fleet", version()), "fleet-green": ("fleet", version())}
 
 
-def test_the_readme_states_the_chat_tiers_numbers(manifests: dict[str, list[dict[str, Any]]]) -> None:
-    """README, "Running on Kubernetes", quotes the chat tier's memory and grace period."""
-    readme = (ROOT / "README.md").read_text().split("\n## Running on Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_state_the_chat_tiers_numbers(manifests: dict[str, list[dict[str, Any]]]) -> None:
+    """The docs' Kubernetes page quotes the chat tier's memory and grace period."""
+    readme = (ROOT / "docs" / "guide" / "kubernetes.md").read_text()
     chat = one(manifests["demo"], "Deployment", "fleet-worker-chat")
     limit = pod_spec(chat)["containers"][0]["resources"]["limits"]["memory"]
     assert f"`memory_limit_mb` MiB ({mebibytes(limit):.0f})" in readme

@@ -1,8 +1,9 @@
-"""Security basics (SECURITY.md, proven): ACL users, TLS, passwords kept out of argv and logs.
+"""Security basics (docs/operations/security.md, proven): ACL users, TLS, passwords kept out of
+argv and logs.
 
 Every server here is a private redis-server that requires a password for its ``default``
 (admin) user; Fleet's processes connect as the ``fleet`` user created with the exact
-``ACL SETUSER`` line of SECURITY.md, so the documented privileges are the ones tested. The
+``ACL SETUSER`` line of the security page, so the documented privileges are the ones tested. The
 TLS server loads the same line as an ACL file (``user …`` with a hashed password) and a
 throwaway CA and server certificate made here with ``openssl``.
 """
@@ -40,7 +41,7 @@ from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SECURITY_MD = ROOT / "SECURITY.md"
+SECURITY_MD = ROOT / "docs" / "operations" / "security.md"
 PACKAGES = ("protocol", "stores", "worker", "commander", "fleet")
 ADMIN_PW = f"admin-{secrets.token_hex(12)}"
 FLEET_PW = f"fleetpw-{secrets.token_hex(12)}"
@@ -58,10 +59,10 @@ def fail_or_skip(reason: str) -> None:
 
 
 def documented_rules(user: str) -> list[str]:
-    """The rules of ``ACL SETUSER <user> …`` as SECURITY.md gives them (one line)."""
+    """The rules of ``ACL SETUSER <user> …`` as the security page gives them (one line)."""
     prefix = f"ACL SETUSER {user} "
     lines = [ln.strip() for ln in SECURITY_MD.read_text().splitlines() if ln.strip().startswith(prefix)]
-    assert len(lines) == 1, f"SECURITY.md must give exactly one `{prefix.strip()}` line"
+    assert len(lines) == 1, f"the security page must give exactly one `{prefix.strip()}` line"
     return shlex.split(lines[0])[3:]
 
 
@@ -181,7 +182,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 @pytest.fixture(scope="module")
 def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureServer]:
-    """Plain TCP; ``requirepass`` for the admin; users from SECURITY.md via ``ACL SETUSER``."""
+    """Plain TCP; ``requirepass`` for the admin; users from the security page via ``ACL SETUSER``."""
     _require("redis-server")
     server = SecureServer(tmp_path_factory.mktemp("redis-acl"))
     server.start([f"port {server.port}", f"requirepass {ADMIN_PW}"])
@@ -197,7 +198,7 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureServe
 
 
 def _tls_server(workdir: Path, certs: Certs, mutual: bool) -> SecureServer:
-    """TLS only (``port 0``); the users of SECURITY.md from an ACL file, passwords hashed."""
+    """TLS only (``port 0``); the users of the security page from an ACL file, passwords hashed."""
     _require("redis-server")
     aclfile = workdir / "users.acl"
     admin_hash = hashlib.sha256(ADMIN_PW.encode()).hexdigest()

@@ -1,4 +1,4 @@
-"""Edges of the client and the CLI that need no server (issue 9): size limits, argument checks."""
+"""Edges of the client and the CLI that need no server: size limits, argument checks."""
 
 from __future__ import annotations
 
@@ -71,31 +71,32 @@ def test_every_option_of_events_and_top_has_help_text() -> None:
             assert action.help, (name, action.dest)
 
 
-# --- the README says what the CLI and the client do (item 9) --------------------------------
-def _readme_section(title: str) -> str:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+# --- the docs say what the CLI and the client do ----------------------------------------------
+def _docs_section(page: str, title: str | None = None) -> str:
+    """A page of the docs site, or its section ``## title``."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guide" / page).read_text()
+    return text if title is None else text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_readme_cli_table_lists_every_command_and_built_in_handler() -> None:
+def test_the_cli_page_lists_every_command_and_built_in_handler() -> None:
     from worker import handlers
 
     built_in = [name for name in handlers.registered_names()  # (not the ones tests register)
                 if handlers.get(name).__module__ == handlers.__name__]
-    cli = _readme_section("The CLI")
+    cli = _docs_section("cli.md")
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     missing = [name for name in sub.choices if f"`fleet {name}" not in cli]  # type: ignore[union-attr]
     assert not missing, missing
     assert built_in and not [h for h in built_in if f"`{h}`" not in cli]
 
 
-def test_the_readme_documents_async_wait_and_every_size_limit() -> None:
+def test_the_client_page_documents_async_wait_and_every_size_limit() -> None:
     from fleet.client import DEFAULT_MAX_REPLY_BYTES, DEFAULT_MAX_TURN_BYTES
     from protocol.ids import USER_ID_MAX
     from worker.settings import WorkerSettings
 
-    assert "await fleet.wait(user, turn.turn_id" in _readme_section("The Python client")
-    limits = _readme_section("Limits")
+    assert "await fleet.wait(user, turn.turn_id" in _docs_section("client.md")
+    limits = _docs_section("client.md", "Limits")
     worker = WorkerSettings()
     assert f"{MAX_TEXT_CHARS:,} characters" in limits
     assert f"{DEFAULT_MAX_TURN_BYTES:,} bytes" in limits and worker.max_turn_bytes == DEFAULT_MAX_TURN_BYTES

@@ -1,17 +1,18 @@
-"""The README's snippets, run exactly as written after `fleet up` (issue 9, "Done when").
+"""The docs' snippets, run as written after `fleet up`: the quick start and every block marked
+`run` in the README and the docs site (tests/docs_blocks.py says what each marker means).
 
-The fenced blocks of "Quick start", "The Python client" and "The raw protocol (any Redis
-client)" are read from README.md and run in a fresh directory (its own HOME and FLEET_HOME,
-no REDIS_URL, this checkout's `.venv/bin` first on PATH), on a machine where another Redis may
-listen on 6379. Nothing here writes to that Redis: a block that names 6379 or 127.0.0.1, or
-runs `redis-cli` without `-u "$VAR"` (which means 127.0.0.1:6379), fails the test before
-anything runs; every URL the snippets used must be the port of the Redis `fleet up` started;
-and the keys the snippets touch are compared on 6379 with read-only commands.
+The quick start (the one `snippet: session` block) runs in a fresh directory (its own HOME and
+FLEET_HOME, no REDIS_URL, this checkout's `.venv/bin` first on PATH), on a machine where another
+Redis may listen on 6379. Nothing here writes to that Redis: a block that names 6379 or
+127.0.0.1, or runs `redis-cli` without `-u "$VAR"` (which means 127.0.0.1:6379), fails the test
+before anything runs; every URL the snippets used must be the port of the Redis `fleet up`
+started; and the keys the snippets touch are compared on 6379 with read-only commands.
 
-The Quick start block runs in one `bash -euo pipefail` process; the other sections' snippets
-run from inside it, at the point just before its `fleet down` line, so that they see the
-environment `eval "$(fleet env)"` produced there and a fleet that is up. Then the block's
-`fleet down` runs, and no process of that fleet (by pid and creation time) may be left.
+The session block runs in one `bash -euo pipefail` process; the `run` blocks run from inside it,
+in page order (the README, then the site's nav), at the point just before its `fleet down`
+line, so that they see the environment `eval "$(fleet env)"` produced there and a fleet that is
+up. Then the block's `fleet down` runs, and no process of that fleet (by pid and creation time)
+may be left.
 """
 
 from __future__ import annotations
@@ -33,22 +34,22 @@ import pytest
 import redis
 
 from protocol import keys
+from tests.docs_blocks import Block, all_blocks, by_kind
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
 VENV_BIN = ROOT / ".venv" / "bin"
 PYTHON = VENV_BIN / "python"
-SECTIONS = ("Quick start", "The Python client", "The raw protocol (any Redis client)")
-# The only Quick start lines not run: the test runs in this checkout's existing .venv (its bin
-# is first on PATH, VIRTUAL_ENV is set), which is what these two lines would have set up.
+# The only session lines not run: the test runs in this checkout's existing .venv (its bin is
+# first on PATH, VIRTUAL_ENV is set), which is what these two lines would have set up.
 SKIPPED_LINES = ("./scripts/setup", ". .venv/bin/activate")
 OTHER_REDIS_PORT = 6379
 CHAT_INPUT = "hello from the fleet chat line\n"  # stdin of the block: what `fleet chat` reads
-RUN_TIMEOUT_S = 80
+RUN_TIMEOUT_S = 80  # the session alone; each `run` block adds RUN_BLOCK_S
+RUN_BLOCK_S = 15
+RUNNERS = {"bash": ("bash -euo pipefail", ".sh"), "python": (None, ".py")}  # None: the venv's python
 
-FENCE = re.compile(r"^```([A-Za-z0-9_-]*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
 OTHER_REDIS = re.compile(r"6379|127\.0\.0\.1")
 # redis-cli with no -u "$VAR" connects to 127.0.0.1:6379: the machine's other Redis
 BARE_REDIS_CLI = re.compile(r"\bredis-cli\b(?!\s+-u\s+\"?\$\{?[A-Za-z_])")
@@ -91,28 +92,12 @@ Path(sys.argv[1]).write_text(json.dumps({"state": state, "procs": list(procs.val
 '''
 
 
-# --- the README's blocks ---------------------------------------------------------------------
-def readme_section(text: str, title: str) -> str:
-    parts = text.split(f"\n## {title}\n", 1)
-    assert len(parts) == 2, f"README.md has no section '## {title}'"
-    return parts[1].split("\n## ", 1)[0]
-
-
-def fenced_blocks(section: str) -> list[tuple[str, str]]:
-    return [(m.group(1), m.group(2)) for m in FENCE.finditer(section)]
-
-
-def readme_snippets() -> tuple[str, list[str], list[str]]:
-    """(the Quick start bash block, the Python client's python blocks, the redis-cli blocks)."""
-    text = README.read_text()
-    quick, client, raw = (fenced_blocks(readme_section(text, t)) for t in SECTIONS)
-    quick_bash = [body for lang, body in quick if lang in ("bash", "sh", "shell")]
-    python = [body for lang, body in client if lang == "python"]
-    redis_cli = [body for lang, body in raw if lang in ("bash", "sh", "shell") and "redis-cli" in body]
-    assert len(quick_bash) == 1, f"Quick start: want one bash block, found {len(quick_bash)}"
-    assert python, "The Python client: no python block"
-    assert redis_cli, "The raw protocol: no bash block with redis-cli"
-    return quick_bash[0], python, redis_cli
+# --- the blocks -------------------------------------------------------------------------------
+def snippets() -> tuple[Block, list[Block]]:
+    """(the session block, the `run` blocks in page order)."""
+    blocks = all_blocks()
+    (session,) = by_kind("session", blocks)
+    return session, by_kind("run", blocks)
 
 
 def unsafe_lines(block: str) -> list[str]:
@@ -122,10 +107,10 @@ def unsafe_lines(block: str) -> list[str]:
 
 
 def test_the_snippets_never_name_the_machines_other_redis() -> None:
-    quick, python, redis_cli = readme_snippets()
-    bad = {i: unsafe_lines(block) for i, block in enumerate([quick, *python, *redis_cli])}
-    assert not {i: lines for i, lines in bad.items() if lines}, (
-        "a README snippet names 6379/127.0.0.1 or runs redis-cli without -u \"$REDIS_URL\": run "
+    session, runs = snippets()
+    bad = {b.where(): unsafe_lines(b.body) for b in [session, *runs, *by_kind("import")]}
+    assert not {where: lines for where, lines in bad.items() if lines}, (
+        "a snippet names 6379/127.0.0.1 or runs redis-cli without -u \"$REDIS_URL\": run "
         f"as written it would write to the machine's other Redis: {bad}")
     # the checks themselves catch what they are for
     assert unsafe_lines('redis-cli XADD k "*" a b') and unsafe_lines('Fleet("redis://127.0.0.1:6379/0")')
@@ -183,40 +168,45 @@ def read_env(path: Path) -> dict[str, str]:
     return dict(pairs)
 
 
-def shell_hook(work: Path, python: list[str], redis_cli: list[str]) -> list[str]:
+def run_name(i: int, block: Block) -> str:
+    return f"run{i}-{Path(block.page).stem}-{block.line}"
+
+
+def shell_hook(work: Path, runs: list[Block]) -> list[str]:
     """Lines run inside the block's bash just before its `fleet down`: dump the environment,
-    record the fleet's processes, run every snippet (its exit code and output to files), record
-    again (the workers `fleet policy set` asked for may have come up meanwhile)."""
+    record the fleet's processes, run every `run` block (its exit code and output to files),
+    record again (the workers the blocks asked for may have come up meanwhile)."""
     q = shlex.quote
     py, pids = q(str(PYTHON)), q(str(work / "pids.json"))
     (work / "collect_pids.py").write_text(COLLECT_PIDS)
     lines = [f"env -0 > {q(str(work / 'env.bin'))}",
              f"{py} {q(str(work / 'collect_pids.py'))} {pids} || true"]
-    runs = [(f"python{i}", py, body, ".py") for i, body in enumerate(python)]
-    runs += [(f"redis_cli{i}", "bash -euo pipefail", body, ".sh") for i, body in enumerate(redis_cli)]
-    for name, runner, body, ext in runs:
+    for i, block in enumerate(runs):
+        runner, ext = RUNNERS[block.lang]
+        name = run_name(i, block)
         script = work / f"{name}{ext}"
-        script.write_text(body)
+        script.write_text(block.body)
         out, err, rc = (q(str(work / f"{name}.{s}")) for s in ("out", "err", "rc"))
-        lines.append(f"__readme_rc=0; {runner} {q(str(script))} </dev/null >{out} 2>{err} "
-                     f"|| __readme_rc=$?; echo \"$__readme_rc\" >{rc}")
+        lines.append(f"__snippet_rc=0; {runner or py} {q(str(script))} </dev/null >{out} 2>{err} "
+                     f"|| __snippet_rc=$?; echo \"$__snippet_rc\" >{rc}")
     lines.append(f"{py} {q(str(work / 'collect_pids.py'))} {pids} || true")
     return lines
 
 
 # --- the test --------------------------------------------------------------------------------
-def test_readme_snippets_run_as_written_after_fleet_up(tmp_path: Path) -> None:
+def test_the_snippets_run_as_written_after_fleet_up(tmp_path: Path) -> None:
     require("redis-server", shutil.which("redis-server"))
     require("redis-cli", shutil.which("redis-cli"))
     require("the checkout's .venv/bin/fleet", shutil.which("fleet", path=str(VENV_BIN)))
-    quick, python, redis_cli = readme_snippets()
-    for block in (quick, *python, *redis_cli):  # before anything runs
-        assert not unsafe_lines(block), f"would reach the machine's other Redis: {unsafe_lines(block)}"
+    session, runs = snippets()
+    assert runs, "no `snippet: run` block"
+    for block in (session, *runs):  # before anything runs
+        assert not unsafe_lines(block.body), f"{block.where()} would reach the machine's other Redis"
 
-    lines = [line for line in quick.splitlines() if not line.startswith(SKIPPED_LINES)]
-    assert any(line.startswith('eval "$(fleet env)"') for line in lines), "Quick start has no `fleet env`"
+    lines = [line for line in session.body.splitlines() if not line.startswith(SKIPPED_LINES)]
+    assert any(line.startswith('eval "$(fleet env)"') for line in lines), "the session has no `fleet env`"
     down_at = next((i for i, line in enumerate(lines) if re.match(r"fleet down\b", line)), None)
-    assert down_at is not None, "Quick start has no `fleet down` line"
+    assert down_at is not None, "the session has no `fleet down` line"
 
     work, project, home = tmp_path / "work", tmp_path / "project", tmp_path / "home"
     for d in (work, project, home):
@@ -226,22 +216,23 @@ def test_readme_snippets_run_as_written_after_fleet_up(tmp_path: Path) -> None:
            if k not in ("REDIS_URL", "PYTHONPATH", "PYTHONHOME") and not k.startswith("FLEET_")}
     env.update(HOME=str(home), FLEET_HOME=str(fleet_home), VIRTUAL_ENV=str(ROOT / ".venv"),
                PATH=os.pathsep.join([str(VENV_BIN), env.get("PATH", "/usr/bin:/bin")]))
-    script = work / "quick_start.sh"
+    script = work / "session.sh"
     script.write_text("\n".join([
-        "trap 'echo \"README Quick start: exit $? at line $LINENO: $BASH_COMMAND\" >&2' ERR",
-        *lines[:down_at], *shell_hook(work, python, redis_cli), *lines[down_at:], ""]))
+        f"trap 'echo \"{session.where()}: exit $? at line $LINENO: $BASH_COMMAND\" >&2' ERR",
+        *lines[:down_at], *shell_hook(work, runs), *lines[down_at:], ""]))
 
+    timeout = RUN_TIMEOUT_S + RUN_BLOCK_S * len(runs)
     before = other_redis_fingerprint()
     proc = subprocess.Popen(["bash", "-euo", "pipefail", str(script)], cwd=project, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(CHAT_INPUT, timeout=RUN_TIMEOUT_S)
+        out, err = proc.communicate(CHAT_INPUT, timeout=timeout)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the group this test started (bash and its children)
         out, err = proc.communicate()
-        pytest.fail(f"the README snippets took over {RUN_TIMEOUT_S}s:\n{out[-3000:]}\n{err[-3000:]}")
+        pytest.fail(f"the snippets took over {timeout}s:\n{out[-3000:]}\n{err[-3000:]}")
     finally:
         if (fleet_home / "state.json").exists():  # the block did not reach its own `fleet down`
             subprocess.run([str(VENV_BIN / "fleet"), "down"], cwd=project, env=env, timeout=60,
@@ -250,16 +241,16 @@ def test_readme_snippets_run_as_written_after_fleet_up(tmp_path: Path) -> None:
     report = f"--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}"
     assert proc.returncode == 0, report
 
-    # every snippet exited 0; where the README says what it prints, it printed that
-    for name in [f"python{i}" for i in range(len(python))] + [f"redis_cli{i}" for i in range(len(redis_cli))]:
+    # every block exited 0; where its marker says what it prints, it printed that
+    for i, block in enumerate(runs):
+        name = run_name(i, block)
         rc = (work / f"{name}.rc").read_text().strip()
         got = (work / f"{name}.out").read_text()
-        assert rc == "0", f"{name} exited {rc}:\n{got}\n{(work / f'{name}.err').read_text()}\n{report}"
-        if name.startswith("python"):
-            assert got.startswith("True "), got  # print(reply.ok, reply.text, reply.context)
-        else:  # BLPOP ... 30   # the reply, as JSON
-            reply = json.loads(got.strip().splitlines()[-1])
-            assert reply["ok"] is True and reply["user"] == "alice" and reply["text"], got
+        errors = (work / f"{name}.err").read_text()
+        assert rc == "0", f"{block.where()} exited {rc}:\n{got}\n{errors}\n{report}"
+        if "expect" in block.options:
+            assert re.search(block.options["expect"], got, re.M), \
+                f"{block.where()}: no match of {block.options['expect']!r} in:\n{got}"
     assert CHAT_INPUT.strip() in out, report  # fleet chat: one turn per line, the line we typed
 
     # every URL the snippets used is the fleet's own Redis, never the machine's other one
