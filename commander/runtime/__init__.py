@@ -1,6 +1,17 @@
-"""Runtimes: how workers are started and stopped (``process``, ``kubernetes``)."""
+"""Runtimes: how workers are started and stopped (``process``, ``kubernetes``).
 
-from commander.runtime.base import (
+The interface is :class:`Runtime` (``interface.py``); each runtime is a package of its own.
+The kubernetes runtime needs the ``k8s`` extra (the official client): its names are imported
+on first use, so ``from commander.runtime import KubernetesRuntime`` raises ``ImportError``
+there, and only there, when the client is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from commander.runtime.interface import (
     LIVE_STATES,
     Handles,
     Notes,
@@ -12,6 +23,22 @@ from commander.runtime.base import (
     WorkerIds,
     WorkerState,
 )
+from commander.runtime.process import ProcessRuntime
 
-__all__ = ["LIVE_STATES", "Handles", "Notes", "Refused", "Runtime", "RuntimeNote", "UnknownWorker",
-           "WorkerHandle", "WorkerIds", "WorkerState"]
+if TYPE_CHECKING:
+    from commander.runtime.kubernetes.api import KubeApi, api_client, default_namespace
+    from commander.runtime.kubernetes.runtime import KubernetesRuntime
+
+_KUBERNETES = {"KubeApi": "api", "api_client": "api", "default_namespace": "api",
+               "KubernetesRuntime": "runtime"}
+
+__all__ = ["LIVE_STATES", "Handles", "KubeApi", "KubernetesRuntime", "Notes",
+           "ProcessRuntime", "Refused", "Runtime", "RuntimeNote", "UnknownWorker", "WorkerHandle",
+           "WorkerIds", "WorkerState", "api_client", "default_namespace"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _KUBERNETES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"commander.runtime.kubernetes.{module}"), name)

@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from commander.evaluator import Evaluator
-from commander.runtime.base import WorkerHandle, WorkerState
+from commander.runtime.interface import WorkerHandle, WorkerState
 from commander.snapshot import TierSnapshot
 from commander.views import TierSignals, snapshot, tier_rates, worker_views
 from protocol.models import Counters, OccupancyReport, Slots

@@ -29,7 +29,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, latest_version
 
-from commander.runtime.k8s_model import deployment_of
+from commander.runtime.kubernetes.model import deployment_of
 from protocol.policy import Policy, parse_assignments, updated
 from tests.deploy.tools import K8S, OVERLAYS, REDIS_IMAGE, ROOT, by_kind, one, render, render_dir
 from tests.k8s.standin_writes import selector_matches

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import redis
 
 from commander.commander import Commander
-from commander.runtime import Handles, Runtime, WorkerHandle, WorkerIds, WorkerState
-from commander.runtime.process import UnknownWorker
+from commander.runtime import Handles, Runtime, UnknownWorker, WorkerHandle, WorkerIds, WorkerState
 from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import decode, encode

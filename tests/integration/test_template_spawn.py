@@ -23,7 +23,7 @@ import pytest
 
 from commander.runtime import WorkerState
 from commander.runtime.process import ProcessRuntime
-from commander.runtime.template import TemplateSpawner
+from commander.runtime.process.fork_client import TemplateSpawner
 from fleet.client import Fleet
 from protocol import keys
 from protocol.policy import Policy
@@ -220,7 +220,7 @@ def test_adopt_finds_forked_workers_from_the_registry(make_runtime, tmp_path) ->
 
 
 def test_the_template_exits_with_its_parent(tmp_path) -> None:
-    code = ("import sys; from commander.runtime.template import TemplateSpawner; "
+    code = ("import sys; from commander.runtime.process.fork_client import TemplateSpawner; "
             f"t = TemplateSpawner(log_dir={str(tmp_path)!r}); assert t.start(); print(t.pid, flush=True)")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -239,7 +239,7 @@ def test_fallback_to_a_fresh_interpreter_when_the_template_cannot_start(
         exe = str(tmp_path / "fake-python")
         Path(exe).write_text("#!/bin/sh\necho 'no template here' >&2\nexit 3\n")
         Path(exe).chmod(0o755)
-    caplog.set_level(logging.WARNING, logger="commander.runtime.template")
+    caplog.set_level(logging.WARNING, logger="commander.runtime.process.fork_client")
     broken = TemplateSpawner({**os.environ, "REDIS_URL": redis_server.url}, tmp_path / "logs",
                              python=exe, start_timeout_s=10)
     rt = make_runtime(template=broken)

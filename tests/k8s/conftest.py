@@ -29,8 +29,8 @@ except ImportError:  # the k8s extra is missing: scripts/test installs it; CI mu
         raise
     pytest.skip("the kubernetes client is not installed (pip install -e '.[k8s]')", allow_module_level=True)
 
-from commander.runtime.k8s_api import KubeApi
-from commander.runtime.kubernetes import KubernetesRuntime
+from commander.runtime.kubernetes.api import KubeApi
+from commander.runtime.kubernetes.runtime import KubernetesRuntime
 
 NAMESPACE = "fleet"
 DEPLOYMENT = "fleet-worker-chat"

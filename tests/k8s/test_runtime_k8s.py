@@ -11,8 +11,8 @@ import redis
 
 from commander import __main__ as commander_main
 from commander.runtime import Refused, WorkerHandle, WorkerState
-from commander.runtime.k8s_api import ApiException
-from commander.runtime.kubernetes import KubernetesRuntime
+from commander.runtime.kubernetes.api import ApiException
+from commander.runtime.kubernetes.runtime import KubernetesRuntime
 from commander.settings import CommanderSettings
 from fleet.client import Fleet
 from protocol import keys

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from commander.runtime.k8s_clone import COPIED_FROM, clone_for_group, group_action, image_patch
-from commander.runtime.k8s_model import (
+from commander.runtime.kubernetes.clone import COPIED_FROM, clone_for_group, group_action, image_patch
+from commander.runtime.kubernetes.model import (
     Deployment,
     conventional_name,
     deployment_of,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from commander.runtime.base import WorkerHandle, WorkerState
-from commander.runtime.k8s_model import (
+from commander.runtime.interface import WorkerHandle, WorkerState
+from commander.runtime.kubernetes.model import (
     COST_MIN,
     DELETION_COST,
     Deployment,
@@ -25,7 +25,7 @@ from commander.runtime.k8s_model import (
     tier_deployment,
     tier_selector,
 )
-from commander.runtime.k8s_view import Retiring, live_pods, placeholders, reconcile
+from commander.runtime.kubernetes.reconcile import Retiring, live_pods, placeholders, reconcile
 
 LABELS = {"app.kubernetes.io/component": "worker", "fleet.dev/tier": "chat"}
 

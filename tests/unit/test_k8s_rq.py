@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from commander.rqtier import RqWorkerSeen, rq_views
-from commander.runtime.base import WorkerHandle, WorkerState
-from commander.runtime.k8s_model import Deployment, Pod
-from commander.runtime.k8s_rq import rq_names, rq_registry, short_grace
-from commander.runtime.k8s_view import reconcile
+from commander.runtime.interface import WorkerHandle, WorkerState
+from commander.runtime.kubernetes.model import Deployment, Pod
+from commander.runtime.kubernetes.reconcile import reconcile
+from commander.runtime.kubernetes.rq_pods import rq_names, rq_registry, short_grace
 
 TIER = "writeback"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from commander.runtime.base import WorkerHandle, WorkerState
+from commander.runtime.interface import WorkerHandle, WorkerState
 from commander.runtime_notes import no_capacity_reason, overdue
 
 

@@ -25,9 +25,9 @@ from typing import NamedTuple
 import psutil
 import redis
 
-from commander.runtime.base import Handles, WorkerHandle, WorkerState
-from commander.runtime.procs import looks_like_rq_worker, looks_like_worker, same_process, tier_of
-from commander.runtime.template import TemplateSpawner
+from commander.runtime.interface import Handles, WorkerHandle, WorkerState
+from commander.runtime.process.fork_client import TemplateSpawner
+from commander.runtime.process.launch import looks_like_rq_worker, looks_like_worker, same_process, tier_of
 from protocol.models import WorkerInfo
 from stores.policies import has_rq_tier
 from stores.records import drop_record, read_records, write_record

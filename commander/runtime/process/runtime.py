@@ -33,10 +33,11 @@ from typing import Literal
 import redis
 from redis.exceptions import RedisClusterException, RedisError
 
-from commander.runtime.adoption import Adoption, _Tracked
-from commander.runtime.base import Handles, Runtime, UnknownWorker, WorkerHandle, WorkerIds, WorkerState
-from commander.runtime.interpreters import GroupRejected, Interpreters
-from commander.runtime.procs import (
+from commander.runtime.interface import Handles, Runtime, UnknownWorker, WorkerHandle, WorkerIds, WorkerState
+from commander.runtime.process.adoption import Adoption, _Tracked
+from commander.runtime.process.fork_client import TemplateSpawner
+from commander.runtime.process.interpreters import GroupRejected, Interpreters
+from commander.runtime.process.launch import (
     SpawnError,
     child_env,
     leads_group,
@@ -46,7 +47,6 @@ from commander.runtime.procs import (
     start_fresh,
     worker_command,
 )
-from commander.runtime.template import TemplateSpawner
 from protocol.groups import split_pool, validate_pool
 from protocol.ids import validate_token
 from protocol.models import Control

@@ -22,11 +22,17 @@ from collections.abc import Callable
 
 import redis
 
-from commander.runtime.base import RuntimeNote
-from commander.runtime.k8s_api import ApiException, KubeApi
-from commander.runtime.k8s_clone import GroupAction, budget_for, clone_for_group, group_action, image_patch
-from commander.runtime.k8s_listing import API_ERRORS, describe
-from commander.runtime.k8s_model import Deployment, Pod, deployment_of
+from commander.runtime.interface import RuntimeNote
+from commander.runtime.kubernetes.api import ApiException, KubeApi
+from commander.runtime.kubernetes.clone import (
+    GroupAction,
+    budget_for,
+    clone_for_group,
+    group_action,
+    image_patch,
+)
+from commander.runtime.kubernetes.listing import API_ERRORS, describe
+from commander.runtime.kubernetes.model import Deployment, Pod, deployment_of
 from protocol.groups import Group, split_pool
 from stores.policies import read_policy
 from stores.retry import TRANSIENT

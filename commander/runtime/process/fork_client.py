@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from commander.runtime.procs import TEMPLATE_MODULE, SpawnError, start_fresh, worker_command
-from protocol.template import MAX_EXITS, MAX_MSG, Message
+from commander.runtime.process.launch import TEMPLATE_MODULE, SpawnError, start_fresh, worker_command
+from protocol.fork_wire import MAX_EXITS, MAX_MSG, Message
 
 log = logging.getLogger(__name__)
 

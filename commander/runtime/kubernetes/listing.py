@@ -18,10 +18,10 @@ from dataclasses import replace
 import redis
 import urllib3
 
-from commander.runtime.base import Handles, Notes, WorkerHandle, WorkerState
-from commander.runtime.k8s_api import ApiException, KubeApi
-from commander.runtime.k8s_model import Deployment, Pod, tier_deployment
-from commander.runtime.k8s_view import Retiring, placeholders, reconcile
+from commander.runtime.interface import Handles, Notes, WorkerHandle, WorkerState
+from commander.runtime.kubernetes.api import ApiException, KubeApi
+from commander.runtime.kubernetes.model import Deployment, Pod, tier_deployment
+from commander.runtime.kubernetes.reconcile import Retiring, placeholders, reconcile
 from stores.registry import forget_workers, read_registry
 from stores.retry import TRANSIENT
 

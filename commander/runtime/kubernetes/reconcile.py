@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from commander.runtime.base import WorkerHandle, WorkerState
-from commander.runtime.k8s_model import Deployment, Pod, outstanding
+from commander.runtime.interface import WorkerHandle, WorkerState
+from commander.runtime.kubernetes.model import Deployment, Pod, outstanding
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import redis
 
-from commander.runtime.base import WorkerHandle
-from commander.runtime.k8s_model import Deployment, Pod
+from commander.runtime.interface import WorkerHandle
+from commander.runtime.kubernetes.model import Deployment, Pod
 from stores.registry import rq_registered
 from stores.retry import TRANSIENT
 

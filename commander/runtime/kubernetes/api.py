@@ -45,7 +45,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from commander.runtime.k8s_model import (
+from commander.runtime.kubernetes.model import (
     DELETION_COST,
     WORKERS_SELECTOR,
     Deployment,

@@ -45,7 +45,7 @@ from dataclasses import replace
 
 import redis
 
-from commander.runtime.base import (
+from commander.runtime.interface import (
     Handles,
     Notes,
     Refused,
@@ -56,12 +56,12 @@ from commander.runtime.base import (
     WorkerIds,
     WorkerState,
 )
-from commander.runtime.k8s_api import ApiException, KubeApi
-from commander.runtime.k8s_groups import GroupDeployments
-from commander.runtime.k8s_listing import API_ERRORS, Listing, describe
-from commander.runtime.k8s_model import Deployment, Pod, cost_patches, outranking, refusal
-from commander.runtime.k8s_rq import RqPods, short_grace
-from commander.runtime.k8s_view import Retiring, live_pods
+from commander.runtime.kubernetes.api import ApiException, KubeApi
+from commander.runtime.kubernetes.group_deployments import GroupDeployments
+from commander.runtime.kubernetes.listing import API_ERRORS, Listing, describe
+from commander.runtime.kubernetes.model import Deployment, Pod, cost_patches, outranking, refusal
+from commander.runtime.kubernetes.reconcile import Retiring, live_pods
+from commander.runtime.kubernetes.rq_pods import RqPods, short_grace
 from protocol.groups import validate_pool
 from protocol.models import Control
 from stores.control import send_control
