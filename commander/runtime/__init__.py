@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from commander.runtime.interface import (
     LIVE_STATES,
     Handles,
+    Lifecycle,
     Notes,
     Refused,
     Runtime,
@@ -21,7 +22,6 @@ from commander.runtime.interface import (
     UnknownWorker,
     WorkerHandle,
     WorkerIds,
-    WorkerState,
 )
 from commander.runtime.process import ProcessRuntime
 
@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 _KUBERNETES = {"KubeApi": "api", "api_client": "api", "default_namespace": "api",
                "KubernetesRuntime": "runtime"}
 
-__all__ = ["LIVE_STATES", "Handles", "KubeApi", "KubernetesRuntime", "Notes",
+WorkerState = Lifecycle  # another name for it, which commander/*.py imports: to go once they say Lifecycle
+
+__all__ = ["LIVE_STATES", "Handles", "KubeApi", "KubernetesRuntime", "Lifecycle", "Notes",
            "ProcessRuntime", "Refused", "Runtime", "RuntimeNote", "UnknownWorker", "WorkerHandle",
            "WorkerIds", "WorkerState", "api_client", "default_namespace"]
 

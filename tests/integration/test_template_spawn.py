@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from commander.runtime import WorkerState
+from commander.runtime import Lifecycle
 from commander.runtime.process import ProcessRuntime
 from commander.runtime.process.fork_client import TemplateSpawner
 from fleet.client import Fleet
@@ -73,7 +73,7 @@ def _wait_running(rt: ProcessRuntime, ids: list[str]) -> None:
     def running() -> bool:
         rt.reap()
         states = {h.worker_id: h.state for h in rt.list()}
-        return all(states.get(i) is WorkerState.RUNNING for i in ids)
+        return all(states.get(i) is Lifecycle.RUNNING for i in ids)
 
     wait_until(running, TIMEOUT, f"{ids} to run")
 
@@ -132,7 +132,7 @@ def test_retire_drains_a_forked_worker(make_runtime, redis_server, r) -> None:
     keep, victim = rt.spawn("chat", 2)
     _wait_running(rt, [keep, victim])
     rt.retire(victim, "test", drain_timeout_s=15)
-    assert _handle(rt, victim).state is WorkerState.DRAINING
+    assert _handle(rt, victim).state is Lifecycle.DRAINING
     gone = _reap_until_exited(rt, victim)
     # the exit code comes from the template, which reaped it
     assert gone.exit_code == 0 and not gone.killed and gone.retire_reason == "test"
@@ -198,7 +198,7 @@ def test_stop_all_leaves_no_process(make_runtime, r) -> None:
     pids = [h.pid for h in rt.list()]
     stopped = rt.stop_all(timeout=10)
     assert {h.worker_id for h in stopped} == set(ids)
-    assert all(h.state is WorkerState.EXITED and h.exit_code == 0 for h in stopped)
+    assert all(h.state is Lifecycle.EXITED and h.exit_code == 0 for h in stopped)
     assert not [p for p in [*pids, template_pid] if psutil.pid_exists(p)]  # not even zombies
     assert rt.template is not None and rt.template.pid is None
     assert rt.list() == [] and r.hlen(keys.WORKERS) == 0

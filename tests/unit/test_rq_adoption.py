@@ -10,7 +10,7 @@ from pathlib import Path
 import fakeredis
 import pytest
 
-from commander.runtime import WorkerHandle, WorkerState
+from commander.runtime import Lifecycle, WorkerHandle
 from commander.runtime.process.launch import looks_like_rq_worker, tier_of
 from protocol import keys
 from stores.records import read_records, write_record
@@ -41,7 +41,7 @@ def test_rq_worker_names_from_the_registry_set(member: str, name: str | None) ->
 
 def test_run_records_say_which_workers_are_rq_workers(tmp_path: Path) -> None:
     for wid, rq in (("writeback-0123abcd", True), ("chat-0123abcd", False)):
-        write_record(tmp_path, WorkerHandle(wid, wid.split("-")[0], 1, WorkerState.RUNNING, 1.0), None, rq=rq)
+        write_record(tmp_path, WorkerHandle(wid, wid.split("-")[0], 1, Lifecycle.RUNNING, 1.0), None, rq=rq)
     (tmp_path / "old-00000000.json").write_text('{"worker": "old-00000000", "tier": "old", "pid": 1, '
                                                 '"started": 1.0}')  # written before the flag
     assert {rec["worker"]: rec["rq"] for rec in read_records(tmp_path)} == {

@@ -18,7 +18,7 @@ from dataclasses import replace
 import redis
 import urllib3
 
-from commander.runtime.interface import Handles, Notes, WorkerHandle, WorkerState
+from commander.runtime.interface import Handles, Lifecycle, Notes, WorkerHandle
 from commander.runtime.kubernetes.api import ApiException, KubeApi
 from commander.runtime.kubernetes.model import Deployment, Pod, tier_deployment
 from commander.runtime.kubernetes.reconcile import Retiring, placeholders, reconcile
@@ -155,7 +155,7 @@ class Listing:
 
     def _placeholder(self, deployment: Deployment) -> WorkerHandle:
         return WorkerHandle(f"{deployment.name}:starting-{next(self._seq)}", deployment.tier, 0,
-                            WorkerState.STARTING, self.clock())
+                            Lifecycle.STARTING, self.clock())
 
     def _deployment(self, tier: str) -> Deployment | str:
         if self._deployments is None:

@@ -47,6 +47,7 @@ import redis
 
 from commander.runtime.interface import (
     Handles,
+    Lifecycle,
     Notes,
     Refused,
     Runtime,
@@ -54,7 +55,6 @@ from commander.runtime.interface import (
     UnknownWorker,
     WorkerHandle,
     WorkerIds,
-    WorkerState,
 )
 from commander.runtime.kubernetes.api import ApiException, KubeApi
 from commander.runtime.kubernetes.group_deployments import GroupDeployments
@@ -170,12 +170,12 @@ class KubernetesRuntime(RqPods, GroupDeployments, Listing, Runtime):
         if handle is None:
             self._retire_placeholder(worker_id)
             return
-        if handle.state in (WorkerState.DRAINING, WorkerState.EXITED):
+        if handle.state in (Lifecycle.DRAINING, Lifecycle.EXITED):
             return
         deployment = self._acting_on(handle.tier)  # (it may list again: look the pod up after)
         handle = self._handles.get(worker_id)
         victim = next((p for p in self._pods if p.name == worker_id), None)
-        if handle is None or victim is None or handle.state is WorkerState.DRAINING:
+        if handle is None or victim is None or handle.state is Lifecycle.DRAINING:
             return  # it ended, or began to, meanwhile
         live = live_pods(self._pods, handle.tier, self._retiring, self._going)
         ahead = outranking(victim, live)
@@ -192,7 +192,7 @@ class KubernetesRuntime(RqPods, GroupDeployments, Listing, Runtime):
         # draining from now on, even if lowering replicas fails: the worker drains and, once its
         # linger is over, exits; its container restarts and the pod counts again (revived)
         self._retiring[worker_id] = Retiring(victim.restarts, reason)
-        handle.state, handle.retire_reason = WorkerState.DRAINING, reason
+        handle.state, handle.retire_reason = Lifecycle.DRAINING, reason
         before, after = self._scale(deployment, -1)
         self._check_grace(deployment, drain_timeout_s)
         log.info("retiring pod %s (tier %s): deletion cost %d, drained, replicas %d -> %d: %s",
@@ -212,7 +212,7 @@ class KubernetesRuntime(RqPods, GroupDeployments, Listing, Runtime):
         before, after = self._scale(deployment, -1)
         self._going[instead.name] = self.monotonic() + self.going_s
         if instead.name in self._handles:
-            self._handles[instead.name].state = WorkerState.DRAINING
+            self._handles[instead.name].state = Lifecycle.DRAINING
         how = "unscheduled" if not instead.node else "Pending" if instead.pending else "not ready"
         reason = (f"replicas {before} -> {after}: the ReplicaSet deletes {how} pod {instead.name} "
                   f"before {victim.name}, whatever their deletion costs; {victim.name} keeps serving")

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import psutil
 import redis
 
-from commander.runtime.interface import Handles, WorkerHandle, WorkerState
+from commander.runtime.interface import Handles, Lifecycle, WorkerHandle
 from commander.runtime.process.fork_client import TemplateSpawner
 from commander.runtime.process.launch import looks_like_rq_worker, looks_like_worker, same_process, tier_of
 from protocol.models import WorkerInfo
@@ -84,7 +84,7 @@ class Adoption:
             if proc is None:
                 self._forget_stale(c.worker_id, certain=c.from_record)
                 continue
-            handle = WorkerHandle(c.worker_id, c.tier, c.pid, WorkerState.STARTING, c.started, adopted=True)
+            handle = WorkerHandle(c.worker_id, c.tier, c.pid, Lifecycle.STARTING, c.started, adopted=True)
             self._workers[c.worker_id] = _Tracked(handle, proc, None, time.monotonic(), rq=c.rq)
             write_record(self.run_dir, handle, proc, rq=c.rq)
             adopted.append(handle)

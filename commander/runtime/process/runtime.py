@@ -33,7 +33,7 @@ from typing import Literal
 import redis
 from redis.exceptions import RedisClusterException, RedisError
 
-from commander.runtime.interface import Handles, Runtime, UnknownWorker, WorkerHandle, WorkerIds, WorkerState
+from commander.runtime.interface import Handles, Lifecycle, Runtime, UnknownWorker, WorkerHandle, WorkerIds
 from commander.runtime.process.adoption import Adoption, _Tracked
 from commander.runtime.process.fork_client import TemplateSpawner
 from commander.runtime.process.interpreters import GroupRejected, Interpreters
@@ -200,7 +200,7 @@ class ProcessRuntime(Adoption, Runtime):
             popen = start_fresh(argv, env, log_path, f"worker of {pool}")
             pid = popen.pid
         proc = process_of(pid)
-        handle = WorkerHandle(worker_id, pool, pid, WorkerState.STARTING, time.time())
+        handle = WorkerHandle(worker_id, pool, pid, Lifecycle.STARTING, time.time())
         self._workers[worker_id] = _Tracked(handle, proc, popen, time.monotonic(), template,
                                             rq=queues is not None)
         write_record(self.run_dir, handle, proc, rq=queues is not None)
@@ -217,11 +217,11 @@ class ProcessRuntime(Adoption, Runtime):
             raise UnknownWorker(worker_id)
         handle = tracked.handle
         self._poll(tracked)
-        if handle.state in (WorkerState.DRAINING, WorkerState.EXITED):
+        if handle.state in (Lifecycle.DRAINING, Lifecycle.EXITED):
             return
         timeout = self.drain_timeout(handle.tier) if drain_timeout_s is None else drain_timeout_s
-        was_starting = handle.state is WorkerState.STARTING
-        handle.state, handle.retire_reason = WorkerState.DRAINING, reason
+        was_starting = handle.state is Lifecycle.STARTING
+        handle.state, handle.retire_reason = Lifecycle.DRAINING, reason
         handle.kill_at = time.monotonic() + timeout
         sent = not tracked.rq and self._send_drain(worker_id, reason)  # RQ's warm shutdown: SIGTERM
         if not sent or was_starting:
@@ -252,7 +252,7 @@ class ProcessRuntime(Adoption, Runtime):
         found = False
         for tracked in list(self._workers.values()):
             self._poll(tracked)
-            found = found or tracked.handle.state is WorkerState.EXITED
+            found = found or tracked.handle.state is Lifecycle.EXITED
         return found
 
     def reap(self) -> Handles:
@@ -263,7 +263,7 @@ class ProcessRuntime(Adoption, Runtime):
         registry_ok = self._note_registrations()
         for tracked in self._workers.values():
             self._enforce_deadlines(tracked, now, check_start=registry_ok)
-        exited = [t for t in self._workers.values() if t.handle.state is WorkerState.EXITED]
+        exited = [t for t in self._workers.values() if t.handle.state is Lifecycle.EXITED]
         for tracked in exited:
             del self._workers[tracked.handle.worker_id]
             self._forget(tracked.handle)
@@ -272,7 +272,7 @@ class ProcessRuntime(Adoption, Runtime):
 
     def _poll(self, tracked: _Tracked) -> None:
         handle = tracked.handle
-        if handle.state is WorkerState.EXITED:
+        if handle.state is Lifecycle.EXITED:
             return
         if tracked.popen is not None:
             code = tracked.popen.poll()
@@ -291,12 +291,12 @@ class ProcessRuntime(Adoption, Runtime):
 
     def _mark_exited(self, handle: WorkerHandle, code: int | None) -> None:
         prior = handle.state
-        handle.state, handle.exit_code = WorkerState.EXITED, code
+        handle.state, handle.exit_code = Lifecycle.EXITED, code
         # a clean drain acked or handed on all it had; any other end (a crash, SIGKILL, an
         # unknown exit status) leaves its users to the commander's takeover
-        handle.drained = prior is WorkerState.DRAINING and not handle.killed and code == 0
+        handle.drained = prior is Lifecycle.DRAINING and not handle.killed and code == 0
         how = "was killed" if handle.killed else f"exited with code {code}"
-        if prior is WorkerState.DRAINING and not handle.killed:
+        if prior is Lifecycle.DRAINING and not handle.killed:
             log.info("worker %s (tier %s) drained and %s", handle.worker_id, handle.tier, how)
         else:
             log.warning("worker %s (tier %s, pid %d, %s) %s", handle.worker_id, handle.tier,
@@ -306,11 +306,11 @@ class ProcessRuntime(Adoption, Runtime):
         """Kill a drain past its deadline; with ``check_start``, a start that never registered."""
         handle = tracked.handle
         overdue = handle.kill_at is not None and now >= handle.kill_at
-        if handle.state is WorkerState.DRAINING and overdue:
+        if handle.state is Lifecycle.DRAINING and overdue:
             if not handle.killed:
                 log.warning("worker %s did not drain in time: SIGKILL", handle.worker_id)
             self._kill(tracked)
-        elif check_start and handle.state is WorkerState.STARTING \
+        elif check_start and handle.state is Lifecycle.STARTING \
                 and now - tracked.start_mono > self.start_timeout_s:
             log.warning("worker %s did not register within %.0fs: SIGKILL", handle.worker_id,
                         self.start_timeout_s)
@@ -319,7 +319,7 @@ class ProcessRuntime(Adoption, Runtime):
 
     def _note_registrations(self) -> bool:
         """Promote starting workers that registered with a heartbeat; False if Redis is down."""
-        starting = [t for t in self._workers.values() if t.handle.state is WorkerState.STARTING]
+        starting = [t for t in self._workers.values() if t.handle.state is Lifecycle.STARTING]
         if not starting:
             return True
         try:  # Fleet's workers: in the registry with a heartbeat; RQ workers: in RQ's registry
@@ -331,14 +331,14 @@ class ProcessRuntime(Adoption, Runtime):
         answers = [(rq_ if t.rq else fleet_).pop(0) for t in starting]
         for handle, registered in zip((t.handle for t in starting), answers, strict=True):
             if registered:
-                handle.state = WorkerState.RUNNING
+                handle.state = Lifecycle.RUNNING
                 log.info("worker %s (tier %s) is running", handle.worker_id, handle.tier)
         return True
 
     # --- signals -------------------------------------------------------------------------
     def _signal(self, tracked: _Tracked, sig: signal.Signals) -> None:
         """Signal the worker only if it is still the process we started (pid reuse)."""
-        if tracked.handle.state is WorkerState.EXITED:
+        if tracked.handle.state is Lifecycle.EXITED:
             return
         if tracked.popen is None and (tracked.proc is None or not tracked.proc.is_running()):
             return
@@ -363,13 +363,13 @@ class ProcessRuntime(Adoption, Runtime):
         for tracked in self._workers.values():
             self._poll(tracked)
             handle = tracked.handle
-            if handle.state is WorkerState.EXITED:
+            if handle.state is Lifecycle.EXITED:
                 continue
             wait = self.drain_timeout(handle.tier) if timeout is None else timeout
             deadline = now + wait
             handle.kill_at = deadline if handle.kill_at is None else min(handle.kill_at, deadline)
-            if handle.state is not WorkerState.DRAINING:
-                handle.state, handle.retire_reason = WorkerState.DRAINING, "stop"
+            if handle.state is not Lifecycle.DRAINING:
+                handle.state, handle.retire_reason = Lifecycle.DRAINING, "stop"
                 self._send_drain(handle.worker_id, "stop")
             self._signal(tracked, signal.SIGTERM)
         self._wait_all()
@@ -385,7 +385,7 @@ class ProcessRuntime(Adoption, Runtime):
             for tracked in self._workers.values():
                 self._poll(tracked)
                 self._enforce_deadlines(tracked, now)
-                if tracked.handle.state is not WorkerState.EXITED:
+                if tracked.handle.state is not Lifecycle.EXITED:
                     alive.append(tracked)
             if not alive:
                 return
