@@ -261,7 +261,7 @@ def test_adopt_finds_unregistered_workers_from_run_records(make_runtime, r) -> N
 
 def test_adopt_ignores_dead_and_foreign_entries(make_runtime, r, tmp_path: Path) -> None:
     rt = make_runtime()
-    here = rt.host
+    here = rt.adoption.host
     entries = [
         WorkerInfo(worker="chat-deadbeef", tier="chat", pid=2**22 - 1, host=here, started=1.0),
         # alive, but not that worker: a reused pid

@@ -1,9 +1,8 @@
-"""The ``process`` runtime's adoption and bookkeeping (a mixin of ``ProcessRuntime``).
+"""Which live local workers a previous commander left, for the ``process`` runtime to adopt.
 
-``adopt`` tracks the live local workers a previous commander left: from the run records under
-``run_dir`` (pid + creation time) and from the registry (this host and runtime, command line
-checked); a worker whose process is gone loses its record, and its registry entry once it is
-certainly dead. ``_clean_registry`` removes what a killed worker could not.
+From the run records under ``run_dir`` (pid + creation time) and from the registry (this host
+and runtime, command line checked). A worker whose process is gone loses its record, and its
+registry entry once it is certainly dead.
 
 An rq tier's RQ workers are adopted as RQ workers (counted, up once in RQ's registry, retired
 by SIGTERM): their run record says so, and one without a record is found in RQ's worker
@@ -12,12 +11,10 @@ registry (this host, a worker id of this runtime's form, its name on its command
 
 from __future__ import annotations
 
-import builtins
 import logging
-import subprocess
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
@@ -25,16 +22,17 @@ from typing import NamedTuple
 import psutil
 import redis
 
-from commander.runtime.interface import Handles, Lifecycle, WorkerHandle
-from commander.runtime.process.fork_client import TemplateSpawner
-from commander.runtime.process.launch import looks_like_rq_worker, looks_like_worker, same_process, tier_of
+from commander.runtime.interface import Lifecycle, WorkerHandle
+from commander.runtime.process.identity import looks_like_rq_worker, looks_like_worker, same_process
+from commander.runtime.process.launch import tier_of
+from commander.runtime.process.workers import Tracked
 from protocol.models import WorkerInfo
 from stores.policies import has_rq_tier
-from stores.records import drop_record, read_records, write_record
-from stores.registry import RqEntry, forget_workers, heartbeat_alive, read_entries, rq_entries
+from stores.records import read_records
+from stores.registry import RqEntry, heartbeat_alive, read_entries, rq_entries
 from stores.retry import TRANSIENT
 
-log = logging.getLogger("commander.runtime.process")  # the runtime's logger, as before the split
+log = logging.getLogger(__name__)
 
 
 class _Candidate(NamedTuple):
@@ -50,49 +48,36 @@ class _Candidate(NamedTuple):
 
 
 @dataclass
-class _Tracked:
-    handle: WorkerHandle
-    proc: psutil.Process | None  # None when it died before we could look at it
-    popen: subprocess.Popen[bytes] | None = None  # only for our own children
-    start_mono: float = 0.0
-    template: TemplateSpawner | None = None  # the template that forked it (reports its exit)
-    rq: bool = False  # an RQ worker (worker.rq_worker): up once in RQ's registry, retired by SIGTERM
+class Found:
+    """What one look found: live workers to track, and dead ones to forget."""
+
+    live: list[Tracked] = field(default_factory=list)
+    dead: dict[str, bool] = field(default_factory=dict)  # worker id -> its registry entry may go too
 
 
 class Adoption:
-    """Adoption and registry bookkeeping for ``ProcessRuntime``, which provides the state below."""
+    """Finds the local workers of this host and runtime that no one tracks."""
 
-    name: str
-    host: str
-    run_dir: Path
-    r: redis.Redis
-    rq: redis.Redis  # RQ's Redis (the commander's rq_url), else Fleet's
-    _workers: dict[str, _Tracked]
-    _unclean: set[str]
+    def __init__(self, runtime: str, host: str, run_dir: Path, r: redis.Redis, rq: redis.Redis) -> None:
+        """``runtime``: the runtime's name in the registry; ``r``: Fleet's Redis; ``rq``: RQ's
+        (the commander's rq_url), else the same."""
+        self.runtime, self.host, self.run_dir, self.r, self.rq = runtime, host, run_dir, r, rq
 
-    def _note_registrations(self) -> bool:
-        raise NotImplementedError  # ProcessRuntime's
-
-    # --- adopt ---------------------------------------------------------------------------
-    def adopt(self) -> Handles:
-        """Track live local workers from run records and the registry; drop dead records."""
-        adopted = []
+    def find(self, known: Container[str]) -> Found:
+        """The live workers not in ``known`` (their handles ``adopted``), and the dead ones."""
+        found, taken = Found(), set()
         for c in self._candidates():
-            if c.worker_id in self._workers:
+            if c.worker_id in known or c.worker_id in taken:
                 continue
             proc = c.check(c.pid)
             if proc is None:
-                self._forget_stale(c.worker_id, certain=c.from_record)
+                may_go = self._entry_may_go(c.worker_id, certain=c.from_record)
+                found.dead[c.worker_id] = found.dead.get(c.worker_id, False) or may_go
                 continue
             handle = WorkerHandle(c.worker_id, c.tier, c.pid, Lifecycle.STARTING, c.started, adopted=True)
-            self._workers[c.worker_id] = _Tracked(handle, proc, None, time.monotonic(), rq=c.rq)
-            write_record(self.run_dir, handle, proc, rq=c.rq)
-            adopted.append(handle)
-            log.info("adopted %sworker %s (tier %s, pid %d)", "RQ " if c.rq else "", c.worker_id,
-                     c.tier, c.pid)
-        self._note_registrations()
-        self._clean_registry()
-        return [replace(h) for h in adopted]
+            found.live.append(Tracked(handle, proc, None, time.monotonic(), rq=c.rq))
+            taken.add(c.worker_id)
+        return found
 
     def _candidates(self) -> Iterable[_Candidate]:
         seen = set()
@@ -101,7 +86,7 @@ class Adoption:
             yield _Candidate(rec["worker"], rec["tier"], rec["pid"], rec["started"],
                              partial(same_process, create_time=rec.get("create_time")), True, rec["rq"])
         for info in self._registry():
-            if info.worker not in seen and info.host == self.host and info.runtime == self.name:
+            if info.worker not in seen and info.host == self.host and info.runtime == self.runtime:
                 seen.add(info.worker)
                 yield _Candidate(info.worker, info.tier, info.pid, info.started,
                                  partial(looks_like_worker, worker_id=info.worker, started=info.started),
@@ -113,7 +98,7 @@ class Adoption:
                                  partial(looks_like_rq_worker, name=entry.name, started=entry.birth),
                                  False, rq=True)
 
-    def _registry(self) -> builtins.list[WorkerInfo]:  # `list` is a method here
+    def _registry(self) -> list[WorkerInfo]:
         try:
             infos, unreadable = read_entries(self.r)
         except TRANSIENT as exc:
@@ -123,42 +108,21 @@ class Adoption:
             log.warning("registry entry %r does not decode", worker_id)
         return infos
 
-    def _rq_registry(self) -> builtins.list[RqEntry]:
+    def _rq_registry(self) -> list[RqEntry]:
         try:
             if not has_rq_tier(self.r):  # no rq tier: RQ's keys are none of this fleet's business
                 return []
-            return rq_entries(self.rq)  # RQ's Redis (the commander's rq_url), else Fleet's
+            return rq_entries(self.rq)
         except TRANSIENT as exc:
             log.warning("RQ's worker registry not readable, RQ workers adopted from run records "
                         "only: %s", exc)
             return []
 
-    def _forget_stale(self, worker_id: str, certain: bool) -> None:
-        """A local worker whose process is gone: drop its record and registry entry.
-
-        A registry entry alone is removed only once its heartbeat has expired too: the same
-        host name may be shared with another pid namespace (a container on the host network).
-        """
-        drop_record(self.run_dir, worker_id)
+    def _entry_may_go(self, worker_id: str, certain: bool) -> bool:
+        """Whether a dead worker's registry entry may be removed: yes if its run record said it
+        was ours; an entry alone only once its heartbeat has expired too (the same host name
+        may be shared with another pid namespace: a container on the host network)."""
         try:
-            if certain or not heartbeat_alive(self.r, worker_id):
-                self._unclean.add(worker_id)
+            return certain or not heartbeat_alive(self.r, worker_id)
         except TRANSIENT:
-            pass
-
-    # --- bookkeeping ---------------------------------------------------------------------
-    def _forget(self, handle: WorkerHandle) -> None:
-        drop_record(self.run_dir, handle.worker_id)
-        self._unclean.add(handle.worker_id)
-
-    def _clean_registry(self) -> None:
-        """Remove what a killed worker could not: registry entry, heartbeat, control stream."""
-        if not self._unclean:
-            return
-        ids = sorted(self._unclean)
-        try:
-            forget_workers(self.r, ids)
-        except TRANSIENT as exc:
-            log.debug("registry cleanup of %d workers postponed: %s", len(ids), exc)
-            return
-        self._unclean.clear()
+            return False
