@@ -12,7 +12,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from commander.runtime.interface import (
-    LIVE_STATES,
     Handles,
     Lifecycle,
     Notes,
@@ -29,12 +28,13 @@ if TYPE_CHECKING:
     from commander.runtime.kubernetes.api import KubeApi, api_client, default_namespace
     from commander.runtime.kubernetes.runtime import KubernetesRuntime
 
-_KUBERNETES = {"KubeApi": "api", "api_client": "api", "default_namespace": "api",
+_KUBERNETES = {"KubeApi": "api",  # name -> its module in kubernetes/, imported on first use
+               "api_client": "api", "default_namespace": "api",
                "KubernetesRuntime": "runtime"}
 
 WorkerState = Lifecycle  # another name for it, which commander/*.py imports: to go once they say Lifecycle
 
-__all__ = ["LIVE_STATES", "Handles", "KubeApi", "KubernetesRuntime", "Lifecycle", "Notes",
+__all__ = ["Handles", "KubeApi", "KubernetesRuntime", "Lifecycle", "Notes",
            "ProcessRuntime", "Refused", "Runtime", "RuntimeNote", "UnknownWorker", "WorkerHandle",
            "WorkerIds", "WorkerState", "api_client", "default_namespace"]
 

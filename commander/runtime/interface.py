@@ -1,7 +1,7 @@
-"""The runtime interface: how the control plane starts and stops workers (DESIGN §5 "Act").
+"""The runtime interface: how the control plane starts and stops workers.
 
 A runtime only *acts*: it spawns, drains and kills workers and reports what it sees. It never
-decides how many there should be; the commander does. One runtime per file behind this
+decides how many there should be; the commander does. One runtime per package behind this
 interface: ``process`` and ``kubernetes``.
 """
 

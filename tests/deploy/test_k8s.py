@@ -4,7 +4,7 @@ them, checked without a cluster:
 - every object of both overlays validates, strictly (an unknown field is an error), against
   the API's JSON schemas that `kubernetes-validate` ships, for the oldest Kubernetes we claim
   and the newest it has;
-- the contract with the kubernetes runtime (commander/runtime/kubernetes.py): the Role's rules
+- the contract with the kubernetes runtime (commander/runtime/kubernetes/): the Role's rules
   exactly, the worker Deployments' names, labels, command, env, ports and probes;
 - what must agree across files: a tier's memory limit and its policy's memory_limit_mb, its
   grace period and drain_timeout_s, selectors and the pods they select, Secret references;
@@ -40,7 +40,7 @@ USER_SECRETS = {"fleet-redis", "fleet-redis-tls", "fleet-commander-token"}  # pr
 TLS_DIR = "/etc/fleet/tls"
 WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
-# The runtime's rules, exactly: the calls commander/runtime/k8s_api.py makes (its docstring's table)
+# The runtime's rules, exactly: the calls commander/runtime/kubernetes/api.py makes (its docstring's table)
 RUNTIME_RULES = {
     ("apps", "deployments"): {"list", "get", "create", "patch", "delete"},  # list; the rest: groups
     ("apps", "deployments/scale"): {"get", "patch"},
@@ -415,7 +415,7 @@ def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]
     assert redis_url == rq_url == "redis://redis:6379/0"  # RQ's node is the demo's one Redis
     policy = one(objects, "NetworkPolicy", "redis")
     assert policy["spec"]["podSelector"]["matchLabels"] == service["spec"]["selector"]
-    # every Fleet pod may reach it: the relay of deferred jobs too (issue 16)
+    # every Fleet pod may reach it: the relay of deferred jobs too
     (rule,) = policy["spec"]["ingress"][0]["from"]
     (admitted,) = rule["podSelector"]["matchExpressions"]
     components = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
@@ -424,7 +424,7 @@ def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]
 
 
 def test_the_demo_runs_a_relay_and_production_none(manifests: dict[str, list[dict[str, Any]]]) -> None:
-    """RQ needs one Redis node: the demo's is one; production's may be a Cluster (issue 16)."""
+    """RQ needs one Redis node: the demo's is one; production's may be a Cluster."""
     relay = one(manifests["demo"], "Deployment", "fleet-relay")
     (c,) = containers(relay)
     assert c["command"] == ["fleet", "relay"] and relay["spec"]["replicas"] == 1

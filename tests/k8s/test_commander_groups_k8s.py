@@ -1,4 +1,4 @@
-"""A real ``Commander`` on the ``kubernetes`` runtime with a grouped tier (issue 15): each group's
+"""A real ``Commander`` on the ``kubernetes`` runtime with a grouped tier: each group's
 pool is a Deployment of its own, scaled on the pool's own demand; a group that gives an image gets
 its Deployment made from a copy of the tier's; a group that can have none is rejected (ledgered,
 weight 0 for assignment) and the other group serves its users. Pods are real ``fleet worker``

@@ -1,4 +1,4 @@
-"""rq tiers on the ``kubernetes`` runtime (issue 16), against the stand-in API server whose pods
+"""rq tiers on the ``kubernetes`` runtime, against the stand-in API server whose pods
 run the real ``fleet rq-worker`` on the test's redis-server, each named after its pod.
 
 A burst of jobs grows the tier from no pod and the tier goes back to none once the queue is

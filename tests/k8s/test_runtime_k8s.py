@@ -22,7 +22,7 @@ from protocol.policy import Policy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
 from tests.k8s.cluster import Ended
-from tests.k8s.conftest import DEPLOYMENT, answered_once, running_and_ready
+from tests.k8s.conftest import DEPLOYMENT, answered_once, api_for, running_and_ready
 from tests.k8s.semantics import deletion_order
 from tests.k8s.standin import StandIn
 
@@ -171,8 +171,7 @@ def test_refusals_are_cached_keda_absent_is_none_and_a_concurrent_write_is_retri
 
     with standin.cluster.lock:
         del standin.cluster.scaled_objects["chat-scaler"]
-    racing = make_runtime()
-    racing.api = RacingApi(racing.api, standin)
+    racing = make_runtime(api=RacingApi(api_for(standin), standin))
     assert racing.spawn("chat", 2)
     assert standin.cluster.deployments[DEPLOYMENT]["spec"]["replicas"] == 3  # the other writer's 1, then +2
     assert standin.cluster.requests["PATCH scale"] == 2  # a 409 Conflict, read again, written
@@ -239,7 +238,7 @@ def test_the_commander_builds_the_runtime_from_a_kubeconfig_or_refuses_to_start(
     runtime = commander_main._runtime(settings, redis_server.url)
     assert isinstance(runtime, KubernetesRuntime)
     try:
-        assert runtime.namespace == "fleet"  # the context's namespace
+        assert runtime.api.namespace == "fleet"  # the context's namespace
         assert runtime.refusal("chat") == ("no Deployment labelled app.kubernetes.io/component=worker,"
                                            "fleet.dev/tier=chat in namespace fleet (the manifests name "
                                            "it fleet-worker-chat)")

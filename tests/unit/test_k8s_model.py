@@ -1,4 +1,4 @@
-"""The kubernetes runtime's pure parts (commander/runtime/k8s_model.py, k8s_view.py): what it reads
+"""The kubernetes runtime's pure parts (commander/runtime/kubernetes/model.py, reconcile.py): what it reads
 of the API's JSON, which Deployment is a tier's, who else autoscales it, the ReplicaSet's order
 as far as a victim cares, the deletion costs to write, the placeholders, and the view of the
 pods joined with the registry. Tables of cases; no API server, no Redis."""

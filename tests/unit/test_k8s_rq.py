@@ -1,4 +1,4 @@
-"""The kubernetes runtime's rq tiers, pure parts (commander/runtime/k8s_rq.py): which pods' RQ
+"""The kubernetes runtime's rq tiers, pure parts (commander/runtime/kubernetes/rq_pods.py): which pods' RQ
 registrations are read, the registry a pod's state is read from, what an ended pod left behind,
 and the grace period warning; and the rq views' use of the pod's state (commander/rqtier.py).
 Tables of cases; no API server, no Redis."""

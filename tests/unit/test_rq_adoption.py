@@ -1,4 +1,4 @@
-"""What a new commander needs to adopt an rq tier's RQ workers (issue 16): their run records
+"""What a new commander needs to adopt an rq tier's RQ workers: their run records
 say they are RQ workers, RQ's worker registry is read for the ones without a record, and only
 a worker id of the process runtime's form names a tier."""
 
