@@ -57,7 +57,8 @@ def test_a_grouped_tier_serves_on_kubernetes_each_pool_following_its_demand(
     run_commander()
     wait_until(lambda: replicas(standin, BLUE) == 1 and replicas(standin, GREEN) == 1, 20,
                "each pool at its floor of 1, green's Deployment made")
-    (made,) = events(r, "chat.green", "deployment-created")
+    # (the pass ledgers the runtime's notes after it acts: the scale may be seen first)
+    (made,) = wait_until(lambda: events(r, "chat.green", "deployment-created"), 10, "the creation ledgered")
     assert f"Deployment {GREEN} created for group green of tier chat: a copy of {DEPLOYMENT}" in made.reason
 
     users = [f"b{i:02d}" for i in range(40)]
