@@ -199,7 +199,7 @@ def test_only_the_leader_takes_over(r, rig) -> None:
 
 def test_a_worker_exit_ends_the_wait_for_the_next_pass(r, rig) -> None:
     """The takeover starts when the commander sees the exit: not up to a whole pass interval
-    later (issue 8: takeover p99 of a process the commander runs, goal 1 s)."""
+    later (the goal: a takeover p99 of 1 s for a process the commander runs)."""
     import threading
 
     commander, runtime, _metrics = rig

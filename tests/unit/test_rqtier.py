@@ -1,4 +1,4 @@
-"""An rq tier's inputs to ``decide`` (issue 16), as tables: RQ's registry and queues in, the
+"""An rq tier's inputs to ``decide``, as tables: RQ's registry and queues in, the
 same pure ``decide`` out."""
 
 from __future__ import annotations
