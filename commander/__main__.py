@@ -14,8 +14,7 @@ from typing import Any
 import redis
 
 from commander.commander import Commander
-from commander.runtime import Runtime
-from commander.runtime.process import ProcessRuntime
+from commander.runtime import ProcessRuntime, Runtime
 from commander.settings import CommanderSettings
 from protocol.flags import Parser, add_flags, settings_from_flags
 from stores.connection import ClusterModeError, connect_rq, connect_sync, resolve_url
@@ -51,8 +50,7 @@ def _runtime(settings: CommanderSettings, url: str) -> Runtime | None:
 
 def _kubernetes(settings: CommanderSettings, url: str) -> Runtime | None:
     try:
-        from commander.runtime.k8s_api import KubeApi, api_client, default_namespace
-        from commander.runtime.kubernetes import KubernetesRuntime
+        from commander.runtime import KubeApi, KubernetesRuntime, api_client, default_namespace
     except ImportError as exc:
         log.error("the kubernetes runtime needs the official client: pip install 'fleet[k8s]' (%s)", exc)
         return None

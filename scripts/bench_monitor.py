@@ -31,8 +31,7 @@ from commander.commander import Commander
 from commander.metrics import Metrics
 from commander.monitor.api import Monitor
 from commander.monitor.board import Board
-from commander.runtime import Handles, Runtime, WorkerIds
-from commander.runtime.base import UnknownWorker
+from commander.runtime import Handles, Runtime, UnknownWorker, WorkerIds
 from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import encode

@@ -91,9 +91,9 @@ def run_mode(url: str, mode: str, trials: int, log_dir: Path) -> dict[str, objec
     fleet = Fleet(url)
     result: dict[str, object] = {"mode": mode, "trials": trials}
     try:
-        if rt.template is not None:
+        if rt.spawner.template is not None:
             began = time.perf_counter()
-            if not rt.template.start(wait=True):
+            if not rt.spawner.template.start(wait=True):
                 raise RuntimeError("the fork template did not start (see its log)")
             result["template_ready_ms"] = round((time.perf_counter() - began) * 1e3, 1)
         trial(rt, fleet, f"{mode}-warmup")  # not timed

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import NoReturn
 
-from protocol.template import MAX_EXITS, MAX_MSG, Message
+from protocol.fork_wire import MAX_EXITS, MAX_MSG, Message
 
 
 # --- the template process ------------------------------------------------------------------

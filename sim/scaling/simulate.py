@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from commander.evaluator import Evaluator
-from commander.runtime.base import WorkerHandle, WorkerState
+from commander.runtime.interface import Lifecycle, WorkerHandle
 from commander.snapshot import TierSnapshot
 from commander.views import TierSignals, snapshot, tier_rates, worker_views
 from protocol.models import Counters, OccupancyReport, Slots
@@ -60,8 +60,8 @@ from sim.scaling.model import (  # re-exported: the policies, scripts and tests 
 from sim.scaling.trace import TraceTurn
 
 _DONE, _READY, _REPORT, _PASS, _SAMPLE = range(5)
-_HANDLE_STATE = {"starting": WorkerState.STARTING, "ready": WorkerState.RUNNING,
-                 "draining": WorkerState.DRAINING}
+_HANDLE_STATE = {"starting": Lifecycle.STARTING, "ready": Lifecycle.RUNNING,
+                 "draining": Lifecycle.DRAINING}
 __all__ = ["Scale", "SimConfig", "SimPolicy", "SimResult", "SimWorker", "Simulator",
            "quantile", "simulate"]
 

@@ -4,7 +4,7 @@ them, checked without a cluster:
 - every object of both overlays validates, strictly (an unknown field is an error), against
   the API's JSON schemas that `kubernetes-validate` ships, for the oldest Kubernetes we claim
   and the newest it has;
-- the contract with the kubernetes runtime (commander/runtime/kubernetes.py): the Role's rules
+- the contract with the kubernetes runtime (commander/runtime/kubernetes/): the Role's rules
   exactly, the worker Deployments' names, labels, command, env, ports and probes;
 - what must agree across files: a tier's memory limit and its policy's memory_limit_mb, its
   grace period and drain_timeout_s, selectors and the pods they select, Secret references;
@@ -29,7 +29,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, latest_version
 
-from commander.runtime.k8s_model import deployment_of
+from commander.runtime.kubernetes.model import deployment_of
 from protocol.policy import Policy, parse_assignments, updated
 from tests.deploy.tools import K8S, OVERLAYS, REDIS_IMAGE, ROOT, by_kind, one, render, render_dir
 from tests.k8s.standin_writes import selector_matches
@@ -40,7 +40,7 @@ USER_SECRETS = {"fleet-redis", "fleet-redis-tls", "fleet-commander-token"}  # pr
 TLS_DIR = "/etc/fleet/tls"
 WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
-# The runtime's rules, exactly: the calls commander/runtime/k8s_api.py makes (its docstring's table)
+# The runtime's rules, exactly: the calls commander/runtime/kubernetes/api.py makes (its docstring's table)
 RUNTIME_RULES = {
     ("apps", "deployments"): {"list", "get", "create", "patch", "delete"},  # list; the rest: groups
     ("apps", "deployments/scale"): {"get", "patch"},

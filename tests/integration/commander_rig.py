@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import redis
 
 from commander.commander import Commander
-from commander.runtime import Handles, Runtime, WorkerHandle, WorkerIds, WorkerState
-from commander.runtime.process import UnknownWorker
+from commander.runtime import Handles, Lifecycle, Runtime, UnknownWorker, WorkerHandle, WorkerIds
 from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import decode, encode
@@ -80,7 +79,7 @@ class SimRuntime(Runtime):
 
     def add(self, wid: str, tier: str = "chat", outside: bool = False) -> SimWorker:
         """A registered, reporting worker: ours (in ``list()``), or one started ``outside``."""
-        handle = WorkerHandle(wid, tier, 10_000 + len(self.workers), WorkerState.RUNNING, self.clock.time())
+        handle = WorkerHandle(wid, tier, 10_000 + len(self.workers), Lifecycle.RUNNING, self.clock.time())
         info = WorkerInfo(worker=wid, tier=tier, pid=handle.pid, host="sim", started=handle.started,
                           handlers=list(HANDLERS))
         self.r.hset(keys.WORKERS, wid, encode(info))
@@ -93,16 +92,16 @@ class SimRuntime(Runtime):
         worker = self.workers.get(worker_id)
         if worker is None or worker.outside:
             raise UnknownWorker(worker_id)
-        worker.handle.state, worker.handle.retire_reason = WorkerState.DRAINING, reason
+        worker.handle.state, worker.handle.retire_reason = Lifecycle.DRAINING, reason
 
     def reap(self) -> Handles:
         for wid, worker in list(self.workers.items()):
-            if worker.handle.state is WorkerState.DRAINING and worker.busy == 0:  # drained: exits
+            if worker.handle.state is Lifecycle.DRAINING and worker.busy == 0:  # drained: exits
                 del self.workers[wid]
                 self.r.hdel(keys.WORKERS, wid)
                 self.r.delete(keys.heartbeat(wid))
                 worker.handle.state, worker.handle.exit_code, worker.handle.drained = \
-                    WorkerState.EXITED, 0, True
+                    Lifecycle.EXITED, 0, True
                 self._exited.append(worker.handle)
         out, self._exited = self._exited, []
         return out
@@ -124,7 +123,7 @@ class SimRuntime(Runtime):
                 continue
             read_policy(self.r, w.handle.tier, HANDLERS, record=True, reader=wid)
             w.handler_seconds += w.busy * dt
-            state = "draining" if w.handle.state is WorkerState.DRAINING else "ready"
+            state = "draining" if w.handle.state is Lifecycle.DRAINING else "ready"
             rep = OccupancyReport(worker=wid, tier=w.handle.tier, ts=self.clock.time(), state=state,
                                   users=w.busy, active_users=w.busy,
                                   slots=Slots(busy=w.busy, total=w.concurrency), rss=50_000_000,
@@ -163,7 +162,7 @@ class Rig:
             self.step(dt)
 
     def live(self) -> list[str]:
-        return sorted(w for w, s in self.runtime.workers.items() if s.handle.state is WorkerState.RUNNING)
+        return sorted(w for w, s in self.runtime.workers.items() if s.handle.state is Lifecycle.RUNNING)
 
     def park(self, n: int, tier: str = "chat") -> None:
         """``n`` turns waiting for a worker (notifications no worker has read)."""

@@ -21,7 +21,7 @@ import psutil
 import pytest
 import redis
 
-from commander.runtime import WorkerHandle, WorkerState
+from commander.runtime import Lifecycle, WorkerHandle
 from commander.runtime.process import ProcessRuntime, new_worker_id
 from fleet.client import Fleet
 from protocol import keys
@@ -137,7 +137,7 @@ def _wait_running(rt: ProcessRuntime, ids: list[str], timeout: float = 10.0) -> 
     def running() -> bool:
         rt.reap()
         states = {h.worker_id: h.state for h in rt.list()}
-        return all(states.get(i) is WorkerState.RUNNING for i in ids)
+        return all(states.get(i) is Lifecycle.RUNNING for i in ids)
 
     _until(running, timeout, f"{ids} to run")
 
@@ -167,7 +167,7 @@ def test_spawn_two_and_list(make_runtime, r, tmp_path: Path) -> None:
     rt = make_runtime()
     ids = rt.spawn("chat", 2)
     assert len(ids) == 2 and all(re.fullmatch(r"chat-[0-9a-f]{8}", i) for i in ids)
-    assert {h.state for h in rt.list()} == {WorkerState.STARTING}
+    assert {h.state for h in rt.list()} == {Lifecycle.STARTING}
     _wait_running(rt, ids)
     handles = {h.worker_id: h for h in rt.list()}
     assert set(handles) == set(ids)
@@ -186,7 +186,7 @@ def test_retire_drains_through_the_control_stream(make_runtime, r) -> None:
     keep, victim = rt.spawn("chat", 2)
     _wait_running(rt, [keep, victim])
     rt.retire(victim, "test", drain_timeout_s=10)
-    assert {h.worker_id: h.state for h in rt.list()}[victim] is WorkerState.DRAINING
+    assert {h.worker_id: h.state for h in rt.list()}[victim] is Lifecycle.DRAINING
     rt.retire(victim, "again")  # idempotent
     gone = _reap_until_exited(rt, victim)
     assert gone.exit_code == 0 and not gone.killed and gone.retire_reason == "test"
@@ -216,7 +216,7 @@ def test_stop_all_leaves_no_process(make_runtime, r) -> None:
     pids = [h.pid for h in rt.list()]
     stopped = rt.stop_all(timeout=1.0)
     assert {h.worker_id for h in stopped} == set(ids)
-    assert all(h.state is WorkerState.EXITED for h in stopped)
+    assert all(h.state is Lifecycle.EXITED for h in stopped)
     assert {h.worker_id for h in stopped if h.killed} == {ids[2]}
     assert not [p for p in pids if psutil.pid_exists(p)]  # reaped, not even zombies
     assert rt.list() == [] and r.hlen(keys.WORKERS) == 0
@@ -237,7 +237,7 @@ def test_adopt_finds_workers_from_the_registry(make_runtime, r, tmp_path: Path) 
     second = make_runtime(run_dir=tmp_path / "other-run")
     adopted = {h.worker_id: h for h in second.adopt()}
     assert set(adopted) == set(ids)
-    assert all(h.adopted and h.state is WorkerState.RUNNING for h in adopted.values())
+    assert all(h.adopted and h.state is Lifecycle.RUNNING for h in adopted.values())
     assert {h.pid for h in adopted.values()} == {h.pid for h in first.list()}
     assert second.adopt() == []  # already tracked
     second.retire(ids[0], "test", drain_timeout_s=10)
@@ -254,14 +254,14 @@ def test_adopt_finds_unregistered_workers_from_run_records(make_runtime, r) -> N
     (wid,) = first.spawn("late", 1)
     second = make_runtime()  # same run dir: a restarted commander
     (handle,) = second.adopt()
-    assert handle.worker_id == wid and handle.state is WorkerState.STARTING and handle.adopted
+    assert handle.worker_id == wid and handle.state is Lifecycle.STARTING and handle.adopted
     second.stop_all(timeout=0.5)
     assert not _exists(handle.pid)
 
 
 def test_adopt_ignores_dead_and_foreign_entries(make_runtime, r, tmp_path: Path) -> None:
     rt = make_runtime()
-    here = rt.host
+    here = rt.adoption.host
     entries = [
         WorkerInfo(worker="chat-deadbeef", tier="chat", pid=2**22 - 1, host=here, started=1.0),
         # alive, but not that worker: a reused pid

@@ -21,9 +21,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from commander.runtime import WorkerState
+from commander.runtime import Lifecycle
 from commander.runtime.process import ProcessRuntime
-from commander.runtime.template import TemplateSpawner
+from commander.runtime.process.fork_client import TemplateSpawner
 from fleet.client import Fleet
 from protocol import keys
 from protocol.policy import Policy
@@ -45,15 +45,15 @@ def make_runtime(redis_server, r, tmp_path: Path) -> Iterator[Callable[..., Proc
         kwargs.setdefault("log_dir", tmp_path / "logs")
         rt = ProcessRuntime(redis_server.url, **kwargs)  # type: ignore[arg-type]
         made.append(rt)
-        if rt.template is not None and rt.template.pid:
-            pids.add(rt.template.pid)
+        if rt.spawner.template is not None and rt.spawner.template.pid:
+            pids.add(rt.spawner.template.pid)
         return rt
 
     yield make
     for rt in made:
         pids.update(h.pid for h in rt.list())
-        if rt.template is not None and rt.template.pid:
-            pids.add(rt.template.pid)
+        if rt.spawner.template is not None and rt.spawner.template.pid:
+            pids.add(rt.spawner.template.pid)
         rt.stop_all(timeout=2.0)
     for rt in made:
         rt.reap()
@@ -73,7 +73,7 @@ def _wait_running(rt: ProcessRuntime, ids: list[str]) -> None:
     def running() -> bool:
         rt.reap()
         states = {h.worker_id: h.state for h in rt.list()}
-        return all(states.get(i) is WorkerState.RUNNING for i in ids)
+        return all(states.get(i) is Lifecycle.RUNNING for i in ids)
 
     wait_until(running, TIMEOUT, f"{ids} to run")
 
@@ -94,8 +94,8 @@ def _handle(rt: ProcessRuntime, worker_id: str):  # type: ignore[no-untyped-def]
 
 
 def _ready_template(rt: ProcessRuntime) -> int:
-    assert rt.template is not None and rt.template.start(wait=True)
-    pid = rt.template.pid
+    assert rt.spawner.template is not None and rt.spawner.template.start(wait=True)
+    pid = rt.spawner.template.pid
     assert pid is not None
     return pid
 
@@ -132,7 +132,7 @@ def test_retire_drains_a_forked_worker(make_runtime, redis_server, r) -> None:
     keep, victim = rt.spawn("chat", 2)
     _wait_running(rt, [keep, victim])
     rt.retire(victim, "test", drain_timeout_s=15)
-    assert _handle(rt, victim).state is WorkerState.DRAINING
+    assert _handle(rt, victim).state is Lifecycle.DRAINING
     gone = _reap_until_exited(rt, victim)
     # the exit code comes from the template, which reaped it
     assert gone.exit_code == 0 and not gone.killed and gone.retire_reason == "test"
@@ -183,8 +183,8 @@ def test_a_worker_survives_the_template_and_a_new_template_is_started(make_runti
         assert fleet.submit("carol", "anyone?").result(TIMEOUT).worker == old
         (new,) = rt.spawn("chat", 1)  # starts another template
         _wait_running(rt, [new])
-        assert rt.template is not None and rt.template.pid not in (None, first_template)
-        assert psutil.Process(_handle(rt, new).pid).ppid() == rt.template.pid
+        assert rt.spawner.template is not None and rt.spawner.template.pid not in (None, first_template)
+        assert psutil.Process(_handle(rt, new).pid).ppid() == rt.spawner.template.pid
     rt.retire(old, "test", drain_timeout_s=15)
     gone = _reap_until_exited(rt, old)  # an orphan now: seen through psutil, code unknown
     assert not gone.killed and gone.exit_code in (0, None)
@@ -198,9 +198,9 @@ def test_stop_all_leaves_no_process(make_runtime, r) -> None:
     pids = [h.pid for h in rt.list()]
     stopped = rt.stop_all(timeout=10)
     assert {h.worker_id for h in stopped} == set(ids)
-    assert all(h.state is WorkerState.EXITED and h.exit_code == 0 for h in stopped)
+    assert all(h.state is Lifecycle.EXITED and h.exit_code == 0 for h in stopped)
     assert not [p for p in [*pids, template_pid] if psutil.pid_exists(p)]  # not even zombies
-    assert rt.template is not None and rt.template.pid is None
+    assert rt.spawner.template is not None and rt.spawner.template.pid is None
     assert rt.list() == [] and r.hlen(keys.WORKERS) == 0
 
 
@@ -220,7 +220,7 @@ def test_adopt_finds_forked_workers_from_the_registry(make_runtime, tmp_path) ->
 
 
 def test_the_template_exits_with_its_parent(tmp_path) -> None:
-    code = ("import sys; from commander.runtime.template import TemplateSpawner; "
+    code = ("import sys; from commander.runtime.process.fork_client import TemplateSpawner; "
             f"t = TemplateSpawner(log_dir={str(tmp_path)!r}); assert t.start(); print(t.pid, flush=True)")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -239,7 +239,7 @@ def test_fallback_to_a_fresh_interpreter_when_the_template_cannot_start(
         exe = str(tmp_path / "fake-python")
         Path(exe).write_text("#!/bin/sh\necho 'no template here' >&2\nexit 3\n")
         Path(exe).chmod(0o755)
-    caplog.set_level(logging.WARNING, logger="commander.runtime.template")
+    caplog.set_level(logging.WARNING, logger="commander.runtime.process.fork_client")
     broken = TemplateSpawner({**os.environ, "REDIS_URL": redis_server.url}, tmp_path / "logs",
                              python=exe, start_timeout_s=10)
     rt = make_runtime(template=broken)
@@ -250,15 +250,15 @@ def test_fallback_to_a_fresh_interpreter_when_the_template_cannot_start(
         reply = parked.result(60)
     assert reply.ok and reply.worker == wid
     assert psutil.Process(_handle(rt, wid).pid).ppid() == os.getpid()  # exec'd by us
-    assert "fork template unavailable" in caplog.text and rt.template is not None
-    assert rt.template.pid is None
+    assert "fork template unavailable" in caplog.text and rt.spawner.template is not None
+    assert rt.spawner.template.pid is None
     stopped = rt.stop_all(timeout=10)
     assert [h.exit_code for h in stopped] == [0]
 
 
 def test_exec_mode_starts_no_template(make_runtime) -> None:
     rt = make_runtime(spawn_mode="exec")
-    assert rt.template is None
+    assert rt.spawner.template is None
     (wid,) = rt.spawn("chat", 1)
     assert psutil.Process(_handle(rt, wid).pid).ppid() == os.getpid()
     with pytest.raises(ValueError, match="spawn_mode"):

@@ -29,8 +29,8 @@ except ImportError:  # the k8s extra is missing: scripts/test installs it; CI mu
         raise
     pytest.skip("the kubernetes client is not installed (pip install -e '.[k8s]')", allow_module_level=True)
 
-from commander.runtime.k8s_api import KubeApi
-from commander.runtime.kubernetes import KubernetesRuntime
+from commander.runtime.kubernetes.api import KubeApi
+from commander.runtime.kubernetes.runtime import KubernetesRuntime
 
 NAMESPACE = "fleet"
 DEPLOYMENT = "fleet-worker-chat"
@@ -62,12 +62,13 @@ def api_for(stand: StandIn) -> KubeApi:
 
 @pytest.fixture
 def make_runtime(standin: StandIn, redis_server: RedisServer) -> Iterator[Callable[..., KubernetesRuntime]]:
-    """Factory of runtimes on the stand-in (listing every 0.1 s, checking autoscalers every 1 s)."""
+    """Factory of runtimes on the stand-in (listing every 0.1 s, checking autoscalers every 1 s);
+    ``api``: the calls to make instead of ``api_for(standin)``'s."""
     made: list[KubernetesRuntime] = []
 
-    def make(**kwargs: Any) -> KubernetesRuntime:
+    def make(api: Any = None, **kwargs: Any) -> KubernetesRuntime:
         kwargs = {"poll_s": 0.1, "check_ttl_s": 1.0, **kwargs}
-        runtime = KubernetesRuntime(api_for(standin), redis_server.client(), **kwargs)
+        runtime = KubernetesRuntime(api or api_for(standin), redis_server.client(), **kwargs)
         made.append(runtime)
         return runtime
 

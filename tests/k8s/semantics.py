@@ -1,5 +1,5 @@
 """The API server's and the ReplicaSet controller's rules the stand-in follows, written apart from
-the runtime's own code (``commander/runtime/k8s_model.py``) so that one cannot mirror the other's
+the runtime's own code (``commander/runtime/kubernetes/model.py``) so that one cannot mirror the other's
 mistakes: label selectors, merge and JSON patches, ``Status`` errors, and the order in which a
 ReplicaSet deletes pods on a scale-down.
 

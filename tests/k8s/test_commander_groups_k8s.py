@@ -1,4 +1,4 @@
-"""A real ``Commander`` on the ``kubernetes`` runtime with a grouped tier (issue 15): each group's
+"""A real ``Commander`` on the ``kubernetes`` runtime with a grouped tier: each group's
 pool is a Deployment of its own, scaled on the pool's own demand; a group that gives an image gets
 its Deployment made from a copy of the tier's; a group that can have none is rejected (ledgered,
 weight 0 for assignment) and the other group serves its users. Pods are real ``fleet worker``
@@ -57,7 +57,8 @@ def test_a_grouped_tier_serves_on_kubernetes_each_pool_following_its_demand(
     run_commander()
     wait_until(lambda: replicas(standin, BLUE) == 1 and replicas(standin, GREEN) == 1, 20,
                "each pool at its floor of 1, green's Deployment made")
-    (made,) = events(r, "chat.green", "deployment-created")
+    # (the pass ledgers the runtime's notes after it acts: the scale may be seen first)
+    (made,) = wait_until(lambda: events(r, "chat.green", "deployment-created"), 10, "the creation ledgered")
     assert f"Deployment {GREEN} created for group green of tier chat: a copy of {DEPLOYMENT}" in made.reason
 
     users = [f"b{i:02d}" for i in range(40)]

@@ -1,6 +1,6 @@
 """A real ``Commander`` with the ``kubernetes`` runtime against the stand-in API server, whose pods
-are real ``fleet worker`` processes: the ledger of a refusal and of a Pending pod, and the scenario
-of issue 13 (a burst scales the tier up, quiet scales it in, the pods that go are the ones the
+are real ``fleet worker`` processes: the ledger of a refusal and of a Pending pod, and a scale
+scenario (a burst scales the tier up, quiet scales it in, the pods that go are the ones the
 commander chose, idle first, and every turn gets exactly one reply)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from commander.runtime import Refused, WorkerState
+from commander.runtime import Lifecycle, Refused
 from protocol.groups import Group
 from protocol.policy import Policy
 from stores.policies import write_policy
@@ -46,7 +46,7 @@ def pods_of(standin: StandIn, name: str) -> list[str]:
 def running(runtime, pool: str, n: int) -> list[str]:
     def ok() -> list[str]:
         seen = states(runtime, pool)
-        return sorted(seen) if len(seen) == n and all(s is WorkerState.RUNNING for s in seen.values()) else []
+        return sorted(seen) if len(seen) == n and all(s is Lifecycle.RUNNING for s in seen.values()) else []
     return list(wait_until(ok, 30, f"{n} running workers of {pool}"))
 
 

@@ -1,4 +1,4 @@
-"""rq tiers on the ``kubernetes`` runtime (issue 16), against the stand-in API server whose pods
+"""rq tiers on the ``kubernetes`` runtime, against the stand-in API server whose pods
 run the real ``fleet rq-worker`` on the test's redis-server, each named after its pod.
 
 A burst of jobs grows the tier from no pod and the tier goes back to none once the queue is
@@ -17,7 +17,7 @@ import redis
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from commander.runtime import WorkerHandle, WorkerState
+from commander.runtime import Lifecycle, WorkerHandle
 from protocol import keys
 from protocol.codec import decode
 from protocol.deferral import Deferral
@@ -151,7 +151,7 @@ def one_running_pod(standin: StandIn, make_runtime):
 
     def running() -> list[str]:
         runtime.reap()
-        return [h.worker_id for h in runtime.list() if h.state is WorkerState.RUNNING]
+        return [h.worker_id for h in runtime.list() if h.state is Lifecycle.RUNNING]
 
     (pod,) = wait_until(running, 30, "the pod's RQ worker registered")
     return runtime, pod
@@ -166,11 +166,11 @@ def test_a_pod_deleted_mid_job_finishes_its_job_and_leaves_nothing(standin: Stan
 
     exits: list[WorkerHandle] = []
 
-    def state() -> WorkerState | None:
+    def state() -> Lifecycle | None:
         exits.extend(runtime.reap())  # an exit is handed over once: kept here
         return next((h.state for h in runtime.list() if h.worker_id == pod), None)
 
-    wait_until(lambda: state() is WorkerState.DRAINING, 10, "the pod draining")
+    wait_until(lambda: state() is Lifecycle.DRAINING, 10, "the pod draining")
     wait_until(lambda: [h for h in exits if h.worker_id == pod] or state() and False, 30, "the pod gone")
     (gone,) = [h for h in exits if h.worker_id == pod]
     assert gone.drained  # RQ's registry no longer has it: it deregistered, nothing left behind
@@ -194,7 +194,7 @@ def test_a_pod_whose_container_is_killed_mid_job_hands_it_back_when_it_restarts(
     stats = rqjobs.queue_stats(r, TIER)
     assert (stats.failed, stats.started, stats.queued) == (0, 0, 0)
     runtime.reap()
-    assert {h.worker_id: h.state for h in runtime.list()} == {pod: WorkerState.RUNNING}
+    assert {h.worker_id: h.state for h in runtime.list()} == {pod: Lifecycle.RUNNING}
     with standin.cluster.lock:
         statuses = standin.cluster.pods[pod]["status"]["containerStatuses"]
     assert statuses[0]["restartCount"] == 1

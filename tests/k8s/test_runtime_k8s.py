@@ -10,9 +10,9 @@ import pytest
 import redis
 
 from commander import __main__ as commander_main
-from commander.runtime import Refused, WorkerHandle, WorkerState
-from commander.runtime.k8s_api import ApiException
-from commander.runtime.kubernetes import KubernetesRuntime
+from commander.runtime import Lifecycle, Refused, WorkerHandle
+from commander.runtime.kubernetes.api import ApiException
+from commander.runtime.kubernetes.runtime import KubernetesRuntime
 from commander.settings import CommanderSettings
 from fleet.client import Fleet
 from protocol import keys
@@ -22,7 +22,7 @@ from protocol.policy import Policy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
 from tests.k8s.cluster import Ended
-from tests.k8s.conftest import DEPLOYMENT, answered_once, running_and_ready
+from tests.k8s.conftest import DEPLOYMENT, answered_once, api_for, running_and_ready
 from tests.k8s.semantics import deletion_order
 from tests.k8s.standin import StandIn
 
@@ -35,7 +35,7 @@ def registered(r: redis.Redis) -> dict[str, WorkerInfo]:
     return {i.worker: i for i in infos if r.exists(keys.heartbeat(i.worker))}
 
 
-def states(runtime, tier: str = "chat") -> dict[str, WorkerState]:
+def states(runtime, tier: str = "chat") -> dict[str, Lifecycle]:
     runtime.reap()
     return {h.worker_id: h.state for h in runtime.list() if h.tier == tier}
 
@@ -49,10 +49,10 @@ def test_spawn_raises_replicas_and_placeholders_count_until_pods_register(standi
     assert len(ids) == 2 and all(i.startswith(f"{DEPLOYMENT}:starting-") for i in ids)
     assert standin.cluster.deployments[DEPLOYMENT]["spec"]["replicas"] == 2
     # the pods do not exist yet, or are Pending: two starting workers either way (anti-windup)
-    assert [h.state for h in runtime.live("chat")] == [WorkerState.STARTING] * 2
+    assert [h.state for h in runtime.live("chat")] == [Lifecycle.STARTING] * 2
     standin.wait_for(lambda c: len(c.pods) == 2, 10, "two pods")
     def both_running() -> list[str]:
-        running = sorted(w for w, s in states(runtime).items() if s is WorkerState.RUNNING)
+        running = sorted(w for w, s in states(runtime).items() if s is Lifecycle.RUNNING)
         return running if running == sorted(standin.cluster.pods) else []
 
     running = wait_until(both_running, 30, "both pods registered and running")
@@ -96,14 +96,14 @@ def test_retire_deletes_the_chosen_pod_not_the_replicasets_guess_and_loses_no_tu
     pods = running_and_ready(standin, 3)
     guess = rs_guess(standin)
     victim = next(p for p in pods if p != guess)
-    wait_until(lambda: all(s is WorkerState.RUNNING for s in states(runtime).values()) and states(runtime),
+    wait_until(lambda: all(s is Lifecycle.RUNNING for s in states(runtime).values()) and states(runtime),
                20, "three running workers")
     with Fleet(redis_server.url) as fleet:
         handles = fleet.submit_many([(f"u{i:02d}", f"turn {i}") for i in range(12)])
         wait_until(lambda: r.exists(*(keys.lane(f"u{i:02d}") for i in range(12))) >= 6, 20,
                    "every worker busy with turns")
         runtime.retire(victim, "reclaim-idle: test", drain_timeout_s=15)
-        assert {h.worker_id: h.state for h in runtime.list()}[victim] is WorkerState.DRAINING
+        assert {h.worker_id: h.state for h in runtime.list()}[victim] is Lifecycle.DRAINING
         assert sorted(h.worker_id for h in runtime.live("chat")) == sorted(set(pods) - {victim})
         answered_once(r, fleet, handles, timeout=60)
 
@@ -134,8 +134,8 @@ def test_a_pending_pod_is_starting_and_goes_before_a_victim_that_keeps_serving(s
         return next((h for h in runtime.list() if h.worker_id == pending and h.pending_since), None)
 
     handle = wait_until(seen_pending, 10, "the runtime to see the pod Pending")
-    assert handle.state is WorkerState.STARTING and handle.pending_why.startswith("Unschedulable: 0/1 nodes")
-    wait_until(lambda: states(runtime).get(serving) is WorkerState.RUNNING, 20, "the serving pod registered")
+    assert handle.state is Lifecycle.STARTING and handle.pending_why.startswith("Unschedulable: 0/1 nodes")
+    wait_until(lambda: states(runtime).get(serving) is Lifecycle.RUNNING, 20, "the serving pod registered")
 
     runtime.retire(serving, "reclaim-idle: test")  # the ReplicaSet deletes the Pending pod first
     standin.wait_for(lambda c: pending in c.ended, 10, "the Pending pod deleted")
@@ -143,7 +143,7 @@ def test_a_pending_pod_is_starting_and_goes_before_a_victim_that_keeps_serving(s
     (note,) = runtime.notes()
     assert (note.action, note.workers) == ("substituted", (pending,))
     assert f"{serving} keeps serving" in note.reason
-    assert states(runtime)[serving] is WorkerState.RUNNING and serving in registered(r)
+    assert states(runtime)[serving] is Lifecycle.RUNNING and serving in registered(r)
     assert standin.cluster.deployments[DEPLOYMENT]["spec"]["replicas"] == 1
 
 
@@ -171,8 +171,7 @@ def test_refusals_are_cached_keda_absent_is_none_and_a_concurrent_write_is_retri
 
     with standin.cluster.lock:
         del standin.cluster.scaled_objects["chat-scaler"]
-    racing = make_runtime()
-    racing.api = RacingApi(racing.api, standin)
+    racing = make_runtime(api=RacingApi(api_for(standin), standin))
     assert racing.spawn("chat", 2)
     assert standin.cluster.deployments[DEPLOYMENT]["spec"]["replicas"] == 3  # the other writer's 1, then +2
     assert standin.cluster.requests["PATCH scale"] == 2  # a 409 Conflict, read again, written
@@ -239,7 +238,7 @@ def test_the_commander_builds_the_runtime_from_a_kubeconfig_or_refuses_to_start(
     runtime = commander_main._runtime(settings, redis_server.url)
     assert isinstance(runtime, KubernetesRuntime)
     try:
-        assert runtime.namespace == "fleet"  # the context's namespace
+        assert runtime.api.namespace == "fleet"  # the context's namespace
         assert runtime.refusal("chat") == ("no Deployment labelled app.kubernetes.io/component=worker,"
                                            "fleet.dev/tier=chat in namespace fleet (the manifests name "
                                            "it fleet-worker-chat)")

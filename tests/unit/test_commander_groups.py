@@ -12,7 +12,7 @@ import fakeredis
 import pytest
 
 from commander.commander import Commander
-from commander.runtime import Handles, Runtime, WorkerHandle, WorkerIds, WorkerState
+from commander.runtime import Handles, Lifecycle, Runtime, WorkerHandle, WorkerIds
 from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import decode
@@ -46,7 +46,7 @@ class Recording(Runtime):
         for _ in range(n):
             self.n += 1
             wid = f"{tier}-{self.n}"
-            self.handles[wid] = WorkerHandle(wid, tier, 1000 + self.n, WorkerState.RUNNING, time.time())
+            self.handles[wid] = WorkerHandle(wid, tier, 1000 + self.n, Lifecycle.RUNNING, time.time())
             ids.append(wid)
         return ids
 
@@ -58,7 +58,7 @@ class Recording(Runtime):
 
     def retire(self, worker_id: str, reason: str = "", drain_timeout_s: float | None = None) -> None:
         self.retired.append(worker_id)
-        self.handles[worker_id].state = WorkerState.DRAINING
+        self.handles[worker_id].state = Lifecycle.DRAINING
 
     def reap(self) -> Handles:
         return []
@@ -73,7 +73,7 @@ class Recording(Runtime):
         return list(self.handles.values())
 
     def count(self, pool: str) -> int:
-        return sum(1 for h in self.handles.values() if h.tier == pool and h.state is WorkerState.RUNNING)
+        return sum(1 for h in self.handles.values() if h.tier == pool and h.state is Lifecycle.RUNNING)
 
 
 @pytest.fixture

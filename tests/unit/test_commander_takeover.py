@@ -13,7 +13,7 @@ import pytest
 
 from commander.commander import Commander
 from commander.metrics import Metrics, sample
-from commander.runtime import Handles, Runtime, WorkerHandle, WorkerIds, WorkerState
+from commander.runtime import Handles, Lifecycle, Runtime, WorkerHandle, WorkerIds
 from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import decode, encode
@@ -52,8 +52,8 @@ class StubRuntime(Runtime):
         return list(self.handles.values())
 
     def exit(self, worker: str, code: int | None = -9, **how: object) -> None:
-        handle = self.handles.pop(worker, None) or WorkerHandle(worker, T, 1, WorkerState.RUNNING, 0.0)
-        handle.state, handle.exit_code = WorkerState.EXITED, code
+        handle = self.handles.pop(worker, None) or WorkerHandle(worker, T, 1, Lifecycle.RUNNING, 0.0)
+        handle.state, handle.exit_code = Lifecycle.EXITED, code
         for name, value in how.items():
             setattr(handle, name, value)
         self.exited.append(handle)
@@ -145,7 +145,7 @@ def test_an_expired_heartbeat_of_a_worker_it_does_not_run(r, rig) -> None:
     held_by(r, "chat-live", "erin")
     register(r, "chat-live", alive=True)
     held_by(r, "chat-ours", "fay")  # ours: judged by its process, not by its heartbeat
-    runtime.handles["chat-ours"] = WorkerHandle("chat-ours", T, 7, WorkerState.RUNNING, time.time())
+    runtime.handles["chat-ours"] = WorkerHandle("chat-ours", T, 7, Lifecycle.RUNNING, time.time())
 
     commander.pass_once(time.time())
 
@@ -199,12 +199,12 @@ def test_only_the_leader_takes_over(r, rig) -> None:
 
 def test_a_worker_exit_ends_the_wait_for_the_next_pass(r, rig) -> None:
     """The takeover starts when the commander sees the exit: not up to a whole pass interval
-    later (issue 8: takeover p99 of a process the commander runs, goal 1 s)."""
+    later (the goal: a takeover p99 of 1 s for a process the commander runs)."""
     import threading
 
     commander, runtime, _metrics = rig
     commander.settings = commander.settings.model_copy(update={"interval_s": 30.0})
-    runtime.handles["chat-w1"] = WorkerHandle("chat-w1", T, 1, WorkerState.RUNNING, 0.0)
+    runtime.handles["chat-w1"] = WorkerHandle("chat-w1", T, 1, Lifecycle.RUNNING, 0.0)
     runtime.has_exits = lambda: bool(runtime.exited)  # type: ignore[method-assign]
     killer = threading.Timer(0.3, runtime.exit, args=("chat-w1",))
     killer.start()

@@ -1,5 +1,5 @@
-"""Groups on the kubernetes runtime, the pure parts (commander/runtime/k8s_model.py's pools,
-k8s_clone.py): the pool of an object's labels, a group's selector and name, what the runtime does
+"""Groups on the kubernetes runtime, the pure parts (commander/runtime/kubernetes/model.py's
+pools, clone.py): the pool of an object's labels, a group's selector and name, what the runtime does
 for a group given the Deployments listed, the copy of a tier's Deployment for a group, and the
 patch of an image. Tables of cases; no API server."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from commander.runtime.k8s_clone import COPIED_FROM, clone_for_group, group_action, image_patch
-from commander.runtime.k8s_model import (
+from commander.runtime.kubernetes.clone import COPIED_FROM, clone_for_group, group_action, image_patch
+from commander.runtime.kubernetes.model import (
     Deployment,
     conventional_name,
     deployment_of,

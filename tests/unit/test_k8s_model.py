@@ -1,4 +1,4 @@
-"""The kubernetes runtime's pure parts (commander/runtime/k8s_model.py, k8s_view.py): what it reads
+"""The kubernetes runtime's pure parts (commander/runtime/kubernetes/model.py, reconcile.py): what it reads
 of the API's JSON, which Deployment is a tier's, who else autoscales it, the ReplicaSet's order
 as far as a victim cares, the deletion costs to write, the placeholders, and the view of the
 pods joined with the registry. Tables of cases; no API server, no Redis."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from commander.runtime.base import WorkerHandle, WorkerState
-from commander.runtime.k8s_model import (
+from commander.runtime.interface import Lifecycle, WorkerHandle
+from commander.runtime.kubernetes.model import (
     COST_MIN,
     DELETION_COST,
     Deployment,
@@ -25,7 +25,7 @@ from commander.runtime.k8s_model import (
     tier_deployment,
     tier_selector,
 )
-from commander.runtime.k8s_view import Retiring, live_pods, placeholders, reconcile
+from commander.runtime.kubernetes.reconcile import Retiring, live_pods, placeholders, reconcile
 
 LABELS = {"app.kubernetes.io/component": "worker", "fleet.dev/tier": "chat"}
 
@@ -182,39 +182,39 @@ def test_placeholders_leave_out_ending_retired_and_going_pods() -> None:
     assert placeholders("no Deployment", pods, retiring, ()) == 0
 
 
-def handle(name: str, state: WorkerState, **kw: object) -> WorkerHandle:
+def handle(name: str, state: Lifecycle, **kw: object) -> WorkerHandle:
     return WorkerHandle(name, "chat", 0, state, 1.0, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("pod", "registry", "retiring", "going", "state"), [
-    (Pod("p", "chat", "Pending", ""), {}, {}, (), WorkerState.STARTING),
-    (Pod("p", "chat", "Running", "n1"), {}, {}, (), WorkerState.STARTING),  # not registered yet
-    (Pod("p", "chat", "Running", "n1"), {"p": False}, {}, (), WorkerState.STARTING),  # heartbeat gone
-    (Pod("p", "chat", "Running", "n1"), {"p": True}, {}, (), WorkerState.RUNNING),
-    (Pod("p", "chat", "Running", "n1", deleting=True), {"p": True}, {}, (), WorkerState.DRAINING),
-    (Pod("p", "chat", "Running", "n1"), {"p": True}, {"p": Retiring(0, "r")}, (), WorkerState.DRAINING),
-    (Pod("p", "chat", "Pending", ""), {}, {}, ("p",), WorkerState.DRAINING),
+    (Pod("p", "chat", "Pending", ""), {}, {}, (), Lifecycle.STARTING),
+    (Pod("p", "chat", "Running", "n1"), {}, {}, (), Lifecycle.STARTING),  # not registered yet
+    (Pod("p", "chat", "Running", "n1"), {"p": False}, {}, (), Lifecycle.STARTING),  # heartbeat gone
+    (Pod("p", "chat", "Running", "n1"), {"p": True}, {}, (), Lifecycle.RUNNING),
+    (Pod("p", "chat", "Running", "n1", deleting=True), {"p": True}, {}, (), Lifecycle.DRAINING),
+    (Pod("p", "chat", "Running", "n1"), {"p": True}, {"p": Retiring(0, "r")}, (), Lifecycle.DRAINING),
+    (Pod("p", "chat", "Pending", ""), {}, {}, ("p",), Lifecycle.DRAINING),
     # retired, but its container restarted and the pod is not terminating: the ReplicaSet kept it
     (Pod("p", "chat", "Running", "n1", restarts=1), {"p": True}, {"p": Retiring(0, "r")}, (),
-     WorkerState.RUNNING),
-    (Pod("p", "chat", "Running", "n1"), None, {}, (), WorkerState.STARTING),  # registry unreadable
+     Lifecycle.RUNNING),
+    (Pod("p", "chat", "Running", "n1"), None, {}, (), Lifecycle.STARTING),  # registry unreadable
 ])
 def test_a_pods_state_joins_the_pod_the_registry_and_what_the_runtime_did(
         pod: Pod, registry: dict[str, bool] | None, retiring: dict[str, Retiring], going: tuple[str, ...],
-        state: WorkerState) -> None:
+        state: Lifecycle) -> None:
     view = reconcile({}, [pod], registry, retiring, going, now=100.0)
     assert view.handles["p"].state is state
     assert view.revived == (["p"] if pod.restarts and retiring else [])
 
 
 def test_an_ended_pod_is_an_exit_once_and_drained_only_if_it_left_the_registry() -> None:
-    prior = {"a": handle("a", WorkerState.DRAINING, retire_reason="reclaim-idle"),
-             "b": handle("b", WorkerState.RUNNING), "c": handle("c", WorkerState.RUNNING)}
+    prior = {"a": handle("a", Lifecycle.DRAINING, retire_reason="reclaim-idle"),
+             "b": handle("b", Lifecycle.RUNNING), "c": handle("c", Lifecycle.RUNNING)}
     pods = [Pod("c", "chat", "Failed", "n1")]  # evicted
     view = reconcile(prior, pods, {"b": False, "c": True}, {}, (), now=100.0)
     exits = {h.worker_id: h for h in view.exits}
     assert set(exits) == {"a", "b", "c"} and not view.handles
-    assert all(h.state is WorkerState.EXITED for h in exits.values())
+    assert all(h.state is Lifecycle.EXITED for h in exits.values())
     assert exits["a"].drained and exits["a"].retire_reason == "reclaim-idle"  # deregistered: clean
     assert not exits["b"].drained and not exits["c"].drained  # entries left: taken over
     again = reconcile(view.handles, pods, {}, {}, (), now=101.0)
@@ -230,4 +230,4 @@ def test_a_pending_pod_says_since_when_and_why_and_a_first_listing_adopts() -> N
                                                                                 50.0, True)
     later = reconcile(view.handles, [Pod("p", "chat", "Running", "n1", created=50.0)], {"p": True}, {}, (),
                       now=120.0)
-    assert later.handles["p"].pending_since is None and later.handles["p"].state is WorkerState.RUNNING
+    assert later.handles["p"].pending_since is None and later.handles["p"].state is Lifecycle.RUNNING

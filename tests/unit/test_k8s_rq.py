@@ -1,4 +1,4 @@
-"""The kubernetes runtime's rq tiers, pure parts (commander/runtime/k8s_rq.py): which pods' RQ
+"""The kubernetes runtime's rq tiers, pure parts (commander/runtime/kubernetes/rq_pods.py): which pods' RQ
 registrations are read, the registry a pod's state is read from, what an ended pod left behind,
 and the grace period warning; and the rq views' use of the pod's state (commander/rqtier.py).
 Tables of cases; no API server, no Redis."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from commander.rqtier import RqWorkerSeen, rq_views
-from commander.runtime.base import WorkerHandle, WorkerState
-from commander.runtime.k8s_model import Deployment, Pod
-from commander.runtime.k8s_rq import rq_names, rq_registry, short_grace
-from commander.runtime.k8s_view import reconcile
+from commander.runtime.interface import Lifecycle, WorkerHandle
+from commander.runtime.kubernetes.model import Deployment, Pod
+from commander.runtime.kubernetes.reconcile import reconcile
+from commander.runtime.kubernetes.rq_pods import rq_names, rq_registry, short_grace
 
 TIER = "writeback"
 
@@ -21,7 +21,7 @@ def pod(name: str, phase: str = "Running", ready: bool = True, tier: str = TIER,
     return Pod(name=name, tier=tier, phase=phase, node="n1", ready=ready, created=1.0, deleting=deleting)
 
 
-def handle(name: str, state: WorkerState = WorkerState.RUNNING, tier: str = TIER) -> WorkerHandle:
+def handle(name: str, state: Lifecycle = Lifecycle.RUNNING, tier: str = TIER) -> WorkerHandle:
     return WorkerHandle(name, tier, 0, state, 1.0)
 
 
@@ -45,22 +45,22 @@ def test_the_registry_of_an_rq_pod(the_pod: Pod | None, registered: bool, expect
 
 
 @pytest.mark.parametrize(("the_pod", "registered", "state"), [
-    (pod("p"), True, WorkerState.RUNNING),
-    (pod("p", ready=False), True, WorkerState.STARTING),  # a dead RQ worker's entry does not count
-    (pod("p"), False, WorkerState.STARTING),  # the container runs; RQ has no worker of it yet
-    (pod("p", deleting=True), True, WorkerState.DRAINING),  # warm shutdown under way
+    (pod("p"), True, Lifecycle.RUNNING),
+    (pod("p", ready=False), True, Lifecycle.STARTING),  # a dead RQ worker's entry does not count
+    (pod("p"), False, Lifecycle.STARTING),  # the container runs; RQ has no worker of it yet
+    (pod("p", deleting=True), True, Lifecycle.DRAINING),  # warm shutdown under way
 ])
-def test_a_pods_state_from_rqs_registry(the_pod: Pod, registered: bool, state: WorkerState) -> None:
+def test_a_pods_state_from_rqs_registry(the_pod: Pod, registered: bool, state: Lifecycle) -> None:
     view = reconcile({}, [the_pod], rq_registry(["p"], [registered], [the_pod]), {}, (), now=10.0)
     assert view.handles["p"].state is state
 
 
 @pytest.mark.parametrize(("registered", "drained"), [(False, True), (True, False)])
 def test_an_ended_pod_left_nothing_when_rq_no_longer_has_it(registered: bool, drained: bool) -> None:
-    prior = {"p": handle("p", WorkerState.DRAINING)}
+    prior = {"p": handle("p", Lifecycle.DRAINING)}
     view = reconcile(prior, [], rq_registry(["p"], [registered], []), {}, (), now=10.0)
     (gone,) = view.exits
-    assert gone.state is WorkerState.EXITED and gone.drained is drained  # not drained: its job is reaped
+    assert gone.state is Lifecycle.EXITED and gone.drained is drained  # not drained: its job is reaped
 
 
 @pytest.mark.parametrize(("grace_s", "drain_s", "rq", "says"), [
@@ -81,12 +81,12 @@ def test_a_short_grace_period_is_said(grace_s: float | None, drain_s: float | No
 
 
 @pytest.mark.parametrize(("state", "seen", "view"), [
-    (WorkerState.RUNNING, "idle", "ready"),
-    (WorkerState.RUNNING, None, "starting"),
-    (WorkerState.STARTING, "busy", "starting"),  # the pod's state says its RQ worker is not alive
-    (WorkerState.DRAINING, "busy", "draining"),
+    (Lifecycle.RUNNING, "idle", "ready"),
+    (Lifecycle.RUNNING, None, "starting"),
+    (Lifecycle.STARTING, "busy", "starting"),  # the pod's state says its RQ worker is not alive
+    (Lifecycle.DRAINING, "busy", "draining"),
 ])
-def test_an_rq_view_needs_the_runtime_to_say_running(state: WorkerState, seen: str | None, view: str) -> None:
+def test_an_rq_view_needs_the_runtime_to_say_running(state: Lifecycle, seen: str | None, view: str) -> None:
     rq = [RqWorkerSeen("p", seen, "j")] if seen else []
     (v,) = rq_views(TIER, [handle("p", state)], rq)
     assert v.state == view

@@ -1,4 +1,4 @@
-"""What a new commander needs to adopt an rq tier's RQ workers (issue 16): their run records
+"""What a new commander needs to adopt an rq tier's RQ workers: their run records
 say they are RQ workers, RQ's worker registry is read for the ones without a record, and only
 a worker id of the process runtime's form names a tier."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 import fakeredis
 import pytest
 
-from commander.runtime import WorkerHandle, WorkerState
-from commander.runtime.procs import looks_like_rq_worker, tier_of
+from commander.runtime import Lifecycle, WorkerHandle
+from commander.runtime.process.identity import looks_like_rq_worker
+from commander.runtime.process.launch import tier_of
 from protocol import keys
 from stores.records import read_records, write_record
 from stores.registry import RqEntry, rq_entries
@@ -41,7 +42,7 @@ def test_rq_worker_names_from_the_registry_set(member: str, name: str | None) ->
 
 def test_run_records_say_which_workers_are_rq_workers(tmp_path: Path) -> None:
     for wid, rq in (("writeback-0123abcd", True), ("chat-0123abcd", False)):
-        write_record(tmp_path, WorkerHandle(wid, wid.split("-")[0], 1, WorkerState.RUNNING, 1.0), None, rq=rq)
+        write_record(tmp_path, WorkerHandle(wid, wid.split("-")[0], 1, Lifecycle.RUNNING, 1.0), None, rq=rq)
     (tmp_path / "old-00000000.json").write_text('{"worker": "old-00000000", "tier": "old", "pid": 1, '
                                                 '"started": 1.0}')  # written before the flag
     assert {rec["worker"]: rec["rq"] for rec in read_records(tmp_path)} == {

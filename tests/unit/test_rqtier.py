@@ -1,4 +1,4 @@
-"""An rq tier's inputs to ``decide`` (issue 16), as tables: RQ's registry and queues in, the
+"""An rq tier's inputs to ``decide``, as tables: RQ's registry and queues in, the
 same pure ``decide`` out."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from commander.rqtier import (
     rq_snapshot,
     rq_views,
 )
-from commander.runtime import WorkerHandle, WorkerState
+from commander.runtime import Lifecycle, WorkerHandle
 from commander.settings import CommanderSettings
 from protocol.policy import Policy, PolicyError, parse_policy
 
@@ -33,7 +33,7 @@ def policy(**over: Any) -> Policy:
     return Policy(**{**base, **over})
 
 
-def handle(i: int, state: WorkerState = WorkerState.RUNNING, tier: str = TIER) -> WorkerHandle:
+def handle(i: int, state: Lifecycle = Lifecycle.RUNNING, tier: str = TIER) -> WorkerHandle:
     return WorkerHandle(f"rq-{i}", tier, 100 + i, state, NOW - 100 + i)
 
 
@@ -46,8 +46,8 @@ def judge(handles: list[WorkerHandle], seen: list[RqWorkerSeen], queued: int, p:
 
 
 def test_views_follow_rqs_registry() -> None:
-    handles = [handle(0), handle(1), handle(2), handle(3, WorkerState.DRAINING),
-               handle(4, WorkerState.EXITED), handle(5, tier="other")]
+    handles = [handle(0), handle(1), handle(2), handle(3, Lifecycle.DRAINING),
+               handle(4, Lifecycle.EXITED), handle(5, tier="other")]
     seen = [RqWorkerSeen("rq-0", "busy", "j"), RqWorkerSeen("rq-1", "idle"), RqWorkerSeen("rq-3", "busy")]
     views = {v.id: v for v in rq_views(TIER, handles, seen)}
     assert set(views) == {"rq-0", "rq-1", "rq-2", "rq-3"}  # exited and other tiers' left out

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from commander.runtime.base import WorkerHandle, WorkerState
+from commander.runtime.interface import Lifecycle, WorkerHandle
 from commander.runtime_notes import no_capacity_reason, overdue
 
 
-def wh(name: str, since: float | None, state: WorkerState = WorkerState.STARTING, tier: str = "chat",
+def wh(name: str, since: float | None, state: Lifecycle = Lifecycle.STARTING, tier: str = "chat",
        why: str = "") -> WorkerHandle:
     return WorkerHandle(name, tier, 0, state, 0.0, pending_since=since, pending_why=why)
 
@@ -18,7 +18,7 @@ def wh(name: str, since: float | None, state: WorkerState = WorkerState.STARTING
     ([wh("a", 100.0), wh("b", 30.0)], ["b"]),  # waited 0 s and 70 s; the limit is 60
     ([wh("a", None), wh("b", 39.0)], ["b"]),
     ([wh("a", 10.0, tier="vip")], []),
-    ([wh("a", 10.0, state=WorkerState.EXITED)], []),
+    ([wh("a", 10.0, state=Lifecycle.EXITED)], []),
     ([wh("a", 40.0)], []),  # exactly the limit: not over it
 ])
 def test_workers_waiting_past_the_pending_timeout(handles: list[WorkerHandle], late: list[str]) -> None:

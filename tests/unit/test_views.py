@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from commander.evaluator import Evaluator, occupancy_of
-from commander.runtime import WorkerHandle, WorkerState
+from commander.runtime import Lifecycle, WorkerHandle
 from commander.views import stale_after, worker_views
 from protocol.models import Counters, OccupancyReport, Slots, WorkerInfo
 from protocol.policy import Policy
@@ -21,7 +21,7 @@ def report(worker: str, ts: float, busy: int = 0, state: str = "ready", handler_
                            counters=Counters(handler_seconds=handler_s), load=(0, 0, 0))
 
 
-def handle(worker: str, state: WorkerState = WorkerState.RUNNING, started: float = 0.0) -> WorkerHandle:
+def handle(worker: str, state: Lifecycle = Lifecycle.RUNNING, started: float = 0.0) -> WorkerHandle:
     return WorkerHandle(worker, "chat", 1, state, started)
 
 
@@ -33,12 +33,12 @@ def views(handles, reports, registry=None, trusted_since=0.0):
 
 
 @pytest.mark.parametrize(("reports", "handle_state", "want_state", "want_fresh"), [
-    ([], WorkerState.STARTING, "starting", False),  # spawned, no report yet
-    ([report("w", NOW - 0.5)], WorkerState.RUNNING, "ready", True),
-    ([report("w", NOW - stale_after(POLICY) - 0.1)], WorkerState.RUNNING, "ready", False),  # stale
-    ([report("w", NOW - 0.5, state="draining")], WorkerState.RUNNING, "draining", True),
-    ([report("w", NOW - 0.5)], WorkerState.DRAINING, "draining", True),  # retired by the runtime
-    ([report("w", NOW - 0.5, state="starting")], WorkerState.RUNNING, "starting", True),
+    ([], Lifecycle.STARTING, "starting", False),  # spawned, no report yet
+    ([report("w", NOW - 0.5)], Lifecycle.RUNNING, "ready", True),
+    ([report("w", NOW - stale_after(POLICY) - 0.1)], Lifecycle.RUNNING, "ready", False),  # stale
+    ([report("w", NOW - 0.5, state="draining")], Lifecycle.RUNNING, "draining", True),
+    ([report("w", NOW - 0.5)], Lifecycle.DRAINING, "draining", True),  # retired by the runtime
+    ([report("w", NOW - 0.5, state="starting")], Lifecycle.RUNNING, "starting", True),
 ], ids=["no-report", "fresh", "stale", "reports-draining", "runtime-draining", "reports-starting"])
 def test_state_and_freshness(reports, handle_state, want_state, want_fresh):
     v = views([handle("w", handle_state)], reports)["w"]
@@ -60,13 +60,13 @@ def test_exited_workers_are_gone_and_registered_ones_with_a_heartbeat_count():
     info = WorkerInfo(worker="remote", tier="chat", pid=9, host="other", started=5.0)
     dead = WorkerInfo(worker="dead", tier="chat", pid=8, host="other", started=5.0)
     other_tier = WorkerInfo(worker="gpu1", tier="gpu", pid=7, host="other", started=5.0)
-    got = views([handle("gone", WorkerState.EXITED)], [report("remote", NOW - 0.2)],
+    got = views([handle("gone", Lifecycle.EXITED)], [report("remote", NOW - 0.2)],
                 {"remote": (info, True), "dead": (dead, False), "gpu1": (other_tier, True)})
     assert set(got) == {"remote"} and got["remote"].state == "ready" and got["remote"].started == 5.0
 
 
 def test_the_oldest_ready_worker_is_the_reception():
-    got = views([handle("b", started=2.0), handle("a", started=3.0), handle("c", WorkerState.STARTING, 1.0)],
+    got = views([handle("b", started=2.0), handle("a", started=3.0), handle("c", Lifecycle.STARTING, 1.0)],
                 [report("a", NOW - 0.1), report("b", NOW - 0.1)])
     assert [w for w, v in got.items() if v.is_reception] == ["b"]
 

@@ -1,4 +1,4 @@
-"""The ``kubernetes`` runtime's rq tiers (issue 16): a mixin of ``KubernetesRuntime``.
+"""The ``kubernetes`` runtime's rq tiers: which pods run RQ workers, and RQ's registry of them.
 
 A tier of kind rq has a Deployment found as a turns tier's is (``app.kubernetes.io/component=
 worker``, ``fleet.dev/tier=<tier>``) whose container runs ``fleet rq-worker --queues …``: each
@@ -13,14 +13,15 @@ differs from a turns tier:
   worker hands back what the dead one held: ``worker/rq_worker.py``).
 - An ended pod *left nothing behind* (``drained``) when RQ's registry no longer has its name: a
   warm shutdown deregisters last thing; one still registered died with its job, which the
-  commander hands back to RQ (``commander/rqtier.py``).
+  commander hands back to RQ.
 - *Retiring* sends no drain over Redis: the pod's deletion is its kubelet's SIGTERM, RQ's warm
   shutdown (the job in hand finishes, then the worker exits), within the pod's
   ``terminationGracePeriodSeconds``; a shorter grace than the tier's ``drain_timeout_s`` is
   warned about once per Deployment (``short_grace``).
 
 RQ's registry is read only for the pods of tiers the commander said are rq (``configure``):
-without one, RQ's keys are none of this runtime's business (SECURITY.md's ACL).
+without one, RQ's keys are none of this runtime's business (the commander's ACL may not grant
+them).
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import redis
 
-from commander.runtime.base import WorkerHandle
-from commander.runtime.k8s_model import Deployment, Pod
+from commander.runtime.interface import WorkerHandle
+from commander.runtime.kubernetes.model import Deployment, Pod
 from stores.registry import rq_registered
 from stores.retry import TRANSIENT
 
-log = logging.getLogger("commander.runtime.kubernetes")  # the runtime's logger
+log = logging.getLogger(__name__)
 RQ_JOB_TIMEOUT_S = 180  # RQ's default job timeout: what a warm shutdown may have to wait for
 
 
@@ -47,7 +48,7 @@ def rq_names(tiers: Iterable[str], pods: Iterable[Pod], handles: Iterable[Worker
 
 
 def rq_registry(names: Sequence[str], registered: Sequence[bool], pods: Iterable[Pod]) -> dict[str, bool]:
-    """The registry ``k8s_view.reconcile`` reads for rq pods: a name RQ has -> whether its pod is
+    """The registry ``reconcile.reconcile`` reads for rq pods: a name RQ has -> whether its pod is
     Running and Ready (its RQ worker alive); a name RQ does not have is left out (not registered,
     and on exit: left nothing behind)."""
     alive = {p.name: p.phase == "Running" and p.ready for p in pods}
@@ -71,24 +72,28 @@ def short_grace(deployment: Deployment, drain_timeout_s: float | None, rq: bool,
 
 
 class RqPods:
-    """The rq side of ``KubernetesRuntime``, which provides the state below."""
+    """The rq tiers (``configure``), and the registry their pods' states are read from."""
 
-    r: redis.Redis
-    _rq: dict[str, tuple[str, ...]]  # rq tiers (configure): tier -> its queues
-    _handles: dict[str, WorkerHandle]
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+        self._tiers: dict[str, tuple[str, ...]] = {}  # tier -> its queues
 
     def configure(self, tier: str, kind: str, queues: Sequence[str] = ()) -> None:
         """Remember the rq tiers (their pods run RQ workers on ``queues``)."""
         if kind == "rq":
-            self._rq[tier] = tuple(queues) or (tier,)
+            self._tiers[tier] = tuple(queues) or (tier,)
         else:
-            self._rq.pop(tier, None)
+            self._tiers.pop(tier, None)
 
-    def _registered(self, registry: Mapping[str, bool] | None,
-                    pods: Sequence[Pod]) -> Mapping[str, bool] | None:
-        """Fleet's registry, and for the rq tiers' pods RQ's (see ``rq_registry``); None when
-        either could not be read (the pods keep their states)."""
-        names = rq_names(self._rq, pods, self._handles.values())
+    def __contains__(self, tier: object) -> bool:
+        """Whether ``tier`` is an rq tier."""
+        return tier in self._tiers
+
+    def registered(self, registry: Mapping[str, bool] | None, pods: Sequence[Pod],
+                   handles: Iterable[WorkerHandle]) -> Mapping[str, bool] | None:
+        """Fleet's ``registry``, and for the rq tiers' pods RQ's (see ``rq_registry``); None when
+        either could not be read (the pods keep their states). ``handles``: the last view's."""
+        names = rq_names(self._tiers, pods, handles)
         if registry is None or not names:
             return registry
         try:

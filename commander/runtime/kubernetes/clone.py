@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from commander.runtime.k8s_model import (
+from commander.runtime.kubernetes.model import (
     COPIED_FROM,
     GROUP_LABEL,
     TIER_LABEL,

@@ -1,10 +1,10 @@
-"""The fork template's client: how the process runtime asks ``worker.template`` for workers.
+"""The fork template's client: how the process runtime asks a fork template for workers.
 
-``worker/template.py`` is the template itself (a pre-imported worker interpreter that forks
-workers, DESIGN §5 "Act": fast). ``TemplateSpawner`` starts it as ``python -m worker.template
---fd N`` on one end of a ``SOCK_SEQPACKET`` pair and sends it spawn requests; if the template
-cannot start or dies, workers are started as fresh interpreters instead. The wire format is
-in ``protocol/template.py``.
+A fork template (``launch.FORK_TEMPLATE_MODULE``) is a pre-imported worker interpreter that
+forks workers, so a new one serves within ~100 ms, not the ~350-500 ms a fresh interpreter
+spends importing. ``TemplateSpawner`` starts it on one end of a ``SOCK_SEQPACKET`` pair and
+sends it spawn requests (the wire format is ``protocol/fork_wire.py``); if the template cannot
+start or dies, workers start as fresh interpreters instead.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from commander.runtime.procs import TEMPLATE_MODULE, SpawnError, start_fresh, worker_command
-from protocol.template import MAX_EXITS, MAX_MSG, Message
+from commander.runtime.process.launch import SpawnError, fork_template_command, start_fresh, worker_command
+from protocol.fork_wire import MAX_EXITS, MAX_MSG, Message
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,6 @@ class TemplateDied(TemplateError):
     """The template exited while a request was under way."""
 
 
-# --- the client: used by the process runtime -----------------------------------------------
 @dataclass(frozen=True)
 class Spawned:
     """A started worker: forked by the template, or a fresh interpreter (``popen`` set)."""
@@ -113,7 +112,7 @@ class TemplateSpawner:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            argv = [self.python, "-m", TEMPLATE_MODULE, "--fd", str(theirs.fileno())]
+            argv = fork_template_command(self.python, theirs.fileno())
             with open(self.log_dir / "template.log", "ab") as out:
                 self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                               stderr=subprocess.STDOUT, env=self.env,

@@ -1,7 +1,7 @@
-"""The fork template's wire format, shared by its client (``commander/runtime/template.py``)
-and the template (``worker/template.py``).
+"""The fork template's wire format, shared by the template (in ``worker/``) and its client
+(``commander/runtime/process/fork_client.py``).
 
-Wire format: one JSON object per ``SOCK_SEQPACKET`` message.
+One JSON object per ``SOCK_SEQPACKET`` message.
   template -> client: ``{"ready": pid}`` once; ``{"exit": pid, "code": n}`` per reaped child;
                       ``{"id": n, "pid": pid}`` or ``{"id": n, "error": "..."}`` per request.
   client -> template: ``{"id", "tier", "worker_id", "log", "cwd", "set": {}, "unset": []}``.

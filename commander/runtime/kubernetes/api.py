@@ -6,7 +6,7 @@ of its own in the commander's thread). Every call asks for the raw response
 (``_preload_content=False``) and reads the JSON the API server sent: the runtime works on
 the API's own documents, whatever generation of the client's model classes is installed.
 
-The calls on one Deployment and on budgets serve groups (``k8s_groups.py``): a group's
+The calls on one Deployment and on budgets serve groups (``group_deployments.py``): a group's
 Deployment made from a copy of its tier's, with its PodDisruptionBudget, its image set when the
 group's changes, and both deleted once the group is gone from the policy for good (only what
 the runtime made itself).
@@ -33,7 +33,7 @@ call                               resource                      verb
 =================================  ============================  ==========
 
 A 404 on ScaledObjects means KEDA is not installed: none. Any other error is raised
-(``ApiException``, or urllib3's for a connection) for the runtime to handle.
+(``ApiException``, or urllib3's for a connection: ``API_ERRORS``) for the runtime to handle.
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from commander.runtime.k8s_model import (
+from commander.runtime.kubernetes.model import (
     DELETION_COST,
     WORKERS_SELECTOR,
     Deployment,
@@ -57,7 +58,15 @@ from commander.runtime.k8s_model import (
 
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 TIMEOUT = (3.05, 15.0)  # (connect, read) seconds of every call: a stuck API must not stall a pass
-__all__ = ["TIMEOUT", "ApiException", "KubeApi", "api_client", "default_namespace"]
+API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)  # ValueError: bad JSON
+__all__ = ["API_ERRORS", "TIMEOUT", "ApiException", "KubeApi", "api_client", "default_namespace", "describe"]
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an API error."""
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason or ''}".strip()
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
 
 
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -142,7 +151,7 @@ class KubeApi:
             self.namespace, body, _preload_content=False, _request_timeout=TIMEOUT)))
 
     def create_budget(self, body: dict[str, Any]) -> None:
-        """Create a PodDisruptionBudget from its JSON (``k8s_clone.budget_for``); one of that name
+        """Create a PodDisruptionBudget from its JSON (``clone.budget_for``); one of that name
         existing already (a 409) is taken as made."""
         _done_unless(self.policy.create_namespaced_pod_disruption_budget, self.namespace, body, already=409)
 
@@ -155,7 +164,7 @@ class KubeApi:
         _done_unless(self.policy.delete_namespaced_pod_disruption_budget, name, self.namespace, already=404)
 
     def set_image(self, name: str, ops: list[dict[str, Any]]) -> Deployment | None:
-        """Apply a JSON patch (``k8s_clone.image_patch``: a ``test`` of the container's name, then
+        """Apply a JSON patch (``clone.image_patch``: a ``test`` of the container's name, then
         a ``replace`` of its image) to a Deployment; return it as patched."""
         return deployment_of(_body(self.apps.patch_namespaced_deployment(
             name, self.namespace, ops, _preload_content=False, _request_timeout=TIMEOUT)))

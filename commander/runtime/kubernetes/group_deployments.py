@@ -1,88 +1,83 @@
-"""Groups on the ``kubernetes`` runtime (a mixin of ``KubernetesRuntime``): each group's pool
-``<tier>.<group>`` is one Deployment, found by its labels, made from a copy of its tier's when
-the group gives an image and none exists, its image set when the group's changes
-(``k8s_clone.py`` decides; this writes).
+"""Groups on the ``kubernetes`` runtime: each group's pool ``<tier>.<group>`` is one Deployment,
+found by its labels, made from a copy of its tier's when the group gives an image and none
+exists, its image set when the group's changes (``clone.py`` decides; this writes).
 
-``check_group(pool)``, which the commander asks every pass for every group's pool, and
-``refusal(pool)``, which it asks before acting, both bring the pool's Deployment in line with
-the group (``_group_check``): so a new group gets its Deployment (at 0 replicas) as soon as
-the policy names it, and an image edit rolls the pool out at the next pass. A created
-Deployment is ledgered (``deployment-created``), an image set too (``rollout``: the Deployment
-replaces its pods with the new image by its own strategy). A group that can have no Deployment
-here (none labelled for it and no image; a Deployment named by the group but labelled for
-another pool; several) is rejected with the reason; so is one whose write failed, for
-``WRITE_BACKOFF_S``, after which it is tried again.
+The runtime's ``check_group(pool)``, which the commander asks every pass for every group's
+pool, and ``refusal(pool)``, which it asks before acting, both bring the pool's Deployment in
+line with the group (``GroupDeployments.check``): so a new group gets its Deployment (at 0
+replicas) as soon as the policy names it, and an image edit rolls the pool out at the next
+pass. A created Deployment is noted (``deployment-created``), an image set too (``rollout``:
+the Deployment replaces its pods with the new image by its own strategy). A group that can have
+no Deployment here (none labelled for it and no image; a Deployment named by the group but
+labelled for another pool; several) is rejected with the reason; so is one whose write failed,
+while ``Writes`` holds the pool's writes off, after which it is tried again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 
 import redis
 
-from commander.runtime.base import RuntimeNote
-from commander.runtime.k8s_api import ApiException, KubeApi
-from commander.runtime.k8s_clone import GroupAction, budget_for, clone_for_group, group_action, image_patch
-from commander.runtime.k8s_listing import API_ERRORS, describe
-from commander.runtime.k8s_model import Deployment, Pod, deployment_of
+from commander.runtime.interface import RuntimeNote
+from commander.runtime.kubernetes.api import API_ERRORS, ApiException, KubeApi, describe
+from commander.runtime.kubernetes.clone import (
+    GroupAction,
+    budget_for,
+    clone_for_group,
+    group_action,
+    image_patch,
+)
+from commander.runtime.kubernetes.listing import Listing
+from commander.runtime.kubernetes.model import Deployment, deployment_of
+from commander.runtime.kubernetes.writes import Writes
 from protocol.groups import Group, split_pool
 from stores.policies import read_policy
 from stores.retry import TRANSIENT
 
-log = logging.getLogger("commander.runtime.kubernetes")  # the runtime's logger
+log = logging.getLogger(__name__)
 
 
 class GroupDeployments:
-    """The groups' side of ``KubernetesRuntime``, which provides the state below."""
+    """Brings each group's Deployment in line with its group; deletes the ones it made once
+    their group is gone. What it did goes to ``note``, for the ledger."""
 
-    api: KubeApi
-    r: redis.Redis
-    namespace: str
-    monotonic: Callable[[], float]
-    _deployments: list[Deployment] | None
-    _pods: list[Pod]
-    _notes: list[RuntimeNote]
-    _failed: dict[str, tuple[float, str]]
-    _refresh: Callable[..., None]
-    _writing: Callable[[Deployment], contextlib.AbstractContextManager[None]]
+    def __init__(self, api: KubeApi, listing: Listing, writes: Writes, r: redis.Redis,
+                 note: Callable[[RuntimeNote], None]) -> None:
+        self.api, self.listing, self.writes, self.r, self.note = api, listing, writes, r, note
 
-    def check_group(self, pool: str) -> str | None:
-        """Why the group of ``pool`` can have no Deployment here, or None (it has one, now)."""
-        self._refresh()
-        return self._group_check(pool)
-
-    def _group_check(self, pool: str) -> str | None:
+    def check(self, pool: str) -> str | None:
         """Bring the pool's Deployment in line with its group (create it, set its image); why it
         cannot be, or None. None too for a tier's own pool, a pool no group names any more, and
         while the Deployments or the policy cannot be read (``refusal`` says so, or nothing)."""
         tier, name = split_pool(pool)
         group = self._group(tier, name) if name else None
-        if group is None or self._deployments is None:
+        deployments = self.listing.deployments
+        if group is None or deployments is None:
             return None
-        until, why = self._failed.get(pool, (0.0, ""))
-        if self.monotonic() < until:
+        why = self.writes.held(pool)
+        if why is not None:
             return why
-        action = group_action(pool, group.deployment, group.image, self._deployments, self.namespace)
+        action = group_action(pool, group.deployment, group.image, deployments, self.api.namespace)
         if action.kind == "refuse":
             return action.why
         if action.kind == "ok":
             return None
         try:
-            self._group_write(pool, action, group)
+            self._write(pool, action, group)
         except API_ERRORS:
-            return self._failed[pool][1]
+            return self.writes.held(pool)
         return None
 
-    def pool_forgotten(self, pool: str) -> None:
+    def forgotten(self, pool: str) -> None:
         """Delete the Deployment this runtime made for a group now gone from its policy (its
         ``copied-from`` annotation says so), and its budget, once it has no replica and no pod:
         a ``deployment-deleted`` note. A Deployment of yours (no annotation) stays, as does one
         still running pods; a delete that fails is noted, not retried (delete it by hand)."""
-        self._refresh(force=True)
-        for d in [d for d in self._deployments or () if d.tier == pool]:
-            pods = [p.name for p in self._pods if p.tier == pool]
+        self.listing.refresh(force=True)
+        for d in [d for d in self.listing.deployments or () if d.tier == pool]:
+            pods = [p.name for p in self.listing.pods if p.tier == pool]
             if not d.copied_from or d.replicas or pods:
                 why = "not made by Fleet" if not d.copied_from else f"{d.replicas} replicas, pods {pods}"
                 log.info("pool %s is gone from its tier's policy; Deployment %s stays: %s", pool, d.name, why)
@@ -91,16 +86,16 @@ class GroupDeployments:
                 self.api.delete_deployment(d.name)
                 self.api.delete_budget(d.name)
             except API_ERRORS as exc:
-                self._notes.append(RuntimeNote(pool, "deployment-kept", (
+                self.note(RuntimeNote(pool, "deployment-kept", (
                     f"Deployment {d.name}, made for a group now gone from the policy, could not be deleted "
                     f"({describe(exc)}): delete it and its PodDisruptionBudget by hand")))
                 continue
-            self._deployments = [x for x in self._deployments or () if x.name != d.name]
+            self.listing.drop_deployment(d.name)
             note = RuntimeNote(pool, "deployment-deleted", (
                 f"Deployment {d.name} and its PodDisruptionBudget deleted: made for group "
                 f"{split_pool(pool)[1]}, which its tier's policy no longer names, and running no pod"))
             log.info("pool %s: %s", pool, note.reason)
-            self._notes.append(note)
+            self.note(note)
 
     def _group(self, tier: str, name: str) -> Group | None:
         try:
@@ -110,7 +105,7 @@ class GroupDeployments:
             return None
         return next((g for g in policy.groups if g.name == name), None)
 
-    def _group_write(self, pool: str, action: GroupAction, group: Group) -> None:
+    def _write(self, pool: str, action: GroupAction, group: Group) -> None:
         assert action.deployment is not None and group.image is not None  # (group_action's promise)
         if action.kind == "create":
             made, budget = self._create(pool, action.deployment, action.name, group.image)
@@ -122,14 +117,14 @@ class GroupDeployments:
             note = RuntimeNote(pool, "rollout", (
                 f"Deployment {made.name}: image {action.deployment.image or '(none)'} -> {group.image}: "
                 f"a rollout of pool {pool} (its Deployment replaces its pods by its own strategy)"))
-        self._deployments = [d for d in self._deployments or () if d.name != made.name] + [made]
+        self.listing.put_deployment(made)
         log.info("pool %s: %s", pool, note.reason)
-        self._notes.append(note)
+        self.note(note)
 
     def _create(self, pool: str, source: Deployment, name: str, image: str) -> tuple[Deployment, str]:
         """The group's Deployment, made; and what became of its PodDisruptionBudget (a budget
         that cannot be made, a Role without the verb say, is reported, not a reason to refuse)."""
-        with self._writing(Deployment(name, pool, 0)):
+        with self.writes.writing(Deployment(name, pool, 0)):
             body = clone_for_group(self.api.deployment(source.name), pool, image, name)
             try:
                 made = self.api.create_deployment(body)
@@ -148,7 +143,7 @@ class GroupDeployments:
         return made, f"PodDisruptionBudget {name} (maxUnavailable 1)"
 
     def _set_image(self, deployment: Deployment, image: str) -> Deployment:
-        with self._writing(deployment):
+        with self.writes.writing(deployment):
             ops = image_patch(self.api.deployment(deployment.name), image)
             made = self.api.set_image(deployment.name, ops)
             if made is None or made.tier != deployment.tier:

@@ -1,67 +1,17 @@
-"""Local worker processes: how a fresh one is started and how a pid is known to still be it.
-
-Shared by the ``process`` runtime and the fork template (``template.py``). Pids are always
-checked together with their creation time (or the command line), so a reused pid is never
-mistaken for a worker, reported alive or signalled.
-"""
+"""Whether a pid is still the worker it was: pids are always checked together with their
+creation time (or the command line), so a reused pid is never mistaken for a worker, reported
+alive or signalled. psutil, because a forked or adopted worker is not our child."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
-import subprocess
-import sys
-from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import psutil
 
-from stores import home
-
-TEMPLATE_MODULE = "worker.template"  # in the command line of every forked worker
-WORKER_ID = re.compile(r"(?P<tier>[a-z0-9][a-z0-9_-]{0,31})-[0-9a-f]{8}")  # new_worker_id's form
+from commander.runtime.process.launch import FORK_TEMPLATE_MODULE
 
 
-class SpawnError(RuntimeError):
-    """A worker process could not be started."""
-
-
-def worker_command(tier: str, worker_id: str, python: str | None = None) -> list[str]:
-    """The argv of a real worker (the contract of ``worker/__main__.py``), run by ``python``
-    (a group's virtualenv) or by this interpreter."""
-    return [python or sys.executable, "-m", "worker", "--tier", tier, "--worker-id", worker_id]
-
-
-def rq_worker_command(queues: Sequence[str], worker_id: str) -> list[str]:
-    """The argv of an RQ worker of Fleet's (``worker/rq_worker.py``) on ``queues``."""
-    return [sys.executable, "-m", "worker.rq_worker", "--queues", ",".join(queues), "--name", worker_id]
-
-
-def tier_of(worker_id: str) -> str | None:
-    """The tier of a worker id the process runtime made (``<tier>-<8 hex>``), else None."""
-    m = WORKER_ID.fullmatch(worker_id)
-    return m["tier"] if m else None
-
-
-def child_env(url: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a worker: ``REDIS_URL`` set, the code importable, output unbuffered."""
-    return home.child_env({"REDIS_URL": url}, base)
-
-
-def start_fresh(argv: list[str], env: Mapping[str, str], log_path: Path,
-                what: str = "worker") -> subprocess.Popen[bytes]:
-    """Start ``argv`` as a fresh process in its own session, output appended to ``log_path``."""
-    try:
-        with open(log_path, "ab") as out:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, env=dict(env),
-                                    start_new_session=True)
-    except OSError as exc:
-        raise SpawnError(f"cannot start {what}: {argv[0]}: {exc}") from exc
-
-
-# --- process identity ----------------------------------------------------------------------
 def process_of(pid: int) -> psutil.Process | None:
     """The process ``pid`` with its creation time cached (``is_running()`` compares it later)."""
     try:
@@ -102,7 +52,7 @@ def looks_like_worker(pid: int, worker_id: str, started: float) -> psutil.Proces
         return None
     if worker_id in " ".join(cmdline).split():  # (a title is one argv string with spaces)
         return proc
-    forked = TEMPLATE_MODULE in cmdline and proc.create_time() <= started + 1.0
+    forked = FORK_TEMPLATE_MODULE in cmdline and proc.create_time() <= started + 1.0
     return proc if forked else None
 
 

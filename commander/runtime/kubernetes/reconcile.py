@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from commander.runtime.base import WorkerHandle, WorkerState
-from commander.runtime.k8s_model import Deployment, Pod, outstanding
+from commander.runtime.interface import Lifecycle, WorkerHandle
+from commander.runtime.kubernetes.model import Deployment, Pod, outstanding
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,21 +48,21 @@ class View:
 
 def _exited(handle: WorkerHandle, registry: Mapping[str, bool] | None) -> WorkerHandle:
     left_nothing = registry is not None and handle.worker_id not in registry
-    return replace(handle, state=WorkerState.EXITED, drained=left_nothing, pending_since=None)
+    return replace(handle, state=Lifecycle.EXITED, drained=left_nothing, pending_since=None)
 
 
-def _live_state(pod: Pod, prior: WorkerState | None, registry: Mapping[str, bool] | None) -> WorkerState:
+def _live_state(pod: Pod, prior: Lifecycle | None, registry: Mapping[str, bool] | None) -> Lifecycle:
     if registry is None:  # unreadable: as it was, or starting
-        return prior if prior in (WorkerState.RUNNING, WorkerState.STARTING) else WorkerState.STARTING
+        return prior if prior in (Lifecycle.RUNNING, Lifecycle.STARTING) else Lifecycle.STARTING
     if pod.phase == "Running" and registry.get(pod.name, False):
-        return WorkerState.RUNNING
-    return WorkerState.STARTING
+        return Lifecycle.RUNNING
+    return Lifecycle.STARTING
 
 
 def _handle(pod: Pod, prior: WorkerHandle | None, now: float, first: bool) -> WorkerHandle:
     if prior is not None:
         return replace(prior)
-    return WorkerHandle(pod.name, pod.tier, 0, WorkerState.STARTING, pod.created or now, adopted=first)
+    return WorkerHandle(pod.name, pod.tier, 0, Lifecycle.STARTING, pod.created or now, adopted=first)
 
 
 def reconcile(prior: Mapping[str, WorkerHandle], pods: Sequence[Pod], registry: Mapping[str, bool] | None,
@@ -92,7 +92,7 @@ def reconcile(prior: Mapping[str, WorkerHandle], pods: Sequence[Pod], registry: 
         handle.pending_since = pod.created if pod.pending else None
         handle.pending_why = pod.waiting if pod.pending else ""
         if pod.deleting or mark is not None or pod.name in going:
-            handle.state = WorkerState.DRAINING
+            handle.state = Lifecycle.DRAINING
             handle.retire_reason = mark.reason if mark else (handle.retire_reason or None)
         else:
             handle.state = _live_state(pod, before.state if before else None, registry)

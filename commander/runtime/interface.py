@@ -1,7 +1,7 @@
-"""The runtime interface: how the control plane starts and stops workers (DESIGN §5 "Act").
+"""The runtime interface: how the control plane starts and stops workers.
 
 A runtime only *acts*: it spawns, drains and kills workers and reports what it sees. It never
-decides how many there should be; the commander does. One runtime per file behind this
+decides how many there should be; the commander does. One runtime per package behind this
 interface: ``process`` and ``kubernetes``.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-class WorkerState(enum.StrEnum):
+class Lifecycle(enum.StrEnum):
     """Where a worker is in its life, as the runtime sees it."""
 
     STARTING = "starting"  # spawned, not yet registered with a heartbeat
@@ -22,7 +22,7 @@ class WorkerState(enum.StrEnum):
     EXITED = "exited"  # the process is gone
 
 
-LIVE_STATES = (WorkerState.STARTING, WorkerState.RUNNING)
+LIVE_STATES = (Lifecycle.STARTING, Lifecycle.RUNNING)
 
 
 @dataclass
@@ -32,7 +32,7 @@ class WorkerHandle:
     worker_id: str
     tier: str
     pid: int
-    state: WorkerState
+    state: Lifecycle
     started: float  # unix seconds
     exit_code: int | None = None  # None while alive, or when the exit status is unknown (adopted)
     adopted: bool = False  # found in the registry, not spawned by this runtime instance
@@ -145,4 +145,4 @@ class Runtime(ABC):
     def has_exits(self) -> bool:
         """Whether a worker exited since the last ``reap`` (cheap: the commander asks it often
         while it waits, so that a dead worker's users are taken over at once)."""
-        return any(h.state is WorkerState.EXITED for h in self.list())
+        return any(h.state is Lifecycle.EXITED for h in self.list())

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from commander.runtime.procs import SpawnError
-from commander.runtime.template import TemplateSpawner
+from commander.runtime.process.fork_client import TemplateSpawner
+from commander.runtime.process.launch import SpawnError
 
 log = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 60.0

@@ -1,0 +1,172 @@
+"""The ``process`` runtime: workers are local processes, each in its own session.
+
+A worker outlives a commander restart; the next commander adopts it from its run record or
+the registry. The runtime is a short loop over three collaborators, each owning its state:
+
+- ``spawner`` (``spawner.py``): starts a worker, forked by a fork template or as a fresh
+  interpreter; the groups' interpreters and their checks;
+- ``workers`` (``workers.py``): the tracked workers, their exits, drains, deadlines,
+  registrations, run records and registry cleanup;
+- ``adoption`` (``adoption.py``): finds the live workers a previous commander left.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import redis
+from redis.exceptions import RedisClusterException, RedisError
+
+from commander.runtime.interface import Handles, Runtime, WorkerIds
+from commander.runtime.process.adoption import Adoption
+from commander.runtime.process.fork_client import TemplateSpawner
+from commander.runtime.process.interpreters import GroupRejected
+from commander.runtime.process.launch import worker_command
+from commander.runtime.process.spawner import CommandBuilder, Spawner, SpawnMode
+from commander.runtime.process.workers import LocalWorkers
+from protocol.groups import split_pool, validate_pool
+from protocol.policy import Policy, PolicyError, parse_policy
+from stores.connection import connect_rq, connect_sync, resolve_url
+from stores.policies import read_good_policy, read_policy
+
+log = logging.getLogger(__name__)
+
+
+class ProcessRuntime(Runtime):
+    """Local worker processes. Not thread-safe: one loop owns it."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        url: str | None = None,
+        log_dir: Path | str = Path(".fleet/logs"),
+        *,
+        run_dir: Path | str | None = None,
+        command: CommandBuilder = worker_command,
+        drain_timeout: Callable[[str], float] | None = None,
+        start_timeout_s: float = 120.0,
+        client: redis.Redis | None = None,
+        spawn_mode: SpawnMode = "fork",
+        template: TemplateSpawner | None = None,
+        rq_url: str | None = None,
+    ) -> None:
+        """``spawn_mode="fork"`` applies to the real worker only (the default ``command``);
+        ``template`` replaces the fork template built from ``url`` and ``log_dir`` (tests);
+        ``rq_url``: RQ's Redis (RQ workers' registry, and their ``FLEET_RQ_URL``), else Fleet's
+        own; ``drain_timeout``: a tier's, else its policy's ``drain_timeout_s``."""
+        url = resolve_url(url)
+        log_dir = Path(log_dir).resolve()
+        run_dir = Path(run_dir).resolve() if run_dir else log_dir.parent / "run"
+        self.r = client if client is not None else connect_sync(url, retries=2, socket_timeout=5)
+        self.rq = connect_rq(rq_url) if rq_url else self.r
+        self.workers = LocalWorkers(run_dir, self.r, self.rq, start_timeout_s=start_timeout_s,
+                                    drain_timeout=drain_timeout or self._policy_drain_timeout)
+        self.adoption = Adoption(self.name, socket.gethostname(), run_dir, self.r, self.rq)
+        self.spawner = Spawner(url, log_dir, command=command, spawn_mode=spawn_mode, template=template,
+                               rq_url=rq_url)
+
+    @property
+    def log_dir(self) -> Path:
+        """Where each worker's output goes (``<worker id>.log``)."""
+        return self.spawner.log_dir
+
+    def close(self) -> None:
+        """Close the Redis clients and stop the fork templates (the workers keep running)."""
+        self.spawner.close()
+        self.r.close()
+        if self.rq is not self.r:
+            self.rq.close()
+
+    def _policy_drain_timeout(self, tier: str) -> float:
+        """The tier's last good policy's ``drain_timeout_s`` (the default if unreadable)."""
+        try:
+            return parse_policy(read_good_policy(self.r, tier) or b"{}").drain_timeout_s
+        except (RedisError, OSError, RedisClusterException, PolicyError):  # TRANSIENT, or a bad policy
+            return Policy().drain_timeout_s
+
+    def configure(self, tier: str, kind: str, queues: Sequence[str] = ()) -> None:
+        """An rq tier's workers are started as ``worker.rq_worker`` on its queues."""
+        self.spawner.configure(tier, kind, queues)
+
+    # --- act -----------------------------------------------------------------------------
+    def spawn(self, tier: str, n: int = 1) -> WorkerIds:
+        """Start ``n`` workers of ``tier`` (or of a group's pool ``<tier>.<group>``, run by the
+        group's interpreter); raise ``SpawnError`` if one cannot start, ``GroupRejected`` if the
+        group's interpreter is missing or cannot load its handler."""
+        validate_pool(tier)
+        if n < 0:
+            raise ValueError(f"cannot spawn {n} workers")
+        python = None
+        if n > 0:
+            python, why = self._group_interpreter(tier)
+            if why is not None:
+                raise GroupRejected(why)
+        ids = []
+        for _ in range(n):
+            tracked = self.spawner.start(tier, python)
+            self.workers.add(tracked)
+            ids.append(tracked.handle.worker_id)
+        return ids
+
+    def check_group(self, pool: str) -> str | None:
+        """Why the group of ``pool`` cannot run here: its interpreter cannot load its handler."""
+        return self._group_interpreter(pool)[1]
+
+    def _group_interpreter(self, pool: str) -> tuple[str | None, str | None]:
+        """The interpreter of ``pool``'s group (None: this one), and why it cannot run the
+        group's handler (None: it can), from the tier's policy."""
+        tier, group = split_pool(pool)
+        if not group:
+            return None, None
+        policy = read_policy(self.r, tier).policy
+        found = next((g for g in policy.groups if g.name == group), None)
+        python = found.python if found is not None else None
+        if python is None:
+            return None, None
+        return python, self.spawner.check(python, policy.group_handler(group))
+
+    def retire(self, worker_id: str, reason: str = "",
+               drain_timeout_s: float | None = None) -> None:
+        """Drain a worker now; ``reap()`` kills it if it is still alive after the timeout."""
+        self.workers.retire(worker_id, reason, drain_timeout_s)
+
+    def stop_all(self, timeout: float | None = None) -> Handles:
+        """Drain every worker (control stream and SIGTERM), wait, SIGKILL the rest.
+
+        The fork template stops too (the next ``spawn`` starts it again): nothing is left.
+        """
+        self.workers.stop_all(timeout)
+        self.spawner.stop_template()
+        return self.reap()
+
+    # --- observe -------------------------------------------------------------------------
+    def list(self) -> Handles:
+        """Every tracked worker (exit status refreshed, no Redis I/O)."""
+        return self.workers.handles()
+
+    def has_exits(self) -> bool:
+        """Whether a tracked worker has exited since the last ``reap`` (no Redis I/O)."""
+        return self.workers.any_exited()
+
+    def reap(self) -> Handles:
+        """Collect exits, kill overdue drains and stuck starts, note registrations."""
+        return self.workers.reap()
+
+    def adopt(self) -> Handles:
+        """Track live local workers from run records and the registry; drop dead records."""
+        found = self.adoption.find(self.workers)
+        for worker_id, entry_too in found.dead.items():
+            self.workers.forget(worker_id, registry=entry_too)
+        for tracked in found.live:
+            self.workers.add(tracked)
+            handle = tracked.handle
+            log.info("adopted %sworker %s (tier %s, pid %d)", "RQ " if tracked.rq else "",
+                     handle.worker_id, handle.tier, handle.pid)
+        self.workers.note_registrations()
+        self.workers.clean_registry()
+        return [replace(t.handle) for t in found.live]
