@@ -3,8 +3,9 @@
 One pass every ``interval_s``, and at once when a client reports pressure. A pass reaps
 exited workers, takes over the users of dead ones (``stores.takeover``), reads new reports,
 the registry and each tier's signals and policy, runs the pure ``decide`` and acts on its plan:
-the ledger entry first (fenced by the leader epoch), then the runtime. Errors are caught per
-tier, per dead worker and per pass; the loop never dies.
+the ledger entry first (fenced by the leader epoch), then the runtime; a scale-up's entry, which
+names the workers started, right after the runtime, behind a lease renewal just before it.
+Errors are caught per tier, per dead worker and per pass; the loop never dies.
 """
 
 from __future__ import annotations
@@ -280,8 +281,11 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
             log.warning("tier %s wants %d more workers; the fleet-wide cap max_total_workers=%d "
                         "leaves room for %d", plan.tier, plan.spawn, self.settings.max_total_workers, spawn)
         if spawn > 0:
-            self._append(self._event(plan.tier, "scale-up", plan, to=plan.current + spawn))
+            # the ids are known only once the runtime started the workers: the lease is renewed
+            # (fenced) just before, so the entry written just after names them
+            self.leader.confirm()
             ids = self.runtime.spawn(plan.tier, spawn)
+            self._append(self._event(plan.tier, "scale-up", plan, to=plan.current + spawn, spawned=ids))
             log.info("tier %s: %d -> %d (%s): spawned %s", plan.tier, plan.current,
                      plan.current + spawn, plan.reason, ", ".join(ids))
             self._count_scale(plan.tier, "up")

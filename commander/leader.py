@@ -2,7 +2,9 @@
 
 Only the leader acts, and it appends every change to the ledger *before* acting through a
 script that refuses a deposed leader (``ledger_append.lua``): a commander that was paused
-past its lease and wakes up finds its append fenced, so it never acts on a stale view.
+past its lease and wakes up finds its append fenced, so it never acts on a stale view. A
+scale-up is fenced by ``confirm`` (a lease renewal) instead, and ledgered right after the
+runtime returned the new workers' ids.
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ class Leadership:
         log.warning("commander %s lost the lease of epoch %d", self.commander_id, self.epoch)
         self.epoch = None
         return False
+
+    def confirm(self) -> None:
+        """Renew the lease now, or raise ``Deposed``: the fence before an act whose ledger entry
+        can only be written after it (a scale-up names the workers the runtime returned)."""
+        if not self.renew():
+            raise Deposed(self.commander_id)
 
     def step_down(self) -> None:
         """Give up the lease now (a clean shutdown), so a standby takes over at once."""

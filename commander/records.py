@@ -44,12 +44,13 @@ class Records:
     # --- ledger, state, registry ----------------------------------------------------------
     def _event(self, tier: str, action: str, plan: Plan | None = None, to: int | None = None,
                victims: list[str] | None = None, reason: str = "",
-               why: dict[str, Any] | None = None) -> LedgerEvent:
+               why: dict[str, Any] | None = None, spawned: list[str] | None = None) -> LedgerEvent:
         current = plan.current if plan else 0
         return LedgerEvent(ts=self.clock(), tier=tier, epoch=self.leader.epoch or 0,
                            commander=self.settings.commander_id, action=action,
                            from_count=current, to_count=current if to is None else to,
-                           victims=victims or [], reason=reason or (plan.reason if plan else ""),
+                           victims=victims or [], spawned=spawned or [],
+                           reason=reason or (plan.reason if plan else ""),
                            why=why if why is not None else (plan.why() if plan else {}))
 
     def _append(self, event: LedgerEvent) -> None:
