@@ -129,9 +129,12 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
         for tier in self.tiers.values():
             tier.loaded = False  # re-read the stabilization history the last leader saved
         self.recovery.forget()  # and the cluster epoch it last recovered from
-        self._append(LedgerEvent(ts=self.clock(), tier="*", epoch=self.leader.epoch or 0,
-                                 commander=self.settings.commander_id, action="leader",
-                                 reason=f"{self.settings.commander_id} leads"))
+        try:
+            self._append(LedgerEvent(ts=self.clock(), tier="*", epoch=self.leader.epoch or 0,
+                                     commander=self.settings.commander_id, action="leader",
+                                     reason=f"{self.settings.commander_id} leads"))
+        except Deposed:  # lost as soon as won: a standby again
+            return False
         return self.leader.leading
 
     def _wait(self, stop: threading.Event) -> None:
@@ -150,6 +153,12 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
         """Observe every tier and act on its plan, if still the leader."""
         if not self.leader.renew():
             return
+        try:
+            self._pass(now)
+        except Deposed:  # a fenced append anywhere in the pass: another commander leads now
+            log.warning("deposed during a pass: acting on nothing more")
+
+    def _pass(self, now: float) -> None:
         self._note_outage(now)
         self._reap(now)
         if self.monotonic() - self._adopted_at > ADOPT_EVERY_S:
@@ -159,11 +168,7 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
         registry = self.observer.registry()
         handles = self.runtime.list()
         names = self._tier_names(handles, registry)
-        try:
-            self._take_over_dead(registry, handles, names)
-        except Deposed:
-            log.warning("deposed during a takeover: acting on nothing more")
-            return
+        self._take_over_dead(registry, handles, names)
         policies = {t: self._policy(t, registry) for t in names}
         self._recover({t: p.policy.ready_shards for t, p in policies.items()})
         windows = {t: p.policy.active_window_s for t, p in policies.items()}
@@ -177,14 +182,10 @@ class Commander(Records, RuntimeNotes, RqTiers, Groups, Recovering):
             try:
                 self._judge(tier, policies[tier], handles, registry, signals[tier], now)
             except Deposed:
-                log.warning("deposed during a pass: acting on nothing more")
-                return
+                raise
             except Exception:
                 log.exception("tier %s: pass failed; the next pass retries", tier)
-        try:
-            self._guard_rollouts({split_pool(n)[0] for n in names if split_pool(n)[1]}, now)
-        except Deposed:
-            return
+        self._guard_rollouts({split_pool(n)[0] for n in names if split_pool(n)[1]}, now)
         self.board.publish(now, registry, self.observer.evaluator)
 
     def _note_outage(self, now: float) -> None:
