@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from commander.snapshot import Fleet, WorkerView
+from commander.snapshot import TierWorkers, WorkerView
 from protocol.policy import Policy
 
 _EPS = 1e-9
@@ -27,13 +27,13 @@ def threshold(worker: WorkerView, reception: str | None, peers: int, policy: Pol
     return policy.admission_threshold
 
 
-def admits(worker: WorkerView, fleet: Fleet, policy: Policy) -> bool:
+def admits(worker: WorkerView, fleet: TierWorkers, policy: Policy) -> bool:
     """Whether a ready worker can take more work now (unknown load never admits)."""
     limit = threshold(worker, fleet.reception, len(fleet.ready), policy)
     return worker.fresh and worker.occupancy < limit
 
 
-def any_admits(fleet: Fleet, policy: Policy) -> bool:
+def any_admits(fleet: TierWorkers, policy: Policy) -> bool:
     """Whether some ready worker of the tier can take more work."""
     return any(admits(w, fleet, policy) for w in fleet.ready)
 

@@ -120,9 +120,8 @@ def busy_workers(workers: Iterable[WorkerView]) -> float:
 class Metrics:
     """The commander's metrics, in a registry of their own."""
 
-    address: str  # ``host:port`` of /metrics, set once it serves (commander.__main__)
-
     def __init__(self) -> None:
+        self.address = ""  # ``host:port`` of /metrics once it serves (shown in fleet:commanders)
         self.registry = CollectorRegistry()
         reg = self.registry
 
@@ -261,6 +260,7 @@ class Metrics:
         if self._server is not None:
             raise RuntimeError("metrics are already served")
         self._server, bound = serve(self, monitor, host, port, token or None)
+        self.address = f"{bound[0]}:{bound[1]}"
         return bound
 
     def stop(self) -> None:

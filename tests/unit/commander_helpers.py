@@ -1,5 +1,5 @@
-"""What the commander's unit tests share: a recording runtime, a leading commander on fakeredis,
-and the ledger read back."""
+"""What the commander's tests share: a recording runtime, a virtual clock, a leading commander
+on fakeredis, and the ledger read back."""
 
 from __future__ import annotations
 
@@ -16,6 +16,23 @@ from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import LedgerEvent
+
+
+class VirtualClock:
+    """Wall time (starting now, so Redis TTLs and reports agree) and monotonic time, advanced by hand."""
+
+    def __init__(self) -> None:
+        self.wall, self.mono = time.time(), 1_000.0
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
 
 
 class RecordingRuntime(Runtime):
@@ -96,7 +113,7 @@ def leading(r: fakeredis.FakeRedis, runtime: Runtime, metrics: Metrics | None = 
     base: dict[str, Any] = {"commander_id": "c1", "metrics_port": None, "heartbeat_grace_s": 0}
     commander = Commander(r, runtime, CommanderSettings(**{**base, **settings}), metrics,
                           clock=clock, monotonic=monotonic)
-    assert commander.leader.campaign()
+    assert commander.campaign()
     return commander
 
 

@@ -26,7 +26,7 @@ def test_a_commander_deposed_in_the_middle_of_a_pass_acts_on_nothing_more() -> N
 
     commander.pass_once(time.time())  # does not raise
 
-    assert not commander.leader.leading
+    assert not commander.leading
     assert ledger(r, "policy-rejected") == [] and runtime.handles == {}  # fenced: nothing done
 
 
@@ -43,4 +43,24 @@ def test_a_leadership_lost_as_soon_as_won_leaves_a_standby_whose_loop_goes_on() 
 
     assert commander.run(stop) == 0  # returns on stop, not with an exception
 
-    assert ledger(r, "leader") == [] and not commander.leader.leading
+    assert ledger(r, "leader") == [] and not commander.leading
+
+
+def test_a_pass_whose_tier_signals_cannot_be_read_still_judges_unobserved(monkeypatch) -> None:
+    """The backlog and users cannot be read (Redis failing mid-pass): ``decide`` still runs on
+    signals marked unobserved (it holds, and counts toward the fallback) and the pass ends."""
+    import redis
+
+    from commander import observe
+
+    def failing(*_args: object, **_kwargs: object) -> None:
+        raise redis.ConnectionError("Redis went away")
+
+    r = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    commander = leading(r, RecordingRuntime(), always_tiers=("chat",))
+    monkeypatch.setattr(observe, "read_tier_load", failing)
+
+    commander.pass_once(time.time())  # does not raise
+
+    seen = commander.board.seen
+    assert seen is not None and seen.tiers["chat"].snapshot.observed is False

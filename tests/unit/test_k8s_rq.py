@@ -1,13 +1,13 @@
 """The kubernetes runtime's rq tiers, pure parts (commander/runtime/k8s_rq.py): which pods' RQ
 registrations are read, the registry a pod's state is read from, what an ended pod left behind,
-and the grace period warning; and the rq views' use of the pod's state (commander/rqtier.py).
+and the grace period warning; and the rq views' use of the pod's state (commander/rq/inputs.py).
 Tables of cases; no API server, no Redis."""
 
 from __future__ import annotations
 
 import pytest
 
-from commander.rqtier import RqWorkerSeen, rq_views
+from commander.rq.inputs import RqWorkerSeen, rq_views
 from commander.runtime.base import WorkerHandle, WorkerState
 from commander.runtime.k8s_model import Deployment, Pod
 from commander.runtime.k8s_rq import rq_names, rq_registry, short_grace

@@ -1,4 +1,4 @@
-"""Build what ``decide`` sees of a tier from what the observer read: pure, table-testable.
+"""What ``decide`` sees of a turns tier, built from what the observer read: pure, table-testable.
 
 Missing reports are not idleness: a worker without a fresh report is marked ``fresh=False``
 and ``decide`` never counts it idle nor picks it for scale-in.
@@ -12,8 +12,7 @@ from typing import Any
 
 from commander.evaluator import Evaluator, memory_limit_bytes
 from commander.runtime import WorkerHandle, WorkerState
-from commander.snapshot import TierSnapshot, WorkerView
-from commander.snapshot import WorkerState as ViewState
+from commander.snapshot import TierSnapshot, ViewState, WorkerView
 from protocol.models import WorkerInfo
 from protocol.policy import Policy
 
@@ -108,8 +107,6 @@ def tier_rates(views: Iterable[WorkerView], evaluator: Evaluator) -> TierRates:
             turns += rates.turns_per_s
             busy += rates.handler_busy
     return TierRates(turns, busy)
-
-
 
 
 def holding(views: Iterable[WorkerView], held: Mapping[str, int]) -> tuple[WorkerView, ...]:

@@ -1,4 +1,4 @@
-"""Single writer: the leader lease (``SET NX PX``, renewed) with a fencing epoch (DESIGN §5, I4).
+"""Single writer: the leader lease (``SET NX PX``, renewed) with a fencing epoch.
 
 Only the leader acts, and it appends every change to the ledger *before* acting through a
 script that refuses a deposed leader (``ledger_append.lua``): a commander that was paused
