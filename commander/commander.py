@@ -83,7 +83,7 @@ class Commander:
         self.weights = Weights(r, self.ledger, self.observer.evaluator)
         self.pools = Pools(r, self.weights)
         self.group_checks = GroupChecks(r, runtime, self.ledger)
-        self.removed_pools = RemovedPools(r, runtime, self.ledger, self.actor, monotonic)
+        self.removed_pools = RemovedPools(r, runtime, self.ledger, self.actor, metrics, monotonic)
         self.board = Board()  # the last pass, published for the monitor (commander.monitor)
         self.publisher = Publisher(r, self.board, self.observer, self.leadership, metrics,
                                    settings.interval_s)

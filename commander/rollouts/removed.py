@@ -2,7 +2,8 @@
 pool once it has groups): their workers are drained, and once none is left, each user with a
 turn still queued there is notified on the pool it belongs to now (nobody reads the removed
 pool's notifications: without this the turn waits for the user's next submit). A pool is
-forgotten once nothing is queued on it and nobody has submitted on it for a while."""
+forgotten (and its metrics' series removed) once nothing is queued on it and nobody has
+submitted on it for a while."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import redis
 
 from commander.actor import Actor
 from commander.ledger_writer import LedgerWriter
+from commander.metrics import Metrics
 from commander.runtime import Runtime, WorkerHandle, WorkerState
 from protocol.groups import assign, pool_name, split_pool
 from protocol.keys import ready_shard
@@ -31,9 +33,9 @@ class RemovedPools:
     """Drains the removed pools and moves their queued users, each once."""
 
     def __init__(self, r: redis.Redis, runtime: Runtime, ledger: LedgerWriter, actor: Actor,
-                 monotonic: Callable[[], float]) -> None:
+                 metrics: Metrics | None, monotonic: Callable[[], float]) -> None:
         self._r, self._runtime, self._ledger, self._actor = r, runtime, ledger, actor
-        self._monotonic = monotonic
+        self._metrics, self._monotonic = metrics, monotonic
         self._drained: set[str] = set()  # workers of removed pools already told to drain
         self._moved: dict[str, dict[str, str]] = {}  # pool -> user -> the newest turn notified elsewhere
         self._moved_at: dict[str, float] = {}  # pool -> monotonic time of its last move
@@ -87,5 +89,7 @@ class RemovedPools:
         if not left and not active_since(self._r, pool, now - FORGET_AFTER_S):
             forget_pool(self._r, tier, pool)
             self._runtime.pool_forgotten(pool)  # (kubernetes: the Deployment it made for the group)
+            if self._metrics is not None:
+                self._metrics.forget_tier(pool)
             self._moved.pop(pool, None)
             self._moved_at.pop(pool, None)

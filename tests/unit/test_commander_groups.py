@@ -12,6 +12,7 @@ import fakeredis
 import pytest
 
 from commander.commander import Commander
+from commander.metrics import Metrics
 from protocol import keys
 from protocol.codec import encode
 from protocol.groups import assign
@@ -169,8 +170,9 @@ def test_a_removed_pools_queued_users_are_notified_on_their_group_once_its_worke
 
 
 def test_a_removed_pool_is_forgotten_once_drained_and_empty_and_the_runtime_told(
-        r: fakeredis.FakeRedis, rig: Rig) -> None:
-    commander, runtime = rig
+        r: fakeredis.FakeRedis) -> None:
+    runtime, metrics = RecordingRuntime(), Metrics()
+    commander = leading(r, runtime, metrics)
     commander.pass_once(time.time())
     assert known_pools(r, T) == {"chat.blue", "chat.green"}
     policy = read_policy(r, T).policy
@@ -179,7 +181,9 @@ def test_a_removed_pool_is_forgotten_once_drained_and_empty_and_the_runtime_told
     commander.pass_once(time.time())
     assert runtime.retired == ["chat.green-3"] and runtime.forgotten == []  # its worker drains first
     del runtime.handles["chat.green-3"]
+    assert b'tier="chat.green"' in metrics.render()
     commander.pass_once(time.time())  # no worker, nothing queued, nobody submitted: forgotten
     assert known_pools(r, T) == {"chat.blue"} and runtime.forgotten == ["chat.green"]
+    assert b'tier="chat.green"' not in metrics.render()  # and so are its metrics
     commander.pass_once(time.time())
     assert runtime.forgotten == ["chat.green"]  # once
