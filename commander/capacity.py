@@ -1,6 +1,6 @@
 """Occupancy arithmetic for ``decide``: admission, the capacity ledger, and "does it fit?".
 
-The ledger (DESIGN §5): ``C = reception_threshold + (N-1) * admission_threshold``,
+The ledger: ``C = reception_threshold + (N-1) * admission_threshold``,
 ``O = Σ occupancy``, ``H = C - O``; compaction is allowed only while
 ``H > compaction_margin * admission_threshold``. Scale-up fires when no worker admits, i.e.
 when every worker is at its threshold, which means ``H <= 0``; right after a compaction

@@ -1,4 +1,4 @@
-"""The judge (DESIGN §5): ``decide(snapshot, policy, state, now) -> (Plan, TierState)``.
+"""The judge: ``decide(snapshot, policy, state, now) -> (Plan, TierState)``.
 
 Pure: no Redis, no clock, no randomness. ``now`` comes in as an argument, the previous
 ``TierState`` comes in and the next one goes out. The steps, in order:

@@ -28,24 +28,25 @@ class Leadership:
     """One commander's claim on leadership, on a blocking client."""
 
     def __init__(self, r: redis.Redis, commander_id: str, ttl_ms: int = 3000) -> None:
-        self.r = r
         self.commander_id = commander_id
-        self.ttl_ms = ttl_ms
+        self._ttl_ms = ttl_ms
         self.epoch: int | None = None
         self._lease = LeaderLease(r)
         self._ledger = Ledger(r)
 
     @property
     def leading(self) -> bool:
+        """Whether this commander holds the lease (as of its last campaign, renewal or append)."""
         return self.epoch is not None
 
     @property
     def holder(self) -> str:
+        """The lease's value while this commander holds it: ``<commander>|<epoch>``."""
         return f"{self.commander_id}|{self.epoch}"
 
     def campaign(self) -> bool:
         """Take the lease if it is free (or already ours); True when leading."""
-        epoch = self._lease.acquire(self.commander_id, self.ttl_ms)
+        epoch = self._lease.acquire(self.commander_id, self._ttl_ms)
         if epoch is not None:
             if self.epoch != epoch:
                 log.info("commander %s leads with epoch %d", self.commander_id, epoch)
@@ -58,7 +59,7 @@ class Leadership:
         """Extend the lease; on loss, become a standby (``leading`` turns False)."""
         if self.epoch is None:
             return False
-        if self._lease.renew(self.holder, self.ttl_ms):
+        if self._lease.renew(self.holder, self._ttl_ms):
             return True
         log.warning("commander %s lost the lease of epoch %d", self.commander_id, self.epoch)
         self.epoch = None

@@ -1,4 +1,4 @@
-"""The commander's Prometheus metrics (DESIGN §6): one registry per ``Metrics``, served on demand.
+"""The commander's Prometheus metrics: one registry per ``Metrics``, served on demand.
 
 The commander calls the ``observe_*`` methods once per pass and ``scale_event`` per action;
 ``serve`` exposes ``/metrics`` (Prometheus text format) and ``/healthz`` from a thread of its own:

@@ -1,4 +1,4 @@
-"""Which workers go, and how many may: the scale-in half of ``decide`` (DESIGN §5).
+"""Which workers go, and how many may: the scale-in half of ``decide`` (down is slow).
 
 - ``reclaim_idle``: idle workers first (ready, fresh, no busy slot, no lane), least occupied;
   the reception only when it is alone;

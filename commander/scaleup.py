@@ -1,4 +1,4 @@
-"""How far a scale-up goes (DESIGN §5, "up is fast and event-driven"): the up half of ``decide``.
+"""How far a scale-up goes (up is fast and event-driven): the up half of ``decide``.
 
 - **What asks.** The signals that see trouble or hold a target ask for workers: waiting turns the
   running slots will not start within ``target_wait_s`` (``pressure``; every waiting turn once

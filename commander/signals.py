@@ -1,4 +1,4 @@
-"""One worker-count proposal per signal (DESIGN §5); ``decide`` takes the max of the enabled ones.
+"""One worker-count proposal per signal; ``decide`` takes the max of the enabled ones.
 
 Each function maps one measured quantity to "how many workers it asks for"; ``None`` means the
 signal is disabled by the policy. No function here decides anything on its own. ``load`` is the
