@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import logging
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import redis
 
 from commander.commander import Commander
+from commander.metrics import Metrics
 from commander.runtime import ProcessRuntime, Runtime
 from commander.settings import CommanderSettings
 from protocol.flags import Parser, add_flags, settings_from_flags
@@ -40,12 +39,7 @@ def _runtime(settings: CommanderSettings, url: str) -> Runtime | None:
     """The runtime the settings name; None (logged) if it cannot be set up."""
     if settings.runtime == "kubernetes":
         return _kubernetes(settings, url)
-    kwargs: dict[str, Any] = {}
-    if "spawn_mode" in inspect.signature(ProcessRuntime).parameters:
-        kwargs["spawn_mode"] = settings.spawn_mode
-    if "rq_url" in inspect.signature(ProcessRuntime).parameters:
-        kwargs["rq_url"] = settings.rq_url
-    return ProcessRuntime(url, Path(settings.log_dir), **kwargs)
+    return ProcessRuntime(url, Path(settings.log_dir), spawn_mode=settings.spawn_mode, rq_url=settings.rq_url)
 
 
 def _kubernetes(settings: CommanderSettings, url: str) -> Runtime | None:
@@ -66,18 +60,7 @@ def _kubernetes(settings: CommanderSettings, url: str) -> Runtime | None:
                              poll_s=settings.k8s_poll_s)
 
 
-def _metrics(settings: CommanderSettings) -> Any | None:
-    if settings.metrics_port is None:
-        return None
-    try:
-        from commander.metrics import Metrics
-    except ImportError:
-        log.warning("commander.metrics is unavailable: no /metrics")
-        return None
-    return Metrics()
-
-
-def _serve(metrics: Any, commander: Commander, settings: CommanderSettings, url: str,
+def _serve(metrics: Metrics, port: int, commander: Commander, settings: CommanderSettings, url: str,
            rq: redis.Redis | None) -> None:
     """Serve /metrics, /healthz and the monitor (page and API) on the metrics address.
 
@@ -86,13 +69,11 @@ def _serve(metrics: Any, commander: Commander, settings: CommanderSettings, url:
     from commander.monitor.api import Monitor
 
     client = connect_sync(url, retries=1, socket_timeout=5)
-    monitor = Monitor(board=commander.board, leading=lambda: commander.leader.leading,
+    monitor = Monitor(board=commander.board, leading=lambda: commander.leading,
                       commander_id=settings.commander_id, r=client, rq=rq)
-    host, port = metrics.serve(settings.metrics_host, settings.metrics_port, settings.metrics_token,
-                               monitor=monitor)
+    host, port = metrics.serve(settings.metrics_host, port, settings.metrics_token, monitor=monitor)
     log.info("serving /metrics on http://%s:%d/metrics and the monitor on http://%s:%d/",
              host, port, host, port)
-    metrics.address = f"{host}:{port}"  # shown in fleet:commanders (fleet top, fleet status)
 
 
 def _connect(url: str, stop: threading.Event) -> redis.Redis | None:
@@ -136,12 +117,12 @@ def run(args: argparse.Namespace) -> int:
     runtime = _runtime(settings, url)
     if runtime is None:
         return 2
-    metrics = _metrics(settings)
+    metrics = None if settings.metrics_port is None else Metrics()
     rq = connect_rq(settings.rq_url) if settings.rq_url else None  # (lazy: no round trip here)
     try:
         commander = Commander(r, runtime, settings, metrics, rq=rq)
-        if metrics is not None:
-            _serve(metrics, commander, settings, url, rq)
+        if metrics is not None and settings.metrics_port is not None:
+            _serve(metrics, settings.metrics_port, commander, settings, url, rq)
         return commander.run(stop)
     finally:
         runtime.close()

@@ -1,6 +1,6 @@
 """Occupancy arithmetic for ``decide``: admission, the capacity ledger, and "does it fit?".
 
-The ledger (DESIGN §5): ``C = reception_threshold + (N-1) * admission_threshold``,
+The ledger: ``C = reception_threshold + (N-1) * admission_threshold``,
 ``O = Σ occupancy``, ``H = C - O``; compaction is allowed only while
 ``H > compaction_margin * admission_threshold``. Scale-up fires when no worker admits, i.e.
 when every worker is at its threshold, which means ``H <= 0``; right after a compaction
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from commander.snapshot import Fleet, WorkerView
+from commander.snapshot import TierWorkers, WorkerView
 from protocol.policy import Policy
 
 _EPS = 1e-9
@@ -27,13 +27,13 @@ def threshold(worker: WorkerView, reception: str | None, peers: int, policy: Pol
     return policy.admission_threshold
 
 
-def admits(worker: WorkerView, fleet: Fleet, policy: Policy) -> bool:
+def admits(worker: WorkerView, fleet: TierWorkers, policy: Policy) -> bool:
     """Whether a ready worker can take more work now (unknown load never admits)."""
     limit = threshold(worker, fleet.reception, len(fleet.ready), policy)
     return worker.fresh and worker.occupancy < limit
 
 
-def any_admits(fleet: Fleet, policy: Policy) -> bool:
+def any_admits(fleet: TierWorkers, policy: Policy) -> bool:
     """Whether some ready worker of the tier can take more work."""
     return any(admits(w, fleet, policy) for w in fleet.ready)
 

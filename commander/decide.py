@@ -1,4 +1,4 @@
-"""The judge (DESIGN §5): ``decide(snapshot, policy, state, now) -> (Plan, TierState)``.
+"""The judge: ``decide(snapshot, policy, state, now) -> (Plan, TierState)``.
 
 Pure: no Redis, no clock, no randomness. ``now`` comes in as an argument, the previous
 ``TierState`` comes in and the next one goes out. The steps, in order:
@@ -34,7 +34,7 @@ from commander.bounds import Bounds, in_no_scale_in_window, tier_bounds, utc_wee
 from commander.limits import budget_room, down_limit, longest_period, record_changes, up_limit
 from commander.scalein import Recycle, Recycling, Retirement, choose_victims, plan_recycle
 from commander.signals import proposals as signal_proposals
-from commander.snapshot import Fleet, TierSnapshot, WorkerView, classify
+from commander.snapshot import TierSnapshot, TierWorkers, WorkerView, classify
 from commander.tierstate import TierState
 from protocol.policy import Policy
 
@@ -126,7 +126,7 @@ def stabilized_target(history: tuple[tuple[float, int], ...], desired: int, cap:
     return min(cap, max(desired, highest))
 
 
-def observation_failed(snapshot: TierSnapshot, fleet: Fleet) -> bool:
+def observation_failed(snapshot: TierSnapshot, fleet: TierWorkers) -> bool:
     """Whether this pass's observation failed: signals unread, or most reports missing."""
     return not snapshot.observed or len(fleet.stale) * 2 > len(fleet.ready)
 
@@ -141,7 +141,7 @@ def count_failures(state: TierState, failed: bool, now: float) -> tuple[int, flo
     return state.failures + 1, now
 
 
-def scale_in_blocker(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, now: float) -> str | None:
+def scale_in_blocker(fleet: TierWorkers, policy: Policy, snapshot: TierSnapshot, now: float) -> str | None:
     """Why no worker may be retired for scale-in this pass, or None."""
     if policy.paused_scale_in:
         return "scale-in paused (paused_scale_in)"
@@ -169,7 +169,7 @@ class Moves:
     replacements: int = 0  # of ``spawn``, the recycling's (no scale event for the rate rules)
 
 
-def fallback_moves(policy: Policy, fleet: Fleet, failures: int, state: TierState) -> Moves | None:
+def fallback_moves(policy: Policy, fleet: TierWorkers, failures: int, state: TierState) -> Moves | None:
     """The fallback once ``after`` observations in a row failed, else None."""
     fb = policy.fallback
     if fb is None or failures < fb.after:
@@ -187,7 +187,7 @@ def capped(want: int, policy: Policy) -> int:
     return want if policy.max_step_up is None else min(want, policy.max_step_up)
 
 
-def limited_spawn(desired: int, effective: int, fleet: Fleet, policy: Policy, state: TierState,
+def limited_spawn(desired: int, effective: int, fleet: TierWorkers, policy: Policy, state: TierState,
                   now: float) -> tuple[int, str | None]:
     """Workers to start: the gap net of those starting, capped by ``max_step_up`` and the rules."""
     want = capped(max(0, desired - effective), policy)
@@ -198,7 +198,7 @@ def limited_spawn(desired: int, effective: int, fleet: Fleet, policy: Policy, st
     return allowed, f"scale-up rate limit: {fleet.current}->{limit} allowed now (wanted +{want})"
 
 
-def victims_allowed(excess: int, fleet: Fleet, policy: Policy, state: TierState, now: float,
+def victims_allowed(excess: int, fleet: TierWorkers, policy: Policy, state: TierState, now: float,
                     room: int | None) -> tuple[int, str | None]:
     """How many of ``excess`` may go now: the scale-down rules and the disruption budget."""
     count, note = excess, None
@@ -223,7 +223,7 @@ def scale_in_wait(state: TierState, hold_s: float, now: float) -> str | None:
     return f"one scale-in per hold: the last {now - last:.0f} s ago, the next after {hold_s:g} s"
 
 
-def scale_in(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, state: TierState, now: float,
+def scale_in(fleet: TierWorkers, policy: Policy, snapshot: TierSnapshot, state: TierState, now: float,
              excess: int, room: int | None, keep: tuple[str, ...], hold_s: float) -> Victims:
     """The victims toward the target, with why fewer went than wanted."""
     if excess <= 0:
@@ -236,7 +236,7 @@ def scale_in(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, state: TierSt
     return victims, limited if count < excess else refusal
 
 
-def normal_moves(fleet: Fleet, policy: Policy, snapshot: TierSnapshot, state: TierState, now: float,
+def normal_moves(fleet: TierWorkers, policy: Policy, snapshot: TierSnapshot, state: TierState, now: float,
                  desired: int, target: int, hold_s: float) -> Moves:
     """Up, down and recycling when nothing pauses or falls back."""
     room = budget_room(policy.disruption_budget, fleet)

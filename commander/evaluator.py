@@ -1,4 +1,4 @@
-"""The evaluator (DESIGN §5, INTERPRET): raw worker reports in, occupancy and rates out.
+"""The evaluator: raw worker reports in, occupancy and rates out (what ``decide`` and the monitor read).
 
 Per worker it keeps a window of the last ``WINDOW_ROWS`` reports. Per row: ``cpu = min(cpu, 1)``,
 ``memory = rss / memory_limit`` (only when a limit is set), ``slots = busy / total``. Each

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commander.evaluator import AVERAGE_ROWS
-from commander.snapshot import Fleet, TierSnapshot
+from commander.snapshot import TierSnapshot, TierWorkers
 from protocol.policy import Policy
 
 START_SAMPLES = 8
@@ -54,7 +54,7 @@ class Hold:
                 "turns_per_worker_s": round(self.turns_per_worker_s, 3)}
 
 
-def start_samples(previous: Samples, fleet: Fleet) -> Samples:
+def start_samples(previous: Samples, fleet: TierWorkers) -> Samples:
     """The last ``START_SAMPLES`` measured start costs, with any ready worker seen the first time."""
     known = {wid for wid, _ in previous}
     new = [(w.id, max(0.0, w.ready_at - w.started)) for w in sorted(fleet.ready, key=lambda v: v.started)
@@ -62,14 +62,14 @@ def start_samples(previous: Samples, fleet: Fleet) -> Samples:
     return (previous + tuple(new))[-START_SAMPLES:]
 
 
-def start_cost(samples: Samples, fleet: Fleet, now: float) -> float | None:
+def start_cost(samples: Samples, fleet: TierWorkers, now: float) -> float | None:
     """The tier's start cost: the highest recent sample, or longer if a worker starts for longer."""
     starting = [now - w.started for w in fleet.starting if w.started > 0]
     values = [s for _, s in samples] + starting
     return max(values) if values else None
 
 
-def turns_per_worker(snapshot: TierSnapshot, fleet: Fleet) -> float:
+def turns_per_worker(snapshot: TierSnapshot, fleet: TierWorkers) -> float:
     """Turns per second one ready worker serves, measured (0 with no ready worker)."""
     return snapshot.rps / len(fleet.ready) if fleet.ready else 0.0
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from commander.snapshot import Fleet
+from commander.snapshot import TierWorkers
 from protocol.policy_controls import DisruptionBudget, ScaleBehavior
 
 Changes = tuple[tuple[float, int], ...]
@@ -76,7 +76,7 @@ def record_changes(changes: Changes, now: float, delta_up: int, delta_down: int,
     return tuple(kept) if keep_s > 0 else ()
 
 
-def budget_room(budget: DisruptionBudget | None, fleet: Fleet) -> int | None:
+def budget_room(budget: DisruptionBudget | None, fleet: TierWorkers) -> int | None:
     """How many more workers may start draining now (None: no budget)."""
     if budget is None:
         return None

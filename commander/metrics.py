@@ -1,4 +1,4 @@
-"""The commander's Prometheus metrics (DESIGN §6): one registry per ``Metrics``, served on demand.
+"""The commander's Prometheus metrics: one registry per ``Metrics``, served on demand.
 
 The commander calls the ``observe_*`` methods once per pass and ``scale_event`` per action;
 ``serve`` exposes ``/metrics`` (Prometheus text format) and ``/healthz`` from a thread of its own:
@@ -120,9 +120,8 @@ def busy_workers(workers: Iterable[WorkerView]) -> float:
 class Metrics:
     """The commander's metrics, in a registry of their own."""
 
-    address: str  # ``host:port`` of /metrics, set once it serves (commander.__main__)
-
     def __init__(self) -> None:
+        self.address = ""  # ``host:port`` of /metrics once it serves (shown in fleet:commanders)
         self.registry = CollectorRegistry()
         reg = self.registry
 
@@ -261,6 +260,7 @@ class Metrics:
         if self._server is not None:
             raise RuntimeError("metrics are already served")
         self._server, bound = serve(self, monitor, host, port, token or None)
+        self.address = f"{bound[0]}:{bound[1]}"
         return bound
 
     def stop(self) -> None:

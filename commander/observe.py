@@ -11,9 +11,9 @@ from collections.abc import Collection, Iterable
 
 import redis
 
+from commander.decide_inputs import TierSignals
 from commander.evaluator import Evaluator
 from commander.turn_metrics import TurnTotals
-from commander.views import TierSignals
 from protocol.codec import CodecError, decode
 from protocol.models import OccupancyReport, WorkerInfo
 from stores.backlog import live_ids, read_tier_load, unserved_by_tier
@@ -90,6 +90,7 @@ class Observer:
         pending with a live worker that keeps claiming them are its jobs in progress, not
         backlog, and say which workers hold jobs (``held``). ``live`` are the live worker ids;
         by default those of the registry read this pass (:meth:`registry`), else read now.
+        When the reads fail, every tier's signals say they were not observed.
         """
         tiers = list(tiers)
         if live is None:
@@ -98,8 +99,13 @@ class Observer:
             live, self._live = self._live, None  # used once: the next pass reads it afresh
         unserved = self.unserved_ms if self.unserved_ms is not None \
             else unserved_by_tier(self._workers, tiers)
-        loads = read_tier_load(self.r, tiers, live or (), unserved,
-                               {tier: now - windows.get(tier, 60.0) for tier in tiers})
+        try:
+            loads = read_tier_load(self.r, tiers, live or (), unserved,
+                                   {tier: now - windows.get(tier, 60.0) for tier in tiers})
+        except redis.RedisError as exc:  # decide still runs: it holds, and counts toward the fallback
+            log.warning("tier signals could not be read (%s: %s): no scale-in this pass",
+                        type(exc).__name__, exc)
+            return {tier: TierSignals(observed=False) for tier in tiers}
         out = {}
         for tier in tiers:
             backlog, active = loads[tier]

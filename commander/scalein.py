@@ -1,4 +1,4 @@
-"""Which workers go, and how many may: the scale-in half of ``decide`` (DESIGN §5).
+"""Which workers go, and how many may: the scale-in half of ``decide`` (down is slow).
 
 - ``reclaim_idle``: idle workers first (ready, fresh, no busy slot, no lane), least occupied;
   the reception only when it is alone;
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from commander.capacity import capacity, fits, ledger_load, may_compact
-from commander.snapshot import Fleet, WorkerView
+from commander.snapshot import TierWorkers, WorkerView
 from protocol.policy import Policy
 
 RetireAction = Literal["reclaim-idle", "consolidate", "recycle"]
@@ -41,14 +41,14 @@ def may_go(w: WorkerView, now: float, keep: Collection[str]) -> bool:
     return not w.protected(now) and w.id not in keep
 
 
-def protected_note(fleet: Fleet, now: float) -> str | None:
+def protected_note(fleet: TierWorkers, now: float) -> str | None:
     """The protected workers, for the ledger, or None."""
     held = [f"{w.id} ({w.protected_until - now:.0f} s)" for w in fleet.ready
             if w.protected(now) and w.protected_until is not None]
     return f"protected by their handlers: {', '.join(held)}" if held else None
 
 
-def reclaim_idle(fleet: Fleet, count: int, now: float = 0.0,
+def reclaim_idle(fleet: TierWorkers, count: int, now: float = 0.0,
                  keep: Collection[str] = ()) -> tuple[Retirement, ...]:
     """Up to ``count`` idle workers, least occupied first; the reception only when alone."""
     alone = fleet.current == 1
@@ -57,7 +57,7 @@ def reclaim_idle(fleet: Fleet, count: int, now: float = 0.0,
     return tuple(Retirement(w.id, "reclaim-idle") for w in idle[:max(0, count)])
 
 
-def consolidation(fleet: Fleet, policy: Policy, taken: tuple[Retirement, ...], now: float = 0.0,
+def consolidation(fleet: TierWorkers, policy: Policy, taken: tuple[Retirement, ...], now: float = 0.0,
                   keep: Collection[str] = ()) -> tuple[Retirement | None, str | None]:
     """Drain the least-occupied non-reception worker if the survivors can carry its load.
 
@@ -84,7 +84,7 @@ def consolidation(fleet: Fleet, policy: Policy, taken: tuple[Retirement, ...], n
     return Retirement(victim.id, "consolidate"), None
 
 
-def choose_victims(fleet: Fleet, policy: Policy, count: int, now: float,
+def choose_victims(fleet: TierWorkers, policy: Policy, count: int, now: float,
                    keep: Collection[str]) -> tuple[tuple[Retirement, ...], str | None]:
     """Up to ``count`` victims in one batch: idle ones, then consolidations one after another,
     each fitting on the survivors of the ones before it (with why fewer went)."""
@@ -138,12 +138,12 @@ class Recycle:
         return tuple(wid for wid, _, _ in self.pending)
 
 
-def _replacement_up(fleet: Fleet, asked_at: float) -> bool:
+def _replacement_up(fleet: TierWorkers, asked_at: float) -> bool:
     """Whether a worker started since ``asked_at`` is ready and nothing else is starting."""
     return not fleet.starting and any(w.started >= asked_at for w in fleet.ready)
 
 
-def _advance(fleet: Fleet, entry: tuple[str, float, str], now: float,
+def _advance(fleet: TierWorkers, entry: tuple[str, float, str], now: float,
              room: int | None) -> tuple[tuple[str, float, str] | None, Retirement | None, str | None]:
     """One pending recycle one step on: (the entry kept or None, a drain, a note)."""
     wid, asked_at, phase = entry
@@ -163,7 +163,8 @@ def _advance(fleet: Fleet, entry: tuple[str, float, str], now: float,
     return (wid, asked_at, "draining"), Retirement(wid, "recycle"), f"recycle {wid}: its replacement is ready"
 
 
-def plan_recycle(fleet: Fleet, policy: Policy, pending: Recycling, now: float, room: int | None) -> Recycle:
+def plan_recycle(fleet: TierWorkers, policy: Policy, pending: Recycling, now: float,
+                 room: int | None) -> Recycle:
     """Drain an old worker whose replacement is up, or start a replacement for the oldest due one."""
     kept: list[tuple[str, float, str]] = []
     retire: tuple[Retirement, ...] = ()

@@ -1,4 +1,4 @@
-"""How far a scale-up goes (DESIGN §5, "up is fast and event-driven"): the up half of ``decide``.
+"""How far a scale-up goes (up is fast and event-driven): the up half of ``decide``.
 
 - **What asks.** The signals that see trouble or hold a target ask for workers: waiting turns the
   running slots will not start within ``target_wait_s`` (``pressure``; every waiting turn once
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commander.signals import free_slots
-from commander.snapshot import Fleet, TierSnapshot
+from commander.snapshot import TierSnapshot, TierWorkers
 from commander.tierstate import TierState
 from protocol.policy import Policy
 
@@ -49,7 +49,7 @@ def asked(proposals: dict[str, int | None]) -> int:
     return max((p for name, p in proposals.items() if p is not None and name not in SIZING_ONLY), default=0)
 
 
-def queued_since(state: TierState, snapshot: TierSnapshot, fleet: Fleet, policy: Policy,
+def queued_since(state: TierState, snapshot: TierSnapshot, fleet: TierWorkers, policy: Policy,
                  now: float) -> float | None:
     """Since when turns have waited beyond the free and the starting slots, pass after pass
     (None: not now). A queue that stood for ``target_wait_s`` has made turns wait that long:
@@ -83,13 +83,13 @@ def record_step(state: TierState, now: float, spawned: int) -> tuple[tuple[float
     return ((last,) if last else ()) + ((now, spawned),)
 
 
-def troubled(proposals: dict[str, int | None], fleet: Fleet) -> bool:
+def troubled(proposals: dict[str, int | None], fleet: TierWorkers) -> bool:
     """Whether waiting turns or saturated workers ask for more (a target signal's count, such as
     ``users``, is exact and never doubles)."""
     return any((proposals.get(name) or 0) > fleet.current for name in TROUBLE)
 
 
-def step_target(proposals: dict[str, int | None], fleet: Fleet, policy: Policy, state: TierState,
+def step_target(proposals: dict[str, int | None], fleet: TierWorkers, policy: Policy, state: TierState,
                 now: float) -> Step:
     """The count to aim at: what asked, and, when that is a scale-up, sized by the load and by
     doubling within a burst."""

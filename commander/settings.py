@@ -29,7 +29,9 @@ class CommanderSettings(BaseSettings):
                               json_schema_extra={"flag": "--interval"})
     lease_ttl_ms: int = Field(3000, ge=500, description="a dead leader is replaced after this")
     standby_poll_s: float = Field(1.0, gt=0, le=60, description="seconds between a standby's campaigns")
-    always_tiers: tuple[str, ...] = Field(("chat",), json_schema_extra={"flag": None})  # (read by nothing)
+    always_tiers: tuple[str, ...] = Field(("chat",), description="tiers judged even with no policy key "
+                                          "and no live worker: a fresh fleet's default tier gets its "
+                                          "min_workers at once", json_schema_extra={"flag": None})
     spawn_mode: Literal["fork", "exec"] = Field(
         "fork", description="fork workers from a pre-imported template (fast) or exec them")
     log_dir: str = Field(".fleet/logs", description="worker logs")

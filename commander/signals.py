@@ -1,4 +1,4 @@
-"""One worker-count proposal per signal (DESIGN §5); ``decide`` takes the max of the enabled ones.
+"""One worker-count proposal per signal; ``decide`` takes the max of the enabled ones.
 
 Each function maps one measured quantity to "how many workers it asks for"; ``None`` means the
 signal is disabled by the policy. No function here decides anything on its own. ``load`` is the
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from commander.capacity import any_admits, ledger_floor, ledger_load
-from commander.snapshot import Fleet, TierSnapshot
+from commander.snapshot import TierSnapshot, TierWorkers
 from protocol.policy import Policy
 
 _EPS = 1e-9  # so that 3.0000000001 workers' worth of float noise asks for 3, not 4
@@ -39,7 +39,7 @@ def rps_proposal(rps: float, per_worker: float | None) -> int | None:
     return None if per_worker is None else ceil_ratio(rps, per_worker)
 
 
-def buffer_proposal(fleet: Fleet, policy: Policy) -> int:
+def buffer_proposal(fleet: TierWorkers, policy: Policy) -> int:
     """Busy workers plus ``target_buffer`` warm ones.
 
     "Busy workers" is counted in whole workers' worth of busy slots (Σ busy/total), so that
@@ -55,7 +55,7 @@ def buffer_proposal(fleet: Fleet, policy: Policy) -> int:
     return ceil_ratio(busy, 1.0) + policy.target_buffer
 
 
-def occupancy_proposal(fleet: Fleet, policy: Policy) -> int:
+def occupancy_proposal(fleet: TierWorkers, policy: Policy) -> int:
     """Up by one when no ready worker admits; else the ledger's floor (never above current).
 
     Holds while workers are starting (they are the answer already) or when nothing is
@@ -71,7 +71,7 @@ def occupancy_proposal(fleet: Fleet, policy: Policy) -> int:
     return ledger_floor(ready, ledger_load(fleet.ready, fleet.reception, policy), policy)
 
 
-def load_proposal(fleet: Fleet, policy: Policy) -> int:
+def load_proposal(fleet: TierWorkers, policy: Policy) -> int:
     """The fewest workers whose ledger capacity exceeds the measured load: ``C(n) > O``.
 
     ``O`` is the ledger's load: the summed occupancy, in workers' worth (handler seconds per
@@ -96,14 +96,14 @@ def service_s(snapshot: TierSnapshot) -> float | None:
     return snapshot.handler_rate / snapshot.rps
 
 
-def free_slots(snapshot: TierSnapshot, fleet: Fleet, policy: Policy) -> int:
+def free_slots(snapshot: TierSnapshot, fleet: TierWorkers, policy: Policy) -> int:
     """Slots the ready workers reported free: none when a turn just found none (pressure)."""
     if snapshot.pressure_events > 0:
         return 0
     return sum(max(0, (w.total or policy.concurrency) - w.busy) for w in fleet.ready if w.fresh)
 
 
-def pressure_proposal(snapshot: TierSnapshot, fleet: Fleet, policy: Policy,
+def pressure_proposal(snapshot: TierSnapshot, fleet: TierWorkers, policy: Policy,
                       queued_for: float = 0.0) -> int:
     """Waiting turns the running slots will not start within ``target_wait_s`` ask for slots.
 
@@ -125,7 +125,7 @@ def pressure_proposal(snapshot: TierSnapshot, fleet: Fleet, policy: Policy,
     return len(fleet.ready) + ceil_ratio(waiting, policy.concurrency)
 
 
-def proposals(snapshot: TierSnapshot, fleet: Fleet, policy: Policy,
+def proposals(snapshot: TierSnapshot, fleet: TierWorkers, policy: Policy,
               queued_for: float = 0.0) -> dict[str, int | None]:
     """Every signal's proposal, by name; None for a signal the policy disables."""
     return {

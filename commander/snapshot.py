@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-WorkerState = Literal["starting", "ready", "draining"]
+ViewState = Literal["starting", "ready", "draining"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +21,7 @@ class WorkerView:
     """
 
     id: str
-    state: WorkerState = "ready"
+    state: ViewState = "ready"
     occupancy: float = 0.0
     busy: int = 0  # busy handler slots
     total: int = 0  # handler slots
@@ -58,7 +58,7 @@ class TierSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class Fleet:
+class TierWorkers:
     """A tier's workers sorted by state, with its reception worker named."""
 
     ready: tuple[WorkerView, ...]
@@ -98,9 +98,9 @@ def reception_of(ready: tuple[WorkerView, ...], starting: tuple[WorkerView, ...]
     return None
 
 
-def classify(workers: tuple[WorkerView, ...]) -> Fleet:
+def classify(workers: tuple[WorkerView, ...]) -> TierWorkers:
     """Split workers by state and name the reception."""
     ready = tuple(w for w in workers if w.state == "ready")
     starting = tuple(w for w in workers if w.state == "starting")
     draining = tuple(w for w in workers if w.state == "draining")
-    return Fleet(ready, starting, draining, reception_of(ready, starting))
+    return TierWorkers(ready, starting, draining, reception_of(ready, starting))

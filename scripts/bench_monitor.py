@@ -140,7 +140,7 @@ def commander(r: redis.Redis, names: list[str], workers: int) -> tuple[Commander
     settings = CommanderSettings(commander_id="bench", metrics_port=None, always_tiers=(),
                                  lease_ttl_ms=600_000)
     cmd = Commander(r, Elsewhere(), settings)
-    assert cmd.leader.campaign()
+    assert cmd.campaign()
     cmd.pass_once(time.time())
     write_reports(r, names, workers, time.time())
     for _ in range(2):
@@ -162,7 +162,7 @@ def measure(url: str, workers: int, tiers: int, cycles: int) -> dict[str, Any]:
     r = redis.Redis.from_url(url)
     names = populate(r, workers, tiers, time.time())
     cmd, publish = commander(r, names, workers)
-    monitor = Monitor(board=cmd.board, leading=lambda: cmd.leader.leading, commander_id="bench",
+    monitor = Monitor(board=cmd.board, leading=lambda: cmd.leading, commander_id="bench",
                       r=redis.Redis.from_url(url))
     metrics = Metrics()
     host, port = metrics.serve("127.0.0.1", free_port(), monitor=monitor)
@@ -175,7 +175,7 @@ def measure(url: str, workers: int, tiers: int, cycles: int) -> dict[str, Any]:
         for cycle in range(cycles + 1):  # the first refresh warms up (imports, connections): not counted
             write_reports(r, names, workers, time.time(), rows=2)  # ~2 s of reports, as between refreshes
             cmd.pass_once(time.time())  # a new pass: nothing the last refresh computed is reused
-            if not cmd.leader.leading:
+            if not cmd.leading:
                 raise SystemExit("bench_monitor: the commander lost its lease; the monitor would answer 503")
             cpu0, wall0 = time.process_time(), time.perf_counter()
             client.stdin.write("refresh\n")

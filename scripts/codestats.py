@@ -340,7 +340,7 @@ def trace_pass(url: str) -> _Tracer:
     commander = Commander(r, runtime, settings)
     tracer = _Tracer()
     try:
-        assert commander._campaign()
+        assert commander.campaign()
         commander.pass_once(time.time())
         with tracer.on():
             commander.pass_once(time.time())

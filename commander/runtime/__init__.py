@@ -32,11 +32,9 @@ _KUBERNETES = {"KubeApi": "api",  # name -> its module in kubernetes/, imported 
                "api_client": "api", "default_namespace": "api",
                "KubernetesRuntime": "runtime"}
 
-WorkerState = Lifecycle  # another name for it, which commander/*.py imports: to go once they say Lifecycle
-
 __all__ = ["Handles", "KubeApi", "KubernetesRuntime", "Lifecycle", "Notes",
            "ProcessRuntime", "Refused", "Runtime", "RuntimeNote", "UnknownWorker", "WorkerHandle",
-           "WorkerIds", "WorkerState", "api_client", "default_namespace"]
+           "WorkerIds", "api_client", "default_namespace"]
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ The model, chosen to match what the real fleet does:
   commander) runs a pass ``wake_s`` later instead of at its next tick.
 - **Every ``interval_s``** (0.5 s) the policy runs. An observing policy gets a
   ``TierSnapshot`` built exactly as the commander builds it: worker views from the real
-  ``Evaluator`` over the simulated reports (``commander.views.worker_views``), backlog =
+  ``Evaluator`` over the simulated reports (``commander.decide_inputs.worker_views``), backlog =
   the turns no worker has started (for a policy that ``counts_pending``, the KEDA-like one,
   lag + pending: the turns in service too), active users in the policy's window, pressure
   events since the last pass (only while turns still wait), rps from the counters.
@@ -44,10 +44,10 @@ from bisect import insort
 from collections import deque
 from collections.abc import Sequence
 
+from commander.decide_inputs import TierSignals, snapshot, tier_rates, worker_views
 from commander.evaluator import Evaluator
 from commander.runtime.interface import Lifecycle, WorkerHandle
 from commander.snapshot import TierSnapshot
-from commander.views import TierSignals, snapshot, tier_rates, worker_views
 from protocol.models import Counters, OccupancyReport, Slots
 from sim.scaling.model import (  # re-exported: the policies, scripts and tests import them from here
     Scale,

@@ -11,7 +11,6 @@ heartbeat, occupancy reports, and an exit after a drain (reaped at the next pass
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import redis
@@ -23,26 +22,10 @@ from protocol import keys
 from protocol.codec import decode, encode
 from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots, WorkerInfo
 from stores.policies import read_policy
+from tests.unit.commander_helpers import VirtualClock
 
 INTERVAL_S = 0.2  # the pass interval of the real-process scenarios
 HANDLERS = ("echo", "noop", "sleep")  # the built-ins every simulated worker has
-
-
-class VirtualClock:
-    """Wall time (starting now, so Redis TTLs and reports agree) and monotonic time, advanced by hand."""
-
-    def __init__(self) -> None:
-        self.wall, self.mono = time.time(), 1_000.0
-
-    def time(self) -> float:
-        return self.wall
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def advance(self, seconds: float) -> None:
-        self.wall += seconds
-        self.mono += seconds
 
 
 @dataclass
@@ -148,7 +131,7 @@ class Rig:
             r.xgroup_create(keys.ready("chat"), keys.GROUP, id="0", mkstream=True)
 
     def campaign(self) -> bool:
-        return self.commander.leader.leading or self.commander._campaign()
+        return self.commander.leading or self.commander.campaign()
 
     def step(self, dt: float = INTERVAL_S) -> None:
         """``dt`` seconds pass, the workers report, the commander runs one pass."""

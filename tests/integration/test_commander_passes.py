@@ -82,7 +82,7 @@ def test_invalid_raw_policy_is_rejected_and_the_last_good_kept(r, rig):
     before = len(rig.ledger())
     rig.run_for(5.0)
     assert len(rig.live()) == 2  # the fleet runs on the last good policy, unchanged
-    assert rig.commander.tiers["chat"].policy == policy(min_workers=2)
+    assert rig.commander.policies.in_force("chat") == policy(min_workers=2)
     assert [e.action for e in rig.ledger()[before:]] == []  # and the rejection is recorded once
     r.set(keys.policy("chat"), policy(min_workers=3).to_json())
     rig.step()

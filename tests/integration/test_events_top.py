@@ -1,7 +1,8 @@
 """``fleet events`` and ``fleet top`` as subprocesses against a real redis-server.
 
 The ledger, the reports, the registry and the leader are written directly with redis-py, as
-the commander and the workers would, so these tests need neither.
+the commander and the workers would; one test runs a commander on the process runtime, to see
+what its scale-up writes.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import time
 import pytest
 import redis
 
+from commander.runtime.process import ProcessRuntime
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import CommanderInfo, Counters, LedgerEvent, OccupancyReport, Slots, WorkerInfo
+from protocol.policy import Policy
+from stores.policies import write_policy
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -71,6 +75,21 @@ def test_events_json_lists_the_ledger_oldest_first(r: redis.Redis, fleet_env: di
 
     out = fleet(fleet_env, "events", "--json", "--count", "2")
     assert [row["id"] for row in json.loads(out.stdout)] == ids[1:]
+
+
+def test_a_scale_ups_event_names_the_workers_the_runtime_started(
+        r: redis.Redis, fleet_env: dict[str, str], process_commander: ProcessRuntime) -> None:
+    """A commander on the process runtime scales a tier up from nothing: ``fleet events``
+    shows the ids of the workers it started, as the runtime returned them."""
+    write_policy(r, "chat", Policy(min_workers=2, max_workers=2))
+    wait_until(lambda: len(process_commander.live("chat")) == 2, 30, "two workers started")
+
+    out = fleet(fleet_env, "events", "--json", "--tier", "chat")
+    assert out.returncode == 0, out.stderr
+    ups = [row for row in json.loads(out.stdout) if row["action"] == "scale-up"]
+    started = sorted(h.worker_id for h in process_commander.list())
+    assert ups and sorted(w for row in ups for w in row["spawned"]) == started
+    assert all(len(row["spawned"]) == row["to_count"] - row["from_count"] for row in ups)
 
 
 def test_events_tier_filter_and_text_lines(r: redis.Redis, fleet_env: dict[str, str]) -> None:

@@ -45,7 +45,7 @@ def rig(r: redis.Redis) -> Rig:
 
 
 def _monitor(rig: Rig, r: redis.Redis | None, leading: Callable[[], bool] | None = None) -> Monitor:
-    return Monitor(board=rig.commander.board, leading=leading or (lambda: rig.commander.leader.leading),
+    return Monitor(board=rig.commander.board, leading=leading or (lambda: rig.commander.leading),
                    commander_id="c1", r=r, clock=rig.clock.time)
 
 

@@ -41,7 +41,7 @@ def commander(r: redis.Redis) -> tuple[Commander, Metrics]:
     settings = CommanderSettings(commander_id="cm", metrics_port=None, interval_s=0.2,
                                  always_tiers=("chat",), lease_ttl_ms=600_000)
     cmd = Commander(r, NoSpawn(r, VirtualClock(), 1), settings, metrics)
-    assert cmd._campaign()
+    assert cmd.campaign()
     return cmd, metrics
 
 

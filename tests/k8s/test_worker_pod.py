@@ -121,7 +121,7 @@ def test_sigterm_drains_within_the_grace_period_and_a_kill_at_its_end_loses_no_t
         assert standin.cluster.ended[holder].killed
         exits = wait_until(lambda: [h for h in runtime.reap() if h.worker_id == holder], 10, "its exit seen")
         assert not exits[0].drained  # its registry entry is left: the commander takes its users over
-        take_over(r, "chat", holder, 100)  # (as Commander._take_over_dead does for such an exit)
+        take_over(r, "chat", holder, 100)  # (as the commander does for such an exit: commander.dead_workers)
         (reply,) = answered_once(r, fleet, handles, timeout=30)  # run again on another pod
         assert reply.worker != holder and reply.attempts == 2
 

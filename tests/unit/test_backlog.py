@@ -12,10 +12,10 @@ import fakeredis
 import pytest
 import redis
 
+from commander.decide_inputs import TierSignals
+from commander.decide_inputs import snapshot as tier_snapshot
 from commander.observe import Observer
 from commander.snapshot import WorkerView
-from commander.views import TierSignals
-from commander.views import snapshot as tier_snapshot
 from fleet.status import snapshot, tier_backlog
 from protocol import keys
 from protocol.codec import encode

@@ -12,16 +12,15 @@ import fakeredis
 import pytest
 
 from commander.commander import Commander
-from commander.runtime import Handles, Lifecycle, Runtime, WorkerHandle, WorkerIds
-from commander.settings import CommanderSettings
+from commander.metrics import Metrics
 from protocol import keys
-from protocol.codec import decode
+from protocol.codec import encode
 from protocol.groups import assign
 from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots
 from protocol.policy import parse_policy
 from stores.groups import known_pools, rejected_groups
-from stores.ledger import ledger_page
 from stores.policies import read_policy, write_policy
+from tests.unit.commander_helpers import RecordingRuntime, leading, ledger
 
 T = "chat"
 GROUPS: dict[str, Any] = {"min_workers": 0, "groups": [
@@ -29,51 +28,7 @@ GROUPS: dict[str, Any] = {"min_workers": 0, "groups": [
     {"name": "green", "weight": 10, "min_workers": 1, "max_workers": 2, "handler": "sleep"}]}
 
 
-class Recording(Runtime):
-    """Spawns are recorded as running handles; ``broken`` pools fail their group check."""
-
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.handles: dict[str, WorkerHandle] = {}
-        self.retired: list[str] = []
-        self.broken: dict[str, str] = {}
-        self.forgotten: list[str] = []
-        self.n = 0
-
-    def spawn(self, tier: str, n: int = 1) -> WorkerIds:
-        ids = []
-        for _ in range(n):
-            self.n += 1
-            wid = f"{tier}-{self.n}"
-            self.handles[wid] = WorkerHandle(wid, tier, 1000 + self.n, Lifecycle.RUNNING, time.time())
-            ids.append(wid)
-        return ids
-
-    def check_group(self, pool: str) -> str | None:
-        return self.broken.get(pool)
-
-    def pool_forgotten(self, pool: str) -> None:
-        self.forgotten.append(pool)
-
-    def retire(self, worker_id: str, reason: str = "", drain_timeout_s: float | None = None) -> None:
-        self.retired.append(worker_id)
-        self.handles[worker_id].state = Lifecycle.DRAINING
-
-    def reap(self) -> Handles:
-        return []
-
-    def adopt(self) -> Handles:
-        return []
-
-    def stop_all(self, timeout: float | None = None) -> Handles:
-        return []
-
-    def list(self) -> Handles:
-        return list(self.handles.values())
-
-    def count(self, pool: str) -> int:
-        return sum(1 for h in self.handles.values() if h.tier == pool and h.state is Lifecycle.RUNNING)
+Rig = tuple[Commander, RecordingRuntime]
 
 
 @pytest.fixture
@@ -85,29 +40,25 @@ def r() -> Iterator[fakeredis.FakeRedis]:
 
 
 @pytest.fixture
-def rig(r: fakeredis.FakeRedis) -> tuple[Commander, Recording]:
-    runtime = Recording()
-    commander = Commander(r, runtime, CommanderSettings(commander_id="c1", metrics_port=None,
-                                                        heartbeat_grace_s=0))
-    assert commander.leader.campaign()
-    return commander, runtime
+def rig(r: fakeredis.FakeRedis) -> Rig:
+    runtime = RecordingRuntime()
+    return leading(r, runtime), runtime
 
 
 def events(r: fakeredis.FakeRedis, action: str) -> list[LedgerEvent]:
-    rows = ledger_page(r, "+", 1000)
-    out = [decode(LedgerEvent, fields[b"m"]) for _id, fields in rows]
-    return [e for e in out if e.action == action]
+    return ledger(r, action)
 
 
-def test_each_group_is_a_pool_scaled_on_its_own_policy(rig: tuple[Commander, Recording]) -> None:
+def test_each_group_is_a_pool_scaled_on_its_own_policy(rig: Rig) -> None:
     commander, runtime = rig
     commander.pass_once(time.time())
     assert (runtime.count("chat.blue"), runtime.count("chat.green"), runtime.count("chat")) == (2, 1, 0)
-    assert set(commander.tiers) >= {"chat.blue", "chat.green"}
-    assert commander.tiers["chat.green"].policy.handler == "sleep"
+    seen = commander.board.seen
+    assert seen is not None and set(seen.tiers) >= {"chat.blue", "chat.green"}
+    assert seen.tiers["chat.green"].policy.handler == "sleep"
 
 
-def test_a_weight_change_is_a_rollout_event(r: fakeredis.FakeRedis, rig: tuple[Commander, Recording]) -> None:
+def test_a_weight_change_is_a_rollout_event(r: fakeredis.FakeRedis, rig: Rig) -> None:
     commander, _runtime = rig
     commander.pass_once(time.time())
     assert not events(r, "rollout")  # the first look is no change
@@ -120,7 +71,7 @@ def test_a_weight_change_is_a_rollout_event(r: fakeredis.FakeRedis, rig: tuple[C
 
 
 def test_a_group_that_cannot_start_is_rejected_and_accepted_again(
-        r: fakeredis.FakeRedis, rig: tuple[Commander, Recording]) -> None:
+        r: fakeredis.FakeRedis, rig: Rig) -> None:
     commander, runtime = rig
     runtime.broken["chat.green"] = "interpreter /nope/bin/python is missing or not executable"
     commander.pass_once(time.time())
@@ -139,7 +90,7 @@ def test_a_group_that_cannot_start_is_rejected_and_accepted_again(
 
 
 def test_a_removed_groups_workers_are_drained(r: fakeredis.FakeRedis,
-                                              rig: tuple[Commander, Recording]) -> None:
+                                              rig: Rig) -> None:
     commander, runtime = rig
     commander.pass_once(time.time())
     policy = read_policy(r, T).policy
@@ -160,16 +111,16 @@ def _report(wid: str, pool: str, ts: float, turns: int, errors: int) -> Occupanc
                            load=(0.0, 0.0, 0.0))
 
 
-def test_the_guard_aborts_a_failing_canary(r: fakeredis.FakeRedis, rig: tuple[Commander, Recording]) -> None:
+def test_the_guard_aborts_a_failing_canary(r: fakeredis.FakeRedis, rig: Rig) -> None:
     commander, _runtime = rig
     policy = read_policy(r, T).policy
     write_policy(r, T, parse_policy({**policy.model_dump(mode="json"), "canary": "green",
                                      "rollout_guard": {"window_s": 60, "min_turns": 20}}))
     now = time.time()
-    for ts, turns, errors in ((now - 30, 0, 0), (now - 1, 100, 30)):
-        commander.observer.evaluator.add(_report("g1", "chat.green", ts, turns, errors))
+    for ts, turns, errors in ((now - 30, 0, 0), (now - 1, 100, 30)):  # as the workers report them
+        r.xadd(keys.REPORTS, {"m": encode(_report("g1", "chat.green", ts, turns, errors))})
     for ts, turns, errors in ((now - 30, 0, 0), (now - 1, 900, 9)):
-        commander.observer.evaluator.add(_report("b1", "chat.blue", ts, turns, errors))
+        r.xadd(keys.REPORTS, {"m": encode(_report("b1", "chat.blue", ts, turns, errors))})
     commander.pass_once(now)
     (abort,) = events(r, "rollout-abort")
     assert "canary green aborted: error rate 23.1% of handler calls" in abort.reason
@@ -191,7 +142,7 @@ def _notified(r: fakeredis.FakeRedis, pool: str) -> list[str]:
 
 
 def test_a_removed_pools_queued_users_are_notified_on_their_group_once_its_workers_are_gone(
-        r: fakeredis.FakeRedis, rig: tuple[Commander, Recording]) -> None:
+        r: fakeredis.FakeRedis, rig: Rig) -> None:
     """A turn notified on a pool that a policy edit removes, while no worker of the pool reads
     it any more, would wait for the user's next submit: once the pool has no live worker, the
     commander notifies each of its users with a turn still to serve on the user's group now."""
@@ -219,8 +170,9 @@ def test_a_removed_pools_queued_users_are_notified_on_their_group_once_its_worke
 
 
 def test_a_removed_pool_is_forgotten_once_drained_and_empty_and_the_runtime_told(
-        r: fakeredis.FakeRedis, rig: tuple[Commander, Recording]) -> None:
-    commander, runtime = rig
+        r: fakeredis.FakeRedis) -> None:
+    runtime, metrics = RecordingRuntime(), Metrics()
+    commander = leading(r, runtime, metrics)
     commander.pass_once(time.time())
     assert known_pools(r, T) == {"chat.blue", "chat.green"}
     policy = read_policy(r, T).policy
@@ -229,7 +181,9 @@ def test_a_removed_pool_is_forgotten_once_drained_and_empty_and_the_runtime_told
     commander.pass_once(time.time())
     assert runtime.retired == ["chat.green-3"] and runtime.forgotten == []  # its worker drains first
     del runtime.handles["chat.green-3"]
+    assert b'tier="chat.green"' in metrics.render()
     commander.pass_once(time.time())  # no worker, nothing queued, nobody submitted: forgotten
     assert known_pools(r, T) == {"chat.blue"} and runtime.forgotten == ["chat.green"]
+    assert b'tier="chat.green"' not in metrics.render()  # and so are its metrics
     commander.pass_once(time.time())
     assert runtime.forgotten == ["chat.green"]  # once

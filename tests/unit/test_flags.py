@@ -19,7 +19,7 @@ KEPT_WORKER = ["--tier", "--worker-id", "--redis-url", "--log-level"]
 KEPT_COMMANDER = ["--redis-url", "--commander-id", "--interval", "--spawn-mode", "--log-dir",
                   "--metrics-host", "--metrics-port", "--no-metrics", "--stop-workers-on-exit",
                   "--log-level"]
-ENV_ONLY = {"metrics_token", "always_tiers"}  # a secret (a command line shows in ps); read by nothing
+ENV_ONLY = {"metrics_token", "always_tiers"}  # a secret (a command line shows in ps); a tests' knob
 
 
 def _commander_parser() -> argparse.ArgumentParser:

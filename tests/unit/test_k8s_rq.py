@@ -1,13 +1,13 @@
 """The kubernetes runtime's rq tiers, pure parts (commander/runtime/kubernetes/rq_pods.py): which pods' RQ
 registrations are read, the registry a pod's state is read from, what an ended pod left behind,
-and the grace period warning; and the rq views' use of the pod's state (commander/rqtier.py).
+and the grace period warning; and the rq views' use of the pod's state (commander/rq/inputs.py).
 Tables of cases; no API server, no Redis."""
 
 from __future__ import annotations
 
 import pytest
 
-from commander.rqtier import RqWorkerSeen, rq_views
+from commander.rq.inputs import RqWorkerSeen, rq_views
 from commander.runtime.interface import Lifecycle, WorkerHandle
 from commander.runtime.kubernetes.model import Deployment, Pod
 from commander.runtime.kubernetes.reconcile import reconcile

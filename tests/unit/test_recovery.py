@@ -1,15 +1,18 @@
-"""The recovery after a Cluster failover (stores.recovery, commander.recovery): which users get a
+"""The recovery after a Cluster failover (stores.recovery, commander.failover): which users get a
 fresh notification, and when the commander sweeps. The real failover is
 tests/cluster/test_failover_recovery.py."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import fakeredis
 import pytest
 
-from commander.recovery import Recovery
+from commander.failover import FailoverRecovery
+from commander.leadership import Leadership
+from commander.ledger_writer import LedgerWriter
 from protocol import keys
 from stores.recovery import cluster_epoch, read_recovered, renotify_unserved, unserved, write_recovered
 
@@ -49,6 +52,13 @@ def notifications(r: fakeredis.FakeRedis, tier: str = "chat", shards: int = 1) -
     return sorted(f[b"user"].decode() for k in range(shards) for _id, f in r.xrange(keys.ready(tier, k)))
 
 
+def recovery(r: fakeredis.FakeRedis) -> FailoverRecovery:
+    """A leading commander's recovery (its ledger entries are fenced by its lease)."""
+    leadership = Leadership(r, "c1")
+    leadership.campaign()
+    return FailoverRecovery(r, LedgerWriter(leadership, time.time))
+
+
 def test_only_users_with_a_turn_after_the_cursor_are_notified(r) -> None:
     queued(r, "done", served=2, waiting=0)
     queued(r, "stuck", served=1, waiting=2)
@@ -71,28 +81,28 @@ def test_notifications_go_to_each_users_ready_shard(r) -> None:
 
 def test_the_sweep_runs_once_per_failover_and_only_when_the_epoch_grows(r) -> None:
     queued(r, "stuck", served=0, waiting=1)
-    rec = Recovery()
-    assert rec.run(r, {"chat": 1}, None) is None  # one node: no failover to recover from
-    assert rec.run(r, {"chat": 1}, 6) is None  # the first epoch seen is recorded, not swept
+    rec = recovery(r)
+    assert rec.run({"chat": 1}, None) is None  # one node: no failover to recover from
+    assert rec.run({"chat": 1}, 6) is None  # the first epoch seen is recorded, not swept
     assert read_recovered(r) == 6 and notifications(r) == []
-    assert rec.run(r, {"chat": 1}, 6) is None
-    assert rec.run(r, {"chat": 1}, 5) is None  # a node that has not heard of a failover yet
-    done = rec.run(r, {"chat": 1}, 7)
+    assert rec.run({"chat": 1}, 6) is None
+    assert rec.run({"chat": 1}, 5) is None  # a node that has not heard of a failover yet
+    done = rec.run({"chat": 1}, 7)
     assert done is not None and (done.before, done.now) == (6, 7)
     assert [t.users for t in done.tiers] == [("stuck",)] and read_recovered(r) == 7
-    assert rec.run(r, {"chat": 1}, 7) is None
+    assert rec.run({"chat": 1}, 7) is None
     assert notifications(r) == ["stuck"]
 
 
 def test_a_new_leader_reads_the_epoch_its_predecessor_recovered_from(r) -> None:
     queued(r, "stuck", served=0, waiting=1)
-    first, second = Recovery(), Recovery()
-    assert first.run(r, {"chat": 1}, 6) is None
-    assert first.run(r, {"chat": 1}, 7) is not None
-    assert second.run(r, {"chat": 1}, 7) is None  # already recovered from epoch 7
+    first, second = recovery(r), recovery(r)
+    assert first.run({"chat": 1}, 6) is None
+    assert first.run({"chat": 1}, 7) is not None
+    assert second.run({"chat": 1}, 7) is None  # already recovered from epoch 7
     second.forget()
     write_recovered(r, 5)  # (lost in a failover of its own master: an older one read back)
-    assert second.run(r, {"chat": 1}, 7) is not None  # sweeps again: a spare notification, no loss
+    assert second.run({"chat": 1}, 7) is not None  # sweeps again: a spare notification, no loss
     assert notifications(r) == ["stuck", "stuck"]
 
 

@@ -498,7 +498,7 @@ async def drive_groups(r: redis.Redis, ar: aioredis.Redis) -> None:
     groups.remember_pools(r, "chat", ["chat.blue", "chat.green"])
     groups.known_pools(r, "chat")
     groups.forget_pool(r, "chat", "chat.green")
-    # a removed pool's queued users moved to their group's pool (commander.groups._move_users)
+    # a removed pool's queued users moved to their group's pool (commander.rollouts.removed)
     for batch in recovery.active_users(r, "chat", batch=2):
         recovery.unserved_newest(r, batch)
     recovery.active_since(r, "chat", 0.0)

@@ -1,4 +1,4 @@
-"""The commander's judgement of workers waiting for a place to run (commander/runtime_notes.py):
+"""The commander's judgement of workers waiting for a place to run (commander/runtime_watch.py):
 who is past the policy's pending_timeout_s, and the ledger's one line about them."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from commander.runtime.interface import Lifecycle, WorkerHandle
-from commander.runtime_notes import no_capacity_reason, overdue
+from commander.runtime_watch import no_capacity_reason, overdue
 
 
 def wh(name: str, since: float | None, state: Lifecycle = Lifecycle.STARTING, tier: str = "chat",

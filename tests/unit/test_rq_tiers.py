@@ -1,27 +1,24 @@
-"""An rq tier's inputs to ``decide``, as tables: RQ's registry and queues in, the
-same pure ``decide`` out."""
+"""An rq tier's inputs to ``decide``, as tables: RQ's registry and queues in, the same pure
+``decide`` out; and the refusal of an rq tier with no RQ Redis."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import fakeredis
 import pytest
 
 from commander.decide import TierState, decide
-from commander.rqtier import (
-    NO_RQ_ON_CLUSTER,
-    RqRates,
-    RqReader,
-    RqTierRead,
-    RqTiers,
-    RqWorkerSeen,
-    decide_policy,
-    rq_snapshot,
-    rq_views,
-)
+from commander.leadership import Leadership
+from commander.ledger_writer import LedgerWriter
+from commander.rq.inputs import RqRates, RqTierRead, RqWorkerSeen, decide_policy, rq_snapshot, rq_views
+from commander.rq.reader import NO_RQ_ON_CLUSTER, RqReader
+from commander.rq.tiers import RqTiers
 from commander.runtime import Lifecycle, WorkerHandle
 from commander.settings import CommanderSettings
 from protocol.policy import Policy, PolicyError, parse_policy
+from tests.unit.commander_helpers import ledger
 
 NOW = 1_700_000_000.0
 TIER = "writeback"
@@ -108,26 +105,18 @@ def test_rq_policy_fields_are_validated() -> None:
             parse_policy(bad)
 
 
-class _Refusing(RqTiers):
-    """The rq-tier part of a commander whose RQ Redis is missing (a Cluster, no rq_url)."""
-
-    def __init__(self, rq: Any) -> None:
-        self.rq = RqReader(rq)
-        self._rq_refusals: set[str] = set()
-        self.ledger: list[tuple[str, str, str]] = []
-        self._append = lambda e: self.ledger.append(e)  # type: ignore[assignment,method-assign]
-        self._event = lambda tier, action, **kw: (tier, action, kw["reason"])  # type: ignore[assignment,method-assign]
-
-
 def test_an_rq_tier_without_an_rq_redis_is_refused_once_in_the_ledger() -> None:
-    c = _Refusing(None)
+    r = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    leadership = Leadership(r, "c1")
+    assert leadership.campaign()
+    tiers = RqTiers(RqReader(None), LedgerWriter(leadership, time.time))  # a Cluster, no rq_url
     for _ in range(3):  # every pass refuses it; the ledger says so once
-        assert c._rq_refused(TIER) == NO_RQ_ON_CLUSTER
-    assert [(t, a) for t, a, _ in c.ledger] == [(TIER, "refused")]
-    assert "--rq-url or $FLEET_RQ_URL" in c.ledger[0][2]
+        assert tiers.refused(TIER) == NO_RQ_ON_CLUSTER
+    assert [(e.tier, e.action) for e in ledger(r)] == [(TIER, "refused")]
+    assert "--rq-url or $FLEET_RQ_URL" in ledger(r)[0].reason
     with pytest.raises(RuntimeError, match="needs one node"):
-        c.rq.r  # noqa: B018 - nothing reads RQ through a missing client
-    assert _Refusing(object())._rq_refused(TIER) is None
+        tiers.reader.r  # noqa: B018 - nothing reads RQ through a missing client
+    assert RqTiers(RqReader(r), LedgerWriter(leadership, time.time)).refused(TIER) is None
 
 
 def test_the_commanders_rq_url_comes_from_fleet_rq_url(monkeypatch: pytest.MonkeyPatch) -> None:

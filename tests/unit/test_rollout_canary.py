@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from commander.rollout import GroupWindow, judge_canary, pool_window, worker_window
+from commander.rollouts.canary import GroupWindow, judge_canary, pool_window, worker_window
 from protocol.groups import RolloutGuard, assign, rollout_weights, with_weights
 from protocol.models import Counters, OccupancyReport, Slots
 from protocol.policy import parse_policy

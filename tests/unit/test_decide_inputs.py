@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from commander.decide_inputs import stale_after, worker_views
 from commander.evaluator import Evaluator, occupancy_of
 from commander.runtime import Lifecycle, WorkerHandle
-from commander.views import stale_after, worker_views
 from protocol.models import Counters, OccupancyReport, Slots, WorkerInfo
 from protocol.policy import Policy
 

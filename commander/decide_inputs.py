@@ -1,4 +1,4 @@
-"""Build what ``decide`` sees of a tier from what the observer read: pure, table-testable.
+"""What ``decide`` sees of a turns tier, built from what the observer read: pure, table-testable.
 
 Missing reports are not idleness: a worker without a fresh report is marked ``fresh=False``
 and ``decide`` never counts it idle nor picks it for scale-in.
@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from commander.evaluator import Evaluator, memory_limit_bytes
-from commander.runtime import WorkerHandle, WorkerState
-from commander.snapshot import TierSnapshot, WorkerView
-from commander.snapshot import WorkerState as ViewState
+from commander.runtime import Lifecycle, WorkerHandle
+from commander.snapshot import TierSnapshot, ViewState, WorkerView
 from protocol.models import WorkerInfo
 from protocol.policy import Policy
 
@@ -37,7 +36,7 @@ def stale_after(policy: Policy) -> float:
 
 
 def _state(handle: WorkerHandle | None, report_state: str | None) -> ViewState:
-    if (handle and handle.state is WorkerState.DRAINING) or report_state == "draining":
+    if (handle and handle.state is Lifecycle.DRAINING) or report_state == "draining":
         return "draining"
     if report_state is None or report_state == "starting":
         return "starting"
@@ -54,7 +53,7 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
     could not reach Redis looked idle for reasons that say nothing about its load.
     """
     by_id: dict[str, WorkerHandle | None] = {
-        h.worker_id: h for h in handles if h.tier == tier and h.state is not WorkerState.EXITED}
+        h.worker_id: h for h in handles if h.tier == tier and h.state is not Lifecycle.EXITED}
     info: WorkerInfo | None
     for wid, (info, alive) in registry.items():
         if info.tier == tier and alive:
@@ -108,8 +107,6 @@ def tier_rates(views: Iterable[WorkerView], evaluator: Evaluator) -> TierRates:
             turns += rates.turns_per_s
             busy += rates.handler_busy
     return TierRates(turns, busy)
-
-
 
 
 def holding(views: Iterable[WorkerView], held: Mapping[str, int]) -> tuple[WorkerView, ...]:

@@ -1,5 +1,5 @@
-"""What the runtime says for the ledger (a mixin of ``Commander``): its refusals, its notes,
-and the workers that wait too long for a place to run.
+"""What the runtime says, for the ledger: its refusals, its notes, and the workers that wait too
+long for a place to run.
 
 - Before acting on a plan, the commander asks ``runtime.refusal(tier)``. A refusal (kubernetes:
   an HPA or ScaledObject targets the tier's Deployment, or it has no single one) drops the
@@ -15,11 +15,12 @@ and the workers that wait too long for a place to run.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import replace
 
 from commander.decide import Plan
-from commander.runtime import Runtime, WorkerHandle, WorkerState
-from protocol.models import LedgerEvent
+from commander.ledger_writer import LedgerWriter
+from commander.runtime import Lifecycle, Runtime, WorkerHandle
 from protocol.policy import Policy
 
 log = logging.getLogger("fleet.commander")
@@ -28,7 +29,7 @@ log = logging.getLogger("fleet.commander")
 def overdue(handles: Iterable[WorkerHandle], tier: str, limit_s: float, now: float) -> list[WorkerHandle]:
     """The tier's workers that have waited for a place to run longer than ``limit_s``."""
     return [h for h in handles
-            if h.tier == tier and h.state is not WorkerState.EXITED and h.pending_since is not None
+            if h.tier == tier and h.state is not Lifecycle.EXITED and h.pending_since is not None
             and now - h.pending_since > limit_s]
 
 
@@ -42,39 +43,36 @@ def no_capacity_reason(late: list[WorkerHandle], limit_s: float, now: float) -> 
             f"decides, nothing is retried, they still count as starting")
 
 
-class RuntimeNotes:
-    """Refusals, notes and Pending workers in the ledger, for ``Commander``, which provides the
-    state below."""
+class RuntimeWatch:
+    """Refusals, notes and Pending workers of one runtime, in the ledger."""
 
-    runtime: Runtime
-    _refusals: dict[str, str]  # tier -> the refusal last ledgered
-    _no_capacity: dict[str, set[str]]  # tier -> workers ledgered as waiting, while they wait
-    _append: Callable[[LedgerEvent], None]
-    _event: Callable[..., LedgerEvent]
+    def __init__(self, runtime: Runtime, ledger: LedgerWriter) -> None:
+        self._runtime, self._ledger = runtime, ledger
+        self._refusals: dict[str, str] = {}  # tier -> the refusal last ledgered
+        self._no_capacity: dict[str, set[str]] = {}  # tier -> workers ledgered as waiting, while they wait
 
-    def _refused_now(self, plan: Plan) -> bool:
-        """Whether the runtime refuses to act on the plan's tier now (asked only when the plan
-        would act); a new reason goes to the ledger once."""
+    def allowed(self, plan: Plan) -> Plan:
+        """The plan, without its spawns and retirements while the runtime refuses to act on its
+        tier (asked only when the plan would act); a new reason goes to the ledger once."""
         if not plan.changed:
-            return False
-        why = self.runtime.refusal(plan.tier)
+            return plan
+        why = self._runtime.refusal(plan.tier)
         last = self._refusals.get(plan.tier)
         if why is None:
             if last is not None:
-                log.info("tier %s: the %s runtime acts again", plan.tier, self.runtime.name)
+                log.info("tier %s: the %s runtime acts again", plan.tier, self._runtime.name)
                 del self._refusals[plan.tier]
-            return False
+            return plan
         if why != last:
-            reason = f"{plan.reason}: not done, the {self.runtime.name} runtime refuses: {why}"
-            self._append(self._event(plan.tier, "refused", plan, to=plan.current, reason=reason,
-                                     victims=[r.worker for r in plan.retire],
-                                     why={**plan.why(), "refused": why}))
+            reason = f"{plan.reason}: not done, the {self._runtime.name} runtime refuses: {why}"
+            self._ledger.record(plan.tier, "refused", plan, to=plan.current, reason=reason,
+                                victims=[r.worker for r in plan.retire], why={**plan.why(), "refused": why})
             log.warning("tier %s: %s", plan.tier, reason)
             self._refusals[plan.tier] = why
-        return True
+        return replace(plan, spawn=0, retire=())
 
-    def _note_pending(self, tier: str, handles: list[WorkerHandle], policy: Policy, plan: Plan,
-                      now: float) -> None:
+    def note_pending(self, tier: str, handles: list[WorkerHandle], policy: Policy, plan: Plan,
+                     now: float) -> None:
         """Ledger the workers that newly waited past ``pending_timeout_s``, once each."""
         late = overdue(handles, tier, policy.pending_timeout_s, now)
         noted = self._no_capacity.get(tier, set())
@@ -83,13 +81,11 @@ class RuntimeNotes:
         if not new:
             return
         reason = no_capacity_reason(new, policy.pending_timeout_s, now)
-        self._append(self._event(tier, "no-capacity", plan, to=plan.current,
-                                 victims=[h.worker_id for h in new], reason=reason,
-                                 why={"pending": {h.worker_id: h.pending_why for h in new}}))
+        self._ledger.record(tier, "no-capacity", plan, to=plan.current, victims=[h.worker_id for h in new],
+                            reason=reason, why={"pending": {h.worker_id: h.pending_why for h in new}})
         log.warning("tier %s: %s", tier, reason)
 
-    def _record_notes(self) -> None:
+    def record_notes(self) -> None:
         """What the runtime did beyond the plan (a substituted victim), to the ledger."""
-        for note in self.runtime.notes():
-            self._append(self._event(note.tier, note.action, victims=list(note.workers),
-                                     reason=note.reason))
+        for note in self._runtime.notes():
+            self._ledger.record(note.tier, note.action, victims=list(note.workers), reason=note.reason)

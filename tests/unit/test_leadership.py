@@ -7,7 +7,7 @@ import time
 import fakeredis
 import pytest
 
-from commander.leader import Deposed, Leadership
+from commander.leadership import Deposed, Leadership
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import LedgerEvent

@@ -1,8 +1,10 @@
-"""Single writer: the leader lease (``SET NX PX``, renewed) with a fencing epoch (DESIGN §5, I4).
+"""Single writer: the leader lease (``SET NX PX``, renewed) with a fencing epoch.
 
 Only the leader acts, and it appends every change to the ledger *before* acting through a
 script that refuses a deposed leader (``ledger_append.lua``): a commander that was paused
-past its lease and wakes up finds its append fenced, so it never acts on a stale view.
+past its lease and wakes up finds its append fenced, so it never acts on a stale view. A
+scale-up is fenced by ``confirm`` (a lease renewal) instead, and ledgered right after the
+runtime returned the new workers' ids.
 """
 
 from __future__ import annotations
@@ -26,24 +28,25 @@ class Leadership:
     """One commander's claim on leadership, on a blocking client."""
 
     def __init__(self, r: redis.Redis, commander_id: str, ttl_ms: int = 3000) -> None:
-        self.r = r
         self.commander_id = commander_id
-        self.ttl_ms = ttl_ms
+        self._ttl_ms = ttl_ms
         self.epoch: int | None = None
         self._lease = LeaderLease(r)
         self._ledger = Ledger(r)
 
     @property
     def leading(self) -> bool:
+        """Whether this commander holds the lease (as of its last campaign, renewal or append)."""
         return self.epoch is not None
 
     @property
     def holder(self) -> str:
+        """The lease's value while this commander holds it: ``<commander>|<epoch>``."""
         return f"{self.commander_id}|{self.epoch}"
 
     def campaign(self) -> bool:
         """Take the lease if it is free (or already ours); True when leading."""
-        epoch = self._lease.acquire(self.commander_id, self.ttl_ms)
+        epoch = self._lease.acquire(self.commander_id, self._ttl_ms)
         if epoch is not None:
             if self.epoch != epoch:
                 log.info("commander %s leads with epoch %d", self.commander_id, epoch)
@@ -56,11 +59,17 @@ class Leadership:
         """Extend the lease; on loss, become a standby (``leading`` turns False)."""
         if self.epoch is None:
             return False
-        if self._lease.renew(self.holder, self.ttl_ms):
+        if self._lease.renew(self.holder, self._ttl_ms):
             return True
         log.warning("commander %s lost the lease of epoch %d", self.commander_id, self.epoch)
         self.epoch = None
         return False
+
+    def confirm(self) -> None:
+        """Renew the lease now, or raise ``Deposed``: the fence before an act whose ledger entry
+        can only be written after it (a scale-up names the workers the runtime returned)."""
+        if not self.renew():
+            raise Deposed(self.commander_id)
 
     def step_down(self) -> None:
         """Give up the lease now (a clean shutdown), so a standby takes over at once."""

@@ -1,0 +1,50 @@
+"""What ``decide`` remembers of each tier between passes, kept in Redis for the next leader.
+
+A leadership reads each tier's state back once (``fleet:{T}:decide-state``), so a new leader
+goes on with the same stabilization windows, measurements and pending recycles; the state is
+written back whenever a pass changes it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from commander.tierstate import TierState
+from stores.decide_state import read_decide_state, write_decide_state
+
+log = logging.getLogger("fleet.commander")
+STATE_TTL_S = 86_400  # a tier judged by no leader for a day starts afresh
+
+
+class DecideStates:
+    """Each tier's ``TierState``: read back at the first pass of a leadership, saved on change."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self._r = r
+        self._states: dict[str, TierState] = {}
+
+    def get(self, tier: str) -> TierState:
+        """The tier's state, read from Redis the first time this leadership asks."""
+        if tier not in self._states:
+            self._states[tier] = self._load(tier)
+        return self._states[tier]
+
+    def put(self, tier: str, state: TierState) -> None:
+        """Keep the state the pass returned; write it to Redis if it changed."""
+        if state != self._states.get(tier):
+            self._states[tier] = state
+            write_decide_state(self._r, tier, state.to_body(), STATE_TTL_S)
+
+    def forget(self) -> None:
+        """A new leadership: read back what the last leader saved."""
+        self._states.clear()
+
+    def _load(self, tier: str) -> TierState:
+        try:
+            body = read_decide_state(self._r, tier)
+            return TierState() if body is None else TierState.from_body(body)
+        except (ValueError, KeyError, TypeError):
+            log.warning("tier %s: unreadable saved decide state, starting afresh", tier)
+            return TierState()

@@ -1,0 +1,57 @@
+"""Which pools a pass judges, and the policy each one runs.
+
+A grouped tier is judged as its groups' pools, plus the pools it had and no group names any
+more (until nothing is queued on them: ``removed``), plus its own pool while workers of it live
+(the tier's workers from before it had groups: they are drained).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import redis
+
+from commander.rollouts.weights import Weights
+from protocol.groups import pool_name, split_pool
+from stores.groups import known_pools, remember_pools
+from stores.policies import PolicyRead, read_policy
+
+
+def pool_policy(pool: str, read: PolicyRead) -> tuple[PolicyRead, bool]:
+    """The policy of ``pool`` from its tier's ``read``, and whether the pool is *removed*: no
+    group of the policy names it (or it is the tier's own pool and the tier has groups)."""
+    group = split_pool(pool)[1]
+    groups = read.policy.groups
+    if not group:
+        return read, bool(groups)
+    if any(g.name == group for g in groups):
+        return replace(read, tier=pool, policy=read.policy.for_group(group)), False
+    return replace(read, tier=pool), True
+
+
+class Pools:
+    """Expands the tiers to judge into their pools, and shows each grouped tier's weights to
+    ``weights`` (a change is a rollout)."""
+
+    def __init__(self, r: redis.Redis, weights: Weights) -> None:
+        self._r, self._weights = r, weights
+
+    def to_judge(self, names: set[str], live: set[str]) -> set[str]:
+        """``names`` with each grouped tier replaced by its pools (``live``: the tiers and pools
+        with live workers)."""
+        out: set[str] = set()
+        for name in names:
+            tier, group = split_pool(name)
+            if group:
+                out.add(name)
+                continue
+            policy = read_policy(self._r, tier).policy  # (structure only: the handlers are the pools')
+            self._weights.note(tier, policy)
+            pools = {pool_name(tier, g.name) for g in policy.groups} or {tier}
+            known = known_pools(self._r, tier)
+            if not pools <= known:
+                remember_pools(self._r, tier, pools - known)
+            out |= pools | known  # a removed pool stays until nothing queued on it is left
+            if tier in live:
+                out.add(tier)
+        return out

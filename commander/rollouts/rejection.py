@@ -1,0 +1,41 @@
+"""A group whose workers cannot start here (the runtime's ``check_group``: its interpreter is
+missing or cannot load its handler) is rejected: weight 0 for assignment, so its users are
+served by the other groups, ledgered, shown as its pool's error; accepted again once it can."""
+
+from __future__ import annotations
+
+import redis
+
+from commander.ledger_writer import LedgerWriter
+from commander.runtime import Runtime
+from protocol.groups import split_pool
+from stores.groups import accept_group, reject_group, rejected_groups
+
+
+class GroupChecks:
+    """The verdict on each group's pool, as last recorded in Redis."""
+
+    def __init__(self, r: redis.Redis, runtime: Runtime, ledger: LedgerWriter) -> None:
+        self._r, self._runtime, self._ledger = r, runtime, ledger
+        self._verdicts: dict[str, str | None] = {}  # pool -> why it is rejected (None: accepted)
+
+    def rejected(self, pool: str) -> str | None:
+        """Why ``pool``'s group cannot start workers, or None (a tier's own pool: None). A
+        changed verdict is recorded for assignment and in the ledger."""
+        tier, group = split_pool(pool)
+        if not group:
+            return None
+        why = self._runtime.check_group(pool)
+        if pool not in self._verdicts:  # a new leader: what the last one recorded
+            self._verdicts[pool] = rejected_groups(self._r, tier).get(group)
+        was = self._verdicts[pool]
+        if why is not None and why != was:
+            reject_group(self._r, tier, group, why)
+            self._ledger.record(pool, "group-rejected", reason=f"group {group} of tier {tier} "
+                                f"rejected: {why}; its users are served by the other groups")
+        elif why is None and was is not None:
+            accept_group(self._r, tier, group)
+            self._ledger.record(pool, "group-accepted", reason=f"group {group} of tier {tier} "
+                                "can start workers again: its users come back to it")
+        self._verdicts[pool] = why
+        return why

@@ -1,0 +1,77 @@
+"""The policy each tier (or group pool) runs this pass, and its verdict in the ledger.
+
+A tier runs its policy key, unless the key is invalid or names a handler that none of the
+tier's live workers has: they keep their last good policy then, and the key is *rejected*
+(ledgered when the verdict changes, shown by the monitor while it lasts, a metric). A group's
+pool runs its group's policy; a pool no group names is *removed* (``commander.rollouts``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import redis
+
+from commander.ledger_writer import LedgerWriter
+from commander.metrics import Metrics
+from commander.rollouts.pools import pool_policy
+from protocol.groups import split_pool
+from protocol.models import WorkerInfo
+from protocol.policy import Policy
+from stores.policies import PolicyRead, read_policy
+
+log = logging.getLogger("fleet.commander")
+
+
+@dataclass(frozen=True)
+class TierPolicy:
+    """A tier's or pool's policy for this pass."""
+
+    read: PolicyRead  # the policy in force, where it came from, and the key's error if any
+    rejected: str | None = None  # why the policy key is rejected now (None: it is in force)
+    removed: bool = False  # a pool no group of its tier's policy names: its workers are drained
+
+
+class TierPolicies:
+    """Reads each tier's policy and remembers the verdict last ledgered and the policy in force."""
+
+    def __init__(self, r: redis.Redis, ledger: LedgerWriter, metrics: Metrics | None) -> None:
+        self._r, self._ledger, self._metrics = r, ledger, metrics
+        self._verdicts: dict[str, tuple[str, str | None]] = {}  # tier -> (source, error) ledgered
+        self._in_force: dict[str, Policy] = {}
+
+    def in_force(self, tier: str) -> Policy | None:
+        """The policy the tier ran at its last pass (None before its first)."""
+        return self._in_force.get(tier)
+
+    def read(self, tier: str, registry: Mapping[str, tuple[WorkerInfo, bool]]) -> TierPolicy:
+        """The policy ``tier``'s workers run, checked against the handlers its live workers
+        have (the structure only while none is live)."""
+        known = sorted({name for info, alive in registry.values()
+                        if alive and info.tier == tier for name in info.handlers})
+        base, group = split_pool(tier)
+        read = read_policy(self._r, base, known or None, group=group or None)
+        why = read.error
+        if read.missing_handler is not None:
+            why = (f"no live worker of tier {tier} has handler {read.missing_handler!r} "
+                   f"(they have: {', '.join(known)}; install it where they run)")
+        self._note_verdict(tier, read, why)
+        read, removed = pool_policy(tier, read)
+        self._in_force[tier] = read.policy
+        if self._metrics is not None:
+            self._metrics.policy_rejected(tier, read.error is not None)
+        return TierPolicy(read, why, removed)
+
+    def _note_verdict(self, tier: str, read: PolicyRead, why: str | None) -> None:
+        """Ledger a changed verdict on the key (the first look only if it is rejected)."""
+        verdict = (read.source, read.error)
+        last = self._verdicts.get(tier)
+        if verdict != last and (read.error or last is not None):
+            action = "policy-rejected" if read.error else "policy-applied"
+            reason = f"policy key rejected: {why}; running the {read.source} policy" \
+                if read.error else f"policy from {read.source} in force"
+            self._ledger.record(tier, action, reason=reason)
+            (log.warning if read.error else log.info)("tier %s: %s", tier, reason)
+        self._verdicts[tier] = verdict
