@@ -218,3 +218,50 @@ def test_the_wind_down_leaves_no_task_pending_even_one_started_during_it() -> No
         if late and not late[0].done():
             loop.run_until_complete(asyncio.wait(late))
         loop.close()
+
+
+def test_a_sigterm_is_judged_by_the_workers_state_when_its_drain_runs() -> None:
+    """Seed 484 (the checker's own hole): SIGTERM reached a worker stopped (SIGSTOP) while it
+    was starting; after SIGCONT its loop finished the start before it ran the drain, and it
+    drained as a serving worker does, but the check held it to the bound of a worker that
+    never started. The stop bound is the one of the state the worker is in when its drain runs."""
+    from sim.checks import STARTING_STOP_S, check
+    from sim.explore import STOP_BOUND_S
+    from sim.store import Network
+    from sim.world import World
+
+    loop = SimLoop(Chooser())
+    net = Network(loop, random.Random(1))
+    world = World(loop, net, SMALL, random.Random(1))
+    late, early = world.start_worker(), world.start_worker()
+    try:
+        world.terminate(late)  # sent while it starts: its drain waits for the loop
+        world.terminate(early)
+        assert world.record.terminated_starting == {late, early}
+        world.instances[late].state = "ready"  # its loop finished the start before the drain
+        for wid in (late, early):
+            world.instances[wid].drain("SIGTERM")  # (what the queued signal handler calls)
+        assert world.record.terminated_starting == {early}
+        took = STARTING_STOP_S + 1.0  # more than a worker that never started may take
+        assert took < STOP_BOUND_S
+        world.record.stopped = {late: took, early: took}
+        got = check(net.sync_client(), world.record, bound_s=60, stop_bound_s=STOP_BOUND_S, zombie_bound_s=1,
+                    starve_bound_s=60, end=60)
+        assert [v.detail.split()[1] for v in got] == [early], [str(v) for v in got]
+    finally:
+        from sim.explore import _wind_down
+        _wind_down(loop, net, world)
+        loop.close()
+
+
+def test_a_controlled_schedule_says_when_its_moment_never_came_and_raises_what_its_actions_raised() -> None:
+    """A forcing test must not pass by missing its moment, nor hide a broken action."""
+    from sim.control import Control, handler, script
+    from sim.world import Planned
+
+    control = Control([Planned("u0")])
+    control.on(script("lease_renew", user="u9"), lambda world, e: None, label="never")
+    control.on(handler("enter", user="u0"), lambda world, e: world.inject("no-such-fault", "w0"))
+    with pytest.raises(ValueError, match="unknown fault"):
+        control.run()
+    assert control.unfired() == ["never (0 of 1)"]
