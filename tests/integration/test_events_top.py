@@ -7,6 +7,7 @@ the commander and the workers would, so these tests need neither.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -244,10 +245,14 @@ def test_top_live_refreshes_and_exits_0_on_ctrl_c(r: redis.Redis, fleet_env: dic
     _populate(r)
     proc = subprocess.Popen([sys.executable, "-m", "fleet.cli", "top", "--interval", "0.2"], env=fleet_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    clear = b"\x1b[H\x1b[2J"
     try:
         assert proc.stdout is not None
-        first = proc.stdout.read(len(b"\x1b[H\x1b[2J"))  # the first frame has begun: it is running
-        time.sleep(1.0)  # a few more frames at 0.2 s
+        first = b""
+        while first.count(clear) < 2:  # a second frame has begun: it refreshes (the test's timeout bounds it)
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, "top exited before its second frame"
+            first += chunk
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=10)
         out = first + out
