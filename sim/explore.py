@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from sim.checks import Violation, check, waits
 from sim.clock import virtual_time
-from sim.loop import Chooser, Deadlock, SimLoop
+from sim.loop import Chooser, Deadlock, Fifo, SimLoop
 from sim.store import Network
 from sim.world import Workload, World
 
@@ -92,7 +92,7 @@ class Outcome:
 
 
 # --- choosers -----------------------------------------------------------------------------------
-class _Random(Chooser):
+class _Random:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
 
@@ -100,7 +100,7 @@ class _Random(Chooser):
         return self.rng.randrange(ready)
 
 
-class _Replay(Chooser):
+class _Replay:
     """The recorded choices, by the number of the choice (see ``_Recording``)."""
 
     def __init__(self, choices: dict[int, int]) -> None:
@@ -113,7 +113,7 @@ class _Replay(Chooser):
         return min(index, ready - 1)
 
 
-class _PCT(Chooser):
+class _PCT:
     """Priorities per task (its context); at ``depth`` random steps the running one drops."""
 
     def __init__(self, rng: random.Random, depth: int, horizon: int, loop_ref: list[SimLoop]) -> None:
@@ -138,7 +138,7 @@ class _PCT(Chooser):
         return best
 
 
-class _Recording(Chooser):
+class _Recording:
     def __init__(self, inner: Chooser) -> None:
         self.inner = inner
         self.made: dict[int, int] = {}
@@ -270,7 +270,7 @@ def _chooser(schedule: Schedule, loop_ref: list[SimLoop]) -> Chooser:
     if schedule.strategy == "pct":
         return _PCT(rng, schedule.depth, 20_000, loop_ref)
     if schedule.strategy == "fifo":
-        return Chooser()
+        return Fifo()
     raise ValueError(f"unknown strategy {schedule.strategy!r} (random, pct or fifo)")
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from sim.clock import MODULES
 from sim.explore import Schedule, run
-from sim.loop import NODE, Chooser, SimLoop
+from sim.loop import NODE, Fifo, SimLoop
 from sim.world import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def test_a_replay_is_the_same_in_another_process_with_another_hash_seed() -> Non
 
 
 def test_virtual_time_costs_no_wall_time_and_killed_nodes_never_run_again() -> None:
-    loop = SimLoop(Chooser())
+    loop = SimLoop(Fifo())
     ran: list[str] = []
 
     async def node_task(name: str) -> None:
@@ -194,7 +194,7 @@ def test_the_wind_down_leaves_no_task_pending_even_one_started_during_it() -> No
     from sim.store import Network
     from sim.world import World
 
-    loop = SimLoop(Chooser())
+    loop = SimLoop(Fifo())
     world = World(loop, Network(loop, random.Random(1)), SMALL, random.Random(1))
 
     async def slow_to_stop() -> None:
@@ -230,7 +230,7 @@ def test_a_sigterm_is_judged_by_the_workers_state_when_its_drain_runs() -> None:
     from sim.store import Network
     from sim.world import World
 
-    loop = SimLoop(Chooser())
+    loop = SimLoop(Fifo())
     net = Network(loop, random.Random(1))
     world = World(loop, net, SMALL, random.Random(1))
     late, early = world.start_worker(), world.start_worker()
