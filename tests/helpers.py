@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from protocol import keys
-from protocol.codec import decode
+from protocol.codec import decode, encode
 from protocol.models import LedgerEvent, WorkerInfo
 
 
@@ -130,6 +130,17 @@ def ledger(r: redis.Redis, tier: str | None = None, *actions: str) -> list[Ledge
     """The scaling ledger, oldest first: of ``tier`` (None: every tier), of ``actions`` (none: all)."""
     events = (decode(LedgerEvent, fields[b"m"]) for _id, fields in r.xrange(keys.EVENTS))
     return [e for e in events if (tier is None or e.tier == tier) and (not actions or e.action in actions)]
+
+
+def register(r: redis.Redis, worker: str, tier: str = "chat", alive: bool = True,
+             started: float | None = None) -> None:
+    """A worker's registry entry as a worker writes it (started a minute ago unless ``started``),
+    with a live heartbeat unless not ``alive``."""
+    info = WorkerInfo(worker=worker, tier=tier, pid=4242, host="h",
+                      started=time.time() - 60 if started is None else started)
+    r.hset(keys.WORKERS, worker, encode(info))
+    if alive:
+        r.set(keys.heartbeat(worker), "1", ex=60)
 
 
 def live_workers(r: redis.Redis, tier: str | None = None) -> list[WorkerInfo]:

@@ -19,8 +19,8 @@ import redis
 
 from protocol import keys
 from protocol.codec import encode
-from protocol.models import CommanderInfo, Counters, LedgerEvent, OccupancyReport, Slots, WorkerInfo
-from tests.helpers import fleet_cli
+from protocol.models import CommanderInfo, Counters, LedgerEvent, OccupancyReport, Slots
+from tests.helpers import fleet_cli, register
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -42,13 +42,6 @@ def report(worker: str, ts: float, busy: int, total: int = 4, cpu: float | None 
     return OccupancyReport(worker=worker, tier=tier, ts=ts, state=state, users=3, active_users=1,  # type: ignore[arg-type]
                            slots=Slots(busy=busy, total=total), cpu=cpu, rss=200 * 1024 * 1024,
                            counters=Counters(turns=10, handler_seconds=handler_s), load=(0.1, 0.1, 0.1))
-
-
-def register(r: redis.Redis, worker: str, tier: str = "chat", alive: bool = True) -> None:
-    r.hset(keys.WORKERS, worker, encode(WorkerInfo(worker=worker, tier=tier, pid=4242, host="h",
-                                                   started=time.time() - 60)))
-    if alive:
-        r.set(keys.heartbeat(worker), "1", ex=60)
 
 
 # --- fleet events -----------------------------------------------------------------------
