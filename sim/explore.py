@@ -30,7 +30,7 @@ from sim.store import Network
 from sim.world import Workload, World
 
 if TYPE_CHECKING:
-    from sim.control import Control
+    from sim.scenario import Scenario
 
 FAULT_KINDS = ("kill", "pause", "term", "expire", "drop", "restart", "outage")
 _DURATION = {"pause": (2.5, 4.5), "restart": (0.1, 1.5), "outage": (5.0, 20.0)}  # seconds
@@ -218,9 +218,9 @@ class _Faults:
 
 
 # --- one schedule --------------------------------------------------------------------------------
-def run(schedule: Schedule, control: Control | None = None) -> Outcome:
-    """Run one schedule to its end and check it; with ``control``, its clients follow its plan
-    and its triggers watch the run (``sim.control``)."""
+def run(schedule: Schedule, scenario: Scenario | None = None) -> Outcome:
+    """Run one schedule to its end and check it; with ``scenario``, its clients follow its plan
+    and its triggers watch the run (``sim.scenario``)."""
     seed = schedule.seed
     random.seed(seed)  # redis-py's and the worker's backoff jitter draw from the global generator
     loop_ref: list[SimLoop] = []
@@ -229,9 +229,9 @@ def run(schedule: Schedule, control: Control | None = None) -> Outcome:
     loop_ref.append(loop)
     net = Network(loop, random.Random(f"{seed}:net"))
     world = World(loop, net, schedule.workload, random.Random(f"{seed}:work"),
-                  plan=control.plan if control is not None else None)
-    if control is not None:
-        control.install(world)
+                  plan=scenario.plan if scenario is not None else None)
+    if scenario is not None:
+        scenario.install(world)
     faults = _Faults(schedule, random.Random(f"{seed}:faults"))
     faults.world = world
     loop.before_step = faults.before_step

@@ -21,7 +21,7 @@ in-process ``fakeredis.FakeServer``. What a real network and server add, this mo
 Blocked commands run server-side (node ``None``), so a paused node still gets deliveries.
 
 Every connection attempt and every command the server runs is shown to the network's
-``watchers`` as a :class:`Wire` event (``sim.control`` injects faults at such events).
+``watchers`` as a :class:`Wire` event (``sim.scenario`` injects faults at such events).
 """
 
 from __future__ import annotations

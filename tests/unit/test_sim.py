@@ -256,12 +256,12 @@ def test_a_sigterm_is_judged_by_the_workers_state_when_its_drain_runs() -> None:
 
 def test_a_controlled_schedule_says_when_its_moment_never_came_and_raises_what_its_actions_raised() -> None:
     """A forcing test must not pass by missing its moment, nor hide a broken action."""
-    from sim.control import Control, handler, script
+    from sim.scenario import Scenario, handler, script
     from sim.world import Planned
 
-    control = Control([Planned("u0")])
-    control.on(script("lease_renew", user="u9"), lambda world, e: None, label="never")
-    control.on(handler("enter", user="u0"), lambda world, e: world.inject("no-such-fault", "w0"))
+    scenario = Scenario([Planned("u0")])
+    scenario.on(script("lease_renew", user="u9"), lambda world, e: None, label="never")
+    scenario.on(handler("enter", user="u0"), lambda world, e: world.inject("no-such-fault", "w0"))
     with pytest.raises(ValueError, match="unknown fault"):
-        control.run()
-    assert control.unfired() == ["never (0 of 1)"]
+        scenario.run()
+    assert scenario.unfired() == ["never (0 of 1)"]

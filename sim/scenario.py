@@ -6,14 +6,14 @@ w0's ``lane_acquire`` for u0 has run on the server, pause w0"), by what the netw
 handler see: a connection attempt, a command the server ran, a handler's entry and exit. The
 same schedule then reaches the same state whatever the await structure of the code under it.
 
-A ``Control`` holds the clients' plan (``Planned`` turns) and the triggers; ``run`` runs the
-real workers and clients on the simulator (FIFO order, no drawn faults) and checks I1-I3,
-liveness, the stop and the zombie bounds, as the explorer does::
+A ``Scenario`` holds the clients' plan (``Planned`` turns) and the triggers; ``run`` runs the
+real workers and clients on the simulator (in asyncio's order unless told another, with no
+drawn faults) and checks I1-I3, liveness, the stop and the zombie bounds, as the explorer does::
 
-    control = Control([Planned("u0", sleep_ms=5000)], workers=2)
-    control.on(script("lease_renew", user="u0"), lambda world, e: world.inject("expire", "u0"))
-    outcome = control.run()
-    assert outcome.ok and control.unfired() == []
+    scenario = Scenario([Planned("u0", sleep_ms=5000)], workers=2)
+    scenario.on(script("lease_renew", user="u0"), lambda world, e: world.inject("expire", "u0"))
+    outcome = scenario.run()
+    assert outcome.ok and scenario.unfired() == []
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def lane_holder(world: World, user: str) -> str | None:
 
 
 def took_lane(user: str) -> Callable[[World, Event], bool]:
-    """A ``lane_acquire`` for ``user`` that left the lane to its sender (see ``Control.on``'s ``when``)."""
+    """A ``lane_acquire`` for ``user`` that left the lane to its sender (see ``Scenario.on``'s ``when``)."""
     return lambda world, e: lane_holder(world, user) == e.node
 
 
@@ -130,7 +130,7 @@ class Trigger:
 
 
 @dataclass
-class Control:
+class Scenario:
     """A controlled schedule: the clients' plan, the fleet's size and the triggers."""
 
     plan: list[Planned]
@@ -166,7 +166,7 @@ class Control:
         for t in self.triggers:
             t.fired = 0
         got = run(Schedule(seed=self.seed, workload=self.workload(), strategy=self.strategy, faults=[]),
-                  control=self)
+                  scenario=self)
         if self.errors:
             raise self.errors[0]
         return got
