@@ -43,8 +43,27 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sim.loop import NODE
 from stores.connection import async_retry_options
+from stores.scripts import sha as script_sha
+from stores.scripts import source as script_source
 
 _SERVER_CTX = contextvars.Context()  # blocked commands run here: on the server, not the client
+
+# Bugs planted in the Lua the simulated server runs, to show the checks find them: script name ->
+# the text to run instead (a test sets it, e.g. with monkeypatch.setitem). Clients load and call
+# the real script; the server runs the planted one under its SHA.
+PLANTED: dict[str, Callable[[str], str]] = {}
+
+
+class _ScriptCache(dict[bytes, bytes]):
+    """fakeredis' script cache (SHA -> text), with the planted texts put in place of the real."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.planted = {script_sha(name).encode(): plant(script_source(name)).encode()
+                        for name, plant in PLANTED.items()}
+
+    def __setitem__(self, sha: bytes, text: bytes) -> None:
+        super().__setitem__(sha, self.planted.get(sha, text))
 
 
 @dataclass(frozen=True)
@@ -90,6 +109,7 @@ class Network:
         self.loop = loop
         self.rng = rng
         self.server = fakeredis.FakeServer()
+        self.server.script_cache = _ScriptCache()
         self.server.dbs[0]._change_callbacks = _OrderedCallbacks()  # type: ignore[assignment]
         self.latency_ms = latency_ms
         self.spike_ms = spike_ms

@@ -109,16 +109,9 @@ def test_a_bad_argument_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str
 
 def test_a_failing_schedule_is_shrunk_and_replays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from worker import job
+    from tests.unit.test_sim import LOSES_THE_SECOND_REPLY, plant
 
-    real = job.UserJob._serve_turn
-
-    async def drops_the_second_turn(self, lease, nxt):  # type: ignore[no-untyped-def]
-        if b"-t1" in nxt.fields.get(b"m", b""):
-            return await self._commit(lease, nxt.entry, "", job.Writes(), "ok")
-        return await real(self, lease, nxt)
-
-    monkeypatch.setattr(job.UserJob, "_serve_turn", drops_the_second_turn)
+    plant(monkeypatch, "turn_commit", LOSES_THE_SECOND_REPLY)
     code = explore.main(["--schedules", "5", "--seed", "1", "--users", "2", "--turns", "2",
                          "--out", str(tmp_path)])
     out = capsys.readouterr().out

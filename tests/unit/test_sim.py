@@ -1,6 +1,7 @@
 """The data-plane simulator itself: deterministic, replayable, and able to fail.
 
-A simulator that cannot find a planted bug proves nothing, and one whose seed does not fix
+A simulator that cannot find a planted bug (planted in the Lua the simulated server runs, so
+the worker's code is the real one, whatever its shape) proves nothing, and one whose seed does not fix
 the run cannot hand over a bug report; both are tested here. The explorer's runs over many
 seeds are in tests/unit/test_explore.py.
 """
@@ -21,6 +22,7 @@ import pytest
 from sim.clock import MODULES
 from sim.explore import Schedule, run
 from sim.loop import NODE, Fifo, SimLoop
+from sim.store import PLANTED
 from sim.world import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,57 +111,45 @@ def _kinds(seeds: range, **workload: int) -> set[str]:
     return set()
 
 
+def plant(monkeypatch: pytest.MonkeyPatch, script: str, *changes: tuple[str, str]) -> None:
+    """Plant a bug in Lua script ``script`` as the simulated server runs it (``sim.store.PLANTED``):
+    each ``(old, new)`` text replaced, every ``old`` found (the bug is where it is meant to be)."""
+
+    def planted(text: str) -> str:
+        for old, new in changes:
+            assert old in text, f"{script}.lua no longer holds {old!r}"
+            text = text.replace(old, new)
+        return text
+
+    monkeypatch.setitem(PLANTED, script, planted)
+
+
+# the commit's reply, skipped for every user's second turn: its cursor moves on, and no reply
+LOSES_THE_SECOND_REPLY = ("if ARGV[6] ~= '' then",
+                          "if ARGV[6] ~= '' and not string.find(ARGV[3], '-t1', 1, true) then")
+
+
 def test_a_lost_turn_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker import job
-
-    real = job.UserJob._serve_turn
-
-    async def drops_the_second_turn(self, lease, nxt):  # type: ignore[no-untyped-def]
-        if nxt.fields.get(b"m", b"").find(b"-t1") >= 0:
-            return await self._commit(lease, nxt.entry, "", job.Writes(), "ok")  # cursor moves on, no reply
-        return await real(self, lease, nxt)
-
-    monkeypatch.setattr(job.UserJob, "_serve_turn", drops_the_second_turn)
+    plant(monkeypatch, "turn_commit", LOSES_THE_SECOND_REPLY)
     assert "I1" in _kinds(range(1, 4))
 
 
 def test_two_workers_in_one_users_handler_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the lease (every acquire wins) and every guard of the commit: two workers then
     serve one user at once, and both commit."""
-    from stores import scripts, turns
-
-    real_acquire, real_source = turns.UserStore.acquire, scripts.source
-
-    async def always_wins(self, user):  # type: ignore[no-untyped-def]
-        await self.r.delete(f"fleet:u:{{{user}}}:lane")
-        return await real_acquire(self, user)
-
-    def unfenced(name: str) -> str:  # no owner check, no cursor check, no dedupe
-        text = real_source(name)
-        if name == "turn_commit":
-            for check in ("redis.call('GET', KEYS[1]) ~= ARGV[1]", "#first == 0 or first[1][1] ~= ARGV[2]",
-                          "ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3])"):
-                assert check in text
-                text = text.replace(check, "false")
-        return text
-
-    monkeypatch.setattr(turns.UserStore, "acquire", always_wins)
-    monkeypatch.setattr(scripts, "source", unfenced)
+    plant(monkeypatch, "lane_acquire", ("local held = redis.call('GET', KEYS[1])",
+                                        "redis.call('DEL', KEYS[1])\nlocal held = false"))
+    plant(monkeypatch, "turn_commit",  # no owner check, no cursor check, no dedupe
+          *((check, "false") for check in ("redis.call('GET', KEYS[1]) ~= ARGV[1]",
+                                           "#first == 0 or first[1][1] ~= ARGV[2]",
+                                           "ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3])")))
     found = set().union(*(_kinds(range(seed, seed + 1), users=1, turns=6) for seed in range(1, 5)))
     assert "I3" in found  # (some schedules show only the stalls the broken lease causes)
 
 
 def test_a_stuck_user_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stores import turns
-
-    real = turns.UserStore.commit
-
-    async def never_lets_go(self, lease, *args):  # type: ignore[no-untyped-def]
-        done = await real(self, lease, *args)
-        # says released even when a turn waits (keeping the lane): that turn waits for nothing
-        return turns.Committed(done.result, True, None)
-
-    monkeypatch.setattr(turns.UserStore, "commit", never_lets_go)
+    # the commit says released even when a turn waits, and keeps the lane: that turn waits for nothing
+    plant(monkeypatch, "turn_commit", ("return {result, 0, nxt}", "return {result, 1, {}}"))
     monkeypatch.setattr("sim.explore.STARVE_BOUND_S", 1.0)
     assert _kinds(range(1, 6), turns=4) & {"liveness", "I1"}
 
