@@ -24,47 +24,36 @@ from dataclasses import dataclass, field
 from protocol import keys
 from protocol.codec import as_str
 from sim.explore import Outcome, Schedule, run
+from sim.store import Wire
 from sim.world import Call, Planned, Workload, World
-from stores.scripts import NAMES, sha, source
 
 
 @dataclass(frozen=True)
 class Event:
-    """One observable event: ``connect``, ``applied`` and ``queued`` (``sim.store.Wire``) carry
-    the node and the command's words; ``enter`` and ``exit`` (a handler) the user and turn."""
+    """One observable event: ``connect``, ``applied`` and ``queued`` carry the network's ``wire``
+    (``sim.store.Wire``: the node, the command's words, its reply); ``enter`` and ``exit`` (a
+    handler) the user and turn."""
 
     kind: str
     node: str | None
-    args: tuple[bytes, ...] = ()
+    wire: Wire | None = None
     user: str = ""
     turn: str = ""
 
     @property
+    def args(self) -> tuple[bytes, ...]:
+        return self.wire.args if self.wire is not None else ()
+
+    @property
     def command(self) -> str:
-        return self.args[0].decode(errors="replace").upper() if self.args else ""
+        return self.wire.command if self.wire is not None else ""
 
     def script(self) -> str | None:
-        """The name of the Fleet Lua script this ``EVALSHA``/``EVAL`` runs, if it runs one."""
-        if self.command not in ("EVALSHA", "EVAL") or len(self.args) < 3:
-            return None
-        return _SCRIPT_OF.get(self.args[1])
+        return self.wire.script() if self.wire is not None else None
 
     def script_keys(self) -> list[str]:
-        if self.script() is None:
-            return []
-        n = int(self.args[2])
-        return [as_str(k) for k in self.args[3:3 + n]]
+        return self.wire.script_keys() if self.wire is not None else []
 
-
-def _scripts() -> dict[bytes, str]:
-    out: dict[bytes, str] = {}
-    for name in NAMES:
-        out[sha(name).encode()] = name
-        out[source(name).encode()] = name
-    return out
-
-
-_SCRIPT_OF = _scripts()
 
 Match = Callable[[Event], bool]
 Act = Callable[[World, Event], None]
@@ -174,7 +163,7 @@ class Scenario:
     # --- called by sim.explore.run ---------------------------------------------------------
     def install(self, world: World) -> None:
         self.world = world
-        world.net.watchers.append(lambda w: self._see(Event(w.kind, w.node, w.args)))
+        world.net.watchers.append(lambda w: self._see(Event(w.kind, w.node, w)))
         world.handler_watchers.append(self._see_call)
 
     def _see_call(self, kind: str, call: Call) -> None:

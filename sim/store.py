@@ -43,6 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sim.loop import NODE
 from stores.connection import async_retry_options
+from stores.scripts import NAMES
 from stores.scripts import sha as script_sha
 from stores.scripts import source as script_source
 
@@ -69,12 +70,37 @@ class _ScriptCache(dict[bytes, bytes]):
 @dataclass(frozen=True)
 class Wire:
     """What the network saw: a node's ``connect`` attempt (it fails while Redis is away), or a
-    command the server ``applied`` (its effects are in the store, its reply not yet read), or
-    ``queued`` inside a ``MULTI`` (applied at its ``EXEC``)."""
+    command the server ``applied`` (its effects are in the store; its ``reply``, as the server
+    sent it, not yet read by the client), or ``queued`` inside a ``MULTI`` (applied at ``EXEC``)."""
 
     kind: str
     node: str | None
     args: tuple[bytes, ...] = ()
+    reply: Any = None
+
+    @property
+    def command(self) -> str:
+        return self.args[0].decode(errors="replace").upper() if self.args else ""
+
+    def script(self) -> str | None:
+        """The name of the Fleet Lua script this ``EVALSHA``/``EVAL`` runs, if it runs one."""
+        if self.command not in ("EVALSHA", "EVAL") or len(self.args) < 3:
+            return None
+        return _SCRIPT_OF.get(self.args[1])
+
+    def script_keys(self) -> list[str]:
+        """A script call's KEYS."""
+        if self.script() is None:
+            return []
+        return [k.decode(errors="replace") for k in self.args[3:3 + int(self.args[2])]]
+
+    def script_argv(self) -> list[bytes]:
+        """A script call's ARGV."""
+        return list(self.args[3 + int(self.args[2]):]) if self.script() else []
+
+
+_SCRIPT_OF = {key: name for name in NAMES  # a script by its SHA (EVALSHA) or its text (EVAL)
+              for key in (script_sha(name).encode(), script_source(name).encode())}
 
 
 class _OrderedCallbacks:
@@ -130,10 +156,10 @@ class Network:
             return self.rng.uniform(1.0, self.spike_ms) / 1000
         return self.rng.uniform(*self.latency_ms) / 1000
 
-    def saw(self, kind: str, node: str | None, args: tuple[bytes, ...] = ()) -> None:
+    def saw(self, kind: str, node: str | None, args: tuple[bytes, ...] = (), reply: Any = None) -> None:
         """Show an event to the watchers."""
         for watch in list(self.watchers):
-            watch(Wire(kind, node, args))
+            watch(Wire(kind, node, args, reply))
 
     def is_down(self) -> bool:
         return self.loop.time() < self.down_until
@@ -188,9 +214,15 @@ class SimSocket(AsyncFakeSocket):
     def _process_command(self, fields: list[bytes]) -> None:
         queued = self._transaction is not None and bool(fields) and \
             fields[0].lower() not in (b"exec", b"discard", b"multi", b"watch")
+        self._reply: Any = None
         super()._process_command(fields)
         if self.network is not None and self.network.watchers and fields:
-            self.network.saw("queued" if queued else "applied", self.node, tuple(bytes(f) for f in fields))
+            self.network.saw("queued" if queued else "applied", self.node, tuple(bytes(f) for f in fields),
+                             self._reply)
+
+    def put_response(self, msg: Any) -> None:
+        self._reply = msg
+        super().put_response(msg)
 
     def _blocking(self, timeout: float | None, func: Any, shape: Any = None) -> Any:
         # as AsyncFakeSocket._blocking, but the waiting task belongs to the server

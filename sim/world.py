@@ -25,10 +25,9 @@ from protocol.codec import as_str
 from protocol.models import HandlerResult
 from protocol.policy import Policy
 from sim.loop import NODE, SimLoop
-from sim.store import Network
+from sim.store import Network, Wire
 from stores.policies import write_policy
 from stores.takeover import sweep, take_over
-from stores.turns import Committed, Lease, Writes
 from worker import handlers
 from worker.app import Worker
 from worker.settings import WorkerSettings
@@ -163,6 +162,7 @@ class World:
         self.instances: dict[str, Worker] = {}
         self.handler_watchers: list[Callable[[str, Call], None]] = []  # (enter|exit, the call)
         self._resumes: dict[str, asyncio.TimerHandle] = {}  # paused worker -> its SIGCONT
+        net.watchers.append(self._watch_commits)
         self._spawned = 0
         self.policy = Policy(handler="sim", concurrency=workload.concurrency, max_attempts=50,
                              report_interval_s=5.0, ready_shards=workload.ready_shards)
@@ -189,7 +189,6 @@ class World:
         settings = WorkerSettings(tier=TIER, worker_id=wid, **WORKER_TIMING)  # type: ignore[arg-type]
         worker = Worker(settings, r=self.net.client())
         self.instances[wid] = worker
-        self._watch_commits(worker)
         self._watch_drain(wid, worker)
         self.workers[wid] = self.loop.create_task(self._run_worker(wid, worker), context=self._in_node(wid))
         return wid
@@ -206,19 +205,16 @@ class World:
             drain(reason)
         worker.drain = watched  # type: ignore[method-assign]  # (its signal handler binds this)
 
-    def _watch_commits(self, worker: Worker) -> None:
-        """Note every write-back that landed, with the lease it landed under (for I3)."""
-        real = worker.store.commit
-        commits = self.record.commits
-
-        async def commit(lease: Lease, entry: str, reply_key_turn: str, w: Writes,
-                         now_ms: int) -> Committed:
-            res = await real(lease, entry, reply_key_turn, w, now_ms)
-            if res.result == "ok" and w.turn_id:
-                commits.add((lease.owner, w.turn_id))
-            return res
-
-        worker.store.commit = commit  # type: ignore[method-assign]
+    def _watch_commits(self, wire: Wire) -> None:
+        """Note every write-back that landed, with the lease it landed under (for I3): a
+        ``turn_commit`` the server ran that answered 'ok' (ARGV[1] the lease, ARGV[3] the turn)."""
+        if wire.kind != "applied" or wire.script() != "turn_commit":
+            return
+        reply = wire.reply
+        if isinstance(reply, list) and reply and reply[0] == b"ok":
+            argv = wire.script_argv()
+            if argv[2]:
+                self.record.commits.add((as_str(argv[0]), as_str(argv[2])))
 
     async def _run_worker(self, wid: str, worker: Worker) -> int:
         code = await worker.run()
