@@ -1,4 +1,4 @@
-"""The invariants, checked from the store and the record after every schedule (DESIGN §3).
+"""The invariants, checked from the store and the record after every schedule.
 
 - **I1** every accepted turn has exactly one reply (ok or error); a turn for a tier that
   runs nowhere is answered with an error once a worker of the user's tier meets it;

@@ -25,7 +25,7 @@ MODULES = (
     "worker.pod",
     "stores.policies", "stores.commanders", "stores.worker_ops", "stores.deadletters", "stores.reports",
     "fleet.client",
-    # deferred jobs' code (issue 16): run by RQ workers, never in a simulation; listed so that
+    # deferred jobs' code: run by RQ workers, never in a simulation; listed so that
     # a clock read there would follow the seed if it ever were
     "worker.jobs", "stores.jobctx",
 )

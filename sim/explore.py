@@ -21,13 +21,16 @@ import json
 import logging
 import random
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.checks import Violation, check, waits
 from sim.clock import virtual_time
-from sim.loop import Chooser, Deadlock, SimLoop
+from sim.loop import Chooser, Deadlock, Fifo, SimLoop
 from sim.store import Network
 from sim.world import Workload, World
+
+if TYPE_CHECKING:
+    from sim.scenario import Scenario
 
 FAULT_KINDS = ("kill", "pause", "term", "expire", "drop", "restart", "outage")
 _DURATION = {"pause": (2.5, 4.5), "restart": (0.1, 1.5), "outage": (5.0, 20.0)}  # seconds
@@ -89,7 +92,7 @@ class Outcome:
 
 
 # --- choosers -----------------------------------------------------------------------------------
-class _Random(Chooser):
+class _Random:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
 
@@ -97,7 +100,7 @@ class _Random(Chooser):
         return self.rng.randrange(ready)
 
 
-class _Replay(Chooser):
+class _Replay:
     """The recorded choices, by the number of the choice (see ``_Recording``)."""
 
     def __init__(self, choices: dict[int, int]) -> None:
@@ -110,7 +113,7 @@ class _Replay(Chooser):
         return min(index, ready - 1)
 
 
-class _PCT(Chooser):
+class _PCT:
     """Priorities per task (its context); at ``depth`` random steps the running one drops."""
 
     def __init__(self, rng: random.Random, depth: int, horizon: int, loop_ref: list[SimLoop]) -> None:
@@ -135,7 +138,7 @@ class _PCT(Chooser):
         return best
 
 
-class _Recording(Chooser):
+class _Recording:
     def __init__(self, inner: Chooser) -> None:
         self.inner = inner
         self.made: dict[int, int] = {}
@@ -195,25 +198,10 @@ class _Faults:
         return Fault(step, kind, self.rng.randrange(1 << 16), round(arg, 3))
 
     def _apply(self, world: World, fault: Fault) -> bool:
-        now = world.loop.time()
         target = self._target(world, fault)
         if target is None:
             return False
-        if fault.kind == "kill":
-            world.kill(target)
-        elif fault.kind == "term":
-            world.terminate(target)
-        elif fault.kind == "pause":
-            world.pause(target, fault.arg)
-        elif fault.kind == "expire":
-            world.expire_lane(target)
-        elif fault.kind == "drop":
-            world.net.drop_next.add(target)
-        else:  # restart, outage: Redis goes away for fault.arg seconds
-            world.net.restart(fault.arg)
-            world.record.outages.append((now, now + fault.arg))
-        world.record.faults.append((now, fault.kind, target))
-        world.record.fault_end = max(world.record.fault_end, now + fault.arg)
+        world.inject(fault.kind, target, fault.arg)
         return True
 
     @staticmethod
@@ -230,8 +218,9 @@ class _Faults:
 
 
 # --- one schedule --------------------------------------------------------------------------------
-def run(schedule: Schedule) -> Outcome:
-    """Run one schedule to its end and check it."""
+def run(schedule: Schedule, scenario: Scenario | None = None) -> Outcome:
+    """Run one schedule to its end and check it; with ``scenario``, its clients follow its plan
+    and its triggers watch the run (``sim.scenario``)."""
     seed = schedule.seed
     random.seed(seed)  # redis-py's and the worker's backoff jitter draw from the global generator
     loop_ref: list[SimLoop] = []
@@ -239,7 +228,10 @@ def run(schedule: Schedule) -> Outcome:
     loop = SimLoop(chooser)
     loop_ref.append(loop)
     net = Network(loop, random.Random(f"{seed}:net"))
-    world = World(loop, net, schedule.workload, random.Random(f"{seed}:work"))
+    world = World(loop, net, schedule.workload, random.Random(f"{seed}:work"),
+                  plan=scenario.plan if scenario is not None else None)
+    if scenario is not None:
+        scenario.install(world)
     faults = _Faults(schedule, random.Random(f"{seed}:faults"))
     faults.world = world
     loop.before_step = faults.before_step
@@ -278,7 +270,7 @@ def _chooser(schedule: Schedule, loop_ref: list[SimLoop]) -> Chooser:
     if schedule.strategy == "pct":
         return _PCT(rng, schedule.depth, 20_000, loop_ref)
     if schedule.strategy == "fifo":
-        return Chooser()
+        return Fifo()
     raise ValueError(f"unknown strategy {schedule.strategy!r} (random, pct or fifo)")
 
 

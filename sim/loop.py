@@ -31,8 +31,14 @@ class Deadlock(RuntimeError):
     """Nothing is ready and no timer is due: every task waits for something that never comes."""
 
 
-class Chooser:
+class Chooser(Protocol):
     """Picks the index of the ready callback to run next (0 = FIFO, what asyncio does)."""
+
+    def choose(self, step: int, ready: int) -> int: ...
+
+
+class Fifo:
+    """asyncio's own order: the oldest ready callback first."""
 
     def choose(self, step: int, ready: int) -> int:
         return 0

@@ -12,9 +12,16 @@ in-process ``fakeredis.FakeServer``. What a real network and server add, this mo
   ``appendfsync always``): every connection breaks, blocked commands are dropped, the
   script cache is empty;
 - **killed clients**: a SIGKILLed process's blocked commands die with its sockets, while a
-  paused (SIGSTOPped) process's blocked read is still served by the server and read later.
+  paused (SIGSTOPped) process's blocked read is still served by the server and read later;
+- **stalls**: a reply held up for a while (a slow network, a server busy elsewhere);
+- **dropped cancellations**: a cancellation that lands in the client library's call is lost
+  and the call goes on (CPython gh-86296: 3.11's ``wait_for`` returns the inner result when
+  both end in one step), as redis-py's calls may do.
 
 Blocked commands run server-side (node ``None``), so a paused node still gets deliveries.
+
+Every connection attempt and every command the server runs is shown to the network's
+``watchers`` as a :class:`Wire` event (``sim.scenario`` injects faults at such events).
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ import asyncio
 import contextvars
 import random
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import fakeredis
@@ -35,8 +43,64 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sim.loop import NODE
 from stores.connection import async_retry_options
+from stores.scripts import NAMES
+from stores.scripts import sha as script_sha
+from stores.scripts import source as script_source
 
 _SERVER_CTX = contextvars.Context()  # blocked commands run here: on the server, not the client
+
+# Bugs planted in the Lua the simulated server runs, to show the checks find them: script name ->
+# the text to run instead (a test sets it, e.g. with monkeypatch.setitem). Clients load and call
+# the real script; the server runs the planted one under its SHA.
+PLANTED: dict[str, Callable[[str], str]] = {}
+
+
+class _ScriptCache(dict[bytes, bytes]):
+    """fakeredis' script cache (SHA -> text), with the planted texts put in place of the real."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.planted = {script_sha(name).encode(): plant(script_source(name)).encode()
+                        for name, plant in PLANTED.items()}
+
+    def __setitem__(self, sha: bytes, text: bytes) -> None:
+        super().__setitem__(sha, self.planted.get(sha, text))
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What the network saw: a node's ``connect`` attempt (it fails while Redis is away), or a
+    command the server ``applied`` (its effects are in the store; its ``reply``, as the server
+    sent it, not yet read by the client), or ``queued`` inside a ``MULTI`` (applied at ``EXEC``)."""
+
+    kind: str
+    node: str | None
+    args: tuple[bytes, ...] = ()
+    reply: Any = None
+
+    @property
+    def command(self) -> str:
+        return self.args[0].decode(errors="replace").upper() if self.args else ""
+
+    def script(self) -> str | None:
+        """The name of the Fleet Lua script this ``EVALSHA``/``EVAL`` runs, if it runs one."""
+        if self.command not in ("EVALSHA", "EVAL") or len(self.args) < 3:
+            return None
+        return _SCRIPT_OF.get(self.args[1])
+
+    def script_keys(self) -> list[str]:
+        """A script call's KEYS."""
+        if self.script() is None:
+            return []
+        return [k.decode(errors="replace") for k in self.args[3:3 + int(self.args[2])]]
+
+    def script_argv(self) -> list[bytes]:
+        """A script call's ARGV."""
+        return list(self.args[3 + int(self.args[2]):]) if self.script() else []
+
+
+_SCRIPT_OF = {key: name for name in NAMES  # a script by its SHA (EVALSHA) or its text (EVAL)
+              for key in (script_sha(name).encode(), script_source(name).encode())}
 
 
 class _OrderedCallbacks:
@@ -71,6 +135,7 @@ class Network:
         self.loop = loop
         self.rng = rng
         self.server = fakeredis.FakeServer()
+        self.server.script_cache = _ScriptCache()
         self.server.dbs[0]._change_callbacks = _OrderedCallbacks()  # type: ignore[assignment]
         self.latency_ms = latency_ms
         self.spike_ms = spike_ms
@@ -78,6 +143,10 @@ class Network:
         self.generation = 0  # bumped by every restart: older connections are broken
         self.down_until = -1.0
         self.drop_next: set[str] = set()  # nodes whose next reply is lost
+        self.stall_next: dict[str, float] = {}  # node -> seconds its next reply is held up
+        self.lose_cancel: set[str] = set()  # nodes whose next cancellation inside a connect is lost
+        self.cancels_lost = 0
+        self.watchers: list[Callable[[Wire], None]] = []
         self.commands = 0
         self._sockets: list[weakref.ref[SimSocket]] = []  # in connect order (a WeakSet's is not fixed)
 
@@ -86,6 +155,11 @@ class Network:
         if self.rng.random() < self.spike_rate:
             return self.rng.uniform(1.0, self.spike_ms) / 1000
         return self.rng.uniform(*self.latency_ms) / 1000
+
+    def saw(self, kind: str, node: str | None, args: tuple[bytes, ...] = (), reply: Any = None) -> None:
+        """Show an event to the watchers."""
+        for watch in list(self.watchers):
+            watch(Wire(kind, node, args, reply))
 
     def is_down(self) -> bool:
         return self.loop.time() < self.down_until
@@ -130,10 +204,25 @@ class Network:
 class SimSocket(AsyncFakeSocket):
     """fakeredis' socket, with blocked commands run server-side and abortable."""
 
-    def __init__(self, *args: Any, node: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, node: str | None = None, network: Network | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.node = node
+        self.network = network
         self.block_task: asyncio.Task[None] | None = None
+
+    def _process_command(self, fields: list[bytes]) -> None:
+        queued = self._transaction is not None and bool(fields) and \
+            fields[0].lower() not in (b"exec", b"discard", b"multi", b"watch")
+        self._reply: Any = None
+        super()._process_command(fields)
+        if self.network is not None and self.network.watchers and fields:
+            self.network.saw("queued" if queued else "applied", self.node, tuple(bytes(f) for f in fields),
+                             self._reply)
+
+    def put_response(self, msg: Any) -> None:
+        self._reply = msg
+        super().put_response(msg)
 
     def _blocking(self, timeout: float | None, func: Any, shape: Any = None) -> Any:
         # as AsyncFakeSocket._blocking, but the waiting task belongs to the server
@@ -167,15 +256,29 @@ class SimConnection(FakeAsyncRedisConnection):
 
     async def _connect(self) -> None:
         net = self.network
+        node = NODE.get()
+        net.saw("connect", node)
+        if node is not None and node in net.lose_cancel:
+            await self._lossy_wait(node)
         if net.is_down():
             raise RedisConnectionError("simulated Redis is down")
         self._sock = SimSocket(self._server, self.db, client_class=self._client_class,
                                lua_modules=self._lua_modules, client_info=self._client_info,
-                               node=NODE.get())
+                               node=node, network=net)
         net._sockets.append(weakref.ref(self._sock))
         self._generation = net.generation
         self._reader = FakeReader(self._sock)
         self._writer = FakeWriter(self._sock)
+
+    async def _lossy_wait(self, node: str) -> None:
+        """A round trip inside the library in which a cancellation is lost: the task is left
+        cancelled-but-running, as 3.11's ``wait_for`` leaves it (no ``uncancel``)."""
+        net = self.network
+        try:
+            await asyncio.sleep(net.delay())
+        except asyncio.CancelledError:
+            net.lose_cancel.discard(node)
+            net.cancels_lost += 1
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         net = self.network
@@ -194,11 +297,13 @@ class SimConnection(FakeAsyncRedisConnection):
         self._lose_reply = node is not None and node in net.drop_next
         if self._lose_reply:
             net.drop_next.discard(node)
+        self._stall = net.stall_next.pop(node, 0.0) if node is not None else 0.0
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         response = await super().read_response(*args, **kwargs)
+        stall, self._stall = getattr(self, "_stall", 0.0), 0.0
         try:
-            await asyncio.sleep(self.network.delay())
+            await asyncio.sleep(self.network.delay() + stall)
         except BaseException:
             # cancelled between two replies of a pipeline: the rest must not be read as the
             # replies of the next command (redis-py guards its own reads the same way)

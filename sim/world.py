@@ -1,11 +1,11 @@
 """One simulated fleet: real ``Worker``s and real client submits on the simulated store.
 
 A ``World`` is built from a ``Workload`` and the seeded network; it starts the workers
-(each a node of the loop), runs one client per user that submits its turns (several in
-flight at once, resubmitting a failed submit with the same turn id, as a careful client
-does), replaces killed workers after a short delay (as the commander would), and records
-what the checker needs: when each turn was accepted, every handler entry and exit with the
-lease it ran under, every fault.
+(each a node of the loop), runs one client per user that submits its turns (drawn from the
+seed, or as a ``Planned`` list says; resubmitting a failed submit with the same turn id, as a
+careful client does), replaces killed workers after a short delay (as the commander would),
+applies faults (``inject``), and records what the checker needs: when each turn was
+accepted, every handler entry and exit with the lease it ran under, every fault.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import contextvars
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from redis.exceptions import RedisError
@@ -24,10 +25,9 @@ from protocol.codec import as_str
 from protocol.models import HandlerResult
 from protocol.policy import Policy
 from sim.loop import NODE, SimLoop
-from sim.store import Network
+from sim.store import Network, Wire
 from stores.policies import write_policy
 from stores.takeover import sweep, take_over
-from stores.turns import Committed, Lease, Writes
 from worker import handlers
 from worker.app import Worker
 from worker.settings import WorkerSettings
@@ -69,6 +69,17 @@ class Workload:
         reshard = rng.random() < 0.3
         return replace(drawn, ready_shards=shards, reshard_at_s=rng.uniform(0.5, 6.0) if reshard else None,
                        reshard_to=rng.choice([n for n in (1, 2, 3) if n != shards]))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A turn a planned client submits: its user, when (virtual seconds from the start), the
+    handler time it asks for, and its tier (``GHOST``: written raw, as any Redis client can)."""
+
+    user: str
+    at_s: float = 0.0
+    sleep_ms: int = 5
+    tier: str = TIER
 
 
 @dataclass
@@ -127,27 +138,38 @@ async def sim_handler(ctx: handlers.TurnContext) -> HandlerResult:
     call = Call(ctx.turn.user, ctx.turn.turn_id, ctx.worker, ctx.lease, ctx.attempt,
                 [e.turn_id for e in ctx.pack.session], loop.time())
     world.record.calls.append(call)
+    world.saw_handler("enter", call)
     try:
         await asyncio.sleep(float(ctx.option("sleep_ms", 5)) / 1000)
     finally:
         call.exit = loop.time()
+        world.saw_handler("exit", call)
     return HandlerResult(text=f"done {ctx.turn.turn_id}")
 
 
 class World:
     """The workers, the clients and the record of one schedule."""
 
-    def __init__(self, loop: SimLoop, net: Network, workload: Workload, rng: random.Random) -> None:
+    def __init__(self, loop: SimLoop, net: Network, workload: Workload, rng: random.Random,
+                 plan: list[Planned] | None = None) -> None:
         self.loop = loop
         self.net = net
         self.workload = workload
         self.rng = rng
+        self.plan = plan  # None: each user's turns are drawn from the seed
         self.record = Record()
         self.workers: dict[str, asyncio.Task[int]] = {}
         self.instances: dict[str, Worker] = {}
+        self.handler_watchers: list[Callable[[str, Call], None]] = []  # (enter|exit, the call)
+        self._resumes: dict[str, asyncio.TimerHandle] = {}  # paused worker -> its SIGCONT
+        net.watchers.append(self._watch_commits)
         self._spawned = 0
         self.policy = Policy(handler="sim", concurrency=workload.concurrency, max_attempts=50,
                              report_interval_s=5.0, ready_shards=workload.ready_shards)
+
+    def saw_handler(self, kind: str, call: Call) -> None:
+        for watch in list(self.handler_watchers):
+            watch(kind, call)
 
     # --- nodes -------------------------------------------------------------------------------
     def _in_node(self, node: str) -> contextvars.Context:
@@ -156,6 +178,10 @@ class World:
         ctx.run(_WORLD.set, self)
         return ctx
 
+    def call_later(self, seconds: float, fn: Callable[..., object], *args: object) -> None:
+        """Run ``fn(*args)`` ``seconds`` from now, as the commander (a node no fault touches)."""
+        self.loop.call_later(seconds, fn, *args, context=self._in_node("commander"))
+
     def start_worker(self) -> str:
         """Start one more worker of the tier, a node of its own."""
         wid = f"w{self._spawned}"
@@ -163,7 +189,6 @@ class World:
         settings = WorkerSettings(tier=TIER, worker_id=wid, **WORKER_TIMING)  # type: ignore[arg-type]
         worker = Worker(settings, r=self.net.client())
         self.instances[wid] = worker
-        self._watch_commits(worker)
         self._watch_drain(wid, worker)
         self.workers[wid] = self.loop.create_task(self._run_worker(wid, worker), context=self._in_node(wid))
         return wid
@@ -180,19 +205,16 @@ class World:
             drain(reason)
         worker.drain = watched  # type: ignore[method-assign]  # (its signal handler binds this)
 
-    def _watch_commits(self, worker: Worker) -> None:
-        """Note every write-back that landed, with the lease it landed under (for I3)."""
-        real = worker.store.commit
-        commits = self.record.commits
-
-        async def commit(lease: Lease, entry: str, reply_key_turn: str, w: Writes,
-                         now_ms: int) -> Committed:
-            res = await real(lease, entry, reply_key_turn, w, now_ms)
-            if res.result == "ok" and w.turn_id:
-                commits.add((lease.owner, w.turn_id))
-            return res
-
-        worker.store.commit = commit  # type: ignore[method-assign]
+    def _watch_commits(self, wire: Wire) -> None:
+        """Note every write-back that landed, with the lease it landed under (for I3): a
+        ``turn_commit`` the server ran that answered 'ok' (ARGV[1] the lease, ARGV[3] the turn)."""
+        if wire.kind != "applied" or wire.script() != "turn_commit":
+            return
+        reply = wire.reply
+        if isinstance(reply, list) and reply and reply[0] == b"ok":
+            argv = wire.script_argv()
+            if argv[2]:
+                self.record.commits.add((as_str(argv[0]), as_str(argv[2])))
 
     async def _run_worker(self, wid: str, worker: Worker) -> int:
         code = await worker.run()
@@ -208,16 +230,17 @@ class World:
         self.net.kill_node(wid)
         self.record.killed[wid] = self.loop.time()
         self.loop.call_later(RESPAWN_S, self.start_worker, context=self._in_node("commander"))
-        self.loop.call_later(SEES_EXIT_S, self._take_over, wid, context=self._in_node("commander"))
+        self.loop.call_later(SEES_EXIT_S, self.take_over, wid, context=self._in_node("commander"))
 
-    def _take_over(self, wid: str) -> None:
-        """What the commander does when it sees a worker process exit (stores.takeover).
+    def take_over(self, wid: str) -> None:
+        """What the commander does when it sees a worker process exit (stores.takeover), or
+        when it takes a live one for dead (its heartbeat expired in an outage): fenced.
 
         Its blocking calls run as one step, on the fault-free client, but not while Redis is
         down for everyone: then the real commander's call fails and it tries again next pass.
         """
         if self.net.is_down():
-            self.loop.call_later(PASS_S, self._take_over, wid, context=self._in_node("commander"))
+            self.loop.call_later(PASS_S, self.take_over, wid, context=self._in_node("commander"))
             return
         done = take_over(self.net.sync_client(), TIER, wid)
         self.record.takeovers.append((self.loop.time(), wid, len(done.users)))
@@ -236,7 +259,19 @@ class World:
         """SIGSTOP now, SIGCONT ``seconds`` later."""
         self.loop.pause(wid)
         self.record.paused.append((wid, self.loop.time(), self.loop.time() + seconds))
-        self.loop.call_later(seconds, self.loop.resume, wid, context=self._in_node("commander"))
+        self._resumes[wid] = self.loop.call_later(seconds, self.loop.resume, wid,
+                                                  context=self._in_node("commander"))
+
+    def resume(self, wid: str) -> None:
+        """SIGCONT now, before its pause was to end."""
+        timer = self._resumes.pop(wid, None)
+        if timer is not None:
+            timer.cancel()
+        if wid in self.loop.paused:
+            now = self.loop.time()
+            self.record.paused = [(w, a, min(b, now) if w == wid and a <= now < b else b)
+                                  for w, a, b in self.record.paused]
+        self.loop.resume(wid)
 
     def expire_lane(self, user: str) -> None:
         """The user's lease ends early (a clock jump, a renewal that came too late)."""
@@ -251,6 +286,34 @@ class World:
         if self._sigterm(wid):
             self.loop.call_later(RESPAWN_S, self.start_worker, context=self._in_node("commander"))
 
+    def inject(self, kind: str, target: str, arg: float = 0.0) -> None:
+        """Apply one fault now and record it: ``kill``, ``term`` or ``pause`` (``arg`` s) a worker,
+        ``expire`` a user's lane, ``drop`` a node's next reply, ``stall`` it ``arg`` s, lose a
+        node's next cancellation inside a Redis call (``lose-cancel``), or take Redis away for
+        ``arg`` s (``restart``, ``outage``)."""
+        now = self.loop.time()
+        if kind == "kill":
+            self.kill(target)
+        elif kind == "term":
+            self.terminate(target)
+        elif kind == "pause":
+            self.pause(target, arg)
+        elif kind == "expire":
+            self.expire_lane(target)
+        elif kind == "drop":
+            self.net.drop_next.add(target)
+        elif kind == "stall":
+            self.net.stall_next[target] = arg
+        elif kind == "lose-cancel":
+            self.net.lose_cancel.add(target)
+        elif kind in ("restart", "outage"):  # Redis goes away for arg seconds
+            self.net.restart(arg)
+            self.record.outages.append((now, now + arg))
+        else:
+            raise ValueError(f"unknown fault {kind!r}")
+        self.record.faults.append((now, kind, target))
+        self.record.fault_end = max(self.record.fault_end, now + arg)
+
     # --- the run -----------------------------------------------------------------------------
     async def main(self, horizon_s: float) -> None:
         """Serve every user's turns; return when all are answered or at ``horizon_s``."""
@@ -262,7 +325,9 @@ class World:
             self.start_worker()
         commander = self.loop.create_task(self._commander(), context=self._in_node("commander"))
         clients = [self.loop.create_task(self._user(f"u{i}"), context=self._in_node(f"c{i}"))
-                   for i in range(self.workload.users)]
+                   for i in range(self.workload.users)] if self.plan is None else \
+                  [self.loop.create_task(self._planned(user), context=self._in_node(f"c{i}"))
+                   for i, user in enumerate(dict.fromkeys(p.user for p in self.plan))]
         while self.loop.time() < horizon_s:
             await asyncio.sleep(SAMPLE_S)
             self._sample_starvation()
@@ -340,6 +405,15 @@ class World:
             await asyncio.sleep(self.rng.choice((0.0, 0.0, 0.001, 0.02, 0.3)))
             tier = GHOST if i == ghost_at else TIER
             sub = Submitted(user, f"{user}-t{i}", tier, i, self.rng.choice((1, 5, 20, 200, 1500)))
+            self.record.turns.append(sub)
+            await self._submit(client, sub, sub.sleep_ms)
+
+    async def _planned(self, user: str) -> None:
+        """Submit ``user``'s planned turns, each at its time (after the one before it is accepted)."""
+        client = AsyncFleet(client=self.net.client(retries=0))
+        for i, turn in enumerate(p for p in self.plan or [] if p.user == user):
+            await asyncio.sleep(max(0.0, turn.at_s - self.loop.time()))
+            sub = Submitted(user, f"{user}-t{i}", turn.tier, i, turn.sleep_ms)
             self.record.turns.append(sub)
             await self._submit(client, sub, sub.sleep_ms)
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.helpers import Processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -113,6 +115,17 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    """The processes a test starts (a commander, a relay), logging under its tmp_path; stopped
+    by pid after it."""
+    started = Processes(tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop_all()
 
 
 @pytest.fixture

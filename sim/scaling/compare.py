@@ -16,9 +16,9 @@ from typing import Any
 from protocol.policy import Policy
 from sim.scaling.policies import (
     FleetDecide,
-    HpaLike,
-    KedaLike,
     Static,
+    hpa_like,
+    keda_like,
     oracle_schedule,
     peak_static_workers,
 )
@@ -76,8 +76,8 @@ def policies(turns: Sequence[TraceTurn], setup: Setup) -> list[SimPolicy]:
     peak = peak_static_workers(turns, setup.concurrency)
     return [FleetDecide(setup.policy, epoch=setup.epoch),
             Static(peak, name=f"static (peak: {peak})"),
-            HpaLike(max_replicas=setup.max_workers, target_utilization=setup.hpa_target),
-            KedaLike(max_replicas=setup.max_workers, target_per_replica=keda_target(setup))]
+            hpa_like(max_replicas=setup.max_workers, target_utilization=setup.hpa_target),
+            keda_like(max_replicas=setup.max_workers, target_per_replica=keda_target(setup))]
 
 
 def oracle_run(turns: Sequence[TraceTurn], setup: Setup) -> SimResult:
@@ -148,12 +148,12 @@ def _variants(turns: Sequence[TraceTurn], setup: Setup) -> Iterable[tuple[str, s
     for i, (label, pol) in enumerate(fleet_variants(setup)):
         yield "fleet", label, FleetDecide(pol, epoch=setup.epoch), pol, i == 0
     for target in (0.5, 0.6, 0.7, 0.8, 0.9):
-        hpa = HpaLike(max_replicas=setup.max_workers, target_utilization=target)
+        hpa = hpa_like(max_replicas=setup.max_workers, target_utilization=target)
         yield "hpa", f"target {target:g}", hpa, setup.policy, target == setup.hpa_target
     k = keda_target(setup)
     for factor in (0.25, 0.5, 1.0, 2.0):
         yield ("keda", f"{k * factor:g}/replica",
-               KedaLike(max_replicas=setup.max_workers, target_per_replica=k * factor), setup.policy,
+               keda_like(max_replicas=setup.max_workers, target_per_replica=k * factor), setup.policy,
                factor == 1.0)
     peak = peak_static_workers(turns, setup.concurrency)
     for count in sorted({max(1, round(peak * f)) for f in (0.6, 0.8, 1.0)}):

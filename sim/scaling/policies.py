@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import Protocol, cast
 
 from commander.decide import TierState, decide
 from commander.snapshot import TierSnapshot
@@ -71,10 +71,50 @@ class Static:
         return self.count
 
 
-@dataclass
-class _Periodic:
-    """Shared by the HPA- and KEDA-like policies: a sync period, tolerance, down-stabilization."""
+class Metric(Protocol):
+    """What an HPA-like policy scales on: the replica count it asks for, before the sync rules."""
 
+    def desired(self, snap: TierSnapshot, current: int, tolerance: float) -> int: ...
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """The HPA's pod metric: mean slot occupancy of the ready workers, against a target."""
+
+    target: float = 0.7
+    counts_pending = False
+
+    def desired(self, snap: TierSnapshot, current: int, tolerance: float) -> int:
+        ready = [w for w in snap.workers if w.state == "ready" and w.fresh]
+        if not ready:
+            return current
+        ratio = sum(w.occupancy for w in ready) / len(ready) / self.target
+        if abs(ratio - 1.0) <= tolerance:
+            return current
+        return math.ceil(ratio * len(ready) - 1e-9)
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """KEDA's Redis streams scaler: backlog (lag + pending) per replica, against a target."""
+
+    target_per_replica: float = 6.0
+    counts_pending = True  # the backlog it reads is lag + pending, as the streams scaler's
+
+    def desired(self, snap: TierSnapshot, current: int, tolerance: float) -> int:
+        desired = math.ceil(snap.backlog / self.target_per_replica - 1e-9)
+        if current and abs(desired / current - 1.0) <= tolerance:
+            return current
+        return desired
+
+
+@dataclass
+class HpaSync:
+    """An HPA's loop on one ``metric``: a sync every ``period_s``, a tolerance, bounds, a step-up
+    limit and the down-stabilization window (a KEDA scaler feeds the same loop)."""
+
+    metric: Metric
+    name: str
     period_s: float
     min_replicas: int = 1
     max_replicas: int = 32
@@ -85,6 +125,10 @@ class _Periodic:
     observes: bool = True
     wakes_on_pressure: bool = False
 
+    @property
+    def counts_pending(self) -> bool:
+        return bool(getattr(self.metric, "counts_pending", False))
+
     def initial_workers(self) -> int:
         return self.min_replicas
 
@@ -93,6 +137,10 @@ class _Periodic:
             return False
         self.next_at = now + self.period_s
         return True
+
+    def __call__(self, now: float, snap: TierSnapshot | None, current: int) -> int:
+        assert snap is not None
+        return self.stabilize(now, self.metric.desired(snap, current, self.tolerance), current)
 
     def stabilize(self, now: float, desired: int, current: int) -> int:
         """Clamp, limit the step up like the HPA's default policy, hold scale-in for the window."""
@@ -104,44 +152,18 @@ class _Periodic:
             return min(current, max(d for _, d in self.history))
         return desired
 
-    def copy(self) -> _Periodic:
+    def copy(self) -> HpaSync:
         return replace(self, history=list(self.history))
 
 
-@dataclass
-class HpaLike(_Periodic):
-    """Target mean slot utilization across ready workers."""
-
-    period_s: float = 15.0
-    target_utilization: float = 0.7
-    name: str = "hpa"
-
-    def __call__(self, now: float, snap: TierSnapshot | None, current: int) -> int:
-        assert snap is not None
-        ready = [w for w in snap.workers if w.state == "ready" and w.fresh]
-        if not ready:
-            return self.stabilize(now, current, current)
-        ratio = sum(w.occupancy for w in ready) / len(ready) / self.target_utilization
-        if abs(ratio - 1.0) <= self.tolerance:
-            return self.stabilize(now, current, current)
-        return self.stabilize(now, math.ceil(ratio * len(ready) - 1e-9), current)
+def hpa_like(target_utilization: float = 0.7, max_replicas: int = 32) -> HpaSync:
+    """Target mean slot utilization across ready workers, synced every 15 s."""
+    return HpaSync(Utilization(target_utilization), "hpa", 15.0, max_replicas=max_replicas)
 
 
-@dataclass
-class KedaLike(_Periodic):
-    """Target backlog (lag + pending) per replica."""
-
-    period_s: float = 30.0
-    target_per_replica: float = 6.0
-    name: str = "keda"
-    counts_pending: bool = True  # the backlog it reads is lag + pending, as the streams scaler's
-
-    def __call__(self, now: float, snap: TierSnapshot | None, current: int) -> int:
-        assert snap is not None
-        desired = math.ceil(snap.backlog / self.target_per_replica - 1e-9)
-        if current and abs(desired / current - 1.0) <= self.tolerance:
-            desired = current
-        return self.stabilize(now, desired, current)
+def keda_like(target_per_replica: float = 6.0, max_replicas: int = 32) -> HpaSync:
+    """Target backlog (lag + pending) per replica, polled every 30 s."""
+    return HpaSync(Backlog(target_per_replica), "keda", 30.0, max_replicas=max_replicas)
 
 
 @dataclass

@@ -196,8 +196,10 @@ async def test_until_ok_rides_out_a_master_failover(redis_cluster: RedisClusterR
 
     try:
         task = asyncio.create_task(writer())
-        await asyncio.sleep(0.3)
-        assert not task.done()
+        deadline = time.monotonic() + 10
+        while written < len(keys):  # a first write to every master went through
+            assert not task.done() and time.monotonic() < deadline, "the writer did not get going"
+            await asyncio.sleep(0.01)
         began = time.monotonic()
         redis_cluster.kill_master(victim)
         new_master = await asyncio.to_thread(redis_cluster.wait_promoted, victim)

@@ -9,11 +9,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 import redis
 from redis.crc import key_slot
@@ -27,10 +25,10 @@ from stores.policies import write_policy
 from stores.registry import read_registry
 from tests.cluster.conftest import RedisClusterRig
 from tests.conftest import ROOT, TEST_WORKER_ENV
+from tests.helpers import Processes, fleet_cli, no_process_left
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
 pytestmark = pytest.mark.integration
-FLEET = [sys.executable, "-c", "import sys; from fleet.cli import main; sys.exit(main())"]
 
 
 @pytest.fixture
@@ -114,33 +112,24 @@ def test_turns_of_users_on_every_master_are_all_answered_in_order(
 def test_the_cli_submits_and_shows_status_on_a_cluster(
         rc: redis.Redis, cluster_env: dict[str, str], start_workers: Callable[[int], object]) -> None:
     start_workers(1)
-    out = subprocess.run([*FLEET, "submit", "--user", "cli", "hello"], env=cluster_env,
-                         capture_output=True, text=True, timeout=60)
+    out = fleet_cli(cluster_env, "submit", "--user", "cli", "hello", timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("echo: hello")
-    out = subprocess.run([*FLEET, "status", "--json"], env=cluster_env, capture_output=True, text=True,
-                         timeout=60)
+    out = fleet_cli(cluster_env, "status", "--json", timeout=60)
     assert out.returncode == 0, out.stderr
     status = json.loads(out.stdout)
     assert status["tiers"]["chat"]["backlog"] == 0
     assert [w["worker"] for w in status["workers"] if w["alive"]] == ["chat-c0"]
-    out = subprocess.run([*FLEET, "policy", "set", "chat", "max_workers=5"], env=cluster_env,
-                         capture_output=True, text=True, timeout=60)
+    out = fleet_cli(cluster_env, "policy", "set", "chat", "max_workers=5", timeout=60)
     assert out.returncode == 0, out.stderr
-    out = subprocess.run([*FLEET, "policy", "get", "chat"], env=cluster_env, capture_output=True, text=True,
-                         timeout=60)
+    out = fleet_cli(cluster_env, "policy", "get", "chat", timeout=60)
     assert out.returncode == 0 and "max_workers = 5" in out.stdout, out.stdout + out.stderr
 
 
 def test_the_commander_scales_a_tier_on_a_cluster(rc: redis.Redis, cluster_env: dict[str, str],
-                                                  tmp_path: Path) -> None:
+                                                  processes: Processes) -> None:
     write_policy(rc, "chat", Policy(min_workers=2, max_workers=4, concurrency=4))
-    log = tmp_path / "commander.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "commander", "--commander-id", "c1", "--no-metrics", "--interval", "0.2",
-             "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit"],
-            env=cluster_env, stdout=out, stderr=subprocess.STDOUT)
+    commander = processes.commander(cluster_env)
     pids: set[int] = set()
     try:
         def live() -> list[str]:
@@ -148,8 +137,8 @@ def test_the_commander_scales_a_tier_on_a_cluster(rc: redis.Redis, cluster_env: 
             pids.update(info.pid for info, _alive in workers.values())
             return [wid for wid, (_info, alive) in workers.items() if alive]
 
-        wait_until(lambda: len(live()) == 2 or proc.poll() is not None, 60, "the commander's 2 workers")
-        assert proc.poll() is None, log.read_text()[-3000:]
+        wait_until(lambda: len(live()) == 2 or not commander.alive(), 60, "the commander's 2 workers")
+        assert commander.alive(), commander.tail()
 
         async def ask() -> str:
             fleet = AsyncFleet(cluster_env["REDIS_URL"])
@@ -163,17 +152,8 @@ def test_the_commander_scales_a_tier_on_a_cluster(rc: redis.Redis, cluster_env: 
         events = rc.xrange(keys.EVENTS)
         assert any(b"scale-up" in fields[b"m"] for _id, fields in events), events
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
-        time.sleep(0.1)
-    leftovers = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert not leftovers, f"workers left behind: {leftovers}"
+        processes.stop_all()  # it stops its workers on its way out: none may be left behind
+    no_process_left(pids)
 
 
 def test_a_tier_on_three_ready_shards_spreads_over_three_masters_in_order(

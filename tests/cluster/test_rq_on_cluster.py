@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,15 +21,14 @@ import redis
 
 from fleet.client import Fleet
 from protocol import keys
-from protocol.codec import decode
 from protocol.deferral import job_id
-from protocol.models import LedgerEvent
 from protocol.policy import Policy
 from stores import rqjobs
 from stores.policies import write_policy
 from stores.registry import read_registry
 from tests.cluster.conftest import RedisClusterRig
 from tests.conftest import ROOT, TEST_WORKER_ENV, RedisServer
+from tests.helpers import Processes, fleet_cli, ledger
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 from tests.integration.test_security import documented_rules, with_password
 
@@ -59,25 +56,6 @@ def rq_url(server: RedisServer) -> str:
     return f"redis://fleet-rq:{RQ_PASSWORD}@127.0.0.1:{server.port}/0"
 
 
-Started = list[tuple[subprocess.Popen[bytes], Path]]
-
-
-@pytest.fixture
-def procs(redis_cluster: RedisClusterRig) -> Iterator[Started]:
-    """The processes a test starts (commander, relay): SIGTERM, then SIGKILL after 40 s, by pid."""
-    started: Started = []
-    yield started
-    for proc, _ in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc, _ in started:
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _env(cluster_url: str, tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FLEET_RQ_URL", "FLEET_REDIS_CLUSTER",
                                                              "COLUMNS", "LINES")}
@@ -87,40 +65,23 @@ def _env(cluster_url: str, tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _start(procs: Started, env: dict[str, str], log: Path,
-           *argv: str) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
-    procs.append((proc, log))
-    return proc
-
-
-def ledger(rc: redis.Redis, tier: str) -> list[LedgerEvent]:
-    return [e for e in (decode(LedgerEvent, f[b"m"]) for _, f in rc.xrange(keys.EVENTS)) if e.tier == tier]
-
-
 def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
         redis_cluster: RedisClusterRig, rc: redis.Redis, rq_node: redis.Redis, redis_server: RedisServer,
-        procs: Started, tmp_path: Path) -> None:
+        processes: Processes, tmp_path: Path) -> None:
     env = _env(redis_cluster.url, tmp_path)  # no FLEET_RQ_URL: the flags say where RQ is
     write_policy(rc, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
                                     handler_options={"job": "count", "job_sleep_s": 0.1}))
     write_policy(rc, QUEUE, Policy(kind="rq", min_workers=0, max_workers=3, target_backlog_per_worker=4,
                                    users_per_instance=None, scale_down_stabilization_s=1,
                                    drain_timeout_s=15))
-    log = tmp_path / "commander.log"
-    commander = _start(procs, env, log, "-m", "commander", "--commander-id", "c1", "--no-metrics",
-                       "--interval", "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit",
-                       "--rq-url", rq_url(redis_server))
-    relay_log = tmp_path / "relay.log"
-    relay = _start(procs, env, relay_log, "-m", "fleet.cli", "relay", "--id", "relay-c", "--rq-url",
-                   rq_url(redis_server), "--claim-idle-ms", "500", "--sweep-interval", "2")
-    chat_up = lambda: any(e.action == "scale-up" for e in ledger(rc, "chat"))  # noqa: E731
-    wait_until(lambda: chat_up() or commander.poll() is not None,
-               30, "the chat worker")
-    assert commander.poll() is None, log.read_text()[-3000:]
+    commander = processes.commander(env, "c1", "--rq-url", rq_url(redis_server))
+    relay_argv = ["-m", "fleet.cli", "relay", "--id", "relay-c", "--rq-url", rq_url(redis_server),
+                  "--claim-idle-ms", "500", "--sweep-interval", "2"]
+    relay = processes.start("relay", relay_argv, env)
+    wait_until(lambda: ledger(rc, "chat", "scale-up") or not commander.alive(), 30, "the chat worker")
+    assert commander.alive(), commander.tail()
     assert rqjobs.workers(rq_node, QUEUE) == []  # min_workers 0: none before a job
-    assert not [e for e in ledger(rc, QUEUE) if e.action == "scale-up"]
+    assert not ledger(rc, QUEUE, "scale-up")
 
     users = [f"k{i}" for i in range(8)]  # spread over the cluster's slots
     turns = [(users[i % len(users)], f"t{i}") for i in range(24)]
@@ -131,8 +92,8 @@ def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
     total = lambda: sum(int(rc.hget(keys.usage(u), "jobs_run") or 0) for u in users)  # noqa: E731
     wait_until(lambda: total() >= len(turns) and rq_node.llen(f"rq:queue:{QUEUE}") == 0, 90,
                "every job to run")
-    ups = [e for e in ledger(rc, QUEUE) if e.action == "scale-up"]
-    assert ups and ups[0].from_count == 0, log.read_text()[-3000:]  # scaled from zero, on RQ's node
+    ups = ledger(rc, QUEUE, "scale-up")
+    assert ups and ups[0].from_count == 0, commander.tail()  # scaled from zero, on RQ's node
     wait_until(lambda: rqjobs.workers(rq_node, QUEUE) == [], 90, "the rq tier to go back to zero")
 
     expected = {job_id(u, t, 0) for u, t in turns}
@@ -142,15 +103,14 @@ def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
     assert total() == len(turns)  # the job's own effect, on the cluster: exactly one run each
     assert all(rc.xlen(keys.outbox(u)) == 0 for u in users)
     assert not rc.keys("rq:*"), "RQ wrote to Fleet's cluster"  # RQ's keys are on its own node only
-    downs = [e for e in ledger(rc, QUEUE) if e.action in ("reclaim-idle", "consolidate")]
-    assert downs and not [e for e in ledger(rc, QUEUE) if e.action in ("worker-exited", "refused")]
-    assert relay.poll() is None, relay_log.read_text()[-3000:]
-    text = log.read_text()
+    assert ledger(rc, QUEUE, "reclaim-idle", "consolidate")
+    assert not ledger(rc, QUEUE, "worker-exited", "refused")
+    assert relay.alive(), relay.tail()
+    text = commander.log.read_text()
     assert "Traceback" not in text and "pass failed" not in text, text[-3000:]
     # fleet status reads the rq tier on RQ's node ($FLEET_RQ_URL), and says so when it has none
-    status = lambda extra: json.loads(subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "fleet.cli", "status", "--json"], env={**env, **extra}, check=True,
-        capture_output=True, text=True, timeout=60).stdout)["tiers"][QUEUE]
+    status = lambda extra: json.loads(  # noqa: E731
+        fleet_cli({**env, **extra}, "status", "--json", timeout=60).stdout)["tiers"][QUEUE]
     row = status({"FLEET_RQ_URL": rq_url(redis_server)})
     assert row["queues"][0]["finished"] == len(turns) and row["failed_jobs"] == 0, row
     assert "names no RQ Redis" in status({})["rq_error"]
@@ -159,20 +119,18 @@ def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
 
 
 def test_an_rq_tier_on_a_cluster_without_rqs_redis_is_refused_once(
-        redis_cluster: RedisClusterRig, rc: redis.Redis, procs: Started,
+        redis_cluster: RedisClusterRig, rc: redis.Redis, processes: Processes,
         tmp_path: Path) -> None:
     env = _env(redis_cluster.url, tmp_path)
     write_policy(rc, "chat", Policy(min_workers=1, max_workers=1))
     write_policy(rc, QUEUE, Policy(kind="rq", min_workers=1, max_workers=2, users_per_instance=None))
-    log = tmp_path / "commander.log"
-    commander = _start(procs, env, log, "-m", "commander", "--commander-id", "c2", "--no-metrics",
-                       "--interval", "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit")
-    refused = lambda: [e for e in ledger(rc, QUEUE) if e.action == "refused"]  # noqa: E731
-    wait_until(lambda: refused() or commander.poll() is not None, 30, "the rq tier to be refused")
-    assert commander.poll() is None, log.read_text()[-3000:]
+    commander = processes.commander(env, "c2")
+    refused = lambda: ledger(rc, QUEUE, "refused")  # noqa: E731
+    wait_until(lambda: refused() or not commander.alive(), 30, "the rq tier to be refused")
+    assert commander.alive(), commander.tail()
     assert "--rq-url or $FLEET_RQ_URL" in refused()[0].reason
     # more passes: still refused, said once, no worker started, no traceback
     wait_until(lambda: read_registry(rc).live("chat"), 30, "the chat worker to register (passes go on)")
-    assert len(refused()) == 1 and not [e for e in ledger(rc, QUEUE) if e.action == "scale-up"]
-    text = log.read_text()
+    assert len(refused()) == 1 and not ledger(rc, QUEUE, "scale-up")
+    text = commander.log.read_text()
     assert "Traceback" not in text and text.count("is of kind rq, not run") == 1, text[-3000:]

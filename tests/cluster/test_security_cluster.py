@@ -20,6 +20,7 @@ from stores.cluster import is_cluster
 from stores.connection import connect_sync
 from tests.cluster.conftest import RedisClusterRig, Tls, _require_cluster_tools, start_cluster
 from tests.conftest import ROOT, TEST_WORKER_ENV
+from tests.helpers import Processes, fleet_cli
 from tests.integration.conftest import wait_until
 from tests.integration.test_security import (
     SECURITY_MD,
@@ -30,7 +31,6 @@ from tests.integration.test_security import (
 )
 
 pytestmark = pytest.mark.integration
-FLEET = [sys.executable, "-c", "import sys; from fleet.cli import main; sys.exit(main())"]
 
 
 def cluster_addition() -> list[str]:
@@ -60,7 +60,8 @@ def refusals(rig: RedisClusterRig) -> list[tuple[object, object]]:
             for e in node.client().execute_command("ACL", "LOG")]
 
 
-def test_the_documented_users_run_fleet_on_a_cluster(acl_cluster: RedisClusterRig, tmp_path: Path) -> None:
+def test_the_documented_users_run_fleet_on_a_cluster(acl_cluster: RedisClusterRig, tmp_path: Path,
+                                                     processes: Processes) -> None:
     port = acl_cluster.masters()[0].port
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "FLEET_HOME": str(tmp_path / "home"), **TEST_WORKER_ENV,
@@ -75,26 +76,21 @@ def test_the_documented_users_run_fleet_on_a_cluster(acl_cluster: RedisClusterRi
                    "the worker to register")
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
         for args in (["policy", "set", "chat", "concurrency=4"], ["submit", "--user", "bob", "hi"]):
-            run = subprocess.run([*FLEET, *args], env=env, capture_output=True, text=True, timeout=60)
+            run = fleet_cli(env, *args, timeout=60)
             assert run.returncode == 0, run.stderr
         observer = {**env, "REDIS_URL": f"redis://fleet-observer:observer-pw@127.0.0.1:{port}/0"}
-        run = subprocess.run([*FLEET, "status"], env=observer, capture_output=True, text=True, timeout=60)
+        run = fleet_cli(observer, "status", timeout=60)
         assert run.returncode == 0, run.stderr
         assert "chat-acl" in run.stdout
         # the commander (its passes read the cluster's epoch: CLUSTER INFO) records the epoch; last:
         # it adopts the worker, and stops it on its way out
-        with (tmp_path / "commander.log").open("wb") as out:
-            commander = subprocess.Popen(
-                [sys.executable, "-m", "commander", "--commander-id", "acl", "--no-metrics", "--interval",
-                 "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit"],
-                env=env, stdout=out, stderr=subprocess.STDOUT)
+        commander = processes.commander(env, "acl")
         try:
-            wait_until(lambda: admin.get(keys.RECOVERED) is not None or commander.poll() is not None, 30,
+            wait_until(lambda: admin.get(keys.RECOVERED) is not None or not commander.alive(), 30,
                        "the commander to record the cluster's epoch")
-            assert commander.poll() is None, (tmp_path / "commander.log").read_text()[-2000:]
+            assert commander.alive(), commander.tail(2000)
         finally:
-            commander.terminate()
-            commander.wait(timeout=40)
+            processes.stop_all()
     finally:
         worker.terminate()
         worker.wait(timeout=15)
@@ -135,8 +131,7 @@ def test_fleet_runs_on_a_tls_cluster(tls_cluster: RedisClusterRig, tmp_path: Pat
                    "the worker to register")
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
         for user in users:
-            run = subprocess.run([*FLEET, "submit", "--user", user, f"hi {user}"], env=env,
-                                 capture_output=True, text=True, timeout=60)
+            run = fleet_cli(env, "submit", "--user", user, f"hi {user}", timeout=60)
             assert run.returncode == 0 and run.stdout.startswith(f"echo: hi {user}"), run.stderr
     finally:
         worker.terminate()

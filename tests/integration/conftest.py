@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import redis
 
 from protocol import keys
+from tests.helpers import wait_until  # (imported from here by many modules)
 
 if TYPE_CHECKING:
     from commander.runtime.process import ProcessRuntime
@@ -45,18 +45,6 @@ class WorkerProc:
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.05) -> object:
-    """Poll ``predicate`` until it is truthy; fail the test with ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 @pytest.fixture

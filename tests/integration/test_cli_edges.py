@@ -25,15 +25,10 @@ from protocol.codec import encode
 from protocol.models import MAX_TEXT_CHARS, WorkerInfo
 from protocol.policy import Policy
 from stores.policies import write_policy
+from tests.helpers import fleet_cli
 from tests.integration.test_events_top import T0, _populate, event, ledger, register, report
 
 pytestmark = pytest.mark.integration
-
-
-def fleet(env: dict[str, str], *args: str, stdin: str | None = None,
-          timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout, input=stdin)
 
 
 def one_line_error(out: subprocess.CompletedProcess[str], code: int) -> str:
@@ -47,14 +42,14 @@ def test_text_over_the_limit_is_one_line_exit_2_and_nothing_written(r: redis.Red
                                                                   fleet_env: dict[str, str]) -> None:
     write_policy(r, "chat", Policy())
     before = sorted(r.keys("*"))
-    err = one_line_error(fleet(fleet_env, "submit", "--user", "alice", "x" * (MAX_TEXT_CHARS + 1)), 2)
+    err = one_line_error(fleet_cli(fleet_env, "submit", "--user", "alice", "x" * (MAX_TEXT_CHARS + 1)), 2)
     assert f"over the limit of {MAX_TEXT_CHARS} characters" in err and "nothing was submitted" in err
     big_meta = json.dumps({"pad": "y" * 70_000})
-    err = one_line_error(fleet(fleet_env, "submit", "--user", "alice", "--meta", big_meta, "hi"), 2)
+    err = one_line_error(fleet_cli(fleet_env, "submit", "--user", "alice", "--meta", big_meta, "hi"), 2)
     assert "over the limit of 65536 bytes" in err
     assert sorted(r.keys("*")) == before
 
-    chat = fleet(fleet_env, "chat", "--user", "alice", stdin="x" * (MAX_TEXT_CHARS + 1) + "\n\n")
+    chat = fleet_cli(fleet_env, "chat", "--user", "alice", stdin="x" * (MAX_TEXT_CHARS + 1) + "\n\n")
     assert chat.returncode == 0 and "Traceback" not in chat.stderr
     assert chat.stderr.count("\n") == 1 and "not sent" in chat.stderr
     assert sorted(r.keys("*")) == before
@@ -64,14 +59,14 @@ def test_text_over_the_limit_is_one_line_exit_2_and_nothing_written(r: redis.Red
 @pytest.mark.parametrize("args", [["status"], ["top", "--once"], ["events"], ["policy", "get", "chat"],
                                   ["submit", "--user", "a", "hi"]])
 def test_a_bad_redis_url_is_one_line_and_exit_2(fleet_env: dict[str, str], args: list[str]) -> None:
-    err = one_line_error(fleet(fleet_env, "--redis-url", "notaurl", *args), 2)
+    err = one_line_error(fleet_cli(fleet_env, "--redis-url", "notaurl", *args), 2)
     assert "bad --redis-url 'notaurl'" in err and "redis://" in err
-    err = one_line_error(fleet({**fleet_env, "REDIS_URL": "notaurl"}, *args), 2)
+    err = one_line_error(fleet_cli({**fleet_env, "REDIS_URL": "notaurl"}, *args), 2)
     assert "bad $REDIS_URL 'notaurl'" in err
 
 
 def test_a_bad_url_does_not_print_its_password(fleet_env: dict[str, str]) -> None:
-    err = one_line_error(fleet(fleet_env, "--redis-url", "http://me:s3cret@h:1/0", "status"), 2)
+    err = one_line_error(fleet_cli(fleet_env, "--redis-url", "http://me:s3cret@h:1/0", "status"), 2)
     assert "s3cret" not in err
 
 
@@ -112,18 +107,18 @@ def test_bad_values_exit_2_with_one_line_and_write_nothing(r: redis.Redis, fleet
                                                            args: list[str]) -> None:
     write_policy(r, "chat", Policy(concurrency=4))
     before = {k: r.dump(k) for k in r.keys("*")}
-    one_line_error(fleet(fleet_env, *args), 2)
+    one_line_error(fleet_cli(fleet_env, *args), 2)
     assert {k: r.dump(k) for k in r.keys("*")} == before
 
 
 def test_worker_needs_its_tier(fleet_env: dict[str, str]) -> None:
-    assert "--tier" in one_line_error(fleet(fleet_env, "worker"), 2)
+    assert "--tier" in one_line_error(fleet_cli(fleet_env, "worker"), 2)
 
 
 # --- item 5 and 8: policy get --------------------------------------------------------------
 def test_a_rejected_policy_names_its_real_key(r: redis.Redis, fleet_env: dict[str, str]) -> None:
     r.set(keys.policy("chat"), '{"min_workers": 5, "max_workers": 2}')
-    out = fleet(fleet_env, "policy", "get", "chat")
+    out = fleet_cli(fleet_env, "policy", "get", "chat")
     assert out.returncode == 0, out.stderr
     assert "REJECTED edit of fleet:policy:{chat}: " in out.stdout
 
@@ -131,7 +126,7 @@ def test_a_rejected_policy_names_its_real_key(r: redis.Redis, fleet_env: dict[st
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
 def test_policy_get_of_a_tier_without_policy_says_so_and_exits_1(r: redis.Redis, fleet_env: dict[str, str],
                                                                  json_flag: list[str]) -> None:
-    out = fleet(fleet_env, "policy", "get", "nosuchtier", *json_flag)
+    out = fleet_cli(fleet_env, "policy", "get", "nosuchtier", *json_flag)
     err = one_line_error(out, 1)
     assert "tier 'nosuchtier' has no policy (defaults would apply: handler=echo" in err
     assert out.stdout == ""
@@ -147,14 +142,14 @@ def test_events_show_from_to_only_for_scale_changes_and_keep_their_columns(r: re
     ledger(r, event(action="hold", ts=T0 + 2, from_count=3, to_count=3, reason="R-hold"))
     ledger(r, event(action="policy-rejected", ts=T0 + 3, from_count=0, to_count=0, reason="R-rejected"))
     ledger(r, event(tier="a-very-long-tier-name-of-32-chars", ts=T0 + 4, reason="R-long"))
-    out = fleet(fleet_env, "events")
+    out = fleet_cli(fleet_env, "events")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "0->0" not in out.stdout and "3->3" not in out.stdout
     assert "1->7" in lines[0] and "+chat-00000000," in lines[0] and "chat-00000005" not in lines[0]
     assert len({line.index("R-") for line in lines}) == 1, out.stdout  # the reasons line up
 
-    status = fleet(fleet_env, "status")
+    status = fleet_cli(fleet_env, "status")
     assert status.returncode == 0, status.stderr
     assert "0->0" not in status.stdout and "3->3" not in status.stdout
 
@@ -169,7 +164,7 @@ def test_top_fits_80_columns_and_explains_its_columns(r: redis.Redis, fleet_env:
     register(r, "chat-1a2b3c4d")
     ledger(r, event(ts=T0 + 20, spawned=["chat-1a2b3c4d", "chat-99999999"], from_count=1, to_count=3,
                     reason="backlog 40 > 16 per worker: " + "detail " * 20))
-    out = fleet({**fleet_env, "COLUMNS": "80"}, "top", "--once")
+    out = fleet_cli({**fleet_env, "COLUMNS": "80"}, "top", "--once")
     assert out.returncode == 0, out.stderr
     lines = _frame_lines(out.stdout)
     assert max(len(line) for line in lines) <= 80, max(lines, key=len)
@@ -179,9 +174,9 @@ def test_top_fits_80_columns_and_explains_its_columns(r: redis.Redis, fleet_env:
     assert "AGE: since the worker started" in out.stdout
     assert "LAST 5 EVENTS" in out.stdout and "backlog 40 > 16" in out.stdout
 
-    narrow = fleet({**fleet_env, "COLUMNS": "60"}, "top", "--once")
+    narrow = fleet_cli({**fleet_env, "COLUMNS": "60"}, "top", "--once")
     assert max(len(line) for line in _frame_lines(narrow.stdout)) <= 60
-    whole = fleet(fleet_env, "top", "--once")  # into a pipe, no $COLUMNS: every column, full bars
+    whole = fleet_cli(fleet_env, "top", "--once")  # into a pipe, no $COLUMNS: every column, full bars
     assert f"[{'#' * 10}{'.' * 10}] 0.50" in whole.stdout and "200MB" in whole.stdout
 
 
@@ -192,15 +187,15 @@ def test_age_is_the_time_since_the_worker_started_in_top_and_status(r: redis.Red
                                                        started=started)))
     r.set(keys.heartbeat("chat-old"), "1", ex=60)
     r.xadd(keys.REPORTS, {"m": encode(report("chat-old", time.time() - 2, busy=1))})  # LAST: 2 s
-    status = json.loads(fleet(fleet_env, "status", "--json").stdout)["workers"][0]
+    status = json.loads(fleet_cli(fleet_env, "status", "--json").stdout)["workers"][0]
     assert 3 * 3600 + 90 < status["age_s"] < 3 * 3600 + 160
-    top = fleet(fleet_env, "top", "--once").stdout
+    top = fleet_cli(fleet_env, "top", "--once").stdout
     head = next(line for line in top.splitlines() if line.startswith("WORKER"))
     row = next(line for line in top.splitlines() if line.startswith("chat-old "))
     at = head.index("AGE")  # a right-aligned column: its value ends where the header ends
     assert row[at - 2:at + 3].strip() == "3h", (head, row)
     for command in ("top", "status"):  # and the help of both says so
-        assert "since the worker started" in " ".join(fleet(fleet_env, command, "--help").stdout.split())
+        assert "since the worker started" in " ".join(fleet_cli(fleet_env, command, "--help").stdout.split())
 
 
 def test_q_quits_top_in_a_terminal(r: redis.Redis, fleet_env: dict[str, str]) -> None:

@@ -4,9 +4,6 @@ a turn a failing handler dead-lettered is retried, served, answered once; purge 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import redis
@@ -19,14 +16,10 @@ from protocol.policy import Policy
 from stores import deadletters
 from stores.deadletters import dead_letter_rows, purge_dead_letters, retry_dead_letters
 from stores.policies import write_policy
+from tests.helpers import fleet_cli
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def fleet_cli(env: dict[str, str], cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet.cli", *argv], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
 
 
 def session_ids(r: redis.Redis, user: str) -> list[str]:
@@ -103,20 +96,20 @@ def test_old_entries_cannot_be_retried_and_purge_removes(r, fleet_env, tmp_path)
         ("9-9", "unknown", "no dead letter 9-9 in tier chat")]
     assert r.xlen(keys.dead("chat")) == 2  # kept
 
-    out = fleet_cli(fleet_env, tmp_path, "dead-letters", "retry", old, "--json")
+    out = fleet_cli(fleet_env, "dead-letters", "retry", old, "--json", cwd=tmp_path)
     assert out.returncode == 1 and json.loads(out.stdout)[0]["outcome"] == "not_retriable"
-    out = fleet_cli(fleet_env, tmp_path, "dead-letters")  # the listing as before
+    out = fleet_cli(fleet_env, "dead-letters", cwd=tmp_path)  # the listing as before
     assert out.returncode == 0 and f"{old}  user='dan' turn=t1  boom" in out.stdout
     for argv, why in ((["retry"], "nothing to retry"), (["purge", old, "--all"], "not both"),
                       (["purge", "nope"], "invalid dead-letter id"), (["retry", "--all", "--tier", "A"],
                                                                       "invalid tier")):
-        out = fleet_cli(fleet_env, tmp_path, "dead-letters", *argv)
+        out = fleet_cli(fleet_env, "dead-letters", *argv, cwd=tmp_path)
         assert out.returncode == 2 and why in out.stderr and len(out.stderr.splitlines()) == 1, (argv, out)
 
-    out = fleet_cli(fleet_env, tmp_path, "dead-letters", "purge", old, "9-9")
+    out = fleet_cli(fleet_env, "dead-letters", "purge", old, "9-9", cwd=tmp_path)
     assert out.returncode == 0 and "1 dead letter(s) removed" in out.stdout, out
     r.xadd(keys.dead("chat"), {"user": "eve", "reason": "x"})
-    out = fleet_cli(fleet_env, tmp_path, "dead-letters", "--tier", "chat", "purge", "--all", "--json")
+    out = fleet_cli(fleet_env, "dead-letters", "--tier", "chat", "purge", "--all", "--json", cwd=tmp_path)
     assert out.returncode == 0 and json.loads(out.stdout)["removed"] == 2, out
     assert r.xlen(keys.dead("chat")) == 0
     assert purge_dead_letters(r, "chat", None) == 0

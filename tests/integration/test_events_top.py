@@ -8,6 +8,7 @@ what its scale-up writes.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,18 +21,14 @@ import redis
 from commander.runtime.process import ProcessRuntime
 from protocol import keys
 from protocol.codec import encode
-from protocol.models import CommanderInfo, Counters, LedgerEvent, OccupancyReport, Slots, WorkerInfo
+from protocol.models import CommanderInfo, Counters, LedgerEvent, OccupancyReport, Slots
 from protocol.policy import Policy
 from stores.policies import write_policy
+from tests.helpers import fleet_cli, register
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 T0 = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
-
-
-def fleet(env: dict[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def ledger(r: redis.Redis, event: LedgerEvent) -> str:
@@ -51,20 +48,13 @@ def report(worker: str, ts: float, busy: int, total: int = 4, cpu: float | None 
                            counters=Counters(turns=10, handler_seconds=handler_s), load=(0.1, 0.1, 0.1))
 
 
-def register(r: redis.Redis, worker: str, tier: str = "chat", alive: bool = True) -> None:
-    r.hset(keys.WORKERS, worker, encode(WorkerInfo(worker=worker, tier=tier, pid=4242, host="h",
-                                                   started=time.time() - 60)))
-    if alive:
-        r.set(keys.heartbeat(worker), "1", ex=60)
-
-
 # --- fleet events -----------------------------------------------------------------------
 def test_events_json_lists_the_ledger_oldest_first(r: redis.Redis, fleet_env: dict[str, str]) -> None:
     ids = [ledger(r, event(ts=T0, spawned=["chat-b"])),
            ledger(r, event(tier="batch", ts=T0 + 1)),
            ledger(r, event(action="reclaim-idle", ts=T0 + 2, from_count=2, to_count=1, victims=["chat-b"],
                            reason="scale in 2->1: reclaim-idle chat-b", why={"raw": 1}))]
-    out = fleet(fleet_env, "events", "--json")
+    out = fleet_cli(fleet_env, "events", "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert [row["id"] for row in rows] == ids
@@ -73,7 +63,7 @@ def test_events_json_lists_the_ledger_oldest_first(r: redis.Redis, fleet_env: di
     assert rows[2]["why"] == {"raw": 1}
     assert rows[0]["spawned"] == ["chat-b"]
 
-    out = fleet(fleet_env, "events", "--json", "--count", "2")
+    out = fleet_cli(fleet_env, "events", "--json", "--count", "2")
     assert [row["id"] for row in json.loads(out.stdout)] == ids[1:]
 
 
@@ -84,7 +74,7 @@ def test_a_scale_ups_event_names_the_workers_the_runtime_started(
     write_policy(r, "chat", Policy(min_workers=2, max_workers=2))
     wait_until(lambda: len(process_commander.live("chat")) == 2, 30, "two workers started")
 
-    out = fleet(fleet_env, "events", "--json", "--tier", "chat")
+    out = fleet_cli(fleet_env, "events", "--json", "--tier", "chat")
     assert out.returncode == 0, out.stderr
     ups = [row for row in json.loads(out.stdout) if row["action"] == "scale-up"]
     started = sorted(h.worker_id for h in process_commander.list())
@@ -98,7 +88,7 @@ def test_events_tier_filter_and_text_lines(r: redis.Redis, fleet_env: dict[str, 
         ledger(r, event(tier="batch", ts=T0 + 1 + i, epoch=4))
     ledger(r, event(action="consolidate", ts=T0 + 400, from_count=3, to_count=2, victims=["chat-c"],
                     reason="scale in 3->2:\nconsolidate chat-c"))
-    out = fleet(fleet_env, "events", "--tier", "chat")
+    out = fleet_cli(fleet_env, "events", "--tier", "chat")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 2
@@ -109,13 +99,13 @@ def test_events_tier_filter_and_text_lines(r: redis.Redis, fleet_env: dict[str, 
     assert "scale in 3->2: consolidate chat-c" in lines[1]  # the reason stays on one line
     assert "batch" not in out.stdout
 
-    out = fleet(fleet_env, "events", "--tier", "batch", "--count", "5", "--json")
+    out = fleet_cli(fleet_env, "events", "--tier", "batch", "--count", "5", "--json")
     rows = json.loads(out.stdout)
     assert len(rows) == 5 and {row["tier"] for row in rows} == {"batch"}
 
-    out = fleet(fleet_env, "events", "--tier", "nosuch")
+    out = fleet_cli(fleet_env, "events", "--tier", "nosuch")
     assert out.returncode == 0 and "no events for tier nosuch" in out.stdout
-    assert fleet(fleet_env, "events", "--tier", "bad tier!").returncode == 2
+    assert fleet_cli(fleet_env, "events", "--tier", "bad tier!").returncode == 2
 
 
 def test_a_corrupt_ledger_entry_is_shown_not_fatal(r: redis.Redis, fleet_env: dict[str, str]) -> None:
@@ -125,7 +115,7 @@ def test_a_corrupt_ledger_entry_is_shown_not_fatal(r: redis.Redis, fleet_env: di
     old = r.xadd(keys.EVENTS, {"m": encode(event(ts=T0 + 1)).replace(b"\xa1v\x01", b"\xa1v\x09"),
                                "tier": "chat"}).decode()  # a future protocol version
     ledger(r, event(action="hold", ts=T0 + 2, reason="steady"))
-    out = fleet(fleet_env, "events")
+    out = fleet_cli(fleet_env, "events")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 5
@@ -134,10 +124,10 @@ def test_a_corrupt_ledger_entry_is_shown_not_fatal(r: redis.Redis, fleet_env: di
     assert old in lines[3] and "protocol version" in lines[3]
     assert "hold" in lines[4]
 
-    rows = json.loads(fleet(fleet_env, "events", "--json").stdout)
+    rows = json.loads(fleet_cli(fleet_env, "events", "--json").stdout)
     assert [("corrupt" in row) for row in rows] == [False, True, True, True, False]
 
-    out = fleet(fleet_env, "top", "--once")
+    out = fleet_cli(fleet_env, "top", "--once")
     assert out.returncode == 0, out.stderr
     assert "CORRUPT" in out.stdout
 
@@ -214,7 +204,7 @@ def _line(out: str, start: str) -> str:
 
 def test_top_once_shows_tiers_workers_leader_and_events(r: redis.Redis, fleet_env: dict[str, str]) -> None:
     _populate(r)
-    out = fleet(fleet_env, "top", "--once")
+    out = fleet_cli(fleet_env, "top", "--once")
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "\x1b[" not in text  # one plain frame: no terminal codes
@@ -244,7 +234,7 @@ def test_top_once_shows_tiers_workers_leader_and_events(r: redis.Redis, fleet_en
 
 def test_top_once_for_one_tier(r: redis.Redis, fleet_env: dict[str, str]) -> None:
     _populate(r)
-    out = fleet(fleet_env, "top", "--once", "--tier", "batch")
+    out = fleet_cli(fleet_env, "top", "--once", "--tier", "batch")
     assert out.returncode == 0, out.stderr
     assert "batch-a" in out.stdout and "chat-a" not in out.stdout
     assert not any(line.startswith("chat ") for line in out.stdout.splitlines())
@@ -253,7 +243,7 @@ def test_top_once_for_one_tier(r: redis.Redis, fleet_env: dict[str, str]) -> Non
 
 
 def test_top_on_an_empty_fleet(r: redis.Redis, fleet_env: dict[str, str]) -> None:
-    out = fleet(fleet_env, "top", "--once")
+    out = fleet_cli(fleet_env, "top", "--once")
     assert out.returncode == 0, out.stderr
     assert "leader: none" in out.stdout
     assert "(no workers registered)" in out.stdout and "(the ledger is empty)" in out.stdout
@@ -263,10 +253,14 @@ def test_top_live_refreshes_and_exits_0_on_ctrl_c(r: redis.Redis, fleet_env: dic
     _populate(r)
     proc = subprocess.Popen([sys.executable, "-m", "fleet.cli", "top", "--interval", "0.2"], env=fleet_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    clear = b"\x1b[H\x1b[2J"
     try:
         assert proc.stdout is not None
-        first = proc.stdout.read(len(b"\x1b[H\x1b[2J"))  # the first frame has begun: it is running
-        time.sleep(1.0)  # a few more frames at 0.2 s
+        first = b""
+        while first.count(clear) < 2:  # a second frame has begun: it refreshes (the test's timeout bounds it)
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, "top exited before its second frame"
+            first += chunk
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=10)
         out = first + out

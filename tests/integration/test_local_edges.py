@@ -20,15 +20,10 @@ import pytest
 import redis
 
 from tests.conftest import ROOT
+from tests.helpers import fleet_cli
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def fleet(args: list[str], env: dict[str, str], cwd: Path,
-          timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet.cli", *args], env=env, cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -42,7 +37,7 @@ def bare_env(fleet_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 def test_rediss_to_a_plain_port_fails_in_seconds_in_one_line(fleet_env, tmp_path, redis_server):
     url = f"rediss://fleet:s3cret@127.0.0.1:{redis_server.port}/0"
     t0 = time.monotonic()
-    out = fleet(["--redis-url", url, "status"], fleet_env, tmp_path, timeout=60)
+    out = fleet_cli(fleet_env, "--redis-url", url, "status", cwd=tmp_path, timeout=60)
     elapsed = time.monotonic() - t0
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert f"rediss://***@127.0.0.1:{redis_server.port}/0" in out.stderr and "s3cret" not in out.stderr
@@ -73,13 +68,13 @@ def test_no_fleet_found_is_refused_and_nothing_is_written(bare_env, tmp_path, re
 def test_reads_never_write(fleet_env, tmp_path, r):
     for args in (["status"], ["status", "--json"], ["policy", "get", "chat"], ["events"], ["dead-letters"],
                  ["user", "ann"], ["user", "ann", "--json"]):
-        out = fleet(args, fleet_env, tmp_path)
+        out = fleet_cli(fleet_env, *args, cwd=tmp_path)
         assert "Traceback" not in out.stderr, (args, out.stderr)
     assert r.keys("*") == []  # not even fleet:policy:{chat}:status
 
 
 def _up(env: dict[str, str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    up = fleet(["up"], env, cwd)
+    up = fleet_cli(env, "up", cwd=cwd)
     state_file = cwd / ".fleet" / "state.json"
     return up, (json.loads(state_file.read_text()) if state_file.exists() else {})
 
@@ -129,21 +124,21 @@ def test_up_prints_url_env_and_metrics_fsyncs_always_and_down_stops_a_standby(ba
 
         sub = tmp_path / "src" / "pkg"
         sub.mkdir(parents=True)
-        env_out = fleet(["env"], bare_env, sub)
+        env_out = fleet_cli(bare_env, "env", cwd=sub)
         assert env_out.returncode == 0, env_out.stderr
         assert env_out.stdout == f"export REDIS_URL={shlex.quote(url)}\n"
         shell = subprocess.run(["bash", "-c", 'eval "$(fleet env)" && echo "$REDIS_URL"'], cwd=sub, text=True,
                                capture_output=True, timeout=60,
                                env=dict(bare_env, PATH=f"{Path(sys.executable).parent}:{bare_env['PATH']}"))
         assert shell.stdout.strip() == url, shell.stderr
-        status = fleet(["status"], bare_env, sub)  # found above the cwd, and said so
+        status = fleet_cli(bare_env, "status", cwd=sub)  # found above the cwd, and said so
         assert status.returncode == 0, status.stderr
         assert f"using the fleet of {tmp_path / '.fleet'}" in status.stderr
 
         standby = _start_standby(bare_env, url, tmp_path)
         wait_until(lambda: _standby_registered(url, standby.pid), 30, "the standby commander registered")
     finally:
-        down = fleet(["down"], bare_env, tmp_path)
+        down = fleet_cli(bare_env, "down", cwd=tmp_path)
     try:
         assert down.returncode == 0, down.stderr
         assert re.search(rf"also stopped standby commander \S+ pid {standby.pid} ", down.stdout), down.stdout

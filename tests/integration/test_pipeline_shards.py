@@ -1,6 +1,7 @@
-"""A tier spread over ready shards, end to end on a real redis-server with real workers
-(issue 11): every turn answered once and in order, and changing ``ready_shards`` on a live tier
-(3 -> 1, 1 -> 3) under load loses nothing."""
+"""A tier spread over ready shards, end to end on a real redis-server with real workers: every
+turn answered once and in order, and changing ``ready_shards`` on a live tier (3 -> 1, 1 -> 3)
+under load takes effect (the clients write the new shards, the workers read them) and loses
+nothing."""
 
 from __future__ import annotations
 
@@ -33,6 +34,36 @@ def delivered(r: redis.Redis, shard: int) -> int:
     """How many notifications the workers' group read on ``shard`` of chat."""
     group = next(g for g in r.xinfo_groups(keys.ready("chat", shard)) if g["name"] == keys.GROUP.encode())
     return int(group["entries-read"] or 0)
+
+
+def added(r: redis.Redis, shard: int) -> int:
+    """How many notifications were ever written to ``shard`` of chat."""
+    return int(r.xinfo_stream(keys.ready("chat", shard))["entries-added"])
+
+
+def drained(r: redis.Redis, shard: int) -> bool:
+    """Whether the workers read and acked every notification of ``shard`` of chat."""
+    group = next(g for g in r.xinfo_groups(keys.ready("chat", shard)) if g["name"] == keys.GROUP.encode())
+    return int(group["lag"] or 0) == 0 and int(group["pending"]) == 0
+
+
+class Quiet:
+    """A condition for ``wait_until``: ``shards`` got no new notification for ``for_s`` seconds
+    while shard 0 got ``busy`` or more (the submitters write on)."""
+
+    def __init__(self, r: redis.Redis, shards: list[int], for_s: float, busy: int) -> None:
+        self.r, self.shards, self.for_s, self.busy = r, shards, for_s, busy
+        self.since, self.seen = time.monotonic(), self._counts()
+
+    def _counts(self) -> tuple[int, ...]:
+        return tuple(added(self.r, k) for k in [0, *self.shards])
+
+    def __call__(self) -> bool:
+        now = self._counts()
+        if now[1:] != self.seen[1:]:  # one of them grew: start over from here
+            self.since, self.seen = time.monotonic(), now
+            return False
+        return time.monotonic() - self.since >= self.for_s and now[0] - self.seen[0] >= self.busy
 
 
 def check_in_order(r: redis.Redis, fleet: Fleet, handles: dict[str, list[TurnHandle]]) -> None:
@@ -87,17 +118,22 @@ def test_pipeline_resharding_a_live_tier_3_to_1_to_3_loses_nothing(r, redis_serv
                 batch = [(u, f"{u} turn {len(handles[u])}") for u in mine]
                 for h in own.submit_many(batch):
                     handles[h.user].append(h)
-            time.sleep(0.02)
+            time.sleep(0.1)  # (the pace of the load: each user's jobs release between its turns)
 
     threads = [threading.Thread(target=submitter, args=(names[i::3],)) for i in range(3)]
     for t in threads:
         t.start()
     try:
-        time.sleep(1.5)
+        wait_until(lambda: all(delivered(r, k) for k in range(3)), 20, "every shard read on 3 shards")
         write_policy(r, "chat", Policy(concurrency=8, ready_shards=1))  # shrink under load
-        time.sleep(7)  # past the clients' cache: they write shard 0 only, the workers drain 1, 2
+        # once the clients' cache of the policy ends, they write shard 0 only (the 1 s quiet is
+        # the thing under test), and the workers drain shards 1 and 2
+        wait_until(Quiet(r, [1, 2], for_s=1.0, busy=30), 30, "shards 1 and 2 written no more")
+        wait_until(lambda: drained(r, 1) and drained(r, 2), 20, "shards 1 and 2 drained")
+        before = {k: (added(r, k), delivered(r, k)) for k in (1, 2)}
         write_policy(r, "chat", Policy(concurrency=8, ready_shards=3))  # and grow again
-        time.sleep(7)
+        wait_until(lambda: all(added(r, k) > before[k][0] + 10 and delivered(r, k) > before[k][1] + 10
+                               for k in (1, 2)), 30, "shards 1 and 2 written and read again")
     finally:
         stop.set()
         for t in threads:
@@ -105,4 +141,3 @@ def test_pipeline_resharding_a_live_tier_3_to_1_to_3_loses_nothing(r, redis_serv
     fleet = Fleet(redis_server.url)
     assert sum(len(hs) for hs in handles.values()) > 30 * 20
     check_in_order(r, fleet, handles)
-    assert all(delivered(r, k) for k in range(3))

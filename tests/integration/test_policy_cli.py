@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,13 +13,9 @@ from protocol.codec import encode
 from protocol.models import CommanderInfo, WorkerInfo
 from protocol.policy import Policy
 from stores.policies import write_policy
+from tests.helpers import fleet_cli
 
 pytestmark = pytest.mark.integration
-
-
-def fleet(env: dict[str, str], cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet.cli", *argv], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
 
 
 def _installed_answer(tmp_path: Path) -> Path:
@@ -44,13 +38,13 @@ def test_policy_set_warns_when_no_live_worker_has_the_handler(r, fleet_env, tmp_
     r.hset(keys.WORKERS, "chat-w1", encode(info))
     r.set(keys.heartbeat("chat-w1"), "1", px=60_000)
     env = dict(fleet_env, PYTHONPATH=f"{_installed_answer(tmp_path)}:{fleet_env['PYTHONPATH']}")
-    out = fleet(env, tmp_path, "policy", "set", "chat", "handler=answer")
+    out = fleet_cli(env, "policy", "set", "chat", "handler=answer", cwd=tmp_path)
     assert out.returncode == 0, out.stderr  # saved: it is valid where the CLI runs
     assert "warning: no live worker of tier chat has handler 'answer' (they have: echo, noop, sleep)" \
         in out.stderr
     assert json.loads(r.get(keys.policy("chat")))["handler"] == "answer"
     assert r.get(keys.policy_good("chat")) is None  # not the last good one until a worker accepts it
-    out = fleet(env, tmp_path, "policy", "set", "chat", "handler=sleep")
+    out = fleet_cli(env, "policy", "set", "chat", "handler=sleep", cwd=tmp_path)
     assert out.returncode == 0 and "warning" not in out.stderr
 
 
@@ -60,12 +54,12 @@ def test_status_and_policy_get_show_the_workers_rejection(r, fleet_env, tmp_path
     r.hset(keys.policy_status("chat"), mapping={
         "ok": "0", "source": "last-good", "by": "worker chat-w1", "ts": "1",
         "error": "handler: 'answer' is not registered (known: echo, noop, sleep)"})
-    got = fleet(fleet_env, tmp_path, "policy", "get", "chat")
+    got = fleet_cli(fleet_env, "policy", "get", "chat", cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     assert "REJECTED edit of fleet:policy:{chat} by worker chat-w1: handler: 'answer'" in got.stdout
-    status = fleet(fleet_env, tmp_path, "status")
+    status = fleet_cli(fleet_env, "status", cwd=tmp_path)
     assert "REJECTED by worker chat-w1: handler: 'answer'" in status.stdout, status.stdout
-    data = json.loads(fleet(fleet_env, tmp_path, "status", "--json").stdout)
+    data = json.loads(fleet_cli(fleet_env, "status", "--json", cwd=tmp_path).stdout)
     assert data["tiers"]["chat"]["policy_rejected_by"] == "worker chat-w1"
 
 
@@ -78,11 +72,11 @@ def test_a_dead_commander_is_not_listed_as_leader(r, fleet_env, tmp_path):
         commander="cmd-new", pid=12, host="h1", started=now - 60, role="leader", epoch=4,
         metrics="127.0.0.1:9464", seen=now)))
     r.set(keys.LEADER, "cmd-new|4", px=60_000)
-    out = fleet(fleet_env, tmp_path, "status")
+    out = fleet_cli(fleet_env, "status", cwd=tmp_path)
     first = out.stdout.splitlines()[0]
     assert first.startswith("commander: cmd-new leads (epoch 4), metrics http://127.0.0.1:9464/metrics")
     assert "cmd-old gone (last seen 12" in first and "cmd-old leader" not in first, first
-    data = json.loads(fleet(fleet_env, tmp_path, "status", "--json").stdout)
+    data = json.loads(fleet_cli(fleet_env, "status", "--json", cwd=tmp_path).stdout)
     by_id = {c["commander"]: c for c in data["commanders"]}
     assert by_id["cmd-old"]["alive"] is False and by_id["cmd-new"]["alive"] is True
     assert by_id["cmd-new"]["metrics_url"] == "http://127.0.0.1:9464/metrics"

@@ -32,10 +32,9 @@ import pytest
 import redis
 
 from fleet.client import AsyncFleet, Fleet
-from protocol import keys
-from protocol.codec import decode
 from protocol.models import WorkerInfo
 from tests.conftest import free_port
+from tests.helpers import Processes, commander_argv, live_workers
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
 pytestmark = pytest.mark.integration
@@ -241,10 +240,14 @@ def mtls_server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Itera
 # --- processes -----------------------------------------------------------------------------
 @dataclass
 class Procs:
-    """Processes a test starts (stopped by pid afterwards) and the logs they write."""
+    """The processes a test starts, each given the URL it connects with in its environment
+    (never its argv); ``tests.helpers.Processes`` logs them and stops them by pid."""
 
     tmp: Path
-    started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    run: Processes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.run = Processes(self.tmp, grace_s=30)
 
     def env(self, url: str, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "FLEET_"))}
@@ -254,11 +257,7 @@ class Procs:
         return env
 
     def start(self, name: str, argv: list[str], url: str, **extra: str) -> subprocess.Popen[bytes]:
-        with (self.tmp / f"{name}.log").open("ab") as out:
-            proc = subprocess.Popen([sys.executable, *argv], env=self.env(url, **extra),
-                                    stdout=out, stderr=subprocess.STDOUT, cwd=self.tmp)
-        self.started.append(proc)
-        return proc
+        return self.run.start(name, argv, self.env(url, **extra), cwd=self.tmp).proc
 
     def cli(self, url: str, *args: str) -> subprocess.Popen[str]:
         """``python -m fleet.cli …`` with ``REDIS_URL`` (not ``--redis-url``: argv is public)."""
@@ -266,21 +265,14 @@ class Procs:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.tmp)
 
     def logs(self) -> str:
-        return "".join(p.read_text(errors="replace") for p in self.tmp.rglob("*.log"))
+        return self.run.logs()
 
 
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Procs]:
     p = Procs(tmp_path)
     yield p
-    for proc in reversed(p.started):
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    p.run.stop_all()
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str, str]:
@@ -312,11 +304,6 @@ def denials(admin: redis.Redis) -> list[dict]:
     return [e for e in admin.acl_log() if e.get("object") not in HARMLESS_DENIALS]
 
 
-def live_workers(admin: redis.Redis) -> list[WorkerInfo]:
-    infos = [decode(WorkerInfo, b) for b in admin.hgetall(keys.WORKERS).values()]
-    return [i for i in infos if admin.exists(keys.heartbeat(i.worker))]
-
-
 def wait_worker(admin: redis.Redis, proc: subprocess.Popen[bytes], procs: Procs) -> WorkerInfo:
     wait_until(lambda: live_workers(admin) or proc.poll() is not None, 30, "a worker to register")
     assert proc.poll() is None, procs.logs()[-3000:]
@@ -325,9 +312,8 @@ def wait_worker(admin: redis.Redis, proc: subprocess.Popen[bytes], procs: Procs)
 
 def start_commander(procs: Procs, url: str, *flags: str, **env: str) -> subprocess.Popen[bytes]:
     """A commander that stops its workers when it exits; ``flags`` add to (or override) these."""
-    return procs.start("commander", ["-m", "commander", "--commander-id", "sec1", "--spawn-mode", "exec",
-                                     "--stop-workers-on-exit", "--interval", "0.2", "--log-dir",
-                                     str(procs.tmp / "logs"), *flags], url, **env)
+    argv = commander_argv("sec1", procs.tmp / "logs", "--spawn-mode", "exec", *flags, metrics=True)
+    return procs.start("commander", argv, url, **env)
 
 
 def stop_commander(proc: subprocess.Popen[bytes], admin: redis.Redis, worker_pid: int) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from protocol import keys
 from protocol.policy import Policy
 from stores.policies import write_policy
 from stores.users import active_users, inspect_user
+from tests.helpers import fleet_cli
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -30,12 +30,7 @@ def fleet_cli_both(env: dict[str, str], cwd: Path,
     """Several ``fleet`` commands at once: each is an interpreter start (seconds on a loaded
     machine), and they must all see the lane the slow turn holds."""
     with ThreadPoolExecutor(len(runs)) as pool:
-        return list(pool.map(lambda argv: fleet_cli(env, cwd, *argv), runs))
-
-
-def fleet_cli(env: dict[str, str], cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet.cli", *argv], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+        return list(pool.map(lambda argv: fleet_cli(env, *argv, cwd=cwd), runs))
 
 
 def test_fleet_user_shows_the_lane_holder_inbox_session_and_pending(r, redis_server, start_worker,
@@ -92,7 +87,7 @@ def test_an_undelivered_notification_is_pending_and_bad_ids_are_usage_errors(r, 
 
     for argv, why in ((["user", "a b"], "invalid user id"),
                       (["user", "ann", "--tier", "Bad"], "invalid tier"), (["user"], "required")):
-        out = fleet_cli(fleet_env, tmp_path, *argv)
+        out = fleet_cli(fleet_env, *argv, cwd=tmp_path)
         assert out.returncode == 2 and why in out.stderr and len(out.stderr.splitlines()) == 1, (argv, out)
 
 

@@ -1,12 +1,17 @@
-"""The explorer over many seeds, and the seeds that found each hole of issue 8.
+"""The explorer over many seeds, and the seeds that found each hole.
 
-Each regression row is the command that first showed the hole (``scripts/explore --seed S
-...``); the schedule it draws now runs on the fixed code and must hold every invariant. The
-hole's own mechanism has a focused test beside its fix (named in the row).
+Each ``HOLES`` row is the command that first showed a hole (``scripts/explore --seed S ...``);
+the schedule it draws runs on today's code and must hold every invariant. What a row proves is
+narrow: the seed replays one exact interleaving, so once the code's awaits move (a refactor),
+its schedule no longer reaches the state that exposed the hole, and the row stays green whether
+the hole is back or not. Each hole is therefore also forced through the public entry points by
+a controlled schedule in tests/unit/test_holes.py (or, for the simulator's and the checker's own
+holes, tested in tests/unit/test_sim.py), named in the row: those keep failing if it comes back.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import random
 import sys
@@ -24,30 +29,33 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import explore  # noqa: E402  (scripts/explore.py)
 
 HOLES = [
-    # seed, fixed workload (None = drawn from the seed), faults, what it found, the focused test
-    (6, None, 3, "a turn for a tier no policy defines wedged its user (hole 4)",
-     "tests/integration/test_cli.py, worker dead-letter path"),
+    # seed, fixed workload (None = drawn from the seed), faults, what it found, its forcing test
+    (6, None, 3, "a turn for a tier no policy defines wedged its user",
+     "test_holes.py::test_a_turn_for_a_tier_no_policy_defines_does_not_wedge_its_user"),
     (11, None, 3, "a resubmitted turn, rejected, got two replies",
-     "test_lua_lanes.py::test_a_resubmitted_turn_is_answered_once_even_on_the_reject_path"),
-    (1053, None, 3, "a handler ran on after its lane was lost (hole 5)", "test_handler_threads.py"),
+     "test_holes.py::test_a_rejected_turn_whose_submit_reply_was_lost_is_answered_once"),
+    (1053, None, 3, "a handler ran on after its lane was lost",
+     "test_holes.py::test_a_lane_lost_mid_turn_stops_its_handler_at_the_next_renewal"),
     (9260, {"users": 3, "turns": 4, "workers": 2}, 6,
-     "a busy acquire acked notifications another worker had reclaimed (hole 1)", "test_job_acks.py"),
-    (9153, {"users": 3, "turns": 4, "workers": 2}, 6,
-     "SIGTERM did not stop a worker retrying its start (hole 6)", "test_worker_stop.py"),
-    (20217, None, 3, "a lease not renewable in an outage was not counted as lost", "test_sim.py"),
+     "a busy acquire acked notifications another worker had reclaimed",
+     "test_holes.py::test_a_busy_acquire_never_acks_a_notification_another_worker_reclaimed"),
+    (9153, {"users": 3, "turns": 4, "workers": 2}, 6, "SIGTERM did not stop a worker retrying its start",
+     "test_holes.py::test_sigterm_stops_a_worker_retrying_its_start_in_an_outage"),
+    (20217, None, 3, "a lease not renewable in an outage was not counted as lost",
+     "test_holes.py::test_a_lease_not_renewable_in_an_outage_counts_as_lost_at_its_ttl"),
     (20221, None, 3, "a renewal took back notifications another worker had reclaimed, then acked them",
-     "test_job_acks.py::test_a_renewal_never_takes_back_a_notification_another_worker_reclaimed"),
+     "test_holes.py::test_a_renewal_never_takes_back_a_notification_another_worker_reclaimed"),
     (1013, None, 3, "a busy acquire acked, trusting a holder that a takeover had left with nothing pending",
-     "test_job_acks.py::test_a_busy_acquire_keeps_its_notifications_when_the_holder_carries_none"),
+     "test_holes.py::test_a_busy_acquire_keeps_its_notification_when_the_holder_carries_none"),
     (484, None, 3, "(the checker's) a SIGTERM sent during SIGSTOP ran after the start: judged as before it",
-     "sim/world.py World._watch_drain"),
+     "test_sim.py::test_a_sigterm_is_judged_by_the_workers_state_when_its_drain_runs"),
     (32878, None, 3, "SIGTERM during a start in an outage: redis-py's wait_for dropped the cancellation",
-     "test_worker_stop.py::test_sigterm_stops_a_start_whose_redis_call_swallowed_the_cancellation"),
+     "test_holes.py::test_sigterm_stops_a_start_whose_redis_call_lost_the_cancellation"),
     (68743, None, 3, "(the simulator's) a connection the outage broke never reconnected: its user starved",
      "test_sim.py::test_a_connection_broken_by_an_outage_reconnects_once_redis_is_back"),
     (28924, None, 3, "a renewal pass begun in an outage, waiting in the client's retries, held up the "
      "renewal of the lanes taken once Redis was back: a lost lane's handler ran 1.4 s past its end",
-     "test_lane_renewal.py::test_a_renewal_pass_stuck_in_the_clients_retries_does_not_hold_up_the_next"),
+     "test_holes.py::test_a_renewal_pass_stuck_on_redis_does_not_hold_up_the_next"),
 ]
 
 
@@ -56,12 +64,20 @@ def schedule(seed: int, fixed: dict[str, int] | None, faults: int) -> Schedule:
     return Schedule(seed=seed, workload=workload, max_faults=faults)
 
 
-@pytest.mark.parametrize(("seed", "fixed", "faults", "found", "focused"), HOLES,
+@pytest.mark.parametrize(("seed", "fixed", "faults", "found", "forcing"), HOLES,
                          ids=[f"seed{h[0]}" for h in HOLES])
 def test_the_seed_that_found_a_hole_now_holds(seed: int, fixed: dict[str, int] | None, faults: int,
-                                              found: str, focused: str) -> None:
+                                              found: str, forcing: str) -> None:
     got = run(schedule(seed, fixed, faults))
     assert got.ok, f"{found}: {[str(v) for v in got.violations]}"
+
+
+def test_each_row_names_a_forcing_test_that_exists() -> None:
+    for *_, forcing in HOLES:
+        module, name = forcing.split("::")
+        tree = ast.parse((Path(__file__).parent / module).read_text())
+        tests = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+        assert name in tests, forcing
 
 
 def test_the_cli_draws_the_same_schedules_as_these_rows() -> None:
@@ -93,16 +109,9 @@ def test_a_bad_argument_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str
 
 def test_a_failing_schedule_is_shrunk_and_replays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from worker import job
+    from tests.unit.test_sim import LOSES_THE_SECOND_REPLY, plant
 
-    real = job.UserJob._serve_turn
-
-    async def drops_the_second_turn(self, lease, nxt):  # type: ignore[no-untyped-def]
-        if b"-t1" in nxt.fields.get(b"m", b""):
-            return await self._commit(lease, nxt.entry, "", job.Writes(), "ok")
-        return await real(self, lease, nxt)
-
-    monkeypatch.setattr(job.UserJob, "_serve_turn", drops_the_second_turn)
+    plant(monkeypatch, "turn_commit", LOSES_THE_SECOND_REPLY)
     code = explore.main(["--schedules", "5", "--seed", "1", "--users", "2", "--turns", "2",
                          "--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -130,7 +139,7 @@ SCHEDULES = Path(__file__).parent / "schedules"
 
 
 def test_zombie_274459_after_an_outage_and_an_expiry_holds() -> None:
-    """Found by issue 17's long exploration (seed 274459, shrunk: a 6.7 s Redis outage and a lane
+    """Found by a long exploration (seed 274459, shrunk: a 6.7 s Redis outage and a lane
     expiry; w0's handler ran 1.5 s past its lane's end). The same class as seed 28924: the worker
     learned of the loss only when its renew loop came round. A renewal pass every interval and a
     timer per lane (tests/unit/test_lane_renewal.py) make it hold; replayed exactly here."""

@@ -1,6 +1,7 @@
 """The data-plane simulator itself: deterministic, replayable, and able to fail.
 
-A simulator that cannot find a planted bug proves nothing, and one whose seed does not fix
+A simulator that cannot find a planted bug (planted in the Lua the simulated server runs, so
+the worker's code is the real one, whatever its shape) proves nothing, and one whose seed does not fix
 the run cannot hand over a bug report; both are tested here. The explorer's runs over many
 seeds are in tests/unit/test_explore.py.
 """
@@ -20,7 +21,8 @@ import pytest
 
 from sim.clock import MODULES
 from sim.explore import Schedule, run
-from sim.loop import NODE, Chooser, SimLoop
+from sim.loop import NODE, Fifo, SimLoop
+from sim.store import PLANTED
 from sim.world import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +54,7 @@ def test_a_replay_is_the_same_in_another_process_with_another_hash_seed() -> Non
 
 
 def test_virtual_time_costs_no_wall_time_and_killed_nodes_never_run_again() -> None:
-    loop = SimLoop(Chooser())
+    loop = SimLoop(Fifo())
     ran: list[str] = []
 
     async def node_task(name: str) -> None:
@@ -109,57 +111,45 @@ def _kinds(seeds: range, **workload: int) -> set[str]:
     return set()
 
 
+def plant(monkeypatch: pytest.MonkeyPatch, script: str, *changes: tuple[str, str]) -> None:
+    """Plant a bug in Lua script ``script`` as the simulated server runs it (``sim.store.PLANTED``):
+    each ``(old, new)`` text replaced, every ``old`` found (the bug is where it is meant to be)."""
+
+    def planted(text: str) -> str:
+        for old, new in changes:
+            assert old in text, f"{script}.lua no longer holds {old!r}"
+            text = text.replace(old, new)
+        return text
+
+    monkeypatch.setitem(PLANTED, script, planted)
+
+
+# the commit's reply, skipped for every user's second turn: its cursor moves on, and no reply
+LOSES_THE_SECOND_REPLY = ("if ARGV[6] ~= '' then",
+                          "if ARGV[6] ~= '' and not string.find(ARGV[3], '-t1', 1, true) then")
+
+
 def test_a_lost_turn_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker import job
-
-    real = job.UserJob._serve_turn
-
-    async def drops_the_second_turn(self, lease, nxt):  # type: ignore[no-untyped-def]
-        if nxt.fields.get(b"m", b"").find(b"-t1") >= 0:
-            return await self._commit(lease, nxt.entry, "", job.Writes(), "ok")  # cursor moves on, no reply
-        return await real(self, lease, nxt)
-
-    monkeypatch.setattr(job.UserJob, "_serve_turn", drops_the_second_turn)
+    plant(monkeypatch, "turn_commit", LOSES_THE_SECOND_REPLY)
     assert "I1" in _kinds(range(1, 4))
 
 
 def test_two_workers_in_one_users_handler_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
     """Break the lease (every acquire wins) and every guard of the commit: two workers then
     serve one user at once, and both commit."""
-    from stores import scripts, turns
-
-    real_acquire, real_source = turns.UserStore.acquire, scripts.source
-
-    async def always_wins(self, user):  # type: ignore[no-untyped-def]
-        await self.r.delete(f"fleet:u:{{{user}}}:lane")
-        return await real_acquire(self, user)
-
-    def unfenced(name: str) -> str:  # no owner check, no cursor check, no dedupe
-        text = real_source(name)
-        if name == "turn_commit":
-            for check in ("redis.call('GET', KEYS[1]) ~= ARGV[1]", "#first == 0 or first[1][1] ~= ARGV[2]",
-                          "ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3])"):
-                assert check in text
-                text = text.replace(check, "false")
-        return text
-
-    monkeypatch.setattr(turns.UserStore, "acquire", always_wins)
-    monkeypatch.setattr(scripts, "source", unfenced)
+    plant(monkeypatch, "lane_acquire", ("local held = redis.call('GET', KEYS[1])",
+                                        "redis.call('DEL', KEYS[1])\nlocal held = false"))
+    plant(monkeypatch, "turn_commit",  # no owner check, no cursor check, no dedupe
+          *((check, "false") for check in ("redis.call('GET', KEYS[1]) ~= ARGV[1]",
+                                           "#first == 0 or first[1][1] ~= ARGV[2]",
+                                           "ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3])")))
     found = set().union(*(_kinds(range(seed, seed + 1), users=1, turns=6) for seed in range(1, 5)))
     assert "I3" in found  # (some schedules show only the stalls the broken lease causes)
 
 
 def test_a_stuck_user_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stores import turns
-
-    real = turns.UserStore.commit
-
-    async def never_lets_go(self, lease, *args):  # type: ignore[no-untyped-def]
-        done = await real(self, lease, *args)
-        # says released even when a turn waits (keeping the lane): that turn waits for nothing
-        return turns.Committed(done.result, True, None)
-
-    monkeypatch.setattr(turns.UserStore, "commit", never_lets_go)
+    # the commit says released even when a turn waits, and keeps the lane: that turn waits for nothing
+    plant(monkeypatch, "turn_commit", ("return {result, 0, nxt}", "return {result, 1, {}}"))
     monkeypatch.setattr("sim.explore.STARVE_BOUND_S", 1.0)
     assert _kinds(range(1, 6), turns=4) & {"liveness", "I1"}
 
@@ -194,7 +184,7 @@ def test_the_wind_down_leaves_no_task_pending_even_one_started_during_it() -> No
     from sim.store import Network
     from sim.world import World
 
-    loop = SimLoop(Chooser())
+    loop = SimLoop(Fifo())
     world = World(loop, Network(loop, random.Random(1)), SMALL, random.Random(1))
 
     async def slow_to_stop() -> None:
@@ -218,3 +208,50 @@ def test_the_wind_down_leaves_no_task_pending_even_one_started_during_it() -> No
         if late and not late[0].done():
             loop.run_until_complete(asyncio.wait(late))
         loop.close()
+
+
+def test_a_sigterm_is_judged_by_the_workers_state_when_its_drain_runs() -> None:
+    """Seed 484 (the checker's own hole): SIGTERM reached a worker stopped (SIGSTOP) while it
+    was starting; after SIGCONT its loop finished the start before it ran the drain, and it
+    drained as a serving worker does, but the check held it to the bound of a worker that
+    never started. The stop bound is the one of the state the worker is in when its drain runs."""
+    from sim.checks import STARTING_STOP_S, check
+    from sim.explore import STOP_BOUND_S
+    from sim.store import Network
+    from sim.world import World
+
+    loop = SimLoop(Fifo())
+    net = Network(loop, random.Random(1))
+    world = World(loop, net, SMALL, random.Random(1))
+    late, early = world.start_worker(), world.start_worker()
+    try:
+        world.terminate(late)  # sent while it starts: its drain waits for the loop
+        world.terminate(early)
+        assert world.record.terminated_starting == {late, early}
+        world.instances[late].state = "ready"  # its loop finished the start before the drain
+        for wid in (late, early):
+            world.instances[wid].drain("SIGTERM")  # (what the queued signal handler calls)
+        assert world.record.terminated_starting == {early}
+        took = STARTING_STOP_S + 1.0  # more than a worker that never started may take
+        assert took < STOP_BOUND_S
+        world.record.stopped = {late: took, early: took}
+        got = check(net.sync_client(), world.record, bound_s=60, stop_bound_s=STOP_BOUND_S, zombie_bound_s=1,
+                    starve_bound_s=60, end=60)
+        assert [v.detail.split()[1] for v in got] == [early], [str(v) for v in got]
+    finally:
+        from sim.explore import _wind_down
+        _wind_down(loop, net, world)
+        loop.close()
+
+
+def test_a_controlled_schedule_says_when_its_moment_never_came_and_raises_what_its_actions_raised() -> None:
+    """A forcing test must not pass by missing its moment, nor hide a broken action."""
+    from sim.scenario import Scenario, handler, script
+    from sim.world import Planned
+
+    scenario = Scenario([Planned("u0")])
+    scenario.on(script("lease_renew", user="u9"), lambda world, e: None, label="never")
+    scenario.on(handler("enter", user="u0"), lambda world, e: world.inject("no-such-fault", "w0"))
+    with pytest.raises(ValueError, match="unknown fault"):
+        scenario.run()
+    assert scenario.unfired() == ["never (0 of 1)"]

@@ -9,9 +9,9 @@ import pytest
 from protocol.policy import Policy
 from sim.scaling.policies import (
     FleetDecide,
-    HpaLike,
-    KedaLike,
     Static,
+    hpa_like,
+    keda_like,
     oracle_schedule,
     peak_static_workers,
 )
@@ -143,7 +143,7 @@ def test_same_inputs_same_result():
     assert a.waits == b.waits and a.timeline == b.timeline
 
 
-@pytest.mark.parametrize("policy", [HpaLike(max_replicas=20), KedaLike(max_replicas=20)])
+@pytest.mark.parametrize("policy", [hpa_like(max_replicas=20), keda_like(max_replicas=20)])
 def test_baselines_scale_up_on_a_burst(policy):
     result = simulate(burst_trace(), policy, SimConfig(concurrency=8))
     assert result.summary()["peak_workers"] > 1 and result.summary()["unserved"] == 0
