@@ -70,7 +70,7 @@ import redis.asyncio as aioredis
 from protocol.codec import decode, encode
 from protocol.ids import validate_tier, validate_user_id
 from protocol.models import MAX_TEXT_CHARS, Reply, Turn
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.backlog import no_free_slot
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy, write_policy_async
@@ -264,7 +264,7 @@ class Fleet:
         if not self._tier_exists(tier):
             if not create:
                 raise UnknownTier(tier)
-            write_policy(self.r, tier, Policy())
+            write_policy(self.r, tier, TurnsPolicy())
         self._tiers.add(tier)
 
     def _tier_exists(self, tier: str) -> bool:
@@ -360,7 +360,7 @@ class AsyncFleet:
         if not await self._tier_exists(tier):
             if not create:
                 raise UnknownTier(tier)
-            await write_policy_async(self.r, tier, Policy())
+            await write_policy_async(self.r, tier, TurnsPolicy())
         self._tiers.add(tier)
 
     async def _tier_exists(self, tier: str) -> bool:

@@ -22,7 +22,7 @@ from protocol import keys
 from protocol.codec import CodecError, as_str, decode
 from protocol.groups import pool_name
 from protocol.models import Control, Counters, WorkerInfo, WorkerState
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, as_turns
 from stores import worker_ops
 from stores.connection import connect_async
 from stores.control import read_control_async
@@ -56,7 +56,7 @@ class Worker(JobServices):
         self.tier = settings.tier
         self.group = settings.group  # "" unless this worker serves one group of the tier
         self.pool = pool_name(self.tier, self.group)  # whose ready streams, registry entry, reports
-        self.tier_policy: Policy | None = None  # the tier's whole policy: its groups (None: not read)
+        self.tier_policy: TurnsPolicy | None = None  # the tier's whole policy: its groups (None: not read)
         self.rejected: frozenset[str] = frozenset()  # the tier's groups the commander rejected
         self.worker_id = settings.worker_id
         self.r = r or connect_async(settings.redis_url)
@@ -64,7 +64,7 @@ class Worker(JobServices):
             lane_ttl_ms=settings.lane_ttl_ms, session_max=settings.session_max,
             context_turns=settings.context_turns, memory_k=settings.memory_k,
             reply_ttl_ms=settings.reply_ttl_s * 1000), tier=settings.tier)
-        self.policy = Policy()
+        self.policy = TurnsPolicy()
         self.handler: handlers.Handler = handlers.get(self.policy.handler)
         self._executor: ThreadPoolExecutor | None = None  # sync handlers' threads, one per slot
         self._executor_size = 0
@@ -325,14 +325,15 @@ class Worker(JobServices):
         self._policy_rejected = read.error if read.missing_handler is not None else None
         if keep:
             return  # the last good copy is not loadable here either: keep ours, not the default
-        rejected = frozenset(await rejected_groups_async(self.r, self.tier) if read.policy.groups else ())
-        seen = None if self.tier_policy is None else (self.tier_policy.weights(), self.rejected)
-        if (read.policy.weights(), rejected) != seen:  # users move between turns from here on
+        policy = as_turns(read.policy)
+        rejected = frozenset(await rejected_groups_async(self.r, self.tier) if policy.rollout.groups else ())
+        seen = None if self.tier_policy is None else (self.tier_policy.rollout.weights(), self.rejected)
+        if (policy.rollout.weights(), rejected) != seen:  # users move between turns from here on
             log.info("groups of %s now %s%s", self.tier,
-                     ", ".join(f"{n} {w:g}" for n, w in read.policy.weights()) or "none",
+                     ", ".join(f"{n} {w:g}" for n, w in policy.rollout.weights()) or "none",
                      f" (rejected: {', '.join(sorted(rejected))})" if rejected else "")
-        self.tier_policy, self.rejected = read.policy, rejected
-        mine = self._own_policy(read.policy)
+        self.tier_policy, self.rejected = policy, rejected
+        mine = self._own_policy(policy)
         if mine != self.policy:
             if mine.handler != self.policy.handler:
                 self.handler = handlers.get(mine.handler)
@@ -344,13 +345,13 @@ class Worker(JobServices):
             self._slot_freed.set()
         self._shards = await worker_ops.more_shards(self.r, self.pool, self.policy.ready_shards, self._shards)
 
-    def _own_policy(self, policy: Policy) -> Policy:
+    def _own_policy(self, policy: TurnsPolicy) -> TurnsPolicy:
         """What this worker runs of the tier's ``policy``: its group's, when it serves a group the
         policy names; the tier's when it serves none; its current one when its group was removed
         (it serves nobody then: every user it meets is handed to their group)."""
         if not self.group:
             return policy
-        if any(g.name == self.group for g in policy.groups):
+        if any(g.name == self.group for g in policy.rollout.groups):
             return policy.for_group(self.group)
         return self.policy
 
@@ -371,7 +372,7 @@ class Worker(JobServices):
 
     async def _housekeeping(self) -> None:
         """Trim the ready stream below what is pending or undelivered; forget stale users."""
-        await worker_ops.trim_ready(self.r, self.pool, 10 * self.policy.active_window_s, self._shards)
+        await worker_ops.trim_ready(self.r, self.pool, 10 * self.policy.scaling.active_window_s, self._shards)
 
     async def _control_loop(self) -> None:
         last, failures = "0-0", 0

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from protocol.codec import CodecError, encode
 from protocol.models import HandlerResult, Reply, SessionEntry, Turn
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.memory import new_member
 from stores.retry import TRANSIENT, Backoff
 from stores.turns import Busy, Fenced, Lease, NextTurn, Pulled, UserStore, Writes
@@ -40,7 +40,7 @@ class JobHost(Protocol):
     pool: str  # the tier, or the pool of the group this worker serves
     draining: bool
     settings: WorkerSettings  # max_turn_bytes, max_reply_bytes, handler_timeout_s
-    policy: Policy  # max_attempts, handler_options
+    policy: TurnsPolicy  # max_attempts, handler_options
     handler: handlers.Handler
     store: UserStore
     tally: TurnTally  # its turn counts since it started

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from protocol.groups import assign, pool_name, split_pool
 from protocol.models import Counters, Slots, WorkerState
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, as_turns
 from stores import worker_ops
 from stores.deadletters import dead_letter_async
 from stores.groups import read_pin_async, rejected_groups_async
@@ -47,8 +47,8 @@ class JobServices:
     pool: str  # the tier, or its group's pool <tier>.<group> (protocol.groups)
     worker_id: str
     store: UserStore
-    policy: Policy  # what this worker runs: its group's policy when it serves a group
-    tier_policy: Policy | None  # the tier's whole policy: its groups and weights (None: not read yet)
+    policy: TurnsPolicy  # what this worker runs: its group's policy when it serves a group
+    tier_policy: TurnsPolicy | None  # the tier's whole policy: its groups and weights (None: not read yet)
     rejected: frozenset[str]
     counters: Counters
     tally: TurnTally  # the turn counts the reports carry (worker.tally)
@@ -66,7 +66,7 @@ class JobServices:
     def protect(self, seconds: float) -> float:
         """Protect this worker from scale-in for ``seconds`` (at most ``max_protection_s``; 0 ends
         it) and report it at once. Called from handlers, possibly on a handler thread."""
-        seconds = min(max(0.0, seconds), self.policy.max_protection_s)
+        seconds = min(max(0.0, seconds), self.policy.controls.max_protection_s)
         self.protected_until = time.time() + seconds if seconds > 0 else 0.0
         loop = self._loop
         if loop is not None and not loop.is_closed():
@@ -112,12 +112,13 @@ class JobServices:
                 return self.pool
             policy, rejected = self.tier_policy, self.rejected
         else:
-            policy = (await read_policy_async(self.r, tier)).policy
-            rejected = frozenset(await rejected_groups_async(self.r, tier)) if policy.groups else frozenset()
-        if not policy.groups:
+            policy = as_turns((await read_policy_async(self.r, tier)).policy)
+            groups = policy.rollout.groups
+            rejected = frozenset(await rejected_groups_async(self.r, tier)) if groups else frozenset()
+        if not policy.rollout.groups:
             return tier
         pin = await read_pin_async(self.r, user, tier)
-        return pool_name(tier, assign(user, policy.weights(), pin, rejected))
+        return pool_name(tier, assign(user, policy.rollout.weights(), pin, rejected))
 
     def counters_now(self) -> Counters:
         """The counters with the handler time of turns still running: slot-seconds up to now.
@@ -246,7 +247,7 @@ class JobServices:
                 failures = 0
                 self._wake_report.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake_report.wait(), self.policy.report_interval_s)
+                    await asyncio.wait_for(self._wake_report.wait(), self.policy.scaling.report_interval_s)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -260,7 +261,7 @@ class JobServices:
             worker=self.worker_id, tier=self.pool, state=self.state,
             slots=Slots(busy=busy, total=self.policy.concurrency,
                         queue_depth=len(self.jobs) - busy),
-            counters=self.counters_now(), interval=self.policy.report_interval_s,
+            counters=self.counters_now(), interval=self.policy.scaling.report_interval_s,
             turn_stats=self.tally.stats(),
             protected_until=self.protected_until if self.protected_until > time.time() else None)
         await post_report_async(self.r, report, REPORTS_MAXLEN)

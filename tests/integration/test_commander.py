@@ -27,7 +27,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import CommanderInfo, LedgerEvent, SessionEntry, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, turns_policy
 from stores.policies import write_policy
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
@@ -38,8 +38,8 @@ FAST = dict(handler="sleep", handler_options={"sleep_ms": 300}, concurrency=2, m
             report_interval_s=0.3, scale_down_stabilization_s=3, drain_timeout_s=15)
 
 
-def policy(**over: object) -> Policy:
-    return Policy(**{**FAST, **over})
+def policy(**over: object) -> TurnsPolicy:
+    return turns_policy(**{**FAST, **over})
 
 
 def ledger(r: redis.Redis, tier: str | None = "chat") -> list[LedgerEvent]:

@@ -24,7 +24,7 @@ from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
 from protocol.models import CommanderInfo
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.conftest import free_port
 from tests.integration.commander_rig import Rig
@@ -36,7 +36,7 @@ TOKEN = "t0ken-for-tests"
 @pytest.fixture
 def rig(r: redis.Redis) -> Rig:
     """A leading commander whose tier scaled to two workers (a scale-up in the ledger)."""
-    write_policy(r, "chat", Policy(min_workers=2, max_workers=4, concurrency=4))
+    write_policy(r, "chat", TurnsPolicy(min_workers=2, max_workers=4, concurrency=4))
     rig = Rig(r, concurrency=4)
     assert rig.campaign()
     rig.run_for(2.0)

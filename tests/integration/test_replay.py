@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, turns_policy
 from stores.policies import write_policy
 from tests.conftest import ROOT
 
@@ -32,7 +32,7 @@ def fleet(args, env, timeout=120):
 
 
 def test_replay_submits_every_turn_and_records_waits_and_workers(r, fleet_env, start_worker, tmp_path):
-    write_policy(r, "chat", Policy(handler="sleep", concurrency=4, report_interval_s=0.5))
+    write_policy(r, "chat", turns_policy(handler="sleep", concurrency=4, report_interval_s=0.5))
     start_worker()
     out = tmp_path / "out"
     run = fleet(["replay", str(tiny_trace(tmp_path)), "--speed", "10", "--out", str(out)], fleet_env)
@@ -48,7 +48,7 @@ def test_replay_submits_every_turn_and_records_waits_and_workers(r, fleet_env, s
 
 
 def test_replay_needs_the_sleep_handler(r, fleet_env, tmp_path):
-    write_policy(r, "chat", Policy(handler="echo"))
+    write_policy(r, "chat", TurnsPolicy(handler="echo"))
     run = fleet(["replay", str(tiny_trace(tmp_path)), "--limit", "1"], fleet_env)
     assert run.returncode == 1 and "handler=sleep" in run.stderr
 

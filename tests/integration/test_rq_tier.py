@@ -20,7 +20,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import CommanderInfo, LedgerEvent
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, rq_policy
 from stores import rqjobs
 from stores.policies import write_policy
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
@@ -70,11 +70,11 @@ def rq_workers(r: redis.Redis) -> list[rqjobs.RqWorker]:
 
 def test_a_burst_grows_the_rq_tier_from_zero_drains_and_goes_back_to_zero(
         r: redis.Redis, redis_server, commander, start_proc: Callable[..., Proc]) -> None:  # noqa: F811
-    write_policy(r, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
-                                   handler_options={"job": "count", "job_sleep_s": 0.25}))
-    write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=4, target_backlog_per_worker=4,
-                                  users_per_instance=None, scale_down_stabilization_s=1,
-                                  drain_timeout_s=15))
+    write_policy(r, "chat", TurnsPolicy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
+                                        handler_options={"job": "count", "job_sleep_s": 0.25}))
+    write_policy(r, QUEUE, rq_policy(min_workers=0, max_workers=4, target_backlog_per_worker=4,
+                                     scale_down_stabilization_s=1,
+                                     drain_timeout_s=15))
     log = commander()
     relay(start_proc, "relay-1")
     wait_until(lambda: any(e.action == "scale-up" for e in ledger(r, "chat")), 20, "the chat worker")
@@ -102,11 +102,11 @@ def test_a_burst_grows_the_rq_tier_from_zero_drains_and_goes_back_to_zero(
 
 def test_an_rq_worker_killed_mid_job_is_reaped_by_the_commander_and_its_job_runs_once(
         r: redis.Redis, redis_server, commander, start_proc: Callable[..., Proc]) -> None:  # noqa: F811
-    write_policy(r, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
-                                   handler_options={"job": "count", "job_sleep_s": 1.0}))
-    write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=2, target_backlog_per_worker=4,
-                                  users_per_instance=None, scale_down_stabilization_s=1,
-                                  drain_timeout_s=15))
+    write_policy(r, "chat", TurnsPolicy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
+                                        handler_options={"job": "count", "job_sleep_s": 1.0}))
+    write_policy(r, QUEUE, rq_policy(min_workers=0, max_workers=2, target_backlog_per_worker=4,
+                                     scale_down_stabilization_s=1,
+                                     drain_timeout_s=15))
     log = commander()
     relay(start_proc, "relay-1")
     turns = [(f"v{i % 4}", f"t{i}") for i in range(8)]
@@ -139,8 +139,8 @@ def test_an_rq_worker_killed_mid_job_is_reaped_by_the_commander_and_its_job_runs
 def test_a_new_commander_adopts_the_rq_workers_counts_them_and_scales_them_in(
         r: redis.Redis, commander, tmp_path: Path, source: str) -> None:
     # a policy of exactly two: an uncounted pair would make the new commander start two more
-    write_policy(r, QUEUE, Policy(kind="rq", min_workers=2, max_workers=2, users_per_instance=None,
-                                  scale_down_stabilization_s=1, drain_timeout_s=15))
+    write_policy(r, QUEUE, rq_policy(min_workers=2, max_workers=2, scale_down_stabilization_s=1,
+                                     drain_timeout_s=15))
     commander("c1")
     wait_until(lambda: len(rq_workers(r)) == 2, 30, "two RQ workers")
     before = {w.name: int(r.hget(keys.rq_worker(w.name), "pid") or 0) for w in rq_workers(r)}
@@ -158,8 +158,8 @@ def test_a_new_commander_adopts_the_rq_workers_counts_them_and_scales_them_in(
         assert not [e for e in ledger(r, QUEUE) if e.commander == "c2" and e.action == "scale-up"]
         assert log.read_text().count("adopted RQ worker") == 2
 
-        write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=2, users_per_instance=None,
-                                      scale_down_stabilization_s=1, drain_timeout_s=15))
+        write_policy(r, QUEUE, rq_policy(min_workers=0, max_workers=2, scale_down_stabilization_s=1,
+                                         drain_timeout_s=15))
         wait_until(lambda: rq_workers(r) == [], 60, "c2 to scale the adopted RQ workers in")
         downs = [e for e in ledger(r, QUEUE) if e.commander == "c2" and e.action == "reclaim-idle"]
         assert {v for e in downs for v in e.victims} == set(before), log.read_text()[-3000:]

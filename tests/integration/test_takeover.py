@@ -23,7 +23,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import LedgerEvent, SessionEntry, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
 
@@ -87,8 +87,8 @@ def commander(fleet_env: dict[str, str], r: redis.Redis,
 
 
 def test_sigkill_mid_handler_is_taken_over_long_before_the_lease_expires(r, redis_server, commander):
-    write_policy(r, "chat", Policy(handler="sleep", handler_options={"sleep_ms": HANDLER_MS},
-                                   concurrency=2, min_workers=2, max_workers=2, report_interval_s=0.3))
+    write_policy(r, "chat", turns_policy(handler="sleep", handler_options={"sleep_ms": HANDLER_MS},
+                                         concurrency=2, min_workers=2, max_workers=2, report_interval_s=0.3))
     commander()
     wait_until(lambda: len(live(r)) == 2, 30, "two workers")
     fleet = Fleet(redis_server.url)

@@ -14,7 +14,7 @@ import asyncio
 import fakeredis
 
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from worker.app import Worker
 from worker.settings import WorkerSettings
 
@@ -30,7 +30,7 @@ async def test_reclaim_reaches_an_idle_notification_behind_a_head_of_busy_ones()
     await r.xreadgroup(keys.GROUP, "dead-worker", {ready: ">"})  # delivered to a worker that died
 
     worker = Worker(WorkerSettings(worker_id="w1", reclaim_idle_ms=IDLE_MS, renew_interval_s=0.04), r=r)
-    worker.policy = Policy(concurrency=4)
+    worker.policy = TurnsPolicy(concurrency=4)
     dispatched: list[str] = []
     # a reclaimed notification whose lane is busy stays pending under us, unacked: dispatch
     # only records it (a Busy acquire leaves it exactly so)
