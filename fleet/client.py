@@ -1,6 +1,6 @@
 """The Python client: submit turns, wait for replies.
 
-**Submit** (DESIGN §3) is ``XADD`` the turn to the user's inbox, ``XADD`` a notification to
+**Submit** is ``XADD`` the turn to the user's inbox, ``XADD`` a notification to
 the tier's ready stream, ``ZADD`` the user to the tier's active set. On one node the client
 sends them as one script call (``turn_submit.lua``, every turn of a ``submit_many`` in the
 same call) in one round trip. What that buys: the writes are applied together with no other
@@ -185,7 +185,7 @@ def _count_wait(client: Fleet | AsyncFleet, opts: SubmitOptions, done: Submitted
     """Count a submit's WAIT (the tier's ``replica_acks``). A shortfall is logged and its turn
     ids kept in ``client.unreplicated`` (the last ``UNREPLICATED_KEEP``: the turns a failover
     may lose, for a caller that resubmits them); the turns stay submitted, queued on the
-    master, as without a WAIT (docs/ARCHITECTURE.md, "Failover: what Fleet promises")."""
+    master, as without a WAIT (docs/guide/redis-cluster.md, "Failover and replica_acks")."""
     if opts.wait is None:
         return
     short = client.acks.short.get("submit", 0)

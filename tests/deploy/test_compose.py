@@ -103,7 +103,7 @@ def test_fixed_workers_are_optional_and_drain_in_time(config: dict[str, Any]) ->
 
 
 def test_the_relay_is_optional_and_restarts(config: dict[str, Any]) -> None:
-    """The relay of deferred jobs (issue 16) starts only with its profile, on the same Redis."""
+    """The relay of deferred jobs starts only with its profile, on the same Redis."""
     relay = config["services"]["relay"]
     assert relay["profiles"] == ["jobs"] and relay["command"] == ["relay"]
     assert relay["environment"]["REDIS_URL"] == REDIS_URL

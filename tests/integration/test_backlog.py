@@ -1,4 +1,4 @@
-"""The backlog signal on a real worker and Redis: jobs in progress are not backlog (DESIGN §3).
+"""The backlog signal on a real worker and Redis: jobs in progress are not backlog.
 
 A worker keeps the notifications of its jobs pending, and claims them to itself every renew,
 until the jobs end. The commander's backlog (and ``fleet status``) must count only turns no

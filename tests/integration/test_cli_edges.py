@@ -1,4 +1,4 @@
-"""The `fleet` CLI at its edges (issue 9), as a subprocess against the module's private redis-server.
+"""The `fleet` CLI at its edges, as a subprocess against the module's private redis-server.
 
 Oversize turns, bad URLs and values, a closed stdout, the ledger's table, `top` in 80 columns and
 its `q`, and the messages of `policy get` and `worker`. Every failure must be one line on stderr.

@@ -1,4 +1,4 @@
-"""Retrying and purging dead letters (issue 12) against a real redis-server and real workers:
+"""Retrying and purging dead letters against a real redis-server and real workers:
 a turn a failing handler dead-lettered is retried, served, answered once; purge removes."""
 
 from __future__ import annotations

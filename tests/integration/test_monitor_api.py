@@ -136,7 +136,7 @@ async def test_dead_letters_list_and_retry_and_purge_through_the_stores(
     row = body["dead_letters"][0]
     assert row["payload"] == {"text": "hi"} and row["user"] == "bob" and row["retriable"] is False
 
-    # entries without the kept turn (as written before issue 12) are reported, and kept
+    # entries without the kept turn (an older layout) are reported, and kept
     resp = await api.post("/api/dead-letters/retry", json={"tier": "chat", "ids": [first, "9-9"]})
     got = await resp.json()
     retried = {x["id"]: x["outcome"] for x in got["retried"]}
@@ -152,7 +152,7 @@ async def test_dead_letters_list_and_retry_and_purge_through_the_stores(
 async def test_failed_jobs_are_listed_and_requeued_through_rq(api: TestClient[Any, Any], r: redis.Redis,
                                                                fleet_env: dict[str, str]) -> None:
     """A deferred job that failed (no retries left) shows with its error, and Requeue puts it
-    back in its queue, as ``fleet jobs failed|requeue`` (issue 16)."""
+    back in its queue, as ``fleet jobs failed|requeue``."""
     from stores import rqjobs  # (the rq extra)
 
     d = Deferral(name="fail_first", kwargs={"times": 9}, queue="writeback", user="alice", turn_id="t1",

@@ -1,4 +1,4 @@
-"""The turn pipeline end to end: real redis-server, real worker processes (DESIGN §3, I1-I3)."""
+"""The turn pipeline end to end: real redis-server, real worker processes (invariants I1-I3)."""
 
 from __future__ import annotations
 

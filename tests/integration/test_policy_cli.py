@@ -1,4 +1,4 @@
-"""The CLI's view of policies and commanders, through the real CLI (issue 9, items 1 and 7)."""
+"""The CLI's view of policies and commanders, through the real CLI."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""An rq tier scaled by the commander (issue 16): a burst of turns whose handler defers a job
+"""An rq tier scaled by the commander: a burst of turns whose handler defers a job
 each grows the write-back tier's RQ workers from zero, the queue drains, and the tier goes
 back to zero; real commander, chat worker, relay and RQ worker processes on a real Redis."""
 

@@ -1,5 +1,5 @@
 """``fleet top`` and the monitor's ``/api/rq`` list an rq tier's RQ workers (busy or idle, the
-job in hand, age) and its queue signals (issue 16), from the view ``fleet status`` shows: a real
+job in hand, age) and its queue signals, from the view ``fleet status`` shows: a real
 RQ worker in a job and queued jobs behind it, on a real redis-server."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``fleet user U`` and the stores behind it (issue 12): one user as an operator sees it, and the
+"""``fleet user U`` and the stores behind it: one user as an operator sees it, and the
 population of a tier, against a real redis-server and a real worker."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The evaluator (DESIGN §5): per-row components, 6-row averages, max = occupancy, rates."""
+"""The evaluator: per-row components, 6-row averages, max = occupancy, rates."""
 
 from __future__ import annotations
 

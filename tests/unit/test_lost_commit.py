@@ -1,4 +1,4 @@
-"""A commit that a Redis failover lost is served again, not spun on (issue 11).
+"""A commit that a Redis failover lost is served again, not spun on.
 
 With asynchronous replication a master can acknowledge a turn's commit (cursor advance, inbox
 entry deleted, reply) and die before its replica has it; the promoted replica still has the
@@ -8,7 +8,7 @@ nothing, and the release kept the lane because the server still saw a turn after
 and got no reply). Found reading the code for the WAIT option; here the lost write is a commit
 that answers "ok" and writes nothing, exactly what the worker sees across such a failover.
 
-Since the commit hands back the next turn (issue 17), the worker serves that turn; its commit
+The commit hands back the next turn, so the worker serves that turn; its commit
 is stale on the promoted replica, which hands back the lost turn again (Redis's cursor, not
 the worker's), and both are answered in order.
 """

@@ -1,4 +1,4 @@
-"""A policy naming a handler the tier's workers cannot load (issue 9, item 1).
+"""A policy naming a handler the tier's workers cannot load.
 
 Before: ``fleet policy set chat handler=answer`` (the package installed where the CLI runs,
 not where the workers do) was accepted, the workers fell back to the *default* policy (echo

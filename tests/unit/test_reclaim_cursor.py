@@ -1,11 +1,11 @@
-"""Reclaim resumes where its last pass stopped (issue 8, hole 2).
+"""Reclaim resumes where its last pass stopped.
 
 Reclaimed notifications of busy lanes rightly stay pending, so after a few worker faults the
 head of the pending list is full of them. A reclaim that started every pass from ``0-0`` took
 those same ones again each time (XAUTOCLAIM returns the first idle entries, ``COUNT`` = free
 slots) and never reached an idle notification further on: measured under steady load, turns
-waited 60-137 s. The explorer's finite workloads never held lanes busy long enough to show it
-(the closing note of issue 8 says so); this test builds the pending list directly."""
+waited 60-137 s. The explorer's finite workloads never hold lanes busy long enough to show it;
+this test builds the pending list directly."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The per-tier ``WAIT`` after the lane acquire and the turn commit (issue 11, failover).
+"""The per-tier ``WAIT`` after the lane acquire and the turn commit (failover).
 
 - the policy fields and their validation;
 - ``replica_acks`` 0 sends exactly the commands of before (no ``WAIT``, no pipeline);
