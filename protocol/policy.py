@@ -513,9 +513,10 @@ def parse_policy(raw: str | bytes | Mapping[str, Any], handlers: Iterable[str] |
         raise PolicyError(f"a policy is a JSON object, got {type(raw).__name__}")
     model = _kind_of(raw)
     kind = policy_legacy.RQ if model is RqPolicy else policy_legacy.TURNS
+    flat = any(k not in model.model_fields and k in policy_legacy.FLAT_KEYS for k in raw)
     try:
         policy: TurnsPolicy | RqPolicy = model.model_validate(
-            policy_legacy.from_flat(raw, kind, model.model_fields))
+            policy_legacy.from_flat(raw, kind, model.model_fields) if flat else raw)
     except ValidationError as exc:
         raise PolicyError(_one_line(exc)) from None
     except ValueError as exc:

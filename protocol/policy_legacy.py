@@ -79,13 +79,13 @@ def flat_path(key: str, kind: int) -> str | None:
 
 
 def set_path(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    """Set ``doc[path[0]][path[1]]... = value``, making the objects on the way (a value on the way
-    that is not an object, such as a null fallback, is replaced by one)."""
+    """Set ``doc[path[0]][path[1]]... = value``. The objects on the way are copied (so an object
+    ``doc`` shares with another document is left as it was), or made where there is none (a
+    value on the way that is not an object, such as a null fallback, is replaced by one)."""
     node = doc
     for part in path[:-1]:
         child = node.get(part)
-        if not isinstance(child, dict):
-            child = node[part] = {}
+        node[part] = child = dict(child) if isinstance(child, dict) else {}
         node = child
     node[path[-1]] = value
 
@@ -103,7 +103,7 @@ def from_flat(raw: Mapping[str, Any], kind: int, own: Mapping[str, Any]) -> dict
     moved to its path (over what the path held: ``{**policy_json, "paused": true}`` pauses), or
     dropped when the kind has none. Other keys are left for validation (an unknown one is
     refused there). Raises ValueError for an rq-only job setting on a turns tier."""
-    out: dict[str, Any] = {k: _copy(v) for k, v in raw.items() if k in own or k not in FLAT_KEYS}
+    out: dict[str, Any] = {k: v for k, v in raw.items() if k in own or k not in FLAT_KEYS}
     for key, value in raw.items():
         if key in own or key not in FLAT_KEYS:
             continue
@@ -114,11 +114,6 @@ def from_flat(raw: Mapping[str, Any], kind: int, own: Mapping[str, Any]) -> dict
             continue
         set_path(out, tuple(path.split(".")), value)
     return out
-
-
-def _copy(value: Any) -> Any:
-    """A copy of the sections' nesting (dicts), so that moving keys into them leaves ``raw`` as it was."""
-    return {k: _copy(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def flat_view(doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -100,8 +100,9 @@ def test_a_flat_key_beside_the_sections_sets_its_field_over_them() -> None:
     """``{**policy_json, "paused": true}``: the flat key is the later edit."""
     nested = json.loads(turns_policy(target_buffer=2, paused=True).to_json())
     assert parse_policy({**nested, "target_buffer": 1}) == turns_policy(target_buffer=1, paused=True)
-    assert parse_policy({"target_buffer": 1, "scaling": {"users_per_instance": None}}) == \
-        turns_policy(target_buffer=1, users_per_instance=None)
+    raw = {"target_buffer": 1, "scaling": {"users_per_instance": None}}
+    assert parse_policy(raw) == turns_policy(target_buffer=1, users_per_instance=None)
+    assert raw == {"target_buffer": 1, "scaling": {"users_per_instance": None}}  # the input is left as it was
 
 
 def test_each_kind_has_only_its_fields() -> None:
