@@ -1,4 +1,4 @@
-"""Deferred jobs (issue 16), measured on a private redis-server, in three phases:
+"""Deferred jobs, measured on a private redis-server, in three phases:
 
 1. relay: N deferrals of job ``noop`` sit committed in 100 users' outboxes with their
    notifications (written as ``turn_commit.lua`` and the worker write them); one relay

@@ -1,5 +1,5 @@
 """One tier on ``ready_shards`` 1 vs 3, on a Redis Cluster of 3 masters + 3 replicas on
-loopback (issue 11): does spreading a tier's ready stream spread its Redis load?
+loopback: does spreading a tier's ready stream spread its Redis load?
 
 The same load runs with ``ready_shards`` 1 and 3, interleaved (1, 3, 1, 3, ...: a drift of the
 machine hits both alike), on one cluster and the same workers: each round, every one of

@@ -1,5 +1,5 @@
 """The latency cost of ``replica_acks`` (WAIT after the submit, the lane acquire and the turn commit) on a
-Redis Cluster of 3 masters + 3 replicas on loopback (issue 11).
+Redis Cluster of 3 masters + 3 replicas on loopback.
 
 The same load runs with ``replica_acks`` 0 and 1, interleaved (0, 1, 0, 1, ...: a drift of the
 machine hits both alike), on one cluster and the same workers: each round, every one of

@@ -4,7 +4,7 @@ Faults (loopback only, bounded in time, stops by itself): SIGKILL of a worker, a
 racing a SIGKILL, SIGSTOP of a worker past its lane TTL then SIGCONT (its lanes expire and
 other workers take its users over; its late writes must be fenced), SIGKILL of the commander
 (a new one is started), SIGKILL + restart of redis-server (AOF with appendfsync always),
-SIGSTOP/SIGCONT pauses of redis-server. Then the invariants of DESIGN §3 are checked from
+SIGSTOP/SIGCONT pauses of redis-server. Then the invariants (docs/internals/architecture.md) are checked from
 Redis, from the clients' own records and from the workers' handler trace:
 
   I1 every accepted turn has exactly one reply      I2 per user, sessions in submission order
@@ -119,7 +119,7 @@ def parse_args(argv: list[str] | None = None):
 
 def chaos_policy(replica_acks: int | None, policy_json: str | None) -> Policy:
     """POLICY with the fields asked for. ``--replica-acks`` is the hook of the per-tier WAIT
-    option (issue 11): a Policy without a ``replica_acks`` field refuses it, and says so."""
+    option: a Policy without a ``replica_acks`` field refuses it, and says so."""
     extra = json.loads(policy_json) if policy_json else {}
     if not isinstance(extra, dict):
         raise ValueError("--policy-json must be a JSON object")
