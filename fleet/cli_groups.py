@@ -75,7 +75,7 @@ def _ids(args: argparse.Namespace) -> tuple[str, str]:
 def _grouped_policy(r: Any, tier: str) -> Policy:
     if not has_policy_key(r, tier):
         raise CliError(f"tier {tier!r} has no policy", EXIT_USAGE)
-    policy = read_policy(r, tier).policy
+    policy: Policy = read_policy(r, tier).policy
     if not policy.groups:
         raise CliError(f"tier {tier!r} has no groups (set them: fleet policy set {tier} groups='[...]')",
                        EXIT_USAGE)

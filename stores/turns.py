@@ -26,6 +26,7 @@ from stores.batch import ScriptBatcher
 from stores.memory import parse_members
 from stores.replies import raw_rows
 from stores.retry import TRANSIENT
+from stores.roundtrips import arun
 from stores.scripts import Scripts
 
 log = logging.getLogger("fleet.worker")
@@ -276,7 +277,7 @@ class UserStore:
                 # redis-py's cluster pipeline refuses scripts: EVALSHA + WAIT down one connection
                 # of the master serving the user's slot (a MOVED there patches the slot table,
                 # and is raised below: the caller retries it like any transient error)
-                replies, waited = await replicas.on_node_async(self.r, [(keys_[0], cmd)], wait)
+                replies, waited = await arun(self.r, replicas.on_node([(keys_[0], cmd)], wait))
                 res, acked = replies[0], waited[0]
             else:  # one node: a non-transactional pipeline (one connection) of EVALSHA + WAIT
                 async with self.r.pipeline(transaction=False) as pipe:

@@ -27,7 +27,7 @@ from protocol import keys
 from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
 from stores import cluster
 from stores.replicas import ReplicaAcks, ReplicaWait, fewest
-from stores.tier_probe import SubmitOptions, submit_options_of
+from stores.submit_options import SubmitOptions, submit_options_of
 from stores.turns import Lease, UserStore, Writes
 
 U = "alice"
