@@ -24,7 +24,7 @@ from protocol.groups import assign, pool_name, rollout_weights, split_pool, with
 from protocol.keys import ready_shard
 from protocol.models import LedgerEvent
 from protocol.policy import Policy, PolicyError, parse_policy
-from stores.groups import (
+from stores.group_assignment import (
     accept_group,
     forget_pool,
     known_pools,
@@ -34,7 +34,7 @@ from stores.groups import (
     remember_pools,
 )
 from stores.policies import PolicyRead, read_policy, write_policy
-from stores.recovery import active_since, active_users, notify_on, unserved_newest
+from stores.renotify import active_since, active_users, notify_on, unserved_newest
 
 log = logging.getLogger("fleet.commander")
 MOVE_EVERY_S = 5.0  # a removed pool with no worker left is looked at this often

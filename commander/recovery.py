@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import redis
 
 from protocol.models import LedgerEvent
-from stores.recovery import (
+from stores.renotify import (
     Renotified,
     cluster_epoch,
     read_recovered,

@@ -32,7 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from stores import home
+from stores import local_fleet
 from stores.retry import TRANSIENT, Backoff
 
 log = logging.getLogger(__name__)
@@ -69,11 +69,11 @@ def resolve_url(url: str | None = None) -> str:
         return url
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]
-    found = home.recorded_url()
+    found = local_fleet.recorded_url()
     if found is None:
-        raise NoFleetFound(f"no Redis to use: no --redis-url, no REDIS_URL, and {home.no_fleet_reason()}"
-                           "; run `fleet up`, or set REDIS_URL")
-    home.note_found_home()
+        raise NoFleetFound("no Redis to use: no --redis-url, no REDIS_URL, and "
+                           f"{local_fleet.no_fleet_reason()}; run `fleet up`, or set REDIS_URL")
+    local_fleet.note_found_home()
     return found
 
 

@@ -26,7 +26,7 @@ from protocol.policy import Policy
 from stores import worker_ops
 from stores.connection import connect_async
 from stores.control import read_control_async
-from stores.groups import rejected_groups
+from stores.group_assignment import rejected_groups
 from stores.policies import PolicyRead, read_policy
 from stores.replicas import ReplicaWait
 from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok

@@ -19,7 +19,7 @@ from protocol.models import Counters, Slots, WorkerState
 from protocol.policy import Policy
 from stores import worker_ops
 from stores.deadletters import dead_letter_async
-from stores.groups import read_pin_async, rejected_groups
+from stores.group_assignment import read_pin_async, rejected_groups
 from stores.policies import read_policy, tier_defined_async
 from stores.reports import post_report_async
 from stores.retry import TRANSIENT, Backoff

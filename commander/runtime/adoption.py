@@ -27,10 +27,10 @@ import redis
 
 from commander.runtime.base import Handles, WorkerHandle, WorkerState
 from commander.runtime.procs import looks_like_rq_worker, looks_like_worker, same_process, tier_of
+from commander.runtime.run_records import drop_record, read_records, write_record
 from commander.runtime.template import TemplateSpawner
 from protocol.models import WorkerInfo
 from stores.policies import has_rq_tier
-from stores.records import drop_record, read_records, write_record
 from stores.registry import RqEntry, forget_workers, heartbeat_alive, read_entries, rq_entries
 from stores.retry import TRANSIENT
 

@@ -46,6 +46,7 @@ from commander.runtime.procs import (
     start_fresh,
     worker_command,
 )
+from commander.runtime.run_records import write_record
 from commander.runtime.template import TemplateSpawner
 from protocol.groups import split_pool, validate_pool
 from protocol.ids import validate_token
@@ -54,7 +55,6 @@ from protocol.policy import Policy, PolicyError, parse_policy
 from stores.connection import connect_rq, connect_sync, resolve_url
 from stores.control import send_control
 from stores.policies import read_good_policy, read_policy
-from stores.records import write_record
 from stores.registry import registered_and_beating, rq_registered
 from stores.retry import TRANSIENT
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from stores import home
+from stores import local_fleet
 
 TEMPLATE_MODULE = "worker.template"  # in the command line of every forked worker
 WORKER_ID = re.compile(r"(?P<tier>[a-z0-9][a-z0-9_-]{0,31})-[0-9a-f]{8}")  # new_worker_id's form
@@ -46,7 +46,7 @@ def tier_of(worker_id: str) -> str | None:
 
 def child_env(url: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker: ``REDIS_URL`` set, the code importable, output unbuffered."""
-    return home.child_env({"REDIS_URL": url}, base)
+    return local_fleet.child_env({"REDIS_URL": url}, base)
 
 
 def start_fresh(argv: list[str], env: Mapping[str, str], log_path: Path,

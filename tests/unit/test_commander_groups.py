@@ -19,7 +19,7 @@ from protocol.codec import decode
 from protocol.groups import assign
 from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots
 from protocol.policy import parse_policy
-from stores.groups import known_pools, rejected_groups
+from stores.group_assignment import known_pools, rejected_groups
 from stores.ledger import ledger_page
 from stores.policies import read_policy, write_policy
 

@@ -78,7 +78,7 @@ async def test_a_pinned_user_is_handed_to_its_group_between_turns(
     user = next(u for u in USERS if assign(u, WEIGHTS) == "blue")
     first = await client.submit(user, "one")
     assert (await client.wait(user, first.turn_id, timeout=5)).worker == "w-blue"
-    await r.hset(keys.pins(user), "chat", "green")  # (stores.groups.pin_group, on the async client)
+    await r.hset(keys.pins(user), "chat", "green")  # (stores.group_assignment.pin_group, on the async client)
     # the client still sends it to blue (it knows no pins): blue's worker hands it over
     later = await client.submit_many([(user, "two"), (user, "three")])
     replies = [await client.wait(user, t.turn_id, timeout=5) for t in later]

@@ -12,8 +12,8 @@ import pytest
 
 from commander.runtime import WorkerHandle, WorkerState
 from commander.runtime.procs import looks_like_rq_worker, tier_of
+from commander.runtime.run_records import read_records, write_record
 from protocol import keys
-from stores.records import read_records, write_record
 from stores.registry import RqEntry, rq_entries
 
 

@@ -63,14 +63,14 @@ from stores import (
     control,
     deadletters,
     decide_state,
-    groups,
+    group_assignment,
     jobctx,
-    leader,
+    leader_lease,
     ledger,
     outbox,
     policies,
-    recovery,
     registry,
+    renotify,
     reports,
     roundtrips,
     submit,
@@ -340,12 +340,12 @@ def drive_sync(r: redis.Redis) -> None:
     commanders.forget_commanders(r, now)
     commanders.register_commander(r, info)
     commanders.deregister_commander(r, "c1")
-    lease = leader.LeaderLease(r)
+    lease = leader_lease.LeaderLease(r)
     epoch = lease.acquire("c1", 5_000)
     holder = f"c1|{epoch}"
     lease.renew(holder, 5_000)
-    leader.lease_holder(r)
-    leader.lease_ttl_ms(r)
+    leader_lease.lease_holder(r)
+    leader_lease.lease_ttl_ms(r)
     book = ledger.Ledger(r)
     book.append(holder, LedgerEvent(ts=now, tier="chat", epoch=epoch or 0, commander="c1", action="hold"))
     ledger.ledger_page(r, "+", 10)
@@ -485,37 +485,37 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     takeover.sweep(r, tier, live={other})
     takeover.take_over(r, tier, other)
     # the recovery after a failover: users with a turn after the cursor get a fresh notification
-    recovery.write_recovered(r, 7)
-    recovery.read_recovered(r)
+    renotify.write_recovered(r, 7)
+    renotify.read_recovered(r)
     await submit.submit_turns(ar, [turn(USERS[0], tier, 90)], tier, cluster=cluster.is_cluster(ar))
-    recovery.unserved_users(r, list(USERS))
-    recovery.renotify_unserved(r, tier, shards=3, batch=1)
+    renotify.unserved_users(r, list(USERS))
+    renotify.renotify_unserved(r, tier, shards=3, batch=1)
     registry.forget_workers(r, list(WORKERS))
     Scripts(r)
     await drive_groups(r, ar)
 
 
 async def drive_groups(r: redis.Redis, ar: aioredis.Redis) -> None:
-    """Pins and rejected groups (stores.groups), and a group's pool on the data plane."""
-    groups.pin_group(r, USERS[0], "chat", "green")
-    groups.user_pins(r, USERS[0])
-    await groups.read_pin_async(ar, USERS[0], "chat")
-    groups.unpin_group(r, USERS[0], "chat")
-    groups.reject_group(r, "chat", "green", "no interpreter")
-    groups.rejected_groups(r, "chat")
-    await groups.rejected_groups(ar, "chat")
-    groups.accept_group(r, "chat", "green")
-    groups.with_group_pools(r, ["chat"])
-    groups.read_pool_policy(r, "chat.green")
-    groups.read_pins(r, list(USERS), "chat")
-    groups.remember_pools(r, "chat", ["chat.blue", "chat.green"])
-    groups.known_pools(r, "chat")
-    groups.forget_pool(r, "chat", "chat.green")
+    """Pins and rejected groups (stores.group_assignment), and a group's pool on the data plane."""
+    group_assignment.pin_group(r, USERS[0], "chat", "green")
+    group_assignment.user_pins(r, USERS[0])
+    await group_assignment.read_pin_async(ar, USERS[0], "chat")
+    group_assignment.unpin_group(r, USERS[0], "chat")
+    group_assignment.reject_group(r, "chat", "green", "no interpreter")
+    group_assignment.rejected_groups(r, "chat")
+    await group_assignment.rejected_groups(ar, "chat")
+    group_assignment.accept_group(r, "chat", "green")
+    group_assignment.with_group_pools(r, ["chat"])
+    group_assignment.read_pool_policy(r, "chat.green")
+    group_assignment.read_pins(r, list(USERS), "chat")
+    group_assignment.remember_pools(r, "chat", ["chat.blue", "chat.green"])
+    group_assignment.known_pools(r, "chat")
+    group_assignment.forget_pool(r, "chat", "chat.green")
     # a removed pool's queued users moved to their group's pool (commander.groups._move_users)
-    for batch in recovery.active_users(r, "chat", batch=2):
-        recovery.unserved_newest(r, batch)
-    recovery.active_since(r, "chat", 0.0)
-    recovery.notify_on(r, {USERS[0]: ("chat.blue", 0), USERS[1]: ("chat.blue", 0)}, 1.0)
+    for batch in renotify.active_users(r, "chat", batch=2):
+        renotify.unserved_newest(r, batch)
+    renotify.active_since(r, "chat", 0.0)
+    renotify.notify_on(r, {USERS[0]: ("chat.blue", 0), USERS[1]: ("chat.blue", 0)}, 1.0)
     await submit.submit_turns(ar, [turn(USERS[1], "chat", 91)], "chat.green", cluster=cluster.is_cluster(ar))
 
 
@@ -536,16 +536,15 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.parse_backlog": "parses replies",
     "stores.backlog.live_ids": "a set of ids",
     "stores.cluster.is_cluster": "an isinstance test",
-    "stores.recovery.cluster_epoch": "CLUSTER INFO, a Cluster only: tests/cluster/test_failover_recovery",
-    "stores.recovery.unserved": "compares stream ids",
-    "stores.recovery.Renotified": "a value",
+    "stores.renotify.cluster_epoch": "CLUSTER INFO, a Cluster only: tests/cluster/test_failover_recovery",
+    "stores.renotify.unserved": "compares stream ids",
+    "stores.renotify.Renotified": "a value",
     "stores.ledger.CorruptEvent": "a value",
     "stores.ledger.parse_entry": "decodes an entry",
     "stores.ledger.tier_matches": "compares a field",
     "stores.ledger.event_json": "an entry as plain data",
-    "stores.home": "files under the fleet home, no Redis",
+    "stores.local_fleet": "files under the fleet home, no Redis",
     "stores.memory": "ranking arithmetic, no Redis",
-    "stores.records": "run records on disk, no Redis",
     "stores.replies": "reply casts, no Redis",
     "stores.scripts.source": "reads a file",
     "stores.scripts.sha": "hashes a file",
@@ -575,7 +574,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.submit_options.SubmitOptions": "a value",
     "stores.submit_options.submit_options_of": "parses replies",
     "stores.submit_options.split_by_pool": "arithmetic",
-    "stores.groups.pool_policy": "arithmetic over a PolicyRead",
+    "stores.group_assignment.pool_policy": "arithmetic over a PolicyRead",
     "stores.submit.Submitted": "a value",
     "stores.submit.inbox_command": "names a command",
     "stores.submit.notify_commands": "names commands",
