@@ -4,9 +4,9 @@
 The worker appends them (``Worker.dead_letter`` calls :func:`dead_letter_async`). An entry holds
 ``user``, ``entry`` (the inbox entry id, '' for a bad notification), ``turn_id``, ``reason``,
 ``worker``, ``ts``, ``size``, ``payload`` (a JSON preview of the fields, each cut to
-``DEAD_FIELD_BYTES``) and, since issue 12, ``turn``: the inbox entry's own fields, whole, as a
-msgpack map, when they fit in ``DEAD_TURN_BYTES`` (a turn the worker accepts does): what a
-retry re-enqueues. Entries written before have no ``turn`` and cannot be retried.
+``DEAD_FIELD_BYTES``) and ``turn``: the inbox entry's own fields, whole, as a msgpack map, when
+they fit in ``DEAD_TURN_BYTES`` (a turn the worker accepts does): what a retry re-enqueues. An
+entry without ``turn`` cannot be retried.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Group assignment in Redis: users' pins, and the groups the commander rejected.
+"""Group assignment in Redis: users' pins, the groups the commander rejected, the pools a
+tier's users were served on, and the policy a group's pool runs.
 
 A pin (``fleet group pin U green``) is a field of the user's ``fleet:u:{U}:pins`` hash (tier ->
 group), in the user's slot. Rejected groups (their interpreter is missing, or cannot import

@@ -8,6 +8,9 @@ policy instead. Only the tier's workers, which run its handler, record what they
 ``...:status`` with the reason and which worker found it. Everyone else only reads (the
 commander checks the key against the handlers its live workers registered; ``fleet status``,
 ``policy get`` and ``top`` show what the workers recorded): a read never writes.
+
+:func:`read_policy` and :func:`write_policy` run on a blocking or an asyncio client
+(``stores.roundtrips``).
 """
 
 from __future__ import annotations

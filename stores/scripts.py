@@ -1,7 +1,8 @@
-"""Loads the Lua scripts of ``stores/lua`` (one file, one operation, KEYS/ARGV header each).
+"""The Lua scripts of ``stores/lua`` (one file, one operation, KEYS/ARGV header each), and
+:class:`Scripts`, the one registry of them for either kind of client.
 
-redis-py's ``Script`` objects run by EVALSHA and reload on NOSCRIPT, so a Redis restart
-(which forgets the script cache) costs one extra round trip, not an error.
+redis-py's script objects run by EVALSHA and load themselves again on NOSCRIPT, so a Redis
+restart (which forgets the script cache) costs a reload, not an error.
 """
 
 from __future__ import annotations

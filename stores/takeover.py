@@ -1,4 +1,4 @@
-"""Fast takeover of a dead worker's users, and removal of dead consumers (DESIGN §3 "Crash").
+"""Fast takeover of a dead worker's users, and removal of dead consumers.
 
 When the commander knows a worker is dead (its process exited, or its heartbeat expired),
 it does not wait for the lane lease to expire and for ``XAUTOCLAIM``'s idle rule: for every

@@ -270,7 +270,7 @@ class UserStore:
         the writes of the connection it is sent on: sent apart, it could go on another of the pool's)."""
         wait = self.replica_wait
         if wait is None:
-            return await script(keys=keys_, args=args)  # exactly the commands of before: no WAIT
+            return await script(keys=keys_, args=args)  # no WAIT: the script call alone
         for attempt in range(2):
             cmd = ("EVALSHA", script.sha, len(keys_), *keys_, *args)
             if cluster.is_cluster(self.r):

@@ -31,9 +31,8 @@ log = logging.getLogger("fleet.worker")
 
 
 # --- ready shards ---------------------------------------------------------------------
-# A notification is named by its stream id on shard 0 (as it always was) and by "<k>/<id>" on
-# shard k >= 1: the worker's jobs carry these names as they are; only the functions here read
-# the shard out of them.
+# A notification is named by its stream id on shard 0 and by "<k>/<id>" on shard k >= 1: the
+# worker's jobs carry these names as they are; only the functions here read the shard out of them.
 def nid_of(shard: int, stream_id: str) -> str:
     """The name a worker's jobs carry for notification ``stream_id`` of ready shard ``shard``."""
     return stream_id if shard == 0 else f"{shard}/{stream_id}"
