@@ -1,4 +1,4 @@
-"""rq tiers with Fleet on a Redis Cluster and RQ on a node of its own (issue 16).
+"""rq tiers with Fleet on a Redis Cluster and RQ on a node of its own.
 
 RQ keeps its keys without hash tags, so it needs one Redis node: here Fleet's data is on a
 real cluster (3 masters + 3 replicas) and RQ on an extra single redis-server. A chat handler

@@ -1,4 +1,5 @@
-"""The turn pipeline end to end: real redis-server, real worker processes (DESIGN §3, I1-I3)."""
+"""The turn pipeline end to end: real redis-server, real worker processes (invariants I1-I3:
+one reply per accepted turn, per-user order, one worker per user at a time)."""
 
 from __future__ import annotations
 

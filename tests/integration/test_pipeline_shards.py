@@ -1,5 +1,5 @@
-"""A tier spread over ready shards, end to end on a real redis-server with real workers
-(issue 11): every turn answered once and in order, and changing ``ready_shards`` on a live tier
+"""A tier spread over ready shards, end to end on a real redis-server with real workers:
+every turn answered once and in order, and changing ``ready_shards`` on a live tier
 (3 -> 1, 1 -> 3) under load loses nothing."""
 
 from __future__ import annotations

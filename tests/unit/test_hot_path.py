@@ -169,7 +169,7 @@ def test_a_binary_entrys_plain_fields_must_agree_with_its_turn() -> None:
         decode_entry("alice", "chat", "1-0", {**fields, b"tier": b"gpu"}, 1 << 16)
 
 
-@pytest.mark.parametrize("form", ["binary-before-issue-17", "plain", "binary"])
+@pytest.mark.parametrize("form", ["binary-m-only", "plain", "binary"])
 async def test_every_entry_form_is_served(form: str) -> None:
     """A new worker serves what was queued before it: binary entries written by an older
     client (``m`` alone), plain ones of any Redis client, and today's."""
@@ -177,7 +177,7 @@ async def test_every_entry_form_is_served(form: str) -> None:
     await write_policy(r, "chat", Policy(concurrency=2))
     turn, payload = _turn("alice", "t1")
     fields: dict[str, Any] = {
-        "binary-before-issue-17": {"m": payload}, "plain": {"text": "hi", "turn_id": "t1"},
+        "binary-m-only": {"m": payload}, "plain": {"text": "hi", "turn_id": "t1"},
         "binary": {"m": payload, "turn_id": "t1", "tier": "chat"}}[form]
     await r.xadd(keys.inbox("alice"), fields)
     await r.xadd(keys.ready("chat"), {"user": "alice"})

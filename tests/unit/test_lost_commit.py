@@ -1,16 +1,16 @@
-"""A commit that a Redis failover lost is served again, not spun on (issue 11).
+"""A commit that a Redis failover lost is served again, not spun on.
 
 With asynchronous replication a master can acknowledge a turn's commit (cursor advance, inbox
 entry deleted, reply) and die before its replica has it; the promoted replica still has the
 entry after the cursor. The worker believed its own cursor: it read the inbox after it, found
 nothing, and the release kept the lane because the server still saw a turn after *its* cursor
 -- around again, forever, holding the lane (and a later turn of the user came back 'stale'
-and got no reply). Found reading the code for the WAIT option; here the lost write is a commit
-that answers "ok" and writes nothing, exactly what the worker sees across such a failover.
+and got no reply). Here the lost write is a commit that answers "ok" and writes nothing,
+exactly what the worker sees across such a failover.
 
-Since the commit hands back the next turn (issue 17), the worker serves that turn; its commit
-is stale on the promoted replica, which hands back the lost turn again (Redis's cursor, not
-the worker's), and both are answered in order.
+The commit hands back the next turn, so the worker serves that turn; its commit is stale on
+the promoted replica, which hands back the lost turn again (Redis's cursor, not the
+worker's), and both are answered in order.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ready shards (issue 11, "a tier spread over shards"): the shard function, the keys, the
+"""Ready shards ("a tier spread over shards"): the shard function, the keys, the
 policy field, the names of notifications, and the readers that sum or walk every shard."""
 
 from __future__ import annotations

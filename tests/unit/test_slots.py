@@ -1,4 +1,4 @@
-"""Every multi-key operation the stores send stays in one Redis Cluster slot (issue 11).
+"""Every multi-key operation the stores send stays in one Redis Cluster slot.
 
 (a) Each Lua script's ``KEYS`` header names keys of one slot, for sample user, tier and
     worker ids, and the real call sites pass as many keys as the header names.
@@ -370,7 +370,7 @@ def drive_sync(r: redis.Redis) -> None:
     reports.wait_pressure(r, after, 10, 10)  # events are there: no wait
     reports.wait_pressure(r, {tier: reports.last_pressure_id(r, tier) for tier in TIERS}, 10, 10)
     reports.wait_pressure(r, {"chat": "0-0"}, 10, 10)
-    # the relay's reads and writes of the outboxes (issue 16)
+    # the relay's reads and writes of the outboxes
     outbox.join_relay_group(r)
     outbox.join_relay_group(r)  # (the group exists: kept)
     for user in USERS:
@@ -393,7 +393,7 @@ def drive_sync(r: redis.Redis) -> None:
     outbox.forget_relays(r, [])
     registry.rq_registered(r, WORKERS)
     registry.rq_entries(r)
-    # what a deferred job reads and writes of its user (issue 16)
+    # what a deferred job reads and writes of its user
     for user in USERS:
         jobctx.pull(r, user)
         jobctx.pull(r, user, 0, 0)
@@ -465,7 +465,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     await deadletters.dead_letter_async(ar, tier, user=USERS[0], entry="1-0", turn_id="t-1", reason="x",
                                         worker=wid, fields={b"text": b"hi"})
     await worker_ops.trim_ready(ar, tier, 60.0)
-    # the operator's view of a user and the population, retry and purge (issue 12)
+    # the operator's view of a user and the population, retry and purge
     for user in USERS:
         users.inspect_user(r, user, tiers=list(TIERS), session_n=5)
     users.active_users(r, tier)
