@@ -17,7 +17,7 @@ from fleet.cli_base import EXIT_USAGE, CliError, cli_client, print_result
 from protocol.groups import rollout_weights, with_weights
 from protocol.ids import InvalidId, validate_tier, validate_user_id
 from protocol.policy import Policy, PolicyError, parse_policy
-from stores.groups import pin_group, rejected_groups, unpin_group, user_pins
+from stores.group_assignment import pin_group, rejected_groups, unpin_group, user_pins
 from stores.policies import has_policy_key, read_policy, write_policy
 
 
@@ -75,7 +75,7 @@ def _ids(args: argparse.Namespace) -> tuple[str, str]:
 def _grouped_policy(r: Any, tier: str) -> Policy:
     if not has_policy_key(r, tier):
         raise CliError(f"tier {tier!r} has no policy", EXIT_USAGE)
-    policy = read_policy(r, tier).policy
+    policy: Policy = read_policy(r, tier).policy
     if not policy.groups:
         raise CliError(f"tier {tier!r} has no groups (set them: fleet policy set {tier} groups='[...]')",
                        EXIT_USAGE)

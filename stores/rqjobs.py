@@ -1,4 +1,4 @@
-"""Fleet's calls into RQ (issue 16): enqueue a deferral exactly once, read a queue's signals,
+"""Fleet's calls into RQ: enqueue a deferral exactly once, read a queue's signals,
 list and requeue failed jobs, and hand back the jobs of an RQ worker that died.
 
 RQ is the ``rq`` extra: this module imports it, so only the relay, the RQ workers, the

@@ -26,8 +26,8 @@ from protocol.policy import Policy
 from stores import worker_ops
 from stores.connection import connect_async
 from stores.control import read_control_async
-from stores.groups import rejected_groups_async
-from stores.policies import PolicyRead, read_policy_async
+from stores.group_assignment import rejected_groups
+from stores.policies import PolicyRead, read_policy
 from stores.replicas import ReplicaWait
 from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok
 from stores.turns import StoreConfig, UserStore
@@ -325,7 +325,7 @@ class Worker(JobServices):
         self._policy_rejected = read.error if read.missing_handler is not None else None
         if keep:
             return  # the last good copy is not loadable here either: keep ours, not the default
-        rejected = frozenset(await rejected_groups_async(self.r, self.tier) if read.policy.groups else ())
+        rejected = frozenset(await rejected_groups(self.r, self.tier) if read.policy.groups else ())
         seen = None if self.tier_policy is None else (self.tier_policy.weights(), self.rejected)
         if (read.policy.weights(), rejected) != seen:  # users move between turns from here on
             log.info("groups of %s now %s%s", self.tier,
@@ -355,8 +355,8 @@ class Worker(JobServices):
         return self.policy
 
     async def _read_policy(self) -> PolicyRead:
-        read = await read_policy_async(self.r, self.tier, handlers.registered_names(), record=True,
-                                       reader=f"worker {self.worker_id}", group=self.group or None)
+        read = await read_policy(self.r, self.tier, handlers.registered_names(), record=True,
+                                 reader=f"worker {self.worker_id}", group=self.group or None)
         name = read.missing_handler
         every = self.settings.handler_rescan_s
         if name is None or time.monotonic() - self._rescanned.get(name, -every) < every:
@@ -366,8 +366,8 @@ class Worker(JobServices):
             return read
         log.info("handler %r found (installed since this worker started)", name)
         await self._register()  # the registry says which handlers this worker has
-        return await read_policy_async(self.r, self.tier, handlers.registered_names(), record=True,
-                                       reader=f"worker {self.worker_id}", group=self.group or None)
+        return await read_policy(self.r, self.tier, handlers.registered_names(), record=True,
+                                 reader=f"worker {self.worker_id}", group=self.group or None)
 
     async def _housekeeping(self) -> None:
         """Trim the ready stream below what is pending or undelivered; forget stale users."""

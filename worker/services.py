@@ -19,8 +19,8 @@ from protocol.models import Counters, Slots, WorkerState
 from protocol.policy import Policy
 from stores import worker_ops
 from stores.deadletters import dead_letter_async
-from stores.groups import read_pin_async, rejected_groups_async
-from stores.policies import read_policy_async, tier_defined_async
+from stores.group_assignment import read_pin_async, rejected_groups
+from stores.policies import read_policy, tier_defined_async
 from stores.reports import post_report_async
 from stores.retry import TRANSIENT, Backoff
 from stores.turns import UserStore
@@ -112,8 +112,8 @@ class JobServices:
                 return self.pool
             policy, rejected = self.tier_policy, self.rejected
         else:
-            policy = (await read_policy_async(self.r, tier)).policy
-            rejected = frozenset(await rejected_groups_async(self.r, tier)) if policy.groups else frozenset()
+            policy = (await read_policy(self.r, tier)).policy
+            rejected = frozenset(await rejected_groups(self.r, tier)) if policy.groups else frozenset()
         if not policy.groups:
             return tier
         pin = await read_pin_async(self.r, user, tier)

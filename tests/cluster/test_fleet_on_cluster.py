@@ -1,6 +1,6 @@
 """Fleet end to end on a real Redis Cluster (3 masters + 3 replicas): workers, the asyncio
 client, the CLI (`fleet submit`, `fleet status`) and the commander, all given one node's
-plain URL (issue 11: before, not one turn was served on a cluster)."""
+plain URL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``replica_acks`` on a real 3+3 Redis Cluster (issue 11, failover): two workers in this
+"""``replica_acks`` on a real 3+3 Redis Cluster (failover): two workers in this
 process (so their stores' WAIT counters can be read), the asyncio client, one tier.
 
 - ``replica_acks`` 1: every turn answered; every acquire's and every commit's WAIT got its

@@ -32,7 +32,7 @@ from protocol.codec import decode
 from protocol.groups import assign
 from protocol.models import LedgerEvent, SessionEntry
 from protocol.policy import parse_policy
-from stores.groups import rejected_groups
+from stores.group_assignment import rejected_groups
 from stores.ledger import ledger_page
 from stores.policies import read_policy, write_policy
 from stores.registry import read_registry

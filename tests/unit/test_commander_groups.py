@@ -18,7 +18,7 @@ from protocol.codec import encode
 from protocol.groups import assign
 from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots
 from protocol.policy import parse_policy
-from stores.groups import known_pools, rejected_groups
+from stores.group_assignment import known_pools, rejected_groups
 from stores.policies import read_policy, write_policy
 from tests.unit.commander_helpers import RecordingRuntime, leading, ledger
 

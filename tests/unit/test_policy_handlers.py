@@ -20,7 +20,7 @@ from protocol import keys
 from protocol.codec import decode
 from protocol.models import HandlerResult, WorkerInfo
 from protocol.policy import Policy, parse_policy
-from stores.policies import read_policy, read_policy_async, read_policy_status, write_policy
+from stores.policies import read_policy, read_policy_status, write_policy
 from worker import handlers
 from worker.app import Worker
 from worker.settings import WorkerSettings
@@ -119,9 +119,9 @@ def answer(ctx: handlers.TurnContext) -> HandlerResult:
 async def test_the_async_read_records_like_the_blocking_one() -> None:
     r = fakeredis.FakeAsyncRedis()
     await r.set(keys.policy("chat"), Policy(concurrency=2).to_json())
-    assert (await read_policy_async(r, "chat", KNOWN)).source == "key"
+    assert (await read_policy(r, "chat", KNOWN)).source == "key"
     assert await r.get(keys.policy_good("chat")) is None  # not recorded
-    await read_policy_async(r, "chat", KNOWN, record=True, reader="worker w1")
+    await read_policy(r, "chat", KNOWN, record=True, reader="worker w1")
     assert await r.get(keys.policy_good("chat")) is not None
     await r.aclose()
 

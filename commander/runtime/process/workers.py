@@ -26,9 +26,9 @@ import redis
 from commander.runtime.interface import Handles, Lifecycle, UnknownWorker, WorkerHandle
 from commander.runtime.process.fork_client import TemplateSpawner
 from commander.runtime.process.identity import leads_group, poll_foreign
+from commander.runtime.process.run_records import drop_record, write_record
 from protocol.models import Control
 from stores.control import send_control
-from stores.records import drop_record, write_record
 from stores.registry import forget_workers, registered_and_beating, rq_registered
 from stores.retry import TRANSIENT
 

@@ -1,6 +1,7 @@
 """Run records of the ``process`` runtime: one small JSON file per spawned worker.
 
-Written by ``commander/runtime/process.py``; read by it (adoption) and by ``fleet down``.
+Written by the process runtime (``workers.py``); read by its adoption (``adoption.py``) and by
+``fleet down``.
 
 ``<run_dir>/<worker id>.json`` holds the tier, pid, start time and the process creation
 time, so that the next commander can adopt a worker that had not registered
