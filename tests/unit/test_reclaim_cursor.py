@@ -1,11 +1,11 @@
-"""Reclaim resumes where its last pass stopped (issue 8, hole 2).
+"""Reclaim resumes where its last pass stopped.
 
 Reclaimed notifications of busy lanes rightly stay pending, so after a few worker faults the
 head of the pending list is full of them. A reclaim that started every pass from ``0-0`` took
 those same ones again each time (XAUTOCLAIM returns the first idle entries, ``COUNT`` = free
 slots) and never reached an idle notification further on: measured under steady load, turns
-waited 60-137 s. The explorer's finite workloads never held lanes busy long enough to show it
-(the closing note of issue 8 says so); this test builds the pending list directly."""
+waited 60-137 s. The explorer's finite workloads never hold lanes busy long enough to show it;
+this test builds the pending list directly."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import asyncio
 import fakeredis
 
 from protocol import keys
-from protocol.policy import Policy
-from worker.app import Worker
+from worker.reclaim import Reclaim
 from worker.settings import WorkerSettings
 
 IDLE_MS = 100
@@ -29,16 +28,19 @@ async def test_reclaim_reaches_an_idle_notification_behind_a_head_of_busy_ones()
     starved = await r.xadd(ready, {"user": "starved"})
     await r.xreadgroup(keys.GROUP, "dead-worker", {ready: ">"})  # delivered to a worker that died
 
-    worker = Worker(WorkerSettings(worker_id="w1", reclaim_idle_ms=IDLE_MS, renew_interval_s=0.04), r=r)
-    worker.policy = Policy(concurrency=4)
     dispatched: list[str] = []
+
+    async def ack(nids: list[str]) -> None:
+        raise AssertionError(f"nothing was trimmed, yet {nids} were acked")
+
     # a reclaimed notification whose lane is busy stays pending under us, unacked: dispatch
     # only records it (a Busy acquire leaves it exactly so)
-    worker.dispatch = lambda nid, fields, reclaimed: dispatched.append(nid)  # type: ignore[method-assign]
+    reclaim = Reclaim(r, WorkerSettings(worker_id="w1", reclaim_idle_ms=IDLE_MS, renew_interval_s=0.04),
+                      free=lambda: 4, dispatch=lambda nid, fields, reclaimed: dispatched.append(nid), ack=ack)
 
     for _ in range(8):  # 4 slots a pass: 12 busy ones, then the starved one, by pass 4
         await asyncio.sleep(IDLE_MS / 1000 + 0.02)
-        await worker._reclaim()
+        await reclaim.pass_once(shards=1)
         if starved.decode() in dispatched:
             break
     assert starved.decode() in dispatched, f"never reached; claimed {len(dispatched)} times, " \
