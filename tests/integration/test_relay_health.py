@@ -12,10 +12,10 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from fleet.relay_health import host_prefix
 from stores import outbox
 from tests.integration.conftest import wait_until
 from tests.integration.test_defer_rq import Proc, relay, start_proc  # noqa: F401  (a fixture)
+from worker.rq.relay_health import host_prefix
 
 pytestmark = pytest.mark.integration
 

@@ -17,13 +17,13 @@ import fakeredis
 import pytest
 import redis
 
-from fleet.relay import Relay, RelaySettings
 from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
 from stores import outbox, rqjobs
 from stores.turns import Lease, UserStore, Writes
-from worker import rq_worker
+from worker.rq import rq_worker
+from worker.rq.relay import Relay, RelaySettings
 
 QUEUE = "writeback"
 

@@ -15,7 +15,7 @@ from protocol.codec import encode
 from protocol.deferral import Deferral
 from protocol.models import SessionEntry
 from stores import rqjobs
-from worker import rq_worker
+from worker.rq import rq_worker
 
 Q = "writeback"
 

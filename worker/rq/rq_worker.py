@@ -1,6 +1,6 @@
-"""Fleet's RQ worker: an ``rq.SimpleWorker`` that runs only Fleet's registered jobs (issue 16).
+"""Fleet's RQ worker: an ``rq.SimpleWorker`` that runs only Fleet's registered jobs.
 
-``python -m worker.rq_worker --queues writeback[,eval] [--name N]`` (or ``fleet rq-worker``).
+``python -m worker.rq.rq_worker --queues writeback[,eval] [--name N]`` (or ``fleet rq-worker``).
 
 - *The allowlist.* RQ imports a job's function from the dotted path in the job's hash, so
   anyone who can write to Redis could make a plain ``rq worker`` run any importable function.
@@ -233,7 +233,7 @@ def reap_predecessor(conn: redis.Redis, pod: str, queues: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m worker.rq_worker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m worker.rq.rq_worker", description=__doc__.splitlines()[0])
     add_arguments(p)
     return run(p.parse_args(argv))
 
