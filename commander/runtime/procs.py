@@ -19,7 +19,7 @@ import psutil
 
 from stores import home
 
-TEMPLATE_MODULE = "worker.template"  # in the command line of every forked worker
+TEMPLATE_MODULE = "worker.forkserver"  # in the command line of every forked worker
 WORKER_ID = re.compile(r"(?P<tier>[a-z0-9][a-z0-9_-]{0,31})-[0-9a-f]{8}")  # new_worker_id's form
 
 
