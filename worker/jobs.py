@@ -9,7 +9,6 @@ a job whose function is anything else).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -97,13 +96,6 @@ def _load_entry_points() -> None:
         fn = ep.load()
         if ep.name not in _REGISTRY:
             _REGISTRY[validate_job_name(ep.name)] = JobSpec(ep.name, fn)
-
-
-def rescan() -> list[str]:
-    """Look for ``fleet.jobs`` entry points again (as ``handlers.rescan``)."""
-    importlib.invalidate_caches()
-    _load_entry_points.cache_clear()
-    return names()
 
 
 def names() -> list[str]:

@@ -34,9 +34,9 @@ class Sensor:
         self.last_seen: dict[str, float] = {}  # user -> last time a turn of theirs was served
         self._last_cpu: tuple[float, float] | None = None  # (cpu seconds, wall seconds)
 
-    def saw(self, user: str, now: float | None = None) -> None:
+    def saw(self, user: str) -> None:
         """Note that a turn of ``user`` was served."""
-        self.last_seen[user] = time.time() if now is None else now
+        self.last_seen[user] = time.time()
 
     def _cpu_fraction(self) -> float | None:
         times = self.proc.cpu_times()

@@ -34,7 +34,7 @@ def worker_command(tier: str, worker_id: str, python: str | None = None) -> list
 
 
 def rq_worker_command(queues: Sequence[str], worker_id: str) -> list[str]:
-    """The argv of an RQ worker of Fleet's (``worker/rq_worker.py``) on ``queues``."""
+    """The argv of an RQ worker of Fleet's (``worker/rq/rq_worker.py``) on ``queues``."""
     return [sys.executable, "-m", "worker.rq.rq_worker", "--queues", ",".join(queues), "--name", worker_id]
 
 
