@@ -1,4 +1,4 @@
-"""``fleet relay --check`` against real relays (issue 16): a running relay's heartbeat is fresh
+"""``fleet relay --check`` against real relays: a running relay's heartbeat is fresh
 (exit 0), a SIGKILLed one's goes stale past the bound (exit 1, one line why); without ``--id``
 the check finds the relay of this host (its default id is ``relay-<host>-<pid>``)."""
 

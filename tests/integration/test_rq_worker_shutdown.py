@@ -1,5 +1,5 @@
-"""Fleet's RQ worker stops on SIGTERM whatever it is doing (issue 16: the kubelet's SIGTERM is
-how a pod's RQ worker is retired), on a real redis-server.
+"""Fleet's RQ worker stops on SIGTERM whatever it is doing (the kubelet's SIGTERM is how a
+pod's RQ worker is retired), on a real redis-server.
 
 Both interleavings below were found by SIGTERMing ``fleet rq-worker`` at random moments (CI
 had a pod that outlived its 30 s grace period, and a retired pod that died of the signal):
@@ -219,7 +219,7 @@ FORKED_CHILD_SIGNALS = textwrap.dedent("""
     if pid == 0:
         os._exit(0 if all(signal.getsignal(s) == signal.SIG_DFL for s in rq_worker.STOP_SIGNALS) else 3)
     _, status = os.waitpid(pid, 0)
-    held = signal.getsignal(signal.SIGTERM) is rq_worker._hold_stop
+    held = signal.getsignal(signal.SIGTERM) is rq_worker.remember_stop
     print("child", os.waitstatus_to_exitcode(status), "parent holds", held)
 """)
 

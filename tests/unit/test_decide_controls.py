@@ -1,4 +1,4 @@
-"""The policy controls of issue 14 in ``decide``, as tables: scheduled bounds, pause, rate limits,
+"""The policy controls in ``decide``, as tables: scheduled bounds, pause, rate limits,
 fallback, disruption budget, protection, recycling, and the derived scale-in hold."""
 
 from __future__ import annotations

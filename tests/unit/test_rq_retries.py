@@ -1,4 +1,4 @@
-"""Retries per rq tier (issue 16): an rq tier's policy may set ``retry_max`` (and
+"""Retries per rq tier: an rq tier's policy may set ``retry_max`` (and
 ``retry_interval_s``) for the jobs of its queues, overriding their registration's; validated
 with the policy; the relay writes them into the job RQ retries by."""
 

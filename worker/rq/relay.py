@@ -202,11 +202,13 @@ class Relay:
             if not entries:
                 return handled
             for entry in entries:
-                self._relay_entry(user, entry)
+                self.relay_entry(user, entry)
             outbox.delete_entries(self.r, user, [e.id for e in entries])
             handled += len(entries)
 
-    def _relay_entry(self, user: str, entry: outbox.Entry) -> None:
+    def relay_entry(self, user: str, entry: outbox.Entry) -> None:
+        """Enqueue one outbox entry of ``user`` in RQ (a duplicate of a job RQ holds is counted,
+        not enqueued); one that is no deferral of this user is dead-lettered."""
         try:
             d = decode(Deferral, entry.payload)
             if d.user != user or d.job_id != entry.job:

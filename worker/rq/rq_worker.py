@@ -68,7 +68,7 @@ _early_stop: list[int] = []  # the stop signals received before RQ's handlers we
 _fork_hook: list[bool] = []  # the at-fork hook is registered (once per process)
 
 
-def _hold_stop(signum: int, frame: FrameType | None) -> None:
+def remember_stop(signum: int, frame: FrameType | None) -> None:
     """The stop signals' handler until RQ installs its own: remember the request."""
     _early_stop.append(signum)
 
@@ -78,7 +78,7 @@ def hold_stop_signals() -> None:
     child (RQ's scheduler process) starts with the default handlers instead: it installs its own
     at once, and a stop sent before that must end it, not be held in its copy of this process."""
     for sig in STOP_SIGNALS:
-        signal.signal(sig, _hold_stop)
+        signal.signal(sig, remember_stop)
     if not _fork_hook:
         os.register_at_fork(after_in_child=_default_stop_signals)
         _fork_hook.append(True)
