@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import fakeredis
 import pytest
@@ -17,11 +18,27 @@ from worker.app import Worker
 from worker.settings import WorkerSettings
 
 
-async def test_a_worker_that_cannot_reach_redis_stops_on_sigterm() -> None:
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait until ``condition`` holds (polled)."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_worker_that_cannot_reach_redis_stops_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
     r = fakeredis.FakeAsyncRedis(connected=False)  # every connection is refused
     worker = Worker(WorkerSettings(worker_id="w1"), r=r)
+    attempts = 0
+    join = worker.join
+
+    async def counted() -> None:
+        nonlocal attempts
+        attempts += 1
+        await join()
+
+    monkeypatch.setattr(worker, "join", counted)
     run = asyncio.ensure_future(worker.run())
-    await asyncio.sleep(0.3)  # it is retrying its start
+    await until(lambda: attempts >= 2)  # it is retrying its start
     assert not run.done() and worker.state == "starting"
     worker.drain("SIGTERM")
     assert await asyncio.wait_for(run, 30) == 0  # (not retried until Redis is back)
@@ -51,7 +68,7 @@ async def test_sigterm_stops_a_start_whose_redis_call_swallowed_the_cancellation
 
     monkeypatch.setattr(worker, "join", start_that_loses_the_cancel)
     run = asyncio.ensure_future(worker.run())
-    await asyncio.sleep(0.3)  # it is retrying its start
+    await until(lambda: attempts >= 2)  # it is retrying its start
     assert not run.done() and attempts >= 2
     worker.drain("SIGTERM")
     await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
@@ -81,7 +98,7 @@ async def test_sigterm_stops_a_start_whose_redis_call_dropped_the_cancellation_a
     monkeypatch.setattr(worker, "join", start_whose_call_retries_on)
     run = asyncio.ensure_future(worker.run())
     try:
-        await asyncio.sleep(0.3)
+        await until(lambda: bool(calls))  # the start's call is under way
         assert not run.done() and len(calls) == 1
         worker.drain("SIGTERM")
         await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
