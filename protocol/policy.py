@@ -138,7 +138,7 @@ class Policy(BaseModel):
     # the tier's ready stream spread over this many streams (keys.ready(tier, k)), by user
     ready_shards: PositiveInt = Field(1, le=64)
     # what the tier's workers are (issue 16): "turns", Fleet's workers serving users' turns; or
-    # "rq", RQ workers (``worker.rq_worker``) running deferred jobs from the RQ ``queues`` (empty:
+    # "rq", RQ workers (``worker.rq.rq_worker``) running deferred jobs from the RQ ``queues`` (empty:
     # the queue named like the tier), scaled on queue length. An rq worker runs one job at a
     # time: ``concurrency`` and the handler do not apply to it
     kind: Literal["turns", "rq"] = "turns"

@@ -251,7 +251,7 @@ class UserStore:
         a notification ahead of its entries could find the outbox empty and be acked). The
         entries are committed either way: a notification lost to a crash or a failed ``XADD``
         (logged here, not raised: the turn is done) leaves them to the relay's sweep of the
-        active users (``fleet.relay.Relay.sweep``), seconds later."""
+        active users (``worker.rq.relay.Relay.sweep``), seconds later."""
         try:
             await self.r.xadd(keys.OUTBOX_READY, {"user": user})
         except TRANSIENT as exc:

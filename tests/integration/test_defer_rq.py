@@ -1,4 +1,4 @@
-"""Deferred jobs end to end (issue 16): real redis-server, a real chat worker whose handler
+"""Deferred jobs end to end: real redis-server, a real chat worker whose handler
 defers a job per turn, real relay and RQ worker processes (each started and stopped by pid).
 
 The fault test SIGKILLs the relay while outboxes fill and an RQ worker in the middle of a

@@ -1,4 +1,4 @@
-"""``ctx.defer`` (issue 16): a deferral is validated where the handler makes it, and a turn's
+"""``ctx.defer``: a deferral is validated where the handler makes it, and a turn's
 deferrals are written by its commit, once, into the user's outbox."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""worker.aio.unless_stuck: what a drain does to a read in flight (issue 8, seed 32878)."""
+"""worker.aio.unless_stuck: what a drain does to a read in flight (explorer seed 32878)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from protocol.groups import validate_pool
 from protocol.ids import validate_token
 from stores import local_fleet
 
-FORK_TEMPLATE_MODULE = "worker.template"  # the fork template (run with -m: in every forked worker's argv)
+FORK_TEMPLATE_MODULE = "worker.forkserver"  # the fork template (run with -m: in every forked worker's argv)
 WORKER_ID = re.compile(r"(?P<tier>[a-z0-9][a-z0-9_-]{0,31})-[0-9a-f]{8}")  # new_worker_id's form
 
 
@@ -44,8 +44,8 @@ def worker_command(tier: str, worker_id: str, python: str | None = None) -> list
 
 
 def rq_worker_command(queues: Sequence[str], worker_id: str) -> list[str]:
-    """The argv of an RQ worker of Fleet's (``worker/rq_worker.py``) on ``queues``."""
-    return [sys.executable, "-m", "worker.rq_worker", "--queues", ",".join(queues), "--name", worker_id]
+    """The argv of an RQ worker of Fleet's (``worker/rq/rq_worker.py``) on ``queues``."""
+    return [sys.executable, "-m", "worker.rq.rq_worker", "--queues", ",".join(queues), "--name", worker_id]
 
 
 def fork_template_command(python: str, fd: int) -> list[str]:

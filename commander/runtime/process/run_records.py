@@ -35,7 +35,7 @@ class Recorded(Protocol):
 
 def write_record(run_dir: Path, handle: Recorded, proc: psutil.Process | None, rq: bool = False) -> None:
     """Record a worker we track (atomically; a failure is logged, never raised); ``rq``: an RQ
-    worker (``worker.rq_worker``), adopted as one."""
+    worker (``worker.rq.rq_worker``), adopted as one."""
     create_time = None
     with contextlib.suppress(psutil.Error):
         create_time = proc.create_time() if proc is not None else None

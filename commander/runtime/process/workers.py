@@ -47,7 +47,7 @@ class Tracked:
     popen: subprocess.Popen[bytes] | None = None  # only for our own children
     start_mono: float = 0.0
     template: TemplateSpawner | None = None  # the template that forked it (reports its exit)
-    rq: bool = False  # an RQ worker (worker.rq_worker): up once in RQ's registry, retired by SIGTERM
+    rq: bool = False  # an RQ worker (worker.rq.rq_worker): up once in RQ's registry, retired by SIGTERM
 
 
 class LocalWorkers:
