@@ -1,5 +1,5 @@
-"""``fleet relay``, ``fleet rq-worker`` and ``fleet jobs failed|requeue`` (issue 16: the async
-tiers). They need the ``rq`` extra (``pip install 'fleet[rq]'``); without it each says so."""
+"""``fleet relay``, ``fleet rq-worker`` and ``fleet jobs failed|requeue`` (the async tiers).
+They need the ``rq`` extra (``pip install 'fleet[rq]'``); without it each says so."""
 
 from __future__ import annotations
 
