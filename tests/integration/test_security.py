@@ -34,7 +34,7 @@ import redis
 from fleet.client import AsyncFleet, Fleet
 from protocol.models import WorkerInfo
 from tests.conftest import free_port
-from tests.helpers import Processes, commander_argv, live_workers
+from tests.helpers import Processes, live_workers, no_process_left
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
 pytestmark = pytest.mark.integration
@@ -247,7 +247,7 @@ class Procs:
     run: Processes = field(init=False)
 
     def __post_init__(self) -> None:
-        self.run = Processes(self.tmp, grace_s=30)
+        self.run = Processes(self.tmp, grace_s=30, cwd=self.tmp)
 
     def env(self, url: str, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "FLEET_"))}
@@ -257,7 +257,7 @@ class Procs:
         return env
 
     def start(self, name: str, argv: list[str], url: str, **extra: str) -> subprocess.Popen[bytes]:
-        return self.run.start(name, argv, self.env(url, **extra), cwd=self.tmp).proc
+        return self.run.start(name, argv, self.env(url, **extra)).proc
 
     def cli(self, url: str, *args: str) -> subprocess.Popen[str]:
         """``python -m fleet.cli …`` with ``REDIS_URL`` (not ``--redis-url``: argv is public)."""
@@ -310,18 +310,11 @@ def wait_worker(admin: redis.Redis, proc: subprocess.Popen[bytes], procs: Procs)
     return live_workers(admin)[0]
 
 
-def start_commander(procs: Procs, url: str, *flags: str, **env: str) -> subprocess.Popen[bytes]:
-    """A commander that stops its workers when it exits; ``flags`` add to (or override) these."""
-    argv = commander_argv("sec1", procs.tmp / "logs", "--spawn-mode", "exec", *flags, metrics=True)
-    return procs.start("commander", argv, url, **env)
-
-
-def stop_commander(proc: subprocess.Popen[bytes], admin: redis.Redis, worker_pid: int) -> None:
+def stop_commander(proc: subprocess.Popen[bytes], worker_pid: int) -> None:
     """SIGTERM: it drains the workers it started; none may be left behind."""
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=40)
-    wait_until(lambda: not psutil.pid_exists(worker_pid)
-               or psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE, 10, "the worker to stop")
+    no_process_left([worker_pid], within_s=10)
 
 
 def assert_url_only_in_env(pid: int, url: str) -> None:
@@ -406,8 +399,9 @@ def test_acl_user_serves_worker_python_client_cli_and_observer(
 def test_commander_spawns_its_worker_and_metrics_need_the_token(
         acl_server: SecureServer, admin_acl: redis.Redis, procs: Procs) -> None:
     url, port, token = acl_server.url(), free_port(), secrets.token_hex(16)
-    commander = start_commander(procs, url, "--metrics-port", str(port),
-                                FLEET_COMMANDER_METRICS_TOKEN=token)
+    env = procs.env(url, FLEET_COMMANDER_METRICS_TOKEN=token)
+    commander = procs.run.commander(env, "sec1", "--spawn-mode", "exec", "--metrics-port", str(port),
+                                    metrics=True).proc
     info = wait_worker(admin_acl, commander, procs)
     code, out, err = finish(procs.cli(url, "submit", "--user", "erin", "via the commander's worker"))
     assert code == 0 and "via the commander's worker" in out, err
@@ -428,7 +422,7 @@ def test_commander_spawns_its_worker_and_metrics_need_the_token(
     assert_url_only_in_env(commander.pid, url)
     assert_url_only_in_env(info.pid, url)
     assert denials(admin_acl) == [], "the documented ACL lacks a command Fleet uses"
-    stop_commander(commander, admin_acl, info.pid)
+    stop_commander(commander, info.pid)
     assert_no_secret(procs.logs(), "a log")
 
 
@@ -451,7 +445,7 @@ def test_tls_end_to_end_with_the_ca_in_the_url(
     url = tls_server.url()
     assert url.startswith("rediss://fleet:") and "?ssl_ca_certs=" in url
     # fork mode: the URL reaches the worker through the template's request, not a command line
-    commander = start_commander(procs, url, "--no-metrics", "--spawn-mode", "fork")
+    commander = procs.run.commander(procs.env(url), "sec1", "--spawn-mode", "fork").proc
     info = wait_worker(admin_tls, commander, procs)
     code, out, err = finish(procs.cli(url, "submit", "--user", "frank", "over tls"))
     assert code == 0 and "over tls" in out, err
@@ -459,7 +453,7 @@ def test_tls_end_to_end_with_the_ca_in_the_url(
     assert "async tls" in submit_async(url, "heidi", "async tls")
     assert_url_only_in_env(info.pid, url)
     assert denials(admin_tls) == [], "the documented ACL lacks a command Fleet uses"
-    stop_commander(commander, admin_tls, info.pid)
+    stop_commander(commander, info.pid)
     assert_no_secret(procs.logs(), "a log")
 
 
