@@ -18,7 +18,7 @@ from protocol import keys
 from protocol.policy import Policy
 from stores import rqjobs
 from stores.policies import write_policy
-from tests.helpers import ledger, passes, running, wait_until
+from tests.helpers import Started, ledger, passes, running, wait_until
 from tests.integration.test_defer_rq import Proc, relay, start_proc  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration
@@ -29,15 +29,22 @@ def rq_workers(r: redis.Redis) -> list[rqjobs.RqWorker]:
     return rqjobs.workers(r, QUEUE)
 
 
+def deferring_fleet(r: redis.Redis, commander: Callable[..., Started], proc: Callable[..., Proc],
+                    job_sleep_s: float, rq_max: int) -> Path:
+    """A chat worker whose every turn defers a ``count`` job (sleeping ``job_sleep_s``) to the rq
+    tier (from zero to ``rq_max`` RQ workers), run by a commander, and a relay; the commander's log."""
+    write_policy(r, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
+                                   handler_options={"job": "count", "job_sleep_s": job_sleep_s}))
+    write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=rq_max, target_backlog_per_worker=4,
+                                  users_per_instance=None, scale_down_stabilization_s=1, drain_timeout_s=15))
+    log = commander().log
+    relay(proc, "relay-1")
+    return log
+
+
 def test_a_burst_grows_the_rq_tier_from_zero_drains_and_goes_back_to_zero(
         r: redis.Redis, redis_server, start_commander, start_proc: Callable[..., Proc]) -> None:  # noqa: F811
-    write_policy(r, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
-                                   handler_options={"job": "count", "job_sleep_s": 0.25}))
-    write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=4, target_backlog_per_worker=4,
-                                  users_per_instance=None, scale_down_stabilization_s=1,
-                                  drain_timeout_s=15))
-    log = start_commander().log
-    relay(start_proc, "relay-1")
+    log = deferring_fleet(r, start_commander, start_proc, job_sleep_s=0.25, rq_max=4)
     wait_until(lambda: ledger(r, "chat", "scale-up"), 20, "the chat worker")
     assert rq_workers(r) == [] and not ledger(r, QUEUE, "scale-up")
 
@@ -63,13 +70,7 @@ def test_a_burst_grows_the_rq_tier_from_zero_drains_and_goes_back_to_zero(
 
 def test_an_rq_worker_killed_mid_job_is_reaped_by_the_commander_and_its_job_runs_once(
         r: redis.Redis, redis_server, start_commander, start_proc: Callable[..., Proc]) -> None:  # noqa: F811
-    write_policy(r, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
-                                   handler_options={"job": "count", "job_sleep_s": 1.0}))
-    write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=2, target_backlog_per_worker=4,
-                                  users_per_instance=None, scale_down_stabilization_s=1,
-                                  drain_timeout_s=15))
-    log = start_commander().log
-    relay(start_proc, "relay-1")
+    log = deferring_fleet(r, start_commander, start_proc, job_sleep_s=1.0, rq_max=2)
     turns = [(f"v{i % 4}", f"t{i}") for i in range(8)]
     fleet = Fleet(redis_server.url)
     for h in fleet.submit_many([(u, "hi") for u, _ in turns], turn_ids=[t for _, t in turns]):

@@ -11,6 +11,7 @@ throwaway CA and server certificate made here with ``openssl``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import re
@@ -196,7 +197,8 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureServe
         server.stop()
 
 
-def _tls_server(workdir: Path, certs: Certs, mutual: bool) -> SecureServer:
+@contextlib.contextmanager
+def _tls_server(workdir: Path, certs: Certs, mutual: bool) -> Iterator[SecureServer]:
     """TLS only (``port 0``); the users of the security page from an ACL file, passwords hashed."""
     _require("redis-server")
     aclfile = workdir / "users.acl"
@@ -208,33 +210,29 @@ def _tls_server(workdir: Path, certs: Certs, mutual: bool) -> SecureServer:
     aclfile.chmod(0o600)
     server = SecureServer(workdir, certs, mutual=mutual)
     try:
-        server.start(["port 0", f"tls-port {server.port}", f"tls-cert-file {certs.cert}",
-                      f"tls-key-file {certs.key}", f"tls-ca-cert-file {certs.ca}",
-                      f"tls-auth-clients {'yes' if mutual else 'no'}", f"aclfile {aclfile}"])
-    except RuntimeError as exc:
+        try:
+            server.start(["port 0", f"tls-port {server.port}", f"tls-cert-file {certs.cert}",
+                          f"tls-key-file {certs.key}", f"tls-ca-cert-file {certs.ca}",
+                          f"tls-auth-clients {'yes' if mutual else 'no'}", f"aclfile {aclfile}"])
+        except RuntimeError as exc:
+            if re.search(r"tls|ssl", str(exc), re.IGNORECASE) and "not" in str(exc).lower():
+                pytest.skip(f"this redis-server build has no TLS support: {exc}")
+            raise
+        yield server
+    finally:
         server.stop()
-        if re.search(r"tls|ssl", str(exc), re.IGNORECASE) and "not" in str(exc).lower():
-            pytest.skip(f"this redis-server build has no TLS support: {exc}")
-        raise
-    return server
 
 
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureServer]:
-    server = _tls_server(tmp_path_factory.mktemp("redis-tls"), certs, mutual=False)
-    try:
+    with _tls_server(tmp_path_factory.mktemp("redis-tls"), certs, mutual=False) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def mtls_server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureServer]:
-    server = _tls_server(tmp_path_factory.mktemp("redis-mtls"), certs, mutual=True)
-    try:
+    with _tls_server(tmp_path_factory.mktemp("redis-mtls"), certs, mutual=True) as server:
         yield server
-    finally:
-        server.stop()
 
 
 # --- processes -----------------------------------------------------------------------------
@@ -351,22 +349,23 @@ def submit_async(url: str, user: str, text: str) -> str:
     return asyncio.run(ask())
 
 
-@pytest.fixture
-def admin_acl(acl_server: SecureServer) -> Iterator[redis.Redis]:
-    admin = acl_server.admin()
+def _clean_admin(server: SecureServer) -> Iterator[redis.Redis]:
+    """The admin's client of ``server``, its data and ACL log emptied; closed after the test."""
+    admin = server.admin()
     admin.flushall()
     admin.acl_log_reset()
     yield admin
     admin.close()
+
+
+@pytest.fixture
+def admin_acl(acl_server: SecureServer) -> Iterator[redis.Redis]:
+    yield from _clean_admin(acl_server)
 
 
 @pytest.fixture
 def admin_tls(tls_server: SecureServer) -> Iterator[redis.Redis]:
-    admin = tls_server.admin()
-    admin.flushall()
-    admin.acl_log_reset()
-    yield admin
-    admin.close()
+    yield from _clean_admin(tls_server)
 
 
 # --- (a) the ACL user end to end ------------------------------------------------------------
