@@ -20,7 +20,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -35,7 +34,7 @@ import redis
 from fleet.client import AsyncFleet, Fleet
 from protocol.models import WorkerInfo
 from tests.conftest import free_port
-from tests.helpers import Processes, live_workers, no_process_left
+from tests.helpers import Processes, fleet_argv, live_workers, no_process_left
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
 pytestmark = pytest.mark.integration
@@ -259,8 +258,8 @@ class Procs:
 
     def cli(self, url: str, *args: str) -> subprocess.Popen[str]:
         """``python -m fleet.cli …`` with ``REDIS_URL`` (not ``--redis-url``: argv is public)."""
-        return subprocess.Popen([sys.executable, "-m", "fleet.cli", *args], env=self.env(url),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.tmp)
+        return subprocess.Popen(fleet_argv(*args), env=self.env(url), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=self.tmp)
 
     def logs(self) -> str:
         return self.run.logs()
