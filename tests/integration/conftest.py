@@ -20,13 +20,7 @@ from commander.runtime import Lifecycle, WorkerHandle
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import WorkerInfo
-from tests.helpers import (
-    Processes,
-    Started,
-    leads,
-    no_process_left,
-    wait_until,  # (imported from here by many modules)
-)
+from tests.helpers import Processes, Started, leads, no_process_left, wait_until  # wait_until: re-exported
 
 if TYPE_CHECKING:
     from commander.runtime.process import ProcessRuntime
@@ -100,8 +94,6 @@ def start_commander(fleet_env: dict[str, str], r: redis.Redis,
     """Factory: a commander process (``commander_argv``, the fast worker leases, ``env`` over
     them), waited on until it leads unless not ``lead``. After the test every commander is
     stopped (standbys first) and no worker they started may be left running."""
-    pids: set[int] = set()
-
     def start(commander_id: str = "c1", *flags: str, env: dict[str, str] | None = None,
               lead: bool = True, metrics: bool = False) -> Started:
         started = processes.commander({**fleet_env, **FAST_WORKER_ENV, **(env or {})}, commander_id, *flags,
@@ -112,10 +104,9 @@ def start_commander(fleet_env: dict[str, str], r: redis.Redis,
         return started
 
     yield start
-    pids |= _worker_pids(r)
+    pids = _worker_pids(r)
     processes.stop_all()
-    pids |= _worker_pids(r)
-    no_process_left(pids, within_s=0)
+    no_process_left(pids | _worker_pids(r), within_s=0)
 
 
 @pytest.fixture
