@@ -236,7 +236,7 @@ def test_worker_rides_out_a_redis_restart(r, redis_server, start_worker):
     fleet = Fleet(redis_server.url)
     assert fleet.submit("gus", "before").result(10).ok
     redis_server.stop()
-    time.sleep(1.0)
+    time.sleep(1.0)  # the outage itself: the worker must ride out a second without Redis
     redis_server.start()  # same port and data directory: the AOF brings the streams back
     reply = Fleet(redis_server.url).submit("gus", "after").result(30)
     assert reply.ok and reply.text.startswith("echo: after | previous: before")

@@ -59,10 +59,11 @@ async def test_a_timed_out_thread_has_ended_before_the_call_returns() -> None:
 
 
 async def test_an_abandoned_handler_that_never_got_a_thread_never_runs() -> None:
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
     ran: list[str] = []
 
     def hold(_ctx: handlers.TurnContext) -> str:
+        holding.set()
         gate.wait(5)
         return "held"
 
@@ -73,7 +74,7 @@ async def test_an_abandoned_handler_that_never_got_a_thread_never_runs() -> None
     with ThreadPoolExecutor(max_workers=1) as pool:
         first = asyncio.ensure_future(handlers.call(hold, ctx("a"), 10.0, pool))
         queued = asyncio.ensure_future(handlers.call(record, ctx("b"), 10.0, pool))
-        await asyncio.sleep(0.05)
+        await asyncio.to_thread(holding.wait, 5)  # the only thread is taken: the second call waits for it
         queued.cancel()  # its lane was lost while it waited for a thread
         with pytest.raises(asyncio.CancelledError):
             await queued

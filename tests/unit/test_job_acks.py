@@ -146,7 +146,7 @@ async def test_a_renewal_that_finds_the_lane_lost_touches_none_of_its_notificati
     r, renewal, held, kept, reclaimed = await _renewal("w2|9")  # w2 holds alice's lane now
     idle_before = {p["message_id"].decode(): p["time_since_delivered"] for p in
                    await r.xpending_range(keys.ready("chat"), keys.GROUP, "-", "+", 10)}
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the notifications age: what is checked is that the renewal keeps them aging
     await renewal.renew_once()
     assert held.failed == 1 and not held.renewed
     assert await _owners(r) == {kept: "w1", reclaimed: "w2"}
