@@ -10,7 +10,7 @@
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 # --- build: the project and its `k8s` and `rq` extras as wheels, from this repository --------
-# (`rq`: the relay, the RQ workers of rq tiers and `fleet jobs`, issue 16)
+# (`rq`: the relay, the RQ workers of rq tiers and `fleet jobs`)
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
@@ -32,7 +32,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
 # /healthz, /metrics and the monitor must be reachable from outside the container: who can reach
 # the port is decided where it is published (compose: 127.0.0.1 only) or by the Service, and
-# FLEET_COMMANDER_METRICS_TOKEN guards it (SECURITY.md, "HTTP")
+# FLEET_COMMANDER_METRICS_TOKEN guards it (docs/operations/security.md)
 ENV FLEET_COMMANDER_METRICS_HOST=0.0.0.0
 # tini as PID 1: it forwards SIGTERM at any moment (a Python PID 1 ignores one that comes while
 # it still imports, before its handlers exist: a pod deleted then would wait out its grace

@@ -1,4 +1,4 @@
-"""The leader's recovery after a Redis Cluster failover: see ``stores.recovery`` for what a
+"""The leader's recovery after a Redis Cluster failover: see ``stores.renotify`` for what a
 failover can lose (a queued turn's notification) and what the sweep does about it.
 
 The cluster epoch last recovered from is kept in Redis (``fleet:recovered``), so a new leader
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import redis
 
 from commander.ledger_writer import LedgerWriter
-from stores.recovery import (
+from stores.renotify import (
     Renotified,
     cluster_epoch,
     read_recovered,
@@ -71,7 +71,7 @@ class FailoverRecovery:
                                                     "checked": tier.checked}})
 
     def run(self, shards: Mapping[str, int], epoch: int | None) -> Recovered | None:
-        """Sweep if the cluster epoch ``epoch`` (``stores.recovery.cluster_epoch``) grew since
+        """Sweep if the cluster epoch ``epoch`` (``stores.renotify.cluster_epoch``) grew since
         the last recovery; None if it did not, on one node (``epoch`` None), or if no epoch was
         recorded yet (it is recorded then: there is no "since" to recover from). Errors are
         raised and nothing is recorded, so the next pass tries again."""

@@ -14,7 +14,7 @@ import logging
 import redis
 
 from protocol.models import LedgerEvent
-from stores.leader import LeaderLease
+from stores.leader_lease import LeaderLease
 from stores.ledger import Ledger, NotLeading
 
 log = logging.getLogger("fleet.commander")

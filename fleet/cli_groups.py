@@ -17,7 +17,7 @@ from fleet.cli_base import EXIT_USAGE, CliError, cli_client, print_result
 from protocol.groups import rollout_weights
 from protocol.ids import InvalidId, validate_tier, validate_user_id
 from protocol.policy import PolicyError, TurnsPolicy
-from stores.groups import pin_group, rejected_groups, unpin_group, user_pins
+from stores.group_assignment import pin_group, rejected_groups, unpin_group, user_pins
 from stores.policies import has_policy_key, read_policy, write_policy
 
 

@@ -1,5 +1,5 @@
-"""``fleet relay``, ``fleet rq-worker`` and ``fleet jobs failed|requeue`` (issue 16: the async
-tiers). They need the ``rq`` extra (``pip install 'fleet[rq]'``); without it each says so."""
+"""``fleet relay``, ``fleet rq-worker`` and ``fleet jobs failed|requeue`` (the async tiers).
+They need the ``rq`` extra (``pip install 'fleet[rq]'``); without it each says so."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
     _need_rq()
     from pydantic import ValidationError
 
-    from fleet.relay import run
+    from worker.rq.relay import run
 
     try:
         return run(args)
@@ -48,7 +48,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
 def cmd_rq_worker(args: argparse.Namespace) -> int:
     _need_rq()
     from protocol.deferral import validate_queue
-    from worker.rq_worker import run
+    from worker.rq.rq_worker import run
 
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     if not queues:
@@ -91,14 +91,14 @@ def cmd_jobs_requeue(args: argparse.Namespace) -> int:
 
 def _load_relay_arguments(p: argparse.ArgumentParser) -> None:
     _need_rq()
-    from fleet.relay import add_arguments
+    from worker.rq.relay import add_arguments
 
     add_arguments(p)
 
 
 def _load_rq_worker_arguments(p: argparse.ArgumentParser) -> None:
     _need_rq()
-    from worker.rq_worker import add_arguments
+    from worker.rq.rq_worker import add_arguments
 
     add_arguments(p)
 

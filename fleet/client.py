@@ -1,58 +1,13 @@
-"""The Python client: submit turns, wait for replies.
+"""The Python client: ``Fleet`` (blocking) and ``AsyncFleet`` (asyncio) submit turns and wait
+for their replies.
 
-**Submit** is ``XADD`` the turn to the user's inbox, ``XADD`` a notification to
-the tier's ready stream, ``ZADD`` the user to the tier's active set. On one node the client
-sends them as one script call (``turn_submit.lua``, every turn of a ``submit_many`` in the
-same call) in one round trip. What that buys: the writes are applied together with no other
-client's command in between, and a script that is refused or fails on its arguments writes
-nothing; a connection lost before the call applies none of it; a retried round trip applies
-the batch once. What it does not buy: Redis never rolls back, so a command that fails *while*
-the script runs (a key of the wrong type, out of memory) leaves the writes before it applied;
-the client raises that error. The inbox entry is the msgpack ``Turn`` (field ``m``) with plain
-copies of its ``turn_id`` and ``tier``, which the worker's scripts read. The reply arrives on
-``fleet:u:{U}:reply:<turn_id>`` for a ``BLPOP``.
-
-**On Redis Cluster** (``stores.cluster.is_cluster`` of the client) no transaction can span the
-user's slot (inbox) and the tier's (ready, active), and the cluster pipeline sends each node's
-batch concurrently, so the submit is *ordered* instead: one round trip writes the inbox entries
-(all of them, for ``submit_many``) and waits for their acknowledgement, a second writes the
-notifications and active marks and, when it checks for pressure, reads the gauges
-(``stores.submit.submit_ordered``). One
-extra round trip, only there. An inbox entry refused is a turn not submitted: no notification,
-and its error is raised (after the batch's other turns are notified). If the second round trip
-fails, the turns are in their inboxes without a notification: ``SubmitNotNotified`` names them.
-Nothing is lost or reordered: the user's next submit wakes a worker that serves the inbox in
-order, oldest first; and a retry with the same ``turn_id`` is answered once, because the worker
-skips a turn id already in the user's done-set (``fleet:u:{U}:done``, the last ``done_keep``
-ids; ``turn_commit.lua`` answers ``dup``). A retry under a new turn id is a second turn.
-
-**Replicas.** With the tier's ``replica_acks`` N (the policy; read with ``ready_shards`` and
-again every ``OPTIONS_TTL_S``), the submit sends ``WAIT N replica_ack_timeout_ms`` after its
-writes, on their connection: on one node after the script in the same round trip; on a Cluster
-after each master's share of the inbox entries (before any notification is written) and again
-after the notifications, one more round trip for the gauges. Once the submit returns with N
-acknowledgements, a failover to one of those replicas keeps the turn. A WAIT that gets fewer
-(its timeout) is counted in ``acks`` (``waits``, ``acked``, ``short``) and logged; the turn
-stays submitted, queued on the master, as without the option.
-
-**Tiers.** A turn for a tier that no policy defines and no worker serves would wait forever,
-so it is refused with ``UnknownTier`` before anything is written, unless ``create_tier=True``
-writes the tier's default policy (the commander then starts its workers). A tier exists if
-``fleet:policy:{tier}`` exists, ``fleet:tiers`` names it, or a worker of the tier has a live
-heartbeat. The client checks each tier once and remembers the tiers it found (a refused tier is
-checked again on the next submit), so a submit stays one round trip.
-
-**Pressure.** The same round trip may carry, after the submit's script, the pressure check
-(``submit_pressure.lua``): the tier's consumer-group lag against the slots of workers already
-starting. Redis hands a new notification to a worker blocked in ``XREADGROUP`` once the command
-(here: the submit's script) that wrote it is done, before it runs the next one, so a lag left
-after it means no worker had a free slot. (Read inside the submit, the lag would always count
-our own notification.) If the lag is more than the starting workers will absorb, the check
-appends a pressure event itself, which wakes the commander at once. A client checks a tier at
-most once every ``PRESSURE_CHECK_S`` (10 ms): no ``XINFO`` on every submit; a burst the checks
-miss is in the backlog the commander reads every pass (0.5 s). Both gauges are recomputed from
-live state (the lag) or expire (``starting``), so neither drifts. (On a Cluster the gauges are
-read in round trip 2, when checking, and the client posts the event.)
+A submit checks once per client that its tier exists (``UnknownTier`` otherwise, before
+anything is written, unless ``create_tier=True`` writes the tier's default policy), takes the
+tier's submit options (ready shards, replica acks, groups; read again every ``OPTIONS_TTL_S``),
+and sends the turns with ``stores.submit``: one script call on one node, inbox entries before
+their notifications on Redis Cluster. Both classes run the same :class:`_ClientCore`, whose
+operations yield their round trips: ``Fleet`` sends them on a blocking client, ``AsyncFleet``
+on an asyncio one (``stores.roundtrips``).
 """
 
 from __future__ import annotations
@@ -72,33 +27,21 @@ from protocol.ids import validate_tier, validate_user_id
 from protocol.models import MAX_TEXT_CHARS, Reply, Turn
 from protocol.policy import TurnsPolicy
 from stores.backlog import no_free_slot
+from stores.cluster import is_cluster
 from stores.connection import connect_async, connect_sync
-from stores.policies import write_policy, write_policy_async
+from stores.policies import write_policy
 from stores.replicas import ReplicaAcks
+from stores.roundtrips import Op, arun, run
 from stores.submit import (
     PRESSURE_CHECK_S,
     SubmitNotNotified,
     Submitted,
-    submit_round_trip,
-    submit_round_trip_async,
-)
-from stores.tier_probe import (
-    OPTIONS_TTL_S,
-    SubmitOptions,
-    any_beating,
-    any_beating_async,
-    heartbeats_of,
     post_pressure,
-    post_pressure_async,
-    read_submit_options,
-    read_submit_options_async,
-    read_tier_probe,
-    read_tier_probe_async,
-    split_by_pool,
-    tier_defined,
+    submit_turns,
     wait_reply,
-    wait_reply_async,
 )
+from stores.submit_options import OPTIONS_TTL_S, SubmitOptions, read_submit_options, split_by_pool
+from stores.tier_exists import tier_exists
 
 __all__ = ["AsyncFleet", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeout", "TurnTooLarge",
            "UnknownTier"]
@@ -106,6 +49,7 @@ __all__ = ["AsyncFleet", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeou
 DEFAULT_MAX_TURN_BYTES = 64 * 1024
 DEFAULT_MAX_REPLY_BYTES = 1024 * 1024
 UNREPLICATED_KEEP = 10_000  # turn ids of submits whose WAIT came back short, newest kept
+Built = list[tuple[Turn, bytes]]  # turns with their encoded payloads
 
 
 class TurnTimeout(TimeoutError):
@@ -159,43 +103,92 @@ def _build_turn(user: str, text: str, tier: str, meta: Mapping[str, Any] | None,
     return turn, payload
 
 
-def _pressure_fields(tier: str, user: str) -> dict[str, str]:
-    return {"tier": tier, "user": user, "ts": f"{time.time():.3f}"}
+class _ClientCore:
+    """What ``Fleet`` and ``AsyncFleet`` share: what the client remembers of its tiers, the WAIT
+    counters, and the operations of a submit and a reply wait (each yields its round trips to
+    the caller's runner)."""
 
+    def __init__(self, cluster: bool) -> None:
+        self.cluster = cluster  # a Redis Cluster client: the ordered submit
+        self.tiers: set[str] = set()  # tiers found to exist: not checked again
+        self.options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
+        self.checked: dict[str, float] = {}  # tier -> when a submit last checked it for pressure
+        self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
+        self.unreplicated: deque[str] = deque(maxlen=UNREPLICATED_KEEP)  # turn ids of short WAITs
 
-def _pressure_due(client: Fleet | AsyncFleet, tier: str, user: str) -> dict[str, str] | None:
-    """The pressure event a submit should check for, or None: a client checks a tier at most
-    once per ``PRESSURE_CHECK_S`` (no ``XINFO`` per submit; the commander's pass sees a backlog
-    the checks miss)."""
-    now = time.monotonic()
-    if now - client._checked.get(tier, float("-inf")) < PRESSURE_CHECK_S:
-        return None
-    client._checked[tier] = now
-    return _pressure_fields(tier, user)
+    @staticmethod
+    def build(turns: Iterable[tuple[str, str]], tier: str, meta: Mapping[str, Any] | None,
+              turn_ids: list[str | None] | None, max_bytes: int) -> Built:
+        """The turns, validated and encoded; raises ``InvalidId`` / ``TurnTooLarge``."""
+        return [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None, max_bytes)
+                for i, (u, t) in enumerate(turns)]
+
+    def submit(self, built: Built, create_tier: bool) -> Op[None]:
+        """Submit ``built`` (one tier's turns, at least one): the tier check, its options, then
+        per group's pool one submit and, when due, its pressure event."""
+        tier = built[0][0].tier
+        yield from self._ensure_tier(tier, create_tier)
+        opts = yield from self._submit_options(tier)
+        for pool, part in split_by_pool(tier, built, opts):  # a tier with groups: one per group
+            pressure = self._pressure_due(pool, part[-1][0].user)
+            done = yield from submit_turns.steps(part, pool, opts, pressure, cluster=self.cluster)
+            self._count_wait(opts, done, part)
+            if pressure is not None and _needs_pressure(done):
+                yield from post_pressure.steps(pool, pressure)
+
+    @staticmethod
+    def reply(user: str, turn_id: str, timeout: float, max_bytes: int, hint: str = "") -> Op[Reply]:
+        """The reply of a turn; ``TurnTimeout`` (its message ending with ``hint``) if none in time."""
+        raw = yield from wait_reply.steps(user, turn_id, timeout)
+        if raw is None:
+            raise TurnTimeout(f"no reply to turn {turn_id} of {user} within {timeout:g}s{hint}")
+        return decode(Reply, raw, max_bytes=max_bytes)
+
+    def _ensure_tier(self, tier: str, create: bool) -> Op[None]:
+        if tier in self.tiers:
+            return
+        if not (yield from tier_exists.steps(tier)):
+            if not create:
+                raise UnknownTier(tier)
+            yield from write_policy.steps(tier, TurnsPolicy())
+        self.tiers.add(tier)
+
+    def _submit_options(self, tier: str) -> Op[SubmitOptions]:
+        """The tier's ``ready_shards`` and ``replica_acks``, read again every ``OPTIONS_TTL_S``
+        (a stale shard count is still served: workers read every shard that exists)."""
+        opts, at = self.options.get(tier, (SubmitOptions(), -OPTIONS_TTL_S))
+        if time.monotonic() - at >= OPTIONS_TTL_S:
+            opts = yield from read_submit_options.steps(tier)
+            self.options[tier] = (opts, time.monotonic())
+        return opts
+
+    def _pressure_due(self, tier: str, user: str) -> dict[str, str] | None:
+        """The pressure event a submit should check for, or None: a client checks a tier at most
+        once per ``PRESSURE_CHECK_S`` (no ``XINFO`` per submit; the commander's pass sees a
+        backlog the checks miss)."""
+        now = time.monotonic()
+        if now - self.checked.get(tier, float("-inf")) < PRESSURE_CHECK_S:
+            return None
+        self.checked[tier] = now
+        return {"tier": tier, "user": user, "ts": f"{time.time():.3f}"}
+
+    def _count_wait(self, opts: SubmitOptions, done: Submitted, built: Built) -> None:
+        """Count a submit's WAIT (the tier's ``replica_acks``). A shortfall is logged and its
+        turn ids kept in ``unreplicated`` (the last ``UNREPLICATED_KEEP``: the turns a failover
+        may lose, for a caller that resubmits them); the turns stay submitted, queued on the
+        master, as without a WAIT."""
+        if opts.wait is None:
+            return
+        short = self.acks.short.get("submit", 0)
+        self.acks.count("submit", opts.wait, done.acked, time.monotonic())
+        if self.acks.short.get("submit", 0) > short:
+            self.unreplicated.extend(t.turn_id for t, _ in built)
 
 
 def _needs_pressure(done: Submitted) -> bool:
     """Whether the client must still post the pressure event: on a Cluster (one node: the
     check posted it itself), the gauges it read show no free slot."""
     return not done.posted and bool(done.gauges) and no_free_slot(*done.gauges)
-
-
-def _count_wait(client: Fleet | AsyncFleet, opts: SubmitOptions, done: Submitted,
-                built: list[tuple[Turn, bytes]]) -> None:
-    """Count a submit's WAIT (the tier's ``replica_acks``). A shortfall is logged and its turn
-    ids kept in ``client.unreplicated`` (the last ``UNREPLICATED_KEEP``: the turns a failover
-    may lose, for a caller that resubmits them); the turns stay submitted, queued on the
-    master, as without a WAIT (docs/guide/redis-cluster.md, "Failover and replica_acks")."""
-    if opts.wait is None:
-        return
-    short = client.acks.short.get("submit", 0)
-    client.acks.count("submit", opts.wait, done.acked, time.monotonic())
-    if client.acks.short.get("submit", 0) > short:
-        client.unreplicated.extend(t.turn_id for t, _ in built)
-
-
-def _decode_reply(raw: bytes, max_bytes: int) -> Reply:
-    return decode(Reply, raw, max_bytes=max_bytes)
 
 
 class Fleet:
@@ -205,27 +198,16 @@ class Fleet:
                  max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
                  max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
         self.r = client or connect_sync(url)
+        self._core = _ClientCore(is_cluster(self.r))
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
-        self._tiers: set[str] = set()  # tiers found to exist: not checked again
-        self._options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
-        self._checked: dict[str, float] = {}  # tier -> when a submit last checked it for pressure
-        self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
-        self.unreplicated: deque[str] = deque(maxlen=UNREPLICATED_KEEP)  # turn ids of short WAITs
+        self.acks = self._core.acks  # the submits' WAITs (a tier's replica_acks)
+        self.unreplicated = self._core.unreplicated  # turn ids of short WAITs
 
     def reread_policies(self) -> None:
         """Forget the tiers' submit options read so far (``ready_shards``, ``replica_acks``): the
         next submit reads its tier's again (they are read again every ``OPTIONS_TTL_S`` anyway)."""
-        self._options.clear()
-
-    def _submit_options(self, tier: str) -> SubmitOptions:
-        """The tier's ``ready_shards`` and ``replica_acks``, read again every ``OPTIONS_TTL_S``
-        (a stale shard count is still served: workers read every shard that exists)."""
-        opts, at = self._options.get(tier, (SubmitOptions(), -OPTIONS_TTL_S))
-        if time.monotonic() - at >= OPTIONS_TTL_S:
-            opts = read_submit_options(self.r, tier)
-            self._options[tier] = (opts, time.monotonic())
-        return opts
+        self._core.options.clear()
 
     def submit(self, user: str, text: str, tier: str = "chat", meta: Mapping[str, Any] | None = None,
                turn_id: str | None = None, *, create_tier: bool = False) -> TurnHandle:
@@ -239,39 +221,14 @@ class Fleet:
                     turn_ids: list[str | None] | None = None, *,
                     create_tier: bool = False) -> list[TurnHandle]:
         """Enqueue many ``(user, text)`` turns in one script call and round trip, in the given order
-        (on Redis Cluster: every inbox entry, then every notification, see the module docstring).
+        (on Redis Cluster: every inbox entry, then every notification).
 
         ``create_tier=True`` writes the default policy of a tier that does not exist yet.
         """
-        built = [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None,
-                             self.max_turn_bytes) for i, (u, t) in enumerate(turns)]
-        if not built:
-            return []
-        tier = built[0][0].tier
-        self._ensure_tier(tier, create_tier)
-        opts = self._submit_options(tier)
-        for pool, part in split_by_pool(tier, built, opts):  # a tier with groups: one per group
-            pressure = _pressure_due(self, pool, part[-1][0].user)
-            done = submit_round_trip(self.r, part, pool, opts, pressure)
-            _count_wait(self, opts, done, part)
-            if pressure is not None and _needs_pressure(done):
-                post_pressure(self.r, pool, pressure)
+        built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes)
+        if built:
+            run(self.r, self._core.submit(built, create_tier))
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
-
-    def _ensure_tier(self, tier: str, create: bool) -> None:
-        if tier in self._tiers:
-            return
-        if not self._tier_exists(tier):
-            if not create:
-                raise UnknownTier(tier)
-            write_policy(self.r, tier, TurnsPolicy())
-        self._tiers.add(tier)
-
-    def _tier_exists(self, tier: str) -> bool:
-        has_policy, tiers, registry = read_tier_probe(self.r, tier)
-        if tier_defined(tier, has_policy, tiers):
-            return True
-        return any_beating(self.r, heartbeats_of(tier, registry))
 
     def results(self, handles: Iterable[TurnHandle], timeout: float = 30.0) -> list[Reply]:
         """Wait for every handle, sharing one deadline."""
@@ -279,11 +236,8 @@ class Fleet:
         return [h.result(max(0.01, deadline - time.monotonic())) for h in handles]
 
     def _wait(self, user: str, turn_id: str, timeout: float) -> Reply:
-        raw = wait_reply(self.r, user, turn_id, timeout)
-        if raw is None:
-            raise TurnTimeout(f"no reply to turn {turn_id} of {user} within {timeout:g}s "
-                              "(is a worker running for its tier? `fleet status`)")
-        return _decode_reply(raw, self.max_reply_bytes)
+        return run(self.r, self._core.reply(user, turn_id, timeout, self.max_reply_bytes,
+                                            " (is a worker running for its tier? `fleet status`)"))
 
     def close(self) -> None:
         self.r.close()
@@ -296,49 +250,27 @@ class Fleet:
 
 
 class AsyncFleet:
-    """The asyncio twin of ``Fleet``: ``await fleet.ask(user, text)``."""
+    """The asyncio client: ``await fleet.ask(user, text)``."""
 
     def __init__(self, url: str | None = None, *, client: aioredis.Redis | None = None,
                  max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
                  max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
         self.r = client or connect_async(url)
+        self._core = _ClientCore(is_cluster(self.r))
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
-        self._tiers: set[str] = set()  # tiers found to exist: not checked again
-        self._options: dict[str, tuple[SubmitOptions, float]] = {}  # tier -> (options, read at, monotonic)
-        self._checked: dict[str, float] = {}  # tier -> when a submit last checked it for pressure
-        self.acks = ReplicaAcks.of("submit")  # the submits' WAITs (a tier's replica_acks)
-        self.unreplicated: deque[str] = deque(maxlen=UNREPLICATED_KEEP)  # turn ids of short WAITs
+        self.acks = self._core.acks  # the submits' WAITs (a tier's replica_acks)
+        self.unreplicated = self._core.unreplicated  # turn ids of short WAITs
 
     def reread_policies(self) -> None:
         """``Fleet.reread_policies``."""
-        self._options.clear()
-
-    async def _submit_options(self, tier: str) -> SubmitOptions:
-        """``Fleet._submit_options`` on asyncio."""
-        opts, at = self._options.get(tier, (SubmitOptions(), -OPTIONS_TTL_S))
-        if time.monotonic() - at >= OPTIONS_TTL_S:
-            opts = await read_submit_options_async(self.r, tier)
-            self._options[tier] = (opts, time.monotonic())
-        return opts
+        self._core.options.clear()
 
     async def submit(self, user: str, text: str, tier: str = "chat",
                      meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
                      create_tier: bool = False) -> Turn:
         """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
-        turn, payload = _build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes)
-        await self._ensure_tier(turn.tier, create_tier)
-        return (await self._submit_built([(turn, payload)], turn.tier))[0]
-
-    async def _submit_built(self, built: list[tuple[Turn, bytes]], tier: str) -> list[Turn]:
-        opts = await self._submit_options(tier)
-        for pool, part in split_by_pool(tier, built, opts):  # a tier with groups: one per group
-            pressure = _pressure_due(self, pool, part[-1][0].user)
-            done = await submit_round_trip_async(self.r, part, pool, opts, pressure)
-            _count_wait(self, opts, done, part)
-            if pressure is not None and _needs_pressure(done):
-                await post_pressure_async(self.r, pool, pressure)
-        return [t for t, _ in built]
+        return (await self.submit_many([(user, text)], tier, meta, [turn_id], create_tier=create_tier))[0]
 
     async def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                           meta: Mapping[str, Any] | None = None,
@@ -346,35 +278,14 @@ class AsyncFleet:
                           create_tier: bool = False) -> list[Turn]:
         """``Fleet.submit_many`` on asyncio: the turns, in the given order (one script call and
         round trip; on Redis Cluster every inbox entry, then every notification)."""
-        built = [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None,
-                             self.max_turn_bytes) for i, (u, t) in enumerate(turns)]
-        if not built:
-            return []
-        tier = built[0][0].tier
-        await self._ensure_tier(tier, create_tier)
-        return await self._submit_built(built, tier)
-
-    async def _ensure_tier(self, tier: str, create: bool) -> None:
-        if tier in self._tiers:
-            return
-        if not await self._tier_exists(tier):
-            if not create:
-                raise UnknownTier(tier)
-            await write_policy_async(self.r, tier, TurnsPolicy())
-        self._tiers.add(tier)
-
-    async def _tier_exists(self, tier: str) -> bool:
-        has_policy, tiers, registry = await read_tier_probe_async(self.r, tier)
-        if tier_defined(tier, has_policy, tiers):
-            return True
-        return await any_beating_async(self.r, heartbeats_of(tier, registry))
+        built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes)
+        if built:
+            await arun(self.r, self._core.submit(built, create_tier))
+        return [t for t, _ in built]
 
     async def wait(self, user: str, turn_id: str, timeout: float = 30.0) -> Reply:
         """The reply of a submitted turn; ``TurnTimeout`` if none in time."""
-        raw = await wait_reply_async(self.r, user, turn_id, timeout)
-        if raw is None:
-            raise TurnTimeout(f"no reply to turn {turn_id} of {user} within {timeout:g}s")
-        return _decode_reply(raw, self.max_reply_bytes)
+        return await arun(self.r, self._core.reply(user, turn_id, timeout, self.max_reply_bytes))
 
     async def ask(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
                   meta: Mapping[str, Any] | None = None, *, create_tier: bool = False) -> Reply:

@@ -1,4 +1,4 @@
-"""Reading the scaling ledger ``fleet:events`` (DESIGN §5): what changed, and why.
+"""Reading the scaling ledger ``fleet:events``: what changed, and why.
 
 Each entry has the fields ``m`` (msgpack ``LedgerEvent``) and ``tier`` (so a reader filters
 without decoding). An entry that does not decode is returned as a ``CorruptEvent`` and shown

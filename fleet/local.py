@@ -29,15 +29,15 @@ import psutil
 import redis
 
 from stores.connection import ping
-from stores.home import (
+from stores.local_fleet import (
     STATE_FILE,
     no_fleet_reason,
     recorded_url,
 )
-from stores.home import child_env as _child_env
-from stores.home import fleet_home as fleet_home  # re-exported: fleet.updown calls them through us
-from stores.home import pid_alive as pid_alive
-from stores.home import read_state as read_state
+from stores.local_fleet import child_env as _child_env
+from stores.local_fleet import fleet_home as fleet_home  # re-exported: fleet.updown calls them through us
+from stores.local_fleet import pid_alive as pid_alive
+from stores.local_fleet import read_state as read_state
 
 EMBEDDED_WARNING = """\
 WARNING: redis-server was not found on PATH: starting an EMBEDDED in-memory Redis (fakeredis).

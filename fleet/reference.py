@@ -189,8 +189,8 @@ def _option_rows(add_arguments: Callable[[argparse.ArgumentParser], None]) -> It
 
 def settings_section() -> list[str]:
     from commander.settings import CommanderSettings
-    from fleet.relay import add_arguments as relay_arguments
-    from worker.rq_worker import add_arguments as rq_worker_arguments
+    from worker.rq.relay import add_arguments as relay_arguments
+    from worker.rq.rq_worker import add_arguments as rq_worker_arguments
     from worker.settings import WorkerSettings
 
     lines = ["## Settings", "",
@@ -202,7 +202,7 @@ def settings_section() -> list[str]:
         lines += [f"### {title}", "", _cell(model.__doc__ or ""), "",
                   *_table(header, _settings_rows(model)), ""]
     for title, add in (("The relay (`fleet relay`): options", relay_arguments),
-                       ("An RQ worker (`fleet rq-worker`, `python -m worker.rq_worker`): options",
+                       ("An RQ worker (`fleet rq-worker`, `python -m worker.rq.rq_worker`): options",
                         rq_worker_arguments)):
         lines += [f"### {title}", "", *_table(["flag", "default", "description"], _option_rows(add)), ""]
     return lines

@@ -17,8 +17,8 @@ from stores.backlog import TierBacklog, active_users, live_ids, read_backlog, un
 from stores.cluster import is_cluster
 from stores.connection import connect_rq
 from stores.deadletters import dead_letter_count, newest_dead_letters
-from stores.groups import read_pool_policy, rejected_groups, with_group_pools
-from stores.leader import lease_holder
+from stores.group_assignment import read_pool_policy, rejected_groups, with_group_pools
+from stores.leader_lease import lease_holder
 from stores.policies import list_tiers, read_policy, read_policy_status
 from stores.registry import Registry, read_registry
 

@@ -14,12 +14,12 @@ import psutil
 import redis
 from redis.exceptions import RedisClusterException
 
+from commander.runtime.process.run_records import read_records
 from fleet import local
 from protocol.codec import CodecError
 from protocol.models import CommanderInfo
 from stores.commanders import commander_entries, deregister_commander
 from stores.connection import connect_sync
-from stores.records import read_records
 from stores.registry import read_registry
 
 WORKER_STOP_S = 10.0  # leftover workers after the commander: SIGTERM, then SIGKILL after this

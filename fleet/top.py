@@ -34,8 +34,8 @@ from protocol.policy import RqPolicy
 from stores.backlog import active_users
 from stores.commanders import commander_entries
 from stores.deadletters import dead_letter_count
-from stores.groups import read_pool_policy, with_group_pools
-from stores.leader import lease_holder, lease_ttl_ms
+from stores.group_assignment import read_pool_policy, with_group_pools
+from stores.leader_lease import lease_holder, lease_ttl_ms
 from stores.ledger import Entry, read_events
 from stores.policies import PolicyRead, list_tiers
 from stores.reports import newest_reports

@@ -1,4 +1,4 @@
-"""``fleet top``'s rows of the rq tiers (issue 16): each tier's queue signals and its RQ
+"""``fleet top``'s rows of the rq tiers: each tier's queue signals and its RQ
 workers, from the view ``fleet status`` shows (``fleet.status.rq_status``). Pure: text from
 what was read."""
 

@@ -1,4 +1,4 @@
-"""A deferral: background work a handler asks for, committed with its turn (issue 16).
+"""A deferral: background work a handler asks for, committed with its turn.
 
 A handler calls ``ctx.defer(name, *args, **kwargs)``; the worker writes one outbox entry per
 deferral in the turn's atomic commit (``turn_commit.lua``), and the relay (``fleet relay``)

@@ -30,9 +30,9 @@ TIERS = f"{PREFIX}:tiers"  # set of tier names that have a policy
 # the fenced ledger append (one Lua script over the three keys) is Cluster-safe.
 LEADER = f"{{{EVENTS}}}:leader"  # string "<commander>|<epoch>" with a TTL
 EPOCH = f"{{{EVENTS}}}:epoch"  # counter: every leadership gets a larger epoch
-RECOVERED = f"{PREFIX}:recovered"  # the data epoch of the last failover recovery (stores.recovery)
+RECOVERED = f"{PREFIX}:recovered"  # the data epoch of the last failover recovery (stores.renotify)
 COMMANDERS = f"{PREFIX}:commanders"  # hash: commander id -> msgpack CommanderInfo (leader and standbys)
-# The relay's notifications (issue 16): ``{user: U}`` per turn that deferred jobs, written right
+# The relay's notifications: ``{user: U}`` per turn that deferred jobs, written right
 # after its commit; one key (tag ``outbox``), read through consumer group ``RELAY_GROUP``.
 OUTBOX_READY = f"{PREFIX}:{{outbox}}:ready"
 OUTBOX_DEAD = f"{PREFIX}:{{outbox}}:dead"  # stream: outbox entries the relay could not enqueue

@@ -158,7 +158,7 @@ TURN_HISTOGRAMS = ("queue_wait", "handler", "latency")  # and its histograms
 
 
 class OccupancyReport(_Model):
-    """Raw quantities a worker reports every ``report_interval`` (DESIGN §4). No judgement."""
+    """Raw quantities a worker reports every ``report_interval``. No judgement."""
 
     worker: str
     tier: str
@@ -171,7 +171,7 @@ class OccupancyReport(_Model):
     rss: NonNegativeInt
     counters: Counters
     load: tuple[float, float, float]
-    turn_stats: TurnStats = TurnStats()  # absent from the reports of workers before issue 12
+    turn_stats: TurnStats = TurnStats()  # absent from older workers' reports
     # a handler's scale-in protection (TurnContext.protect): not to be retired before this time
     protected_until: float | None = None
 

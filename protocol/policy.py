@@ -302,7 +302,7 @@ class Jobs(BaseModel):
 
 
 class RqPolicy(BaseModel):
-    """An rq tier: RQ workers (``worker.rq_worker``) running deferred jobs from RQ queues, one at a
+    """An rq tier: RQ workers (``worker.rq.rq_worker``) running deferred jobs from RQ queues, one at a
     time, scaled on the queues' length."""
 
     model_config = FROZEN

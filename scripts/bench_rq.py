@@ -30,13 +30,13 @@ from pathlib import Path
 import redis
 from benchlib import ROOT, OneLineParser, emit, redis_server, stop_processes
 
-from fleet.relay import Relay, RelaySettings
 from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
 from protocol.policy import rq_policy
 from stores import outbox, rqjobs
 from stores.policies import write_policy
+from worker.rq.relay import Relay, RelaySettings
 
 BENCH_Q = "benchq"
 COLD_TIER = "coldq"
@@ -87,7 +87,7 @@ def env_for(url: str) -> dict[str, str]:
 
 
 def workers_phase(r: redis.Redis, url: str, n: int, k: int, log_dir: Path) -> dict[str, float]:
-    argv = [sys.executable, "-m", "worker.rq_worker", "--queues", BENCH_Q, "--name"]
+    argv = [sys.executable, "-m", "worker.rq.rq_worker", "--queues", BENCH_Q, "--name"]
     procs = [subprocess.Popen([*argv, f"b{i}"], env=env_for(url), stdout=(log_dir / f"rq-{i}.log").open("wb"),
                               stderr=subprocess.STDOUT) for i in range(k)]
     try:

@@ -4,7 +4,7 @@ Faults (loopback only, bounded in time, stops by itself): SIGKILL of a worker, a
 racing a SIGKILL, SIGSTOP of a worker past its lane TTL then SIGCONT (its lanes expire and
 other workers take its users over; its late writes must be fenced), SIGKILL of the commander
 (a new one is started), SIGKILL + restart of redis-server (AOF with appendfsync always),
-SIGSTOP/SIGCONT pauses of redis-server. Then Fleet's invariants are checked from
+SIGSTOP/SIGCONT pauses of redis-server. Then the invariants (docs/internals/architecture.md) are checked from
 Redis, from the clients' own records and from the workers' handler trace:
 
   I1 every accepted turn has exactly one reply      I2 per user, sessions in submission order

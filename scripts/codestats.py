@@ -12,10 +12,10 @@ product files they reach. Every figure is defined here, next to the code that ta
   its reply read (a client and a worker in one event loop, after a warm-up turn), and the
   deepest nesting of product frames seen then ("hops");
 - **commander pass**: the same for one pass of the leading commander over one tier;
-- **mixin classes**: product classes that another product class inherits from, other than
+- **mixin classes**: product classes that inherit from another product class other than
   interfaces (an ABC with abstract methods, a Protocol), models, settings and exceptions;
 - **sync/async twins**: a function ``f`` beside ``f_async`` (or ``async_f``) in one module, and
-  a class ``X`` beside ``AsyncX``/``SyncX``/``_AsyncX`` in one module;
+  a class ``X`` beside ``AsyncX``/``SyncX``/``_AsyncX`` in one module with a repeated method body;
 - **policy fields**: the policy models' fields (top level: the fields of a tier's policy; all:
   with every nested model); **settings**: fields of every ``BaseSettings`` class;
   **environment variables**: distinct ``FLEET_*`` names in product code, plus the settings'
@@ -50,7 +50,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PACKAGES = ("protocol", "stores", "worker", "commander", "fleet", "sim")
-HISTORY = re.compile(r"\bissues? \d+|\bhole \d+|DESIGN(\.md)? ?§|DESIGN §", re.IGNORECASE)
+HISTORY = re.compile(r"\bissues? #?\d+|\bholes? #?\d+|DESIGN\s*§|DESIGN\.md|\bexplorer seeds? \d+",
+                     re.IGNORECASE)  # as tests/unit/test_house.py
 
 
 def product_files(ext: tuple[str, ...] = (".py", ".lua")) -> Iterator[Path]:
@@ -74,45 +75,58 @@ def lines_per_package() -> dict[str, int]:
 
 
 # --- classes and twins -------------------------------------------------------------------------
-_NOT_MIXINS = {"ABC", "Protocol", "BaseModel", "BaseSettings", "Exception", "Enum", "StrEnum",
-               "NamedTuple", "TypedDict", "Generic"}
-
-
-def _classes() -> dict[str, tuple[str, list[str], bool]]:
-    """name -> (file, base names, is an interface/model/error)."""
-    found: dict[str, tuple[str, list[str], bool]] = {}
-    for path in product_files((".py",)):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.ClassDef):
-                continue
-            bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
-                     for b in node.bases]
-            abstract = any(isinstance(d, ast.FunctionDef) and any(
-                (isinstance(x, ast.Name) and x.id == "abstractmethod") or
-                (isinstance(x, ast.Attribute) and x.attr == "abstractmethod") for x in d.decorator_list)
-                for d in node.body)
-            exempt = abstract or any(b in _NOT_MIXINS or b.endswith(("Error", "Exception", "Model"))
-                                     for b in bases) or node.name.endswith(("Error", "Exception"))
-            found[node.name] = (str(path.relative_to(ROOT)), bases, exempt)
-    return found
-
-
 def mixin_classes() -> list[str]:
-    classes = _classes()
-    exempt = {n for n, (_f, _b, ex) in classes.items() if ex}
-    changed = True
-    while changed:  # a subclass of a model or an error is one too
-        changed = False
-        for name, (_f, bases, _ex) in classes.items():
-            if name not in exempt and any(b in exempt for b in bases):
-                exempt.add(name)
-                changed = True
-    used = {b for _n, (_f, bases, _e) in classes.items() for b in bases}
-    return sorted(f"{classes[n][0]}:{n}" for n in used if n in classes and n not in exempt)
+    """Product classes (defined at a module's top level) that inherit from another product class
+    which is not an interface (an ABC with abstract methods, a Protocol), a model, settings or
+    an exception: the rule ``tests/unit/test_house.py`` enforces."""
+    import importlib
+    import inspect
+    import typing
+
+    import pydantic
+    import pydantic_settings
+
+    def may_be_inherited(base: type) -> bool:
+        if getattr(base, "_is_protocol", False) or inspect.isabstract(base) or typing.is_typeddict(base):
+            return True
+        return issubclass(base, (BaseException, pydantic.BaseModel, pydantic_settings.BaseSettings))
+
+    found = []
+    for path in product_files((".py",)):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # an extra that is not installed
+            continue
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != name:
+                continue
+            for base in cls.__bases__:
+                if base.__module__.split(".")[0] in PACKAGES and not may_be_inherited(base):
+                    found.append(f"{base.__module__}.{base.__qualname__} <- {name}.{cls.__qualname__}")
+    return sorted(found)
+
+
+def _bodies(cls: ast.ClassDef) -> dict[str, int]:
+    """method name -> statements in its body (a docstring aside)."""
+    out = {}
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) and \
+                isinstance(getattr(node.body[0], "value", None), ast.Constant) else node.body
+            out[node.name] = sum(1 for _ in ast.walk(ast.Module(body=body, type_ignores=[]))
+                                 if isinstance(_, ast.stmt))
+    return out
 
 
 def twins() -> list[str]:
+    """Two implementations of one operation: a function ``f`` beside ``f_async`` (or ``async_f``)
+    in one module; or a class ``X`` beside ``AsyncX``/``SyncX``/``_AsyncX`` in one module that
+    repeats a method body of more than five statements (two thin faces of one core are not
+    twins)."""
     pairs = []
     for path in product_files((".py",)):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -125,11 +139,13 @@ def twins() -> list[str]:
                 for twin in (f"{name}_async", f"async_{name}"):
                     if twin in names:
                         pairs.append(f"{rel}:{name}/{twin}")
-        classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+        classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
         for name in sorted(classes):
             for twin in (f"Async{name}", f"Sync{name}", f"_Async{name.lstrip('_')}"):
                 if twin in classes and twin != name:
-                    pairs.append(f"{rel}:{name}/{twin}")
+                    a, b = _bodies(classes[name]), _bodies(classes[twin])
+                    if any(a[m] > 5 and b[m] > 5 for m in set(a) & set(b) if m != "__init__"):
+                        pairs.append(f"{rel}:{name}/{twin}")
     return pairs
 
 
@@ -253,7 +269,8 @@ class _Tracer:
         if event != "call" or not self._product(frame) or frame.f_code.co_name == "<module>":
             return
         self.files.add(str(Path(frame.f_code.co_filename).relative_to(ROOT)))
-        depth, chain, f = 0, [], frame
+        depth, chain = 0, []
+        f: FrameType | None = frame
         while f is not None:
             if self._product(f) and not f.f_code.co_name.startswith("<"):
                 depth += 1
@@ -265,12 +282,12 @@ class _Tracer:
     @contextlib.contextmanager
     def on(self) -> Iterator[None]:
         sys.setprofile(self)
-        threading.setprofile(self)  # type: ignore[arg-type]
+        threading.setprofile(self)
         try:
             yield
         finally:
             sys.setprofile(None)
-            threading.setprofile(None)  # type: ignore[arg-type]
+            threading.setprofile(None)
 
 
 @contextlib.contextmanager
@@ -382,7 +399,8 @@ def table(m: dict[str, Any]) -> str:
     for what in ("turn path", "commander pass"):
         rows.append((f"{what}: files", str(m[what]["files"])))
         rows.append((f"{what}: hops (deepest product stack)", str(m[what]["hops"])))
-    rows.append(("mixin classes", str(len(m["mixin classes"]))))
+    bases = {edge.split(" <- ")[0] for edge in m["mixin classes"]}
+    rows.append(("mixin classes (bases inherited from)", str(len(bases))))
     rows.append(("sync/async twin pairs", str(len(m["sync/async twins"]))))
     for name, n in m["policy fields"].items():
         rows.append((f"policy fields: {name}", str(n)))

@@ -1,4 +1,4 @@
-"""SIGTERM ``fleet rq-worker`` at random moments and check each warm shutdown (issue 16).
+"""SIGTERM ``fleet rq-worker`` at random moments and check each warm shutdown.
 
 A pod's RQ worker is retired by the kubelet's SIGTERM (the process runtime sends one too), at
 any moment of its life. Each round starts one ``fleet rq-worker`` on a private redis-server,

@@ -21,8 +21,8 @@ EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: virtual time 0
 
 MODULES = (
     "fakeredis._helpers", "fakeredis._socket._base", "fakeredis.model._stream",
-    "worker.app", "worker.services", "worker.job", "worker.lanetimer", "worker.handlers", "worker.sensor",
-    "worker.pod",
+    "worker.app", "worker.host", "worker.job", "worker.renewal", "worker.tier_policy", "worker.handlers",
+    "worker.sensor", "worker.pod",
     "stores.policies", "stores.commanders", "stores.worker_ops", "stores.deadletters", "stores.reports",
     "fleet.client",
     # deferred jobs' code: run by RQ workers, never in a simulation; listed so that

@@ -1,4 +1,4 @@
-"""The backlog of each tier's ready stream: turns that no worker has started (DESIGN §3).
+"""The backlog of each tier's ready stream: turns that no worker has started.
 
 A worker keeps the notifications of a job in progress pending until the job ends (the ack
 rule) and claims them to itself on every renew, so "lag + pending" counts work that is

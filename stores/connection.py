@@ -32,7 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from stores import home
+from stores import local_fleet
 from stores.retry import TRANSIENT, Backoff
 
 log = logging.getLogger(__name__)
@@ -69,11 +69,11 @@ def resolve_url(url: str | None = None) -> str:
         return url
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]
-    found = home.recorded_url()
+    found = local_fleet.recorded_url()
     if found is None:
-        raise NoFleetFound(f"no Redis to use: no --redis-url, no REDIS_URL, and {home.no_fleet_reason()}"
-                           "; run `fleet up`, or set REDIS_URL")
-    home.note_found_home()
+        raise NoFleetFound("no Redis to use: no --redis-url, no REDIS_URL, and "
+                           f"{local_fleet.no_fleet_reason()}; run `fleet up`, or set REDIS_URL")
+    local_fleet.note_found_home()
     return found
 
 
@@ -109,36 +109,12 @@ def _final(error: Exception) -> bool:
     return isinstance(error, (AuthenticationError, HandshakeTimeout))
 
 
-class _Retry(Retry):
-    """Retries connection errors, but not final ones: a wrong password stays wrong.
-
-    (``AuthenticationError`` is a ``ConnectionError`` to redis-py, so without this a CLI with
-    a bad password would spend seconds backing off before it says so; and the retries nest,
-    command over connect, so a handshake timeout retried would take minutes.)
-    """
-
-    def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None,
-                        with_failure_count: bool = False) -> Any:
-        def retryable(error: Exception) -> bool:
-            if _final(error):
-                return False
-            return is_retryable is None or bool(is_retryable(error))
-
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
-
-
-class _AsyncRetry(AsyncRetry):
-    """The asyncio twin of ``_Retry`` (redis-py's asyncio client needs its own Retry class:
-    given the blocking one it silently never retries)."""
-
-    async def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None,
-                              with_failure_count: bool = False) -> Any:
-        def retryable(error: Exception) -> bool:
-            if _final(error):
-                return False
-            return is_retryable is None or bool(is_retryable(error))
-
-        return await super().call_with_retry(do, fail, retryable, with_failure_count)
+def _not_final(error: Exception) -> bool:
+    """Whether redis-py may retry ``error``: not a final one. (``AuthenticationError`` is a
+    ``ConnectionError`` to redis-py, so a CLI with a bad password would spend seconds backing
+    off before it says so; and the retries nest, command over connect, so a handshake timeout
+    retried would take minutes.)"""
+    return not _final(error)
 
 
 def _backoff() -> Backoff:
@@ -147,13 +123,13 @@ def _backoff() -> Backoff:
 
 
 def _retry(retries: int) -> Retry:
-    return _Retry(_backoff(), retries)
+    return Retry(_backoff(), retries, is_retryable=_not_final)
 
 
 def async_retry_options(retries: int = 8) -> dict[str, Any]:
     """How every asyncio client rides out a lost connection: capped, jittered retries of
     connection errors; refused credentials are final. (The simulator's clients use it too.)"""
-    return {"retry": _AsyncRetry(_backoff(), retries), "retry_on_error": RETRY_ERRORS}
+    return {"retry": AsyncRetry(_backoff(), retries, is_retryable=_not_final), "retry_on_error": RETRY_ERRORS}
 
 
 def cluster_mode(value: str | None = None) -> ClusterMode:

@@ -4,9 +4,9 @@
 The worker appends them (``Worker.dead_letter`` calls :func:`dead_letter_async`). An entry holds
 ``user``, ``entry`` (the inbox entry id, '' for a bad notification), ``turn_id``, ``reason``,
 ``worker``, ``ts``, ``size``, ``payload`` (a JSON preview of the fields, each cut to
-``DEAD_FIELD_BYTES``) and, since issue 12, ``turn``: the inbox entry's own fields, whole, as a
-msgpack map, when they fit in ``DEAD_TURN_BYTES`` (a turn the worker accepts does): what a
-retry re-enqueues. Entries written before have no ``turn`` and cannot be retried.
+``DEAD_FIELD_BYTES``) and ``turn``: the inbox entry's own fields, whole, as a msgpack map, when
+they fit in ``DEAD_TURN_BYTES`` (a turn the worker accepts does): what a retry re-enqueues. An
+entry without ``turn`` cannot be retried.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from protocol import keys
 from protocol.codec import CodecError, as_str, decode, encode
 from protocol.ids import InvalidId, validate_tier, validate_token, validate_user_id
 from protocol.models import Turn
+from stores.cluster import is_cluster
 from stores.replies import Row, raw_rows
-from stores.submit import submit_round_trip
-from stores.tier_probe import read_submit_options, read_tier_probe, tier_defined
+from stores.submit import submit_turns
+from stores.submit_options import read_submit_options
+from stores.tier_exists import read_tier_probe, tier_defined
 
 DEAD_MAXLEN = 100_000
 DEAD_FIELD_BYTES = 2048
@@ -265,7 +267,8 @@ def _resubmit(r: redis.Redis, tier: str, batch: list[tuple[str, Turn]]) -> list[
             out += [Retried(i, "not_retriable", f"cannot retry: the turn's tier {target!r} is not defined",
                             t.user, tier=target) for i, t in items]
             continue
-        submit_round_trip(r, [(t, encode(t)) for _i, t in items], target, read_submit_options(r, target))
+        submit_turns(r, [(t, encode(t)) for _i, t in items], target, read_submit_options(r, target),
+                     cluster=is_cluster(r))
         out += [Retried(i, "retried", user=t.user, turn_id=t.turn_id, tier=t.tier) for i, t in items]
         done += [i for i, _t in items]
     if done:

@@ -1,4 +1,4 @@
-"""The relay's side of the outbox (issue 16): which users have deferrals, what they are, and
+"""The relay's side of the outbox: which users have deferrals, what they are, and
 removing them once RQ holds them.
 
 A turn that deferred jobs commits them into ``fleet:u:{U}:outbox`` (``turn_commit.lua``), then

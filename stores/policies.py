@@ -8,6 +8,9 @@ policy instead. Only the tier's workers, which run its handler, record what they
 ``...:status`` with the reason and which worker found it. Everyone else only reads (the
 commander checks the key against the handlers its live workers registered; ``fleet status``,
 ``policy get`` and ``top`` show what the workers recorded): a read never writes.
+
+:func:`read_policy` and :func:`write_policy` run on a blocking or an asyncio client
+(``stores.roundtrips``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from protocol import keys
 from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_tier
 from protocol.policy import Policy, PolicyError, TurnsPolicy, parse_policy
+from stores.roundtrips import Op, Pipelined, operation
 
 
 @dataclass(frozen=True)
@@ -111,14 +115,13 @@ def _unpack(replies: list[Any], group: str | None) -> tuple[Any, Any, Any, Any]:
     return raw, good, None, status
 
 
-def _queue_writes(pipe: Any, tier: str, group: str | None, writes: _Writes) -> bool:
+def _queue_writes(pipe: Any, tier: str, group: str | None, writes: _Writes) -> None:
     if writes.good is not None:
         pipe.set(keys.policy_good(tier), writes.good)
     if writes.group_good is not None and group:
         pipe.set(keys.policy_good(tier, group), writes.group_good)
     if writes.status is not None:
         pipe.hset(keys.policy_status(tier, group or ""), mapping=writes.status)
-    return writes != _Writes()
 
 
 def _goods(good: bytes | None, group_good: bytes | None, group: str | None) -> tuple[bytes | None, ...]:
@@ -126,37 +129,20 @@ def _goods(good: bytes | None, group_good: bytes | None, group: str | None) -> t
     return (group_good, good) if group else (good,)
 
 
-def read_policy(r: redis.Redis, tier: str, handlers: Iterable[str] | None = None, *,
-                record: bool = False, reader: str = "", group: str | None = None) -> PolicyRead:
-    """Read and validate a tier's policy (blocking client); with ``record``, note a changed
-    verdict and copy an accepted key to the last good one (for the tier's own processes).
-    ``handlers`` are checked against the handler of ``group`` (the reader's pool)."""
-    pipe = r.pipeline(transaction=False)
-    _queue_reads(pipe, tier, group)
-    raw, good, group_good, status = _unpack(pipe.execute(), group)
+@operation
+def read_policy(tier: str, handlers: Iterable[str] | None = None, *, record: bool = False, reader: str = "",
+                group: str | None = None) -> Op[PolicyRead]:
+    """Read and validate a tier's policy; with ``record``, note a changed verdict and copy an
+    accepted key to the last good one (for the tier's own processes). ``handlers`` are checked
+    against the handler of ``group`` (the reader's pool)."""
+    replies = yield Pipelined(lambda pipe: _queue_reads(pipe, tier, group))
+    raw, good, group_good, status = _unpack(replies, group)
     read = _resolve(tier, raw, _goods(good, group_good, group), handlers, group)
     if record:
-        pipe = r.pipeline(transaction=False)
         writes = _plan_writes(read, raw, (good, group_good), status, reader, group)
-        if _queue_writes(pipe, tier, group, writes):
+        if writes != _Writes():
             with contextlib.suppress(NoPermissionError):  # a read-only user cannot record it
-                pipe.execute()
-    return read
-
-
-async def read_policy_async(r: aioredis.Redis, tier: str, handlers: Iterable[str] | None = None, *,
-                            record: bool = False, reader: str = "", group: str | None = None) -> PolicyRead:
-    """The asyncio twin of ``read_policy``."""
-    pipe = r.pipeline(transaction=False)
-    _queue_reads(pipe, tier, group)
-    raw, good, group_good, status = _unpack(await pipe.execute(), group)
-    read = _resolve(tier, raw, _goods(good, group_good, group), handlers, group)
-    if record:
-        pipe = r.pipeline(transaction=False)
-        writes = _plan_writes(read, raw, (good, group_good), status, reader, group)
-        if _queue_writes(pipe, tier, group, writes):
-            with contextlib.suppress(NoPermissionError):
-                await pipe.execute()
+                yield Pipelined(lambda pipe: _queue_writes(pipe, tier, group, writes))
     return read
 
 
@@ -179,18 +165,10 @@ def _queue_policy_write(pipe: Any, tier: str, policy: Policy) -> None:
     pipe.sadd(keys.TIERS, tier)
 
 
-def write_policy(r: redis.Redis, tier: str, policy: Policy) -> None:
+@operation
+def write_policy(tier: str, policy: Policy) -> Op[None]:
     """Store a validated policy as the tier's key (its workers make it the last good copy)."""
-    pipe = r.pipeline(transaction=False)
-    _queue_policy_write(pipe, tier, policy)
-    pipe.execute()
-
-
-async def write_policy_async(r: aioredis.Redis, tier: str, policy: Policy) -> None:
-    """The asyncio twin of ``write_policy``."""
-    pipe = r.pipeline(transaction=False)
-    _queue_policy_write(pipe, tier, policy)
-    await pipe.execute()
+    yield Pipelined(lambda pipe: _queue_policy_write(pipe, tier, policy))
 
 
 def has_policy_key(r: redis.Redis, tier: str) -> bool:

@@ -6,11 +6,11 @@ that made them:
 
 - on one node, in the same non-transactional pipeline (one connection) as the writes;
 - on a Redis Cluster, down one connection of the master serving the written keys' slot
-  (:func:`on_node` / :func:`on_node_async`: the writes grouped by master, each group with its
-  ``WAIT``). redis-py's cluster pipeline cannot carry it: it would send the keyless ``WAIT``
-  to a node of its own choosing. These two functions use redis-py's cluster internals (the
+  (:func:`on_node`, the round trip :class:`OnNodes`: the writes grouped by master, each group
+  with its ``WAIT``). redis-py's cluster pipeline cannot carry it: it would send the keyless
+  ``WAIT`` to a node of its own choosing. ``OnNodes`` uses redis-py's cluster internals (the
   node of a key, a node's own connection, its slot-table patching), pinned by the tests on a
-  real cluster (tests/cluster/test_replica_wait_cluster.py, test_submit_wait_cluster.py).
+  real cluster (tests/cluster/test_replica_wait_cluster.py).
 
 A ``WAIT`` that gets fewer replicas than asked (its timeout, or an error) is counted in
 :class:`ReplicaAcks` and logged at most every ``SHORTFALL_LOG_EVERY_S``; the caller goes on.
@@ -30,6 +30,7 @@ from redis.exceptions import MovedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from protocol.policy import TurnsPolicy
+from stores.roundtrips import Op
 
 log = logging.getLogger("fleet.replicas")
 SHORTFALL_LOG_EVERY_S = 10.0  # a replica away makes every WAIT short: one warning per this long
@@ -99,57 +100,69 @@ def by_node(rc: Any, writes: Sequence[tuple[str, Command]]) -> dict[str, tuple[A
     return groups
 
 
-def on_node(rc: Any, writes: Sequence[tuple[str, Command]], wait: ReplicaWait) -> tuple[list[Any], list[Any]]:
-    """Blocking Cluster client: each master's share of ``writes`` and then ``WAIT``, down one
-    connection of that master, master after master. Returns the writes' replies (in the order
-    of ``writes``; an error is its exception) and each master's WAIT reply.
+@dataclass(frozen=True)
+class OnNodes:
+    """The round trip of a Cluster's ``writes`` (key, command) with their ``WAIT``: each master's
+    share and then ``WAIT``, down one connection of that master. Its reply: the writes' replies
+    (in the order of ``writes``; an error is its exception) and each master's WAIT reply.
 
     A MOVED reply patches the client's slot table (the caller's retry goes to the right
     master); a connection error has the client learn the topology again, and is raised."""
-    replies: list[Any] = [None] * len(writes)
-    acked: list[Any] = []
-    for node, idx in by_node(rc, writes).values():
-        pipe = rc.get_redis_connection(node).pipeline(transaction=False)
-        for i in idx:
-            pipe.execute_command(*writes[i][1])
-        pipe.wait(wait.replicas, wait.timeout_ms)
-        try:
-            got = pipe.execute(raise_on_error=False)
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            rc.nodes_manager.initialize()  # what redis-py's own cluster commands do
-            raise
-        for i, res in zip(idx, got, strict=False):
-            replies[i] = res
-            if isinstance(res, MovedError):
-                rc.nodes_manager.move_slot(res)
-        acked.append(got[-1])
-    return replies, acked
+
+    writes: tuple[tuple[str, Command], ...]
+    wait: ReplicaWait
+
+    def send(self, rc: Any) -> tuple[list[Any], list[Any]]:
+        """On the blocking Cluster client: master after master."""
+        replies: list[Any] = [None] * len(self.writes)
+        acked: list[Any] = []
+        for node, idx in by_node(rc, self.writes).values():
+            pipe = rc.get_redis_connection(node).pipeline(transaction=False)
+            for i in idx:
+                pipe.execute_command(*self.writes[i][1])
+            pipe.wait(self.wait.replicas, self.wait.timeout_ms)
+            try:
+                got = pipe.execute(raise_on_error=False)
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                rc.nodes_manager.initialize()  # what redis-py's own cluster commands do
+                raise
+            for i, res in zip(idx, got, strict=False):
+                replies[i] = res
+                if isinstance(res, MovedError):
+                    rc.nodes_manager.move_slot(res)
+            acked.append(got[-1])
+        return replies, acked
+
+    async def asend(self, rc: Any) -> tuple[list[Any], list[Any]]:
+        """On the asyncio Cluster client: the masters' shares sent concurrently."""
+        await rc.initialize()  # a no-op unless the client must learn the topology (again)
+        replies: list[Any] = [None] * len(self.writes)
+
+        async def one(node: Any, idx: list[int]) -> Any:
+            cmds = [PipelineCommand(n, *self.writes[i][1]) for n, i in enumerate(idx)]
+            cmds.append(PipelineCommand(len(idx), "WAIT", self.wait.replicas, self.wait.timeout_ms))
+            try:
+                await node.execute_pipeline(cmds)
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                # what redis-py's own cluster commands do on a connection error
+                rc.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
+                rc._initialize = True
+                raise
+            for i, cmd in zip(idx, cmds, strict=False):
+                replies[i] = cmd.result
+                if isinstance(cmd.result, MovedError):
+                    await rc.nodes_manager.move_slot(cmd.result)
+            return cmds[-1].result
+
+        acked = await asyncio.gather(*(one(node, idx) for node, idx in by_node(rc, self.writes).values()))
+        return replies, list(acked)
 
 
-async def on_node_async(rc: Any, writes: Sequence[tuple[str, Command]],
-                        wait: ReplicaWait) -> tuple[list[Any], list[Any]]:
-    """:func:`on_node` on the asyncio Cluster client: the masters' shares are sent concurrently."""
-    await rc.initialize()  # a no-op unless the client must learn the topology (again)
-    replies: list[Any] = [None] * len(writes)
-
-    async def one(node: Any, idx: list[int]) -> Any:
-        cmds = [PipelineCommand(n, *writes[i][1]) for n, i in enumerate(idx)]
-        cmds.append(PipelineCommand(len(idx), "WAIT", wait.replicas, wait.timeout_ms))
-        try:
-            await node.execute_pipeline(cmds)
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            # what redis-py's own cluster commands do on a connection error
-            rc.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
-            rc._initialize = True
-            raise
-        for i, cmd in zip(idx, cmds, strict=False):
-            replies[i] = cmd.result
-            if isinstance(cmd.result, MovedError):
-                await rc.nodes_manager.move_slot(cmd.result)
-        return cmds[-1].result
-
-    acked = await asyncio.gather(*(one(node, idx) for node, idx in by_node(rc, writes).values()))
-    return replies, list(acked)
+def on_node(writes: Sequence[tuple[str, Command]], wait: ReplicaWait) -> Op[tuple[list[Any], list[Any]]]:
+    """Send ``writes`` on a Cluster client, each master's share followed by ``wait`` on the same
+    connection (:class:`OnNodes`); the writes' replies and the WAITs' replies."""
+    replies: tuple[list[Any], list[Any]] = yield OnNodes(tuple(writes), wait)
+    return replies
 
 
 def fewest(acked: Sequence[Any]) -> Any:

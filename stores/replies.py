@@ -4,7 +4,7 @@ redis-py's inline annotations describe its replies as unions over RESP2/RESP3 an
 ``decode_responses`` (``bytes | str | None``, XREAD as a dict); Fleet's clients speak RESP2
 with ``decode_responses=False``, so a stream entry is ``(id bytes, {field bytes: value bytes})``
 and an XREAD reply a list of ``(stream name, entries)``. These helpers state that once, so the
-stores' callers are typed. They do not copy or convert the fields (no behaviour change).
+stores' callers are typed. They do not copy or convert the fields.
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ from tenacity.wait import wait_random_exponential
 # promoted after its master died; MOVED/ASK/TRYAGAIN/CLUSTERDOWN that outlive its own few
 # retries reach us as ``ResponseError``s (``RedisError``). All of them mend with a wait.
 TRANSIENT: tuple[type[Exception], ...] = (RedisError, OSError, RedisClusterException)
-RETRIED = TRANSIENT  # the older name
 # The ``ResponseError``s of a Cluster whose slots are moving (MOVED is an AskError; MASTERDOWN a
 # ClusterDownError): a loop that raises other ``ResponseError``s still waits on these.
 CLUSTER_IN_MOTION: tuple[type[Exception], ...] = (AskError, TryAgainError, ClusterDownError)

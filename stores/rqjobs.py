@@ -1,4 +1,4 @@
-"""Fleet's calls into RQ (issue 16): enqueue a deferral exactly once, read a queue's signals,
+"""Fleet's calls into RQ: enqueue a deferral exactly once, read a queue's signals,
 list and requeue failed jobs, and hand back the jobs of an RQ worker that died.
 
 RQ is the ``rq`` extra: this module imports it, so only the relay, the RQ workers, the
@@ -40,7 +40,7 @@ def enqueue(conn: redis.Redis, d: Deferral, result_ttl_s: int = RESULT_TTL_S) ->
     """Put the deferral into its queue under its job id, unless RQ holds that id already: True
     if enqueued now, False if it was there (RQ's check and save are one Lua script,
     ``unique=True``). A delayed one goes to the queue's scheduled registry, due at commit time
-    + delay (RQ workers run the scheduler: ``worker.rq_worker``)."""
+    + delay (RQ workers run the scheduler: ``worker.rq.rq_worker``)."""
     q = queue(conn, d.queue)
     options: dict[str, Any] = {
         "job_id": d.job_id, "unique": True, "result_ttl": result_ttl_s,

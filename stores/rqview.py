@@ -1,4 +1,4 @@
-"""An rq tier's status as people read it (issue 16): its RQ workers (busy or idle, the job in
+"""An rq tier's status as people read it: its RQ workers (busy or idle, the job in
 hand, age) and its queues' signals (queued, started, failed, the oldest queued job's age),
 from RQ's registries. One view for ``fleet status``, ``fleet top`` and the monitor page; and
 the failed jobs, for ``fleet jobs failed`` and the monitor page.

@@ -1,7 +1,8 @@
-"""Loads the Lua scripts of ``stores/lua`` (one file, one operation, KEYS/ARGV header each).
+"""The Lua scripts of ``stores/lua`` (one file, one operation, KEYS/ARGV header each), and
+:class:`Scripts`, the one registry of them for either kind of client.
 
-redis-py's ``Script`` objects run by EVALSHA and reload on NOSCRIPT, so a Redis restart
-(which forgets the script cache) costs one extra round trip, not an error.
+redis-py's script objects run by EVALSHA and load themselves again on NOSCRIPT, so a Redis
+restart (which forgets the script cache) costs a reload, not an error.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import hashlib
 import re
 from functools import cache
 from importlib import resources
+from typing import Any, Generic, TypeVar, overload
 
 import redis
 import redis.asyncio as aioredis
@@ -38,29 +40,35 @@ def sha(name: str) -> str:
     return hashlib.sha1(source(name).encode()).hexdigest()
 
 
-class Scripts:
-    """The scripts bound to one asyncio client."""
-
-    def __init__(self, r: aioredis.Redis) -> None:
-        self.lane_acquire: AsyncScript = r.register_script(source("lane_acquire"))
-        self.lease_renew: AsyncScript = r.register_script(source("lease_renew"))
-        self.lease_drop: AsyncScript = r.register_script(source("lease_drop"))
-        self.turn_commit: AsyncScript = r.register_script(source("turn_commit"))
-        self.notification_ack: AsyncScript = r.register_script(source("notification_ack"))
-        self.notification_ack_covered: AsyncScript = r.register_script(source("notification_ack_covered"))
-        self.notification_touch: AsyncScript = r.register_script(source("notification_touch"))
-        self.turn_submit: AsyncScript = r.register_script(source("turn_submit"))
-        self.submit_pressure: AsyncScript = r.register_script(source("submit_pressure"))
+ScriptT = TypeVar("ScriptT", Script, AsyncScript)
 
 
-class SyncScripts:
-    """The scripts the commander's takeover runs, bound to one blocking client.
+class Scripts(Generic[ScriptT]):
+    """Every script, bound to client ``r``: redis-py's ``Script`` objects on a blocking client
+    (``redis.Redis``, ``fakeredis.FakeRedis``), ``AsyncScript`` ones on an asyncio client. Each
+    runs by ``EVALSHA`` and loads itself again on ``NOSCRIPT``; ``client=pipe`` queues a call on a
+    pipeline of the same client instead."""
 
-    A blocking client (``redis.Redis``, or ``fakeredis.FakeRedis`` in the simulator and unit
-    tests) cannot run the ``AsyncScript`` objects of ``Scripts``; pass ``client=pipe`` to run
-    one on a pipeline of the same client.
-    """
+    lane_acquire: ScriptT
+    lease_renew: ScriptT
+    lease_drop: ScriptT
+    turn_commit: ScriptT
+    leader_acquire: ScriptT
+    ledger_append: ScriptT
+    lane_clear: ScriptT
+    consumer_drop: ScriptT
+    notification_ack: ScriptT
+    notification_ack_covered: ScriptT
+    notification_touch: ScriptT
+    turn_submit: ScriptT
+    submit_pressure: ScriptT
 
-    def __init__(self, r: redis.Redis) -> None:
-        self.lane_clear: Script = r.register_script(source("lane_clear"))
-        self.consumer_drop: Script = r.register_script(source("consumer_drop"))
+    @overload
+    def __init__(self: Scripts[Script], r: redis.Redis) -> None: ...
+
+    @overload
+    def __init__(self: Scripts[AsyncScript], r: aioredis.Redis) -> None: ...
+
+    def __init__(self, r: Any) -> None:
+        for name in NAMES:
+            setattr(self, name, r.register_script(source(name)))

@@ -1,13 +1,15 @@
-"""The submit's commands (DESIGN §3, ``fleet/client.py`` explains them): on one node one round
-trip of one script (``turn_submit.lua``: every inbox entry, notification and active mark) and,
-now and then, the pressure check (``submit_pressure.lua``); on Redis Cluster two round trips,
-the inbox entries first and only then their notifications (:func:`submit_ordered`). With the tier's
-``replica_acks`` (:class:`stores.tier_probe.SubmitOptions`), a ``WAIT`` follows the writes on
-their own connections (``stores.replicas``). The tier probe, pressure events and the reply
-wait are in ``stores.tier_probe``.
+"""A turn from the client's side: the submit's commands, its pressure check, the wait for its reply.
 
-The client builds and validates the turns; every Redis command it sends is queued or sent
-here, on a blocking or an asyncio client alike (the pipeline functions take either).
+On one node the submit is one round trip of one script (``turn_submit.lua``: every inbox entry,
+notification and active mark of the batch) and, now and then, the pressure check after it
+(``submit_pressure.lua``). On Redis Cluster no script or transaction can span the user's slot
+(inbox) and the tier's (ready stream, active set), so the submit is ordered: the inbox entries
+first, and only once they are acknowledged their notifications (:func:`submit_ordered`). With
+the tier's ``replica_acks`` (:class:`stores.submit_options.SubmitOptions`) a ``WAIT`` follows
+the writes on their own connections (``stores.replicas``).
+
+The client builds and validates the turns; every command it sends for them is here, as
+operations that run on a blocking or an asyncio client alike (``stores.roundtrips``).
 """
 
 from __future__ import annotations
@@ -17,21 +19,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
+from redis.typing import EncodableT, FieldT
 
 from protocol import keys
 from protocol.models import Turn
 from stores import replicas, scripts
 from stores.backlog import queue_submit_gauges
-from stores.cluster import is_cluster
 from stores.replicas import Command
-from stores.tier_probe import PRESSURE_MAXLEN, SubmitOptions
+from stores.roundtrips import Op, Pipelined, Single, operation
+from stores.submit_options import SubmitOptions
 
 NO_OPTIONS = SubmitOptions()
 
 
 PRESSURE_CHECK_S = 0.01  # a client checks a tier for pressure at most this often (see below)
+PRESSURE_MAXLEN = 10_000  # entries a tier's pressure stream keeps (approximately)
 
 
 @dataclass(frozen=True)
@@ -117,45 +120,38 @@ def queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str,
         pipe.execute_command(*pressure_call(tier, keys.ready_shard(built[-1][0].user, opts.shards), pressure))
 
 
-def submit_round_trip(r: redis.Redis, built: list[tuple[Turn, bytes]], tier: str,
-                      opts: SubmitOptions = NO_OPTIONS,
-                      pressure: Mapping[str, str] | None = None) -> Submitted:
+@operation
+def submit_turns(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptions = NO_OPTIONS,
+                 pressure: Mapping[str, str] | None = None, *, cluster: bool) -> Op[Submitted]:
     """Submit ``built``; with ``pressure``, check the tier and post that event if it is due.
 
-    On one node: one script and round trip (``WAIT`` after it, if asked; a restarted Redis that
-    forgot the scripts costs a second). On Redis Cluster (:func:`is_cluster`): the ordered
-    submit of :func:`submit_ordered`, two round trips (three with a ``WAIT``), no script.
+    On one node (:func:`submit_one_node`): one script and round trip (``WAIT`` after it, if
+    asked; a restarted Redis that forgot the scripts costs three more). On Redis Cluster
+    (``cluster``): the ordered submit of :func:`submit_ordered`, two round trips (three with a
+    ``WAIT``), no script.
     """
-    if is_cluster(r):
-        return submit_ordered(r, built, tier, opts, pressure is not None)
-    for attempt in range(2):
-        pipe = r.pipeline(transaction=False)
+    if cluster:
+        return (yield from submit_ordered(built, tier, opts, pressure is not None))
+    return (yield from submit_one_node(built, tier, opts, pressure))
+
+
+def submit_one_node(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptions = NO_OPTIONS,
+                    pressure: Mapping[str, str] | None = None) -> Op[Submitted]:
+    """The single-node submit (:func:`queue_round_trip`); on ``NOSCRIPT`` (nothing was written)
+    both scripts are loaded and the round trip sent again."""
+    def queue(pipe: Any) -> None:
         queue_round_trip(pipe, built, tier, opts, pressure)
-        results = pipe.execute(raise_on_error=False)
-        if attempt == 0 and _no_script(results):
-            for name in SUBMIT_SCRIPTS:
-                r.script_load(scripts.source(name))
-            continue
-        break
+
+    results = yield Pipelined(queue, raise_on_error=False)
+    if _no_script(results):
+        for name in SUBMIT_SCRIPTS:
+            yield _load_script(name)
+        results = yield Pipelined(queue, raise_on_error=False)
     return committed(results, opts.wait is not None, pressure is not None)
 
 
-async def submit_round_trip_async(r: aioredis.Redis, built: list[tuple[Turn, bytes]], tier: str,
-                                  opts: SubmitOptions = NO_OPTIONS,
-                                  pressure: Mapping[str, str] | None = None) -> Submitted:
-    """:func:`submit_round_trip` on an asyncio client."""
-    if is_cluster(r):
-        return await submit_ordered_async(r, built, tier, opts, pressure is not None)
-    for attempt in range(2):
-        pipe = r.pipeline(transaction=False)
-        queue_round_trip(pipe, built, tier, opts, pressure)
-        results = await pipe.execute(raise_on_error=False)
-        if attempt == 0 and _no_script(results):
-            for name in SUBMIT_SCRIPTS:
-                await r.script_load(scripts.source(name))
-            continue
-        break
-    return committed(results, opts.wait is not None, pressure is not None)
+def _load_script(name: str) -> Single:
+    return Single(lambda r: r.script_load(scripts.source(name)))
 
 
 SUBMIT_SCRIPTS = ("turn_submit", "submit_pressure")
@@ -202,9 +198,9 @@ class SubmitNotNotified(redis.RedisError):
                          "turn_id (answered once)")
 
 
-def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str,
-                   opts: SubmitOptions = NO_OPTIONS, gauges: bool = True) -> Submitted:
-    """The submit on Redis Cluster; return the gauges read after it (DESIGN §3).
+def submit_ordered(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptions = NO_OPTIONS,
+                   gauges: bool = True) -> Op[Submitted]:
+    """The submit on Redis Cluster; return the gauges read after it.
 
     A turn's inbox entry lives in the user's slot, its notification and active mark in the
     tier's: no transaction can hold both, and redis-py's async cluster pipeline sends each
@@ -231,54 +227,24 @@ def submit_ordered(r: Any, built: list[tuple[Turn, bytes]], tier: str,
     """
     wait, acked1 = opts.wait, list[Any]()
     if wait is None:
-        pipe = r.pipeline(transaction=False)
-        queue_inboxes(pipe, built)
-        inboxed = pipe.execute(raise_on_error=False)
+        inboxed = yield Pipelined(lambda pipe: queue_inboxes(pipe, built), raise_on_error=False)
     else:
-        inboxed, acked1 = replicas.on_node(r, [inbox_command(t, p) for t, p in built], wait)
+        inboxed, acked1 = yield from replicas.on_node([inbox_command(t, p) for t, p in built], wait)
     written, refused = inbox_written(inboxed, built)
     acked2: list[Any] = []
     try:
-        pipe = r.pipeline(transaction=False)
         if wait is None:
-            queue_notifications(pipe, written, tier, opts.shards, gauges)
-            results = pipe.execute(raise_on_error=False)
+            def notify(pipe: Any) -> None:
+                queue_notifications(pipe, written, tier, opts.shards, gauges)
+
+            results = yield Pipelined(notify, raise_on_error=False)
         else:
-            notes, acked2 = replicas.on_node(r, _notifications(written, opts.shards), wait)
-            results = notes
+            results, acked2 = yield from replicas.on_node(_notifications(written, opts.shards), wait)
             if gauges:
-                queue_submit_gauges(pipe, tier, _last_shard(written, opts.shards))
-                results += pipe.execute(raise_on_error=False)
+                shard = _last_shard(written, opts.shards)
+                results += (yield Pipelined(lambda pipe: queue_submit_gauges(pipe, tier, shard),
+                                            raise_on_error=False))
     except Exception as exc:  # RedisClusterException is no RedisError: whatever it is, unnotified
-        raise SubmitNotNotified(written, exc) from exc
-    read = notified(results, written, refused, gauges)
-    return Submitted(read) if wait is None else Submitted(read, replicas.fewest(acked1 + acked2))
-
-
-async def submit_ordered_async(r: Any, built: list[tuple[Turn, bytes]], tier: str,
-                               opts: SubmitOptions = NO_OPTIONS, gauges: bool = True) -> Submitted:
-    """:func:`submit_ordered` on an asyncio client (each master's share sent concurrently)."""
-    wait, acked1 = opts.wait, list[Any]()
-    if wait is None:
-        pipe = r.pipeline(transaction=False)
-        queue_inboxes(pipe, built)
-        inboxed = await pipe.execute(raise_on_error=False)
-    else:
-        inboxed, acked1 = await replicas.on_node_async(r, [inbox_command(t, p) for t, p in built], wait)
-    written, refused = inbox_written(inboxed, built)
-    acked2: list[Any] = []
-    try:
-        pipe = r.pipeline(transaction=False)
-        if wait is None:
-            queue_notifications(pipe, written, tier, opts.shards, gauges)
-            results = await pipe.execute(raise_on_error=False)
-        else:
-            notes, acked2 = await replicas.on_node_async(r, _notifications(written, opts.shards), wait)
-            results = notes
-            if gauges:
-                queue_submit_gauges(pipe, tier, _last_shard(written, opts.shards))
-                results += await pipe.execute(raise_on_error=False)
-    except Exception as exc:
         raise SubmitNotNotified(written, exc) from exc
     read = notified(results, written, refused, gauges)
     return Submitted(read) if wait is None else Submitted(read, replicas.fewest(acked1 + acked2))
@@ -339,3 +305,19 @@ def notified(results: Any, written: list[Turn], refused: Exception | None,
     if refused is not None:
         raise refused
     return results[queued:]
+
+
+# --- around the submit --------------------------------------------------------------------
+@operation
+def post_pressure(tier: str, fields: Mapping[str, str]) -> Op[None]:
+    """Append a pressure event to the tier's stream (it wakes the commander): on a Cluster,
+    where the submit reads the gauges and the client judges them."""
+    entry: dict[FieldT, EncodableT] = {k: v for k, v in fields.items()}  # a dict is invariant in its key
+    yield Single(lambda r: r.xadd(keys.pressure(tier), entry, maxlen=PRESSURE_MAXLEN, approximate=True))
+
+
+@operation
+def wait_reply(user: str, turn_id: str, timeout: float) -> Op[Any]:
+    """The raw reply of a turn (``BLPOP`` up to ``timeout`` s), or None if none came."""
+    got = yield Single(lambda r: r.blpop([keys.reply(user, turn_id)], timeout=max(timeout, 0.01)))
+    return None if got is None else got[1]

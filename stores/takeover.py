@@ -1,4 +1,4 @@
-"""Fast takeover of a dead worker's users, and removal of dead consumers (DESIGN §3 "Crash").
+"""Fast takeover of a dead worker's users, and removal of dead consumers.
 
 When the commander knows a worker is dead (its process exited, or its heartbeat expired),
 it does not wait for the lane lease to expire and for ``XAUTOCLAIM``'s idle rule: for every
@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_token, validate_user_id
 from stores import cluster
-from stores.scripts import SyncScripts
+from stores.scripts import Scripts
 
 BATCH = 100  # pending entries handled per round of XPENDING
 
@@ -91,7 +92,7 @@ def take_over(r: redis.Redis, tier: str, worker: str, batch: int = BATCH) -> Tak
     """
     validate_token(worker, "worker id")
     done = _Progress()
-    scripts = SyncScripts(r)
+    scripts = Scripts(r)
     dropped = [_take_over_stream(r, scripts, stream, worker, batch, done)
                for stream in shard_streams(r, tier)]
     left = -1 in dropped
@@ -99,7 +100,7 @@ def take_over(r: redis.Redis, tier: str, worker: str, batch: int = BATCH) -> Tak
                     done.unreadable, consumer_removed=1 in dropped and not left, pending_left=left)
 
 
-def _take_over_stream(r: redis.Redis, scripts: SyncScripts, stream: str, worker: str, batch: int,
+def _take_over_stream(r: redis.Redis, scripts: Scripts[Script], stream: str, worker: str, batch: int,
                       done: _Progress) -> int:
     """:func:`take_over` on one ready shard; ``consumer_drop.lua``'s answer (1 dropped, 0
     absent, -1 pending left)."""
@@ -122,7 +123,7 @@ def _take_over_stream(r: redis.Redis, scripts: SyncScripts, stream: str, worker:
         return 0  # no stream or no group: nothing was ever pending there
 
 
-def _hand_on(r: redis.Redis, scripts: SyncScripts, stream: str, worker: str, ids: list[str],
+def _hand_on(r: redis.Redis, scripts: Scripts[Script], stream: str, worker: str, ids: list[str],
              done: _Progress) -> None:
     """One batch: read the users, clear the dead worker's lanes, post fresh notifications, ack."""
     pipe = r.pipeline(transaction=False)
@@ -157,7 +158,7 @@ def _hand_on(r: redis.Redis, scripts: SyncScripts, stream: str, worker: str, ids
     done.unreadable += len(raw)
 
 
-def _clear_lanes(r: redis.Redis, scripts: SyncScripts, worker: str, users: list[str]) -> list[str]:
+def _clear_lanes(r: redis.Redis, scripts: Scripts[Script], worker: str, users: list[str]) -> list[str]:
     """Delete the lanes of ``users`` that ``worker`` holds; return whose lanes were deleted."""
     if not users:
         return []

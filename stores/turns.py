@@ -26,6 +26,7 @@ from stores.batch import ScriptBatcher
 from stores.memory import parse_members
 from stores.replies import raw_rows
 from stores.retry import TRANSIENT
+from stores.roundtrips import arun
 from stores.scripts import Scripts
 
 log = logging.getLogger("fleet.worker")
@@ -250,7 +251,7 @@ class UserStore:
         a notification ahead of its entries could find the outbox empty and be acked). The
         entries are committed either way: a notification lost to a crash or a failed ``XADD``
         (logged here, not raised: the turn is done) leaves them to the relay's sweep of the
-        active users (``fleet.relay.Relay.sweep``), seconds later."""
+        active users (``worker.rq.relay.Relay.sweep``), seconds later."""
         try:
             await self.r.xadd(keys.OUTBOX_READY, {"user": user})
         except TRANSIENT as exc:
@@ -269,14 +270,14 @@ class UserStore:
         the writes of the connection it is sent on: sent apart, it could go on another of the pool's)."""
         wait = self.replica_wait
         if wait is None:
-            return await script(keys=keys_, args=args)  # exactly the commands of before: no WAIT
+            return await script(keys=keys_, args=args)  # no WAIT: the script call alone
         for attempt in range(2):
             cmd = ("EVALSHA", script.sha, len(keys_), *keys_, *args)
             if cluster.is_cluster(self.r):
                 # redis-py's cluster pipeline refuses scripts: EVALSHA + WAIT down one connection
                 # of the master serving the user's slot (a MOVED there patches the slot table,
                 # and is raised below: the caller retries it like any transient error)
-                replies, waited = await replicas.on_node_async(self.r, [(keys_[0], cmd)], wait)
+                replies, waited = await arun(self.r, replicas.on_node([(keys_[0], cmd)], wait))
                 res, acked = replies[0], waited[0]
             else:  # one node: a non-transactional pipeline (one connection) of EVALSHA + WAIT
                 async with self.r.pipeline(transaction=False) as pipe:

@@ -173,7 +173,7 @@ def _names(reply: Any, user: str) -> bool:
 class UserUsage:
     """One active user of a tier with the usage counters the worker writes (``keys.usage``:
     ``turns``, ``errors``, ``chars_in``, ``chars_out``, ``handler_ms``: the handler's time on the
-    user's turns, every attempt, 0 from workers before issue 12). The counters are the user's
+    user's turns, every attempt, 0 from workers that do not write it). The counters are the user's
     across tiers: the hash is per user."""
 
     user: str

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import cast
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 from protocol import keys
@@ -30,9 +31,8 @@ log = logging.getLogger("fleet.worker")
 
 
 # --- ready shards ---------------------------------------------------------------------
-# A notification is named by its stream id on shard 0 (as it always was) and by "<k>/<id>" on
-# shard k >= 1: the worker's jobs carry these names as they are; only the functions here read
-# the shard out of them.
+# A notification is named by its stream id on shard 0 and by "<k>/<id>" on shard k >= 1: the
+# worker's jobs carry these names as they are; only the functions here read the shard out of them.
 def nid_of(shard: int, stream_id: str) -> str:
     """The name a worker's jobs carry for notification ``stream_id`` of ready shard ``shard``."""
     return stream_id if shard == 0 else f"{shard}/{stream_id}"
@@ -163,7 +163,7 @@ async def reclaim_idle(r: aioredis.Redis, tier: str, worker_id: str, min_idle_ms
     return as_str(nxt), [(nid_of(shard, as_str(nid)), fields) for nid, fields in rows]
 
 
-async def ack_notifications(scripts: Scripts, tier: str, worker_id: str, nids: Sequence[str],
+async def ack_notifications(scripts: Scripts[AsyncScript], tier: str, worker_id: str, nids: Sequence[str],
                             batcher: ScriptBatcher | None = None) -> None:
     """Ack those of ``nids`` still pending under ``worker_id`` (``notification_ack.lua``, one
     call per ready shard). With a ``batcher`` (one node), the call joins those of the same loop
@@ -180,7 +180,7 @@ async def ack_notifications(scripts: Scripts, tier: str, worker_id: str, nids: S
         await asyncio.gather(*calls)
 
 
-async def ack_covered(scripts: Scripts, tier: str, worker_id: str, holder_worker: str, user: str,
+async def ack_covered(scripts: Scripts[AsyncScript], tier: str, worker_id: str, holder_worker: str, user: str,
                       nids: Sequence[str]) -> int:
     """Ack ``nids`` if ``holder_worker`` has one of ``user``'s notifications pending
     (``notification_ack_covered.lua``); negative when it has none and they stay pending.
@@ -199,7 +199,7 @@ async def ack_covered(scripts: Scripts, tier: str, worker_id: str, holder_worker
     return acked if carried else -1
 
 
-async def touch_and_beat(r: aioredis.Redis, scripts: Scripts, tier: str, worker_id: str,
+async def touch_and_beat(r: aioredis.Redis, scripts: Scripts[AsyncScript], tier: str, worker_id: str,
                          nids: Sequence[str], heartbeat_ttl_ms: int) -> None:
     """Touch the notifications still pending under us (resetting their idle time, so no one
     reclaims a live holder's; one script call per ready shard) and beat the heartbeat, in one

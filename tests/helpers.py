@@ -1,11 +1,13 @@
 """What many test modules do the same way: wait on a condition, run the ``fleet`` CLI, start
-and stop processes (a commander, a relay) by pid, read the ledger and the registry."""
+and stop processes (a commander, a relay) by pid, read the ledger and the registry, make a
+virtualenv."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ import redis
 
 from protocol import keys
 from protocol.codec import decode, encode
-from protocol.models import LedgerEvent, WorkerInfo
+from protocol.models import CommanderInfo, LedgerEvent, WorkerInfo
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.05) -> object:
@@ -32,11 +34,16 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, every
         time.sleep(every)
 
 
+def fleet_argv(*args: str) -> list[str]:
+    """``fleet ARGS`` as a child process's command line: this interpreter running ``fleet.cli``."""
+    return [sys.executable, "-m", "fleet.cli", *args]
+
+
 def fleet_cli(env: dict[str, str], *args: str, cwd: Path | None = None, stdin: str | None = None,
               timeout: float = 90) -> subprocess.CompletedProcess[str]:
     """``fleet ARGS`` in a child interpreter, with ``env``; its output captured as text."""
-    return subprocess.run([sys.executable, "-m", "fleet.cli", *args], env=env, cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout, input=stdin)
+    return subprocess.run(fleet_argv(*args), env=env, cwd=cwd, text=True, capture_output=True,
+                          timeout=timeout, input=stdin)
 
 
 # --- processes ----------------------------------------------------------------------------------
@@ -63,18 +70,20 @@ class Started:
 
 @dataclass
 class Processes:
-    """The processes a test starts (``python ARGV``, each logging to ``<dir>/<name>.log``),
-    stopped by pid when it ends (``stop_all``): SIGTERM, then SIGKILL after ``grace_s``."""
+    """The processes a test starts (``python ARGV``, each logging to ``<dir>/<name>.log``, in
+    ``cwd`` unless told), stopped by pid when it ends (``stop_all``): SIGTERM, then SIGKILL
+    after ``grace_s``."""
 
     dir: Path
     grace_s: float = 40.0
+    cwd: Path | None = None
     started: list[Started] = field(default_factory=list)
 
     def start(self, name: str, argv: list[str], env: dict[str, str], cwd: Path | None = None) -> Started:
         log = self.dir / f"{name}.log"
         with log.open("ab") as out:
             proc = subprocess.Popen([sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    cwd=cwd)
+                                    cwd=cwd or self.cwd)
         self.started.append(Started(proc, log))
         return self.started[-1]
 
@@ -106,19 +115,34 @@ def leads(r: redis.Redis, commander_id: str) -> bool:
     return (r.get(keys.LEADER) or b"").startswith(f"{commander_id}|".encode())
 
 
+def passes(r: redis.Redis, n: int, commander: str | None = None, timeout: float = 30) -> None:
+    """Wait until the leader (or ``commander``) has run ``n`` more passes: it registers after each."""
+    name = commander or (r.get(keys.LEADER) or b"").decode().split("|")[0]
+    seen: set[float] = set()
+
+    def more() -> bool:
+        raw = r.hget(keys.COMMANDERS, name)
+        if raw:
+            seen.add(decode(CommanderInfo, raw).seen)
+        return len(seen) > n
+
+    wait_until(more, timeout, f"{n} passes of commander {name!r}")
+
+
 def no_process_left(pids: Iterable[int], within_s: float = 15.0) -> None:
     """Fail, after SIGKILLing them, if any of ``pids`` still runs ``within_s`` from now."""
     pids = set(pids)
     deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline and any(_running(p) for p in pids):
+    while time.monotonic() < deadline and any(running(p) for p in pids):
         time.sleep(0.1)
-    left = [p for p in pids if _running(p)]
+    left = [p for p in pids if running(p)]
     for pid in left:
         psutil.Process(pid).kill()
     assert not left, f"processes left behind: {left}"
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs: alive and not a zombie (an orphan's zombie may never be reaped)."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -147,3 +171,26 @@ def live_workers(r: redis.Redis, tier: str | None = None) -> list[WorkerInfo]:
     """The registry's workers (of ``tier``) whose heartbeat is alive."""
     infos = [decode(WorkerInfo, raw) for raw in r.hgetall(keys.WORKERS).values()]
     return [i for i in infos if (tier is None or i.tier == tier) and r.exists(keys.heartbeat(i.worker))]
+
+
+# --- virtualenvs --------------------------------------------------------------------------------
+def offline_venv(root: Path) -> Path:
+    """A virtualenv at ``root`` made offline (no pip), seeing this environment's installed
+    packages through a ``.pth`` file; its interpreter."""
+    base = sys._base_executable  # type: ignore[attr-defined]
+    subprocess.run([base, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    python = root / "bin" / "python"
+    probe = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = subprocess.run([str(python), "-c", probe], check=True, capture_output=True,
+                             text=True).stdout.strip()
+    Path(purelib, "fleet_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def venv_install(python: Path, *paths: Path) -> None:
+    """Install the packages at ``paths`` into ``python``'s virtualenv with this environment's pip,
+    offline (no index, no dependencies, no build isolation)."""
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                           "--no-index", "--no-deps", "--no-build-isolation", *map(str, paths)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -43,15 +43,14 @@ def run(args: argparse.Namespace) -> int:
     set_process_title(settings.tier, settings.worker_id)
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.worker_id} %(message)s")
-    worker: Worker
+    worker = Worker(settings)
+    serve = worker.run
     if settings.pod_name or settings.health_port is not None:
-        from worker.pod import PodWorker  # (aiohttp is imported only where it serves)
+        from worker.pod import Pod  # (aiohttp is imported only where it serves)
 
-        worker = PodWorker(settings)
-    else:
-        worker = Worker(settings)
+        serve = Pod(worker).run
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-        code = runner.run(worker.run())
+        code = runner.run(serve())
     print(f"{settings.worker_id}: {worker.store.batcher.stats.summary()}", file=sys.stderr)  # (bench_peers)
     return code
 

@@ -1,16 +1,44 @@
-"""asyncio helpers of the worker: a read that a drain may abandon, a cancellation that may be
-dropped, a call bounded in time, and a task dump."""
+"""asyncio helpers of the worker: its loops' pace (``every``, ``pause``), a read that a drain may
+abandon, a cancellation that may be dropped, a call bounded in time, and a task dump."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+from stores.retry import Backoff
 
 log = logging.getLogger("fleet.worker")
 T = TypeVar("T")
+BACKOFF = Backoff(base=0.05, cap=2.0)  # the loops' waits: 50 ms doubling to 2 s, full jitter
+
+
+async def pause(seconds: float, stop: asyncio.Event) -> None:
+    """Sleep, waking early when ``stop`` is set."""
+    with contextlib.suppress(TimeoutError):  # (not wait_for: it can drop a cancellation, gh-86296)
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+
+
+async def every(what: str, interval: float, fn: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+    """Call ``fn`` every ``interval`` seconds until ``stop`` is set. A loop never dies: a failed
+    pass is logged and backed off (at least ``interval``), and the loop goes on."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            await fn()
+            failures = 0
+            await pause(interval, stop)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            failures += 1
+            log.warning("%s pass failed (%s: %s)", what, type(exc).__name__, exc)
+            await pause(max(interval, BACKOFF.compute(failures)), stop)
 
 
 class Abandoned(Exception):

@@ -239,7 +239,7 @@ async def _burn(seconds: float) -> None:
 
 @register("echo_defer")
 async def echo_defer(ctx: TurnContext) -> HandlerResult:
-    """``echo``, and defers one background job per turn (issue 16): handler option ``job``
+    """``echo``, and defers one background job per turn: handler option ``job``
     (default ``memory_summary``; ``count`` adds 1 to the user's usage ``jobs_run``, after
     option ``job_sleep_s`` seconds), on option ``queue`` if set. The deferral is committed with
     the reply, so it exists once per turn."""

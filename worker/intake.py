@@ -2,8 +2,8 @@
 
 A turn arrives in the user's inbox in one of two forms:
 - binary: field ``m`` holding a msgpack ``Turn`` (what the Python client writes), with plain
-  copies of its ``turn_id`` and ``tier`` (the worker's scripts read them; entries written
-  before they existed have ``m`` alone, and are served the same);
+  copies of its ``turn_id`` and ``tier`` (the worker's scripts read them; an entry with ``m``
+  alone is served the same, its pack read by the worker instead);
 - plain: fields ``text`` and optionally ``turn_id`` (default: the inbox entry id), ``tier``
   (default: the tier of the worker that reads it) and ``meta`` (a JSON object), which any
   Redis client can write. Replies to plain turns are JSON.

@@ -1,9 +1,15 @@
 """One user's lane on one worker: take it, serve every turn after the cursor, let it go.
 
-The ack rule (DESIGN §3): a notification is acked only when its acker has seen, under the
-user's lane, nothing left after the cursor, or when another pending notification for the
-user still carries that duty (the lane holder's own). Reclaimed notifications may be a dead
-holder's own, so they are never acked on a busy lane: they stay pending and come back.
+A job, top to bottom: ``run`` takes the lane (``_take_and_serve``); ``_serve_lane`` serves turn
+after turn under it; ``_serve_turn`` decodes one (``_admit``), runs the handler
+(``_call_handler``, retried with backoff) and commits the answer (``_commit``), which also
+releases the lane once nothing waits. Its lease lasts one lane TTL from the request that took or
+renewed it (``LaneDeadline``): unless renewed by then, the turn in progress is stopped.
+
+The ack rule: a notification is acked only when its acker has seen, under the user's lane,
+nothing left after the cursor, or when another pending notification for the user still carries
+that duty (the lane holder's own). Reclaimed notifications may be a dead holder's own, so they
+are never acked on a busy lane: they stay pending and come back.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,7 +30,6 @@ from stores.retry import TRANSIENT, Backoff
 from stores.turns import Busy, Fenced, Lease, NextTurn, Pulled, UserStore, Writes
 from worker import handlers
 from worker.intake import Fields, decode_entry, reply_route
-from worker.lanetimer import LaneTimer
 from worker.settings import WorkerSettings
 from worker.tally import Result, TurnTally
 
@@ -33,18 +39,21 @@ Deferred = list[tuple[str, bytes]]  # a turn's deferrals: (job id, msgpack Defer
 
 
 class JobHost(Protocol):
-    """What a job needs from the worker that runs it (``worker.app.Worker`` is one)."""
+    """What a job needs from the worker that runs it (``worker.host.Host``)."""
 
     worker_id: str
     tier: str
     pool: str  # the tier, or the pool of the group this worker serves
-    draining: bool
-    settings: WorkerSettings  # max_turn_bytes, max_reply_bytes, handler_timeout_s
-    policy: TurnsPolicy  # max_attempts, handler_options
-    handler: handlers.Handler
+    settings: WorkerSettings  # lane_ttl_ms, max_turn_bytes, max_reply_bytes, handler_timeout_s
     store: UserStore
     tally: TurnTally  # its turn counts since it started
 
+    @property
+    def draining(self) -> bool: ...  # the worker hands its users on instead of serving more turns
+    @property
+    def policy(self) -> TurnsPolicy: ...  # max_attempts, handler_options
+    @property
+    def handler(self) -> handlers.Handler: ...
     @property
     def executor(self) -> Executor: ...  # the threads of sync handlers
 
@@ -56,7 +65,6 @@ class JobHost(Protocol):
     async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str,
                           fields: Fields) -> None: ...
     def job_done(self, job: UserJob) -> None: ...
-    def counters_add(self, turns: int = 0, errors: int = 0, handler_seconds: float = 0.0) -> None: ...
     def trace_handler(self, event: str, ctx: handlers.TurnContext) -> None: ...
     def protect(self, seconds: float) -> float: ...
 
@@ -80,26 +88,58 @@ class OtherTier(Exception):
         self.pool, self.uncount = pool, uncount  # the entry whose counted attempt a hand-over takes back
 
 
-class UserJob(LaneTimer):
+class LaneDeadline:
+    """When a lease ends unless renewed: one lane TTL after the request that took or renewed it.
+
+    A timer of its own calls ``expired`` then, not the renew loop, which Redis away, a renewal
+    pass stuck in the client's retries or a paused process make late."""
+
+    def __init__(self, ttl_s: float, expired: Callable[[Lease], None]) -> None:
+        self.ttl_s = ttl_s
+        self.renewed = float("-inf")  # when the lease was last taken or renewed (monotonic, as sent)
+        self._expired = expired
+        self._timer: asyncio.TimerHandle | None = None
+
+    def restart(self, lease: Lease, sent: float) -> None:
+        """A new ``lease``, taken by a request sent at ``sent``."""
+        self.renewed = float("-inf")
+        self.extend(lease, sent)
+
+    def extend(self, lease: Lease, sent: float) -> None:
+        """``lease`` was renewed by a request sent at ``sent`` (monotonic): it lasts one lane TTL
+        from then at least."""
+        if sent <= self.renewed:
+            return  # (a renewal pass left behind may end after a newer one)
+        self.renewed = sent
+        self.cancel()
+        left = sent + self.ttl_s - time.monotonic()
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, left), self._fire, lease)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _fire(self, lease: Lease) -> None:
+        self._timer = None
+        self._expired(lease)
+
+
+class UserJob:
     """Serves one user's inbox under its lane; created per user, gone when the lane is."""
 
-    def __init__(self, worker: JobHost, user: str) -> None:
-        self.w = worker
+    def __init__(self, host: JobHost, user: str) -> None:
+        self.host = host
         self.user = user
         self.fresh: list[str] = []  # notification ids read as new deliveries
         self.reclaimed: list[str] = []  # notification ids taken over from idle consumers
-        self.lease: Lease | None = None
         self.handed: list[str] = []  # notification ids a hand-over acks
+        self.lease: Lease | None = None
+        self.deadline = LaneDeadline(host.settings.lane_ttl_ms / 1000, self._expired)
+        self.committing = False  # a commit is in flight (see renew_failed)
         self.busy_since: float | None = None  # in a handler right now
         self.turn_handler_s = 0.0  # the handler's time on the turn being served (its usage)
         self.task: asyncio.Task[None] | None = None
-        self.renewed = 0.0  # when the lease was last taken or renewed (monotonic, as the request went out)
         self._lost = False  # lane_lost() cancelled the task: take the lane again
-        self.committing = False  # a commit is in flight (see renew_failed)
-        self._expiry: asyncio.TimerHandle | None = None  # lane_lost() one lane TTL after ``renewed``
-
-    def lane_ttl_s(self) -> float:
-        return self.w.settings.lane_ttl_ms / 1000
 
     def attach(self, nid: str, reclaimed: bool) -> None:
         """Give this job the duty of a notification for its user."""
@@ -109,16 +149,18 @@ class UserJob(LaneTimer):
     def nids(self) -> list[str]:
         return self.fresh + self.reclaimed
 
+    # --- the lane ------------------------------------------------------------------------
     async def run(self) -> None:
-        """Serve the user; every failure is logged and left for a retry, never raised.
+        """Serve the user until its lane is let go; every failure is logged and left for a
+        retry (the notification stays pending), never raised.
 
-        A lane lost midway (the commit was fenced, or a renewal found the lease gone and
-        stopped the turn in progress) sends the job back to take the lane again: it gets it
-        (nobody took over: the turn is re-run) or learns who holds it now.
+        A lane lost midway (the commit was fenced, or the lane's deadline or a renewal found it
+        gone and stopped the turn in progress) sends the job back to take the lane again: it
+        gets it (nobody took over: the turn is re-run) or learns who holds it now.
         """
         self.task = asyncio.current_task()
         try:
-            while not await self._serve_once():
+            while not await self._take_and_serve():
                 pass
         except asyncio.CancelledError:
             raise
@@ -129,199 +171,208 @@ class UserJob(LaneTimer):
             log.exception("serving %s failed; its notification stays pending for a retry", self.user)
         finally:
             self.lease = None
-            if self._expiry is not None:
-                self._expiry.cancel()
-            self.w.job_done(self)
+            self.deadline.cancel()
+            self.host.job_done(self)
 
-    async def _serve_once(self) -> bool:
-        """One go at the user; False if the lane was lost midway."""
+    async def _take_and_serve(self) -> bool:
+        """Take the lane and serve it until it is let go, then ack the notifications that
+        covers; or leave them to the lane's holder. False if the lane was lost midway."""
         try:
-            await self._run()
-            return True
+            while True:
+                asked = len(self.fresh)  # the notifications whose turns are in the inbox by now
+                covered: int | None = len(self.nids)  # ...and all ours, should nothing wait (Idle)
+                sent = time.monotonic()  # the lease's PX starts on the server after this
+                got = await self.host.store.acquire(self.user)
+                if isinstance(got, Busy):
+                    if await self._leave_to_holder(got.holder, asked):
+                        return True
+                    continue
+                if isinstance(got, Lease):
+                    covered = await self._serve_lane(got, sent)
+                    if covered is None:  # handed on (draining, or the next turn is another pool's)
+                        await self.host.ack(self.handed)
+                        return True
+                # released, or nothing waited (Idle: seen in the acquire's one atomic step)
+                if len(self.nids) == covered:
+                    ids = self.nids
+                    self.host.job_done(self)  # before the await: a new notification starts a new job
+                    await self.host.ack(ids)
+                    return True
+                # a notification came in while we were releasing: its turn may be newer than what
+                # the release saw, so take the lane again before acking it
         except Fenced:
-            self.w.tally.fenced += 1
+            self.host.tally.fenced += 1
             log.warning("lane of %s lost to another worker: its write was fenced", self.user)
         except asyncio.CancelledError:
             task = self.task
             if not self._lost or task is None or task.cancelling() != 1:
                 raise  # the worker is stopping this job, not only the lost lane
             task.uncancel()
-            self.w.tally.fenced += 1
+            self.host.tally.fenced += 1
             log.warning("lane of %s lost mid-turn: the turn in progress was stopped", self.user)
         self._lost = False
         self.lease = None
         return False
 
-    async def _run(self) -> None:
-        store = self.w.store
-        covered: list[str] | int | None  # the notification ids a holder covers, then a count
-        while True:
-            asked = len(self.fresh)  # the notifications whose turns are in the inbox by now
-            covered = len(self.nids)  # ...and all ours, should nothing wait (Idle)
-            sent = time.monotonic()  # the lease's PX starts on the server after this
-            got = await store.acquire(self.user)
-            if isinstance(got, Busy):
-                # The holder will see, before it lets go, every turn whose notification came
-                # before we asked: those are covered. One attached while we asked may be for a
-                # turn after the holder's last look, so ask again for it (issue 8, hole 1).
-                # (and only while the holder has a notification of the user pending: that one
-                # carries the duty if it dies; a takeover may have acked them all, see
-                # notification_ack_covered.lua)
-                covered, self.fresh = self.fresh[:asked], self.fresh[asked:]
-                if not self.fresh:
-                    self.w.job_done(self)  # before the await: a new notification starts a new job
-                await self.w.ack_covered(got.holder, self.user, covered)
-                if not self.fresh:
-                    return
-                continue
-            if isinstance(got, Lease):
-                self.lease, self.renewed = got, float("-inf")
-                self.renewed_at(got, sent)
-                covered = await self._serve_until_released(got)
-                if covered is None:  # handed over (draining, or the next turn is another tier's)
-                    await self.w.ack(self.handed)
-                    return
-            # released, or nothing waited (Idle: seen in the acquire's one atomic step)
-            if len(self.nids) == covered:
-                ids = self.nids
-                self.w.job_done(self)  # before the await: a new notification starts a new job
-                await self.w.ack(ids)
-                return
-            # a notification came in while we were releasing: its turn may be newer than what
-            # the release saw, so take the lane again before acking it
+    async def _leave_to_holder(self, holder: str, asked: int) -> bool:
+        """The lane is ``holder``'s ("<worker>|<token>"): ack the notifications that came before
+        we asked, whose turns it will see before it lets go. True unless one came while we asked:
+        its turn may be after the holder's last look, so the job asks again for it.
 
-    async def _serve_until_released(self, lease: Lease) -> int | None:
-        """Serve turn after turn (each commit hands back the next, or releases the lane); return
-        how many notification ids the release covers, or None if the user was handed over."""
+        They are acked only while the holder has a notification of the user pending, the one
+        that carries the duty should it die (a takeover may have acked them all; see
+        ``notification_ack_covered.lua``). Reclaimed ones stay pending."""
+        covered, self.fresh = self.fresh[:asked], self.fresh[asked:]
+        if not self.fresh:
+            self.host.job_done(self)  # before the await: a new notification starts a new job
+        await self.host.ack_covered(holder, self.user, covered)
+        return not self.fresh
+
+    async def _serve_lane(self, lease: Lease, sent: float) -> int | None:
+        """Serve turn after turn under ``lease`` (each commit hands back the next, or releases
+        the lane); the number of notification ids the release covers, or None if the user was
+        handed on to another pool."""
+        self.lease = lease
+        self.deadline.restart(lease, sent)
         nxt = lease.next
         while nxt is not None:
             try:
                 done = await self._serve_turn(lease, nxt)
             except OtherTier as other:
-                await self._give_up(lease, other.pool, other.uncount)
+                await self._hand_on(lease, other.pool, other.uncount)
                 return None
             if done.released:
                 self.lease = None
                 return done.covered
             nxt = done.next
-            if self.w.draining and nxt is not None:  # to the user's pool (this one, unless it was
-                await self._give_up(lease, await self.w.pool_of(self.user, self.w.tier))  # removed)
+            if self.host.draining and nxt is not None:  # to the user's pool (this one, unless
+                await self._hand_on(lease, await self.host.pool_of(self.user, self.host.tier))  # removed)
                 return None
-        return await self._release_empty(lease)
-
-    async def _release_empty(self, lease: Lease) -> int:
-        """A lease with no turn in hand (only a script's odd reply leaves one): give it up and
-        take the lane again, which releases it for good once nothing waits."""
-        if not await self.w.store.drop(lease):
+        # a lease with no turn in hand (only a script's odd reply leaves one): give it up and take
+        # the lane again, which releases it for good once nothing waits
+        if not await self.host.store.drop(lease):
             raise Fenced(self.user)
         self.lease = None
         return -1  # no count of ids: the job takes the lane again, and acks once nothing waits
 
-    async def _give_up(self, lease: Lease, pool: str, uncount: str | None = None) -> None:
+    async def _hand_on(self, lease: Lease, pool: str, uncount: str | None = None) -> None:
         """Drop the lane with turns still queued and notify ``pool``, whose workers take over.
 
         The ids to ack are fixed, and the job forgotten, before the new notification exists:
         should it come back to this very worker, it must start a new job, not be acked here.
         """
         if uncount is not None:  # (under the lane: no other worker counts this entry meanwhile)
-            await self.w.store.uncount(self.user, uncount)
-        if not await self.w.store.drop(lease):
+            await self.host.store.uncount(self.user, uncount)
+        if not await self.host.store.drop(lease):
             raise Fenced(self.user)
         self.lease = None
         self.handed = self.nids
-        self.w.job_done(self)
-        await self.w.notify(self.user, pool)
+        self.host.job_done(self)
+        await self.host.notify(self.user, pool)
         log.info("handed %s over to %s with turns still queued", self.user, pool)
 
+    # --- a turn --------------------------------------------------------------------------
     async def _serve_turn(self, lease: Lease, nxt: NextTurn) -> Done:
+        """Serve one turn: run the handler on it, retried with backoff up to ``max_attempts``,
+        and commit its answer; or commit its rejection (dead-lettered), or raise ``OtherTier``."""
         self.turn_handler_s = 0.0  # every attempt of this turn here counts
-        entry, fields = nxt.entry, nxt.fields
-        try:
-            turn = decode_entry(self.user, self.w.tier, entry, fields, self.w.settings.max_turn_bytes)
-        except Exception as exc:  # CodecError, or a decoder bug: never wedge the user's lane
-            if not isinstance(exc, CodecError):
-                log.exception("turn %s of %s could not be decoded", entry, self.user)
-            reason = str(exc) if isinstance(exc, CodecError) else f"{type(exc).__name__}: {str(exc)[:200]}"
-            reply_to, fmt = reply_route(entry, fields)  # only for a rejected turn: it re-reads the payload
-            return await self._reject(lease, entry, fields, reply_to, fmt, f"bad turn: {reason}", attempts=0)
-        if turn.tier != self.w.tier:  # per-user order holds across tiers: that tier goes next
-            if not await self.w.tier_defined(turn.tier):  # ...unless no worker will ever serve it
-                return await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt,
-                                          f"tier {turn.tier!r} has no policy: no worker serves it",
-                                          attempts=0, submitted=turn.ts)
-            raise OtherTier(await self.w.pool_of(self.user, turn.tier))
-        pool = await self.w.pool_of(self.user, turn.tier)  # a user moving group: the next turn is
-        if pool != self.w.pool:  # the new group's (the attempt the acquire counted is taken back)
-            raise OtherTier(pool, entry if nxt.pulled is not None else None)
+        turn = await self._admit(lease, nxt)
+        if isinstance(turn, Done):
+            return turn
+        entry = nxt.entry
         # the scripts' pack is for the entry's turn_id field: used if that is the decoded turn's
         pulled = nxt.pulled if nxt.pulled is not None and nxt.turn_id == turn.turn_id else None
         last_error = "the worker died during the turn"
         while True:
             if pulled is None:
-                pulled = await self.w.store.pull(self.user, turn.turn_id, entry)
+                pulled = await self.host.store.pull(self.user, turn.turn_id, entry)
             if pulled.answered:
                 log.info("turn %s of %s was answered before: skipped", turn.turn_id, self.user)
                 return await self._commit(lease, entry, turn.turn_id, Writes(), "dup")
-            if pulled.attempts > self.w.policy.max_attempts:
+            if pulled.attempts > self.host.policy.max_attempts:
                 reason = f"failed {pulled.attempts - 1} attempts; last: {last_error}"
-                return await self._reject(lease, entry, fields, turn.turn_id, turn.reply_fmt, reason,
+                return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt, reason,
                                           attempts=pulled.attempts - 1, submitted=turn.ts)
             try:
-                result, deferred = await self._call(lease, turn, pulled)
+                result, deferred = await self._call_handler(lease, turn, pulled)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the handler's failure: retried, then dead-lettered
                 last_error = f"{type(exc).__name__}: {exc}"[:500]
-                self.w.counters_add(errors=1)
+                self.host.tally.errors += 1
                 log.warning("turn %s of %s, attempt %d: %s", turn.turn_id, self.user,
                             pulled.attempts, last_error)
                 await asyncio.sleep(_RETRY_BACKOFF.compute(pulled.attempts))
                 pulled = None
                 continue
-            return await self._answer(lease, entry, turn, pulled, result, deferred)
+            writes = self._answer(entry, turn, pulled, result, deferred)
+            return await self._commit(lease, entry, turn.turn_id, writes, "ok", turn.ts)
 
-    async def _call(self, lease: Lease, turn: Turn, pulled: Pulled) -> tuple[HandlerResult, Deferred]:
+    async def _admit(self, lease: Lease, nxt: NextTurn) -> Turn | Done:
+        """The turn of ``nxt`` if this pool serves it; the ``Done`` of its rejection if it cannot
+        be served (it does not decode, or no policy defines its tier); ``OtherTier`` raised if it
+        is another pool's (per-user order holds across tiers: that pool goes next)."""
+        entry, fields = nxt.entry, nxt.fields
+        try:
+            turn = decode_entry(self.user, self.host.tier, entry, fields, self.host.settings.max_turn_bytes)
+        except Exception as exc:  # CodecError, or a decoder bug: never wedge the user's lane
+            if not isinstance(exc, CodecError):
+                log.exception("turn %s of %s could not be decoded", entry, self.user)
+            reason = str(exc) if isinstance(exc, CodecError) else f"{type(exc).__name__}: {str(exc)[:200]}"
+            reply_to, fmt = reply_route(entry, fields)  # only for a rejected turn: it re-reads the payload
+            return await self._reject(lease, nxt, reply_to, fmt, f"bad turn: {reason}", attempts=0)
+        if turn.tier != self.host.tier:
+            if not await self.host.tier_defined(turn.tier):  # no worker will ever serve it
+                return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt,
+                                          f"tier {turn.tier!r} has no policy: no worker serves it",
+                                          attempts=0, submitted=turn.ts)
+            raise OtherTier(await self.host.pool_of(self.user, turn.tier))
+        pool = await self.host.pool_of(self.user, turn.tier)  # a user moving group: the next turn is
+        if pool != self.host.pool:  # the new group's (the attempt the acquire counted is taken back)
+            raise OtherTier(pool, entry if nxt.pulled is not None else None)
+        return turn
+
+    async def _call_handler(self, lease: Lease, turn: Turn, pulled: Pulled) -> tuple[HandlerResult, Deferred]:
         """Run the tier's handler on the turn: its result and what it deferred (this attempt's
         only: a failed attempt's deferrals go with it). Its exceptions are the caller's to count."""
-        ctx = handlers.TurnContext(turn, pulled.pack, dict(self.w.policy.handler_options),
-                                   self.w.worker_id, pulled.attempts, lease.owner, self.w.protect)
-        tally = self.w.tally
+        host = self.host
+        ctx = handlers.TurnContext(turn, pulled.pack, dict(host.policy.handler_options),
+                                   host.worker_id, pulled.attempts, lease.owner, host.protect)
         if pulled.attempts == 1:  # (a turn's first attempt is pulled once, whichever worker it is)
-            tally.observe("queue_wait", time.time() - turn.ts)
+            host.tally.observe("queue_wait", time.time() - turn.ts)
         else:
-            tally.retries += 1
+            host.tally.retries += 1
         started = time.monotonic()
         self.busy_since = started
-        self.w.trace_handler("enter", ctx)
+        host.trace_handler("enter", ctx)
         try:
-            result = await handlers.call(self.w.handler, ctx, self.w.settings.handler_timeout_s,
-                                         self.w.executor)
+            result = await handlers.call(host.handler, ctx, host.settings.handler_timeout_s, host.executor)
         finally:
-            self.w.trace_handler("exit", ctx)
+            host.trace_handler("exit", ctx)
             self.busy_since = None
             took = time.monotonic() - started
             self.turn_handler_s += took
-            self.w.counters_add(handler_seconds=took)
-            tally.observe("handler", took)
-        limit = self.w.settings.max_reply_bytes
+            host.tally.handler_seconds += took
+            host.tally.observe("handler", took)
+        limit = host.settings.max_reply_bytes
         if len(result.text.encode()) > limit:
             raise handlers.HandlerError(f"reply text is over the limit of {limit} bytes")
         return result, ctx.deferred
 
-    async def _answer(self, lease: Lease, entry: str, turn: Turn, pulled: Pulled,
-                      result: HandlerResult, deferred: Deferred) -> Done:
-        """Write the turn back with its reply, session entry, memories, profile and usage."""
+    def _answer(self, entry: str, turn: Turn, pulled: Pulled, result: HandlerResult,
+                deferred: Deferred) -> Writes:
+        """The turn's write-back: its reply, session entry, memories, profile, usage, deferrals."""
         now = time.time()
         # built without validation: every value is validated already (the turn, the handler's
         # result, the ids) or made here
         reply = Reply.model_construct(turn_id=turn.turn_id, user=self.user, ok=True, text=result.text,
-                                      worker=self.w.worker_id, ts=now, attempts=pulled.attempts,
+                                      worker=self.host.worker_id, ts=now, attempts=pulled.attempts,
                                       context={"session_turns": pulled.pack.session_size,
                                                "memories": [m.text for m in pulled.pack.memories],
                                                "profile": pulled.pack.profile})
         session_entry = SessionEntry.model_construct(turn_id=turn.turn_id, entry=entry, text=turn.text,
                                                      reply=result.text, ts=now)
-        writes = Writes(
+        return Writes(
             turn_id=turn.turn_id, session_entry=encode(session_entry),
             reply=_encode_reply(reply, turn.reply_fmt), profile=result.profile,
             memories=[new_member(text, imp, now) for text, imp in result.memories],
@@ -329,21 +380,16 @@ class UserJob(LaneTimer):
                    "handler_ms": round(self.turn_handler_s * 1000)},
             deferrals=deferred,
         )
-        done = await self._commit(lease, entry, turn.turn_id, writes, "ok", turn.ts)
-        self.w.counters_add(turns=1)
-        return done
 
-    async def _reject(self, lease: Lease, entry: str, fields: Fields, reply_to: str, fmt: str,
-                      reason: str, attempts: int, submitted: float | None = None) -> Done:
+    async def _reject(self, lease: Lease, nxt: NextTurn, reply_to: str, fmt: str, reason: str,
+                      attempts: int, submitted: float | None = None) -> Done:
         """Dead-letter a turn with its reason and tell the user; the lane moves on."""
-        await self.w.dead_letter(self.user, entry, reply_to, reason, fields)
+        await self.host.dead_letter(self.user, nxt.entry, reply_to, reason, nxt.fields)
         reply = Reply(turn_id=reply_to, user=self.user, ok=False, error=reason,
-                      worker=self.w.worker_id, ts=time.time(), attempts=attempts)
+                      worker=self.host.worker_id, ts=time.time(), attempts=attempts)
         writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt),
                         usage={"errors": 1, "handler_ms": round(self.turn_handler_s * 1000)})
-        done = await self._commit(lease, entry, reply_to, writes, "error", submitted)
-        self.w.counters_add(turns=1, errors=1)
-        return done
+        return await self._commit(lease, nxt.entry, reply_to, writes, "error", submitted)
 
     async def _commit(self, lease: Lease, entry: str, reply_to: str, writes: Writes, result: Result,
                       submitted: float | None = None) -> Done:
@@ -354,21 +400,53 @@ class UserJob(LaneTimer):
         covered = len(self.nids)
         self.committing = True
         try:
-            committed = await self.w.store.commit(lease, entry, reply_to, writes, int(time.time() * 1000))
+            committed = await self.host.store.commit(lease, entry, reply_to, writes, int(time.time() * 1000))
         finally:
             self.committing = False
-        res = committed.result
-        self.w.tally.served(result if res == "ok" else "dup" if res == "dup" else "stale")
+        res, tally = committed.result, self.host.tally
+        tally.served(result if res == "ok" else "dup" if res == "dup" else "stale")
         if res == "ok" and submitted is not None:
-            self.w.tally.observe("latency", time.time() - submitted)
+            tally.observe("latency", time.time() - submitted)
         if res == "dup":
             log.info("turn %s of %s (entry %s) was answered before: not answered again", reply_to,
                      self.user, entry)
         elif res != "ok":
             log.warning("turn %s of %s was already committed (%s)", entry, self.user, res)
+        if result != "dup":  # a turn served here (answered or rejected), whatever the commit found
+            tally.turns += 1
+            if result == "error":
+                tally.errors += 1
         return Done(committed.released, committed.next, covered)
+
+    # --- its lease, renewed by the worker (worker.renewal) ---------------------------------
+    def renewed_at(self, lease: Lease, sent: float) -> None:
+        """``lease`` was renewed by a request sent at ``sent`` (monotonic): its deadline moves."""
+        if self.lease is lease:
+            self.deadline.extend(lease, sent)
+
+    def renew_failed(self) -> None:
+        """A renewal found the lane gone. While a commit is in flight that is its own doing
+        (the commit releases the lane when nothing waits, and its reply may wait on for a WAIT
+        after it): the commit's answer decides. Released: nothing was lost. Kept: the next
+        renewal pass judges the lane again, the commit was fenced if it had been lost before,
+        and the lane's deadline still bounds the turn after it."""
+        if self.committing:
+            return
+        log.warning("lane of %s expired under us: stopping the turn in progress", self.user)
+        self.lane_lost()
+
+    def _expired(self, lease: Lease) -> None:
+        if self.lease is lease:
+            log.warning("lane of %s not renewed within its TTL: stopping the turn in progress", self.user)
+            self.lane_lost()
+
+    def lane_lost(self) -> None:
+        """Stop the turn in progress, whose write would be fenced anyway, so no handler runs on
+        beside the new owner's; the job then takes the lane again."""
+        if self.task is not None and not self.task.done() and not self._lost:
+            self._lost = True
+            self.task.cancel()
 
 
 def _encode_reply(reply: Reply, fmt: str) -> bytes:
     return reply.model_dump_json().encode() if fmt == "json" else encode(reply)
-

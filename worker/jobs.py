@@ -3,13 +3,12 @@
 A job is a function registered under a name in code (``@job("name", queue=...)`` or the
 ``fleet.jobs`` entry-point group, installed code only). A deferral carries the name and plain
 arguments; the RQ job the relay enqueues always calls :func:`run` (``worker.jobs.run``), which
-looks the name up here: nothing in Redis can name an import path (``worker.rq_worker`` refuses
+looks the name up here: nothing in Redis can name an import path (``worker.rq.rq_worker`` refuses
 a job whose function is anything else).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -99,13 +98,6 @@ def _load_entry_points() -> None:
             _REGISTRY[validate_job_name(ep.name)] = JobSpec(ep.name, fn)
 
 
-def rescan() -> list[str]:
-    """Look for ``fleet.jobs`` entry points again (as ``handlers.rescan``)."""
-    importlib.invalidate_caches()
-    _load_entry_points.cache_clear()
-    return names()
-
-
 def names() -> list[str]:
     """Every job name a handler may defer."""
     _load_entry_points()
@@ -125,7 +117,7 @@ def get(name: str) -> JobSpec:
 def run(payload: dict[str, Any]) -> Any:
     """The RQ job function of every deferral: validate it, look its name up, run it.
 
-    Called by Fleet's RQ worker (``worker.rq_worker``) with the deferral as the relay wrote it."""
+    Called by Fleet's RQ worker (``worker.rq.rq_worker``) with the deferral as the relay wrote it."""
     from rq import get_current_job  # the rq extra: only an RQ worker gets here
 
     deferral = Deferral.model_validate(payload)

@@ -1,6 +1,6 @@
 """A worker in a Kubernetes pod: its health endpoint, and its wait for SIGTERM after a drain.
 
-``PodWorker`` is the ``Worker`` ``fleet worker`` runs when it has a pod name (the downward API's
+``Pod`` runs the ``Worker`` when ``fleet worker`` has a pod name (the downward API's
 ``metadata.name`` in ``FLEET_WORKER_POD_NAME``) or a health port (``FLEET_WORKER_HEALTH_PORT``).
 
 - ``GET /readyz``: 200 while the worker serves: registered (its start is done), not draining,
@@ -14,7 +14,7 @@
 - A worker drained by command (the commander's retire) waits up to ``drain_linger_s`` for its
   SIGTERM before it exits: the commander lowers the Deployment's replicas right after the drain,
   and a container that exited first would be restarted by the kubelet (restartPolicy Always)
-  just before its pod is deleted. SIGTERM itself drains as ever, within the pod's
+  just before its pod is deleted. SIGTERM itself drains the worker within the pod's
   ``terminationGracePeriodSeconds``: the worker finishes the turn in flight per user, hands the
   rest on and exits 0.
 
@@ -29,81 +29,64 @@ import logging
 import time
 from collections.abc import Callable
 
-import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from worker.app import Worker
-from worker.settings import WorkerSettings
 
 log = logging.getLogger("fleet.worker")
-TERMINATING = ("SIGTERM", "SIGINT")  # the drain reasons of a signal (Worker.run's handlers)
 
 
-class PodWorker(Worker):
-    """A ``Worker`` with a health endpoint, that lingers after a drain by command in a pod."""
+class Pod:
+    """Runs a ``Worker`` with a health endpoint, lingering after a drain by command in a pod."""
 
-    def __init__(self, settings: WorkerSettings, r: aioredis.Redis | None = None) -> None:
-        super().__init__(settings, r)
-        self.beat_tried = time.monotonic()  # the heartbeat loop's last attempt (first: the start)
-        self.beat_ok: float | None = None  # when a beat last reached Redis
-        self.terminated = asyncio.Event()  # SIGTERM or SIGINT came
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.settings = worker.settings
         self.lingering = False  # drained and out of the registry, waiting for SIGTERM
 
     async def run(self) -> int:
         """Serve the health endpoint while the worker runs; in a pod, linger after a drain."""
         runner = await self._serve_health()
         try:
-            code = await super().run()
+            code = await self.worker.run()
             await self._linger()
             return code
         finally:
             if runner is not None:
                 await runner.cleanup()
 
-    def drain(self, reason: str = "") -> None:
-        if reason in TERMINATING:
-            self.terminated.set()
-        super().drain(reason)
-
-    async def _start(self) -> None:
-        self.beat_tried = time.monotonic()  # each attempt of the start registers (and beats)
-        await super()._start()
-        self.beat_ok = time.monotonic()
-
-    async def _renew(self) -> None:
-        self.beat_tried = time.monotonic()
-        await super()._renew()
-        self.beat_ok = time.monotonic()
-
     async def _linger(self) -> None:
         wait = self.settings.drain_linger_s
-        if not self.settings.pod_name or self.terminated.is_set() or wait <= 0:
+        terminated = self.worker.terminated
+        if not self.settings.pod_name or terminated.is_set() or wait <= 0:
             return
         self.lingering = True
-        log.info("worker %s drained: waiting up to %.0fs for the pod's SIGTERM", self.worker_id, wait)
+        log.info("worker %s drained: waiting up to %.0fs for the pod's SIGTERM", self.worker.worker_id, wait)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.terminated.wait(), wait)
+            await asyncio.wait_for(terminated.wait(), wait)
 
     # --- the answers -------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
         """Whether it takes turns now, and why not."""
-        if self.draining:
+        w = self.worker
+        if w.draining:
             return False, "draining"
-        if self.state != "ready":
+        if w.state != "ready":
             return False, "starting: not registered yet"
-        if self._redis_away:
+        if w.redis_away:
             return False, "the last read of the ready stream failed"
         return True, "registered and reading"
 
     def liveness(self) -> tuple[bool, str]:
         """Whether its heartbeat loop turns (or it stopped on purpose), and why not."""
-        if self.lingering or self._stopping.is_set():
+        if self.lingering or self.worker.stopping:
             return True, "stopping"
+        beat = self.worker.heartbeat
         now = time.monotonic()
         ttl = self.settings.heartbeat_ttl_ms / 1000
-        tried = now - self.beat_tried
-        reached = "never" if self.beat_ok is None else f"{now - self.beat_ok:.1f}s ago"
+        tried = now - beat.tried
+        reached = "never" if beat.reached is None else f"{now - beat.reached:.1f}s ago"
         if tried > ttl:
             return False, (f"no heartbeat attempted for {tried:.1f}s (TTL {ttl:g}s); "
                            f"last reached Redis {reached}")
@@ -122,14 +105,14 @@ class PodWorker(Worker):
         site = web.TCPSite(runner, self.settings.health_host, port)
         await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port
-        log.info("worker %s serves /readyz and /livez on %s:%s", self.worker_id,
+        log.info("worker %s serves /readyz and /livez on %s:%s", self.worker.worker_id,
                  self.settings.health_host, bound)
         return runner
 
     def _answer(self, check: Callable[[], tuple[bool, str]]) -> Handler:
         async def handle(_request: web.Request) -> web.StreamResponse:
             ok, why = check()
-            return web.json_response({"ok": ok, "why": why, "worker": self.worker_id},
+            return web.json_response({"ok": ok, "why": why, "worker": self.worker.worker_id},
                                      status=200 if ok else 503)
 
         return handle

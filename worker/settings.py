@@ -84,13 +84,19 @@ class WorkerSettings(BaseSettings):
     def _ids_and_timing(self) -> WorkerSettings:
         if not self.worker_id:
             object.__setattr__(self, "worker_id", self.pod_name or
-                               f"{pool_name(self.tier, self.group)}-{secrets.token_hex(4)}")
+                               f"{self.pool}-{secrets.token_hex(4)}")
         validate_token(self.worker_id, "worker id")
         if self.reclaim_idle_ms <= self.renew_interval_s * 1000 * 2:
             raise ValueError("reclaim_idle_ms must exceed two renew intervals, or live owners get robbed")
         if self.lane_ttl_ms <= self.renew_interval_s * 1000 * 2:
             raise ValueError("lane_ttl_ms must exceed two renew intervals")
         return self
+
+    @property
+    def pool(self) -> str:
+        """Whose ready streams, registry entry and reports: the tier's, or its group's
+        ``<tier>.<group>`` (``protocol.groups``)."""
+        return pool_name(self.tier, self.group)
 
     @property
     def host(self) -> str:

@@ -1,6 +1,7 @@
-"""The worker's turn counts since it started, as its occupancy reports carry them
-(``protocol.models.TurnStats``): results, retries, dead letters, lost lanes and three
-duration histograms. The commander adds every worker's counts into ``/metrics``
+"""The worker's turn counts since it started, as its occupancy reports carry them: the
+cumulative ``counters`` (turns, errors, handler seconds: the commander's rates) and the
+``turn_stats`` (``protocol.models.TurnStats``: results, retries, dead letters, lost lanes and
+three duration histograms). The commander adds every worker's stats into ``/metrics``
 (``commander.turn_metrics``): workers come and go and may not be reachable by a scraper, and
 the commander reads every report anyway. No clock here: the job passes the durations."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 from protocol.metrics_buckets import BUCKET_COUNT, bucket_of
-from protocol.models import TurnHistogram, TurnStats
+from protocol.models import Counters, TurnHistogram, TurnStats
 
 Result = Literal["ok", "error", "dup", "stale"]
 Duration = Literal["queue_wait", "handler", "latency"]
@@ -32,9 +33,13 @@ class _Histogram:
 
 
 class TurnTally:
-    """Cumulative turn counts of one worker; ``stats()`` is what its next report carries."""
+    """Cumulative turn counts of one worker; ``counters()`` and ``stats()`` are what its next
+    report carries."""
 
     def __init__(self) -> None:
+        self.turns = 0  # turns served here (answered or rejected)
+        self.errors = 0  # failed handler attempts and rejected turns
+        self.handler_seconds = 0.0  # of handler calls that ended
         self.results: dict[Result, int] = {"ok": 0, "error": 0, "dup": 0, "stale": 0}
         self.retries = 0
         self.dead_letters = 0
@@ -49,6 +54,15 @@ class TurnTally:
     def observe(self, duration: Duration, seconds: float) -> None:
         """One observation of a duration."""
         self.durations[duration].observe(seconds)
+
+    def counters(self, running_s: float = 0.0) -> Counters:
+        """The counters, with ``running_s`` handler seconds of turns still running.
+
+        Counting a turn's time only when it ends would put a long turn's seconds all in one
+        report interval; counted as it runs, the delta between two reports is the exact
+        time-averaged slot use in between."""
+        return Counters(turns=self.turns, errors=self.errors,
+                        handler_seconds=self.handler_seconds + running_s)
 
     def stats(self) -> TurnStats:
         """The counts so far, for a report."""

@@ -27,7 +27,7 @@ from commander.monitor.views import BadRequest
 from protocol.groups import split_pool
 from stores.commanders import read_commanders
 from stores.deadletters import dead_letter_count, dead_letter_rows, purge_dead_letters, retry_dead_letters
-from stores.leader import lease_holder
+from stores.leader_lease import lease_holder
 from stores.ledger import events_since, read_events
 from stores.policies import read_policy
 

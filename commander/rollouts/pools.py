@@ -14,7 +14,7 @@ import redis
 from commander.rollouts.weights import Weights
 from protocol.groups import pool_name, split_pool
 from protocol.policy import TurnsPolicy
-from stores.groups import known_pools, remember_pools
+from stores.group_assignment import known_pools, remember_pools
 from stores.policies import PolicyRead, read_policy
 
 

@@ -9,7 +9,7 @@ import redis
 from commander.ledger_writer import LedgerWriter
 from commander.runtime import Runtime
 from protocol.groups import split_pool
-from stores.groups import accept_group, reject_group, rejected_groups
+from stores.group_assignment import accept_group, reject_group, rejected_groups
 
 
 class GroupChecks:

@@ -20,9 +20,9 @@ from protocol.groups import assign, pool_name, split_pool
 from protocol.keys import ready_shard
 from protocol.models import WorkerInfo
 from protocol.policy import Policy, TurnsPolicy
-from stores.groups import forget_pool, read_pins, rejected_groups
+from stores.group_assignment import forget_pool, read_pins, rejected_groups
 from stores.policies import read_policy
-from stores.recovery import active_since, active_users, notify_on, unserved_newest
+from stores.renotify import active_since, active_users, notify_on, unserved_newest
 
 log = logging.getLogger("fleet.commander")
 MOVE_EVERY_S = 5.0  # a removed pool with no worker left is looked at this often

@@ -12,7 +12,7 @@ from commander.ledger_writer import LedgerWriter
 from commander.rollouts.canary import GroupWindow, judge_canary, pool_window
 from protocol.groups import pool_name, rollout_weights
 from protocol.policy import Policy, PolicyError, TurnsPolicy
-from stores.groups import rejected_groups
+from stores.group_assignment import rejected_groups
 from stores.policies import read_policy, write_policy
 
 log = logging.getLogger("fleet.commander")

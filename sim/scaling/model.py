@@ -75,7 +75,7 @@ class SimWorker:
 
     def handler_seconds_at(self, now: float) -> float:
         """Handler seconds up to ``now``, the turns in service included as far as they ran: what
-        ``worker.services.JobServices.counters_now`` reports (handler time counted as it runs)."""
+        ``worker.sensor.Reports`` reports (``TurnTally.counters``: handler time counted as it runs)."""
         return self.handler_seconds + sum(now - t for t in self.since.values())
 
 

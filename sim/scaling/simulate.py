@@ -6,9 +6,9 @@ The model, chosen to match what the real fleet does:
   ``spawn_delay_s`` (0.1 s for a fork from the template, 0.35 s for a fresh interpreter),
   then *ready*: it reports at once and every ``report_interval_s`` after (busy slots, total
   slots and the turn/handler-seconds counters, the handler time of turns in service counted
-  as it runs, exactly as ``JobServices.counters_now`` counts it, so a worker busy through a
-  report interval reads slot occupancy 1.0 however long its turns are). A retired worker
-  *drains*: it takes no new turn, finishes what it holds, and leaves.
+  as it runs, exactly as the worker's reports count it (``TurnTally.counters``), so a worker
+  busy through a report interval reads slot occupancy 1.0 however long its turns are). A
+  retired worker *drains*: it takes no new turn, finishes what it holds, and leaves.
 - **Turns** wait in one FIFO queue per tier. A free slot takes the oldest queued turn; among
   ready workers with a free slot the one that took work least recently gets it (Redis hands
   a stream entry to the consumer blocked longest). Per user, turns are served in order and

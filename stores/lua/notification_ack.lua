@@ -2,7 +2,7 @@
 --
 -- XACK acks an entry whoever holds it. A notification the caller was delivered may since have
 -- been reclaimed (XAUTOCLAIM) by another worker, for which it now carries the duty of the
--- user's backlog; acking it then would leave that duty with nobody (issue 8, hole 1). So an
+-- user's backlog; acking it then would leave that duty with nobody. So an
 -- entry is acked here only while it is pending under the caller's own consumer.
 --
 -- KEYS[1]  fleet:{T}:ready      the tier's ready stream

@@ -5,11 +5,10 @@
 -- The holder's pending notification is what brings the user back if the holder dies mid-turn.
 -- A commander's takeover acks a worker's notifications (after posting a fresh one) and deletes
 -- its consumer; a worker that was only slow, not dead, may then take the lane again and hold it
--- with nothing pending (found by scripts/explore --seed 1013: a sweep after a 14 s outage took
--- a live worker for dead; the takeover's fresh notification met the re-taken lane and was acked
--- here; the holder's job then failed in the next outage and the user's last turns waited with
--- no lane and no pending notification). Then nothing is acked: the caller's stay pending, to be
--- reclaimed once idle.
+-- with nothing pending (a sweep after a long outage can take a live worker for dead: the
+-- takeover's fresh notification meets the re-taken lane and would be acked here; if the
+-- holder's job then fails, the user's last turns wait with no lane and no pending
+-- notification). Then nothing is acked: the caller's stay pending, to be reclaimed once idle.
 --
 -- KEYS[1]  fleet:{T}:ready      the tier's ready stream
 -- ARGV[1]  consumer group name  (protocol.keys.GROUP)

@@ -4,9 +4,9 @@
 --
 -- XCLAIM with min-idle 0 takes an entry from whoever holds it. A notification another worker
 -- reclaimed carries that worker's duty for the user now (it may hold the user's lane); taken
--- back, a later ack of the old holder's would leave the duty with nobody (issue 8, found by
--- scripts/explore --seed 20221: a worker paused past its lease came back, renewed, took back
--- the reclaimed notifications of lanes it had lost, then acked them on its busy acquire).
+-- back, a later ack of the old holder's would leave the duty with nobody (a worker paused past
+-- its lease comes back, renews, would take back the reclaimed notifications of lanes it has
+-- lost, then ack them on its busy acquire).
 --
 -- KEYS[1]  fleet:{T}:ready      the tier's ready stream
 -- ARGV[1]  consumer group name  (protocol.keys.GROUP)

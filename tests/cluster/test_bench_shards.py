@@ -1,4 +1,4 @@
-"""scripts/bench_shards: ready_shards 1 vs 3 on the cluster (issue 11's shard figures)."""
+"""scripts/bench_shards: ready_shards 1 vs 3 on the cluster (the figures of docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 

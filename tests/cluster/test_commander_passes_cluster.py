@@ -1,7 +1,7 @@
 """The commander's scenario tests (tests/integration/test_commander_passes.py: pass by pass on
 a virtual clock, simulated workers), run again with their Redis a real 3+3 Redis Cluster: the
-same test functions, with ``r`` a cluster client (issue 11: "the commander scenario tests run
-on it as well as on a single node")."""
+same test functions, with ``r`` a cluster client: the scenarios hold on a Cluster as on a
+single node."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A failover that loses a turn's notification but keeps its inbox entry: the commander sees the
-cluster epoch grow and re-notifies the user (``stores.recovery``), and the turn is answered.
+cluster epoch grow and re-notifies the user (``stores.renotify``), and the turn is answered.
 
 Found by ``scripts/chaos --cluster --lagging-replica 1.9 --replica-acks 1 --seed 7``: turn
 ``c004-110``'s entry survived the kill of the tier's master, its notification did not, and its
@@ -21,7 +21,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
-from stores.recovery import cluster_epoch, read_recovered
+from stores.renotify import cluster_epoch, read_recovered
 from stores.retry import TRANSIENT
 from tests.cluster.conftest import ClusterNode, RedisClusterRig
 from tests.cluster.test_fleet_on_cluster import cluster_env, start_workers  # noqa: F401, F811  (fixtures)
@@ -81,7 +81,7 @@ def test_a_notification_lost_in_a_failover_is_posted_again_and_the_turn_answered
     tier_master = redis_cluster.master_of_slot(key_slot(keys.ready("chat").encode()))
     user = user_off(redis_cluster, tier_master.port)
     # the user was active before (its active mark replicated): a user's very first submit loses
-    # its active mark with its notification, the window stores.recovery documents
+    # its active mark with its notification, the window stores.renotify documents
     rc.zadd(keys.active("chat"), {user: time.time() - 60})
     replicated(redis_cluster, tier_master)
     fleet = Fleet(redis_cluster.url)  # (before the pause: finding a master asks every node)

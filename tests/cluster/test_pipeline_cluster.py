@@ -1,7 +1,7 @@
 """The turn pipeline's integration tests (tests/integration/test_pipeline.py and
 test_pipeline_shards.py), run again on the real 3+3 Redis Cluster: the same test functions,
-with ``redis_server`` and ``r`` standing for the cluster (issue 11: "the pipeline integration
-tests ... run on it as well as on a single node").
+with ``redis_server`` and ``r`` standing for the cluster: the pipeline holds on a Cluster as
+on a single node.
 
 Left out, with the reason: ``test_worker_rides_out_a_redis_restart`` restarts the one server
 from its AOF (the cluster's counterpart, a master killed and its replica promoted, is

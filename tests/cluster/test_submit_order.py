@@ -1,4 +1,4 @@
-"""The ordered submit on a real Redis Cluster (issue 11): every turn's inbox entry is there
+"""The ordered submit on a real Redis Cluster: every turn's inbox entry is there
 before its notification can be read.
 
 The cluster is the session's 3 masters + 3 replicas (tests/cluster/conftest.py). The clients

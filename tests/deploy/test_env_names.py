@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 import stores.connection
-import worker.rq_worker
+import worker.rq.rq_worker
 from commander.settings import CommanderSettings
 from tests.deploy.tools import OVERLAYS, compose_config, render
 from worker.settings import WorkerSettings
 
 # name -> the module that reads it (checked: the name is in that module's source)
 OTHER = {"REDIS_URL": stores.connection, "FLEET_REDIS_CLUSTER": stores.connection,
-         "FLEET_RQ_URL": worker.rq_worker}  # (the commander's settings take it too: checked below)
+         "FLEET_RQ_URL": worker.rq.rq_worker}  # (the commander's settings take it too: checked below)
 PREFIXES = {"commander": ("FLEET_COMMANDER_", CommanderSettings),
             "worker": ("FLEET_WORKER_", WorkerSettings)}
 # what a fieldRef or a Secret gives at run time, to build the settings with

@@ -6,7 +6,8 @@ runs one ``Commander.pass_once``. So "nothing happened after N seconds" is asser
 clock moved N seconds and the passes ran: deterministic, no sleeps.
 
 The simulated workers stand for real ones at the commander's boundary: a registry entry with a
-heartbeat, occupancy reports, and an exit after a drain (reaped at the next pass).
+heartbeat, occupancy reports, and an exit after a drain (reaped at the next pass); the runtime
+the commander drives is the unit tests' ``RecordingRuntime``.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from dataclasses import dataclass
 import redis
 
 from commander.commander import Commander
-from commander.runtime import Handles, Lifecycle, Runtime, UnknownWorker, WorkerHandle, WorkerIds
+from commander.runtime import Lifecycle, WorkerHandle
 from commander.settings import CommanderSettings
 from protocol import keys
-from protocol.codec import decode, encode
+from protocol.codec import encode
 from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots, WorkerInfo
 from stores.policies import read_policy
-from tests.unit.commander_helpers import VirtualClock
+from tests.helpers import ledger
+from tests.unit.commander_helpers import RecordingRuntime, VirtualClock
 
 INTERVAL_S = 0.2  # the pass interval of the real-process scenarios
 HANDLERS = ("echo", "noop", "sleep")  # the built-ins every simulated worker has
@@ -40,29 +42,31 @@ class SimWorker:
     handler_seconds: float = 0.0
 
 
-class SimRuntime(Runtime):
-    """Spawns simulated workers: registered and ready at once; a retired one exits drained."""
-
-    name = "sim"
+class SimWorkers:
+    """The simulated workers behind a recording runtime (``recording``, the one the commander
+    drives): a worker it spawns is registered and ready at once, and a retired one exits, drained,
+    at the next reap once it has nothing in hand."""
 
     def __init__(self, r: redis.Redis, clock: VirtualClock, concurrency: int) -> None:
         self.r, self.clock, self.concurrency = r, clock, concurrency
         self.workers: dict[str, SimWorker] = {}
-        self.spawned: list[str] = []
-        self._exited: list[WorkerHandle] = []
+        self.recording = RecordingRuntime(clock=clock.time)
+        self.recording.on_spawn = self._register
+        self.recording.on_reap = self._exit_drained
 
-    def spawn(self, tier: str, n: int = 1) -> WorkerIds:
-        ids = []
-        for _ in range(n):
-            wid = f"{tier}-s{len(self.spawned)}"
-            self.spawned.append(wid)
-            self.add(wid, tier)
-            ids.append(wid)
-        return ids
+    @property
+    def spawned(self) -> list[str]:
+        return self.recording.spawned
 
     def add(self, wid: str, tier: str = "chat", outside: bool = False) -> SimWorker:
-        """A registered, reporting worker: ours (in ``list()``), or one started ``outside``."""
+        """A registered, reporting worker: the runtime's, or one started ``outside`` it."""
         handle = WorkerHandle(wid, tier, 10_000 + len(self.workers), Lifecycle.RUNNING, self.clock.time())
+        if not outside:
+            self.recording.handles[wid] = handle
+        return self._register(handle, outside)
+
+    def _register(self, handle: WorkerHandle, outside: bool = False) -> SimWorker:
+        wid, tier = handle.worker_id, handle.tier
         info = WorkerInfo(worker=wid, tier=tier, pid=handle.pid, host="sim", started=handle.started,
                           handlers=list(HANDLERS))
         self.r.hset(keys.WORKERS, wid, encode(info))
@@ -71,32 +75,13 @@ class SimRuntime(Runtime):
         self.workers[wid] = worker = SimWorker(handle, self.concurrency, outside=outside)
         return worker
 
-    def retire(self, worker_id: str, reason: str = "", drain_timeout_s: float | None = None) -> None:
-        worker = self.workers.get(worker_id)
-        if worker is None or worker.outside:
-            raise UnknownWorker(worker_id)
-        worker.handle.state, worker.handle.retire_reason = Lifecycle.DRAINING, reason
-
-    def reap(self) -> Handles:
+    def _exit_drained(self) -> None:
         for wid, worker in list(self.workers.items()):
-            if worker.handle.state is Lifecycle.DRAINING and worker.busy == 0:  # drained: exits
+            if worker.handle.state is Lifecycle.DRAINING and worker.busy == 0:
                 del self.workers[wid]
                 self.r.hdel(keys.WORKERS, wid)
                 self.r.delete(keys.heartbeat(wid))
-                worker.handle.state, worker.handle.exit_code, worker.handle.drained = \
-                    Lifecycle.EXITED, 0, True
-                self._exited.append(worker.handle)
-        out, self._exited = self._exited, []
-        return out
-
-    def adopt(self) -> Handles:
-        return []
-
-    def stop_all(self, timeout: float | None = None) -> Handles:
-        return []
-
-    def list(self) -> Handles:
-        return [w.handle for w in self.workers.values() if not w.outside]
+                self.recording.exit(wid, 0, drained=True)
 
     def report(self, dt: float) -> None:
         """Every unfrozen worker reports its slots as of now (handler time accrued over ``dt``)
@@ -122,10 +107,10 @@ class Rig:
                  clock: VirtualClock | None = None, group: bool = True) -> None:
         self.r = r
         self.clock = clock or VirtualClock()
-        self.runtime = SimRuntime(r, self.clock, concurrency)
+        self.runtime = SimWorkers(r, self.clock, concurrency)
         settings = CommanderSettings(commander_id=name, metrics_port=None, interval_s=INTERVAL_S,
                                      always_tiers=("chat",))
-        self.commander = Commander(r, self.runtime, settings, clock=self.clock.time,
+        self.commander = Commander(r, self.runtime.recording, settings, clock=self.clock.time,
                                    monotonic=self.clock.monotonic)
         if group:  # (what the first worker does)
             r.xgroup_create(keys.ready("chat"), keys.GROUP, id="0", mkstream=True)
@@ -162,8 +147,7 @@ class Rig:
                 self.r.xdel(ready, *ids)
 
     def ledger(self, tier: str | None = "chat") -> list[LedgerEvent]:
-        events = [decode(LedgerEvent, f[b"m"]) for _, f in self.r.xrange(keys.EVENTS)]
-        return [e for e in events if tier is None or e.tier == tier]
+        return ledger(self.r, tier)
 
     def actions(self, *names: str) -> list[LedgerEvent]:
-        return [e for e in self.ledger() if e.action in names]
+        return ledger(self.r, "chat", *names)

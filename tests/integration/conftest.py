@@ -1,4 +1,5 @@
-"""Fixtures for integration tests: real worker processes, started and stopped by pid."""
+"""Fixtures for integration tests: real worker and commander processes and process runtimes,
+started and stopped by pid."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
+from commander.runtime import Lifecycle, WorkerHandle
 from protocol import keys
-from tests.helpers import wait_until  # (imported from here by many modules)
+from protocol.codec import decode
+from protocol.models import WorkerInfo
+from tests.helpers import Processes, Started, leads, no_process_left, wait_until  # wait_until: re-exported
 
 if TYPE_CHECKING:
     from commander.runtime.process import ProcessRuntime
@@ -78,6 +82,84 @@ def start_worker(fleet_env: dict[str, str], r: redis.Redis,
         except subprocess.TimeoutExpired:
             wp.proc.kill()
             wp.proc.wait(timeout=5)
+
+
+def _worker_pids(r: redis.Redis) -> set[int]:
+    return {decode(WorkerInfo, raw).pid for raw in r.hgetall(keys.WORKERS).values()}
+
+
+@pytest.fixture
+def start_commander(fleet_env: dict[str, str], r: redis.Redis,
+                    processes: Processes) -> Iterator[Callable[..., Started]]:
+    """Factory: a commander process (``commander_argv``, the fast worker leases, ``env`` over
+    them), waited on until it leads unless not ``lead``. After the test every commander is
+    stopped (standbys first) and no worker they started may be left running."""
+    def start(commander_id: str = "c1", *flags: str, env: dict[str, str] | None = None,
+              lead: bool = True, metrics: bool = False) -> Started:
+        started = processes.commander({**fleet_env, **FAST_WORKER_ENV, **(env or {})}, commander_id, *flags,
+                                      metrics=metrics)
+        if lead:
+            wait_until(lambda: leads(r, commander_id) or not started.alive(), 15, f"{commander_id} to lead")
+            assert started.alive(), started.tail()
+        return started
+
+    yield start
+    pids = _worker_pids(r)
+    processes.stop_all()
+    no_process_left(pids | _worker_pids(r), within_s=0)
+
+
+@pytest.fixture
+def make_runtime(redis_server: Any, r: redis.Redis,
+                 tmp_path: Path) -> Iterator[Callable[..., ProcessRuntime]]:
+    """Factory of process runtimes (logging to ``tmp_path/logs`` unless told); at the end every
+    worker they track is stopped, and no worker or fork template may be left running."""
+    from commander.runtime.process import ProcessRuntime
+
+    made: list[ProcessRuntime] = []
+    pids: set[int] = set()
+
+    def templates() -> set[int]:
+        return {rt.spawner.template.pid for rt in made if rt.spawner.template is not None
+                and rt.spawner.template.pid}
+
+    def make(**kwargs: Any) -> ProcessRuntime:
+        kwargs.setdefault("log_dir", tmp_path / "logs")
+        made.append(ProcessRuntime(redis_server.url, **kwargs))
+        pids.update(templates())
+        return made[-1]
+
+    yield make
+    pids.update(templates())
+    for rt in made:
+        pids.update(h.pid for h in rt.list())
+        rt.stop_all(timeout=2.0)
+    for rt in made:
+        rt.reap()  # collects the zombies of workers another runtime stopped
+        rt.close()
+    no_process_left(pids, within_s=0)
+
+
+def wait_running(rt: ProcessRuntime, ids: list[str], timeout: float = 20.0) -> None:
+    """Reap until every worker of ``ids`` is running (registered with a heartbeat)."""
+    def all_running() -> bool:
+        rt.reap()
+        states = {h.worker_id: h.state for h in rt.list()}
+        return all(states.get(i) is Lifecycle.RUNNING for i in ids)
+
+    wait_until(all_running, timeout, f"{ids} to run")
+
+
+def reap_until_exited(rt: ProcessRuntime, worker_id: str, timeout: float = 20.0) -> WorkerHandle:
+    """Reap until ``worker_id`` has exited; its last handle."""
+    gone: list[WorkerHandle] = []
+
+    def exited() -> bool:
+        gone.extend(h for h in rt.reap() if h.worker_id == worker_id)
+        return bool(gone)
+
+    wait_until(exited, timeout, f"{worker_id} to exit")
+    return gone[0]
 
 
 @pytest.fixture

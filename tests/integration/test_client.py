@@ -1,10 +1,10 @@
 """The submit on a real redis-server: what its atomicity honestly covers.
 
 A submit is one script call (``turn_submit.lua``: the inbox ``XADD``, the ready ``XADD``, the
-active ``ZADD``). Proven here:
-a connection lost mid-submit lands nothing (before the transaction, the turn landed with no
-notification and waited for the user's next submit), a retried round trip lands the turn once,
-and a write the user's ACL refuses refuses the whole submit (the script checks them all first).
+active ``ZADD``), applied together. Proven here: a connection lost mid-submit lands nothing (no
+turn without its notification, waiting for the user's next submit), a retried round trip lands
+the turn once, and a write the user's ACL refuses refuses the whole submit (the script checks
+them all first).
 Not covered, because Redis never rolls back: a command failing while the script runs (below).
 """
 

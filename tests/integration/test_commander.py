@@ -1,4 +1,4 @@
-"""The commander's scenarios (issue: observe, evaluate, decide, act) on real processes and Redis.
+"""The commander's scenarios (observe, evaluate, decide, act) on real processes and Redis.
 
 A wait is for a condition, with a deadline, and "nothing happened" is asserted after the
 commander ran a number of passes (``passes``); the one fixed sleep is the length of a fault
@@ -9,27 +9,21 @@ stabilization window measured exactly, stale reports of frozen workers).
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
-import psutil
 import pytest
 import redis
 
 from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
-from protocol.models import CommanderInfo, LedgerEvent, SessionEntry, WorkerInfo
+from protocol.models import SessionEntry
 from protocol.policy import TurnsPolicy, turns_policy
 from stores.policies import write_policy
-from tests.integration.conftest import FAST_WORKER_ENV, wait_until
+from tests.helpers import fleet_cli, leads, ledger, live_workers, passes, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -42,77 +36,10 @@ def policy(**over: object) -> TurnsPolicy:
     return turns_policy(**{**FAST, **over})
 
 
-def ledger(r: redis.Redis, tier: str | None = "chat") -> list[LedgerEvent]:
-    events = [decode(LedgerEvent, f[b"m"]) for _, f in r.xrange(keys.EVENTS)]
-    return [e for e in events if tier is None or e.tier == tier]
-
-
-def live_workers(r: redis.Redis, tier: str = "chat") -> list[WorkerInfo]:
-    infos = [decode(WorkerInfo, b) for b in r.hgetall(keys.WORKERS).values()]
-    return [i for i in infos if i.tier == tier and r.exists(keys.heartbeat(i.worker))]
-
-
-def passes(r: redis.Redis, n: int, commander: str | None = None, timeout: float = 30) -> None:
-    """Wait until the leader (or ``commander``) has run ``n`` more passes: it registers after each."""
-    name = commander or (r.get(keys.LEADER) or b"").decode().split("|")[0]
-    seen: set[float] = set()
-
-    def more() -> bool:
-        raw = r.hget(keys.COMMANDERS, name)
-        if raw:
-            seen.add(decode(CommanderInfo, raw).seen)
-        return len(seen) > n
-
-    wait_until(more, timeout, f"{n} passes of commander {name!r}")
-
-
 def served(load: Load, n: int, timeout: float = 60) -> None:
     """Wait until ``load`` got ``n`` more replies."""
     target = len(load.replies) + n
     wait_until(lambda: len(load.replies) >= target, timeout, f"{n} more replies")
-
-
-def worker_pids(r: redis.Redis) -> list[int]:
-    return [decode(WorkerInfo, b).pid for b in r.hgetall(keys.WORKERS).values()]
-
-
-@pytest.fixture
-def start_commander(fleet_env: dict[str, str], r: redis.Redis,
-                    tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Factory: a commander process; stopped after the test, with every worker it started."""
-    procs: list[subprocess.Popen[bytes]] = []
-    seen_pids: set[int] = set()
-
-    def start(name: str = "c1", wait_leader: bool = True,
-              env_over: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        env = {**fleet_env, **FAST_WORKER_ENV, **(env_over or {})}
-        log = tmp_path / f"commander-{name}.log"
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "commander", "--commander-id", name, "--no-metrics",
-                 "--interval", "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit"],
-                env=env, stdout=out, stderr=subprocess.STDOUT)
-        procs.append(proc)
-        if wait_leader:
-            wait_until(lambda: r.get(keys.LEADER) or proc.poll() is not None, 15, "a leader")
-            assert proc.poll() is None, log.read_text()[-3000:]
-        return proc
-
-    yield start
-    seen_pids.update(worker_pids(r))
-    for proc in reversed(procs):  # standbys first, so none takes over from a leader stopping the fleet
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    seen_pids.update(worker_pids(r))
-    leftovers = [p for p in seen_pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
-    assert not leftovers, f"worker processes left behind: {leftovers}"
 
 
 class Load:
@@ -176,25 +103,25 @@ def test_burst_scales_up_then_quiet_scales_in_idle_first(r, redis_server, start_
     # see the order of the scale-in)
     write_policy(r, "chat", policy(scale_down_stabilization_s=1))
     start_commander()
-    first = wait_until(lambda: live_workers(r), 20, "the first worker")[0].worker
+    first = wait_until(lambda: live_workers(r, "chat"), 20, "the first worker")[0].worker
     fleet = Fleet(redis_server.url)
 
     replies = fleet.results(fleet.submit_many([(f"b{i:02d}", "burst") for i in range(40)]), timeout=90)
 
     assert all(rep.ok for rep in replies)
-    ups = [e for e in ledger(r) if e.action == "scale-up" and e.from_count >= 1]
-    assert ups and max(e.to_count for e in ups) > 1, ledger(r)
+    ups = [e for e in ledger(r, "chat", "scale-up") if e.from_count >= 1]
+    assert ups and max(e.to_count for e in ups) > 1, ledger(r, "chat")
     served_by = Counter(rep.worker for rep in replies)
     assert len(served_by) >= 2 and set(served_by) - {first}, served_by  # new workers served turns
 
     # load stops: back to min_workers only after the stabilization window, idle workers first
-    wait_until(lambda: len(live_workers(r)) == 1, 40, "scale-in to min_workers")
-    downs = [e for e in ledger(r) if e.action in ("reclaim-idle", "consolidate")]
+    wait_until(lambda: len(live_workers(r, "chat")) == 1, 40, "scale-in to min_workers")
+    downs = ledger(r, "chat", "reclaim-idle", "consolidate")
     assert downs and all(e.to_count >= 1 for e in downs)
     assert all(e.action == "reclaim-idle" for e in downs)
     # (not before the stabilization window: on the virtual clock, test_commander_passes.py)
     passes(r, 8)
-    assert len(live_workers(r)) == 1  # and it stays at the floor
+    assert len(live_workers(r, "chat")) == 1  # and it stays at the floor
 
 
 def test_raising_users_per_instance_consolidates_without_losing_turns(r, redis_server, start_commander):
@@ -203,14 +130,14 @@ def test_raising_users_per_instance_consolidates_without_losing_turns(r, redis_s
     write_policy(r, "chat", policy(users_per_instance=4, **light))
     start_commander()
     with Load(redis_server.url, users=12, pause_s=0.5) as load:
-        wait_until(lambda: len(live_workers(r)) == 3, 30, "3 workers for 12 users at 4 per worker")
+        wait_until(lambda: len(live_workers(r, "chat")) == 3, 30, "3 workers for 12 users at 4 per worker")
         write_policy(r, "chat", policy(users_per_instance=100, **light))
-        wait_until(lambda: len(live_workers(r)) == 1, 40, "consolidation to one worker")
+        wait_until(lambda: len(live_workers(r, "chat")) == 1, 40, "consolidation to one worker")
         served(load, 24)  # two more rounds of the twelve users, on the one worker
     load.check(r)
-    downs = [e for e in ledger(r) if e.action in ("reclaim-idle", "consolidate")]
+    downs = ledger(r, "chat", "reclaim-idle", "consolidate")
     assert downs
-    exits = [e for e in ledger(r) if e.action == "worker-exited"]
+    exits = ledger(r, "chat", "worker-exited")
     assert not exits  # the drained workers exited on their own, none crashed or was killed
 
 
@@ -221,12 +148,12 @@ def test_scale_to_zero_serves_a_parked_turn(r, redis_server, start_commander):
                                    scale_down_stabilization_s=1))
     start_commander()
     passes(r, 5)
-    assert live_workers(r) == []
+    assert live_workers(r, "chat") == []
     reply = Fleet(redis_server.url).submit("zoe", "anyone there?").result(30)
     assert reply.ok and reply.text == "slept: anyone there?"
-    wake = [e for e in ledger(r) if e.action == "scale-up" and e.from_count == 0]
+    wake = [e for e in ledger(r, "chat", "scale-up") if e.from_count == 0]
     assert wake and wake[0].to_count == 1
-    wait_until(lambda: live_workers(r) == [], 30, "the tier to go back to zero")
+    wait_until(lambda: live_workers(r, "chat") == [], 30, "the tier to go back to zero")
 
 
 # a shorter lease (3 s by default) and standby poll (1 s): the standby takes over sooner
@@ -235,22 +162,22 @@ FAST_TAKEOVER_ENV = {"FLEET_COMMANDER_LEASE_TTL_MS": "1500", "FLEET_COMMANDER_ST
 
 def test_commander_sigkill_standby_takes_over_and_adopts(r, redis_server, start_commander):
     write_policy(r, "chat", policy(min_workers=2, handler_options={"sleep_ms": 50}))
-    leader = start_commander("c1", env_over=FAST_TAKEOVER_ENV)
-    wait_until(lambda: len(live_workers(r)) == 2, 20, "two workers")
-    standby = start_commander("c2", wait_leader=False, env_over=FAST_TAKEOVER_ENV)
+    leader = start_commander("c1", env=FAST_TAKEOVER_ENV).proc
+    wait_until(lambda: len(live_workers(r, "chat")) == 2, 20, "two workers")
+    standby = start_commander("c2", env=FAST_TAKEOVER_ENV, lead=False).proc
     with Load(redis_server.url, users=10, pause_s=0.05) as load:
         served(load, 20)
-        before = {w.worker for w in live_workers(r)}
+        before = {w.worker for w in live_workers(r, "chat")}
         leader.send_signal(signal.SIGKILL)
         leader.wait()
-        wait_until(lambda: (r.get(keys.LEADER) or b"").startswith(b"c2|"), 15, "the standby to lead")
+        wait_until(lambda: leads(r, "c2"), 15, "the standby to lead")
         passes(r, 10, "c2")
         served(load, 20)  # turns still answered under the new leader
     load.check(r)
-    after = {w.worker for w in live_workers(r)}
+    after = {w.worker for w in live_workers(r, "chat")}
     assert after == before  # adopted, not respawned: no double spawn
-    epochs = {e.epoch for e in ledger(r, tier=None) if e.commander == "c2"}
-    assert epochs and min(epochs) > max(e.epoch for e in ledger(r, tier=None) if e.commander == "c1")
+    epochs = {e.epoch for e in ledger(r) if e.commander == "c2"}
+    assert epochs and min(epochs) > max(e.epoch for e in ledger(r) if e.commander == "c1")
     assert standby.poll() is None
 
 
@@ -258,31 +185,30 @@ def test_invalid_raw_policy_is_rejected_and_the_last_good_kept(r, redis_server, 
                                                               tmp_path):
     write_policy(r, "chat", policy(min_workers=2))
     start_commander()
-    wait_until(lambda: len(live_workers(r)) == 2, 20, "two workers")
+    wait_until(lambda: len(live_workers(r, "chat")) == 2, 20, "two workers")
     r.set(keys.policy("chat"), '{"min_workers": 5, "max_workers": 2}')
-    wait_until(lambda: [e for e in ledger(r) if e.action == "policy-rejected"], 10, "the rejection")
-    rejected = [e for e in ledger(r) if e.action == "policy-rejected"][0]
+    wait_until(lambda: ledger(r, "chat", "policy-rejected"), 10, "the rejection")
+    rejected = ledger(r, "chat", "policy-rejected")[0]
     assert "min_workers (5) > max_workers (2)" in rejected.reason
-    out = subprocess.run([sys.executable, "-m", "fleet.cli", "policy", "get", "chat"], env=fleet_env,
-                         capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    out = fleet_cli(fleet_env, "policy", "get", "chat", cwd=tmp_path, timeout=30)
     assert "REJECTED" in out.stdout and "min_workers (5) > max_workers (2)" in out.stdout
     passes(r, 5)
-    assert len(live_workers(r)) == 2  # the fleet runs on the last good policy, unchanged
+    assert len(live_workers(r, "chat")) == 2  # the fleet runs on the last good policy, unchanged
     r.set(keys.policy("chat"), policy(min_workers=3).to_json())
-    wait_until(lambda: len(live_workers(r)) == 3, 20, "the next valid edit to apply")
+    wait_until(lambda: len(live_workers(r, "chat")) == 3, 20, "the next valid edit to apply")
 
 
 def test_two_commanders_at_once_only_one_ever_acts(r, redis_server, start_commander):
     write_policy(r, "chat", policy(min_workers=2))
-    a = start_commander("ca", wait_leader=False)
-    b = start_commander("cb", wait_leader=False)
-    wait_until(lambda: len(live_workers(r)) == 2, 20, "two workers")
+    a = start_commander("ca", lead=False).proc
+    b = start_commander("cb", lead=False).proc
+    wait_until(lambda: len(live_workers(r, "chat")) == 2, 20, "two workers")
     fleet = Fleet(redis_server.url)
     assert all(rep.ok for rep in fleet.results(fleet.submit_many([(f"t{i}", "x") for i in range(30)]), 60))
     passes(r, 5)
-    acts = [e for e in ledger(r, tier=None) if e.action not in ("leader",)]
+    acts = [e for e in ledger(r) if e.action not in ("leader",)]
     assert acts and len({(e.commander, e.epoch) for e in acts}) == 1
-    assert len([e for e in ledger(r, tier=None) if e.action == "leader"]) == 1
+    assert len([e for e in ledger(r) if e.action == "leader"]) == 1
     assert a.poll() is None and b.poll() is None
 
 
@@ -295,9 +221,9 @@ def test_redis_pause_causes_no_mass_scale_in_nor_spawn_storm(r, redis_server, st
                                    handler_options={"sleep_ms": 2000}, scale_down_stabilization_s=0))
     start_commander()
     with Load(redis_server.url, users=4, pause_s=0.0, lockstep=False) as load:
-        wait_until(lambda: len(live_workers(r)) == 4, 30, "the load to scale the tier up")
+        wait_until(lambda: len(live_workers(r, "chat")) == 4, 30, "the load to scale the tier up")
         passes(r, 5)
-        events = ledger(r)
+        events = ledger(r, "chat")
         before = len(events)
         # with no hold, a worker fresh from a scale-up may be consolidated before the pause (its
         # window's occupancy is low): the tier then stands below the 4 users' demand, and a
@@ -310,7 +236,7 @@ def test_redis_pause_causes_no_mass_scale_in_nor_spawn_storm(r, redis_server, st
         redis_server.proc.send_signal(signal.SIGCONT)
         wait_until(lambda: r.get(keys.LEADER), 15, "a leader again")
         passes(r, 8)
-        during = ledger(r)[before:]
+        during = ledger(r, "chat")[before:]
     load.check(r)
     assert not [e for e in during if e.action in ("reclaim-idle", "consolidate")], during
     ups = sum(e.to_count - e.from_count for e in during if e.action == "scale-up")
@@ -322,25 +248,25 @@ def test_a_worker_started_separately_is_counted_not_doubled(r, redis_server, sta
     outside = start_worker(worker_id="chat-outside")  # `fleet worker`, not started by the commander
     start_commander()
     passes(r, 10)
-    assert [w.worker for w in live_workers(r)] == ["chat-outside"]
-    assert not [e for e in ledger(r) if e.action == "scale-up"]
+    assert [w.worker for w in live_workers(r, "chat")] == ["chat-outside"]
+    assert not ledger(r, "chat", "scale-up")
     reply = Fleet(redis_server.url).submit("olga", "hi", meta={"sleep_ms": 1}).result(10)
     assert reply.ok and reply.worker == "chat-outside"
     assert outside.proc.poll() is None
 
 
 def test_a_handler_no_worker_has_is_rejected_and_the_tier_keeps_its_policy(r, redis_server, start_commander):
-    """Issue 9, item 1: the key names a handler installed where the CLI runs but not where the
-    workers do. Before: accepted, and the workers ran the default policy (echo, concurrency 8)."""
+    """A policy key naming a handler installed where the CLI runs but not where the workers do is
+    rejected: the workers keep the last good policy, not the default one (echo, concurrency 8)."""
     write_policy(r, "chat", policy(min_workers=1, handler="sleep", concurrency=3,
                                    handler_options={"ms": 1}))
     start_commander()
-    wait_until(lambda: len(live_workers(r)) == 1, 20, "a worker")
+    wait_until(lambda: len(live_workers(r, "chat")) == 1, 20, "a worker")
     fleet = Fleet(redis_server.url)
     assert fleet.submit("alice", "hi").result(30).text.startswith("slept")
     write_policy(r, "chat", policy(min_workers=1, handler="answer", concurrency=16))
-    wait_until(lambda: [e for e in ledger(r) if e.action == "policy-rejected"], 15, "the rejection")
-    reason = [e for e in ledger(r) if e.action == "policy-rejected"][0].reason
+    wait_until(lambda: ledger(r, "chat", "policy-rejected"), 15, "the rejection")
+    reason = ledger(r, "chat", "policy-rejected")[0].reason
     assert "no live worker of tier chat has handler 'answer'" in reason, reason
     wait_until(lambda: b"answer" in (r.hget(keys.policy_status("chat"), "error") or b""), 15,
                "the worker's own verdict")

@@ -24,11 +24,11 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.groups import assign
-from protocol.models import LedgerEvent, SessionEntry
+from protocol.models import SessionEntry
 from protocol.policy import parse_policy
-from stores.ledger import ledger_page
 from stores.policies import read_policy, write_policy
 from stores.registry import read_registry
+from tests.helpers import ledger
 from tests.integration.conftest import wait_until, wait_workers_saw
 
 pytestmark = pytest.mark.integration
@@ -73,11 +73,6 @@ def pools(r: redis.Redis) -> set[str]:
     return {info.tier for info, alive in read_registry(r).workers.values() if alive}
 
 
-def ledger(r: redis.Redis, action: str) -> list[LedgerEvent]:
-    rows = [decode(LedgerEvent, fields[b"m"]) for _id, fields in ledger_page(r, "+", 10_000)]
-    return [e for e in rows if e.action == action]
-
-
 def test_the_guard_aborts_a_failing_canary_under_load_and_each_pool_follows_its_demand(
         redis_server: Any, r: redis.Redis, process_commander: ProcessRuntime) -> None:
     write_policy(r, "chat", parse_policy(POLICY))
@@ -91,7 +86,7 @@ def test_the_guard_aborts_a_failing_canary_under_load_and_each_pool_follows_its_
     rounds = 0
     try:
         loaded = time.monotonic()
-        while not ledger(r, "rollout-abort"):  # rounds of one turn per user, all submitted at once
+        while not ledger(r, None, "rollout-abort"):  # rounds of one turn per user, all submitted at once
             assert rounds < 40, "the guard did not abort the failing canary"
             for h in client.submit_many([(u, f"{u} turn {rounds}") for u in USERS]):
                 reply = h.result(timeout=60)
@@ -99,7 +94,7 @@ def test_the_guard_aborts_a_failing_canary_under_load_and_each_pool_follows_its_
                 served[h.user].append(reply.worker.rpartition("-")[0])
             rounds += 1
         aborted = time.monotonic()
-        (abort,) = ledger(r, "rollout-abort")
+        (abort,) = ledger(r, None, "rollout-abort")
         assert abort.tier == "chat" and "canary green aborted: error rate" in abort.reason, abort.reason
         assert read_policy(r, "chat").policy.rollout.weights() == (("blue", 100.0), ("green", 0.0))
         wait_workers_saw(process_commander, r, "groups of chat now blue 100, green 0",

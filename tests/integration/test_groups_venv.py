@@ -7,17 +7,14 @@ blue users to green between turns (every turn answered once, each session in sub
 a user's versions never going back); an abort brings them back; and groups whose interpreter
 is missing or cannot import the handler are rejected while the tier serves on.
 
-The virtualenvs are made offline: ``python -m venv --without-pip`` from the base interpreter,
-a ``.pth`` file giving them this environment's dependencies (redis, pydantic, ...), the
-checkout on ``PYTHONPATH`` (the runtime sets it), and the handler package installed with this
-environment's pip (``--python``, ``--no-index --no-build-isolation``).
+The virtualenvs are made offline (``tests.helpers.offline_venv``: they see this environment's
+dependencies), with the checkout on ``PYTHONPATH`` (the runtime sets it) and the handler package
+installed with this environment's pip (``venv_install``).
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +27,12 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.groups import assign
-from protocol.models import LedgerEvent, SessionEntry
+from protocol.models import SessionEntry
 from protocol.policy import parse_policy
-from stores.groups import rejected_groups
-from stores.ledger import ledger_page
+from stores.group_assignment import rejected_groups
 from stores.policies import read_policy, write_policy
 from stores.registry import read_registry
+from tests.helpers import ledger, offline_venv, venv_install
 from tests.integration.conftest import wait_until, wait_workers_saw
 
 pytestmark = pytest.mark.integration
@@ -59,32 +56,21 @@ def handle(ctx):
 """
 
 
-def make_venv(root: Path, version: int) -> str:
+def handler_venv(root: Path, version: int) -> str:
     """A virtualenv holding version ``version`` of the handler package; its interpreter's path."""
-    venv = root / f"venv{version}"
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)  # type: ignore[attr-defined]
-    python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
-    Path(purelib, "fleet_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = offline_venv(root / f"venv{version}")
     pkg = root / f"pkg{version}"
     (pkg / "fleet_canary_test").mkdir(parents=True)
     (pkg / "pyproject.toml").write_text(PYPROJECT.format(version=f"{version}.0"))
     (pkg / "fleet_canary_test" / "__init__.py").write_text(HANDLER.format(version=version))
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index",
-                    "--no-deps", "--no-build-isolation", str(pkg)], check=True)
+    venv_install(python, pkg)
     return str(python)
 
 
 @pytest.fixture(scope="module")
 def venvs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     root = tmp_path_factory.mktemp("venvs")
-    return make_venv(root, 1), make_venv(root, 2)
-
-
-def events(r: redis.Redis, action: str) -> list[LedgerEvent]:
-    rows = [decode(LedgerEvent, fields[b"m"]) for _id, fields in ledger_page(r, "+", 10_000)]
-    return [e for e in rows if e.action == action]
+    return handler_venv(root, 1), handler_venv(root, 2)
 
 
 def live_pools(r: redis.Redis) -> dict[str, list[str]]:
@@ -130,7 +116,7 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
     why = rejected_groups(r, "chat")
     assert "/nonexistent/bin/python is missing" in why["gone"]
     assert "cannot load handler 'canary'" in why["bare"]
-    assert {e.tier for e in events(r, "group-rejected")} == {"chat.gone", "chat.bare"}
+    assert {e.tier for e in ledger(r, None, "group-rejected")} == {"chat.gone", "chat.bare"}
     assert set(live_pools(r)) == {"chat.blue", "chat.green"}  # the tier serves on
 
     split = [("blue", 90.0), ("green", 10.0), ("gone", 0.0), ("bare", 0.0)]
@@ -158,10 +144,10 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
         assert set(got.values()) == {"v2"}
         for u in USERS:
             history[u].append(got[u])
-    wait_until(lambda: [e for e in events(r, "rollout")
+    wait_until(lambda: [e for e in ledger(r, None, "rollout")
                         if "-> blue 0, green 100, gone 0, bare 0 (canary green)" in e.reason], 10,
                "the rollout to 100 in the ledger")
-    steps = [e.reason.partition(" -> ")[2] for e in sorted(events(r, "rollout"), key=lambda e: e.ts)]
+    steps = [e.reason.partition(" -> ")[2] for e in sorted(ledger(r, None, "rollout"), key=lambda e: e.ts)]
     assert steps == ["blue 50, green 50, gone 0, bare 0 (canary green)",
                      "blue 0, green 100, gone 0, bare 0 (canary green)"]
 

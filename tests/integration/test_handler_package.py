@@ -3,10 +3,9 @@ virtualenv with Fleet installed from this checkout, its test passes there and a 
 that virtualenv serves turns through it. ``fleet handler new`` writes exactly those files, and a
 package it makes for another name serves as well.
 
-The virtualenv is made offline: ``python -m venv --without-pip`` from the base interpreter, a
-``.pth`` file giving it this environment's dependencies (redis, pydantic, setuptools, pytest, ...),
-then this environment's pip installs into it (``--python``, ``--no-index --no-deps
---no-build-isolation``) a copy of the checkout's tracked package files and the handler packages.
+The virtualenv is made offline (``tests.helpers.offline_venv``: it sees this environment's
+dependencies, redis, pydantic, setuptools, pytest, ...), then this environment's pip installs into
+it (``venv_install``) a copy of the checkout's tracked package files and the handler packages.
 Nothing is imported from the checkout there: ``PYTHONPATH`` is unset and the working directory
 is elsewhere.
 """
@@ -17,8 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +29,7 @@ from protocol import keys
 from stores.registry import read_registry
 from tests.conftest import ROOT, TEST_WORKER_ENV, RedisServer
 from tests.docs_blocks import example_files
-from tests.integration.conftest import wait_until
+from tests.helpers import offline_venv, venv_install, wait_until
 
 pytestmark = pytest.mark.integration
 PACKAGES = ("protocol", "stores", "worker", "commander", "fleet", "sim")
@@ -59,12 +56,6 @@ class Venv:
                    VIRTUAL_ENV=str(self.root), PYTHONUNBUFFERED="1", **extra)
         return env
 
-    def install(self, *paths: Path) -> None:
-        done = subprocess.run([sys.executable, "-m", "pip", "--python", str(self.python), "install", "-q",
-                               "--no-index", "--no-deps", "--no-build-isolation", *map(str, paths)],
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-
 
 def checkout_copy(dest: Path) -> Path:
     """The checkout's package files (what a wheel is built from: tracked, or new and not
@@ -82,15 +73,8 @@ def checkout_copy(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     root = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(root)],  # type: ignore[attr-defined]
-                   check=True, timeout=120)
-    v = Venv(root)
-    probe = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    purelib = subprocess.run([str(v.python), "-c", probe], check=True, capture_output=True,
-                             text=True).stdout.strip()
-    Path(purelib, "fleet_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    v.install(checkout_copy(tmp_path_factory.mktemp("checkout")))
-    return v
+    venv_install(offline_venv(root), checkout_copy(tmp_path_factory.mktemp("checkout")))
+    return Venv(root)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +90,7 @@ def packages(venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     made = tmp_path_factory.mktemp("made")
     assert fleet_main(["handler", "new", "otherbot", "--dir", str(made / "otherbot")]) == 0
     out = {"mybot": docs / "mybot", "otherbot": made / "otherbot"}
-    venv.install(*out.values())
+    venv_install(venv.python, *out.values())
     return out
 
 

@@ -144,8 +144,8 @@ async def test_the_hot_path_scripts_on_the_real_server(r: redis.Redis, redis_ser
     try:
         turns = [Turn(turn_id=f"t{i}", user=U, text=f"turn {i}", ts=1.0) for i in range(2)]
         event = {"tier": "chat", "user": U, "ts": "1"}
-        done = await submit.submit_round_trip_async(client, [(t, encode_model(t)) for t in turns], "chat",
-                                                    pressure=event)
+        done = await submit.submit_turns(client, [(t, encode_model(t)) for t in turns], "chat",
+                                         pressure=event, cluster=False)
         assert done.posted and r.xlen(keys.pressure("chat")) == 1  # no worker ever read the tier
         store = UserStore(client, "w1")
         lease = await store.acquire(U)

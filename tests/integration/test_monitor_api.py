@@ -158,7 +158,7 @@ async def test_failed_jobs_are_listed_and_requeued_through_rq(api: TestClient[An
     d = Deferral(name="fail_first", kwargs={"times": 9}, queue="writeback", user="alice", turn_id="t1",
                  index=0, ts=time.time())
     assert rqjobs.enqueue(r, d)
-    subprocess.run([sys.executable, "-m", "worker.rq_worker", "--queues", "writeback", "--burst"],
+    subprocess.run([sys.executable, "-m", "worker.rq.rq_worker", "--queues", "writeback", "--burst"],
                    env=fleet_env, capture_output=True, timeout=60, check=True)  # runs it once: failed
     body = await _get(api, "/api/rq/failed?queue=writeback")
     (job,) = body["jobs"]

@@ -14,12 +14,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,7 @@ from protocol.models import CommanderInfo, Reply
 from protocol.policy import TurnsPolicy, rq_policy, turns_policy
 from stores.deadletters import retry_turn_id
 from stores.policies import write_policy
-from tests.integration.conftest import FAST_WORKER_ENV, wait_until
+from tests.helpers import Started, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,30 +134,16 @@ def browser(tmp_path: Path) -> Iterator[Browser]:
 
 
 @pytest.fixture
-def commander(fleet_env: dict[str, str], r: redis.Redis, tmp_path: Path) -> Iterator[str]:
-    """A real commander serving the monitor on a free loopback port, behind a token; yields
-    its base URL. Stopped by pid (SIGTERM: it drains the workers it started)."""
-    env = {**fleet_env, **FAST_WORKER_ENV, "FLEET_COMMANDER_METRICS_TOKEN": TOKEN}
-    log = tmp_path / "commander.log"
-    with log.open("ab") as out:
-        argv = [sys.executable, "-m", "commander", "--commander-id", "mon1", "--metrics-port", "0",
-                "--interval", "0.2", "--log-dir", str(tmp_path / "logs"), "--stop-workers-on-exit"]
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        address = wait_until(lambda: _address(r, proc), 30, "the commander to register its address")
-        yield f"http://{address}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        print(f"commander log: {log}")
+def commander(start_commander: Callable[..., Started], r: redis.Redis) -> str:
+    """A real commander serving the monitor on a free loopback port, behind a token; its base URL."""
+    started = start_commander("mon1", "--metrics-port", "0", env={"FLEET_COMMANDER_METRICS_TOKEN": TOKEN},
+                              metrics=True)
+    print(f"commander log: {started.log}")
+    return f"http://{wait_until(lambda: _address(r, started), 30, 'the commander to register its address')}"
 
 
-def _address(r: redis.Redis, proc: subprocess.Popen[bytes]) -> str | None:
-    assert proc.poll() is None, "the commander exited"
+def _address(r: redis.Redis, commander: Started) -> str | None:
+    assert commander.alive(), "the commander exited"
     blob = r.hget(keys.COMMANDERS, "mon1")
     if not isinstance(blob, bytes):
         return None
@@ -231,7 +215,7 @@ def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server
         browser("wait", js=f"{ROWS} === 3", timeout=40000)
         browser("wait", js="document.querySelector('.tier[data-tier=\"chat\"] .stat b').textContent === '3'",
                 timeout=40000)
-        time.sleep(3)  # (let the occupancy histograms fill for the screenshot; nothing is awaited)
+        time.sleep(3)  # the occupancy histograms fill for the screenshot: nothing is asserted on them
         _shot(browser, tmp_path, "overview")
 
     _policy(r, 1)  # the load stops and the floor goes down: the drained workers' rows go

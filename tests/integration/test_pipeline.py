@@ -1,4 +1,5 @@
-"""The turn pipeline end to end: real redis-server, real worker processes (invariants I1-I3)."""
+"""The turn pipeline end to end: real redis-server, real worker processes (invariants I1-I3:
+one reply per accepted turn, per-user order, one worker per user at a time)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections import defaultdict
 import pytest
 import redis
 
-from fleet.client import Fleet
+from fleet.client import Fleet, TurnHandle
 from protocol import keys
 from protocol.codec import decode, encode
 from protocol.models import Control, SessionEntry
@@ -138,7 +139,8 @@ def test_bad_input_is_dead_lettered_and_the_worker_keeps_serving(r, redis_server
     raw.xadd(keys.ready("chat"), {"nobody": "x"})
 
     fleet = Fleet(redis_server.url)
-    garbage = fleet._wait("bob", garbage_id, 10)  # replies to binary turns are msgpack
+    # the reply of a turn written by hand: a handle names it (replies to binary turns are msgpack)
+    garbage = TurnHandle(fleet, "bob", "chat", garbage_id, 0.0).result(10)
     assert not garbage.ok and "not msgpack" in garbage.error
     for entry, why in ((big_id, "over the limit"), (notext_id, "no 'text' field")):
         got = raw.blpop([keys.reply("bob", entry)], timeout=10)
@@ -234,7 +236,7 @@ def test_worker_rides_out_a_redis_restart(r, redis_server, start_worker):
     fleet = Fleet(redis_server.url)
     assert fleet.submit("gus", "before").result(10).ok
     redis_server.stop()
-    time.sleep(1.0)
+    time.sleep(1.0)  # the outage itself: the worker must ride out a second without Redis
     redis_server.start()  # same port and data directory: the AOF brings the streams back
     reply = Fleet(redis_server.url).submit("gus", "after").result(30)
     assert reply.ok and reply.text.startswith("echo: after | previous: before")

@@ -1,4 +1,4 @@
-"""``fleet relay --check`` against real relays (issue 16): a running relay's heartbeat is fresh
+"""``fleet relay --check`` against real relays: a running relay's heartbeat is fresh
 (exit 0), a SIGKILLed one's goes stale past the bound (exit 1, one line why); without ``--id``
 the check finds the relay of this host (its default id is ``relay-<host>-<pid>``)."""
 
@@ -12,10 +12,10 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from fleet.relay_health import host_prefix
 from stores import outbox
 from tests.integration.conftest import wait_until
 from tests.integration.test_defer_rq import Proc, relay, start_proc  # noqa: F401  (a fixture)
+from worker.rq.relay_health import host_prefix
 
 pytestmark = pytest.mark.integration
 

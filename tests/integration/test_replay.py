@@ -12,6 +12,7 @@ import pytest
 from protocol.policy import TurnsPolicy, turns_policy
 from stores.policies import write_policy
 from tests.conftest import ROOT
+from tests.helpers import fleet_cli
 
 pytestmark = pytest.mark.integration
 
@@ -26,16 +27,12 @@ def tiny_trace(tmp_path):
     return path
 
 
-def fleet(args, env, timeout=120):
-    return subprocess.run([sys.executable, "-m", "fleet.cli", *args], env=env, cwd=ROOT, text=True,
-                          capture_output=True, timeout=timeout)
-
-
 def test_replay_submits_every_turn_and_records_waits_and_workers(r, fleet_env, start_worker, tmp_path):
     write_policy(r, "chat", turns_policy(handler="sleep", concurrency=4, report_interval_s=0.5))
     start_worker()
     out = tmp_path / "out"
-    run = fleet(["replay", str(tiny_trace(tmp_path)), "--speed", "10", "--out", str(out)], fleet_env)
+    run = fleet_cli(fleet_env, "replay", str(tiny_trace(tmp_path)), "--speed", "10", "--out", str(out),
+                    cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     body = json.loads((out / "replay.json").read_text())
     assert body["summary"]["turns"] == len(ROWS) and body["summary"]["unserved"] == 0
@@ -49,7 +46,7 @@ def test_replay_submits_every_turn_and_records_waits_and_workers(r, fleet_env, s
 
 def test_replay_needs_the_sleep_handler(r, fleet_env, tmp_path):
     write_policy(r, "chat", TurnsPolicy(handler="echo"))
-    run = fleet(["replay", str(tiny_trace(tmp_path)), "--limit", "1"], fleet_env)
+    run = fleet_cli(fleet_env, "replay", str(tiny_trace(tmp_path)), "--limit", "1", cwd=ROOT, timeout=120)
     assert run.returncode == 1 and "handler=sleep" in run.stderr
 
 

@@ -4,8 +4,6 @@ RQ worker in a job and queued jobs behind it, on a real redis-server."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,8 +20,8 @@ from protocol.deferral import Deferral
 from protocol.policy import RqPolicy
 from stores import rqjobs
 from stores.policies import write_policy
+from tests.helpers import fleet_cli, wait_until
 from tests.integration.commander_rig import Rig
-from tests.integration.conftest import wait_until
 from tests.integration.test_defer_rq import Proc, rq_worker, start_proc  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration
@@ -51,8 +49,7 @@ def test_status_and_top_list_the_rq_workers_and_the_queue(r: redis.Redis, fleet_
     assert (w["worker"], w["state"], w["job"], w["queues"]) == (NAME, "busy", busy_tier, [QUEUE])
     assert 0 <= w["age_s"] < 60 and (row["backlog"], row["pending"], row["failed_jobs"]) == (2, 1, 0)
 
-    out = subprocess.run([sys.executable, "-m", "fleet.cli", "top", "--once", "--tier", QUEUE], env=fleet_env,
-                         capture_output=True, text=True, timeout=30)
+    out = fleet_cli(fleet_env, "top", "--once", "--tier", QUEUE, timeout=30)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     tier = next(line for line in lines if line.startswith(f"{QUEUE} ")).split()

@@ -1,5 +1,5 @@
-"""Fleet's RQ worker stops on SIGTERM whatever it is doing (issue 16: the kubelet's SIGTERM is
-how a pod's RQ worker is retired), on a real redis-server.
+"""Fleet's RQ worker stops on SIGTERM whatever it is doing (the kubelet's SIGTERM is how a
+pod's RQ worker is retired), on a real redis-server.
 
 Both interleavings below were found by SIGTERMing ``fleet rq-worker`` at random moments (CI
 had a pod that outlived its 30 s grace period, and a retired pod that died of the signal):
@@ -35,7 +35,7 @@ import redis
 from stores import rqjobs
 from tests.conftest import RedisServer
 from tests.integration.conftest import wait_until
-from worker import rq_worker
+from worker.rq import rq_worker
 
 pytestmark = pytest.mark.integration
 QUEUE = "writeback"
@@ -117,7 +117,7 @@ def run_worker_script(script: str, env: dict[str, str], log: Path, timeout: floa
 # installs its own handler (the test's copy of the worker's ``_start_scheduler`` signals itself).
 SIGTERM_BEFORE_RQ_HANDLERS = textwrap.dedent("""
     import os, signal, sys
-    from worker import rq_worker
+    from worker.rq import rq_worker
 
     base = rq_worker.FleetWorker._start_scheduler
 
@@ -136,7 +136,7 @@ SIGTERM_BEFORE_RQ_HANDLERS = textwrap.dedent("""
 # never stopped, was then joined at exit for ever)
 SIGTERM_BEFORE_THE_LOOP = textwrap.dedent("""
     import os, signal, sys
-    from worker import rq_worker
+    from worker.rq import rq_worker
 
     base = rq_worker.FleetWorker._install_signal_handlers
 
@@ -164,7 +164,7 @@ def test_a_sigterm_while_rq_starts_stops_the_worker_cleanly(script: str, fleet_e
 # ... and one whose SIGTERM arrives while it starts, before it registered with RQ
 SIGTERM_BEFORE_REGISTERING = textwrap.dedent("""
     import os, signal, sys
-    from worker import rq_worker
+    from worker.rq import rq_worker
 
     hold = rq_worker.hold_stop_signals
 
@@ -188,7 +188,7 @@ def test_a_sigterm_while_starting_exits_before_registering(fleet_env: dict[str, 
 # ... and one that fails while RQ starts, after its scheduler process was forked
 FAILS_AFTER_THE_SCHEDULER_STARTED = textwrap.dedent("""
     import sys
-    from worker import rq_worker
+    from worker.rq import rq_worker
 
     def fail(self):
         print("scheduler-pid", self.scheduler._process.pid, flush=True)
@@ -212,14 +212,14 @@ def test_a_worker_that_fails_while_starting_exits_and_stops_its_scheduler(
 # them (a SIGTERM sent before it installs its own handler would be lost, and RQ joins it)
 FORKED_CHILD_SIGNALS = textwrap.dedent("""
     import os, signal
-    from worker import rq_worker
+    from worker.rq import rq_worker
 
     rq_worker.hold_stop_signals()
     pid = os.fork()
     if pid == 0:
         os._exit(0 if all(signal.getsignal(s) == signal.SIG_DFL for s in rq_worker.STOP_SIGNALS) else 3)
     _, status = os.waitpid(pid, 0)
-    held = signal.getsignal(signal.SIGTERM) is rq_worker._hold_stop
+    held = signal.getsignal(signal.SIGTERM) is rq_worker.remember_stop
     print("child", os.waitstatus_to_exitcode(status), "parent holds", held)
 """)
 

@@ -8,20 +8,20 @@ is tested without the real worker. The last tests run the real ``python -m worke
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 import redis
 
-from commander.runtime import Lifecycle, WorkerHandle
+from commander.runtime import Lifecycle
 from commander.runtime.process import ProcessRuntime, new_worker_id
 from fleet.client import Fleet
 from protocol import keys
@@ -29,6 +29,8 @@ from protocol.codec import decode, encode
 from protocol.models import WorkerInfo
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
+from tests.helpers import fleet_cli, running
+from tests.integration.conftest import reap_until_exited, wait_running
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,65 +94,10 @@ def standin(tmp_path: Path) -> Callable[[str, str], list[str]]:
 
 
 @pytest.fixture
-def make_runtime(redis_server, r, tmp_path: Path,
-                 standin) -> Iterator[Callable[..., ProcessRuntime]]:
-    """Build runtimes; at the end stop every worker they track and prove none is left."""
-    made: list[ProcessRuntime] = []
-
-    def make(**kwargs: object) -> ProcessRuntime:
-        kwargs.setdefault("command", standin)
-        kwargs.setdefault("log_dir", tmp_path / "logs")
-        rt = ProcessRuntime(redis_server.url, **kwargs)  # type: ignore[arg-type]
-        made.append(rt)
-        return rt
-
-    yield make
-    pids = set()
-    for rt in made:
-        pids |= {h.pid for h in rt.list()}
-        rt.stop_all(timeout=1.0)
-    for rt in made:
-        rt.reap()  # collect zombies of workers another instance stopped
-        rt.close()
-    assert not [p for p in pids if _exists(p)], "worker processes left behind"
-
-
-def _exists(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _until(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-
-
-def _wait_running(rt: ProcessRuntime, ids: list[str], timeout: float = 10.0) -> None:
-    def running() -> bool:
-        rt.reap()
-        states = {h.worker_id: h.state for h in rt.list()}
-        return all(states.get(i) is Lifecycle.RUNNING for i in ids)
-
-    _until(running, timeout, f"{ids} to run")
-
-
-def _reap_until_exited(rt: ProcessRuntime, worker_id: str, timeout: float = 10.0) -> WorkerHandle:
-    gone: list[WorkerHandle] = []
-
-    def exited() -> bool:
-        gone.extend(h for h in rt.reap() if h.worker_id == worker_id)
-        return bool(gone)
-
-    _until(exited, timeout, f"{worker_id} to exit")
-    return gone[0]
+def make_runtime(make_runtime: Callable[..., ProcessRuntime],
+                 standin: Callable[[str, str], list[str]]) -> Callable[..., ProcessRuntime]:
+    """Process runtimes whose workers are the stand-in script."""
+    return functools.partial(make_runtime, command=standin)
 
 
 def _registry(r: redis.Redis) -> dict[str, WorkerInfo]:
@@ -168,13 +115,13 @@ def test_spawn_two_and_list(make_runtime, r, tmp_path: Path) -> None:
     ids = rt.spawn("chat", 2)
     assert len(ids) == 2 and all(re.fullmatch(r"chat-[0-9a-f]{8}", i) for i in ids)
     assert {h.state for h in rt.list()} == {Lifecycle.STARTING}
-    _wait_running(rt, ids)
+    wait_running(rt, ids)
     handles = {h.worker_id: h for h in rt.list()}
     assert set(handles) == set(ids)
     registry = _registry(r)
     for wid in ids:
         assert handles[wid].tier == "chat" and handles[wid].exit_code is None
-        assert registry[wid].pid == handles[wid].pid and _exists(handles[wid].pid)
+        assert registry[wid].pid == handles[wid].pid and running(handles[wid].pid)
         assert os.getpgid(handles[wid].pid) == handles[wid].pid  # its own session
         assert (tmp_path / "logs" / f"{wid}.log").exists()
         assert (tmp_path / "run" / f"{wid}.json").exists()
@@ -184,11 +131,11 @@ def test_spawn_two_and_list(make_runtime, r, tmp_path: Path) -> None:
 def test_retire_drains_through_the_control_stream(make_runtime, r) -> None:
     rt = make_runtime()
     keep, victim = rt.spawn("chat", 2)
-    _wait_running(rt, [keep, victim])
+    wait_running(rt, [keep, victim])
     rt.retire(victim, "test", drain_timeout_s=10)
     assert {h.worker_id: h.state for h in rt.list()}[victim] is Lifecycle.DRAINING
     rt.retire(victim, "again")  # idempotent
-    gone = _reap_until_exited(rt, victim)
+    gone = reap_until_exited(rt, victim)
     assert gone.exit_code == 0 and not gone.killed and gone.retire_reason == "test"
     assert [h.worker_id for h in rt.live()] == [keep]
     assert victim not in _registry(r) and not r.exists(keys.heartbeat(victim))
@@ -197,14 +144,14 @@ def test_retire_drains_through_the_control_stream(make_runtime, r) -> None:
 def test_worker_that_ignores_drain_is_killed_after_the_timeout(make_runtime, r) -> None:
     rt = make_runtime()
     (wid,) = rt.spawn("stubborn", 1)
-    _wait_running(rt, [wid])
+    wait_running(rt, [wid])
     pid = rt.list()[0].pid
     began = time.monotonic()
     rt.retire(wid, "test", drain_timeout_s=0.5)
-    assert rt.reap() == [] and _exists(pid)  # non-blocking: nothing is killed before the deadline
-    gone = _reap_until_exited(rt, wid)
+    assert rt.reap() == [] and running(pid)  # non-blocking: nothing is killed before the deadline
+    gone = reap_until_exited(rt, wid)
     assert time.monotonic() - began >= 0.5
-    assert gone.killed and gone.exit_code == -9 and not _exists(pid)
+    assert gone.killed and gone.exit_code == -9 and not running(pid)
     # it could not clean up after itself: the runtime did
     assert wid not in _registry(r) and not r.exists(keys.heartbeat(wid), keys.control(wid))
 
@@ -212,7 +159,7 @@ def test_worker_that_ignores_drain_is_killed_after_the_timeout(make_runtime, r) 
 def test_stop_all_leaves_no_process(make_runtime, r) -> None:
     rt = make_runtime()
     ids = rt.spawn("chat", 2) + rt.spawn("stubborn", 1)
-    _wait_running(rt, ids)
+    wait_running(rt, ids)
     pids = [h.pid for h in rt.list()]
     stopped = rt.stop_all(timeout=1.0)
     assert {h.worker_id for h in stopped} == set(ids)
@@ -225,14 +172,14 @@ def test_stop_all_leaves_no_process(make_runtime, r) -> None:
 def test_a_worker_that_never_registers_is_killed(make_runtime) -> None:
     rt = make_runtime(start_timeout_s=0.5)
     (wid,) = rt.spawn("late", 1)
-    gone = _reap_until_exited(rt, wid)
+    gone = reap_until_exited(rt, wid)
     assert gone.killed and gone.retire_reason == "start timeout"
 
 
 def test_adopt_finds_workers_from_the_registry(make_runtime, r, tmp_path: Path) -> None:
     first = make_runtime()
     ids = first.spawn("chat", 2)
-    _wait_running(first, ids)
+    wait_running(first, ids)
     # another instance that shares nothing on disk with the first: the registry is the source
     second = make_runtime(run_dir=tmp_path / "other-run")
     adopted = {h.worker_id: h for h in second.adopt()}
@@ -241,7 +188,7 @@ def test_adopt_finds_workers_from_the_registry(make_runtime, r, tmp_path: Path) 
     assert {h.pid for h in adopted.values()} == {h.pid for h in first.list()}
     assert second.adopt() == []  # already tracked
     second.retire(ids[0], "test", drain_timeout_s=10)
-    gone = _reap_until_exited(second, ids[0])  # not its child: seen through psutil
+    gone = reap_until_exited(second, ids[0])  # not its child: seen through psutil
     # (the exit code is only known when the adopter may wait for it: same process here)
     assert not gone.killed and gone.exit_code in (0, None)
     stopped = second.stop_all(timeout=5)
@@ -256,7 +203,7 @@ def test_adopt_finds_unregistered_workers_from_run_records(make_runtime, r) -> N
     (handle,) = second.adopt()
     assert handle.worker_id == wid and handle.state is Lifecycle.STARTING and handle.adopted
     second.stop_all(timeout=0.5)
-    assert not _exists(handle.pid)
+    assert not running(handle.pid)
 
 
 def test_adopt_ignores_dead_and_foreign_entries(make_runtime, r, tmp_path: Path) -> None:
@@ -280,23 +227,13 @@ def test_adopt_ignores_dead_and_foreign_entries(make_runtime, r, tmp_path: Path)
 
 
 # --- fleet up / down (the real worker) -------------------------------------------------------
-def _fleet(args: list[str], env: dict[str, str], cwd: Path,
-           timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    code = ("import argparse, sys; from fleet.updown import add_up_down_arguments; "
-            "p = argparse.ArgumentParser(prog='fleet'); "
-            "add_up_down_arguments(p.add_subparsers()); "
-            "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout)
-
-
 @pytest.mark.parametrize("external", [True, False], ids=["REDIS_URL", "local-redis-server"])
 def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: Path, r,
                                           external: bool) -> None:
     env = dict(fleet_env)
     if not external:
         del env["REDIS_URL"]  # fleet up starts its own redis-server on a free port
-    up = _fleet(["up", "--json", "--timeout", "60"], env, tmp_path)
+    up = fleet_cli(env, "up", "--json", "--timeout", "60", cwd=tmp_path)
     state_file = Path(env["FLEET_HOME"]) / "state.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
     try:
@@ -309,7 +246,7 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
         # the relay runs beside the commander (the rq extra is installed here): a handler that
         # starts deferring after `up` has its jobs moved into RQ
         relay_pid = state["relay"]["pid"]
-        assert result["relay"]["pid"] == relay_pid and _exists(relay_pid)
+        assert result["relay"]["pid"] == relay_pid and running(relay_pid)
         write_policy(client, "chat", TurnsPolicy(handler="echo_defer"))
         deadline = time.monotonic() + 30
         while not client.llen("rq:queue:writeback"):
@@ -318,28 +255,28 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
         client.close()
         assert (redis_pid := (state.get("redis") or {}).get("pid")) or external
 
-        again = _fleet(["up", "--json"], env, tmp_path)
+        again = fleet_cli(env, "up", "--json", cwd=tmp_path)
         assert again.returncode == 0 and json.loads(again.stdout)["status"] == "already-up"
     finally:
-        down = _fleet(["down", "--json"], env, tmp_path)
+        down = fleet_cli(env, "down", "--json", cwd=tmp_path)
     assert down.returncode == 0, down.stderr
     assert json.loads(down.stdout)["status"] == "down"
     pids = [state["commander"]["pid"], relay_pid, *worker_pids] + ([] if external else [redis_pid])
-    assert not [p for p in pids if _exists(p)]
+    assert not [p for p in pids if running(p)]
     assert not state_file.exists()
     if external:
         assert not r.exists("fleet:supervisor") and r.hlen(keys.WORKERS) == 0  # the removed supervisor's key
-    again = _fleet(["down"], env, tmp_path)
+    again = fleet_cli(env, "down", cwd=tmp_path)
     assert again.returncode == 0 and "not up" in again.stdout
 
 
 def test_bad_arguments_are_one_line_errors(fleet_env: dict[str, str], tmp_path: Path) -> None:
     env = dict(fleet_env, REDIS_URL="redis://127.0.0.1:1/0")  # nothing listens on port 1
-    bad = _fleet(["up"], env, tmp_path)
+    bad = fleet_cli(env, "up", cwd=tmp_path)
     assert bad.returncode == 1
     assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("fleet up: cannot use Redis")
     assert not (Path(env["FLEET_HOME"]) / "state.json").exists()
-    parse = _fleet(["down", "--timeout", "-1"], env, tmp_path)
+    parse = fleet_cli(env, "down", "--timeout", "-1", cwd=tmp_path)
     assert parse.returncode == 2 and "--timeout" in parse.stderr
 
 

@@ -11,6 +11,7 @@ throwaway CA and server certificate made here with ``openssl``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import re
@@ -19,7 +20,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -34,7 +34,7 @@ import redis
 from fleet.client import AsyncFleet, Fleet
 from protocol.models import WorkerInfo
 from tests.conftest import free_port
-from tests.helpers import Processes, commander_argv, live_workers
+from tests.helpers import Processes, fleet_argv, live_workers, no_process_left
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
 pytestmark = pytest.mark.integration
@@ -196,7 +196,8 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureServe
         server.stop()
 
 
-def _tls_server(workdir: Path, certs: Certs, mutual: bool) -> SecureServer:
+@contextlib.contextmanager
+def _tls_server(workdir: Path, certs: Certs, mutual: bool) -> Iterator[SecureServer]:
     """TLS only (``port 0``); the users of the security page from an ACL file, passwords hashed."""
     _require("redis-server")
     aclfile = workdir / "users.acl"
@@ -208,33 +209,29 @@ def _tls_server(workdir: Path, certs: Certs, mutual: bool) -> SecureServer:
     aclfile.chmod(0o600)
     server = SecureServer(workdir, certs, mutual=mutual)
     try:
-        server.start(["port 0", f"tls-port {server.port}", f"tls-cert-file {certs.cert}",
-                      f"tls-key-file {certs.key}", f"tls-ca-cert-file {certs.ca}",
-                      f"tls-auth-clients {'yes' if mutual else 'no'}", f"aclfile {aclfile}"])
-    except RuntimeError as exc:
+        try:
+            server.start(["port 0", f"tls-port {server.port}", f"tls-cert-file {certs.cert}",
+                          f"tls-key-file {certs.key}", f"tls-ca-cert-file {certs.ca}",
+                          f"tls-auth-clients {'yes' if mutual else 'no'}", f"aclfile {aclfile}"])
+        except RuntimeError as exc:
+            if re.search(r"tls|ssl", str(exc), re.IGNORECASE) and "not" in str(exc).lower():
+                pytest.skip(f"this redis-server build has no TLS support: {exc}")
+            raise
+        yield server
+    finally:
         server.stop()
-        if re.search(r"tls|ssl", str(exc), re.IGNORECASE) and "not" in str(exc).lower():
-            pytest.skip(f"this redis-server build has no TLS support: {exc}")
-        raise
-    return server
 
 
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureServer]:
-    server = _tls_server(tmp_path_factory.mktemp("redis-tls"), certs, mutual=False)
-    try:
+    with _tls_server(tmp_path_factory.mktemp("redis-tls"), certs, mutual=False) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def mtls_server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[SecureServer]:
-    server = _tls_server(tmp_path_factory.mktemp("redis-mtls"), certs, mutual=True)
-    try:
+    with _tls_server(tmp_path_factory.mktemp("redis-mtls"), certs, mutual=True) as server:
         yield server
-    finally:
-        server.stop()
 
 
 # --- processes -----------------------------------------------------------------------------
@@ -247,7 +244,7 @@ class Procs:
     run: Processes = field(init=False)
 
     def __post_init__(self) -> None:
-        self.run = Processes(self.tmp, grace_s=30)
+        self.run = Processes(self.tmp, grace_s=30, cwd=self.tmp)
 
     def env(self, url: str, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "FLEET_"))}
@@ -257,12 +254,12 @@ class Procs:
         return env
 
     def start(self, name: str, argv: list[str], url: str, **extra: str) -> subprocess.Popen[bytes]:
-        return self.run.start(name, argv, self.env(url, **extra), cwd=self.tmp).proc
+        return self.run.start(name, argv, self.env(url, **extra)).proc
 
     def cli(self, url: str, *args: str) -> subprocess.Popen[str]:
         """``python -m fleet.cli …`` with ``REDIS_URL`` (not ``--redis-url``: argv is public)."""
-        return subprocess.Popen([sys.executable, "-m", "fleet.cli", *args], env=self.env(url),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.tmp)
+        return subprocess.Popen(fleet_argv(*args), env=self.env(url), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=self.tmp)
 
     def logs(self) -> str:
         return self.run.logs()
@@ -310,18 +307,11 @@ def wait_worker(admin: redis.Redis, proc: subprocess.Popen[bytes], procs: Procs)
     return live_workers(admin)[0]
 
 
-def start_commander(procs: Procs, url: str, *flags: str, **env: str) -> subprocess.Popen[bytes]:
-    """A commander that stops its workers when it exits; ``flags`` add to (or override) these."""
-    argv = commander_argv("sec1", procs.tmp / "logs", "--spawn-mode", "exec", *flags, metrics=True)
-    return procs.start("commander", argv, url, **env)
-
-
-def stop_commander(proc: subprocess.Popen[bytes], admin: redis.Redis, worker_pid: int) -> None:
+def stop_commander(proc: subprocess.Popen[bytes], worker_pid: int) -> None:
     """SIGTERM: it drains the workers it started; none may be left behind."""
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=40)
-    wait_until(lambda: not psutil.pid_exists(worker_pid)
-               or psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE, 10, "the worker to stop")
+    no_process_left([worker_pid], within_s=10)
 
 
 def assert_url_only_in_env(pid: int, url: str) -> None:
@@ -358,22 +348,23 @@ def submit_async(url: str, user: str, text: str) -> str:
     return asyncio.run(ask())
 
 
-@pytest.fixture
-def admin_acl(acl_server: SecureServer) -> Iterator[redis.Redis]:
-    admin = acl_server.admin()
+def _clean_admin(server: SecureServer) -> Iterator[redis.Redis]:
+    """The admin's client of ``server``, its data and ACL log emptied; closed after the test."""
+    admin = server.admin()
     admin.flushall()
     admin.acl_log_reset()
     yield admin
     admin.close()
+
+
+@pytest.fixture
+def admin_acl(acl_server: SecureServer) -> Iterator[redis.Redis]:
+    yield from _clean_admin(acl_server)
 
 
 @pytest.fixture
 def admin_tls(tls_server: SecureServer) -> Iterator[redis.Redis]:
-    admin = tls_server.admin()
-    admin.flushall()
-    admin.acl_log_reset()
-    yield admin
-    admin.close()
+    yield from _clean_admin(tls_server)
 
 
 # --- (a) the ACL user end to end ------------------------------------------------------------
@@ -406,8 +397,9 @@ def test_acl_user_serves_worker_python_client_cli_and_observer(
 def test_commander_spawns_its_worker_and_metrics_need_the_token(
         acl_server: SecureServer, admin_acl: redis.Redis, procs: Procs) -> None:
     url, port, token = acl_server.url(), free_port(), secrets.token_hex(16)
-    commander = start_commander(procs, url, "--metrics-port", str(port),
-                                FLEET_COMMANDER_METRICS_TOKEN=token)
+    env = procs.env(url, FLEET_COMMANDER_METRICS_TOKEN=token)
+    commander = procs.run.commander(env, "sec1", "--spawn-mode", "exec", "--metrics-port", str(port),
+                                    metrics=True).proc
     info = wait_worker(admin_acl, commander, procs)
     code, out, err = finish(procs.cli(url, "submit", "--user", "erin", "via the commander's worker"))
     assert code == 0 and "via the commander's worker" in out, err
@@ -428,7 +420,7 @@ def test_commander_spawns_its_worker_and_metrics_need_the_token(
     assert_url_only_in_env(commander.pid, url)
     assert_url_only_in_env(info.pid, url)
     assert denials(admin_acl) == [], "the documented ACL lacks a command Fleet uses"
-    stop_commander(commander, admin_acl, info.pid)
+    stop_commander(commander, info.pid)
     assert_no_secret(procs.logs(), "a log")
 
 
@@ -451,7 +443,7 @@ def test_tls_end_to_end_with_the_ca_in_the_url(
     url = tls_server.url()
     assert url.startswith("rediss://fleet:") and "?ssl_ca_certs=" in url
     # fork mode: the URL reaches the worker through the template's request, not a command line
-    commander = start_commander(procs, url, "--no-metrics", "--spawn-mode", "fork")
+    commander = procs.run.commander(procs.env(url), "sec1", "--spawn-mode", "fork").proc
     info = wait_worker(admin_tls, commander, procs)
     code, out, err = finish(procs.cli(url, "submit", "--user", "frank", "over tls"))
     assert code == 0 and "over tls" in out, err
@@ -459,7 +451,7 @@ def test_tls_end_to_end_with_the_ca_in_the_url(
     assert "async tls" in submit_async(url, "heidi", "async tls")
     assert_url_only_in_env(info.pid, url)
     assert denials(admin_tls) == [], "the documented ACL lacks a command Fleet uses"
-    stop_commander(commander, admin_tls, info.pid)
+    stop_commander(commander, info.pid)
     assert_no_secret(procs.logs(), "a log")
 
 

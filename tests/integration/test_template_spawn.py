@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -29,64 +28,11 @@ from protocol import keys
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.conftest import ROOT
-from tests.integration.conftest import wait_until
+from tests.helpers import running
+from tests.integration.conftest import reap_until_exited, wait_running, wait_until
 
 pytestmark = pytest.mark.integration
 TIMEOUT = 20.0
-
-
-@pytest.fixture
-def make_runtime(redis_server, r, tmp_path: Path) -> Iterator[Callable[..., ProcessRuntime]]:
-    """Build fork-mode runtimes; at the end stop them all and prove no process is left."""
-    made: list[ProcessRuntime] = []
-    pids: set[int] = set()
-
-    def make(**kwargs: object) -> ProcessRuntime:
-        kwargs.setdefault("log_dir", tmp_path / "logs")
-        rt = ProcessRuntime(redis_server.url, **kwargs)  # type: ignore[arg-type]
-        made.append(rt)
-        if rt.spawner.template is not None and rt.spawner.template.pid:
-            pids.add(rt.spawner.template.pid)
-        return rt
-
-    yield make
-    for rt in made:
-        pids.update(h.pid for h in rt.list())
-        if rt.spawner.template is not None and rt.spawner.template.pid:
-            pids.add(rt.spawner.template.pid)
-        rt.stop_all(timeout=2.0)
-    for rt in made:
-        rt.reap()
-        rt.close()
-    assert not [p for p in pids if _running(p)], "processes left behind"
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie belongs to init, which may never reap it)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_running(rt: ProcessRuntime, ids: list[str]) -> None:
-    def running() -> bool:
-        rt.reap()
-        states = {h.worker_id: h.state for h in rt.list()}
-        return all(states.get(i) is Lifecycle.RUNNING for i in ids)
-
-    wait_until(running, TIMEOUT, f"{ids} to run")
-
-
-def _reap_until_exited(rt: ProcessRuntime, worker_id: str):  # type: ignore[no-untyped-def]
-    gone = []
-
-    def exited() -> bool:
-        gone.extend(h for h in rt.reap() if h.worker_id == worker_id)
-        return bool(gone)
-
-    wait_until(exited, TIMEOUT, f"{worker_id} to exit")
-    return gone[0]
 
 
 def _handle(rt: ProcessRuntime, worker_id: str):  # type: ignore[no-untyped-def]
@@ -130,10 +76,10 @@ def test_a_forked_worker_registers_and_serves_a_turn(make_runtime, redis_server,
 def test_retire_drains_a_forked_worker(make_runtime, redis_server, r) -> None:
     rt = make_runtime()
     keep, victim = rt.spawn("chat", 2)
-    _wait_running(rt, [keep, victim])
+    wait_running(rt, [keep, victim])
     rt.retire(victim, "test", drain_timeout_s=15)
     assert _handle(rt, victim).state is Lifecycle.DRAINING
-    gone = _reap_until_exited(rt, victim)
+    gone = reap_until_exited(rt, victim)
     # the exit code comes from the template, which reaped it
     assert gone.exit_code == 0 and not gone.killed and gone.retire_reason == "test"
     assert [h.worker_id for h in rt.live()] == [keep]
@@ -145,11 +91,11 @@ def test_retire_drains_a_forked_worker(make_runtime, redis_server, r) -> None:
 def test_a_forked_worker_that_does_not_drain_is_killed(make_runtime) -> None:
     rt = make_runtime()
     (wid,) = rt.spawn("chat", 1)
-    _wait_running(rt, [wid])
+    wait_running(rt, [wid])
     pid = _handle(rt, wid).pid
     os.kill(pid, signal.SIGSTOP)  # it cannot read its control stream any more
     rt.retire(wid, "test", drain_timeout_s=0.5)
-    gone = _reap_until_exited(rt, wid)
+    gone = reap_until_exited(rt, wid)
     assert gone.killed and gone.exit_code == -signal.SIGKILL and not psutil.pid_exists(pid)
 
 
@@ -157,7 +103,7 @@ def test_the_template_reaps_its_children(make_runtime) -> None:
     rt = make_runtime()
     template_pid = _ready_template(rt)
     ids = rt.spawn("chat", 3)
-    _wait_running(rt, ids)
+    wait_running(rt, ids)
     victims = [_handle(rt, w) for w in ids[:2]]
     for h in victims:
         os.kill(h.pid, signal.SIGKILL)  # crashes: nobody drains them
@@ -176,17 +122,17 @@ def test_a_worker_survives_the_template_and_a_new_template_is_started(make_runti
     rt = make_runtime()
     first_template = _ready_template(rt)
     (old,) = rt.spawn("chat", 1)
-    _wait_running(rt, [old])
+    wait_running(rt, [old])
     os.kill(first_template, signal.SIGKILL)
-    wait_until(lambda: not _running(first_template), TIMEOUT, "the template to die")
+    wait_until(lambda: not running(first_template), TIMEOUT, "the template to die")
     with Fleet(redis_server.url) as fleet:
         assert fleet.submit("carol", "anyone?").result(TIMEOUT).worker == old
         (new,) = rt.spawn("chat", 1)  # starts another template
-        _wait_running(rt, [new])
+        wait_running(rt, [new])
         assert rt.spawner.template is not None and rt.spawner.template.pid not in (None, first_template)
         assert psutil.Process(_handle(rt, new).pid).ppid() == rt.spawner.template.pid
     rt.retire(old, "test", drain_timeout_s=15)
-    gone = _reap_until_exited(rt, old)  # an orphan now: seen through psutil, code unknown
+    gone = reap_until_exited(rt, old)  # an orphan now: seen through psutil, code unknown
     assert not gone.killed and gone.exit_code in (0, None)
 
 
@@ -194,7 +140,7 @@ def test_stop_all_leaves_no_process(make_runtime, r) -> None:
     rt = make_runtime()
     template_pid = _ready_template(rt)
     ids = rt.spawn("chat", 3)
-    _wait_running(rt, ids)
+    wait_running(rt, ids)
     pids = [h.pid for h in rt.list()]
     stopped = rt.stop_all(timeout=10)
     assert {h.worker_id for h in stopped} == set(ids)
@@ -207,7 +153,7 @@ def test_stop_all_leaves_no_process(make_runtime, r) -> None:
 def test_adopt_finds_forked_workers_from_the_registry(make_runtime, tmp_path) -> None:
     first = make_runtime()
     ids = first.spawn("chat", 2)
-    _wait_running(first, ids)
+    wait_running(first, ids)
     # shares nothing on disk with the first: the forked workers' command line is the
     # template's, so the registry entry is matched by the template marker and the start time
     second = make_runtime(run_dir=tmp_path / "other-run", spawn_mode="exec")
@@ -226,7 +172,7 @@ def test_the_template_exits_with_its_parent(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60, check=True)
     template_pid = int(out.stdout.split()[0])  # its parent has exited: the socket is closed
-    wait_until(lambda: not _running(template_pid), TIMEOUT, "the orphaned template to exit")
+    wait_until(lambda: not running(template_pid), TIMEOUT, "the orphaned template to exit")
 
 
 # --- exec ---------------------------------------------------------------------------------

@@ -10,22 +10,13 @@ import redis
 
 from commander.commander import Commander
 from commander.metrics import Metrics, sample
-from commander.runtime import WorkerIds
-from commander.settings import CommanderSettings
 from fleet.client import Fleet
 from stores.policies import write_policy
-from tests.integration.commander_rig import SimRuntime, VirtualClock
 from tests.integration.conftest import wait_until
 from tests.integration.test_commander import policy
+from tests.unit.commander_helpers import RecordingRuntime, leading
 
 pytestmark = pytest.mark.integration
-
-
-class NoSpawn(SimRuntime):
-    """A runtime that starts nothing: the test's own worker processes serve (registered, not ours)."""
-
-    def spawn(self, tier: str, n: int = 1) -> WorkerIds:
-        return []
 
 
 def one_worker(**over: object) -> object:
@@ -34,15 +25,15 @@ def one_worker(**over: object) -> object:
                   **{"handler_options": {"sleep_ms": 10, "fail_attempts": 1}, **over})
 
 
-def commander(r: redis.Redis) -> tuple[Commander, Metrics]:
-    metrics = Metrics()
+def commander(r: redis.Redis) -> tuple[Commander, Metrics, RecordingRuntime]:
+    """A leading commander whose runtime starts nothing: the test's own worker processes serve
+    (registered, not the runtime's)."""
+    metrics, runtime = Metrics(), RecordingRuntime()
     # the test runs the passes by hand, with work in between (workers stopped and started): a
     # lease of the default 3 s runs out on a loaded machine, and a pass then does nothing
-    settings = CommanderSettings(commander_id="cm", metrics_port=None, interval_s=0.2,
-                                 always_tiers=("chat",), lease_ttl_ms=600_000)
-    cmd = Commander(r, NoSpawn(r, VirtualClock(), 1), settings, metrics)
-    assert cmd.campaign()
-    return cmd, metrics
+    cmd = leading(r, runtime, metrics, commander_id="cm", interval_s=0.2, always_tiers=("chat",),
+                  lease_ttl_ms=600_000)
+    return cmd, metrics, runtime
 
 
 def passes_until(cmd: Commander, metrics: Metrics, name: str, labels: dict[str, str], want: float) -> None:
@@ -70,7 +61,7 @@ def test_metrics_count_the_turns_workers_served_and_keep_them_when_workers_go(r,
     assert all(rep.ok and rep.attempts == 2 for rep in fleet.results(handles, timeout=30))
     assert not any(rep.ok for rep in fleet.results(failing, timeout=30))
 
-    cmd, m = commander(r)
+    cmd, m, runtime = commander(r)
     chat, dl = {"tier": "chat"}, {"tier": "dl"}
     passes_until(cmd, m, "fleet_turns_total", {**chat, "result": "ok"}, 10)
     passes_until(cmd, m, "fleet_turns_total", {**dl, "result": "error"}, 4)
@@ -100,3 +91,4 @@ def test_metrics_count_the_turns_workers_served_and_keep_them_when_workers_go(r,
     passes_until(cmd, m, "fleet_turns_total", {**chat, "result": "ok"}, 15)
     assert sample(m, "fleet_turn_retries_total", chat) == 15
     assert hist(m, "handler", "chat")[0] == 30 and hist(m, "queue_wait", "chat")[0] == 15
+    assert runtime.spawned == []  # the workers the test started served every turn

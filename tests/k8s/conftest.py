@@ -5,7 +5,6 @@ to it through the official client over HTTP."""
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from protocol import keys
 from protocol.codec import decode
 from protocol.models import Reply, SessionEntry
 from tests.conftest import RedisServer
+from tests.helpers import fleet_argv as fleet_command  # (test_worker_pod.py imports it from here)
 from tests.integration.conftest import FAST_WORKER_ENV
 from tests.k8s.cluster import Cluster
 from tests.k8s.standin import StandIn
@@ -34,12 +34,6 @@ from commander.runtime.kubernetes.runtime import KubernetesRuntime
 
 NAMESPACE = "fleet"
 DEPLOYMENT = "fleet-worker-chat"
-
-
-def fleet_command() -> list[str]:
-    """The container's ``fleet``: the console script beside this interpreter."""
-    script = Path(sys.executable).parent / "fleet"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "fleet.cli"]
 
 
 @pytest.fixture

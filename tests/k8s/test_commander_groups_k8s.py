@@ -10,16 +10,12 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import redis
 
 from fleet.client import Fleet
-from protocol import keys
-from protocol.codec import decode
 from protocol.groups import Group, assign
-from protocol.models import LedgerEvent
 from protocol.policy import turns_policy
 from stores.policies import write_policy
-from tests.integration.conftest import wait_until
+from tests.helpers import ledger, wait_until
 from tests.k8s.conftest import DEPLOYMENT, answered_once
 from tests.k8s.standin import StandIn
 from tests.k8s.test_commander_k8s import FAST, run_commander  # noqa: F401 - a fixture, used by name
@@ -27,11 +23,6 @@ from tests.k8s.test_commander_k8s import FAST, run_commander  # noqa: F401 - a f
 pytestmark = pytest.mark.integration
 
 BLUE, GREEN = "fleet-worker-chat-blue", "fleet-worker-chat-green"
-
-
-def events(r: redis.Redis, pool: str, *actions: str) -> list[LedgerEvent]:
-    found = [decode(LedgerEvent, f[b"m"]) for _, f in r.xrange(keys.EVENTS)]
-    return [e for e in found if e.tier == pool and (not actions or e.action in actions)]
 
 
 def replicas(standin: StandIn, name: str) -> int:
@@ -58,7 +49,7 @@ def test_a_grouped_tier_serves_on_kubernetes_each_pool_following_its_demand(
     wait_until(lambda: replicas(standin, BLUE) == 1 and replicas(standin, GREEN) == 1, 20,
                "each pool at its floor of 1, green's Deployment made")
     # (the pass ledgers the runtime's notes after it acts: the scale may be seen first)
-    (made,) = wait_until(lambda: events(r, "chat.green", "deployment-created"), 10, "the creation ledgered")
+    (made,) = wait_until(lambda: ledger(r, "chat.green", "deployment-created"), 10, "the creation ledgered")
     assert f"Deployment {GREEN} created for group green of tier chat: a copy of {DEPLOYMENT}" in made.reason
 
     users = [f"b{i:02d}" for i in range(40)]
@@ -70,8 +61,8 @@ def test_a_grouped_tier_serves_on_kubernetes_each_pool_following_its_demand(
         assert owner(standin, reply.worker) == {"blue": BLUE, "green": GREEN}[assign(user, weights)], user
     served = Counter(owner(standin, rep.worker) for rep in replies)
     assert served[BLUE] == 37 and served[GREEN] == 3
-    blue_up = max(e.to_count for e in events(r, "chat.blue", "scale-up"))
-    green_up = max(e.to_count for e in events(r, "chat.green", "scale-up"))
+    blue_up = max(e.to_count for e in ledger(r, "chat.blue", "scale-up"))
+    green_up = max(e.to_count for e in ledger(r, "chat.green", "scale-up"))
     # 37 users' backlog takes blue to its max; green's 3 users never need more than 3 workers (its
     # pressure events and the reception's lower threshold may ask for a third: seen 1 run in 3)
     assert blue_up == 4 and green_up <= 3, (blue_up, green_up)
@@ -79,9 +70,9 @@ def test_a_grouped_tier_serves_on_kubernetes_each_pool_following_its_demand(
 
     wait_until(lambda: replicas(standin, BLUE) == 1 and replicas(standin, GREEN) == 1
                and len(standin.cluster.pods) == 2, 60, "quiet: each pool back to its floor")
-    assert events(r, "chat.blue", "reclaim-idle")
+    assert ledger(r, "chat.blue", "reclaim-idle")
     assert not [e for pool in ("chat", "chat.blue", "chat.green")
-                for e in events(r, pool, "refused", "group-rejected", "worker-exited")]
+                for e in ledger(r, pool, "refused", "group-rejected", "worker-exited")]
 
 
 def test_a_group_with_no_deployment_and_no_image_is_rejected_and_the_other_serves(
@@ -91,7 +82,7 @@ def test_a_group_with_no_deployment_and_no_image_is_rejected_and_the_other_serve
     with standin.cluster.lock:
         standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
     run_commander()
-    (rejected,) = wait_until(lambda: events(r, "chat.green", "group-rejected"), 20, "green rejected")
+    (rejected,) = wait_until(lambda: ledger(r, "chat.green", "group-rejected"), 20, "green rejected")
     assert rejected.reason == (
         "group green of tier chat rejected: no Deployment labelled app.kubernetes.io/component=worker,"
         "fleet.dev/tier=chat,fleet.dev/group=green in namespace fleet and the group gives no image; "
@@ -102,4 +93,4 @@ def test_a_group_with_no_deployment_and_no_image_is_rejected_and_the_other_serve
         replies = answered_once(r, fleet, fleet.submit_many([(u, "hi") for u in users]), timeout=60)
     assert {owner(standin, rep.worker) for rep in replies} == {BLUE}  # blue served green's users too
     assert GREEN not in standin.cluster.deployments and standin.cluster.requests["POST deployments"] == 0
-    assert len(events(r, "chat.green", "group-rejected")) == 1  # once, not every pass
+    assert len(ledger(r, "chat.green", "group-rejected")) == 1  # once, not every pass

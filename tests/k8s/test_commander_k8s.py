@@ -12,19 +12,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
-import redis
 
 from commander.commander import Commander
 from commander.settings import CommanderSettings
 from fleet.client import Fleet
-from protocol import keys
-from protocol.codec import decode
-from protocol.models import LedgerEvent, WorkerInfo
 from protocol.policy import turns_policy
 from stores.policies import write_policy
 from tests.conftest import RedisServer
-from tests.integration.conftest import wait_until
-from tests.integration.test_commander import passes
+from tests.helpers import ledger, live_workers, passes, wait_until
 from tests.k8s.cluster import Cluster, Ended
 from tests.k8s.conftest import DEPLOYMENT, answered_once
 from tests.k8s.semantics import deletion_order
@@ -36,16 +31,6 @@ FAST = dict(handler="sleep", handler_options={"sleep_ms": 300}, concurrency=2, m
             max_workers=4,
             target_backlog_per_worker=2, users_per_instance=None, report_interval_s=0.3,
             scale_down_stabilization_s=1, drain_timeout_s=15)
-
-
-def ledger(r: redis.Redis, *actions: str) -> list[LedgerEvent]:
-    events = [decode(LedgerEvent, f[b"m"]) for _, f in r.xrange(keys.EVENTS)]
-    return [e for e in events if e.tier == "chat" and (not actions or e.action in actions)]
-
-
-def live_workers(r: redis.Redis) -> list[str]:
-    infos = [decode(WorkerInfo, raw) for raw in r.hgetall(keys.WORKERS).values()]
-    return sorted(i.worker for i in infos if i.tier == "chat" and r.exists(keys.heartbeat(i.worker)))
 
 
 def replicas(standin: StandIn) -> int:
@@ -83,18 +68,18 @@ def test_an_hpa_on_the_deployment_is_refused_once_in_the_ledger_until_it_goes(st
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
         standin.cluster.add_autoscaler("hpa", "chat-hpa", DEPLOYMENT)
     run_commander()
-    wait_until(lambda: ledger(r, "refused"), 15, "the refusal in the ledger")
+    wait_until(lambda: ledger(r, "chat", "refused"), 15, "the refusal in the ledger")
     passes(r, 5)
-    (refused,) = ledger(r, "refused")  # once, not every pass
+    (refused,) = ledger(r, "chat", "refused")  # once, not every pass
     assert "HorizontalPodAutoscaler chat-hpa targets Deployment fleet-worker-chat" in refused.reason
     assert refused.why["refused"] and refused.why["desired"] == 2
-    assert not ledger(r, "scale-up") and replicas(standin) == 0
+    assert not ledger(r, "chat", "scale-up") and replicas(standin) == 0
     assert standin.cluster.requests["PATCH scale"] == 0
 
     with standin.cluster.lock:
         del standin.cluster.hpas["chat-hpa"]
-    wait_until(lambda: len(live_workers(r)) == 2, 30, "two workers once the HPA is gone")
-    assert [(e.from_count, e.to_count) for e in ledger(r, "scale-up")] == [(0, 2)]
+    wait_until(lambda: len(live_workers(r, "chat")) == 2, 30, "two workers once the HPA is gone")
+    assert [(e.from_count, e.to_count) for e in ledger(r, "chat", "scale-up")] == [(0, 2)]
 
 
 def test_a_pod_pending_past_the_limit_is_one_no_capacity_entry_and_is_not_retried(standin: StandIn,
@@ -104,20 +89,21 @@ def test_a_pod_pending_past_the_limit_is_one_no_capacity_entry_and_is_not_retrie
         standin.cluster.nodes, standin.cluster.capacity = ("node-1",), 1  # room for one pod
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
     run_commander()
-    wait_until(lambda: ledger(r, "no-capacity"), 20, "a no-capacity entry")
+    wait_until(lambda: ledger(r, "chat", "no-capacity"), 20, "a no-capacity entry")
     passes(r, 10)
-    (entry,) = ledger(r, "no-capacity")
+    (entry,) = ledger(r, "chat", "no-capacity")
     with standin.cluster.lock:
         pending = [n for n, p in standin.cluster.pods.items() if not p["spec"]["nodeName"]]
     assert entry.victims == pending and len(pending) == 1
     assert "Unschedulable: 0/1 nodes are available" in entry.reason and "pending_timeout_s=1" in entry.reason
     # it still counts as starting: the commander does not pile more pods on a full cluster
-    assert replicas(standin) == 2 and [(e.from_count, e.to_count) for e in ledger(r, "scale-up")] == [(0, 2)]
+    assert replicas(standin) == 2
+    assert [(e.from_count, e.to_count) for e in ledger(r, "chat", "scale-up")] == [(0, 2)]
 
     with standin.cluster.lock:
         standin.cluster.capacity = 2  # the cluster autoscaler brought room
-    wait_until(lambda: len(live_workers(r)) == 2, 30, "the Pending pod to run")
-    assert len(ledger(r, "no-capacity")) == 1
+    wait_until(lambda: len(live_workers(r, "chat")) == 2, 30, "the Pending pod to run")
+    assert len(ledger(r, "chat", "no-capacity")) == 1
 
 
 def test_burst_scales_up_then_quiet_scales_in_the_pods_the_commander_chose(standin: StandIn, run_commander,
@@ -126,7 +112,7 @@ def test_burst_scales_up_then_quiet_scales_in_the_pods_the_commander_chose(stand
     with standin.cluster.lock:
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
     run_commander()
-    (first,) = wait_until(lambda: live_workers(r), 20, "the first worker")
+    (first,) = [w.worker for w in wait_until(lambda: live_workers(r, "chat"), 20, "the first worker")]
     # Kubernetes times pods to the second: a burst pod created in the first pod's second is as
     # old as it, and the commander's reception (the oldest) is then the one with the smaller
     # name, at random (this test failed 1 run in 2 on a fast start). The premise, "the first pod
@@ -140,8 +126,8 @@ def test_burst_scales_up_then_quiet_scales_in_the_pods_the_commander_chose(stand
         handles = fleet.submit_many([(f"b{i:02d}", "burst") for i in range(40)])
         write_policy(r, "chat", turns_policy(**{**FAST, "min_workers": 4}))  # hold the pods the burst brings
         replies = answered_once(r, fleet, handles, timeout=90)
-    ups = [e for e in ledger(r, "scale-up") if e.from_count >= 1]
-    assert ups and max(e.to_count for e in ups) == 4, ledger(r)
+    ups = [e for e in ledger(r, "chat", "scale-up") if e.from_count >= 1]
+    assert ups and max(e.to_count for e in ups) == 4, ledger(r, "chat")
     served_by = Counter(rep.worker for rep in replies)
     assert len(served_by) >= 2 and set(served_by) - {first}, served_by  # new pods served turns
 
@@ -154,15 +140,15 @@ def test_burst_scales_up_then_quiet_scales_in_the_pods_the_commander_chose(stand
                      "the restarted pod Ready again (registered and reading), the ReplicaSet's first pick")
 
     write_policy(r, "chat", turns_policy(**FAST))  # quiet: back to min_workers=1, idle workers first
-    wait_until(lambda: live_workers(r) == [first] and replicas(standin) == len(standin.cluster.pods) == 1,
-               40, "scale-in to the one first pod")
-    downs = ledger(r, "reclaim-idle", "consolidate")
+    wait_until(lambda: [w.worker for w in live_workers(r, "chat")] == [first]
+               and replicas(standin) == len(standin.cluster.pods) == 1, 40, "scale-in to the one first pod")
+    downs = ledger(r, "chat", "reclaim-idle", "consolidate")
     assert downs and all(e.action == "reclaim-idle" for e in downs)
     chosen = [victim for e in downs for victim in e.victims]
     # the ReplicaSet deleted exactly the commander's victims (in its own order when it met them at once)
     assert sorted(standin.cluster.rs_deleted) == sorted(chosen) and first not in chosen
     assert all(standin.cluster.ended[pod] == Ended(0, killed=False, restarts=0) for pod in chosen)
-    assert not ledger(r, "worker-exited", "substituted", "refused")  # no takeover, no surprise
+    assert not ledger(r, "chat", "worker-exited", "substituted", "refused")  # no takeover, no surprise
 
 
 def restarts(cluster: Cluster, pod: str) -> int:

@@ -19,14 +19,11 @@ from rq.serializers import JSONSerializer
 
 from commander.runtime import Lifecycle, WorkerHandle
 from protocol import keys
-from protocol.codec import decode
 from protocol.deferral import Deferral
-from protocol.models import LedgerEvent
 from protocol.policy import rq_policy
 from stores import rqjobs
 from stores.policies import write_policy
-from tests.integration.conftest import wait_until
-from tests.integration.test_commander import passes
+from tests.helpers import ledger, passes, wait_until
 from tests.k8s import test_commander_k8s
 from tests.k8s.cluster import Ended
 from tests.k8s.standin import StandIn
@@ -72,11 +69,6 @@ def ran_once(r: redis.Redis, ids: list[str]) -> None:
     assert runs(r) == len(ids)
 
 
-def ledger(r: redis.Redis, *actions: str) -> list[LedgerEvent]:
-    events = [decode(LedgerEvent, f[b"m"]) for _, f in r.xrange(keys.EVENTS)]
-    return [e for e in events if e.tier == TIER and (not actions or e.action in actions)]
-
-
 def rq_names(r: redis.Redis, state: str | None = None) -> list[str]:
     return sorted(w.name for w in rqjobs.workers(r, TIER) if state is None or w.state == state)
 
@@ -97,24 +89,24 @@ def test_a_burst_grows_the_rq_tier_from_no_pod_and_it_goes_back_to_none(standin:
     add_tier(standin)
     run_commander()
     passes(r, 3, commander="k1")
-    assert replicas(standin) == 0 and not ledger(r, "scale-up")  # nothing queued: no pod
+    assert replicas(standin) == 0 and not ledger(r, TIER, "scale-up")  # nothing queued: no pod
 
     ids = defer(r, 24, sleep_s=0.2)
     wait_until(lambda: len(rq_names(r)) >= 2, 30, "the rq tier to grow")
-    ups = ledger(r, "scale-up")
+    ups = ledger(r, TIER, "scale-up")
     assert ups[0].from_count == 0 and max(e.to_count for e in ups) >= 2
     assert all(name in standin.cluster.pods for name in rq_names(r))  # RQ's workers are the pods
     wait_until(lambda: runs(r) == len(ids), 60, "every job to run")
     wait_until(lambda: scaled_to_zero(standin, r), 60, "the tier back to no pod")
 
     ran_once(r, ids)
-    downs = ledger(r, "reclaim-idle", "consolidate")
+    downs = ledger(r, TIER, "reclaim-idle", "consolidate")
     assert downs and all(e.action == "reclaim-idle" for e in downs)
     chosen = [victim for e in downs for victim in e.victims]
     assert sorted(standin.cluster.rs_deleted) == sorted(chosen)  # the pods the commander chose went
     assert all(standin.cluster.ended[pod] == Ended(0, killed=False, restarts=0) for pod in chosen)
     assert not any(r.exists(keys.control(pod)) for pod in chosen)  # no drain over Redis: SIGTERM is one
-    assert not ledger(r, "worker-exited", "substituted", "refused")  # warm shutdowns, no surprise
+    assert not ledger(r, TIER, "worker-exited", "substituted", "refused")  # warm shutdowns, no surprise
 
 
 def test_a_busy_pod_is_never_the_victim_while_an_idle_one_is_there(standin: StandIn, run_commander, r):
@@ -127,7 +119,7 @@ def test_a_busy_pod_is_never_the_victim_while_an_idle_one_is_there(standin: Stan
 
     write_policy(r, TIER, rq_policy(**RQ))  # quiet: back to min_workers 0
     # around one running job the capacity ledger keeps three (its compaction margin): one idle goes
-    wait_until(lambda: ledger(r, "reclaim-idle", "consolidate"), 20, "a first victim")
+    wait_until(lambda: ledger(r, TIER, "reclaim-idle", "consolidate"), 20, "a first victim")
     assert rq_names(r, "busy") == [busy], "the job outlived the first scale-in"
     wait_until(lambda: runs(r) == 1, 30, "the job to finish")
     wait_until(lambda: scaled_to_zero(standin, r), 60, "the tier back to no pod")
@@ -135,11 +127,11 @@ def test_a_busy_pod_is_never_the_victim_while_an_idle_one_is_there(standin: Stan
     ran_once(r, [job])
     ended = Job.fetch(job, connection=r, serializer=JSONSerializer).ended_at
     assert ended is not None
-    for event in ledger(r, "reclaim-idle", "consolidate"):
+    for event in ledger(r, TIER, "reclaim-idle", "consolidate"):
         assert busy not in event.victims or event.ts >= ended.timestamp(), event  # only once idle
-    assert [e.action for e in ledger(r, "reclaim-idle", "consolidate")].count("consolidate") == 0
+    assert [e.action for e in ledger(r, TIER, "reclaim-idle", "consolidate")].count("consolidate") == 0
     assert all(e == Ended(0, killed=False, restarts=0) for e in standin.cluster.ended.values())
-    assert not ledger(r, "worker-exited", "substituted")
+    assert not ledger(r, TIER, "worker-exited", "substituted")
 
 
 def one_running_pod(standin: StandIn, make_runtime):

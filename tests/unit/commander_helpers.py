@@ -1,5 +1,5 @@
 """What the commander's tests share: a recording runtime, a virtual clock, a leading commander
-on fakeredis, and the ledger read back."""
+(on fakeredis, or a real Redis), and the ledger read back."""
 
 from __future__ import annotations
 
@@ -7,15 +7,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import fakeredis
+import redis
 
 from commander.commander import Commander
 from commander.metrics import Metrics
-from commander.runtime import Handles, Lifecycle, Runtime, WorkerHandle, WorkerIds
+from commander.runtime import Handles, Lifecycle, Runtime, UnknownWorker, WorkerHandle, WorkerIds
 from commander.settings import CommanderSettings
-from protocol import keys
-from protocol.codec import decode
 from protocol.models import LedgerEvent
+from tests import helpers
 
 
 class VirtualClock:
@@ -36,30 +35,34 @@ class VirtualClock:
 
 
 class RecordingRuntime(Runtime):
-    """A runtime that starts nothing: spawns are running handles at once, retirements are
-    recorded, and ``exit`` makes the exits the next ``reap`` returns; ``broken`` pools fail their
-    group check; ``on_reap`` runs at each reap (the start of a pass), ``on_adopt`` at each adopt
-    (a new leadership)."""
+    """A runtime that starts nothing: a spawn is a running handle at once (``spawned`` lists them,
+    ``on_spawn`` is told of each), retirements are recorded (an id it does not run is
+    ``UnknownWorker``), and ``exit`` makes the exits the next ``reap`` returns; ``broken`` pools
+    fail their group check; ``on_reap`` runs at each reap (the start of a pass), ``on_adopt`` at
+    each adopt (a new leadership)."""
 
     name = "recording"
 
-    def __init__(self, tier: str = "chat") -> None:
-        self.tier = tier
+    def __init__(self, tier: str = "chat", clock: Callable[[], float] = time.time) -> None:
+        self.tier, self.clock = tier, clock
         self.handles: dict[str, WorkerHandle] = {}
+        self.spawned: WorkerIds = []
         self.exited: Handles = []
-        self.retired: list[str] = []
+        self.retired: WorkerIds = []
         self.broken: dict[str, str] = {}
         self.forgotten: list[str] = []
+        self.on_spawn: Callable[[WorkerHandle], None] | None = None
         self.on_reap: Callable[[], None] | None = None
         self.on_adopt: Callable[[], None] | None = None
-        self.n = 0
 
     def spawn(self, tier: str, n: int = 1) -> WorkerIds:
         ids = []
         for _ in range(n):
-            self.n += 1
-            wid = f"{tier}-{self.n}"
-            self.handles[wid] = WorkerHandle(wid, tier, 1000 + self.n, Lifecycle.RUNNING, time.time())
+            self.spawned.append(wid := f"{tier}-{len(self.spawned) + 1}")
+            handle = WorkerHandle(wid, tier, 10_000 + len(self.spawned), Lifecycle.RUNNING, self.clock())
+            self.handles[wid] = handle
+            if self.on_spawn is not None:
+                self.on_spawn(handle)
             ids.append(wid)
         return ids
 
@@ -70,8 +73,11 @@ class RecordingRuntime(Runtime):
         self.forgotten.append(pool)
 
     def retire(self, worker_id: str, reason: str = "", drain_timeout_s: float | None = None) -> None:
+        handle = self.handles.get(worker_id)
+        if handle is None:
+            raise UnknownWorker(worker_id)
         self.retired.append(worker_id)
-        self.handles[worker_id].state = Lifecycle.DRAINING
+        handle.state, handle.retire_reason = Lifecycle.DRAINING, reason
 
     def reap(self) -> Handles:
         if self.on_reap is not None:
@@ -106,7 +112,7 @@ class RecordingRuntime(Runtime):
         return sum(1 for h in self.handles.values() if h.tier == pool and h.state is Lifecycle.RUNNING)
 
 
-def leading(r: fakeredis.FakeRedis, runtime: Runtime, metrics: Metrics | None = None,
+def leading(r: redis.Redis, runtime: Runtime, metrics: Metrics | None = None,
             clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
             **settings: Any) -> Commander:
     """A commander ``c1`` that won the lease (``settings`` over the tests' defaults)."""
@@ -117,7 +123,6 @@ def leading(r: fakeredis.FakeRedis, runtime: Runtime, metrics: Metrics | None = 
     return commander
 
 
-def ledger(r: fakeredis.FakeRedis, *actions: str) -> list[LedgerEvent]:
-    """The ledger, oldest first (only ``actions`` if any are given)."""
-    events = [decode(LedgerEvent, fields[b"m"]) for _id, fields in r.xrange(keys.EVENTS)]
-    return [e for e in events if not actions or e.action in actions]
+def ledger(r: redis.Redis, *actions: str) -> list[LedgerEvent]:
+    """The ledger of every tier, oldest first (only ``actions`` if any are given)."""
+    return helpers.ledger(r, None, *actions)

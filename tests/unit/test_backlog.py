@@ -1,4 +1,4 @@
-"""The backlog reader (stores.backlog): only turns no worker has started count (DESIGN §3).
+"""The backlog reader (stores.backlog): only turns no worker has started count.
 
 The pure judgement is table-tested over raw replies; the I/O wrapper, the commander's
 observer and ``fleet status`` are tested on fakeredis with real consumer-group states.

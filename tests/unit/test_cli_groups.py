@@ -8,7 +8,7 @@ import pytest
 from fleet import cli_groups
 from fleet.cli import main
 from protocol.policy import parse_policy
-from stores.groups import user_pins
+from stores.group_assignment import user_pins
 from stores.policies import read_policy, write_policy
 
 

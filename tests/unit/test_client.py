@@ -7,6 +7,8 @@ is in tests/integration/test_client.py; here the pure parts, and the tier check 
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from typing import Any
 
 import fakeredis
@@ -14,16 +16,17 @@ import pytest
 import redis
 
 import fleet
-from fleet.client import AsyncFleet, Fleet, UnknownTier, _build_turn
+from fleet.client import AsyncFleet, Fleet, UnknownTier
 from protocol import keys
 from protocol.codec import encode
-from protocol.models import WorkerInfo
+from protocol.models import Turn, WorkerInfo
 from protocol.policy import TurnsPolicy
 from stores.policies import read_policy, write_policy
 from stores.replicas import ReplicaWait
 from stores.scripts import sha
 from stores.submit import Submitted, committed, queue_round_trip
-from stores.tier_probe import SubmitOptions, heartbeats_of, tier_defined
+from stores.submit_options import SubmitOptions
+from stores.tier_exists import heartbeats_of, tier_defined
 
 
 class Recorder:
@@ -55,9 +58,15 @@ def info(worker: str, tier: str) -> bytes:
     return encode(WorkerInfo(worker=worker, tier=tier, pid=1, host="h", started=0.0))
 
 
+def build(user: str) -> tuple[Turn, bytes]:
+    """A turn of ``chat`` as the client builds it, with its payload."""
+    turn = Turn(turn_id=uuid.uuid4().hex, user=user, tier="chat", text="hi", ts=time.time())
+    return turn, encode(turn)
+
+
 # --- the round trip's shape ---------------------------------------------------------------
 def test_the_submit_is_one_script_call_and_the_pressure_check_after_it() -> None:
-    built = [_build_turn(u, "hi", "chat", None, None, 1 << 16) for u in ("alice", "bob")]
+    built = [build(u) for u in ("alice", "bob")]
     pipe = Recorder()
     queue_round_trip(pipe, built, "chat", pressure={"tier": "chat", "user": "bob", "ts": "1"})
     assert [cmd[0] for cmd in pipe.sent] == ["EVALSHA", "EVALSHA"]
@@ -71,14 +80,14 @@ def test_the_submit_is_one_script_call_and_the_pressure_check_after_it() -> None
 
 
 def test_without_a_pressure_check_the_submit_is_the_script_alone() -> None:
-    built = [_build_turn("alice", "hi", "chat", None, None, 1 << 16)]
+    built = [build("alice")]
     pipe = Recorder()
     queue_round_trip(pipe, built, "chat")
     assert [cmd[:2] for cmd in pipe.sent] == [("EVALSHA", sha("turn_submit"))]
 
 
 def test_with_replica_acks_a_wait_follows_the_script_on_the_same_round_trip() -> None:
-    built = [_build_turn("alice", "hi", "chat", None, None, 1 << 16)]
+    built = [build("alice")]
     pipe = Recorder()
     queue_round_trip(pipe, built, "chat", SubmitOptions(wait=ReplicaWait(1, 50)), {"user": "alice"})
     assert [cmd[0] for cmd in pipe.sent] == ["EVALSHA", "WAIT", "EVALSHA"]
@@ -133,9 +142,31 @@ def server() -> fakeredis.FakeServer:
     return fakeredis.FakeServer()
 
 
+class ProbeCounter(fakeredis.FakeRedis):
+    """A client that notes the policy key of each tier probe it sends (the round trip that
+    reads ``fleet:tiers``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.probed: list[str] = []
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        def noting(*args: Any, **kwargs: Any) -> Any:
+            stack = [cmd for cmd, _options in pipe.command_stack]
+            if ("SMEMBERS", keys.TIERS) in [tuple(cmd[:2]) for cmd in stack]:
+                self.probed += [cmd[1] for cmd in stack if cmd[0] == "EXISTS"]
+            return execute(*args, **kwargs)
+
+        pipe.execute = noting  # type: ignore[method-assign]
+        return pipe
+
+
 @pytest.fixture
-def fake(server: fakeredis.FakeServer) -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis(server=server)
+def fake(server: fakeredis.FakeServer) -> ProbeCounter:
+    return ProbeCounter(server=server)
 
 
 def written(r: fakeredis.FakeRedis, user: str, tier: str = "chat") -> tuple[int, int]:
@@ -187,10 +218,7 @@ def test_create_tier_leaves_an_existing_policy_alone(fake) -> None:
     assert read_policy(fake, "gpu").policy.min_workers == 3
 
 
-def test_a_tier_is_checked_once_per_client_and_a_refused_one_again(fake, monkeypatch) -> None:
-    checks: list[str] = []
-    real = Fleet._tier_exists
-    monkeypatch.setattr(Fleet, "_tier_exists", lambda self, tier: checks.append(tier) or real(self, tier))
+def test_a_tier_is_checked_once_per_client_and_a_refused_one_again(fake) -> None:
     client = Fleet(client=fake)
     for _ in range(2):
         with pytest.raises(UnknownTier):
@@ -198,7 +226,7 @@ def test_a_tier_is_checked_once_per_client_and_a_refused_one_again(fake, monkeyp
     write_policy(fake, "gpu", TurnsPolicy())
     for i in range(3):
         client.submit_many([("alice", f"t{i}"), ("bob", f"t{i}")], tier="gpu")
-    assert checks == ["gpu"] * 3  # refused twice (checked each time), then found once
+    assert fake.probed == [keys.policy("gpu")] * 3  # refused twice (checked each time), then found once
     assert written(fake, "alice", "gpu") == (3, 6)
 
 

@@ -16,9 +16,9 @@ from commander.metrics import Metrics
 from protocol import keys
 from protocol.codec import encode
 from protocol.groups import assign
-from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots
+from protocol.models import Counters, OccupancyReport, Slots
 from protocol.policy import parse_policy, updated
-from stores.groups import known_pools, rejected_groups
+from stores.group_assignment import known_pools, rejected_groups
 from stores.policies import read_policy, write_policy
 from tests.unit.commander_helpers import RecordingRuntime, leading, ledger
 
@@ -45,10 +45,6 @@ def rig(r: fakeredis.FakeRedis) -> Rig:
     return leading(r, runtime), runtime
 
 
-def events(r: fakeredis.FakeRedis, action: str) -> list[LedgerEvent]:
-    return ledger(r, action)
-
-
 def test_each_group_is_a_pool_scaled_on_its_own_policy(rig: Rig) -> None:
     commander, runtime = rig
     commander.pass_once(time.time())
@@ -61,12 +57,12 @@ def test_each_group_is_a_pool_scaled_on_its_own_policy(rig: Rig) -> None:
 def test_a_weight_change_is_a_rollout_event(r: fakeredis.FakeRedis, rig: Rig) -> None:
     commander, _runtime = rig
     commander.pass_once(time.time())
-    assert not events(r, "rollout")  # the first look is no change
+    assert not ledger(r, "rollout")  # the first look is no change
     policy = read_policy(r, T).policy
     write_policy(r, T, updated(policy, {"canary": "green", "groups": [
         {**g.model_dump(mode="json"), "weight": 50} for g in policy.rollout.groups]}))
     commander.pass_once(time.time())
-    (event,) = events(r, "rollout")
+    (event,) = ledger(r, "rollout")
     assert event.tier == T and "blue 90, green 10 -> blue 50, green 50 (canary green)" in event.reason
 
 
@@ -77,16 +73,16 @@ def test_a_group_that_cannot_start_is_rejected_and_accepted_again(
     commander.pass_once(time.time())
     assert runtime.count("chat.green") == 0 and runtime.count("chat.blue") == 2  # the tier serves on
     assert "missing" in rejected_groups(r, T)["green"]
-    (event,) = events(r, "group-rejected")
+    (event,) = ledger(r, "group-rejected")
     assert event.tier == "chat.green" and "/nope/bin/python" in event.reason
     rejected = frozenset(rejected_groups(r, T))
     assert all(assign(f"u{i}", [("blue", 90), ("green", 10)], None, rejected) == "blue" for i in range(200))
     commander.pass_once(time.time())
-    assert len(events(r, "group-rejected")) == 1  # recorded once
+    assert len(ledger(r, "group-rejected")) == 1  # recorded once
     del runtime.broken["chat.green"]
     commander.pass_once(time.time())
     assert runtime.count("chat.green") == 1 and rejected_groups(r, T) == {}
-    assert len(events(r, "group-accepted")) == 1
+    assert len(ledger(r, "group-accepted")) == 1
 
 
 def test_a_removed_groups_workers_are_drained(r: fakeredis.FakeRedis,
@@ -98,7 +94,7 @@ def test_a_removed_groups_workers_are_drained(r: fakeredis.FakeRedis,
                                      "groups": [{"name": "blue", "weight": 100, "min_workers": 2}]}))
     commander.pass_once(time.time())
     assert sorted(runtime.retired) == ["chat.green-3"]
-    (event,) = events(r, "group-removed")
+    (event,) = ledger(r, "group-removed")
     assert event.victims == ["chat.green-3"]
     commander.pass_once(time.time())
     assert runtime.retired == ["chat.green-3"]  # once
@@ -122,11 +118,11 @@ def test_the_guard_aborts_a_failing_canary(r: fakeredis.FakeRedis, rig: Rig) -> 
     for ts, turns, errors in ((now - 30, 0, 0), (now - 1, 900, 9)):
         r.xadd(keys.REPORTS, {"m": encode(_report("b1", "chat.blue", ts, turns, errors))})
     commander.pass_once(now)
-    (abort,) = events(r, "rollout-abort")
+    (abort,) = ledger(r, "rollout-abort")
     assert "canary green aborted: error rate 23.1% of handler calls" in abort.reason
     assert read_policy(r, T).policy.rollout.weights() == (("blue", 100.0), ("green", 0.0))
     commander.pass_once(now + 1)
-    assert len(events(r, "rollout-abort")) == 1 and not events(r, "rollout")  # (its own event only)
+    assert len(ledger(r, "rollout-abort")) == 1 and not ledger(r, "rollout")  # (its own event only)
 
 
 def _queued(r: fakeredis.FakeRedis, user: str, pool: str) -> None:
@@ -163,7 +159,7 @@ def test_a_removed_pools_queued_users_are_notified_on_their_group_once_its_worke
     del runtime.handles["chat.green-3"]  # the drained worker exited and was reaped
     commander.pass_once(time.time())
     assert _notified(r, "chat.blue") == [waiting]
-    (event,) = events(r, "renotified")
+    (event,) = ledger(r, "renotified")
     assert event.tier == "chat.green" and waiting in event.reason
     commander.pass_once(time.time())
     assert _notified(r, "chat.blue") == [waiting]  # once per queued turn, not every pass

@@ -15,10 +15,10 @@ from commander.commander import Commander
 from commander.metrics import Metrics, sample
 from commander.runtime import Lifecycle, WorkerHandle
 from protocol import keys
-from protocol.codec import encode
-from protocol.models import LedgerEvent, WorkerInfo
+from protocol.models import LedgerEvent
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
+from tests.helpers import register, wait_until
 from tests.unit.commander_helpers import RecordingRuntime, VirtualClock, leading, ledger
 
 T = "chat"
@@ -55,13 +55,6 @@ def consumers(r: fakeredis.FakeRedis) -> set[str]:
 
 def exits(r: fakeredis.FakeRedis) -> list[LedgerEvent]:
     return ledger(r, "worker-exited")
-
-
-def register(r: fakeredis.FakeRedis, worker: str, alive: bool, host: str = "elsewhere") -> None:
-    info = WorkerInfo(worker=worker, tier=T, pid=4242, host=host, started=time.time())
-    r.hset(keys.WORKERS, worker, encode(info))
-    if alive:
-        r.set(keys.heartbeat(worker), "1", px=30_000)
 
 
 def test_a_crashed_worker_is_taken_over_in_the_next_pass(r, rig) -> None:
@@ -175,8 +168,7 @@ def test_a_worker_exit_ends_the_wait_for_the_next_pass(r) -> None:
     loop.start()
     killer.start()
     try:
-        while not exits(r) and time.monotonic() - started < 15:
-            time.sleep(0.02)
+        wait_until(lambda: exits(r), 15, "the takeover", every=0.02)
     finally:
         stop.set()
         killer.join()

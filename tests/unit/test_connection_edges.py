@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from redis.backoff import NoBackoff
 
 from fleet import local
 from stores.connection import (
     HandshakeTimeout,
     NoFleetFound,
-    _Retry,
     _SSLConnection,
+    async_retry_options,
     connect_sync,
     resolve_url,
 )
@@ -78,10 +77,26 @@ def test_a_handshake_timeout_is_final_not_retried():
         calls.append(1)
         raise HandshakeTimeout("no TLS handshake")
 
-    retry = _Retry(NoBackoff(), 5)
+    retry = connect_sync("redis://127.0.0.1:1/0").get_retry()  # never contacted
+    assert retry is not None
     with pytest.raises(HandshakeTimeout):
         retry.call_with_retry(fail, lambda error: None)
     assert len(calls) == 1  # retried, nested command-over-connect, it took minutes
+
+
+async def test_a_handshake_timeout_is_final_on_an_asyncio_client_too():
+    calls = []
+
+    async def fail() -> None:
+        calls.append(1)
+        raise HandshakeTimeout("no TLS handshake")
+
+    async def nothing(error: Exception) -> None:
+        pass
+
+    with pytest.raises(HandshakeTimeout):
+        await async_retry_options(5)["retry"].call_with_retry(fail, nothing)
+    assert len(calls) == 1
 
 
 def test_env_text_quotes_the_url_for_the_shell(nowhere: Path):

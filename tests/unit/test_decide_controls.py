@@ -1,4 +1,4 @@
-"""The policy's controls in ``decide``, as tables: scheduled bounds, pause, rate limits,
+"""The policy controls in ``decide``, as tables: scheduled bounds, pause, rate limits,
 fallback, disruption budget, protection, recycling, and the derived scale-in hold."""
 
 from __future__ import annotations
@@ -323,22 +323,26 @@ def test_every_control_round_trips_through_json() -> None:
 
 
 # --- the handler's side of protection ------------------------------------------------------
-def test_a_handler_protects_its_worker_with_an_expiry_capped_by_the_policy() -> None:
-    import asyncio
+async def test_a_handler_protects_its_worker_with_an_expiry_capped_by_the_policy() -> None:
     import time
 
-    from worker.handlers import TurnContext
-    from worker.services import JobServices
+    import fakeredis
 
-    services = object.__new__(JobServices)
-    services.policy = turns_policy(max_protection_s=600)
-    services._wake_report = asyncio.Event()
+    from stores.policies import write_policy
+    from worker.app import Worker
+    from worker.handlers import TurnContext
+    from worker.settings import WorkerSettings
+
+    r = fakeredis.FakeAsyncRedis()
+    worker = Worker(WorkerSettings(worker_id="w1"), r=r)
+    await write_policy(r, "chat", turns_policy(max_protection_s=600))
+    await worker.tier_policy.refresh()
     before = time.time()
-    ctx = TurnContext(None, None, protector=services.protect)  # type: ignore[arg-type]
+    ctx = TurnContext(None, None, protector=worker.host.protect)  # type: ignore[arg-type]
     until = ctx.protect(3600)
     assert before + 600 <= until <= time.time() + 600  # capped
-    assert services.protected_until == until
-    assert ctx.protect(0) == 0.0 and services.protected_until == 0.0  # released
+    assert worker.reports.protected_until == until
+    assert ctx.protect(0) == 0.0 and worker.reports.protected_until == 0.0  # released
     assert TurnContext(None, None).protect(60) == 0.0  # type: ignore[arg-type]  # no worker: nothing
 
 

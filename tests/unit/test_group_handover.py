@@ -16,7 +16,7 @@ from protocol.codec import decode
 from protocol.groups import assign
 from protocol.models import SessionEntry
 from protocol.policy import parse_policy
-from stores.policies import write_policy_async
+from stores.policies import write_policy
 from worker.app import Worker
 from worker.settings import WorkerSettings
 
@@ -41,7 +41,7 @@ async def fleet_workers() -> AsyncIterator[tuple[fakeredis.FakeAsyncRedis, Async
 
 async def _fleet() -> AsyncIterator[tuple[fakeredis.FakeAsyncRedis, AsyncFleet, list[Worker]]]:
     r = fakeredis.FakeAsyncRedis()
-    await write_policy_async(r, "chat", POLICY)
+    await write_policy(r, "chat", POLICY)
     workers = [Worker(WorkerSettings(worker_id=f"w-{g}", tier="chat", group=g, block_ms=50,
                                      policy_refresh_s=0.05), r=r) for g in ("blue", "green")]
     runs = [asyncio.ensure_future(w.run()) for w in workers]
@@ -78,7 +78,7 @@ async def test_a_pinned_user_is_handed_to_its_group_between_turns(
     user = next(u for u in USERS if assign(u, WEIGHTS) == "blue")
     first = await client.submit(user, "one")
     assert (await client.wait(user, first.turn_id, timeout=5)).worker == "w-blue"
-    await r.hset(keys.pins(user), "chat", "green")  # (stores.groups.pin_group, on the async client)
+    await r.hset(keys.pins(user), "chat", "green")  # (stores.group_assignment.pin_group, on the async client)
     # the client still sends it to blue (it knows no pins): blue's worker hands it over
     later = await client.submit_many([(user, "two"), (user, "three")])
     replies = [await client.wait(user, t.turn_id, timeout=5) for t in later]
@@ -94,9 +94,9 @@ async def test_a_weight_change_moves_users_between_turns(
     assert {(await client.wait(t.user, t.turn_id, timeout=5)).worker for t in before} == {"w-blue"}
     all_green = parse_policy({**POLICY.model_dump(mode="json"), "groups": [
         {"name": "blue", "weight": 0}, {"name": "green", "weight": 100}]})
-    await write_policy_async(r, "chat", all_green)
+    await write_policy(r, "chat", all_green)
     async with asyncio.timeout(5):  # the workers' policy refresh (every 50 ms)
-        while any(w.tier_policy != all_green for w in workers):
+        while any(w.tier_policy.whole != all_green for w in workers):
             await asyncio.sleep(0.01)
     client.reread_policies()
     after = await client.submit_many([(u, "after") for u in blue_users])

@@ -7,9 +7,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import fakeredis
 import pytest
 
 from protocol.models import HandlerResult, Turn
+from protocol.policy import TurnsPolicy
+from stores.policies import write_policy
 from stores.turns import ContextPack
 from worker import handlers
 from worker.app import Worker
@@ -21,7 +24,7 @@ def ctx(turn_id: str = "t1") -> handlers.TurnContext:
 
 
 async def test_the_timeout_counts_from_the_handler_start_not_from_the_queue() -> None:
-    """Issue 8, hole 5: time spent waiting for a thread counted against handler_timeout_s."""
+    """Time spent waiting for a thread must not count against handler_timeout_s."""
     gate = threading.Event()
 
     def slow(_ctx: handlers.TurnContext) -> str:
@@ -41,7 +44,7 @@ async def test_the_timeout_counts_from_the_handler_start_not_from_the_queue() ->
 
 
 async def test_a_timed_out_thread_has_ended_before_the_call_returns() -> None:
-    """Issue 8, hole 5: a timed-out thread kept running while its retry started."""
+    """A timed-out thread must not run on while its retry starts."""
     ended: list[float] = []
 
     def stuck(_ctx: handlers.TurnContext) -> HandlerResult:
@@ -56,10 +59,11 @@ async def test_a_timed_out_thread_has_ended_before_the_call_returns() -> None:
 
 
 async def test_an_abandoned_handler_that_never_got_a_thread_never_runs() -> None:
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
     ran: list[str] = []
 
     def hold(_ctx: handlers.TurnContext) -> str:
+        holding.set()
         gate.wait(5)
         return "held"
 
@@ -70,7 +74,7 @@ async def test_an_abandoned_handler_that_never_got_a_thread_never_runs() -> None
     with ThreadPoolExecutor(max_workers=1) as pool:
         first = asyncio.ensure_future(handlers.call(hold, ctx("a"), 10.0, pool))
         queued = asyncio.ensure_future(handlers.call(record, ctx("b"), 10.0, pool))
-        await asyncio.sleep(0.05)
+        await asyncio.to_thread(holding.wait, 5)  # the only thread is taken: the second call waits for it
         queued.cancel()  # its lane was lost while it waited for a thread
         with pytest.raises(asyncio.CancelledError):
             await queued
@@ -79,16 +83,18 @@ async def test_an_abandoned_handler_that_never_got_a_thread_never_runs() -> None
     assert ran == []
 
 
-def test_the_worker_has_as_many_handler_threads_as_its_concurrency() -> None:
-    import fakeredis
-
-    w = Worker(WorkerSettings(worker_id="w1"), r=fakeredis.FakeAsyncRedis())
-    w.policy = w.policy.model_copy(update={"concurrency": 64})
-    pool = w.executor
-    assert pool is w.executor  # kept while the concurrency stays
+async def test_the_worker_has_as_many_handler_threads_as_its_concurrency() -> None:
+    r = fakeredis.FakeAsyncRedis()
+    w = Worker(WorkerSettings(worker_id="w1"), r=r)
+    await write_policy(r, "chat", TurnsPolicy(concurrency=64))
+    await w.tier_policy.refresh()
+    pool = w.host.executor
+    assert pool is w.host.executor  # kept while the concurrency stays
     together = threading.Barrier(64, timeout=10)  # passes only if all 64 run at once
     for f in [pool.submit(together.wait) for _ in range(64)]:
         f.result()  # BrokenBarrierError if the pool had fewer threads (min(32, cpus + 4) by default)
-    w.policy = w.policy.model_copy(update={"concurrency": 2})
-    assert w.executor is not pool
-    w.executor.shutdown()
+    await write_policy(r, "chat", TurnsPolicy(concurrency=2))
+    await w.tier_policy.refresh()
+    assert w.host.executor is not pool
+    w.host.executor.shutdown()
+    await r.aclose()

@@ -1,4 +1,4 @@
-"""stores.home.recorded_url: which URL a client without --redis-url or REDIS_URL uses."""
+"""stores.local_fleet.recorded_url: which URL a client without --redis-url or REDIS_URL uses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stores.home import STATE_FILE, recorded_url
+from stores.local_fleet import STATE_FILE, recorded_url
 
 
 def _write(home: Path, state: dict[str, object]) -> None:

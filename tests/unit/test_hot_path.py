@@ -17,7 +17,7 @@ from protocol.models import Reply, Turn
 from protocol.policy import TurnsPolicy
 from stores import submit
 from stores.batch import ScriptBatcher
-from stores.policies import write_policy_async
+from stores.policies import write_policy
 from stores.scripts import Scripts
 from stores.turns import Idle, Lease, UserStore
 from worker.app import Worker
@@ -79,7 +79,7 @@ async def test_a_call_whose_caller_is_gone_is_not_sent(pipelines: list[list[str]
     task = asyncio.ensure_future(store.acquire("alice"))
     await asyncio.sleep(0)  # queued, not sent yet
     task.cancel()
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # what is checked: nothing goes out in the time it would have taken
     assert pipelines == [] and await r.get(keys.lane("alice")) is None
     await r.aclose()
 
@@ -111,7 +111,7 @@ def _turn(user: str, turn_id: str, tier: str = "chat") -> tuple[Turn, bytes]:
 async def test_the_submit_script_writes_entries_notifications_and_active_marks() -> None:
     r = fakeredis.FakeAsyncRedis()
     built = [_turn("alice", "t1"), _turn("bob", "t2"), _turn("alice", "t3")]
-    await submit.submit_round_trip_async(r, built, "chat", submit.SubmitOptions(shards=3))
+    await submit.submit_turns(r, built, "chat", submit.SubmitOptions(shards=3), cluster=False)
     rows = await r.xrange(keys.inbox("alice"))
     assert [(f[b"turn_id"], f[b"tier"]) for _i, f in rows] == [(b"t1", b"chat"), (b"t3", b"chat")]
     assert rows[0][1][b"m"] == built[0][1]
@@ -125,13 +125,13 @@ async def test_the_submit_script_writes_entries_notifications_and_active_marks()
 async def test_a_tier_no_worker_ever_read_gets_a_pressure_event_and_a_served_one_none() -> None:
     r = fakeredis.FakeAsyncRedis()
     event = {"tier": "chat", "user": "alice", "ts": "1"}
-    done = await submit.submit_round_trip_async(r, [_turn("alice", "t1")], "chat", pressure=event)
+    done = await submit.submit_turns(r, [_turn("alice", "t1")], "chat", pressure=event, cluster=False)
     assert done.posted and await r.xlen(keys.pressure("chat")) == 1  # no group: nobody serves it
     await r.xgroup_create(keys.ready("chat"), keys.GROUP, id="$")
-    done = await submit.submit_round_trip_async(r, [_turn("alice", "t2")], "chat", pressure=event)
+    done = await submit.submit_turns(r, [_turn("alice", "t2")], "chat", pressure=event, cluster=False)
     assert done.posted  # nobody read it: the lag (1) is over the starting slots (0)
     await r.set(keys.starting("chat"), 4)
-    done = await submit.submit_round_trip_async(r, [_turn("alice", "t3")], "chat", pressure=event)
+    done = await submit.submit_turns(r, [_turn("alice", "t3")], "chat", pressure=event, cluster=False)
     assert not done.posted and await r.xlen(keys.pressure("chat")) == 2  # starting workers absorb it
     await r.aclose()
 
@@ -141,7 +141,7 @@ async def test_a_client_checks_a_tier_for_pressure_at_most_every_10_ms(pipelines
     import fleet.client
 
     r = fakeredis.FakeAsyncRedis()
-    await write_policy_async(r, "chat", TurnsPolicy())
+    await write_policy(r, "chat", TurnsPolicy())
     client = AsyncFleet(client=r)
     await client.submit("alice", "one")
     pipelines.clear()
@@ -169,15 +169,15 @@ def test_a_binary_entrys_plain_fields_must_agree_with_its_turn() -> None:
         decode_entry("alice", "chat", "1-0", {**fields, b"tier": b"gpu"}, 1 << 16)
 
 
-@pytest.mark.parametrize("form", ["binary-before-issue-17", "plain", "binary"])
+@pytest.mark.parametrize("form", ["binary-m-only", "plain", "binary"])
 async def test_every_entry_form_is_served(form: str) -> None:
     """A new worker serves what was queued before it: binary entries written by an older
     client (``m`` alone), plain ones of any Redis client, and today's."""
     r = fakeredis.FakeAsyncRedis()
-    await write_policy_async(r, "chat", TurnsPolicy(concurrency=2))
+    await write_policy(r, "chat", TurnsPolicy(concurrency=2))
     turn, payload = _turn("alice", "t1")
     fields: dict[str, Any] = {
-        "binary-before-issue-17": {"m": payload}, "plain": {"text": "hi", "turn_id": "t1"},
+        "binary-m-only": {"m": payload}, "plain": {"text": "hi", "turn_id": "t1"},
         "binary": {"m": payload, "turn_id": "t1", "tier": "chat"}}[form]
     await r.xadd(keys.inbox("alice"), fields)
     await r.xadd(keys.ready("chat"), {"user": "alice"})

@@ -1,4 +1,7 @@
-"""The ack rule of a job whose user's lane is busy (DESIGN §3; issue 8, hole 1).
+"""The ack rule of a job whose user's lane is busy, and of a renewal.
+
+A notification is acked only when its acker has seen, under the user's lane, nothing left after
+the cursor, or when another pending notification for the user still carries that duty.
 
 Found by scripts/explore (seed 9260 of ``--faults 6 --users 3 --turns 4 --workers 2``): a job
 whose acquire found the lane busy acked every notification attached to it, including ones
@@ -9,7 +12,6 @@ flight, so a turn could wait with no lane and no pending notification.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
 import fakeredis
@@ -19,13 +21,15 @@ from stores.scripts import Scripts
 from stores.turns import Busy, Lease
 from worker.app import Worker
 from worker.job import UserJob
+from worker.renewal import Heartbeat, Renewal
 from worker.settings import WorkerSettings
 
 
 @dataclass
 class Host:
-    """The part of a Worker a job touches on the busy path."""
+    """The part of a job's host (``worker.job.JobHost``) a job touches on the busy path."""
 
+    settings: WorkerSettings = field(default_factory=lambda: WorkerSettings(worker_id="w1"))
     job: UserJob | None = None
     acked: list[list[str]] = field(default_factory=list)
     asked: int = 0
@@ -88,10 +92,26 @@ async def test_a_worker_acks_only_notifications_still_pending_under_itself() -> 
     await r.aclose()
 
 
-async def _renewing_worker(lane_holder: str) -> tuple[fakeredis.FakeAsyncRedis, Worker, str, str]:
-    """Worker w1 with a job for alice (its lease ``w1|1``), alice's lane held by ``lane_holder``,
-    and two notifications w1 was delivered: ``kept`` still pending under w1, ``reclaimed``
-    since taken over by w2 (XAUTOCLAIM)."""
+@dataclass
+class Held:
+    """A job holding a lane, as its renewal sees one (``worker.renewal.Renewable``)."""
+
+    lease: Lease | None
+    nids: list[str]
+    renewed: list[float] = field(default_factory=list)
+    failed: int = 0
+
+    def renewed_at(self, lease: Lease, sent: float) -> None:
+        self.renewed.append(sent)
+
+    def renew_failed(self) -> None:
+        self.failed += 1
+
+
+async def _renewal(lane_holder: str) -> tuple[fakeredis.FakeAsyncRedis, Renewal, Held, str, str]:
+    """Worker w1's renewal of a job for alice (its lease ``w1|1``), alice's lane held by
+    ``lane_holder``, and two notifications w1 was delivered: ``kept`` still pending under w1,
+    ``reclaimed`` since taken over by w2 (XAUTOCLAIM)."""
     r = fakeredis.FakeAsyncRedis()
     ready = keys.ready("chat")
     await r.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
@@ -100,14 +120,10 @@ async def _renewing_worker(lane_holder: str) -> tuple[fakeredis.FakeAsyncRedis, 
     await r.xreadgroup(keys.GROUP, "w1", {ready: ">"})
     await r.xclaim(ready, keys.GROUP, "w2", 0, [reclaimed])
     await r.set(keys.lane("alice"), lane_holder, px=5000)
-    worker = Worker(WorkerSettings(worker_id="w1", tier="chat"), r=r)
-    job = UserJob(worker, "alice")
-    job.attach(kept, reclaimed=False)
-    job.attach(reclaimed, reclaimed=False)
-    job.lease = Lease("alice", "w1|1", cursor="")
-    job.renewed = time.monotonic()
-    worker.jobs["alice"] = job
-    return r, worker, kept, reclaimed
+    settings = WorkerSettings(worker_id="w1", tier="chat")
+    held = Held(Lease("alice", "w1|1", cursor=""), [kept, reclaimed])
+    renewal = Renewal(r, settings, Worker(settings, r=r).store, [held], Heartbeat(), asyncio.Event())
+    return r, renewal, held, kept, reclaimed
 
 
 async def _owners(r: fakeredis.FakeAsyncRedis) -> dict[str, str]:
@@ -119,18 +135,20 @@ async def test_a_renewal_never_takes_back_a_notification_another_worker_reclaime
     """Found by scripts/explore --seed 20221: a worker paused past its lease came back, its
     renewal XCLAIMed (min-idle 0) the notifications that the lane's new holder had reclaimed,
     and its busy acquire then acked them as its own: a turn waited with nobody to serve it."""
-    r, worker, kept, reclaimed = await _renewing_worker("w1|1")  # our lane, renewed fine
-    await worker._renew()
+    r, renewal, held, kept, reclaimed = await _renewal("w1|1")  # our lane, renewed fine
+    await renewal.renew_once()
+    assert len(held.renewed) == 1 and held.failed == 0
     assert await _owners(r) == {kept: "w1", reclaimed: "w2"}
     await r.aclose()
 
 
 async def test_a_renewal_that_finds_the_lane_lost_touches_none_of_its_notifications() -> None:
-    r, worker, kept, reclaimed = await _renewing_worker("w2|9")  # w2 holds alice's lane now
+    r, renewal, held, kept, reclaimed = await _renewal("w2|9")  # w2 holds alice's lane now
     idle_before = {p["message_id"].decode(): p["time_since_delivered"] for p in
                    await r.xpending_range(keys.ready("chat"), keys.GROUP, "-", "+", 10)}
-    await asyncio.sleep(0.05)
-    await worker._renew()
+    await asyncio.sleep(0.05)  # the notifications age: what is checked is that the renewal keeps them aging
+    await renewal.renew_once()
+    assert held.failed == 1 and not held.renewed
     assert await _owners(r) == {kept: "w1", reclaimed: "w2"}
     idle = {p["message_id"].decode(): p["time_since_delivered"] for p in
             await r.xpending_range(keys.ready("chat"), keys.GROUP, "-", "+", 10)}

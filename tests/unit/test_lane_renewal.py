@@ -1,4 +1,4 @@
-"""A worker renews its lanes on time whatever its last renewal met (issue 8's explorer, seed 28924).
+"""A worker renews its lanes on time whatever its last renewal met (explorer seed 28924).
 
 Found by scripts/explore (a long run; its shrunk schedule is tests/unit/schedules/zombie-28924.json):
 a worker's renewal pass began in a 17 s Redis outage and sat in the client's own reconnect
@@ -24,7 +24,6 @@ from stores import worker_ops
 from stores.turns import Lease
 from worker import handlers
 from worker.app import Worker
-from worker.job import UserJob
 from worker.settings import WorkerSettings
 
 INTERVAL_S = 0.05
@@ -43,28 +42,39 @@ async def test_a_renewal_pass_stuck_in_the_clients_retries_does_not_hold_up_the_
             await asyncio.sleep(30)
 
     renewed: list[tuple[float, list[str]]] = []
+    real_renew = worker.store.renew
 
     async def renew(leases: list[Lease]) -> list[bool]:
         renewed.append((time.monotonic(), [lease.owner for lease in leases]))
-        return [True] * len(leases)
+        return await real_renew(leases)
+
+    taken: list[tuple[float, str]] = []  # (when the handler started under a lane, that lane)
+    finish = asyncio.Event()
+
+    async def holds_the_lane(ctx: handlers.TurnContext) -> HandlerResult:
+        taken.append((time.monotonic(), ctx.lease))
+        await finish.wait()
+        return HandlerResult(text="done")
 
     monkeypatch.setattr(worker_ops, "touch_and_beat", touch_and_beat)
     monkeypatch.setattr(worker.store, "renew", renew)
+    worker.tier_policy.handler = holds_the_lane
+    await r.xadd(keys.inbox("alice"), {"text": "hi", "turn_id": "t1", "tier": "chat"})
     run = asyncio.ensure_future(worker.run())
     try:
         async with asyncio.timeout(10):
             while beats == 0:  # the first pass is stuck
                 await asyncio.sleep(0.01)
-        job = UserJob(worker, "alice")  # Redis is back: a lane is taken
-        job.lease = Lease("alice", "w1|1", cursor="")
-        job.renewed = taken = time.monotonic()
-        worker.jobs["alice"] = job
+            worker.dispatch("1-0", {b"user": b"alice"}, reclaimed=False)  # Redis is back: a lane is taken
+            while not taken:
+                await asyncio.sleep(0.01)
         await asyncio.sleep(1.0)  # twenty renew intervals
-        first = next((at for at, owners in renewed if "w1|1" in owners), None)
+        at, lease = taken[0]
+        first = next((when for when, owners in renewed if lease in owners), None)
         assert first is not None, "the lane was never renewed: the loop waited for its stuck pass"
-        assert first - taken < 0.5  # on time (ten intervals of slack for a loaded machine)
+        assert first - at < 0.5  # on time (ten intervals of slack for a loaded machine)
     finally:
-        worker.jobs.clear()
+        finish.set()
         worker.drain("test")
         await asyncio.wait({run}, timeout=10)
         await r.aclose()
@@ -72,10 +82,10 @@ async def test_a_renewal_pass_stuck_in_the_clients_retries_does_not_hold_up_the_
 
 
 async def test_a_lane_not_renewed_within_its_ttl_stops_its_turn_whatever_the_renew_loop_does() -> None:
-    """The worker's own guard, "a lane not renewed within its TTL is lost" (explorer seed 20217),
-    ran at the start of a renewal pass: a pass that did not come (stuck, or sleeping a failure
-    backoff) let the handler run on past the lease's end, beside whoever took the user over.
-    Each lane now has its own deadline, one TTL after the renewal was sent."""
+    """Explorer seed 20217: the worker's own guard, "a lane not renewed within its TTL is lost",
+    must not wait for a renewal pass: one that does not come (stuck, or sleeping a failure
+    backoff) would let the handler run on past the lease's end, beside whoever took the user
+    over. Each lane has its own deadline, one TTL after the renewal was sent."""
     r = fakeredis.FakeAsyncRedis()
     ttl_s = 0.5
     worker = Worker(WorkerSettings(worker_id="w1", tier="chat", lane_ttl_ms=int(ttl_s * 1000),
@@ -90,7 +100,7 @@ async def test_a_lane_not_renewed_within_its_ttl_stops_its_turn_whatever_the_ren
             runs[-1].append(time.monotonic())
         return HandlerResult(text="late")
 
-    worker.handler = hangs
+    worker.tier_policy.handler = hangs
     await r.xadd(keys.inbox("alice"), {"text": "hi", "turn_id": "t1", "tier": "chat"})
     worker.dispatch("1-0", {b"user": b"alice"}, reclaimed=False)  # no renew loop runs at all
     try:
@@ -98,12 +108,12 @@ async def test_a_lane_not_renewed_within_its_ttl_stops_its_turn_whatever_the_ren
             while not runs or len(runs[0]) < 2:
                 await asyncio.sleep(0.01)
         entered, stopped = runs[0]
-        assert stopped - entered < ttl_s + 0.5  # (slack for a loaded machine; before: 30 s)
+        assert stopped - entered < ttl_s + 0.5  # (slack for a loaded machine; unstopped: 30 s)
     except TimeoutError:
         assert runs, "the handler never ran"
         pytest.fail("the handler ran on past its lane's TTL: nothing but a renewal pass stops it")
     finally:
-        tasks = list(worker._tasks)  # the job, serving the turn again
+        tasks = list(worker.jobs.tasks)  # the job, serving the turn again
         for task in tasks:
             task.cancel()
         if tasks:
@@ -113,7 +123,7 @@ async def test_a_lane_not_renewed_within_its_ttl_stops_its_turn_whatever_the_ren
 
 async def test_a_renewal_during_a_commit_that_released_the_lane_does_not_stop_the_job(
         caplog: pytest.LogCaptureFixture) -> None:
-    """The commit releases the lane in the same script (issue 17), and with ``replica_acks`` its
+    """The commit releases the lane in the same script, and with ``replica_acks`` its
     reply waits for the WAIT after it (up to the policy's timeout). A renewal pass in that window
     found the lane gone and cancelled the job as "lost mid-turn": the turn was answered, but its
     commit's WAIT was never counted, the job took the lane again for nothing and the log said a

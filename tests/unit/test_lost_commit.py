@@ -5,12 +5,12 @@ entry deleted, reply) and die before its replica has it; the promoted replica st
 entry after the cursor. The worker believed its own cursor: it read the inbox after it, found
 nothing, and the release kept the lane because the server still saw a turn after *its* cursor
 -- around again, forever, holding the lane (and a later turn of the user came back 'stale'
-and got no reply). Found reading the code for the WAIT option; here the lost write is a commit
-that answers "ok" and writes nothing, exactly what the worker sees across such a failover.
+and got no reply). Here the lost write is a commit that answers "ok" and writes nothing,
+exactly what the worker sees across such a failover.
 
-The commit hands back the next turn, so the worker serves that turn; its commit
-is stale on the promoted replica, which hands back the lost turn again (Redis's cursor, not
-the worker's), and both are answered in order.
+The commit hands back the next turn, so the worker serves that turn; its commit is stale on
+the promoted replica, which hands back the lost turn again (Redis's cursor, not the
+worker's), and both are answered in order.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import fakeredis
 from fleet.client import AsyncFleet
 from protocol import keys
 from protocol.policy import TurnsPolicy
-from stores.policies import write_policy_async
+from stores.policies import write_policy
 from stores.turns import Committed, NextTurn
 from worker.app import Worker
 from worker.settings import WorkerSettings
@@ -31,7 +31,7 @@ from worker.settings import WorkerSettings
 
 async def test_a_commit_lost_in_a_failover_is_served_again_and_the_next_turn_too() -> None:
     r = fakeredis.FakeAsyncRedis()
-    await write_policy_async(r, "chat", TurnsPolicy(concurrency=2))
+    await write_policy(r, "chat", TurnsPolicy(concurrency=2))
     worker = Worker(WorkerSettings(worker_id="w1", block_ms=50), r=r)
     real_commit = worker.store.commit
     lost: list[str] = []

@@ -4,7 +4,7 @@ The scripts use plain Redis commands only (no cmsgpack), so they run on fakeredi
 on a real server; ``tests/integration/test_lua_real.py`` repeats the commit on a real one.
 The acquire takes the lane only when a turn waits (else :class:`Idle`), and hands back that
 turn with its context pack; the commit releases the lane when nothing waits after the new
-cursor, else hands back the next turn (issue 17).
+cursor, else hands back the next turn.
 """
 
 from __future__ import annotations
@@ -488,7 +488,7 @@ async def test_an_undecodable_argument_leaves_no_partial_write(rig: Rig) -> None
     assert await rig.snapshot() == before
 
 
-# --- deferrals: the outbox is written with the turn, once (issue 16) ---------------------------
+# --- deferrals: the outbox is written with the turn, once --------------------------------------
 
 async def test_a_commit_writes_its_deferrals_to_the_outbox_and_tells_the_relay(rig: Rig) -> None:
     e1 = await rig.submit()

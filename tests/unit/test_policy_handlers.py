@@ -1,11 +1,9 @@
 """A policy naming a handler the tier's workers cannot load.
 
-Before: ``fleet policy set chat handler=answer`` (the package installed where the CLI runs,
-not where the workers do) was accepted, the workers fell back to the *default* policy (echo
-replies, concurrency 8), and the last good copy had been overwritten by ``policy set`` too.
-Now the key is rejected for the readers that lack the handler, which keep what they run; the
-last good copy is written only by a reader that accepted the key; reads never write; and a
-worker looks for newly installed handlers before rejecting.
+``fleet policy set chat handler=answer`` with the package installed where the CLI runs, not
+where the workers do: the key is rejected by the readers that lack the handler, which keep what
+they run (not the default policy); the last good copy is written only by a reader that accepted
+the key; reads never write; and a worker looks for newly installed handlers before rejecting.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from protocol import keys
 from protocol.codec import decode
 from protocol.models import HandlerResult, WorkerInfo
 from protocol.policy import Policy, TurnsPolicy, parse_policy
-from stores.policies import read_policy, read_policy_async, read_policy_status, write_policy
+from stores.policies import read_policy, read_policy_status, write_policy
 from worker import handlers
 from worker.app import Worker
 from worker.settings import WorkerSettings
@@ -80,11 +78,11 @@ async def test_a_worker_keeps_its_policy_when_the_key_names_a_handler_it_lacks()
     r, sync = _clients()
     write_policy(sync, "chat", TurnsPolicy(handler="sleep", concurrency=3))
     worker = _worker(r)
-    await worker._refresh_policy()
+    await worker.tier_policy.refresh()
     assert (worker.policy.handler, worker.policy.concurrency) == ("sleep", 3)
     sync.set(keys.policy_good("chat"), TurnsPolicy(handler="answer").to_json())
     write_policy(sync, "chat", TurnsPolicy(handler="answer", concurrency=16))
-    await worker._refresh_policy()
+    await worker.tier_policy.refresh()
     assert (worker.policy.handler, worker.policy.concurrency) == ("sleep", 3)
     assert "'answer' is not registered" in read_policy_status(sync, "chat")["error"]
     await r.aclose()
@@ -100,13 +98,13 @@ async def test_a_worker_finds_a_handler_installed_after_it_started(monkeypatch: 
     r, sync = _clients()
     write_policy(sync, "chat", TurnsPolicy(handler="echo"))
     worker = _worker(r)
-    await worker._start()
+    await worker.join()
     assert "answer" not in decode(WorkerInfo, sync.hget(keys.WORKERS, "w1")).handlers
     installed.append(EntryPoint("answer", f"{__name__}:answer", "fleet.handlers"))  # the install
     write_policy(sync, "chat", TurnsPolicy(handler="answer"))
     await asyncio.sleep(0.02)
-    await worker._refresh_policy()
-    assert worker.policy.handler == "answer" and worker.handler is answer
+    await worker.tier_policy.refresh()
+    assert worker.policy.handler == "answer" and worker.tier_policy.handler is answer
     assert "answer" in decode(WorkerInfo, sync.hget(keys.WORKERS, "w1")).handlers
     assert read_policy_status(sync, "chat")["ok"] == "1"
     await r.aclose()
@@ -119,9 +117,9 @@ def answer(ctx: handlers.TurnContext) -> HandlerResult:
 async def test_the_async_read_records_like_the_blocking_one() -> None:
     r = fakeredis.FakeAsyncRedis()
     await r.set(keys.policy("chat"), TurnsPolicy(concurrency=2).to_json())
-    assert (await read_policy_async(r, "chat", KNOWN)).source == "key"
+    assert (await read_policy(r, "chat", KNOWN)).source == "key"
     assert await r.get(keys.policy_good("chat")) is None  # not recorded
-    await read_policy_async(r, "chat", KNOWN, record=True, reader="worker w1")
+    await read_policy(r, "chat", KNOWN, record=True, reader="worker w1")
     assert await r.get(keys.policy_good("chat")) is not None
     await r.aclose()
 

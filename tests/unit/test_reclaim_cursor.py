@@ -14,8 +14,7 @@ import asyncio
 import fakeredis
 
 from protocol import keys
-from protocol.policy import TurnsPolicy
-from worker.app import Worker
+from worker.reclaim import Reclaim
 from worker.settings import WorkerSettings
 
 IDLE_MS = 100
@@ -29,16 +28,19 @@ async def test_reclaim_reaches_an_idle_notification_behind_a_head_of_busy_ones()
     starved = await r.xadd(ready, {"user": "starved"})
     await r.xreadgroup(keys.GROUP, "dead-worker", {ready: ">"})  # delivered to a worker that died
 
-    worker = Worker(WorkerSettings(worker_id="w1", reclaim_idle_ms=IDLE_MS, renew_interval_s=0.04), r=r)
-    worker.policy = TurnsPolicy(concurrency=4)
     dispatched: list[str] = []
+
+    async def ack(nids: list[str]) -> None:
+        raise AssertionError(f"nothing was trimmed, yet {nids} were acked")
+
     # a reclaimed notification whose lane is busy stays pending under us, unacked: dispatch
     # only records it (a Busy acquire leaves it exactly so)
-    worker.dispatch = lambda nid, fields, reclaimed: dispatched.append(nid)  # type: ignore[method-assign]
+    reclaim = Reclaim(r, WorkerSettings(worker_id="w1", reclaim_idle_ms=IDLE_MS, renew_interval_s=0.04),
+                      free=lambda: 4, dispatch=lambda nid, fields, reclaimed: dispatched.append(nid), ack=ack)
 
     for _ in range(8):  # 4 slots a pass: 12 busy ones, then the starved one, by pass 4
         await asyncio.sleep(IDLE_MS / 1000 + 0.02)
-        await worker._reclaim()
+        await reclaim.pass_once(shards=1)
         if starved.decode() in dispatched:
             break
     assert starved.decode() in dispatched, f"never reached; claimed {len(dispatched)} times, " \

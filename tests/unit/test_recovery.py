@@ -1,4 +1,4 @@
-"""The recovery after a Cluster failover (stores.recovery, commander.failover): which users get a
+"""The recovery after a Cluster failover (stores.renotify, commander.failover): which users get a
 fresh notification, and when the commander sweeps. The real failover is
 tests/cluster/test_failover_recovery.py."""
 
@@ -14,7 +14,7 @@ from commander.failover import FailoverRecovery
 from commander.leadership import Leadership
 from commander.ledger_writer import LedgerWriter
 from protocol import keys
-from stores.recovery import cluster_epoch, read_recovered, renotify_unserved, unserved, write_recovered
+from stores.renotify import cluster_epoch, read_recovered, renotify_unserved, unserved, write_recovered
 
 
 @pytest.mark.parametrize(("cursor", "newest", "expected"), [

@@ -1,4 +1,4 @@
-"""The relay (issue 16): every committed deferral reaches RQ exactly once, whatever point a
+"""The relay: every committed deferral reaches RQ exactly once, whatever point a
 relay dies at, on fakeredis (RQ's unique enqueue is a Lua script: fakeredis runs it).
 
 A crash is a ``Crash`` (a BaseException: nothing in the relay catches it) raised at a chosen
@@ -17,13 +17,13 @@ import fakeredis
 import pytest
 import redis
 
-from fleet.relay import Relay, RelaySettings
 from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
 from stores import outbox, rqjobs
 from stores.turns import Lease, UserStore, Writes
-from worker import rq_worker
+from worker.rq import rq_worker
+from worker.rq.relay import Relay, RelaySettings
 
 QUEUE = "writeback"
 
@@ -154,8 +154,8 @@ def test_two_relays_on_the_same_user_enqueue_once(server: fakeredis.FakeServer) 
     entries = {u: outbox.read_outbox(a.r, u, 100) for u in ("alice", "bob")}
     for user, rows in entries.items():
         for e in rows:
-            a._relay_entry(user, e)
-            b._relay_entry(user, e)
+            a.relay_entry(user, e)
+            b.relay_entry(user, e)
     assert a.stats.enqueued == total and b.stats.duplicates == total
     assert len(rq_state(server)[0]) == total
 

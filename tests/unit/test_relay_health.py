@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.relay_health import gone, host_prefix, judge
+from worker.rq.relay_health import gone, host_prefix, judge
 
 NOW = 1_700_000_000.0
 PRE = "relay-box1-"

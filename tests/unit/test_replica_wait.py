@@ -1,7 +1,7 @@
 """The per-tier ``WAIT`` after the lane acquire and the turn commit (failover).
 
 - the policy fields and their validation;
-- ``replica_acks`` 0 sends exactly the commands of before (no ``WAIT``, no pipeline);
+- ``replica_acks`` 0 sends the script call alone (no ``WAIT``, no pipeline);
 - ``replica_acks`` N sends ``EVALSHA`` + ``WAIT N timeout`` on one non-transactional pipeline
   (one connection: ``WAIT`` counts the writes of the connection it is sent on), and on a
   Cluster on one connection of the node serving the user's slot;
@@ -35,7 +35,7 @@ from protocol.policy import (
 )
 from stores import cluster
 from stores.replicas import ReplicaAcks, ReplicaWait, fewest
-from stores.tier_probe import SubmitOptions, submit_options_of
+from stores.submit_options import SubmitOptions, submit_options_of
 from stores.turns import Lease, UserStore, Writes
 
 U = "alice"

@@ -72,8 +72,9 @@ async def test_the_event_ends_the_wait_at_once_and_the_retries_at_the_next_failu
     stop = asyncio.Event()
     task = asyncio.ensure_future(until_ok("t", _failing(100, calls), backoff=Backoff(60.0, 60.0),
                                           log=log, unless=stop))
-    await asyncio.sleep(0.05)
-    assert len(calls) == 1 and not task.done()  # in a wait of up to a minute
+    while not calls:  # the first try, which fails: then a wait of up to a minute
+        await asyncio.sleep(0.001)
+    assert len(calls) == 1 and not task.done()
     stop.set()
     await asyncio.wait({task}, timeout=5)
     assert task.done() and task.result() is None
@@ -92,11 +93,14 @@ async def test_once_the_event_is_set_the_first_failure_ends_the_retries() -> Non
 
 
 async def test_a_cancellation_goes_through() -> None:
+    started = asyncio.Event()
+
     async def slow() -> None:
+        started.set()
         await asyncio.sleep(60)
 
     task = asyncio.ensure_future(until_ok("t", slow, backoff=Backoff(0.001, 0.01), log=log))
-    await asyncio.sleep(0.01)
+    await started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -13,8 +13,8 @@ import pytest
 from commander.runtime import Lifecycle, WorkerHandle
 from commander.runtime.process.identity import looks_like_rq_worker
 from commander.runtime.process.launch import tier_of
+from commander.runtime.process.run_records import read_records, write_record
 from protocol import keys
-from stores.records import read_records, write_record
 from stores.registry import RqEntry, rq_entries
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import fakeredis
 import pytest
 
-from fleet.relay import Relay, RelaySettings, TierJobs, tier_overrides, with_tier
 from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
@@ -18,7 +17,8 @@ from protocol.policy import Policy, PolicyError, RqPolicy, TurnsPolicy, parse_po
 from stores import outbox, rqjobs
 from stores.policies import write_policy
 from stores.turns import Lease, UserStore, Writes
-from worker import rq_worker
+from worker.rq import rq_worker
+from worker.rq.relay import Relay, RelaySettings, TierJobs, tier_overrides, with_tier
 
 Q = "writeback"
 RQ = {"kind": "rq"}

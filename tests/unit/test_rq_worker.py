@@ -1,4 +1,4 @@
-"""Fleet's RQ worker and its jobs (issue 16) on fakeredis: only ``worker.jobs.run`` runs, a
+"""Fleet's RQ worker and its jobs on fakeredis: only ``worker.jobs.run`` runs, a
 failing job is retried per its registration then lands in RQ's failed registry with its
 traceback, a requeue runs it again, and a job pulls its user's context as a turn does."""
 
@@ -15,7 +15,7 @@ from protocol.codec import encode
 from protocol.deferral import Deferral
 from protocol.models import SessionEntry
 from stores import rqjobs
-from worker import rq_worker
+from worker.rq import rq_worker
 
 Q = "writeback"
 

@@ -1,4 +1,4 @@
-"""Ready shards (issue 11, "a tier spread over shards"): the shard function, the keys, the
+"""Ready shards ("a tier spread over shards"): the shard function, the keys, the
 policy field, the names of notifications, and the readers that sum or walk every shard."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from protocol.policy import PolicyError, parse_policy
 from stores import takeover, worker_ops
 from stores.backlog import existing_shards, read_backlog
 from stores.scripts import Scripts
-from stores.tier_probe import ready_shards_of
+from stores.submit_options import ready_shards_of
 
 
 def test_the_shard_of_a_user_is_crc32_mod_n_and_never_pythons_hash() -> None:

@@ -63,28 +63,31 @@ from stores import (
     control,
     deadletters,
     decide_state,
-    groups,
+    group_assignment,
     jobctx,
-    leader,
+    leader_lease,
     ledger,
     outbox,
     policies,
-    recovery,
     registry,
+    renotify,
     reports,
+    roundtrips,
     submit,
+    submit_options,
     takeover,
-    tier_probe,
+    tier_exists,
     users,
     worker_ops,
 )
-from stores.scripts import NAMES, Scripts, SyncScripts, source
+from stores.scripts import NAMES, Scripts, source
 from stores.turns import Lease, StoreConfig, UserStore, Writes
 
 STORES_DIR = Path(stores.__file__).resolve().parent
 USERS = ("alice", "bob.7", "c+d@x")
 TIERS = ("chat", "gpu")
 WORKERS = ("chat-w1", "chat-w2", "gpu-w3")
+SOLO = "solo-w9"  # the one worker of a tier without a policy
 
 # --- (a) the Lua scripts' KEYS headers -------------------------------------------------------
 _KEY_LINE = re.compile(r"^--\s+KEYS\[(\d+)\]\s+(.*)$")
@@ -194,14 +197,22 @@ class Recorder:
     sha_to_name: dict[str, str] = field(default_factory=dict)
 
     def stack(self) -> frozenset[str]:
-        """The stores functions on the call stack (an asyncio task started by ``gather`` shows
-        only its own frames: such a group is still checked, only not attributed)."""
+        """The stores functions on the call stack, and the operations a runner on it is running
+        (``stores.roundtrips``: an operation's generator is suspended while its round trip goes
+        out, so it is read from the runner's ``op``, down its ``yield from`` chain). An asyncio
+        task started by ``gather`` shows only its own frames: such a group is still checked,
+        only not attributed."""
         out = set()
         frame = sys._getframe(2)
         while frame is not None:
             path = Path(frame.f_code.co_filename)
             if path.parent == STORES_DIR:
                 out.add(f"stores.{path.stem}.{frame.f_code.co_qualname}")
+            if frame.f_code in (roundtrips.run.__code__, roundtrips.arun.__code__):
+                op = frame.f_locals.get("op")
+                while inspect.isgenerator(op):
+                    out.add(f"stores.{Path(op.gi_code.co_filename).stem}.{op.gi_code.co_qualname}")
+                    op = op.gi_yieldfrom
             frame = frame.f_back  # type: ignore[assignment]
         self.callers |= out
         return frozenset(out)
@@ -291,7 +302,7 @@ def drive_sync(r: redis.Redis) -> None:
         policies.read_policy(r, tier, ["echo"], record=True, reader="w")  # status write branch
         policies.write_policy(r, tier, TurnsPolicy())
         policies.read_policy_status(r, tier)
-        tier_probe.read_submit_options(r, tier)
+        submit_options.read_submit_options(r, tier)
         policies.has_policy_key(r, tier)
         policies.read_good_policy(r, tier)
     policies.ensure_policy(r, "gpu")
@@ -300,15 +311,16 @@ def drive_sync(r: redis.Redis) -> None:
     # submit (the client's side)
     for tier in TIERS:
         built = [turn(u, tier, i) for i, u in enumerate(USERS)]
-        submit.submit_round_trip(r, built, tier, pressure={"tier": tier, "user": USERS[-1]})
-        tier_probe.read_tier_probe(r, tier)
-        tier_probe.post_pressure(r, tier, {"user": USERS[0]})
-    r.hset(keys.WORKERS, mapping={w: encode(worker_info(w)) for w in WORKERS})
-    for w in WORKERS:
+        submit.submit_turns(r, built, tier, pressure={"tier": tier, "user": USERS[-1]},
+                            cluster=cluster.is_cluster(r))
+        tier_exists.read_tier_probe(r, tier)
+        submit.post_pressure(r, tier, {"user": USERS[0]})
+    r.hset(keys.WORKERS, mapping={w: encode(worker_info(w)) for w in (*WORKERS, SOLO)})
+    for w in (*WORKERS, SOLO):
         r.set(keys.heartbeat(w), "1", px=60_000)
-    tier_probe.any_beating(r, [keys.heartbeat(w) for w in WORKERS])
+    tier_exists.tier_exists(r, "solo")  # no policy: its workers' heartbeats are read
     r.rpush(keys.reply(USERS[0], "t-x"), b"r")
-    tier_probe.wait_reply(r, USERS[0], "t-x", 0.01)
+    submit.wait_reply(r, USERS[0], "t-x", 0.01)
     # registry
     registry.read_entries(r)
     registry.read_registry(r)
@@ -328,12 +340,12 @@ def drive_sync(r: redis.Redis) -> None:
     commanders.forget_commanders(r, now)
     commanders.register_commander(r, info)
     commanders.deregister_commander(r, "c1")
-    lease = leader.LeaderLease(r)
+    lease = leader_lease.LeaderLease(r)
     epoch = lease.acquire("c1", 5_000)
     holder = f"c1|{epoch}"
     lease.renew(holder, 5_000)
-    leader.lease_holder(r)
-    leader.lease_ttl_ms(r)
+    leader_lease.lease_holder(r)
+    leader_lease.lease_ttl_ms(r)
     book = ledger.Ledger(r)
     book.append(holder, LedgerEvent(ts=now, tier="chat", epoch=epoch or 0, commander="c1", action="hold"))
     ledger.ledger_page(r, "+", 10)
@@ -394,16 +406,17 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     for tier in TIERS:
         await worker_ops.join_ready_group(ar, tier)
         await worker_ops.join_ready_group(ar, tier)  # BUSYGROUP branch
-        await policies.read_policy_async(ar, tier, ["echo"], record=True, reader="w")
-        await policies.write_policy_async(ar, tier, TurnsPolicy())
+        await policies.read_policy(ar, tier, ["echo"], record=True, reader="w")
+        await policies.write_policy(ar, tier, TurnsPolicy())
         await policies.tier_defined_async(ar, tier)
         built = [turn(u, tier, 10 + i) for i, u in enumerate(USERS)]
-        await submit.submit_round_trip_async(ar, built, tier, pressure={"tier": tier, "user": USERS[0]})
-        await tier_probe.read_tier_probe_async(ar, tier)
-        await tier_probe.post_pressure_async(ar, tier, {"user": USERS[0]})
-    await tier_probe.any_beating_async(ar, [keys.heartbeat(w) for w in WORKERS])
+        await submit.submit_turns(ar, built, tier, pressure={"tier": tier, "user": USERS[0]},
+                                  cluster=cluster.is_cluster(ar))
+        await tier_exists.read_tier_probe(ar, tier)
+        await submit.post_pressure(ar, tier, {"user": USERS[0]})
+    await tier_exists.tier_exists(ar, "solo")
     await ar.rpush(keys.reply(USERS[0], "t-y"), b"r")
-    await tier_probe.wait_reply_async(ar, USERS[0], "t-y", 0.01)
+    await submit.wait_reply(ar, USERS[0], "t-y", 0.01)
     for wid in WORKERS:
         await worker_ops.register_worker(ar, worker_info(wid), 60_000)
     await reports.post_report_async(ar, report(WORKERS[0]), 100)
@@ -414,9 +427,9 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     nids = [nid for nid, _f in got]
     # a tier of 3 ready shards: notifications on each, read, reclaimed, acked per shard
     shards = await worker_ops.more_shards(ar, "gpu", 3, 1)
-    await submit.submit_round_trip_async(ar, [turn(u, "gpu", 40 + i) for i, u in enumerate(USERS)], "gpu",
-                                         tier_probe.SubmitOptions(shards=3))
-    await tier_probe.read_submit_options_async(ar, "gpu")
+    await submit.submit_turns(ar, [turn(u, "gpu", 40 + i) for i, u in enumerate(USERS)], "gpu",
+                              submit_options.SubmitOptions(shards=3), cluster=cluster.is_cluster(ar))
+    await submit_options.read_submit_options(ar, "gpu")
     sharded = [nid for nid, _f in await worker_ops.read_ready(ar, "gpu", wid, 100, 0, shards, 1)]
     for k in range(shards):
         await worker_ops.reclaim_idle(ar, "gpu", wid, 0, "0-0", 10, shard=k)
@@ -472,38 +485,38 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     takeover.sweep(r, tier, live={other})
     takeover.take_over(r, tier, other)
     # the recovery after a failover: users with a turn after the cursor get a fresh notification
-    recovery.write_recovered(r, 7)
-    recovery.read_recovered(r)
-    await submit.submit_round_trip_async(ar, [turn(USERS[0], tier, 90)], tier)
-    recovery.unserved_users(r, list(USERS))
-    recovery.renotify_unserved(r, tier, shards=3, batch=1)
+    renotify.write_recovered(r, 7)
+    renotify.read_recovered(r)
+    await submit.submit_turns(ar, [turn(USERS[0], tier, 90)], tier, cluster=cluster.is_cluster(ar))
+    renotify.unserved_users(r, list(USERS))
+    renotify.renotify_unserved(r, tier, shards=3, batch=1)
     registry.forget_workers(r, list(WORKERS))
-    SyncScripts(r)
+    Scripts(r)
     await drive_groups(r, ar)
 
 
 async def drive_groups(r: redis.Redis, ar: aioredis.Redis) -> None:
-    """Pins and rejected groups (stores.groups), and a group's pool on the data plane."""
-    groups.pin_group(r, USERS[0], "chat", "green")
-    groups.user_pins(r, USERS[0])
-    await groups.read_pin_async(ar, USERS[0], "chat")
-    groups.unpin_group(r, USERS[0], "chat")
-    groups.reject_group(r, "chat", "green", "no interpreter")
-    groups.rejected_groups(r, "chat")
-    await groups.rejected_groups_async(ar, "chat")
-    groups.accept_group(r, "chat", "green")
-    groups.with_group_pools(r, ["chat"])
-    groups.read_pool_policy(r, "chat.green")
-    groups.read_pins(r, list(USERS), "chat")
-    groups.remember_pools(r, "chat", ["chat.blue", "chat.green"])
-    groups.known_pools(r, "chat")
-    groups.forget_pool(r, "chat", "chat.green")
-    # a removed pool's queued users moved to their group's pool (commander.rollouts.removed)
-    for batch in recovery.active_users(r, "chat", batch=2):
-        recovery.unserved_newest(r, batch)
-    recovery.active_since(r, "chat", 0.0)
-    recovery.notify_on(r, {USERS[0]: ("chat.blue", 0), USERS[1]: ("chat.blue", 0)}, 1.0)
-    await submit.submit_round_trip_async(ar, [turn(USERS[1], "chat", 91)], "chat.green")
+    """Pins and rejected groups (stores.group_assignment), and a group's pool on the data plane."""
+    group_assignment.pin_group(r, USERS[0], "chat", "green")
+    group_assignment.user_pins(r, USERS[0])
+    await group_assignment.read_pin_async(ar, USERS[0], "chat")
+    group_assignment.unpin_group(r, USERS[0], "chat")
+    group_assignment.reject_group(r, "chat", "green", "no interpreter")
+    group_assignment.rejected_groups(r, "chat")
+    await group_assignment.rejected_groups(ar, "chat")
+    group_assignment.accept_group(r, "chat", "green")
+    group_assignment.with_group_pools(r, ["chat"])
+    group_assignment.read_pool_policy(r, "chat.green")
+    group_assignment.read_pins(r, list(USERS), "chat")
+    group_assignment.remember_pools(r, "chat", ["chat.blue", "chat.green"])
+    group_assignment.known_pools(r, "chat")
+    group_assignment.forget_pool(r, "chat", "chat.green")
+    # a removed pool's queued users moved to their group's pool (commander.groups._move_users)
+    for batch in renotify.active_users(r, "chat", batch=2):
+        renotify.unserved_newest(r, batch)
+    renotify.active_since(r, "chat", 0.0)
+    renotify.notify_on(r, {USERS[0]: ("chat.blue", 0), USERS[1]: ("chat.blue", 0)}, 1.0)
+    await submit.submit_turns(ar, [turn(USERS[1], "chat", 91)], "chat.green", cluster=cluster.is_cluster(ar))
 
 
 def drive(r: redis.Redis, ar: aioredis.Redis) -> None:
@@ -523,16 +536,15 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.parse_backlog": "parses replies",
     "stores.backlog.live_ids": "a set of ids",
     "stores.cluster.is_cluster": "an isinstance test",
-    "stores.recovery.cluster_epoch": "CLUSTER INFO, a Cluster only: tests/cluster/test_failover_recovery",
-    "stores.recovery.unserved": "compares stream ids",
-    "stores.recovery.Renotified": "a value",
+    "stores.renotify.cluster_epoch": "CLUSTER INFO, a Cluster only: tests/cluster/test_failover_recovery",
+    "stores.renotify.unserved": "compares stream ids",
+    "stores.renotify.Renotified": "a value",
     "stores.ledger.CorruptEvent": "a value",
     "stores.ledger.parse_entry": "decodes an entry",
     "stores.ledger.tier_matches": "compares a field",
     "stores.ledger.event_json": "an entry as plain data",
-    "stores.home": "files under the fleet home, no Redis",
+    "stores.local_fleet": "files under the fleet home, no Redis",
     "stores.memory": "ranking arithmetic, no Redis",
-    "stores.records": "run records on disk, no Redis",
     "stores.replies": "reply casts, no Redis",
     "stores.scripts.source": "reads a file",
     "stores.scripts.sha": "hashes a file",
@@ -546,29 +558,30 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.turns.Idle": "a value",
     "stores.turns.Committed": "a value",
     "stores.scripts.Scripts": "registers scripts (no command until called: the calls are driven)",
-    "stores.scripts.SyncScripts": "as Scripts",
     "stores.replicas.ReplicaWait": "a value (its keyless WAIT rides with the writes: test_replica_wait)",
     "stores.replicas.ReplicaAcks": "counters",
     "stores.replicas.by_node": "groups keys by master (no command)",
     "stores.replicas.fewest": "arithmetic",
-    "stores.replicas.on_node": "a Cluster's per-master pipelines (fakeredis has none): test_submit_wait",
-    "stores.replicas.on_node_async": "as on_node: test_replica_wait, tests/cluster",
+    "stores.replicas.on_node": "a Cluster's per-master pipelines (fakeredis has none): test_replica_wait, "
+                               "tests/cluster",
+    "stores.replicas.OnNodes": "as on_node",
+    "stores.roundtrips": "sends the round trips of the other modules' operations: none of its own",
     "stores.connection": "builds clients: no data commands",
     "stores.retry": "retry policy: no commands of its own",
     "stores.submit.committed": "parses replies",
-    "stores.tier_probe.tier_defined": "parses replies",
-    "stores.tier_probe.heartbeats_of": "parses replies",
-    "stores.tier_probe.SubmitOptions": "a value",
-    "stores.tier_probe.submit_options_of": "parses replies",
-    "stores.tier_probe.split_by_pool": "arithmetic",
-    "stores.groups.pool_policy": "arithmetic over a PolicyRead",
+    "stores.tier_exists.tier_defined": "parses replies",
+    "stores.tier_exists.heartbeats_of": "parses replies",
+    "stores.submit_options.SubmitOptions": "a value",
+    "stores.submit_options.submit_options_of": "parses replies",
+    "stores.submit_options.split_by_pool": "arithmetic",
+    "stores.group_assignment.pool_policy": "arithmetic over a PolicyRead",
     "stores.submit.Submitted": "a value",
     "stores.submit.inbox_command": "names a command",
     "stores.submit.notify_commands": "names commands",
     "stores.submit.SubmitNotNotified": "an exception",
     "stores.submit.inbox_written": "parses replies",
     "stores.submit.notified": "parses replies",
-    "stores.tier_probe.ready_shards_of": "parses replies",
+    "stores.submit_options.ready_shards_of": "parses replies",
     "stores.worker_ops.nid_of": "names a notification",
     "stores.worker_ops.split_nid": "reads a notification's name",
     "stores.worker_ops.by_shard": "groups names",
@@ -608,7 +621,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
 # hold on ONE node only, where each is deliberate and the Cluster path avoids it; each must
 # still be observed in the single-node run (a fixed one must leave the list).
 SINGLE_NODE_EXCEPTIONS = {
-    ("stores.submit.submit_round_trip", "command"):
+    ("stores.submit.submit_one_node", "command"):
         "the single-node submit: one turn_submit.lua call over the users' inboxes and the tier's ready "
         "stream and active set (user slots + tier slot), atomic by design on one node; on a Cluster "
         "the submit is ordered instead (inbox acknowledged, then notification): stores/submit.py's "
@@ -636,7 +649,7 @@ def public_callables() -> Iterator[tuple[str, str]]:
         for name, obj in vars(mod).items():
             if name.startswith("_") or getattr(obj, "__module__", None) != mod.__name__:
                 continue
-            if inspect.isfunction(obj):
+            if inspect.isfunction(obj) or isinstance(obj, roundtrips.operation):
                 yield f"{mod.__name__}.{name}", mod.__name__
             elif inspect.isclass(obj):
                 methods = [m for m, f in vars(obj).items() if inspect.isfunction(f) and not m.startswith("_")]

@@ -1,11 +1,12 @@
-"""The ordered submit on Redis Cluster (issue 11, DESIGN §3): every inbox entry is acknowledged in
-an earlier round trip than any notification; a refused inbox entry gets no notification and is
-raised; no ``MULTI`` or script is sent to a cluster. And the single-node path is one round trip:
-the submit script (``turn_submit.lua``) and the pressure check after it.
+"""The ordered submit on Redis Cluster: every inbox entry is acknowledged in an earlier round
+trip than any notification; a refused inbox entry gets no notification and is raised; no
+``MULTI`` or script is sent to a cluster. And the single-node path is one round trip: the
+submit script (``turn_submit.lua``) and the pressure check after it.
 
 The client here is a recording fake: each ``execute`` of one of its pipelines (and each direct
-command) is one round trip, recorded with its commands; ``is_cluster`` is told which fakes are
-clusters. The same on a real 3-master cluster: tests/integration/test_submit_cluster.py.
+command) is one round trip, recorded with its commands (the client's first two, which read
+whether the tier exists and its submit options, apart in ``probes``); ``is_cluster`` is told
+which fakes are clusters. The same on a real 3-master cluster: tests/cluster/test_submit_order.py.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ import pytest
 import redis
 
 import fleet
+import fleet.client
 import stores.cluster
-import stores.submit
 from fleet.client import AsyncFleet, Fleet, SubmitNotNotified
 from protocol import keys
 from stores.scripts import sha
-from stores.tier_probe import SubmitOptions
 
 Command = tuple[str, str]
 
@@ -34,6 +34,7 @@ class FakeClient:
     def __init__(self, cluster: bool, *, lag: int = 0) -> None:
         self.cluster = cluster
         self.trips: list[list[Command]] = []
+        self.probes: list[list[Command]] = []  # the tier check and the submit options read
         self.fail: dict[Command, Exception] = {}  # a command's error reply
         self.drop_trip: int | None = None  # this round trip's connection is lost (it raises)
         self.lag = lag
@@ -56,11 +57,20 @@ class FakeClient:
             return [{"name": keys.GROUP.encode(), "lag": self.lag}]
         if name == "GET":
             return None
+        if name == "EXISTS":  # the tier's policy key: the tier exists
+            return 1
+        if name == "SMEMBERS":
+            return set()
+        if name == "HGETALL":
+            return {}
         if name == "EVALSHA" and not self.cluster:  # the single-node submit and pressure check
             return 0 if cmd[1] == sha("submit_pressure") else [b"1-1"]
         raise AssertionError(f"unexpected command {cmd}")
 
     def run(self, commands: list[Command]) -> list[Any]:
+        if set(commands) <= PROBES:
+            self.probes.append(list(commands))
+            return [self.reply(cmd) for cmd in commands]
         self.trips.append(list(commands))
         if self.drop_trip == len(self.trips) - 1:
             raise redis.ConnectionError("connection lost")
@@ -107,8 +117,17 @@ class FakePipe:
     def get(self, key: str) -> None:
         self.queued.append(("GET", key))
 
+    def exists(self, key: str) -> None:
+        self.queued.append(("EXISTS", key))
+
+    def smembers(self, key: str) -> None:
+        self.queued.append(("SMEMBERS", key))
+
+    def hgetall(self, key: str) -> None:
+        self.queued.append(("HGETALL", key))
+
     def execute(self, raise_on_error: bool = True) -> list[Any]:
-        assert raise_on_error is False
+        assert raise_on_error is False or set(self.queued) <= PROBES  # a submit reads every reply
         return self.owner.run(self.queued)
 
 
@@ -122,7 +141,7 @@ class AsyncFakeClient(FakeClient):
 
 class AsyncFakePipe(FakePipe):
     async def execute(self, raise_on_error: bool = True) -> list[Any]:  # type: ignore[override]
-        assert raise_on_error is False
+        assert raise_on_error is False or set(self.queued) <= PROBES
         return self.owner.run(self.queued)
 
 
@@ -133,10 +152,14 @@ def fakes_say_if_they_are_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
     def is_cluster(r: Any) -> bool:
         return r.cluster if isinstance(r, FakeClient) else real(r)
 
-    monkeypatch.setattr(stores.submit, "is_cluster", is_cluster)
+    monkeypatch.setattr(fleet.client, "is_cluster", is_cluster)
 
 
 USERS = ["alice", "bob", "carol", "alice"]
+TIER_PROBE = [("EXISTS", keys.policy("chat")), ("SMEMBERS", keys.TIERS), ("HGETALL", keys.WORKERS)]
+OPTIONS_PROBE = [("GET", keys.policy("chat")), ("GET", keys.policy_good("chat")),
+                 ("HGETALL", keys.groups_rejected("chat"))]
+PROBES = set(TIER_PROBE + OPTIONS_PROBE)
 
 
 def submit(mode: str, fake_cluster: bool = True, users: list[str] = USERS,
@@ -149,12 +172,8 @@ def submit(mode: str, fake_cluster: bool = True, users: list[str] = USERS,
     turns = [(u, f"turn {i}") for i, u in enumerate(users if many else users[:1])]
     if sync:
         client = Fleet(client=fake)  # type: ignore[arg-type]
-        client._tiers.add("chat")
-        client._options["chat"] = (SubmitOptions(), float("inf"))  # the tier's options known: no probe trip
         return fake, lambda: client.submit_many(turns) if many else client.submit(*turns[0])
     aclient = AsyncFleet(client=fake)  # type: ignore[arg-type]
-    aclient._tiers.add("chat")
-    aclient._options["chat"] = (SubmitOptions(), float("inf"))
     if many:
         return fake, lambda: asyncio.run(aclient.submit_many(turns))
     return fake, lambda: asyncio.run(aclient.submit(*turns[0]))
@@ -285,3 +304,10 @@ def test_one_node_is_one_script_round_trip(mode: str) -> None:
     fake, call = submit(mode, fake_cluster=False)
     call()
     assert fake.trips == [[("EVALSHA", sha("turn_submit")), ("EVALSHA", sha("submit_pressure"))]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_clients_first_submit_reads_whether_the_tier_exists_and_its_options_first(mode: str) -> None:
+    fake, call = submit(mode)
+    call()
+    assert fake.probes == [TIER_PROBE, OPTIONS_PROBE]

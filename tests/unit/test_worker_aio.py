@@ -1,4 +1,4 @@
-"""worker.aio.unless_stuck: what a drain does to a read in flight (issue 8, seed 32878)."""
+"""worker.aio.unless_stuck: what a drain does to a read in flight (explorer seed 32878)."""
 
 from __future__ import annotations
 
@@ -71,10 +71,11 @@ async def test_a_read_left_by_a_cancelled_caller_that_then_fails_is_not_reported
     loop = asyncio.get_running_loop()
     reported: list[dict[str, object]] = []
     loop.set_exception_handler(lambda _loop, context: reported.append(context))
-    release = asyncio.Event()
+    release, reading = asyncio.Event(), asyncio.Event()
 
     async def read() -> str:
         try:
+            reading.set()
             await asyncio.sleep(10)
         except asyncio.CancelledError:  # dropped, as wait_for on 3.11 may
             await release.wait()
@@ -82,7 +83,7 @@ async def test_a_read_left_by_a_cancelled_caller_that_then_fails_is_not_reported
         return "never"
 
     caller = asyncio.ensure_future(unless_stuck(read(), asyncio.Event(), grace_s=0.0, cancel_s=0.0))
-    await asyncio.sleep(0.01)
+    await reading.wait()
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller

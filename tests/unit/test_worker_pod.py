@@ -9,7 +9,8 @@ import pytest
 
 from protocol.codec import decode, encode
 from protocol.models import WorkerInfo
-from worker.pod import PodWorker
+from worker.app import Worker
+from worker.pod import Pod
 from worker.settings import WorkerSettings
 
 
@@ -36,33 +37,33 @@ def test_a_process_workers_entry_is_what_it_was_before_pods_existed() -> None:
 
 
 @pytest.fixture
-def pod_worker(monkeypatch: pytest.MonkeyPatch) -> PodWorker:
+def pod(monkeypatch: pytest.MonkeyPatch) -> Pod:
     monkeypatch.setenv("FLEET_WORKER_POD_NAME", "pod-1")
-    return PodWorker(WorkerSettings(tier="chat", heartbeat_ttl_ms=5000),
-                     r=fakeredis.FakeAsyncRedis())
+    return Pod(Worker(WorkerSettings(tier="chat", heartbeat_ttl_ms=5000), r=fakeredis.FakeAsyncRedis()))
 
 
-def test_ready_only_registered_reading_and_not_draining(pod_worker: PodWorker) -> None:
-    assert pod_worker.readiness() == (False, "starting: not registered yet")
-    pod_worker.state = "ready"
-    assert pod_worker.readiness()[0]
-    pod_worker._redis_away = True
-    assert pod_worker.readiness() == (False, "the last read of the ready stream failed")
-    pod_worker._redis_away = False
-    pod_worker.drain("drain command")
-    assert pod_worker.readiness() == (False, "draining")
-    assert not pod_worker.terminated.is_set()  # a command: it will wait for its SIGTERM
-    pod_worker.drain("SIGTERM")
-    assert pod_worker.terminated.is_set()
+def test_ready_only_registered_reading_and_not_draining(pod: Pod) -> None:
+    worker = pod.worker
+    assert pod.readiness() == (False, "starting: not registered yet")
+    worker.state = "ready"
+    assert pod.readiness()[0]
+    worker.redis_away = True
+    assert pod.readiness() == (False, "the last read of the ready stream failed")
+    worker.redis_away = False
+    worker.drain("drain command")
+    assert pod.readiness() == (False, "draining")
+    assert not worker.terminated.is_set()  # a command: it will wait for its SIGTERM
+    worker.drain("SIGTERM")
+    assert worker.terminated.is_set()
 
 
-def test_alive_while_the_heartbeat_loop_turns_whether_or_not_redis_answers(pod_worker: PodWorker) -> None:
-    ok, why = pod_worker.liveness()
+def test_alive_while_the_heartbeat_loop_turns_whether_or_not_redis_answers(pod: Pod) -> None:
+    ok, why = pod.liveness()
     assert ok and "last reached Redis never" in why  # just started: its start is its first attempt
-    pod_worker.beat_tried -= 4.0
-    assert pod_worker.liveness()[0]
-    pod_worker.beat_tried -= 2.0  # no attempt within the heartbeat's TTL: wedged
-    ok, why = pod_worker.liveness()
+    pod.worker.heartbeat.tried -= 4.0
+    assert pod.liveness()[0]
+    pod.worker.heartbeat.tried -= 2.0  # no attempt within the heartbeat's TTL: wedged
+    ok, why = pod.liveness()
     assert not ok and why.startswith("no heartbeat attempted for 6.")
-    pod_worker.lingering = True  # drained and out of the registry, waiting for SIGTERM
-    assert pod_worker.liveness() == (True, "stopping")
+    pod.lingering = True  # drained and out of the registry, waiting for SIGTERM
+    assert pod.liveness() == (True, "stopping")

@@ -1,4 +1,4 @@
-"""SIGTERM stops a worker that is still trying to start (issue 8, hole 6).
+"""SIGTERM stops a worker that is still trying to start.
 
 Found by scripts/explore (seed 9153 of ``--faults 6 --users 3 --turns 4 --workers 2``): a
 worker started during a Redis outage retried its start through the SIGTERM it got and only
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import fakeredis
 import pytest
@@ -17,14 +18,30 @@ from worker.app import Worker
 from worker.settings import WorkerSettings
 
 
-async def test_a_worker_that_cannot_reach_redis_stops_on_sigterm() -> None:
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait until ``condition`` holds (polled)."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_worker_that_cannot_reach_redis_stops_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
     r = fakeredis.FakeAsyncRedis(connected=False)  # every connection is refused
     worker = Worker(WorkerSettings(worker_id="w1"), r=r)
+    attempts = 0
+    join = worker.join
+
+    async def counted() -> None:
+        nonlocal attempts
+        attempts += 1
+        await join()
+
+    monkeypatch.setattr(worker, "join", counted)
     run = asyncio.ensure_future(worker.run())
-    await asyncio.sleep(0.3)  # it is retrying its start
+    await until(lambda: attempts >= 2)  # it is retrying its start
     assert not run.done() and worker.state == "starting"
     worker.drain("SIGTERM")
-    assert await asyncio.wait_for(run, 30) == 0  # before the fix: retried until the 30 s ran out
+    assert await asyncio.wait_for(run, 30) == 0  # (not retried until Redis is back)
     assert worker.state == "starting"  # it never served
 
 
@@ -49,9 +66,9 @@ async def test_sigterm_stops_a_start_whose_redis_call_swallowed_the_cancellation
             # what wait_for on 3.11 does when its inner call ends in the step it is cancelled
         raise RedisConnectionError("Redis is down")
 
-    monkeypatch.setattr(worker, "_start", start_that_loses_the_cancel)
+    monkeypatch.setattr(worker, "join", start_that_loses_the_cancel)
     run = asyncio.ensure_future(worker.run())
-    await asyncio.sleep(0.3)  # it is retrying its start
+    await until(lambda: attempts >= 2)  # it is retrying its start
     assert not run.done() and attempts >= 2
     worker.drain("SIGTERM")
     await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
@@ -61,11 +78,10 @@ async def test_sigterm_stops_a_start_whose_redis_call_swallowed_the_cancellation
 
 async def test_sigterm_stops_a_start_whose_redis_call_dropped_the_cancellation_and_retries_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seed 32878 again, drawn with other jitter (the renew loop's change, explorer seed 28924,
-    moved the draws): the call that dropped the cancellation is redis-py's, and its own retries
-    then go on (8 of them, their waits growing to 2 s) before it fails. The drain waited for
-    that call to end: SIGTERM at 0.017 s, stopped after 8.6 s. It now waits a moment for the
-    cancellation and leaves the call behind."""
+    """Seed 32878 again, drawn with other jitter: the call that dropped the cancellation is
+    redis-py's, and its own retries then go on (8 of them, their waits growing to 2 s) before it
+    fails. A drain that waited for that call to end stopped 8.6 s after SIGTERM; it waits a
+    moment for the cancellation and leaves the call behind."""
     worker = Worker(WorkerSettings(worker_id="w1"), r=fakeredis.FakeAsyncRedis(connected=False))
     calls: list[asyncio.Task[object]] = []
 
@@ -79,10 +95,10 @@ async def test_sigterm_stops_a_start_whose_redis_call_dropped_the_cancellation_a
         await asyncio.sleep(10)
         raise RedisConnectionError("Redis is down")
 
-    monkeypatch.setattr(worker, "_start", start_whose_call_retries_on)
+    monkeypatch.setattr(worker, "join", start_whose_call_retries_on)
     run = asyncio.ensure_future(worker.run())
     try:
-        await asyncio.sleep(0.3)
+        await until(lambda: bool(calls))  # the start's call is under way
         assert not run.done() and len(calls) == 1
         worker.drain("SIGTERM")
         await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)

@@ -10,7 +10,7 @@ differs from a turns tier:
   container without a readiness probe is Ready while it runs) and registered; a pod whose RQ
   worker died without deregistering (its container killed) is not Ready, so it counts as
   starting from the next listing on, not as a worker, until its container is back (the new RQ
-  worker hands back what the dead one held: ``worker/rq_worker.py``).
+  worker hands back what the dead one held: ``worker/rq/rq_worker.py``).
 - An ended pod *left nothing behind* (``drained``) when RQ's registry no longer has its name: a
   warm shutdown deregisters last thing; one still registered died with its job, which the
   commander hands back to RQ.

@@ -25,10 +25,10 @@ import redis
 from commander.runtime.interface import Lifecycle, WorkerHandle
 from commander.runtime.process.identity import looks_like_rq_worker, looks_like_worker, same_process
 from commander.runtime.process.launch import tier_of
+from commander.runtime.process.run_records import read_records
 from commander.runtime.process.workers import Tracked
 from protocol.models import WorkerInfo
 from stores.policies import has_rq_tier
-from stores.records import read_records
 from stores.registry import RqEntry, heartbeat_alive, read_entries, rq_entries
 from stores.retry import TRANSIENT
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from protocol.groups import validate_pool
 from protocol.ids import validate_token
-from stores import home
+from stores import local_fleet
 
-FORK_TEMPLATE_MODULE = "worker.template"  # the fork template (run with -m: in every forked worker's argv)
+FORK_TEMPLATE_MODULE = "worker.forkserver"  # the fork template (run with -m: in every forked worker's argv)
 WORKER_ID = re.compile(r"(?P<tier>[a-z0-9][a-z0-9_-]{0,31})-[0-9a-f]{8}")  # new_worker_id's form
 
 
@@ -44,8 +44,8 @@ def worker_command(tier: str, worker_id: str, python: str | None = None) -> list
 
 
 def rq_worker_command(queues: Sequence[str], worker_id: str) -> list[str]:
-    """The argv of an RQ worker of Fleet's (``worker/rq_worker.py``) on ``queues``."""
-    return [sys.executable, "-m", "worker.rq_worker", "--queues", ",".join(queues), "--name", worker_id]
+    """The argv of an RQ worker of Fleet's (``worker/rq/rq_worker.py``) on ``queues``."""
+    return [sys.executable, "-m", "worker.rq.rq_worker", "--queues", ",".join(queues), "--name", worker_id]
 
 
 def fork_template_command(python: str, fd: int) -> list[str]:
@@ -55,7 +55,7 @@ def fork_template_command(python: str, fd: int) -> list[str]:
 
 def child_env(url: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker: ``REDIS_URL`` set, the code importable, output unbuffered."""
-    return home.child_env({"REDIS_URL": url}, base)
+    return local_fleet.child_env({"REDIS_URL": url}, base)
 
 
 def start_fresh(argv: list[str], env: Mapping[str, str], log_path: Path,

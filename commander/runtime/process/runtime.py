@@ -91,7 +91,7 @@ class ProcessRuntime(Runtime):
             return Controls().drain_timeout_s
 
     def configure(self, tier: str, kind: str, queues: Sequence[str] = ()) -> None:
-        """An rq tier's workers are started as ``worker.rq_worker`` on its queues."""
+        """An rq tier's workers are started as ``worker.rq.rq_worker`` on its queues."""
         self.spawner.configure(tier, kind, queues)
 
     # --- act -----------------------------------------------------------------------------

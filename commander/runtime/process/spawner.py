@@ -5,7 +5,7 @@ to fork the worker, which serves within ~100 ms instead of the ~350-500 ms a fre
 spends importing; a group with its own interpreter gets a template of that interpreter
 (``interpreters.py``). ``exec`` (or a custom ``command``) starts a fresh interpreter, as does a
 template that cannot start (with a warning). An rq tier's workers are RQ workers
-(``worker.rq_worker`` on the tier's queues), always fresh interpreters: RQ is not in the
+(``worker.rq.rq_worker`` on the tier's queues), always fresh interpreters: RQ is not in the
 template.
 """
 
@@ -62,7 +62,7 @@ class Spawner:
         return template
 
     def configure(self, tier: str, kind: str, queues: Sequence[str] = ()) -> None:
-        """An rq tier's workers are started as ``worker.rq_worker`` on its queues."""
+        """An rq tier's workers are started as ``worker.rq.rq_worker`` on its queues."""
         if kind == "rq":
             self._rq[tier] = tuple(queues) or (tier,)
         else:

@@ -26,9 +26,9 @@ import redis
 from commander.runtime.interface import Handles, Lifecycle, UnknownWorker, WorkerHandle
 from commander.runtime.process.fork_client import TemplateSpawner
 from commander.runtime.process.identity import leads_group, poll_foreign
+from commander.runtime.process.run_records import drop_record, write_record
 from protocol.models import Control
 from stores.control import send_control
-from stores.records import drop_record, write_record
 from stores.registry import forget_workers, registered_and_beating, rq_registered
 from stores.retry import TRANSIENT
 
@@ -47,7 +47,7 @@ class Tracked:
     popen: subprocess.Popen[bytes] | None = None  # only for our own children
     start_mono: float = 0.0
     template: TemplateSpawner | None = None  # the template that forked it (reports its exit)
-    rq: bool = False  # an RQ worker (worker.rq_worker): up once in RQ's registry, retired by SIGTERM
+    rq: bool = False  # an RQ worker (worker.rq.rq_worker): up once in RQ's registry, retired by SIGTERM
 
 
 class LocalWorkers:

@@ -1,12 +1,12 @@
-"""Re-notify users whose queued turns lost their notification to a failover (issue 11).
+"""Re-notify users whose queued turns have no notification: after a failover, and when a
+group's pool is removed (the commander moves its queued users, ``notify_on``).
 
 Redis Cluster replicates asynchronously. The ordered submit writes a turn's inbox entry (the
 user's slot) and only then its notification (the tier's slot), so a failover of the tier's
 master can keep the entry and lose the notification written after it; a takeover's fresh
 notification, or a worker's pending entry, can be lost the same way. Such a turn is
 *stranded*: its entry waits after the user's cursor with nothing to wake a worker for it,
-until the user submits again (``scripts/chaos --cluster --lagging-replica 1.9 --replica-acks 1
---seed 7`` stranded ``c004-110`` so: its user waited for good).
+until the user submits again, which may be never.
 
 So the commander watches the Cluster's ``cluster_current_epoch``, which every failover raises.
 When it grew past the last recovery's (:data:`protocol.keys.RECOVERED` remembers it across

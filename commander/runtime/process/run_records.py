@@ -1,6 +1,7 @@
 """Run records of the ``process`` runtime: one small JSON file per spawned worker.
 
-Written by ``commander/runtime/process.py``; read by it (adoption) and by ``fleet down``.
+Written by the process runtime (``workers.py``); read by its adoption (``adoption.py``) and by
+``fleet down``.
 
 ``<run_dir>/<worker id>.json`` holds the tier, pid, start time and the process creation
 time, so that the next commander can adopt a worker that had not registered
@@ -34,7 +35,7 @@ class Recorded(Protocol):
 
 def write_record(run_dir: Path, handle: Recorded, proc: psutil.Process | None, rq: bool = False) -> None:
     """Record a worker we track (atomically; a failure is logged, never raised); ``rq``: an RQ
-    worker (``worker.rq_worker``), adopted as one."""
+    worker (``worker.rq.rq_worker``), adopted as one."""
     create_time = None
     with contextlib.suppress(psutil.Error):
         create_time = proc.create_time() if proc is not None else None

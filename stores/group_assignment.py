@@ -1,4 +1,5 @@
-"""Group assignment in Redis: users' pins, and the groups the commander rejected.
+"""Group assignment in Redis: users' pins, the groups the commander rejected, the pools a
+tier's users were served on, and the policy a group's pool runs.
 
 A pin (``fleet group pin U green``) is a field of the user's ``fleet:u:{U}:pins`` hash (tier ->
 group), in the user's slot. Rejected groups (their interpreter is missing, or cannot import
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -22,6 +22,7 @@ from protocol.groups import pool_name, split_pool, validate_group, validate_pool
 from protocol.ids import InvalidId, validate_tier
 from protocol.policy import TurnsPolicy
 from stores.policies import PolicyRead, read_policy
+from stores.roundtrips import Op, Single, operation
 
 
 def pin_group(r: redis.Redis, user: str, tier: str, group: str) -> None:
@@ -77,18 +78,11 @@ def forget_pool(r: redis.Redis, tier: str, pool: str) -> None:
     r.srem(keys.pools(tier), pool)
 
 
-def _rejected(raw: dict[Any, Any]) -> dict[str, str]:
-    return {as_str(k): as_str(v) for k, v in raw.items()}
-
-
-def rejected_groups(r: redis.Redis, tier: str) -> dict[str, str]:
+@operation
+def rejected_groups(tier: str) -> Op[dict[str, str]]:
     """The tier's rejected groups: group -> reason."""
-    return _rejected(r.hgetall(keys.groups_rejected(tier)))
-
-
-async def rejected_groups_async(r: aioredis.Redis, tier: str) -> dict[str, str]:
-    """The asyncio twin of :func:`rejected_groups`."""
-    return _rejected(await r.hgetall(keys.groups_rejected(tier)))
+    raw = yield Single(lambda r: r.hgetall(keys.groups_rejected(tier)))
+    return {as_str(k): as_str(v) for k, v in raw.items()}
 
 
 def reject_group(r: redis.Redis, tier: str, group: str, reason: str) -> None:

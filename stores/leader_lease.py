@@ -11,16 +11,17 @@ import redis
 
 from protocol import keys
 from protocol.codec import as_str
-from stores.scripts import source
+from stores.scripts import Scripts
 
 
 class LeaderLease:
     """The lease scripts, on a blocking client."""
 
     def __init__(self, r: redis.Redis) -> None:
-        self._acquire = r.register_script(source("leader_acquire"))
-        self._renew = r.register_script(source("lease_renew"))
-        self._drop = r.register_script(source("lease_drop"))
+        scripts = Scripts(r)
+        self._acquire = scripts.leader_acquire
+        self._renew = scripts.lease_renew
+        self._drop = scripts.lease_drop
 
     def acquire(self, commander_id: str, ttl_ms: int) -> int | None:
         """Take the lease if it is free (or already ``commander_id``'s): its epoch, else None."""

@@ -35,7 +35,6 @@ from typing import NamedTuple
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleet.relay_health import DEFAULT_MAX_AGE_S, default_relay_id, gone, judge
 from protocol.codec import CodecError, decode
 from protocol.deferral import RESULT_TTL_S, Deferral
 from protocol.policy import Policy, RqPolicy
@@ -44,6 +43,7 @@ from stores.connection import connect_rq, connect_sync
 from stores.outbox import Hint
 from stores.policies import list_tiers, read_policy
 from stores.retry import Backoff
+from worker.rq.relay_health import DEFAULT_MAX_AGE_S, default_relay_id, gone, judge
 
 log = logging.getLogger("fleet.relay")
 _BACKOFF = Backoff(base=0.05, cap=2.0)
@@ -202,11 +202,13 @@ class Relay:
             if not entries:
                 return handled
             for entry in entries:
-                self._relay_entry(user, entry)
+                self.relay_entry(user, entry)
             outbox.delete_entries(self.r, user, [e.id for e in entries])
             handled += len(entries)
 
-    def _relay_entry(self, user: str, entry: outbox.Entry) -> None:
+    def relay_entry(self, user: str, entry: outbox.Entry) -> None:
+        """Enqueue one outbox entry of ``user`` in RQ (a duplicate of a job RQ holds is counted,
+        not enqueued); one that is no deferral of this user is dead-lettered."""
         try:
             d = decode(Deferral, entry.payload)
             if d.user != user or d.job_id != entry.job:

@@ -1,21 +1,22 @@
-"""The fork template: a pre-imported worker interpreter that forks workers (DESIGN §5 "Act").
+"""The fork server (the "fork template"): a pre-imported worker interpreter that forks workers,
+so the process runtime starts one fast.
 
 A fresh ``python -m worker`` spends ~350-500 ms importing before it can register. The
-template pays that once: it imports everything a worker touches, then waits on a Unix socket
+fork server pays that once: it imports everything a worker touches, then waits on a Unix socket
 with no asyncio loop, no thread and no Redis connection open, so ``fork()`` is safe. Each
 forked child starts its own session, writes to its log file, takes the requested
-environment and runs ``worker.__main__.main``; the template answers with the child's pid at
+environment and runs ``worker.__main__.main``; the server answers with the child's pid at
 once, so a new worker can serve its first turn within ~100 ms of the decision.
 
-The template reaps its children (SIGCHLD) and reports each exit code. It exits when its
+The server reaps its children (SIGCHLD) and reports each exit code. It exits when its
 parent closes the socket or dies; the workers, in their own sessions, run on.
 
 The process runtime starts it (``commander/runtime/template.py``: ``TemplateSpawner``, the
-client side) as ``python -m worker.template --fd N``. Wire format (``protocol/template.py``):
+client side) as ``python -m worker.forkserver --fd N``. Wire format (``protocol/template.py``):
 one JSON object per ``SOCK_SEQPACKET`` message.
-  template -> client: ``{"ready": pid}`` once; ``{"exit": pid, "code": n}`` per reaped child;
+  server -> client: ``{"ready": pid}`` once; ``{"exit": pid, "code": n}`` per reaped child;
                       ``{"id": n, "pid": pid}`` or ``{"id": n, "error": "..."}`` per request.
-  client -> template: ``{"id", "tier", "worker_id", "log", "cwd", "set": {}, "unset": []}``.
+  client -> server: ``{"id", "tier", "worker_id", "log", "cwd", "set": {}, "unset": []}``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import NoReturn
 from protocol.fork_wire import MAX_EXITS, MAX_MSG, Message
 
 
-# --- the template process ------------------------------------------------------------------
+# --- the fork server process ---------------------------------------------------------------
 def preload() -> None:
     """Import (and warm) everything a worker touches before it serves its first turn."""
     import email.feedparser  # noqa: F401  (imported lazily during a first turn)
@@ -56,7 +57,7 @@ def preload() -> None:
         scripts.source(name)
 
 
-class Template:
+class ForkServer:
     """The serving loop: fork on request, reap on SIGCHLD, exit when the parent is gone."""
 
     def __init__(self, sock: socket.socket, parent: int) -> None:
@@ -106,7 +107,7 @@ class Template:
         except (ValueError, KeyError, TypeError) as exc:
             return {"id": None, "error": f"bad request: {exc}"}
         for stream in (sys.stdout, sys.stderr):
-            stream.flush()  # or the child would write the template's buffered output again
+            stream.flush()  # or the child would write the server's buffered output again
         try:
             pid = os.fork()
         except OSError as exc:
@@ -119,7 +120,7 @@ class Template:
                env_unset: list[str], cwd: str | None) -> NoReturn:
         code = 1
         try:
-            os.setsid()  # first: a signal to the template's group must not reach the worker
+            os.setsid()  # first: a signal to the server's group must not reach the worker
             signal.set_wakeup_fd(-1)
             for fd in (self.wake_r, self.wake_w):
                 os.close(fd)
@@ -134,7 +135,7 @@ class Template:
                 logging.shutdown()
                 sys.stdout.flush()
                 sys.stderr.flush()
-            os._exit(code)  # never back into the template's loop, never its atexit hooks
+            os._exit(code)  # never back into the server's loop, never its atexit hooks
 
     def reap(self) -> None:
         """Collect every exited child and report its exit code."""
@@ -183,7 +184,7 @@ def run_worker(tier: str, worker_id: str, log_path: str, env_set: Mapping[str, s
     if cwd:
         with contextlib.suppress(OSError):
             os.chdir(cwd)
-    random.seed()  # never the template's (or a sibling's) sequence
+    random.seed()  # never the server's (or a sibling's) sequence
 
     from worker.__main__ import main
 
@@ -203,19 +204,19 @@ def _redirect(log_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m worker.template --fd N``: serve spawn requests on socket ``N``."""
-    p = argparse.ArgumentParser(prog="python -m worker.template", description=__doc__)
+    """``python -m worker.forkserver --fd N``: serve spawn requests on socket ``N``."""
+    p = argparse.ArgumentParser(prog="python -m worker.forkserver", description=__doc__)
     p.add_argument("--fd", type=int, required=True, help="the inherited SOCK_SEQPACKET socket")
     args = p.parse_args(argv)
     sock, parent = socket.socket(fileno=args.fd), os.getppid()
     preload()
     if threading.active_count() != 1:
-        print(f"template: {threading.active_count()} threads after imports: fork is unsafe",
+        print(f"fork server: {threading.active_count()} threads after imports: fork is unsafe",
               file=sys.stderr)
         return 3
     gc.collect()
     gc.freeze()  # shared pages stay shared: the children's collector leaves them alone
-    return Template(sock, parent).run()
+    return ForkServer(sock, parent).run()
 
 
 if __name__ == "__main__":

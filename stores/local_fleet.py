@@ -1,8 +1,10 @@
-"""The state directory of a local ``fleet up`` and what it recorded: where it is, its URL.
+"""The local fleet's state folder (``fleet up``) and what it recorded: where it is, its URL.
 
 ``$FLEET_HOME`` if set, else the nearest ``.fleet/`` in the current directory or above it
-(like git, up to ``$HOME`` or the root), else a new one in the current directory. This floor
-only reads it (a client resolving its Redis URL); ``fleet/local.py`` writes it.
+(like git, up to ``$HOME`` or the root), else a new one in the current directory.
+``fleet/local.py`` writes it; here it is only read. Files, not Redis, but it lives in
+``stores``: ``stores.connection.resolve_url`` falls back to the URL it recorded (so does
+``python -m worker`` with no ``REDIS_URL``), and ``fleet`` sits above ``stores``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Fleet's RQ worker: an ``rq.SimpleWorker`` that runs only Fleet's registered jobs (issue 16).
+"""Fleet's RQ worker: an ``rq.SimpleWorker`` that runs only Fleet's registered jobs.
 
-``python -m worker.rq_worker --queues writeback[,eval] [--name N]`` (or ``fleet rq-worker``).
+``python -m worker.rq.rq_worker --queues writeback[,eval] [--name N]`` (or ``fleet rq-worker``).
 
 - *The allowlist.* RQ imports a job's function from the dotted path in the job's hash, so
   anyone who can write to Redis could make a plain ``rq worker`` run any importable function.
@@ -68,7 +68,7 @@ _early_stop: list[int] = []  # the stop signals received before RQ's handlers we
 _fork_hook: list[bool] = []  # the at-fork hook is registered (once per process)
 
 
-def _hold_stop(signum: int, frame: FrameType | None) -> None:
+def remember_stop(signum: int, frame: FrameType | None) -> None:
     """The stop signals' handler until RQ installs its own: remember the request."""
     _early_stop.append(signum)
 
@@ -78,7 +78,7 @@ def hold_stop_signals() -> None:
     child (RQ's scheduler process) starts with the default handlers instead: it installs its own
     at once, and a stop sent before that must end it, not be held in its copy of this process."""
     for sig in STOP_SIGNALS:
-        signal.signal(sig, _hold_stop)
+        signal.signal(sig, remember_stop)
     if not _fork_hook:
         os.register_at_fork(after_in_child=_default_stop_signals)
         _fork_hook.append(True)
@@ -233,7 +233,7 @@ def reap_predecessor(conn: redis.Redis, pod: str, queues: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m worker.rq_worker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m worker.rq.rq_worker", description=__doc__.splitlines()[0])
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -1,0 +1,70 @@
+"""Whether a tier exists, as a client checks before it submits: a turn for a tier that no
+policy defines and no worker serves would wait forever.
+
+A tier exists if its policy key exists, ``fleet:tiers`` names it, or a registered worker of the
+tier has a live heartbeat (:func:`tier_exists`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from protocol import keys
+from protocol.codec import CodecError, as_str, decode
+from protocol.ids import InvalidId
+from protocol.models import WorkerInfo
+from stores.roundtrips import Op, Pipelined, operation
+
+
+def queue_tier_probe(pipe: Any, tier: str) -> None:
+    """``[has_policy, tiers, registry]``: what :func:`tier_defined` and :func:`heartbeats_of` read."""
+    pipe.exists(keys.policy(tier))
+    pipe.smembers(keys.TIERS)  # not SISMEMBER: the documented ACL (SECURITY.md) grants SMEMBERS
+    pipe.hgetall(keys.WORKERS)
+
+
+def tier_defined(tier: str, has_policy: Any, tiers: Iterable[Any]) -> bool:
+    """Whether the tier has a policy key or ``fleet:tiers`` names it."""
+    return bool(has_policy) or tier in {as_str(t) for t in tiers}
+
+
+def heartbeats_of(tier: str, registry: Mapping[Any, Any]) -> list[str]:
+    """Heartbeat keys of the registered workers of ``tier`` (``fleet:workers``, as in
+    ``stores.registry``: the worker is live while its key exists); unreadable entries are skipped."""
+    beats = []
+    for blob in registry.values():
+        try:
+            info = decode(WorkerInfo, blob)
+            if info.tier == tier:
+                beats.append(keys.heartbeat(info.worker))
+        except (CodecError, InvalidId):
+            continue
+    return beats
+
+
+def queue_any_beating(pipe: Any, beats: list[str]) -> None:
+    """One ``EXISTS`` per heartbeat key (each worker's key has its own slot)."""
+    for beat in beats:
+        pipe.exists(beat)
+
+
+@operation
+def read_tier_probe(tier: str) -> Op[list[Any]]:
+    """``[has_policy, tiers, registry]`` of :func:`queue_tier_probe`, in one round trip."""
+    replies: list[Any] = yield Pipelined(lambda pipe: queue_tier_probe(pipe, tier))
+    return replies
+
+
+@operation
+def tier_exists(tier: str) -> Op[bool]:
+    """Whether ``tier`` exists: one round trip, and a second for the heartbeats of its
+    registered workers when no policy defines it."""
+    has_policy, tiers, registry = yield from read_tier_probe.steps(tier)
+    if tier_defined(tier, has_policy, tiers):
+        return True
+    beats = heartbeats_of(tier, registry)
+    if not beats:
+        return False
+    alive = yield Pipelined(lambda pipe: queue_any_beating(pipe, beats))
+    return any(int(n) for n in alive)
