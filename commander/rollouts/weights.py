@@ -16,7 +16,7 @@ from stores.group_assignment import rejected_groups
 from stores.policies import read_policy, write_policy
 
 log = logging.getLogger("fleet.commander")
-Weighed = tuple[tuple[str, float], ...]  # (group, weight) pairs, as ``Policy.weights`` gives them
+Weighed = tuple[tuple[str, float], ...]  # (group, weight) pairs, as ``Rollout.weights`` gives them
 
 
 def weights_text(weights: Weighed) -> str:
