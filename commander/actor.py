@@ -19,7 +19,7 @@ from commander.ledger_writer import LedgerWriter
 from commander.metrics import Direction, Metrics
 from commander.runtime import Lifecycle, Runtime, UnknownWorker
 from protocol.models import Control
-from protocol.policy import Policy
+from protocol.policy import ScaleRules
 from stores.control import send_control
 
 log = logging.getLogger("fleet.commander")
@@ -35,7 +35,7 @@ class Actor:
         self._metrics, self._clock = metrics, clock
         self._held: dict[str, str | None] = {}  # tier -> the hold reason last ledgered
 
-    def apply(self, plan: Plan, policy: Policy) -> None:
+    def apply(self, plan: Plan, policy: ScaleRules) -> None:
         """Spawn, retire and note the hold as ``plan`` says (``policy``: its drain timeout)."""
         self._spawn(plan)
         self._retire_all(plan, policy)
@@ -67,13 +67,13 @@ class Actor:
                  plan.reason, ", ".join(ids))
         self._count(plan.tier, "up")
 
-    def _retire_all(self, plan: Plan, policy: Policy) -> None:
+    def _retire_all(self, plan: Plan, policy: ScaleRules) -> None:
         left = plan.current
         for action in dict.fromkeys(r.action for r in plan.retire):  # recycle, reclaim-idle, consolidate
             victims = [r.worker for r in plan.retire if r.action == action]
             self._ledger.record(plan.tier, action, plan, to=left - len(victims), victims=victims)
             for victim in victims:
-                self.retire(victim, f"{action}: {plan.reason}", policy.drain_timeout_s)
+                self.retire(victim, f"{action}: {plan.reason}", policy.controls.drain_timeout_s)
             log.info("tier %s: %d -> %d (%s): draining %s", plan.tier, left, left - len(victims),
                      plan.reason, ", ".join(victims))
             left -= len(victims)

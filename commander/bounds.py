@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-from protocol.policy import Policy
+from protocol.policy import ScaleRules
 from protocol.policy_controls import ScheduledBounds
 
 _DAY_S = 86_400
@@ -53,10 +53,10 @@ def in_force(schedule: ScheduledBounds, now: float) -> bool:
     return last_fire(schedule.start, schedule.timezone, now) > last_fire(schedule.end, schedule.timezone, now)
 
 
-def tier_bounds(policy: Policy, now: float) -> Bounds:
+def tier_bounds(policy: ScaleRules, now: float) -> Bounds:
     """The floor and cap at ``now``: the policy's, raised or lowered by the schedules in force."""
     floor, cap, floor_by, cap_by = policy.min_workers, policy.max_workers, "min_workers", "max_workers"
-    for schedule in policy.schedules:
+    for schedule in policy.controls.schedules:
         if not in_force(schedule, now):
             continue
         if schedule.min_workers is not None and schedule.min_workers > floor:
@@ -75,9 +75,9 @@ def utc_weekday_minute(now: float) -> tuple[int, int]:
     return (days + _EPOCH_WEEKDAY) % 7, second_of_day // 60
 
 
-def in_no_scale_in_window(policy: Policy, now: float) -> bool:
+def in_no_scale_in_window(policy: ScaleRules, now: float) -> bool:
     """Whether ``now`` falls inside one of the policy's no-scale-in windows."""
-    if not policy.no_scale_in_windows:
+    if not policy.controls.no_scale_in_windows:
         return False
     weekday, minute = utc_weekday_minute(now)
-    return any(w.contains(weekday, minute) for w in policy.no_scale_in_windows)
+    return any(w.contains(weekday, minute) for w in policy.controls.no_scale_in_windows)

@@ -45,6 +45,7 @@ from commander.settings import CommanderSettings
 from commander.tier_policies import TierPolicies, TierPolicy
 from protocol.groups import split_pool
 from protocol.models import WorkerInfo
+from protocol.policy import RqPolicy, TurnsPolicy
 from stores.cluster import is_cluster
 from stores.policies import list_tiers
 from stores.retry import TRANSIENT, Backoff
@@ -160,9 +161,10 @@ class Commander:
             self.dead.take_over(registry, handles, tiers)
             self.observer.read_reports()
             policies = {t: self.policies.read(t, registry) for t in tiers}
-            self.failover.recover({t: p.read.policy.ready_shards for t, p in policies.items()})
-            signals = self.observer.tier_signals(tiers, {t: p.read.policy.active_window_s
-                                                         for t, p in policies.items()}, now)
+            self.failover.recover({t: p.read.policy.ready_shards for t, p in policies.items()
+                                   if isinstance(p.read.policy, TurnsPolicy)})
+            windows = {t: p.read.policy.scale_rules().scaling.active_window_s for t, p in policies.items()}
+            signals = self.observer.tier_signals(tiers, windows, now)
             for tier in tiers:
                 try:
                     self._judge(tier, policies[tier], handles, registry, signals[tier], now)
@@ -181,7 +183,7 @@ class Commander:
         for handle in self.runtime.reap():
             policy = self.policies.in_force(handle.tier)
             if not handle.drained:
-                if policy is not None and policy.kind == "rq":
+                if isinstance(policy, RqPolicy):
                     self.rq.reap(handle, policy)
                 else:
                     self.dead.exited(handle)
@@ -207,13 +209,14 @@ class Commander:
         if policy.removed:
             self.removed_pools.empty(tier, handles, registry, read.policy, now)
             return
-        self.runtime.configure(tier, read.policy.kind, read.policy.rq_queues(tier))
-        if read.policy.kind == "rq":
+        if isinstance(read.policy, RqPolicy):
+            self.runtime.configure(tier, read.policy.kind, read.policy.rq_queues(tier))
             if self.rq.refused(tier) is not None:
                 return
             views, snap, judged = self.rq.inputs(tier, read.policy, handles, now)
         else:
-            judged = read.policy
+            self.runtime.configure(tier, read.policy.kind)
+            judged = read.policy.scale_rules()
             views = worker_views(tier, handles, registry, self.observer.evaluator, judged, now,
                                  self.outages.trusted_since)
             snap = snapshot(tier, views, signals, tier_rates(views, self.observer.evaluator))

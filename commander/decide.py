@@ -36,7 +36,7 @@ from commander.scalein import Recycle, Recycling, Retirement, choose_victims, pl
 from commander.signals import proposals as signal_proposals
 from commander.snapshot import TierSnapshot, TierWorkers, WorkerView, classify
 from commander.tierstate import TierState
-from protocol.policy import Policy
+from protocol.policy import ScaleRules
 
 __all__ = ["Plan", "Retirement", "TierSnapshot", "TierState", "WorkerView", "decide",
            "in_no_scale_in_window", "utc_weekday_minute"]
@@ -141,11 +141,12 @@ def count_failures(state: TierState, failed: bool, now: float) -> tuple[int, flo
     return state.failures + 1, now
 
 
-def scale_in_blocker(fleet: TierWorkers, policy: Policy, snapshot: TierSnapshot, now: float) -> str | None:
+def scale_in_blocker(fleet: TierWorkers, policy: ScaleRules, snapshot: TierSnapshot,
+                     now: float) -> str | None:
     """Why no worker may be retired for scale-in this pass, or None."""
-    if policy.paused_scale_in:
+    if policy.controls.paused_scale_in:
         return "scale-in paused (paused_scale_in)"
-    if policy.scale_down.select == "disabled":
+    if policy.controls.scale_down.select == "disabled":
         return "scale-down disabled (scale_down.select)"
     if in_no_scale_in_window(policy, now):
         return "inside a no-scale-in window"
@@ -169,9 +170,9 @@ class Moves:
     replacements: int = 0  # of ``spawn``, the recycling's (no scale event for the rate rules)
 
 
-def fallback_moves(policy: Policy, fleet: TierWorkers, failures: int, state: TierState) -> Moves | None:
+def fallback_moves(policy: ScaleRules, fleet: TierWorkers, failures: int, state: TierState) -> Moves | None:
     """The fallback once ``after`` observations in a row failed, else None."""
-    fb = policy.fallback
+    fb = policy.controls.fallback
     if fb is None or failures < fb.after:
         return None
     head = f"fallback after {failures} failed observations"
@@ -182,27 +183,28 @@ def fallback_moves(policy: Policy, fleet: TierWorkers, failures: int, state: Tie
     return Moves(spawn=spawn, notes=(f"{head}: up to {fb.workers}",), recycling=state.recycling)
 
 
-def capped(want: int, policy: Policy) -> int:
+def capped(want: int, policy: ScaleRules) -> int:
     """``want`` workers, at most ``max_step_up`` when the policy sets it."""
-    return want if policy.max_step_up is None else min(want, policy.max_step_up)
+    step = policy.scaling.max_step_up
+    return want if step is None else min(want, step)
 
 
-def limited_spawn(desired: int, effective: int, fleet: TierWorkers, policy: Policy, state: TierState,
+def limited_spawn(desired: int, effective: int, fleet: TierWorkers, policy: ScaleRules, state: TierState,
                   now: float) -> tuple[int, str | None]:
     """Workers to start: the gap net of those starting, capped by ``max_step_up`` and the rules."""
     want = capped(max(0, desired - effective), policy)
-    limit = up_limit(policy.scale_up, fleet.current, state.changes, now)
+    limit = up_limit(policy.controls.scale_up, fleet.current, state.changes, now)
     if limit is None or fleet.current + want <= limit:
         return want, None
     allowed = max(0, limit - fleet.current)
     return allowed, f"scale-up rate limit: {fleet.current}->{limit} allowed now (wanted +{want})"
 
 
-def victims_allowed(excess: int, fleet: TierWorkers, policy: Policy, state: TierState, now: float,
+def victims_allowed(excess: int, fleet: TierWorkers, policy: ScaleRules, state: TierState, now: float,
                     room: int | None) -> tuple[int, str | None]:
     """How many of ``excess`` may go now: the scale-down rules and the disruption budget."""
     count, note = excess, None
-    limit = down_limit(policy.scale_down, fleet.current, state.changes, now)
+    limit = down_limit(policy.controls.scale_down, fleet.current, state.changes, now)
     if limit is not None and fleet.current - count < limit:
         count, note = max(0, fleet.current - limit), f"scale-down rate limit: down to {limit} now"
     if room is not None and count > room:
@@ -223,7 +225,7 @@ def scale_in_wait(state: TierState, hold_s: float, now: float) -> str | None:
     return f"one scale-in per hold: the last {now - last:.0f} s ago, the next after {hold_s:g} s"
 
 
-def scale_in(fleet: TierWorkers, policy: Policy, snapshot: TierSnapshot, state: TierState, now: float,
+def scale_in(fleet: TierWorkers, policy: ScaleRules, snapshot: TierSnapshot, state: TierState, now: float,
              excess: int, room: int | None, keep: tuple[str, ...], hold_s: float) -> Victims:
     """The victims toward the target, with why fewer went than wanted."""
     if excess <= 0:
@@ -236,10 +238,10 @@ def scale_in(fleet: TierWorkers, policy: Policy, snapshot: TierSnapshot, state: 
     return victims, limited if count < excess else refusal
 
 
-def normal_moves(fleet: TierWorkers, policy: Policy, snapshot: TierSnapshot, state: TierState, now: float,
+def normal_moves(fleet: TierWorkers, policy: ScaleRules, snapshot: TierSnapshot, state: TierState, now: float,
                  desired: int, target: int, hold_s: float) -> Moves:
     """Up, down and recycling when nothing pauses or falls back."""
-    room = budget_room(policy.disruption_budget, fleet)
+    room = budget_room(policy.controls.disruption_budget, fleet)
     rec: Recycle = plan_recycle(fleet, policy, state.recycling, now, room)
     spawn, up_note = limited_spawn(desired, fleet.current, fleet, policy, state, now)
     if room is not None:
@@ -265,15 +267,16 @@ def _driver(plan: Plan) -> str:
     return driver
 
 
-def explain(plan: Plan, starting: int, policy: Policy) -> str:
+def explain(plan: Plan, starting: int, policy: ScaleRules) -> str:
     """A one-line human reason for the plan (or for doing nothing)."""
     driver = _driver(plan)
     clamp = f", clamped by {plan.clamp} to {plan.desired}" if plan.clamp else ""
     notes = "".join(f"; {n}" for n in plan.notes)
     if plan.spawn:
         extra = f", {starting} already starting" if starting else ""
-        if plan.current + plan.spawn < plan.desired and not plan.notes and policy.max_step_up is not None:
-            extra += f", step capped at {policy.max_step_up}"
+        step = policy.scaling.max_step_up
+        if plan.current + plan.spawn < plan.desired and not plan.notes and step is not None:
+            extra += f", step capped at {step}"
         return f"scale up {plan.current}->{plan.current + plan.spawn}: {driver}{clamp}{extra}{notes}"
     if plan.retire:
         who = ", ".join(f"{r.action} {r.worker}" for r in plan.retire)
@@ -287,7 +290,7 @@ def explain(plan: Plan, starting: int, policy: Policy) -> str:
     return f"steady at {plan.current}: {driver}{clamp}{notes}"
 
 
-def decide(snapshot: TierSnapshot, policy: Policy, state: TierState,
+def decide(snapshot: TierSnapshot, policy: ScaleRules, state: TierState,
            now: float) -> tuple[Plan, TierState]:
     """One pass of the judge for one tier: the plan (with its reasons) and the next state."""
     fleet = classify(snapshot.workers)
@@ -302,7 +305,7 @@ def decide(snapshot: TierSnapshot, policy: Policy, state: TierState,
     history = record_desired(state.history, now, kept(desired, proposals, bounds), hold.seconds)
     target = stabilized_target(history, desired, bounds.cap)
     failures, failed_at = count_failures(state, observation_failed(snapshot, fleet), now)
-    if policy.paused:
+    if policy.controls.paused:
         moves = Moves(held="paused (the policy's paused is set)", recycling=state.recycling)
     else:
         moves = fallback_moves(policy, fleet, failures, state) or \
@@ -314,7 +317,7 @@ def decide(snapshot: TierSnapshot, policy: Policy, state: TierState,
     scaled_up = moves.spawn - moves.replacements
     scaled_down = sum(1 for r in moves.retire if r.action != "recycle")
     changes = record_changes(state.changes, now, scaled_up, scaled_down,
-                             longest_period(policy.scale_up, policy.scale_down))
+                             longest_period(policy.controls.scale_up, policy.controls.scale_down))
     return plan, TierState(history=history, last_scale_up=now if plan.spawn else state.last_scale_up,
                            last_scale_down=now if scaled_down else state.last_scale_down,
                            changes=changes, starts=starts, failures=failures, failed_at=failed_at,

@@ -14,7 +14,7 @@ from commander.evaluator import Evaluator, memory_limit_bytes
 from commander.runtime import Lifecycle, WorkerHandle
 from commander.snapshot import TierSnapshot, ViewState, WorkerView
 from protocol.models import WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import ScaleRules
 
 MIN_STALE_S = 2.0
 
@@ -30,9 +30,9 @@ class TierSignals:
     observed: bool = True  # False: the reads failed this pass (decide counts it toward the fallback)
 
 
-def stale_after(policy: Policy) -> float:
+def stale_after(policy: ScaleRules) -> float:
     """A report older than this no longer describes its worker: three report intervals."""
-    return max(MIN_STALE_S, 3 * policy.report_interval_s)
+    return max(MIN_STALE_S, 3 * policy.scaling.report_interval_s)
 
 
 def _state(handle: WorkerHandle | None, report_state: str | None) -> ViewState:
@@ -44,7 +44,7 @@ def _state(handle: WorkerHandle | None, report_state: str | None) -> ViewState:
 
 
 def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[str, tuple[WorkerInfo, bool]],
-                 evaluator: Evaluator, policy: Policy, now: float,
+                 evaluator: Evaluator, policy: ScaleRules, now: float,
                  trusted_since: float = 0.0) -> tuple[WorkerView, ...]:
     """Every live worker of ``tier``: spawned/adopted by the runtime, or registered with a heartbeat.
 
@@ -68,7 +68,7 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
             views.append(WorkerView(id=wid, state=_state(handle, None), fresh=False, started=started))
             continue
         fresh = (evaluator.is_fresh(wid, now, stale_after(policy))
-                 and report.ts - policy.report_interval_s >= trusted_since)
+                 and report.ts - policy.scaling.report_interval_s >= trusted_since)
         views.append(WorkerView(
             id=wid, state=_state(handle, report.state), occupancy=evaluator.occupancy(wid, limit).value,
             busy=report.slots.busy, total=report.slots.total, lanes=report.slots.busy, fresh=fresh,

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from protocol.models import OccupancyReport
-from protocol.policy import Policy
+from protocol.policy import ScaleRules
 
 WINDOW_ROWS = 60
 AVERAGE_ROWS = 6
@@ -60,9 +60,10 @@ class HistoryPoint:
     active_users: int
 
 
-def memory_limit_bytes(policy: Policy) -> float | None:
+def memory_limit_bytes(policy: ScaleRules) -> float | None:
     """The policy's memory limit in bytes, or None when memory is not a component."""
-    return None if policy.memory_limit_mb is None else policy.memory_limit_mb * _MB
+    limit_mb = policy.scaling.occupancy.memory_limit_mb
+    return None if limit_mb is None else limit_mb * _MB
 
 
 def row_cpu(report: OccupancyReport) -> float | None:

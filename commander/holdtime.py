@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from commander.evaluator import AVERAGE_ROWS
 from commander.snapshot import TierSnapshot, TierWorkers
-from protocol.policy import Policy
+from protocol.policy import ScaleRules
 
 START_SAMPLES = 8
 Samples = tuple[tuple[str, float], ...]  # (worker, start seconds), oldest first
@@ -80,16 +80,16 @@ def restart_cost(start_s: float, rate: float) -> float:
     return start_s + rate * start_s * start_s / 2.0
 
 
-def measurement_window(policy: Policy) -> float:
+def measurement_window(policy: ScaleRules) -> float:
     """How long the evaluator's averages take to forget a load: its rows x the report interval."""
-    return AVERAGE_ROWS * policy.report_interval_s
+    return AVERAGE_ROWS * policy.scaling.report_interval_s
 
 
-def hold(policy: Policy, start_s: float | None, rate: float) -> Hold:
+def hold(policy: ScaleRules, start_s: float | None, rate: float) -> Hold:
     """This pass's scale-in hold (see the module docstring)."""
-    if policy.scale_down_stabilization_s is not None:
-        return Hold(policy.scale_down_stabilization_s, "fixed", start_s, None, rate)
-    bounds = policy.scale_in_hold
+    if policy.scaling.scale_down_stabilization_s is not None:
+        return Hold(policy.scaling.scale_down_stabilization_s, "fixed", start_s, None, rate)
+    bounds = policy.scaling.scale_in_hold
     if start_s is None:
         return Hold(bounds.unmeasured_s, "unmeasured", None, None, rate)
     cost = restart_cost(start_s, rate)

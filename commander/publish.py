@@ -33,7 +33,8 @@ class Publisher:
         policy key or group is rejected)."""
         tier = snap.tier
         starting = sum(1 for v in views if v.state == "starting")
-        write_starting(self._r, tier, starting * read.policy.concurrency, ttl_ms=self._starting_ttl_ms)
+        slots = read.policy.scale_rules().concurrency
+        write_starting(self._r, tier, starting * slots, ttl_ms=self._starting_ttl_ms)
         self._observe(tier, snap, plan, views, starting, decide_s)
         self._board.tier(TierSeen(tier=tier, ts=now, policy=read.policy, source=read.source, error=error,
                                   snapshot=snap, plan=plan, starting=starting, group_rejected=group_rejected))

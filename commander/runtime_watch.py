@@ -74,13 +74,13 @@ class RuntimeWatch:
     def note_pending(self, tier: str, handles: list[WorkerHandle], policy: Policy, plan: Plan,
                      now: float) -> None:
         """Ledger the workers that newly waited past ``pending_timeout_s``, once each."""
-        late = overdue(handles, tier, policy.pending_timeout_s, now)
+        late = overdue(handles, tier, policy.controls.pending_timeout_s, now)
         noted = self._no_capacity.get(tier, set())
         new = [h for h in late if h.worker_id not in noted]
         self._no_capacity[tier] = {h.worker_id for h in late}
         if not new:
             return
-        reason = no_capacity_reason(new, policy.pending_timeout_s, now)
+        reason = no_capacity_reason(new, policy.controls.pending_timeout_s, now)
         self._ledger.record(tier, "no-capacity", plan, to=plan.current, victims=[h.worker_id for h in new],
                             reason=reason, why={"pending": {h.worker_id: h.pending_why for h in new}})
         log.warning("tier %s: %s", tier, reason)

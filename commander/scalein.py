@@ -23,7 +23,7 @@ from typing import Literal
 
 from commander.capacity import capacity, fits, ledger_load, may_compact
 from commander.snapshot import TierWorkers, WorkerView
-from protocol.policy import Policy
+from protocol.policy import ScaleRules
 
 RetireAction = Literal["reclaim-idle", "consolidate", "recycle"]
 
@@ -57,7 +57,7 @@ def reclaim_idle(fleet: TierWorkers, count: int, now: float = 0.0,
     return tuple(Retirement(w.id, "reclaim-idle") for w in idle[:max(0, count)])
 
 
-def consolidation(fleet: TierWorkers, policy: Policy, taken: tuple[Retirement, ...], now: float = 0.0,
+def consolidation(fleet: TierWorkers, policy: ScaleRules, taken: tuple[Retirement, ...], now: float = 0.0,
                   keep: Collection[str] = ()) -> tuple[Retirement | None, str | None]:
     """Drain the least-occupied non-reception worker if the survivors can carry its load.
 
@@ -79,12 +79,13 @@ def consolidation(fleet: TierWorkers, policy: Policy, taken: tuple[Retirement, .
     forced = fleet.current > policy.max_workers
     if not forced and not may_compact(len(remaining), load, policy):
         headroom = capacity(len(remaining), policy) - load
-        margin = policy.compaction_margin * policy.admission_threshold
+        occupancy = policy.scaling.occupancy
+        margin = occupancy.compaction_margin * occupancy.admission_threshold
         return None, f"ledger headroom {headroom:.2f} <= {margin:.2f}: no compaction"
     return Retirement(victim.id, "consolidate"), None
 
 
-def choose_victims(fleet: TierWorkers, policy: Policy, count: int, now: float,
+def choose_victims(fleet: TierWorkers, policy: ScaleRules, count: int, now: float,
                    keep: Collection[str]) -> tuple[tuple[Retirement, ...], str | None]:
     """Up to ``count`` victims in one batch: idle ones, then consolidations one after another,
     each fitting on the survivors of the ones before it (with why fewer went)."""
@@ -100,12 +101,13 @@ def choose_victims(fleet: TierWorkers, policy: Policy, count: int, now: float,
 
 
 # --- recycling ---------------------------------------------------------------------------
-def recycle_due(w: WorkerView, policy: Policy, now: float) -> str | None:
+def recycle_due(w: WorkerView, policy: ScaleRules, now: float) -> str | None:
     """Why ``w`` is due for recycling, or None."""
-    if policy.max_worker_age_s is not None and w.started > 0 and now - w.started >= policy.max_worker_age_s:
-        return f"{w.id} is {now - w.started:.0f} s old (max_worker_age_s {policy.max_worker_age_s:g})"
-    if policy.max_turns_per_worker is not None and w.turns >= policy.max_turns_per_worker:
-        return f"{w.id} served {w.turns} turns (max_turns_per_worker {policy.max_turns_per_worker})"
+    age, turns = policy.controls.max_worker_age_s, policy.controls.max_turns_per_worker
+    if age is not None and w.started > 0 and now - w.started >= age:
+        return f"{w.id} is {now - w.started:.0f} s old (max_worker_age_s {age:g})"
+    if turns is not None and w.turns >= turns:
+        return f"{w.id} served {w.turns} turns (max_turns_per_worker {turns})"
     return None
 
 
@@ -163,7 +165,7 @@ def _advance(fleet: TierWorkers, entry: tuple[str, float, str], now: float,
     return (wid, asked_at, "draining"), Retirement(wid, "recycle"), f"recycle {wid}: its replacement is ready"
 
 
-def plan_recycle(fleet: TierWorkers, policy: Policy, pending: Recycling, now: float,
+def plan_recycle(fleet: TierWorkers, policy: ScaleRules, pending: Recycling, now: float,
                  room: int | None) -> Recycle:
     """Drain an old worker whose replacement is up, or start a replacement for the oldest due one."""
     kept: list[tuple[str, float, str]] = []

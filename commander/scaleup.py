@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from commander.signals import free_slots
 from commander.snapshot import TierSnapshot, TierWorkers
 from commander.tierstate import TierState
-from protocol.policy import Policy
+from protocol.policy import ScaleRules
 
 SIZING_ONLY = frozenset({"load"})  # proposals that size a step but never ask for one
 TROUBLE = ("pressure", "occupancy")  # the asks that mean the measured load is behind: they double
@@ -49,7 +49,7 @@ def asked(proposals: dict[str, int | None]) -> int:
     return max((p for name, p in proposals.items() if p is not None and name not in SIZING_ONLY), default=0)
 
 
-def queued_since(state: TierState, snapshot: TierSnapshot, fleet: TierWorkers, policy: Policy,
+def queued_since(state: TierState, snapshot: TierSnapshot, fleet: TierWorkers, policy: ScaleRules,
                  now: float) -> float | None:
     """Since when turns have waited beyond the free and the starting slots, pass after pass
     (None: not now). A queue that stood for ``target_wait_s`` has made turns wait that long:
@@ -67,10 +67,10 @@ def last_step(state: TierState, now: float) -> tuple[float, int] | None:
     return before[-1] if before else None
 
 
-def burst_step(state: TierState, policy: Policy, now: float) -> int:
+def burst_step(state: TierState, policy: ScaleRules, now: float) -> int:
     """The last step's size if it was less than one report interval ago, else 0."""
     last = last_step(state, now)
-    if last is None or now - last[0] >= policy.report_interval_s:
+    if last is None or now - last[0] >= policy.scaling.report_interval_s:
         return 0
     return last[1]
 
@@ -89,7 +89,7 @@ def troubled(proposals: dict[str, int | None], fleet: TierWorkers) -> bool:
     return any((proposals.get(name) or 0) > fleet.current for name in TROUBLE)
 
 
-def step_target(proposals: dict[str, int | None], fleet: TierWorkers, policy: Policy, state: TierState,
+def step_target(proposals: dict[str, int | None], fleet: TierWorkers, policy: ScaleRules, state: TierState,
                 now: float) -> Step:
     """The count to aim at: what asked, and, when that is a scale-up, sized by the load and by
     doubling within a burst."""

@@ -55,7 +55,7 @@ class CommanderSettings(BaseSettings):
                                    "writer cannot make this host start more processes than this")
     runtime: Literal["process", "kubernetes"] = Field(
         "process", description="how workers start and stop: local processes, or one Deployment per "
-        "tier whose replicas the commander writes (docs/KUBERNETES.md; the k8s extra)")
+        "tier whose replicas the commander writes (the Kubernetes guide; the k8s extra)")
     k8s_namespace: str | None = Field(None, description="kubernetes runtime: the namespace of the "
                                       "worker Deployments (default: the kubeconfig context's, else "
                                       "the commander pod's own, else default)")

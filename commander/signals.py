@@ -12,7 +12,7 @@ import math
 
 from commander.capacity import any_admits, ledger_floor, ledger_load
 from commander.snapshot import TierSnapshot, TierWorkers
-from protocol.policy import Policy
+from protocol.policy import ScaleRules
 
 _EPS = 1e-9  # so that 3.0000000001 workers' worth of float noise asks for 3, not 4
 
@@ -39,7 +39,7 @@ def rps_proposal(rps: float, per_worker: float | None) -> int | None:
     return None if per_worker is None else ceil_ratio(rps, per_worker)
 
 
-def buffer_proposal(fleet: TierWorkers, policy: Policy) -> int:
+def buffer_proposal(fleet: TierWorkers, policy: ScaleRules) -> int:
     """Busy workers plus ``target_buffer`` warm ones.
 
     "Busy workers" is counted in whole workers' worth of busy slots (Σ busy/total), so that
@@ -52,10 +52,10 @@ def buffer_proposal(fleet: TierWorkers, policy: Policy) -> int:
             busy += 1.0
         elif w.busy > 0:
             busy += w.busy / (w.total or policy.concurrency)
-    return ceil_ratio(busy, 1.0) + policy.target_buffer
+    return ceil_ratio(busy, 1.0) + policy.scaling.target_buffer
 
 
-def occupancy_proposal(fleet: TierWorkers, policy: Policy) -> int:
+def occupancy_proposal(fleet: TierWorkers, policy: ScaleRules) -> int:
     """Up by one when no ready worker admits; else the ledger's floor (never above current).
 
     Holds while workers are starting (they are the answer already) or when nothing is
@@ -71,7 +71,7 @@ def occupancy_proposal(fleet: TierWorkers, policy: Policy) -> int:
     return ledger_floor(ready, ledger_load(fleet.ready, fleet.reception, policy), policy)
 
 
-def load_proposal(fleet: TierWorkers, policy: Policy) -> int:
+def load_proposal(fleet: TierWorkers, policy: ScaleRules) -> int:
     """The fewest workers whose ledger capacity exceeds the measured load: ``C(n) > O``.
 
     ``O`` is the ledger's load: the summed occupancy, in workers' worth (handler seconds per
@@ -84,9 +84,10 @@ def load_proposal(fleet: TierWorkers, policy: Policy) -> int:
     load = ledger_load(fleet.ready, fleet.reception, policy)
     if load <= 0 or all(w.idle for w in fleet.ready):
         return 0
-    if load < policy.reception_threshold - _EPS:
+    occupancy = policy.scaling.occupancy
+    if load < occupancy.reception_threshold - _EPS:
         return 1
-    return math.floor((load - policy.reception_threshold) / policy.admission_threshold + _EPS) + 2
+    return math.floor((load - occupancy.reception_threshold) / occupancy.admission_threshold + _EPS) + 2
 
 
 def service_s(snapshot: TierSnapshot) -> float | None:
@@ -96,14 +97,14 @@ def service_s(snapshot: TierSnapshot) -> float | None:
     return snapshot.handler_rate / snapshot.rps
 
 
-def free_slots(snapshot: TierSnapshot, fleet: TierWorkers, policy: Policy) -> int:
+def free_slots(snapshot: TierSnapshot, fleet: TierWorkers, policy: ScaleRules) -> int:
     """Slots the ready workers reported free: none when a turn just found none (pressure)."""
     if snapshot.pressure_events > 0:
         return 0
     return sum(max(0, (w.total or policy.concurrency) - w.busy) for w in fleet.ready if w.fresh)
 
 
-def pressure_proposal(snapshot: TierSnapshot, fleet: TierWorkers, policy: Policy,
+def pressure_proposal(snapshot: TierSnapshot, fleet: TierWorkers, policy: ScaleRules,
                       queued_for: float = 0.0) -> int:
     """Waiting turns the running slots will not start within ``target_wait_s`` ask for slots.
 
@@ -120,18 +121,18 @@ def pressure_proposal(snapshot: TierSnapshot, fleet: TierWorkers, policy: Policy
     waiting = float(snapshot.backlog - free_slots(snapshot, fleet, policy))
     slots = sum(w.total or policy.concurrency for w in fleet.ready)
     per_turn = service_s(snapshot)
-    if per_turn is not None and slots > 0 and queued_for < policy.target_wait_s:
-        waiting -= policy.target_wait_s * slots / per_turn
+    if per_turn is not None and slots > 0 and queued_for < policy.scaling.target_wait_s:
+        waiting -= policy.scaling.target_wait_s * slots / per_turn
     return len(fleet.ready) + ceil_ratio(waiting, policy.concurrency)
 
 
-def proposals(snapshot: TierSnapshot, fleet: TierWorkers, policy: Policy,
+def proposals(snapshot: TierSnapshot, fleet: TierWorkers, policy: ScaleRules,
               queued_for: float = 0.0) -> dict[str, int | None]:
     """Every signal's proposal, by name; None for a signal the policy disables."""
     return {
-        "users": users_proposal(snapshot.active_users, policy.users_per_instance),
-        "backlog": backlog_proposal(snapshot.backlog, policy.target_backlog_per_worker),
-        "rps": rps_proposal(snapshot.rps, policy.target_rps_per_worker),
+        "users": users_proposal(snapshot.active_users, policy.scaling.users_per_instance),
+        "backlog": backlog_proposal(snapshot.backlog, policy.scaling.target_backlog_per_worker),
+        "rps": rps_proposal(snapshot.rps, policy.scaling.target_rps_per_worker),
         "buffer": buffer_proposal(fleet, policy),
         "occupancy": occupancy_proposal(fleet, policy),
         "pressure": pressure_proposal(snapshot, fleet, policy, queued_for),

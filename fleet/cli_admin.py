@@ -14,13 +14,21 @@ import redis
 
 from fleet.cli_base import EXIT_USAGE, CliError, cli_client, known_handlers, print_result
 from protocol import keys
-from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
+from protocol.policy import (
+    PolicyError,
+    RqPolicy,
+    TurnsPolicy,
+    field_values,
+    parse_assignments,
+    parse_policy,
+    updated,
+)
 from stores.policies import has_policy_key, read_policy, write_policy
 
 
-# --- policy ---------------------------------------------------------------------------
+# --- policy: a field is named by its dotted path or, when unique, its last name ------------
 def _defaults_line() -> str:
-    p = Policy()
+    p = TurnsPolicy()
     return (f"handler={p.handler}, concurrency={p.concurrency}, min_workers={p.min_workers}, "
             f"max_workers={p.max_workers}")
 
@@ -42,7 +50,7 @@ def cmd_policy_get(args: argparse.Namespace) -> int:
         if error:
             lines.append(f"REJECTED edit of {keys.policy(args.tier)}{f' by {by}' if by else ''}: "
                          f"{error}; running the last good one")
-        lines += [f"  {k} = {json.dumps(v)}" for k, v in data["policy"].items()]
+        lines += [f"  {k} = {json.dumps(v)}" for k, v in field_values(read.policy)]
         return "\n".join(lines)
 
     print_result(data, args.json, text)
@@ -60,14 +68,18 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
     write_policy(r, args.tier, policy)
     print_result(policy.model_dump(mode="json"), args.json,
            lambda _: f"tier {args.tier}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in changes.items()))
-    _warn_if_no_worker_has(r, args.tier, policy.handler)
+    _warn_if_no_worker_has(r, args.tier, policy)
     return 0
 
 
-def _warn_if_no_worker_has(r: redis.Redis, tier: str, handler: str) -> None:
+def _warn_if_no_worker_has(r: redis.Redis, tier: str, policy: TurnsPolicy | RqPolicy) -> None:
     """The handler check that matters is the workers': say so when none of the tier's live
-    workers lists ``handler`` (they keep their last good policy until one does)."""
+    workers lists the policy's handler (they keep their last good policy until one does)."""
     from stores.registry import read_registry
+
+    if not isinstance(policy, TurnsPolicy):  # an rq tier runs RQ's jobs, no handler
+        return
+    handler = policy.handler
 
     live = [w for w in read_registry(r).live(tier) if w.handlers]
     if live and not any(handler in w.handlers for w in live):
@@ -95,7 +107,7 @@ def cmd_policy_edit(args: argparse.Namespace) -> int:
         os.unlink(path)
     write_policy(r, args.tier, policy)
     print(f"tier {args.tier}: policy saved")
-    _warn_if_no_worker_has(r, args.tier, policy.handler)
+    _warn_if_no_worker_has(r, args.tier, policy)
     return 0
 
 

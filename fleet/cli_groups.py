@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from fleet.cli_base import EXIT_USAGE, CliError, cli_client, print_result
-from protocol.groups import rollout_weights, with_weights
+from protocol.groups import rollout_weights
 from protocol.ids import InvalidId, validate_tier, validate_user_id
-from protocol.policy import Policy, PolicyError, parse_policy
+from protocol.policy import PolicyError, TurnsPolicy
 from stores.group_assignment import pin_group, rejected_groups, unpin_group, user_pins
 from stores.policies import has_policy_key, read_policy, write_policy
 
@@ -72,11 +72,11 @@ def _ids(args: argparse.Namespace) -> tuple[str, str]:
     return _valid(validate_user_id, args.user), _valid(validate_tier, args.tier)
 
 
-def _grouped_policy(r: Any, tier: str) -> Policy:
+def _grouped_policy(r: Any, tier: str) -> TurnsPolicy:
     if not has_policy_key(r, tier):
         raise CliError(f"tier {tier!r} has no policy", EXIT_USAGE)
-    policy: Policy = read_policy(r, tier).policy
-    if not policy.groups:
+    policy = read_policy(r, tier).policy
+    if not isinstance(policy, TurnsPolicy) or not policy.rollout.groups:
         raise CliError(f"tier {tier!r} has no groups (set them: fleet policy set {tier} groups='[...]')",
                        EXIT_USAGE)
     return policy
@@ -85,7 +85,7 @@ def _grouped_policy(r: Any, tier: str) -> Policy:
 def cmd_group_pin(args: argparse.Namespace) -> int:
     user, tier = _ids(args)
     r = cli_client(args)
-    names = [g.name for g in _grouped_policy(r, tier).groups]
+    names = [g.name for g in _grouped_policy(r, tier).rollout.groups]
     if args.group not in names:
         raise CliError(f"tier {tier!r} has no group {args.group!r} (groups: {', '.join(names)})", EXIT_USAGE)
     pin_group(r, user, tier, args.group)
@@ -115,12 +115,13 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     policy = _grouped_policy(r, tier)
     percent = 0.0 if args.abort else args.weight if args.weight is not None else args.to
     try:
-        weights = rollout_weights(policy.weights(), args.group, percent, frozenset(rejected_groups(r, tier)))
-        new = parse_policy({**with_weights(policy.model_dump(mode="json"), weights), "canary": args.group})
+        weights = rollout_weights(policy.rollout.weights(), args.group, percent,
+                                  frozenset(rejected_groups(r, tier)))
+        new = policy.with_weights(weights, canary=args.group)
     except (ValueError, PolicyError) as exc:
         raise CliError(f"rollout not done: {exc}", EXIT_USAGE) from None
     write_policy(r, tier, new)
-    before = dict(policy.weights())
+    before = dict(policy.rollout.weights())
     data = {"tier": tier, "canary": args.group, "before": before, "after": dict(weights)}
     print_result(data, args.json, lambda _: f"tier {tier}: " + ", ".join(
         f"{n} {before[n]:g} -> {w:g}" for n, w in weights) + " (the commander records it in the ledger)")

@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from protocol.codec import decode, encode
 from protocol.ids import validate_tier, validate_user_id
 from protocol.models import MAX_TEXT_CHARS, Reply, Turn
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.backlog import no_free_slot
 from stores.cluster import is_cluster
 from stores.connection import connect_async, connect_sync
@@ -150,7 +150,7 @@ class _ClientCore:
         if not (yield from tier_exists.steps(tier)):
             if not create:
                 raise UnknownTier(tier)
-            yield from write_policy.steps(tier, Policy())
+            yield from write_policy.steps(tier, TurnsPolicy())
         self.tiers.add(tier)
 
     def _submit_options(self, tier: str) -> Op[SubmitOptions]:

@@ -12,7 +12,7 @@ import redis
 from protocol.codec import as_str
 from protocol.groups import pool_name, split_pool
 from protocol.models import WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import RqPolicy, TurnsPolicy
 from stores.backlog import TierBacklog, active_users, live_ids, read_backlog, unserved_by_tier
 from stores.cluster import is_cluster
 from stores.connection import connect_rq
@@ -61,6 +61,8 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
     out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r)}
     for tier in tiers:
         read = read_pool_policy(r, tier, handlers)
+        turns = read.policy if isinstance(read.policy, TurnsPolicy) else None
+        window = read.policy.scale_rules().scaling.active_window_s
         error, by = policy_verdict(r, *split_pool(tier), read.error)
         out["tiers"][tier] = {
             "policy_source": read.source,
@@ -68,21 +70,21 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
             "policy_rejected_by": by,
             "min_workers": read.policy.min_workers,
             "max_workers": read.policy.max_workers,
-            "handler": read.policy.handler,
-            "ready_shards": read.policy.ready_shards,
+            "handler": turns.handler if turns else None,  # (an rq tier runs RQ's jobs)
+            "ready_shards": turns.ready_shards if turns else 1,
             "workers_alive": sum(1 for w in ws if w["tier"] == tier and w["alive"]),
             **backlog_json(backlogs[tier]),
             "dead_letters": dead_letter_count(r, tier),
-            "active_users": active_users(r, tier, time.time() - read.policy.active_window_s),
+            "active_users": active_users(r, tier, time.time() - window),
             "kind": read.policy.kind,
         }
-        if read.policy.kind == "rq":
+        if isinstance(read.policy, RqPolicy):
             out["tiers"][tier].update(rq_status(r, tier, read.policy))
     _add_groups(r, out["tiers"])
     return out
 
 
-def rq_status(r: redis.Redis, tier: str, policy: Policy) -> dict[str, Any]:
+def rq_status(r: redis.Redis, tier: str, policy: RqPolicy) -> dict[str, Any]:
     """An rq tier's row: its RQ workers (``rq_workers``: each one's state, job in hand and age),
     queued jobs (its backlog), started ones (pending), failed ones and the oldest queued job's
     age, from RQ's registries. ``fleet status``, ``fleet top`` and the monitor page show it."""
@@ -114,12 +116,12 @@ def _add_groups(r: redis.Redis, rows: dict[str, dict[str, Any]]) -> None:
     """A grouped tier's row gets its weights and canary; each group's row its weight and, if the
     commander rejected the group, why."""
     for name in [n for n in rows if not split_pool(n)[1]]:
-        policy = read_policy(r, name).policy
-        if not policy.groups:
+        rollout = read_policy(r, name).policy.rollout
+        if not rollout.groups:
             continue
-        rows[name].update(weights=dict(policy.weights()), canary=policy.canary)
+        rows[name].update(weights=dict(rollout.weights()), canary=rollout.canary)
         rejected = rejected_groups(r, name)
-        for group, weight in policy.weights():
+        for group, weight in rollout.weights():
             rows[pool_name(name, group)].update(weight=weight, group_rejected=rejected.get(group))
 
 

@@ -30,6 +30,7 @@ from fleet.status import workers as registry_workers
 from fleet.top_rq import rq_lines
 from protocol.codec import CodecError, as_str, decode
 from protocol.models import CommanderInfo, OccupancyReport
+from protocol.policy import RqPolicy
 from stores.backlog import active_users
 from stores.commanders import commander_entries
 from stores.deadletters import dead_letter_count
@@ -152,7 +153,7 @@ def _tier_row(r: redis.Redis, tier: str, read: PolicyRead, rows: list[WorkerRow]
     rq = rq if rq is not None and "rq_error" not in rq else None
     if rq is not None:  # an rq tier: RQ's workers, its queued jobs
         count["ready"] = rq["workers_alive"]
-    window = read.policy.active_window_s
+    window = read.policy.scale_rules().scaling.active_window_s
     return TierRow(
         tier=tier, min_workers=read.policy.min_workers, max_workers=read.policy.max_workers,
         policy_source=read.source, policy_error=read.error, running=count["ready"],
@@ -181,9 +182,9 @@ def collect(r: redis.Redis, tier: str | None = None, handlers: Iterable[str] | N
         if tier is not None and info["tier"] not in reads:
             continue
         read = reads.get(info["tier"])
-        limit = memory_limit_bytes(read.policy) if read else None
+        limit = memory_limit_bytes(read.policy.scale_rules()) if read else None
         rows.append(_worker_row(info, evaluator, limit, now))
-    rq = {t: rq_status(r, t, read.policy) for t, read in reads.items() if read.policy.kind == "rq"}
+    rq = {t: rq_status(r, t, read.policy) for t, read in reads.items() if isinstance(read.policy, RqPolicy)}
     tiers = [_tier_row(r, t, read, rows, now, rq.get(t)) for t, read in reads.items()]
     leader = lease_holder(r)
     ttl = lease_ttl_ms(r) if leader is not None else None

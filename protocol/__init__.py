@@ -13,7 +13,7 @@ from protocol.models import (
     Slots,
     Turn,
 )
-from protocol.policy import Policy, PolicyError, parse_policy
+from protocol.policy import Policy, PolicyError, RqPolicy, TurnsPolicy, parse_policy
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -27,9 +27,11 @@ __all__ = [
     "Policy",
     "PolicyError",
     "Reply",
+    "RqPolicy",
     "SessionEntry",
     "Slots",
     "Turn",
+    "TurnsPolicy",
     "decode",
     "encode",
     "parse_policy",

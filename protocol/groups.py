@@ -1,11 +1,12 @@
-"""Groups of a tier (DESIGN §6): blue/green and canary, each a runtime version in a pool of its own.
+"""Groups of a tier: blue/green and canary, each a runtime version in a pool of its own.
 
-A tier's policy may declare ``groups``. Each names a handler (and its options), how its workers
-start (``python``: the interpreter of a virtualenv with Fleet and the handler installed, for the
-process runtime; ``image`` or ``deployment`` for the Kubernetes runtime), a traffic ``weight``
-and its own ``min_workers``/``max_workers``; any other scaling field of the tier may be
-overridden in ``scaling``, the rest is inherited. Users are assigned stickily: a stable hash of
-the user id against the cumulative weights (:func:`assign`), unless pinned.
+A turns tier's policy may declare ``rollout.groups``. Each names a handler (and its options), how
+its workers start (``python``: the interpreter of a virtualenv with Fleet and the handler
+installed, for the process runtime; ``image`` or ``deployment`` for the Kubernetes runtime), a
+traffic ``weight`` and its own ``min_workers``/``max_workers``; any other policy field of the
+tier may be set for the group in ``scaling``, the rest is inherited. Users are assigned
+stickily: a stable hash of the user id against the cumulative weights (:func:`assign`), unless
+pinned.
 
 A group's workers form the *pool* ``<tier>.<group>`` (:func:`pool_name`): its ready streams,
 active set, pressure stream, starting gauge and decide state are keyed by the pool, so the
@@ -17,10 +18,19 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from protocol.ids import InvalidId, validate_tier
 
@@ -28,9 +38,6 @@ _GROUP_RE = re.compile(r"[a-z][a-z0-9_-]{0,15}")
 POOL_SEP = "."
 MAX_GROUPS = 8
 HASH_SPACE = 10_000  # a user's point on the weight line: 0 .. HASH_SPACE - 1 (0.01 % steps)
-# policy fields a group may not override in ``scaling``: they say what runs, or are its own
-_NOT_SCALING = frozenset({"handler", "handler_options", "groups", "rollout_guard", "canary",
-                          "min_workers", "max_workers", "ready_shards"})
 
 
 def validate_group(name: object) -> str:
@@ -67,16 +74,24 @@ class Group(BaseModel):
     """One group of a tier: what it runs, how its workers start, its share and its bounds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str
-    handler: str | None = None  # None: the tier's
-    handler_options: dict[str, float | int | str | bool] | None = None  # None: the tier's
-    python: str | None = None  # process runtime: an absolute interpreter path; None: the commander's
-    image: str | None = Field(None, max_length=512)  # kubernetes runtime
-    deployment: str | None = Field(None, max_length=253)  # kubernetes runtime: an existing Deployment
-    weight: float = Field(0.0, ge=0.0, le=1_000_000.0)
-    min_workers: NonNegativeInt | None = Field(None, le=10_000)  # None: the tier's
-    max_workers: PositiveInt | None = Field(None, le=10_000)  # None: the tier's
-    scaling: dict[str, Any] = Field(default_factory=dict)  # other policy fields, overridden
+    name: str = Field(description="1-16 of a-z 0-9 _ -, starting with a letter; its pool is `<tier>.<name>`")
+    handler: str | None = Field(None, description="the handler its workers run; null: the tier's")
+    handler_options: dict[str, float | int | str | bool] | None = Field(
+        None, description="its handler's options; null: the tier's")
+    python: str | None = Field(None, description="process runtime: the absolute path of the interpreter "
+                               "its workers run (a virtualenv with Fleet and the handler); null: the "
+                               "commander's")
+    image: str | None = Field(None, max_length=512, description="Kubernetes runtime: the image of a "
+                              "Deployment made from a copy of the tier's")
+    deployment: str | None = Field(None, max_length=253, description="Kubernetes runtime: an existing "
+                                   "Deployment that runs the group")
+    weight: float = Field(0.0, ge=0.0, le=1_000_000.0, description="its share of the users (relative "
+                          "to the other groups' weights)")
+    min_workers: NonNegativeInt | None = Field(None, le=10_000, description="its floor; null: the tier's")
+    max_workers: PositiveInt | None = Field(None, le=10_000, description="its cap; null: the tier's")
+    scaling: dict[str, Any] = Field(default_factory=dict, description="any other policy field for this "
+                                    "group only, by name or dotted path (`{\"concurrency\": 2}`); the "
+                                    "rest is the tier's")
 
     @field_validator("name")
     @classmethod
@@ -93,14 +108,6 @@ class Group(BaseModel):
             raise ValueError(f"{v[:80]!r} is not an absolute interpreter path")
         return v
 
-    @field_validator("scaling")
-    @classmethod
-    def _scaling(cls, v: dict[str, Any]) -> dict[str, Any]:
-        bad = sorted(set(v) & _NOT_SCALING)
-        if bad:
-            raise ValueError(f"scaling may not set {', '.join(bad)} (set them on the group itself)")
-        return v
-
 
 class RolloutGuard(BaseModel):
     """The automatic abort of a rollout: the canary's weight goes to 0 when, over the last
@@ -110,10 +117,36 @@ class RolloutGuard(BaseModel):
     ``min_turns`` turns in the window."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    window_s: PositiveFloat = Field(120.0, le=86_400)
-    error_rate_margin: float | None = Field(0.05, ge=0.0, le=1.0)
-    latency_margin: float | None = Field(0.5, ge=0.0, le=100.0)
-    min_turns: PositiveInt = Field(20, le=1_000_000)
+    window_s: PositiveFloat = Field(120.0, le=86_400, description="the window the canary is judged over")
+    error_rate_margin: float | None = Field(0.05, ge=0.0, le=1.0, description="abort when the canary's "
+                                            "error rate exceeds the others' by more (absolute); null: not "
+                                            "judged on errors")
+    latency_margin: float | None = Field(0.5, ge=0.0, le=100.0, description="abort when the canary's mean "
+                                         "handler time exceeds the others' by more (relative); null: not "
+                                         "judged on latency")
+    min_turns: PositiveInt = Field(20, le=1_000_000, description="no verdict before both sides served this "
+                                   "many turns in the window")
+
+
+class Rollout(BaseModel):
+    """A tier's groups (blue/green and canary, each a pool of its own) and the rollout between them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    groups: tuple[Group, ...] = Field((), max_length=MAX_GROUPS, description="the tier's groups; empty: "
+                                      "one pool, the tier")
+    canary: str | None = Field(None, description="the group under rollout (set by `fleet rollout`), "
+                               "judged by `guard`")
+    guard: RolloutGuard | None = Field(None, description="the automatic abort of a failing canary; null: "
+                                       "none")
+
+    @model_validator(mode="after")
+    def _as_a_whole(self) -> Rollout:
+        check_groups(self.groups, self.canary)
+        return self
+
+    def weights(self) -> tuple[tuple[str, float], ...]:
+        """The groups' (name, weight) in order: what :func:`assign` takes."""
+        return tuple((g.name, g.weight) for g in self.groups)
 
 
 def check_groups(groups: Sequence[Group], canary: str | None) -> None:
@@ -132,17 +165,6 @@ def check_groups(groups: Sequence[Group], canary: str | None) -> None:
         raise ValueError("at least one group needs a weight > 0 (else no user has a group)")
     if canary is not None and canary not in names:
         raise ValueError(f"canary {canary!r} is not one of the groups ({', '.join(names)})")
-
-
-def group_overrides(group: Group, tier_fields: Mapping[str, Any]) -> dict[str, Any]:
-    """The tier's policy fields with ``group``'s own applied: what the group's pool runs on."""
-    fields = {k: v for k, v in tier_fields.items() if k not in ("groups", "rollout_guard", "canary")}
-    fields.update(group.scaling)
-    for name in ("handler", "handler_options", "min_workers", "max_workers"):
-        value = getattr(group, name)
-        if value is not None:
-            fields[name] = value
-    return fields
 
 
 # --- sticky assignment (pure) ------------------------------------------------------------
@@ -207,10 +229,3 @@ def rollout_weights(weights: Sequence[tuple[str, float]], group: str, percent: f
     share = {n: rest * w / total if total > 0 else rest / len(others) for n, w in others}
     return tuple((n, round(float(percent), 6) if n == group else round(share.get(n, 0.0), 6))
                  for n in names)
-
-
-def with_weights(fields: Mapping[str, Any], weights: Sequence[tuple[str, float]]) -> dict[str, Any]:
-    """A policy's fields (JSON dump) with its groups' weights replaced by ``weights``."""
-    new = dict(weights)
-    groups = [{**g, "weight": new.get(g["name"], g.get("weight", 0.0))} for g in fields.get("groups", ())]
-    return {**fields, "groups": groups}

@@ -13,7 +13,7 @@ import time
 
 from commander.decide import TierState, decide
 from commander.snapshot import TierSnapshot, WorkerView
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 
 
 def _worker(rng: random.Random, tier: int, i: int) -> WorkerView:
@@ -51,8 +51,8 @@ def synthetic_fleet(workers: int, tiers: int, seed: int = 7) -> list[TierSnapsho
 def bench(workers: int = 1000, tiers: int = 20, repeats: int = 20) -> dict[str, float]:
     """Time ``repeats`` full passes (every tier once); median and p95 in milliseconds."""
     snapshots = synthetic_fleet(workers, tiers)
-    policy = Policy(max_workers=max(8, 2 * workers // tiers), target_rps_per_worker=10.0,
-                    scale_down_stabilization_s=300.0)
+    policy = turns_policy(max_workers=max(8, 2 * workers // tiers), target_rps_per_worker=10.0,
+                          scale_down_stabilization_s=300.0).scale_rules()
     states = {s.tier: TierState() for s in snapshots}
     samples: list[float] = []
     now = 1_700_000_000.0

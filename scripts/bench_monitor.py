@@ -36,7 +36,7 @@ from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import Counters, OccupancyReport, Slots, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 
 CLIENT = r"""
@@ -98,7 +98,7 @@ def populate(r: redis.Redis, workers: int, tiers: int, now: float) -> list[str]:
     names = [f"t{i}" for i in range(tiers)]
     per_tier = -(-workers // tiers)
     for tier in names:
-        write_policy(r, tier, Policy(min_workers=per_tier, max_workers=per_tier, concurrency=8))
+        write_policy(r, tier, TurnsPolicy(min_workers=per_tier, max_workers=per_tier, concurrency=8))
     pipe = r.pipeline(transaction=False)
     for w in range(workers):
         tier, wid = names[w % tiers], f"{names[w % tiers]}-w{w:04d}"

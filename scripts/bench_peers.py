@@ -70,7 +70,7 @@ from fleet.client import AsyncFleet  # noqa: E402
 from protocol import keys  # noqa: E402
 from protocol.codec import decode, encode  # noqa: E402
 from protocol.models import Reply, SessionEntry  # noqa: E402
-from protocol.policy import Policy  # noqa: E402
+from protocol.policy import TurnsPolicy  # noqa: E402
 from stores.memory import new_member  # noqa: E402
 from stores.policies import write_policy  # noqa: E402
 
@@ -293,7 +293,8 @@ def start_system(name: str, url: str, args: argparse.Namespace, log_dir: Path,
     """The worker processes of ``name``; yields their pids (Celery: the main process)."""
     n = args.workers
     if name == "fleet":
-        write_policy(redis.Redis.from_url(url), "chat", Policy(handler="noop", concurrency=args.concurrency))
+        write_policy(redis.Redis.from_url(url), "chat",
+                     TurnsPolicy(handler="noop", concurrency=args.concurrency))
         loop = {"FLEET_WORKER_EVENT_LOOP": args.fleet_loop}
         with worker_processes(url, n, log_dir=log_dir, extra_env=loop) as procs:
             yield [p.pid for p in procs]

@@ -19,7 +19,7 @@ from pathlib import Path
 from benchlib import OneLineParser, emit, percentile, redis_server, worker_processes
 
 from fleet.client import AsyncFleet
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.connection import connect_sync
 from stores.policies import write_policy
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with redis_server() as url:
         r = connect_sync(url)
-        write_policy(r, "chat", Policy(handler="echo", concurrency=args.concurrency))
+        write_policy(r, "chat", TurnsPolicy(handler="echo", concurrency=args.concurrency))
         with worker_processes(url, args.workers):
             print(f"bench_pipeline: {args.workers} workers, {args.users} users, echo handler, "
                   f"{args.seconds:g} s per phase", file=sys.stderr)

@@ -33,7 +33,7 @@ from benchlib import ROOT, OneLineParser, emit, redis_server, stop_processes
 from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
-from protocol.policy import Policy
+from protocol.policy import rq_policy
 from stores import outbox, rqjobs
 from stores.policies import write_policy
 from worker.rq.relay import Relay, RelaySettings
@@ -200,9 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, object] = {"relay": relay_phase(r, args.jobs),
                                      "rq_workers": workers_phase(r, url, args.jobs, args.workers, Path(tmp))}
         for tier, top in ((COLD_TIER, 1), (BURST_TIER, args.max_workers)):
-            write_policy(r, tier, Policy(kind="rq", min_workers=0, max_workers=top, users_per_instance=None,
-                                         target_backlog_per_worker=10, scale_down_stabilization_s=1,
-                                         drain_timeout_s=10))
+            write_policy(r, tier, rq_policy(min_workers=0, max_workers=top, target_backlog_per_worker=10,
+                                            scale_down_stabilization_s=1, drain_timeout_s=10))
         commander = start_commander(r, url, Path(tmp))
         try:
             result["from_zero"] = cold_phase(r, args.trials)

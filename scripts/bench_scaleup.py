@@ -25,12 +25,12 @@ from benchlib import ROOT, OneLineParser, emit, percentile, redis_server
 
 from fleet.client import Fleet
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from stores.policies import write_policy
 
-POLICY = Policy(handler="sleep", handler_options={"sleep_ms": 0}, concurrency=1, min_workers=1, max_workers=4,
-                users_per_instance=None, target_backlog_per_worker=None, report_interval_s=0.5,
-                scale_down_stabilization_s=600, drain_timeout_s=1, max_step_up=1)
+POLICY = turns_policy(handler="sleep", handler_options={"sleep_ms": 0}, concurrency=1, min_workers=1,
+                      max_workers=4, users_per_instance=None, target_backlog_per_worker=None,
+                      report_interval_s=0.5, scale_down_stabilization_s=600, drain_timeout_s=1, max_step_up=1)
 
 
 def parse_args(argv: list[str] | None = None):

@@ -32,7 +32,7 @@ from bench_wait import (
 from benchlib import emit, percentile
 
 from fleet.client import AsyncFleet
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.connection import connect_sync
 from stores.policies import write_policy
 
@@ -87,7 +87,8 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
     try:
         for rnd in range(-2, args.rounds):  # rounds -2, -1: a warm-up of each, not counted
             shards = SETTINGS[rnd % 2]
-            write_policy(r, "chat", Policy(handler="echo", concurrency=args.concurrency, ready_shards=shards))
+            write_policy(r, "chat",
+                         TurnsPolicy(handler="echo", concurrency=args.concurrency, ready_shards=shards))
             await asyncio.sleep(max(5 * REFRESH_S, 6.0))  # workers and the client's 5 s cache have it
             users = [f"r{rnd}-u{i:04d}" for i in range(args.users)]
             before = masters_stats(r)

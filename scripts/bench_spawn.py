@@ -24,7 +24,7 @@ from benchlib import OneLineParser, emit, percentile, redis_server
 from commander.runtime.process import ProcessRuntime
 from fleet.client import Fleet
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.connection import connect_sync
 from stores.policies import write_policy
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with redis_server() as url, tempfile.TemporaryDirectory(prefix="fleet-bench-spawn-") as tmp:
         r = connect_sync(url)
-        write_policy(r, TIER, Policy(handler="echo", min_workers=0))
+        write_policy(r, TIER, TurnsPolicy(handler="echo", min_workers=0))
         r.close()
         print(f"bench_spawn: {args.trials} trials per mode ({', '.join(args.modes)}), echo handler",
               file=sys.stderr)

@@ -40,7 +40,7 @@ from typing import Any
 
 from benchlib import ROOT, OneLineParser, redis_server
 
-from protocol.policy import Policy, PolicyError, parse_policy
+from protocol.policy import PolicyError, TurnsPolicy, turns_policy
 from sim.scaling.compare import Setup, compare
 from sim.scaling.compare import rows as comparison_rows
 from sim.scaling.generate import generate, parse_generated
@@ -177,16 +177,15 @@ def load_trace(args: argparse.Namespace) -> Trace:
 
 
 # --- the comparison --------------------------------------------------------------------
-def fleet_policy(args: argparse.Namespace) -> Policy:
+def fleet_policy(args: argparse.Namespace) -> TurnsPolicy:
     """The default policy with what a user sets: the handler, concurrency, max_workers, and every
-    field of --policy FILE (validated as a policy)."""
+    field of --policy FILE (a turns policy, in either layout, validated as a whole)."""
     fields: dict[str, Any] = {}
     if args.policy is not None:
         fields = json.loads(args.policy.read_text())
         if not isinstance(fields, dict):
             raise ValueError(f"{args.policy}: a policy file is a JSON object")
-    base = {"handler": "sleep", "concurrency": args.concurrency, "max_workers": args.max_workers}
-    return parse_policy({**base, **fields})
+    return turns_policy(handler="sleep", concurrency=args.concurrency, max_workers=args.max_workers, **fields)
 
 
 def setup_of(args: argparse.Namespace, trace: Trace) -> Setup:
@@ -196,19 +195,19 @@ def setup_of(args: argparse.Namespace, trace: Trace) -> Setup:
 
 
 # --- the validation --------------------------------------------------------------------
-def validation_policy(args: argparse.Namespace) -> Policy:
+def validation_policy(args: argparse.Namespace) -> TurnsPolicy:
     """The comparison's policy with its time constants divided by the speed-up."""
-    base: Policy = args.fleet_policy
-    k = args.speed
-    hold = base.scale_in_hold
+    base: TurnsPolicy = args.fleet_policy
+    k, scaling = args.speed, base.scaling
+    hold = scaling.scale_in_hold
     update: dict[str, Any] = {
-        "report_interval_s": base.report_interval_s / k, "active_window_s": base.active_window_s / k,
-        "target_wait_s": base.target_wait_s / k,
-        "scale_in_hold": hold.model_copy(update={"min_s": hold.min_s / k, "max_s": hold.max_s / k,
-                                                 "unmeasured_s": hold.unmeasured_s / k})}
-    if base.scale_down_stabilization_s is not None:
-        update["scale_down_stabilization_s"] = base.scale_down_stabilization_s / k
-    return base.model_copy(update=update)
+        "report_interval_s": scaling.report_interval_s / k, "active_window_s": scaling.active_window_s / k,
+        "target_wait_s": scaling.target_wait_s / k,
+        "scale_in_hold": {"min_s": hold.min_s / k, "max_s": hold.max_s / k,
+                          "unmeasured_s": hold.unmeasured_s / k}}
+    if scaling.scale_down_stabilization_s is not None:
+        update["scale_down_stabilization_s"] = scaling.scale_down_stabilization_s / k
+    return turns_policy(base, **update)
 
 
 def _live(r: Any) -> int:
@@ -217,7 +216,7 @@ def _live(r: Any) -> int:
     return sum(1 for w in r.hkeys(keys.WORKERS) if r.exists(keys.heartbeat(w.decode())))
 
 
-def real_run(turns: list[TraceTurn], policy: Policy, args: argparse.Namespace) -> ReplayResult:
+def real_run(turns: list[TraceTurn], policy: TurnsPolicy, args: argparse.Namespace) -> ReplayResult:
     """Replay ``turns`` (sped up) on a private redis-server with a real commander."""
     import redis
 
@@ -377,7 +376,7 @@ def describe(args: argparse.Namespace, trace: Trace, turns: list[TraceTurn], set
 def markdown(args: argparse.Namespace, trace: Trace, turns: list[TraceTurn], runs: dict[str, SimResult],
              val: dict[str, Any] | None, setup: Setup) -> str:
     sim_s = sum(r.runtime_s for r in runs.values())
-    hold = setup.policy.scale_down_stabilization_s
+    hold = setup.policy.scaling.scale_down_stabilization_s
     lines = [
         f"### Autoscaling on {trace.name} (simulated)", "",
         describe(args, trace, turns, setup) + f" All five simulations took {sim_s:.1f} s together.", "",

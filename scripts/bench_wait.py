@@ -33,7 +33,7 @@ import redis
 from benchlib import ROOT, OneLineParser, emit, percentile, stop_processes
 
 from fleet.client import AsyncFleet
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from stores.connection import connect_sync
 from stores.policies import write_policy
 
@@ -145,8 +145,8 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
     try:
         for rnd in range(-1, args.rounds):  # round -1: a warm-up, not counted
             acks = max(rnd, 0) % 2
-            write_policy(r, "chat", Policy(handler="echo", concurrency=args.concurrency, replica_acks=acks,
-                                           replica_ack_timeout_ms=args.timeout_ms))
+            write_policy(r, "chat", turns_policy(handler="echo", concurrency=args.concurrency,
+                                                 replica_acks=acks, replica_ack_timeout_ms=args.timeout_ms))
             await asyncio.sleep(5 * REFRESH_S)  # every worker has read it
             fleet.reread_policies()  # and the client's submits take it at once
             users = [f"r{rnd}-u{i:04d}" for i in range(args.users)]

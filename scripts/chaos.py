@@ -64,15 +64,15 @@ from fleet.client import AsyncFleet
 from protocol import keys
 from protocol.codec import CodecError, decode, encode
 from protocol.models import Control, LedgerEvent, OccupancyReport, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, turns_policy
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy
 from stores.registry import read_registry
 from stores.retry import TRANSIENT
 
-POLICY = Policy(handler="sleep", handler_options={"sleep_ms": 40}, concurrency=4, min_workers=2,
-                max_workers=6, target_backlog_per_worker=4, users_per_instance=None, report_interval_s=0.5,
-                scale_down_stabilization_s=5, drain_timeout_s=5, max_attempts=10)
+POLICY = turns_policy(handler="sleep", handler_options={"sleep_ms": 40}, concurrency=4, min_workers=2,
+                      max_workers=6, target_backlog_per_worker=4, users_per_instance=None,
+                      report_interval_s=0.5, scale_down_stabilization_s=5, drain_timeout_s=5, max_attempts=10)
 WORKER_ENV = {"FLEET_WORKER_LANE_TTL_MS": "2000", "FLEET_WORKER_RENEW_INTERVAL_S": "0.4",
               "FLEET_WORKER_RECLAIM_IDLE_MS": "2000", "FLEET_WORKER_RECLAIM_INTERVAL_S": "0.5",
               "FLEET_WORKER_HOUSEKEEPING_INTERVAL_S": "2"}
@@ -100,9 +100,9 @@ def parse_args(argv: list[str] | None = None):
                         "(it falls behind: the failover can lose acknowledged writes)")
     p.add_argument("--replica-acks", type=int, default=None,
                    help="set the tier policy's replica_acks (WAIT after the submit, the lane acquire "
-                        "and the commit), if this Fleet's Policy has that field")
+                        "and the commit)")
     p.add_argument("--policy-json", default=None,
-                   help='extra tier policy fields as JSON, e.g. \'{"replica_acks": 1}\' (checked by Policy)')
+                   help='extra tier policy fields as JSON, by name, e.g. \'{"replica_acks": 1}\' (validated)')
     args = p.parse_args(argv)
     try:
         args.policy = chaos_policy(args.replica_acks, args.policy_json)
@@ -117,17 +117,15 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def chaos_policy(replica_acks: int | None, policy_json: str | None) -> Policy:
-    """POLICY with the fields asked for. ``--replica-acks`` is the hook of the per-tier WAIT
-    option: a Policy without a ``replica_acks`` field refuses it, and says so."""
+def chaos_policy(replica_acks: int | None, policy_json: str | None) -> TurnsPolicy:
+    """POLICY with the fields asked for (any name ``protocol.policy.resolve`` takes);
+    ``--replica-acks`` sets the per-tier WAIT."""
     extra = json.loads(policy_json) if policy_json else {}
     if not isinstance(extra, dict):
         raise ValueError("--policy-json must be a JSON object")
     if replica_acks is not None:
-        if "replica_acks" not in Policy.model_fields:
-            raise ValueError("--replica-acks: this Fleet's Policy has no replica_acks field (yet)")
         extra["replica_acks"] = replica_acks
-    return Policy.model_validate({**POLICY.model_dump(), **extra}) if extra else POLICY
+    return turns_policy(POLICY, **extra) if extra else POLICY
 
 
 # --- the processes ----------------------------------------------------------------------------
@@ -625,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     if args.cluster:
         os.environ["FLEET_REDIS_CLUSTER"] = "yes"  # this process's clients too
-    policy: Policy = args.policy
+    policy: TurnsPolicy = args.policy
     with tempfile.TemporaryDirectory(prefix="fleet-chaos-") as tmp:
         cluster = Cluster(home=Path(tmp), cluster=args.cluster)
         try:
@@ -634,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.stop()  # (done already on the way out; here if the run failed on its way)
 
 
-def _run(args: Any, cluster: Cluster, policy: Policy, seconds: float, rng: random.Random) -> int:
+def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: random.Random) -> int:
     if cluster.cluster:
         cluster.start_rig()
     else:

@@ -345,12 +345,12 @@ def trace_pass(url: str) -> _Tracer:
     from commander.__main__ import _runtime
     from commander.commander import Commander
     from commander.settings import CommanderSettings
-    from protocol.policy import Policy
+    from protocol.policy import TurnsPolicy
     from stores.connection import connect_sync
     from stores.policies import write_policy
 
     r = connect_sync(url)
-    write_policy(r, "chat", Policy(min_workers=0))
+    write_policy(r, "chat", TurnsPolicy(min_workers=0))
     settings = CommanderSettings(redis_url=url, commander_id="codestats", metrics_port=None)
     runtime = _runtime(settings, url)
     assert runtime is not None

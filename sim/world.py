@@ -23,7 +23,7 @@ from fleet.client import AsyncFleet
 from protocol import keys
 from protocol.codec import as_str
 from protocol.models import HandlerResult
-from protocol.policy import Policy
+from protocol.policy import Scaling, TurnsPolicy
 from sim.loop import NODE, SimLoop
 from sim.store import Network, Wire
 from stores.policies import write_policy
@@ -164,8 +164,8 @@ class World:
         self._resumes: dict[str, asyncio.TimerHandle] = {}  # paused worker -> its SIGCONT
         net.watchers.append(self._watch_commits)
         self._spawned = 0
-        self.policy = Policy(handler="sim", concurrency=workload.concurrency, max_attempts=50,
-                             report_interval_s=5.0, ready_shards=workload.ready_shards)
+        self.policy = TurnsPolicy(handler="sim", concurrency=workload.concurrency, max_attempts=50,
+                                  scaling=Scaling(report_interval_s=5.0), ready_shards=workload.ready_shards)
 
     def saw_handler(self, kind: str, call: Call) -> None:
         for watch in list(self.handler_watchers):

@@ -20,6 +20,7 @@ from protocol import keys
 from protocol.codec import as_str
 from protocol.groups import pool_name, split_pool, validate_group, validate_pool
 from protocol.ids import InvalidId, validate_tier
+from protocol.policy import TurnsPolicy
 from stores.policies import PolicyRead, read_policy
 from stores.roundtrips import Op, Single, operation
 
@@ -98,8 +99,9 @@ def pool_policy(read: PolicyRead, pool: str) -> PolicyRead:
     """The policy read of ``pool`` from its tier's ``read``: a group's pool runs its group's
     policy (the tier's, for the tier itself or a group the policy no longer names)."""
     group = split_pool(pool)[1]
-    if group and any(g.name == group for g in read.policy.groups):
-        return replace(read, tier=pool, policy=read.policy.for_group(group))
+    policy = read.policy
+    if group and isinstance(policy, TurnsPolicy) and any(g.name == group for g in policy.rollout.groups):
+        return replace(read, tier=pool, policy=policy.for_group(group))
     return replace(read, tier=pool)
 
 
@@ -114,5 +116,5 @@ def with_group_pools(r: redis.Redis, tiers: Iterable[str]) -> list[str]:
     out: list[str] = []
     for tier in tiers:
         out.append(tier)
-        out += [pool_name(tier, g.name) for g in read_policy(r, tier).policy.groups]
+        out += [pool_name(tier, g.name) for g in read_policy(r, tier).policy.rollout.groups]
     return out

@@ -28,7 +28,7 @@ from redis.exceptions import NoPermissionError
 from protocol import keys
 from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_tier
-from protocol.policy import Policy, PolicyError, parse_policy
+from protocol.policy import Policy, PolicyError, TurnsPolicy, parse_policy
 from stores.roundtrips import Op, Pipelined, operation
 
 
@@ -48,7 +48,7 @@ def _resolve(tier: str, raw: bytes | None, goods: Iterable[bytes | None], handle
     """The policy in force; ``handlers`` are checked against ``group``'s handler (the reader's).
     ``goods``: the last good copies to fall back on, the reader's group's first."""
     if raw is None:
-        return PolicyRead(tier, Policy(), "default")
+        return PolicyRead(tier, TurnsPolicy(), "default")
     missing = None
     try:
         return PolicyRead(tier, parse_policy(raw, handlers, group), "key")
@@ -56,7 +56,8 @@ def _resolve(tier: str, raw: bytes | None, goods: Iterable[bytes | None], handle
         error = str(exc)
         if handlers is not None:
             with contextlib.suppress(PolicyError):  # valid but for the handler: say which
-                missing = parse_policy(raw).group_handler(group)
+                found = parse_policy(raw)
+                missing = found.group_handler(group) if isinstance(found, TurnsPolicy) else None
     for good in goods:
         if good is None:
             continue
@@ -64,7 +65,7 @@ def _resolve(tier: str, raw: bytes | None, goods: Iterable[bytes | None], handle
             return PolicyRead(tier, parse_policy(good, handlers, group), "last-good", error, missing)
         except PolicyError:
             continue  # the registry changed under the last good one: the next, else defaults
-    return PolicyRead(tier, Policy(), "default", error, missing)
+    return PolicyRead(tier, TurnsPolicy(), "default", error, missing)
 
 
 def _verdict(read: PolicyRead) -> tuple[bytes, bytes]:
@@ -178,7 +179,7 @@ def has_policy_key(r: redis.Redis, tier: str) -> bool:
 def ensure_policy(r: redis.Redis, tier: str) -> None:
     """Write the default policy if the tier has no key; else make sure ``fleet:tiers`` names it."""
     if r.get(keys.policy(tier)) is None:
-        write_policy(r, tier, Policy())
+        write_policy(r, tier, TurnsPolicy())
     else:
         r.sadd(keys.TIERS, tier)
 

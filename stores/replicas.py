@@ -29,7 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.roundtrips import Op
 
 log = logging.getLogger("fleet.replicas")
@@ -46,11 +46,11 @@ class ReplicaWait:
     timeout_ms: int
 
     @classmethod
-    def of(cls, policy: Policy) -> ReplicaWait | None:
+    def of(cls, policy: TurnsPolicy) -> ReplicaWait | None:
         """The policy's WAIT, or None when it asks for none (``replica_acks`` 0: no WAIT sent)."""
-        if policy.replica_acks <= 0:
+        if policy.durability.replica_acks <= 0:
             return None
-        return cls(policy.replica_acks, policy.replica_ack_timeout_ms)
+        return cls(policy.durability.replica_acks, policy.durability.replica_ack_timeout_ms)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from protocol.codec import as_str
 from protocol.groups import assign, pool_name, validate_group
 from protocol.ids import InvalidId
 from protocol.policy import MAX_REPLICA_ACK_TIMEOUT_MS, MAX_REPLICA_ACKS
+from protocol.policy_legacy import flat_view
 from stores.replicas import ReplicaWait
 from stores.roundtrips import Op, Pipelined, operation
 
@@ -68,7 +69,7 @@ def submit_options_of(raw: Any, good: Any, rejected: Iterable[Any] = ()) -> Subm
     shard that exists, up to ``keys.MAX_READY_SHARDS``); an odd replica count means no WAIT; a
     turn sent to a group the user does not belong to is handed to the right one by the worker
     that meets it."""
-    fields = _policy_fields(raw, good)
+    fields = flat_view(_policy_fields(raw, good))
     shards = _int_in(fields, "ready_shards", 1, 1, keys.MAX_READY_SHARDS)
     acks = _int_in(fields, "replica_acks", 0, 0, MAX_REPLICA_ACKS)
     timeout_ms = _int_in(fields, "replica_ack_timeout_ms", 100, 1, MAX_REPLICA_ACK_TIMEOUT_MS)

@@ -24,7 +24,7 @@ from redis.exceptions import ResponseError
 from protocol import keys
 from protocol.codec import CodecError
 from protocol.models import WorkerInfo, WorkerState
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores import worker_ops
 from stores.connection import connect_async
 from stores.replicas import ReplicaWait
@@ -87,7 +87,7 @@ class Worker:
                                      stop=self._stopping)
 
     @property
-    def policy(self) -> Policy:
+    def policy(self) -> TurnsPolicy:
         """What this worker runs: its group's policy when it serves a group."""
         return self.tier_policy.policy
 
@@ -182,7 +182,7 @@ class Worker:
     async def _deregister(self) -> None:
         await worker_ops.deregister_worker(self.r, self.pool, self.worker_id, self.tier_policy.shards)
 
-    def _applied(self, policy: Policy) -> None:
+    def _applied(self, policy: TurnsPolicy) -> None:
         """A new policy runs here: the replicas a write waits for, maybe more slots."""
         self.store.replica_wait = ReplicaWait.of(policy)  # WAIT after acquire and commit
         self.jobs.slot_freed.set()
@@ -284,5 +284,5 @@ class Worker:
 
     async def _housekeeping(self) -> None:
         """Trim the ready stream below what is pending or undelivered; forget stale users."""
-        await worker_ops.trim_ready(self.r, self.pool, 10 * self.policy.active_window_s,
+        await worker_ops.trim_ready(self.r, self.pool, 10 * self.policy.scaling.active_window_s,
                                     self.tier_policy.shards)

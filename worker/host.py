@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis.asyncio as aioredis
 
 from protocol.groups import split_pool
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores import worker_ops
 from stores.deadletters import dead_letter_async
 from stores.policies import tier_defined_async
@@ -97,7 +97,7 @@ class Host:
         return self.jobs.draining
 
     @property
-    def policy(self) -> Policy:
+    def policy(self) -> TurnsPolicy:
         return self.tier_policy.policy
 
     @property

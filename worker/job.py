@@ -24,7 +24,7 @@ from typing import Protocol
 
 from protocol.codec import CodecError, encode
 from protocol.models import HandlerResult, Reply, SessionEntry, Turn
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.memory import new_member
 from stores.retry import TRANSIENT, Backoff
 from stores.turns import Busy, Fenced, Lease, NextTurn, Pulled, UserStore, Writes
@@ -51,7 +51,7 @@ class JobHost(Protocol):
     @property
     def draining(self) -> bool: ...  # the worker hands its users on instead of serving more turns
     @property
-    def policy(self) -> Policy: ...  # max_attempts, handler_options
+    def policy(self) -> TurnsPolicy: ...  # max_attempts, handler_options
     @property
     def handler(self) -> handlers.Handler: ...
     @property

@@ -94,7 +94,7 @@ class Reports:
     def protect(self, seconds: float) -> float:
         """Protect this worker from scale-in for ``seconds`` (at most ``max_protection_s``; 0 ends
         it) and report it at once. Called from handlers, possibly on a handler thread."""
-        seconds = min(max(0.0, seconds), self.tier_policy.policy.max_protection_s)
+        seconds = min(max(0.0, seconds), self.tier_policy.policy.controls.max_protection_s)
         self.protected_until = time.time() + seconds if seconds > 0 else 0.0
         loop = self._loop
         if loop is not None and not loop.is_closed():
@@ -109,8 +109,9 @@ class Reports:
                 await self.report_once()
                 failures = 0
                 self._wake.clear()
+                interval = self.tier_policy.policy.scaling.report_interval_s
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.tier_policy.policy.report_interval_s)
+                    await asyncio.wait_for(self._wake.wait(), interval)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -127,7 +128,7 @@ class Reports:
         report = self.sensor.sample(
             worker=self.settings.worker_id, tier=self.settings.pool, state=self.state(),
             slots=Slots(busy=busy, total=policy.concurrency, queue_depth=len(jobs) - busy),
-            counters=self.tally.counters(running), interval=policy.report_interval_s,
+            counters=self.tally.counters(running), interval=policy.scaling.report_interval_s,
             turn_stats=self.tally.stats(),
             protected_until=self.protected_until if self.protected_until > time.time() else None)
         await post_report_async(self.r, report, REPORTS_MAXLEN)

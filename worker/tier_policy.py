@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 
 from protocol.groups import assign, pool_name
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, as_turns
 from stores import worker_ops
 from stores.group_assignment import read_pin_async, rejected_groups
 from stores.policies import PolicyRead, read_policy
@@ -24,11 +24,11 @@ class TierPolicy:
     """What a worker runs of its tier's policy, and where the tier's users go."""
 
     def __init__(self, r: aioredis.Redis, settings: WorkerSettings,
-                 register: Callable[[], Awaitable[None]], applied: Callable[[Policy], None]) -> None:
+                 register: Callable[[], Awaitable[None]], applied: Callable[[TurnsPolicy], None]) -> None:
         self.r = r
         self.settings = settings
-        self.policy = Policy()  # what this worker runs: its group's policy when it serves a group
-        self.whole: Policy | None = None  # the tier's whole policy: its groups (None: not read yet)
+        self.policy = TurnsPolicy()  # what this worker runs: its group's policy when it serves a group
+        self.whole: TurnsPolicy | None = None  # the tier's whole policy: its groups (None: not read yet)
         self.rejected: frozenset[str] = frozenset()  # the tier's groups the commander rejected
         self.handler: handlers.Handler = handlers.get(self.policy.handler)
         self.shards = 1  # ready shards read: the policy's, or more while higher ones exist
@@ -54,14 +54,15 @@ class TierPolicy:
 
     async def _apply(self, read: PolicyRead) -> None:
         tier = self.settings.tier
-        rejected = frozenset(await rejected_groups(self.r, tier) if read.policy.groups else ())
-        seen = None if self.whole is None else (self.whole.weights(), self.rejected)
-        if (read.policy.weights(), rejected) != seen:  # users move between turns from here on
+        policy = as_turns(read.policy)
+        rejected = frozenset(await rejected_groups(self.r, tier) if policy.rollout.groups else ())
+        seen = None if self.whole is None else (self.whole.rollout.weights(), self.rejected)
+        if (policy.rollout.weights(), rejected) != seen:  # users move between turns from here on
             log.info("groups of %s now %s%s", tier,
-                     ", ".join(f"{n} {w:g}" for n, w in read.policy.weights()) or "none",
+                     ", ".join(f"{n} {w:g}" for n, w in policy.rollout.weights()) or "none",
                      f" (rejected: {', '.join(sorted(rejected))})" if rejected else "")
-        self.whole, self.rejected = read.policy, rejected
-        mine = self._own(read.policy)
+        self.whole, self.rejected = policy, rejected
+        mine = self._own(policy)
         if mine != self.policy:
             if mine.handler != self.policy.handler:
                 self.handler = handlers.get(mine.handler)
@@ -71,14 +72,14 @@ class TierPolicy:
                      read.source, mine.handler, mine.concurrency,
                      f"; key rejected: {read.error}" if read.error else "")
 
-    def _own(self, policy: Policy) -> Policy:
+    def _own(self, policy: TurnsPolicy) -> TurnsPolicy:
         """What this worker runs of the tier's ``policy``: its group's, when it serves a group the
         policy names; the tier's when it serves none; its current one when its group was removed
         (it serves nobody then: every user it meets is handed to their group)."""
         group = self.settings.group
         if not group:
             return policy
-        if any(g.name == group for g in policy.groups):
+        if any(g.name == group for g in policy.rollout.groups):
             return policy.for_group(group)
         return self.policy
 
@@ -109,9 +110,10 @@ class TierPolicy:
                 return self.settings.pool
             policy, rejected = self.whole, self.rejected
         else:
-            policy = (await read_policy(self.r, tier)).policy
-            rejected = frozenset(await rejected_groups(self.r, tier)) if policy.groups else frozenset()
-        if not policy.groups:
+            policy = as_turns((await read_policy(self.r, tier)).policy)
+            groups = policy.rollout.groups
+            rejected = frozenset(await rejected_groups(self.r, tier)) if groups else frozenset()
+        if not policy.rollout.groups:
             return tier
         pin = await read_pin_async(self.r, user, tier)
-        return pool_name(tier, assign(user, policy.weights(), pin, rejected))
+        return pool_name(tier, assign(user, policy.rollout.weights(), pin, rejected))

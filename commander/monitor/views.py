@@ -63,23 +63,24 @@ def groups_json(seen: TierSeen, tiers: Mapping[str, TierSeen],
     its share is 0 whatever its weight, as assignment has it."""
     tier, group = split_pool(seen.tier)
     policy = policies.get(tier) or (None if group else seen.policy)
-    if policy is None or not policy.groups:
+    if policy is None or not policy.rollout.groups:
         return {}
+    rollout = policy.rollout
     rejected = {g.name: getattr(tiers.get(pool_name(tier, g.name)), "group_rejected", None)
-                for g in policy.groups}
-    live = {g.name: 0.0 if rejected[g.name] else g.weight for g in policy.groups}
+                for g in rollout.groups}
+    live = {g.name: 0.0 if rejected[g.name] else g.weight for g in rollout.groups}
     total = sum(live.values())
 
     def one(g: Group) -> dict[str, Any]:
         pool = tiers.get(pool_name(tier, g.name))
         return {"group": g.name, "pool": pool_name(tier, g.name), "weight": g.weight,
                 "share": round(100 * live[g.name] / total, 1) if total else 0.0,
-                "canary": policy.canary == g.name, "rejected": rejected[g.name],
+                "canary": rollout.canary == g.name, "rejected": rejected[g.name],
                 "ready": None if pool is None else sum(w.state == "ready" for w in pool.snapshot.workers)}
 
-    out: dict[str, Any] = {"groups": [one(g) for g in policy.groups], "canary": policy.canary}
+    out: dict[str, Any] = {"groups": [one(g) for g in rollout.groups], "canary": rollout.canary}
     if group:
-        mine = next((g for g in policy.groups if g.name == group), None)
+        mine = next((g for g in rollout.groups if g.name == group), None)
         out["group"] = {**one(mine), "tier": tier} if mine is not None else {
             "group": group, "pool": seen.tier, "tier": tier, "removed": True}
     return out
@@ -197,7 +198,7 @@ def workers_json(seen: Seen, now: float, tier: str | None = None,
         if tier is not None and name != tier:
             continue
         t = seen.tiers[name]
-        limit = memory_limit_bytes(t.policy)
+        limit = memory_limit_bytes(t.policy.scale_rules())
         for view in t.snapshot.workers:
             info = seen.registry.get(view.id, (None, False))[0]
             rows.append(worker_json(view, name, seen.windows.get(view.id, ()), info, limit, now, memo))

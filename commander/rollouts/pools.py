@@ -13,6 +13,7 @@ import redis
 
 from commander.rollouts.weights import Weights
 from protocol.groups import pool_name, split_pool
+from protocol.policy import TurnsPolicy
 from stores.group_assignment import known_pools, remember_pools
 from stores.policies import PolicyRead, read_policy
 
@@ -20,12 +21,12 @@ from stores.policies import PolicyRead, read_policy
 def pool_policy(pool: str, read: PolicyRead) -> tuple[PolicyRead, bool]:
     """The policy of ``pool`` from its tier's ``read``, and whether the pool is *removed*: no
     group of the policy names it (or it is the tier's own pool and the tier has groups)."""
-    group = split_pool(pool)[1]
-    groups = read.policy.groups
+    group, policy = split_pool(pool)[1], read.policy
+    groups = policy.rollout.groups
     if not group:
         return read, bool(groups)
-    if any(g.name == group for g in groups):
-        return replace(read, tier=pool, policy=read.policy.for_group(group)), False
+    if isinstance(policy, TurnsPolicy) and any(g.name == group for g in groups):
+        return replace(read, tier=pool, policy=policy.for_group(group)), False
     return replace(read, tier=pool), True
 
 
@@ -47,7 +48,7 @@ class Pools:
                 continue
             policy = read_policy(self._r, tier).policy  # (structure only: the handlers are the pools')
             self._weights.note(tier, policy)
-            pools = {pool_name(tier, g.name) for g in policy.groups} or {tier}
+            pools = {pool_name(tier, g.name) for g in policy.rollout.groups} or {tier}
             known = known_pools(self._r, tier)
             if not pools <= known:
                 remember_pools(self._r, tier, pools - known)

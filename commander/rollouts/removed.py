@@ -19,7 +19,7 @@ from commander.runtime import Lifecycle, Runtime, WorkerHandle
 from protocol.groups import assign, pool_name, split_pool
 from protocol.keys import ready_shard
 from protocol.models import WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import Policy, TurnsPolicy
 from stores.group_assignment import forget_pool, read_pins, rejected_groups
 from stores.policies import read_policy
 from stores.renotify import active_since, active_users, notify_on, unserved_newest
@@ -53,7 +53,7 @@ class RemovedPools:
         for wid in sorted((ours | theirs) - self._drained):
             reason = f"pool {pool} is no group of its tier's policy: its users are served by their groups"
             self._ledger.record(pool, "group-removed", victims=[wid], reason=reason)
-            self._actor.retire(wid, reason, policy.drain_timeout_s)
+            self._actor.retire(wid, reason, policy.controls.drain_timeout_s)
             self._drained.add(wid)
         self._drained &= ours | theirs
         return bool(ours | theirs)
@@ -67,15 +67,17 @@ class RemovedPools:
         self._moved_at[pool] = mono
         tier = split_pool(pool)[0]
         policy = read_policy(self._r, tier).policy
-        rejected = frozenset(rejected_groups(self._r, tier)) if policy.groups else frozenset()
+        groups = policy.rollout.groups
+        shards = policy.ready_shards if isinstance(policy, TurnsPolicy) else 1
+        rejected = frozenset(rejected_groups(self._r, tier)) if groups else frozenset()
         done, moved, left = self._moved.setdefault(pool, {}), dict[str, str](), 0
         for users in active_users(self._r, pool):
             newest = unserved_newest(self._r, users)
             left += len(newest)
             fresh = [u for u, entry in newest.items() if done.get(u) != entry]
-            pins = read_pins(self._r, fresh, tier) if policy.groups else {}
-            placed = {u: (pool_name(tier, assign(u, policy.weights(), pins.get(u), rejected))
-                          if policy.groups else tier, ready_shard(u, policy.ready_shards)) for u in fresh}
+            pins = read_pins(self._r, fresh, tier) if groups else {}
+            placed = {u: (pool_name(tier, assign(u, policy.rollout.weights(), pins.get(u), rejected))
+                          if groups else tier, ready_shard(u, shards)) for u in fresh}
             notify_on(self._r, placed, now)
             moved |= {u: to for u, (to, _shard) in placed.items()}
             done.update({u: newest[u] for u in fresh})

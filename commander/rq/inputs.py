@@ -5,7 +5,7 @@ What changes is what is measured, not how it is judged: a worker is ready once R
 registry has it and busy while RQ says it runs a job (one at a time: its ``total`` is 1); the
 backlog is the jobs waiting in the tier's queues; the rate is jobs finished or failed per
 second (RQ's registries' counts, over the last minute); the busy workers' count is the handler
-time per second. So ``decide`` scales on queue depth, keeps ``target_buffer`` warm, scales to
+time per second. So ``decide`` scales on queue depth, keeps ``scaling.target_buffer`` warm, scales to
 zero when the queues are empty and the workers idle, reclaims idle workers first (a busy one
 only by consolidation, never from under a job: RQ's warm shutdown lets the job finish), and
 starts a worker for a job that arrives at an empty tier (its backlog proposal).
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from commander.decide_inputs import mark_reception
 from commander.runtime import Lifecycle, WorkerHandle
 from commander.snapshot import TierSnapshot, ViewState, WorkerView
-from protocol.policy import Policy
+from protocol.policy import RqPolicy, ScaleRules
 
 RATE_WINDOW_S = 60.0
 
@@ -47,9 +47,9 @@ class RqTierRead:
     workers: tuple[RqWorkerSeen, ...] = ()
 
 
-def decide_policy(policy: Policy) -> Policy:
-    """The policy ``decide`` runs for an rq tier: one job per worker (``concurrency`` 1)."""
-    return policy if policy.concurrency == 1 else policy.model_copy(update={"concurrency": 1})
+def decide_policy(policy: RqPolicy) -> ScaleRules:
+    """What ``decide`` judges an rq tier by: one job per worker (``concurrency`` 1)."""
+    return policy.scale_rules()
 
 
 def rq_views(tier: str, handles: Iterable[WorkerHandle],

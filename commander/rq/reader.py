@@ -8,7 +8,7 @@ import logging
 import redis
 
 from commander.rq.inputs import RqRates, RqTierRead, RqWorkerSeen
-from protocol.policy import Policy
+from protocol.policy import RqPolicy
 
 log = logging.getLogger("fleet.commander")
 NO_RQ_ON_CLUSTER = ("Fleet's Redis is a Cluster and the commander has no RQ Redis: RQ keeps its keys "
@@ -37,7 +37,7 @@ class RqReader:
             raise RuntimeError(NO_RQ_ON_CLUSTER)
         return self._r
 
-    def read(self, tier: str, policy: Policy, now: float) -> tuple[RqTierRead, float]:
+    def read(self, tier: str, policy: RqPolicy, now: float) -> tuple[RqTierRead, float]:
         """The tier's queues and RQ workers now, and its jobs per second."""
         from stores import rqjobs  # the rq extra
 
@@ -58,7 +58,7 @@ class RqReader:
         rate = self.rates.setdefault(tier, RqRates()).add(now, read.done_total)
         return read, rate
 
-    def reap(self, worker_id: str, policy: Policy, tier: str) -> int:
+    def reap(self, worker_id: str, policy: RqPolicy, tier: str) -> int:
         """A dead RQ worker's jobs handed back now (retried or failed, as RQ would later)."""
         from stores import rqjobs
 

@@ -11,7 +11,7 @@ from commander.rq.inputs import decide_policy, rq_snapshot, rq_views
 from commander.rq.reader import NO_RQ_ON_CLUSTER, RqReader
 from commander.runtime import WorkerHandle
 from commander.snapshot import TierSnapshot, WorkerView
-from protocol.policy import Policy
+from protocol.policy import RqPolicy, ScaleRules
 
 log = logging.getLogger("fleet.commander")
 
@@ -36,14 +36,14 @@ class RqTiers:
             log.error("%s", reason)
         return NO_RQ_ON_CLUSTER
 
-    def inputs(self, tier: str, policy: Policy, handles: list[WorkerHandle],
-               now: float) -> tuple[tuple[WorkerView, ...], TierSnapshot, Policy]:
+    def inputs(self, tier: str, policy: RqPolicy, handles: list[WorkerHandle],
+               now: float) -> tuple[tuple[WorkerView, ...], TierSnapshot, ScaleRules]:
         """The views, snapshot and decide policy of an rq tier (its workers are RQ's)."""
         read, rate = self.reader.read(tier, policy, now)
         views = rq_views(tier, handles, read.workers)
         return views, rq_snapshot(tier, views, read, rate), decide_policy(policy)
 
-    def reap(self, handle: WorkerHandle, policy: Policy) -> None:
+    def reap(self, handle: WorkerHandle, policy: RqPolicy) -> None:
         """An RQ worker that died (not a warm shutdown): its job goes back to RQ now, retried if
         it has retries left, else failed; RQ itself would do it only once the job's heartbeat
         expires (a minute or more). A failure leaves it to RQ, and says so."""

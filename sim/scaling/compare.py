@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, turns_policy
 from sim.scaling.policies import (
     FleetDecide,
     Static,
@@ -36,7 +36,7 @@ def _stderr(line: str) -> None:
 class Setup:
     """How the tier runs in every policy's simulation, and what the oracle aims at."""
 
-    policy: Policy = field(default_factory=lambda: Policy(handler="sleep"))
+    policy: TurnsPolicy = field(default_factory=lambda: TurnsPolicy(handler="sleep"))
     spawn_delay_s: float = 0.1
     slo_s: float = 1.0
     oracle_quantile: float = 99.0
@@ -53,17 +53,16 @@ class Setup:
     def max_workers(self) -> int:
         return self.policy.max_workers
 
-    def config(self, policy: Policy | None = None) -> SimConfig:
+    def config(self, policy: TurnsPolicy | None = None) -> SimConfig:
         """The simulator's settings; ``policy`` feeds the snapshot (report interval, window)."""
         return SimConfig(concurrency=self.concurrency, spawn_delay_s=self.spawn_delay_s,
                          view_policy=policy or self.policy, slo_s=self.slo_s, epoch=self.epoch)
 
 
-def fleet_policy(concurrency: int = 8, max_workers: int = 32, **fields: Any) -> Policy:
+def fleet_policy(concurrency: int = 8, max_workers: int = 32, **fields: Any) -> TurnsPolicy:
     """The default policy with what a user of the benchmark sets: the sleep handler, the
-    concurrency, max_workers, and any field of a policy file."""
-    return Policy.model_validate({"handler": "sleep", "concurrency": concurrency,
-                                  "max_workers": max_workers, **fields})
+    concurrency, max_workers, and any field of a policy file (by any name ``resolve`` takes)."""
+    return turns_policy(handler="sleep", concurrency=concurrency, max_workers=max_workers, **fields)
 
 
 def keda_target(setup: Setup) -> float:
@@ -129,22 +128,23 @@ class Point:
     default: bool = False  # the setting of the comparison
 
 
-def fleet_variants(setup: Setup) -> list[tuple[str, Policy]]:
+def fleet_variants(setup: Setup) -> list[tuple[str, TurnsPolicy]]:
     """Fleet's policy over its cost/churn knobs: the scale-in hold (fixed or derived) and the
     ledger's compaction margin (the hysteresis between a scale-up and a compaction)."""
     base = setup.policy
-    out = [("derived hold" if base.scale_down_stabilization_s is None
-            else f"hold {base.scale_down_stabilization_s:g} s", base)]
+    fixed = base.scaling.scale_down_stabilization_s
+    out = [("derived hold" if fixed is None else f"hold {fixed:g} s", base)]
     for hold in (0.0, 60.0, 300.0):
-        if hold != base.scale_down_stabilization_s:
-            out.append((f"hold {hold:g} s", base.model_copy(update={"scale_down_stabilization_s": hold})))
+        if hold != fixed:
+            out.append((f"hold {hold:g} s", turns_policy(base, scale_down_stabilization_s=hold)))
     for margin in (2.0, 2.5):
-        if margin != base.compaction_margin:
-            out.append((f"margin {margin:g}", base.model_copy(update={"compaction_margin": margin})))
+        if margin != base.scaling.occupancy.compaction_margin:
+            out.append((f"margin {margin:g}", turns_policy(base, compaction_margin=margin)))
     return out
 
 
-def _variants(turns: Sequence[TraceTurn], setup: Setup) -> Iterable[tuple[str, str, SimPolicy, Policy, bool]]:
+def _variants(turns: Sequence[TraceTurn],
+              setup: Setup) -> Iterable[tuple[str, str, SimPolicy, TurnsPolicy, bool]]:
     for i, (label, pol) in enumerate(fleet_variants(setup)):
         yield "fleet", label, FleetDecide(pol, epoch=setup.epoch), pol, i == 0
     for target in (0.5, 0.6, 0.7, 0.8, 0.9):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from commander.snapshot import TierSnapshot
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class SimConfig:
     epoch: float = 0.0  # unix time of the trace's start: reports and decide() see epoch + t
     report_outages: tuple[tuple[float, float], ...] = ()  # [start, end) with every report lost
     protect_turns_over_s: float | None = None  # such turns protect their worker while they run
-    view_policy: Policy = field(default_factory=Policy)
+    view_policy: TurnsPolicy = field(default_factory=TurnsPolicy)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Protocol, cast
 
 from commander.decide import TierState, decide
 from commander.snapshot import TierSnapshot
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from sim.scaling.simulate import Scale, SimConfig, Simulator, quantile
 from sim.scaling.trace import TraceTurn
 
@@ -36,7 +36,7 @@ class FleetDecide:
     observes = True
     wakes_on_pressure = True
 
-    def __init__(self, policy: Policy, name: str = "fleet", epoch: float = 0.0) -> None:
+    def __init__(self, policy: TurnsPolicy, name: str = "fleet", epoch: float = 0.0) -> None:
         self.name, self.policy, self.state = name, policy, TierState()
         self.epoch = epoch  # the trace's start (SimConfig.epoch): decide() sees unix times
 
@@ -48,7 +48,7 @@ class FleetDecide:
 
     def __call__(self, now: float, snap: TierSnapshot | None, current: int) -> Scale:
         assert snap is not None
-        plan, self.state = decide(snap, self.policy, self.state, self.epoch + now)
+        plan, self.state = decide(snap, self.policy.scale_rules(), self.state, self.epoch + now)
         return Scale(plan.spawn, tuple(r.worker for r in plan.retire))
 
 

@@ -36,6 +36,7 @@ from fleet.client import AsyncFleet, TurnTimeout
 from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import LedgerEvent, WorkerInfo
+from protocol.policy import TurnsPolicy
 from sim.scaling.trace import TraceModel, TraceTurn, load_turns, speed_up
 from stores.replies import hash_reply, raw_rows
 
@@ -281,6 +282,8 @@ def ensure_sleep_handler(url: str, tier: str, set_it: bool) -> None:
     r = connect_sync(url)
     try:
         policy = read_policy(r, tier).policy
+        if not isinstance(policy, TurnsPolicy):
+            raise ValueError(f"tier {tier} is an rq tier; replay sends turns")
         if policy.handler == "sleep":
             return
         if not set_it:

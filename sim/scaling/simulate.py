@@ -155,7 +155,7 @@ class Simulator:
             w = self.workers.get(wid)
             if w is not None and w.state != "starting":
                 self._report(w)
-                self._push(self.t + self.cfg.view_policy.report_interval_s, _REPORT, wid, 0)
+                self._push(self.t + self.cfg.view_policy.scaling.report_interval_s, _REPORT, wid, 0)
         elif kind == _PASS:
             if n == self.pass_gen:
                 self._pass()
@@ -254,7 +254,7 @@ class Simulator:
         w.state = "ready"
         if self.evaluator is not None:
             self._report(w)
-            self._push(self.t + self.cfg.view_policy.report_interval_s, _REPORT, w.id, 0)
+            self._push(self.t + self.cfg.view_policy.scaling.report_interval_s, _REPORT, w.id, 0)
         self._fill(w)
 
     def _retire(self, wid: str) -> None:
@@ -314,7 +314,8 @@ class Simulator:
         now = self.cfg.epoch + self.t
         handles = [WorkerHandle(w.id, self.cfg.tier, 0, _HANDLE_STATE[w.state], self.cfg.epoch + w.started)
                    for w in self.workers.values()]
-        views = worker_views(self.cfg.tier, handles, {}, self.evaluator, self.cfg.view_policy, now, 0.0)
+        rules = self.cfg.view_policy.scale_rules()
+        views = worker_views(self.cfg.tier, handles, {}, self.evaluator, rules, now, 0.0)
         # Fleet's backlog is the turns no worker has started (stores.backlog); KEDA's Redis
         # streams scaler counts lag + pending, which includes the turns in service
         backlog = len(self.queue) + (self.in_service if getattr(self.policy, "counts_pending", False) else 0)
@@ -323,7 +324,7 @@ class Simulator:
         return snapshot(self.cfg.tier, views, signals, tier_rates(views, self.evaluator))
 
     def _active_users(self) -> int:
-        cutoff = self.t - self.cfg.view_policy.active_window_s
+        cutoff = self.t - self.cfg.view_policy.scaling.active_window_s
         while self.submits and self.submits[0][0] < cutoff:
             ts, user = self.submits.popleft()
             if self.last_submit.get(user) == ts:

@@ -19,7 +19,7 @@ from redis.crc import key_slot
 
 from fleet.client import Fleet
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from stores.renotify import cluster_epoch, read_recovered
 from stores.retry import TRANSIENT
@@ -71,7 +71,7 @@ def notified(r: redis.Redis, user: str) -> bool:
 def test_a_notification_lost_in_a_failover_is_posted_again_and_the_turn_answered(
         redis_cluster: RedisClusterRig, rc: redis.Redis, cluster_env: dict[str, str],  # noqa: F811
         start_workers: Callable[[int], object]) -> None:  # noqa: F811  (the fixtures)
-    write_policy(rc, "chat", Policy(min_workers=0, concurrency=4))
+    write_policy(rc, "chat", TurnsPolicy(min_workers=0, concurrency=4))
     rig = Rig(rc, concurrency=4)
     assert rig.campaign()
     rig.step()

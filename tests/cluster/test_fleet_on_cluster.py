@@ -20,7 +20,7 @@ from fleet.client import AsyncFleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import SessionEntry
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from stores.registry import read_registry
 from tests.cluster.conftest import RedisClusterRig
@@ -99,7 +99,7 @@ def answered_in_order(url: str, rc: redis.Redis, names: list[str], turns: int) -
 
 def test_turns_of_users_on_every_master_are_all_answered_in_order(
         redis_cluster: RedisClusterRig, rc: redis.Redis, start_workers: Callable[[int], object]) -> None:
-    write_policy(rc, "chat", Policy(concurrency=16))
+    write_policy(rc, "chat", TurnsPolicy(concurrency=16))
     start_workers(2)
     users, turns = 150, 3
     names = [f"u{i}" for i in range(users)]
@@ -128,7 +128,7 @@ def test_the_cli_submits_and_shows_status_on_a_cluster(
 
 def test_the_commander_scales_a_tier_on_a_cluster(rc: redis.Redis, cluster_env: dict[str, str],
                                                   processes: Processes) -> None:
-    write_policy(rc, "chat", Policy(min_workers=2, max_workers=4, concurrency=4))
+    write_policy(rc, "chat", TurnsPolicy(min_workers=2, max_workers=4, concurrency=4))
     commander = processes.commander(cluster_env)
     pids: set[int] = set()
     try:
@@ -160,7 +160,7 @@ def test_a_tier_on_three_ready_shards_spreads_over_three_masters_in_order(
         redis_cluster: RedisClusterRig, rc: redis.Redis, start_workers: Callable[[int], object]) -> None:
     """``ready_shards=3``: the tier's ready streams sit on 3 different masters, and every turn
     of every user is answered once, in order (workers read each shard on its own there)."""
-    write_policy(rc, "chat", Policy(concurrency=16, ready_shards=3))
+    write_policy(rc, "chat", TurnsPolicy(concurrency=16, ready_shards=3))
     shards = [keys.ready("chat", k) for k in range(3)]
     assert len({redis_cluster.master_of_slot(key_slot(s.encode())).port for s in shards}) == 3
     start_workers(2)

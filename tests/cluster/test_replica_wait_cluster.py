@@ -27,7 +27,7 @@ from redis.crc import key_slot
 
 from fleet.client import AsyncFleet, Fleet
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from stores.connection import connect_sync
 from stores.policies import write_policy
 from tests.cluster.conftest import RedisClusterRig
@@ -42,8 +42,8 @@ TIMEOUT_MS = 200
 @pytest.fixture
 async def workers(redis_cluster: RedisClusterRig) -> AsyncIterator[list[Worker]]:
     rc = connect_sync(redis_cluster.url)
-    write_policy(rc, "chat", Policy(handler="echo", concurrency=16, replica_acks=1,
-                                    replica_ack_timeout_ms=TIMEOUT_MS))
+    write_policy(rc, "chat", turns_policy(handler="echo", concurrency=16, replica_acks=1,
+                                          replica_ack_timeout_ms=TIMEOUT_MS))
     rc.close()
     ws = [Worker(WorkerSettings(redis_url=redis_cluster.url, worker_id=f"chat-wait{i}", block_ms=200,
                                 log_level="WARNING")) for i in range(2)]

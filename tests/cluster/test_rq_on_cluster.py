@@ -22,7 +22,7 @@ import redis
 from fleet.client import Fleet
 from protocol import keys
 from protocol.deferral import job_id
-from protocol.policy import Policy
+from protocol.policy import RqPolicy, TurnsPolicy, rq_policy
 from stores import rqjobs
 from stores.policies import write_policy
 from stores.registry import read_registry
@@ -69,11 +69,11 @@ def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
         redis_cluster: RedisClusterRig, rc: redis.Redis, rq_node: redis.Redis, redis_server: RedisServer,
         processes: Processes, tmp_path: Path) -> None:
     env = _env(redis_cluster.url, tmp_path)  # no FLEET_RQ_URL: the flags say where RQ is
-    write_policy(rc, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
-                                    handler_options={"job": "count", "job_sleep_s": 0.1}))
-    write_policy(rc, QUEUE, Policy(kind="rq", min_workers=0, max_workers=3, target_backlog_per_worker=4,
-                                   users_per_instance=None, scale_down_stabilization_s=1,
-                                   drain_timeout_s=15))
+    write_policy(rc, "chat", TurnsPolicy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
+                                         handler_options={"job": "count", "job_sleep_s": 0.1}))
+    write_policy(rc, QUEUE, rq_policy(min_workers=0, max_workers=3, target_backlog_per_worker=4,
+                                      scale_down_stabilization_s=1,
+                                      drain_timeout_s=15))
     commander = processes.commander(env, "c1", "--rq-url", rq_url(redis_server))
     relay_argv = ["-m", "fleet.cli", "relay", "--id", "relay-c", "--rq-url", rq_url(redis_server),
                   "--claim-idle-ms", "500", "--sweep-interval", "2"]
@@ -122,8 +122,8 @@ def test_an_rq_tier_on_a_cluster_without_rqs_redis_is_refused_once(
         redis_cluster: RedisClusterRig, rc: redis.Redis, processes: Processes,
         tmp_path: Path) -> None:
     env = _env(redis_cluster.url, tmp_path)
-    write_policy(rc, "chat", Policy(min_workers=1, max_workers=1))
-    write_policy(rc, QUEUE, Policy(kind="rq", min_workers=1, max_workers=2, users_per_instance=None))
+    write_policy(rc, "chat", TurnsPolicy(min_workers=1, max_workers=1))
+    write_policy(rc, QUEUE, RqPolicy(min_workers=1, max_workers=2))
     commander = processes.commander(env, "c2")
     refused = lambda: ledger(rc, QUEUE, "refused")  # noqa: E731
     wait_until(lambda: refused() or not commander.alive(), 30, "the rq tier to be refused")

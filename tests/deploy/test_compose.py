@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from tests.deploy.tools import REDIS_IMAGE, ROOT, compose_config
 
 LONG_RUNNING = ("redis", "commander", "worker", "relay")
@@ -99,11 +99,11 @@ def test_fixed_workers_are_optional_and_drain_in_time(config: dict[str, Any]) ->
     assert worker["restart"] == "on-failure", "a worker the commander retired stays retired"
     for name in ("commander", "worker"):
         grace = config["services"][name]["stop_grace_period"]
-        assert grace.endswith("s") and float(grace[:-1]) >= Policy().drain_timeout_s + 10, name
+        assert grace.endswith("s") and float(grace[:-1]) >= TurnsPolicy().controls.drain_timeout_s + 10, name
 
 
 def test_the_relay_is_optional_and_restarts(config: dict[str, Any]) -> None:
-    """The relay of deferred jobs (issue 16) starts only with its profile, on the same Redis."""
+    """The relay of deferred jobs starts only with its profile, on the same Redis."""
     relay = config["services"]["relay"]
     assert relay["profiles"] == ["jobs"] and relay["command"] == ["relay"]
     assert relay["environment"]["REDIS_URL"] == REDIS_URL

@@ -30,7 +30,7 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, latest_version
 
 from commander.runtime.kubernetes.model import deployment_of
-from protocol.policy import Policy, parse_assignments, updated
+from protocol.policy import TurnsPolicy, parse_assignments, updated
 from tests.deploy.tools import K8S, OVERLAYS, REDIS_IMAGE, ROOT, by_kind, one, render, render_dir
 from tests.k8s.standin_writes import selector_matches
 
@@ -305,7 +305,7 @@ def test_a_tiers_pods_and_its_policy_agree_on_memory_and_time(
         assert setter["command"][:4] == ["fleet", "policy", "set", tier]
         assert setter["image"] == fleet_image(overlay)
         changes = parse_assignments(setter["command"][4:])
-        policy = updated(Policy(), changes)  # a valid policy, as `fleet policy set` checks it
+        policy = updated(TurnsPolicy(), changes)  # a valid policy, as `fleet policy set` checks it
         (c,) = pod_spec(d)["containers"]
         resources = c["resources"]
         if runs_rq(d):
@@ -314,12 +314,14 @@ def test_a_tiers_pods_and_its_policy_agree_on_memory_and_time(
             assert resources["limits"]["memory"] == resources["requests"]["memory"]
         else:
             assert set(changes) == {"memory_limit_mb", "drain_timeout_s"} and policy.kind == "turns"
-            assert policy.memory_limit_mb is not None
-            assert mebibytes(resources["limits"]["memory"]) == policy.memory_limit_mb
-            assert mebibytes(resources["requests"]["memory"]) == policy.memory_limit_mb
+            limit_mb = policy.scale_rules().scaling.occupancy.memory_limit_mb
+            assert limit_mb is not None
+            assert mebibytes(resources["limits"]["memory"]) == limit_mb
+            assert mebibytes(resources["requests"]["memory"]) == limit_mb
         grace = pod_spec(d)["terminationGracePeriodSeconds"]
-        assert grace == policy.drain_timeout_s + GRACE_MARGIN_S
-        assert grace >= Policy().drain_timeout_s + GRACE_MARGIN_S  # and a tier left at the default drains too
+        assert grace == policy.controls.drain_timeout_s + GRACE_MARGIN_S
+        # and a tier left at the default drains too
+        assert grace >= TurnsPolicy().controls.drain_timeout_s + GRACE_MARGIN_S
         assert job["spec"]["ttlSecondsAfterFinished"] == 0, "deleted once done: the next apply runs it again"
 
 

@@ -1,4 +1,4 @@
-"""The backlog signal on a real worker and Redis: jobs in progress are not backlog (DESIGN §3).
+"""The backlog signal on a real worker and Redis: jobs in progress are not backlog.
 
 A worker keeps the notifications of its jobs pending, and claims them to itself every renew,
 until the jobs end. The commander's backlog (and ``fleet status``) must count only turns no
@@ -16,7 +16,7 @@ from commander.observe import Observer
 from fleet.client import Fleet
 from fleet.status import tier_backlog
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
 
@@ -41,8 +41,8 @@ def held_by(r: redis.Redis, worker: str) -> int:
 
 
 def test_jobs_in_progress_are_not_backlog(r, redis_server, start_worker):
-    write_policy(r, "chat", Policy(handler="sleep", handler_options={"sleep_ms": 60_000}, concurrency=N,
-                                   users_per_instance=None, report_interval_s=0.5))
+    write_policy(r, "chat", turns_policy(handler="sleep", handler_options={"sleep_ms": 60_000}, concurrency=N,
+                                         users_per_instance=None, report_interval_s=0.5))
     w = start_worker("chat", env={"FLEET_WORKER_HEARTBEAT_TTL_MS": "1500"})
     fleet = Fleet(redis_server.url)
     try:

@@ -1,4 +1,4 @@
-"""The `fleet` CLI at its edges (issue 9), as a subprocess against the module's private redis-server.
+"""The `fleet` CLI at its edges, as a subprocess against the module's private redis-server.
 
 Oversize turns, bad URLs and values, a closed stdout, the ledger's table, `top` in 80 columns and
 its `q`, and the messages of `policy get` and `worker`. Every failure must be one line on stderr.
@@ -23,7 +23,7 @@ import redis
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import MAX_TEXT_CHARS, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.helpers import fleet_cli
 from tests.integration.test_events_top import T0, _populate, event, ledger, register, report
@@ -40,7 +40,7 @@ def one_line_error(out: subprocess.CompletedProcess[str], code: int) -> str:
 # --- item 1: the turn size limit ----------------------------------------------------------
 def test_text_over_the_limit_is_one_line_exit_2_and_nothing_written(r: redis.Redis,
                                                                   fleet_env: dict[str, str]) -> None:
-    write_policy(r, "chat", Policy())
+    write_policy(r, "chat", TurnsPolicy())
     before = sorted(r.keys("*"))
     err = one_line_error(fleet_cli(fleet_env, "submit", "--user", "alice", "x" * (MAX_TEXT_CHARS + 1)), 2)
     assert f"over the limit of {MAX_TEXT_CHARS} characters" in err and "nothing was submitted" in err
@@ -76,7 +76,7 @@ def test_a_bad_url_does_not_print_its_password(fleet_env: dict[str, str]) -> Non
                                   ["user", "ann"], ["user", "ann", "--json"], ["--help"]])
 def test_a_closed_stdout_ends_quietly_with_exit_0(r: redis.Redis, fleet_env: dict[str, str],
                                                   args: list[str]) -> None:
-    write_policy(r, "chat", Policy())
+    write_policy(r, "chat", TurnsPolicy())
     ledger(r, event())
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the command writes a byte: `| head -0`
@@ -105,7 +105,7 @@ def test_a_closed_stdout_ends_quietly_with_exit_0(r: redis.Redis, fleet_env: dic
 ])
 def test_bad_values_exit_2_with_one_line_and_write_nothing(r: redis.Redis, fleet_env: dict[str, str],
                                                            args: list[str]) -> None:
-    write_policy(r, "chat", Policy(concurrency=4))
+    write_policy(r, "chat", TurnsPolicy(concurrency=4))
     before = {k: r.dump(k) for k in r.keys("*")}
     one_line_error(fleet_cli(fleet_env, *args), 2)
     assert {k: r.dump(k) for k in r.keys("*")} == before

@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 
 from fleet.client import AsyncFleet, Fleet, UnknownTier
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, turns_policy
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy
 
@@ -75,7 +75,7 @@ class AsyncCuttingConnection(aioredis.Connection):
 
 @pytest.fixture
 def chat(r: redis.Redis) -> Iterator[redis.Redis]:
-    write_policy(r, "chat", Policy())
+    write_policy(r, "chat", TurnsPolicy())
     Cut.armed = False
     yield r
     Cut.armed = False
@@ -162,7 +162,7 @@ def test_an_unknown_tier_writes_nothing_on_a_real_server(r, redis_server) -> Non
 def test_a_submit_waits_for_replicas_when_the_tier_asks_and_goes_on_without_them(r, redis_server) -> None:
     """One node without replicas: ``WAIT 1 30`` times out with 0; the turn is queued anyway
     (one round trip: the WAIT rides after EXEC), and the shortfall is counted."""
-    write_policy(r, "chat", Policy(replica_acks=1, replica_ack_timeout_ms=30))
+    write_policy(r, "chat", turns_policy(replica_acks=1, replica_ack_timeout_ms=30))
     client = Fleet(client=connect_sync(redis_server.url))
     before = int(r.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
     client.submit_many([("alice", "one"), ("bob", "two")])
@@ -174,7 +174,7 @@ def test_a_submit_waits_for_replicas_when_the_tier_asks_and_goes_on_without_them
 
 
 async def test_async_a_tier_without_replica_acks_sends_no_wait(r, redis_server) -> None:
-    write_policy(r, "chat", Policy())
+    write_policy(r, "chat", TurnsPolicy())
     r.config_resetstat()
     client = AsyncFleet(client=connect_async(redis_server.url))
     try:

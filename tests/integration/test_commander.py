@@ -21,7 +21,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import SessionEntry
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, turns_policy
 from stores.policies import write_policy
 from tests.helpers import fleet_cli, leads, ledger, live_workers, passes, wait_until
 
@@ -32,8 +32,8 @@ FAST = dict(handler="sleep", handler_options={"sleep_ms": 300}, concurrency=2, m
             report_interval_s=0.3, scale_down_stabilization_s=3, drain_timeout_s=15)
 
 
-def policy(**over: object) -> Policy:
-    return Policy(**{**FAST, **over})
+def policy(**over: object) -> TurnsPolicy:
+    return turns_policy(**{**FAST, **over})
 
 
 def served(load: Load, n: int, timeout: float = 60) -> None:

@@ -1,4 +1,4 @@
-"""Retrying and purging dead letters (issue 12) against a real redis-server and real workers:
+"""Retrying and purging dead letters against a real redis-server and real workers:
 a turn a failing handler dead-lettered is retried, served, answered once; purge removes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import Reply, SessionEntry
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores import deadletters
 from stores.deadletters import dead_letter_rows, purge_dead_letters, retry_dead_letters
 from stores.policies import write_policy
@@ -29,8 +29,8 @@ def session_ids(r: redis.Redis, user: str) -> list[str]:
 def dead_letter_a_turn(r: redis.Redis, redis_server, start_worker, user: str, text: str):
     """A turn the handler fails on every attempt, dead-lettered; then the handler is fixed (the
     failing worker stopped, the policy changed, a new worker started)."""
-    write_policy(r, "chat", Policy(handler="sleep", max_attempts=2,
-                                   handler_options={"sleep_ms": 1, "fail_attempts": 9}))
+    write_policy(r, "chat", TurnsPolicy(handler="sleep", max_attempts=2,
+                                        handler_options={"sleep_ms": 1, "fail_attempts": 9}))
     failing = start_worker()
     fleet = Fleet(redis_server.url)
     handle = fleet.submit(user, text)
@@ -40,7 +40,7 @@ def dead_letter_a_turn(r: redis.Redis, redis_server, start_worker, user: str, te
     assert row.retriable and row.turn_id == handle.turn_id and row.user == user
     failing.proc.terminate()
     failing.proc.wait(timeout=15)
-    write_policy(r, "chat", Policy(handler="sleep", max_attempts=2, handler_options={"sleep_ms": 1}))
+    write_policy(r, "chat", TurnsPolicy(handler="sleep", max_attempts=2, handler_options={"sleep_ms": 1}))
     start_worker()
     return fleet, handle, row
 

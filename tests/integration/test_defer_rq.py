@@ -23,7 +23,7 @@ import redis
 from fleet.client import Fleet
 from protocol import keys
 from protocol.deferral import job_id
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores import rqjobs
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
@@ -88,7 +88,7 @@ def submit_all(url: str, turns: list[tuple[str, str]]) -> None:
 
 def test_a_chat_handler_defers_a_memory_summary_per_turn(r: redis.Redis, redis_server, start_worker,
                                                           start_proc: Callable[..., Proc]) -> None:
-    write_policy(r, "chat", Policy(handler="echo_defer"))
+    write_policy(r, "chat", TurnsPolicy(handler="echo_defer"))
     start_worker()
     relay(start_proc, "relay-1")
     rq_worker(start_proc, r, "rq-1")
@@ -113,8 +113,8 @@ def _busy(r: redis.Redis, name: str) -> str | None:
 
 def test_sigkill_of_the_relay_and_of_rq_workers_mid_job_runs_every_job_once(
         r: redis.Redis, redis_server, start_worker, start_proc: Callable[..., Proc]) -> None:
-    write_policy(r, "chat", Policy(handler="echo_defer", concurrency=8,
-                                   handler_options={"job": "count", "job_sleep_s": 0.8}))
+    write_policy(r, "chat", TurnsPolicy(handler="echo_defer", concurrency=8,
+                                        handler_options={"job": "count", "job_sleep_s": 0.8}))
     start_worker()
     users = [f"u{i}" for i in range(6)]
     first = [(u, f"a{i}") for u in users for i in range(3)]
@@ -165,7 +165,7 @@ def test_failed_jobs_are_listed_and_requeued_from_the_cli(r: redis.Redis, redis_
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     from fleet.cli import main
 
-    write_policy(r, "chat", Policy(handler="echo_defer", handler_options={"job": "fail_first"}))
+    write_policy(r, "chat", TurnsPolicy(handler="echo_defer", handler_options={"job": "fail_first"}))
     start_worker()
     relay(start_proc, "relay-1")
     rq_worker(start_proc, r, "rq-1")

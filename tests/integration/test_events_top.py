@@ -22,7 +22,7 @@ from commander.runtime.process import ProcessRuntime
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import CommanderInfo, Counters, LedgerEvent, OccupancyReport, Slots
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.helpers import fleet_cli, register
 from tests.integration.conftest import wait_until
@@ -71,7 +71,7 @@ def test_a_scale_ups_event_names_the_workers_the_runtime_started(
         r: redis.Redis, fleet_env: dict[str, str], process_commander: ProcessRuntime) -> None:
     """A commander on the process runtime scales a tier up from nothing: ``fleet events``
     shows the ids of the workers it started, as the runtime returned them."""
-    write_policy(r, "chat", Policy(min_workers=2, max_workers=2))
+    write_policy(r, "chat", TurnsPolicy(min_workers=2, max_workers=2))
     wait_until(lambda: len(process_commander.live("chat")) == 2, 30, "two workers started")
 
     out = fleet_cli(fleet_env, "events", "--json", "--tier", "chat")

@@ -96,7 +96,7 @@ def test_the_guard_aborts_a_failing_canary_under_load_and_each_pool_follows_its_
         aborted = time.monotonic()
         (abort,) = ledger(r, None, "rollout-abort")
         assert abort.tier == "chat" and "canary green aborted: error rate" in abort.reason, abort.reason
-        assert read_policy(r, "chat").policy.weights() == (("blue", 100.0), ("green", 0.0))
+        assert read_policy(r, "chat").policy.rollout.weights() == (("blue", 100.0), ("green", 0.0))
         wait_workers_saw(process_commander, r, "groups of chat now blue 100, green 0",
                          "every worker to see the abort")
         client.reread_policies()

@@ -162,4 +162,4 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
         assert sessions == [f"{u} turn {n}" for n in range(6)], (u, sessions)
         assert history[u][:2] == [want[u]] * 2 and history[u][3:] == ["v2"] * 2, (u, history[u])
         assert history[u] == sorted(history[u]), (u, history[u])  # v1 ... v2, never back before the abort
-    assert read_policy(r, "chat").policy.weights()[:2] == (("blue", 100.0), ("green", 0.0))
+    assert read_policy(r, "chat").policy.rollout.weights()[:2] == (("blue", 100.0), ("green", 0.0))

@@ -24,7 +24,7 @@ from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
 from protocol.models import CommanderInfo
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.conftest import free_port
 from tests.integration.commander_rig import Rig
@@ -36,7 +36,7 @@ TOKEN = "t0ken-for-tests"
 @pytest.fixture
 def rig(r: redis.Redis) -> Rig:
     """A leading commander whose tier scaled to two workers (a scale-up in the ledger)."""
-    write_policy(r, "chat", Policy(min_workers=2, max_workers=4, concurrency=4))
+    write_policy(r, "chat", TurnsPolicy(min_workers=2, max_workers=4, concurrency=4))
     rig = Rig(r, concurrency=4)
     assert rig.campaign()
     rig.run_for(2.0)
@@ -136,7 +136,7 @@ async def test_dead_letters_list_and_retry_and_purge_through_the_stores(
     row = body["dead_letters"][0]
     assert row["payload"] == {"text": "hi"} and row["user"] == "bob" and row["retriable"] is False
 
-    # entries without the kept turn (as written before issue 12) are reported, and kept
+    # entries without the kept turn (an older layout) are reported, and kept
     resp = await api.post("/api/dead-letters/retry", json={"tier": "chat", "ids": [first, "9-9"]})
     got = await resp.json()
     retried = {x["id"]: x["outcome"] for x in got["retried"]}
@@ -152,7 +152,7 @@ async def test_dead_letters_list_and_retry_and_purge_through_the_stores(
 async def test_failed_jobs_are_listed_and_requeued_through_rq(api: TestClient[Any, Any], r: redis.Redis,
                                                                fleet_env: dict[str, str]) -> None:
     """A deferred job that failed (no retries left) shows with its error, and Requeue puts it
-    back in its queue, as ``fleet jobs failed|requeue`` (issue 16)."""
+    back in its queue, as ``fleet jobs failed|requeue``."""
     from stores import rqjobs  # (the rq extra)
 
     d = Deferral(name="fail_first", kwargs={"times": 9}, queue="writeback", user="alice", turn_id="t1",

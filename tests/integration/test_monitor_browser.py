@@ -30,7 +30,7 @@ from protocol.codec import CodecError, decode
 from protocol.deferral import Deferral
 from protocol.groups import Group
 from protocol.models import CommanderInfo, Reply
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, rq_policy, turns_policy
 from stores.deadletters import retry_turn_id
 from stores.policies import write_policy
 from tests.helpers import Started, wait_until
@@ -189,9 +189,10 @@ def _shot(b: Browser, tmp_path: Path, name: str) -> Path:
 
 
 def _policy(r: redis.Redis, min_workers: int, fail_attempts: int = 0) -> None:
-    write_policy(r, "chat", Policy(handler="sleep", concurrency=4, min_workers=min_workers, max_workers=4,
-                                   handler_options={"sleep_ms": 60, "fail_attempts": fail_attempts},
-                                   max_attempts=2, scale_down_stabilization_s=1))
+    write_policy(r, "chat", turns_policy(handler="sleep", concurrency=4, min_workers=min_workers,
+                                         max_workers=4,
+                                         handler_options={"sleep_ms": 60, "fail_attempts": fail_attempts},
+                                         max_attempts=2, scale_down_stabilization_s=1))
 
 
 def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server: Any, commander: str,
@@ -242,9 +243,9 @@ def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server
 from stores.deadletters import dead_letter_rows, purge_dead_letters  # noqa: E402
 
 
-def _groups(green: float) -> Policy:
-    return Policy(handler="echo", min_workers=0, max_workers=2, canary="green",
-                  groups=(Group(name="blue", weight=100 - green), Group(name="green", weight=green)))
+def _groups(green: float) -> TurnsPolicy:
+    return turns_policy(handler="echo", min_workers=0, max_workers=2, canary="green",
+                        groups=(Group(name="blue", weight=100 - green), Group(name="green", weight=green)))
 
 
 def _a_canary_on_the_page(r: redis.Redis, b: Browser, tmp_path: Path) -> None:
@@ -267,8 +268,8 @@ def _a_failed_job_requeued_from_the_page(r: redis.Redis, b: Browser, tmp_path: P
     """An rq tier's failed job shows with its error, and Requeue on the page runs it again."""
     from stores import rqjobs  # (the rq extra)
 
-    write_policy(r, "writeback", Policy(kind="rq", min_workers=0, max_workers=1,
-                                        scale_down_stabilization_s=1))
+    write_policy(r, "writeback", rq_policy(min_workers=0, max_workers=1,
+                                           scale_down_stabilization_s=1))
     d = Deferral(name="fail_first", kwargs={"times": 9}, queue="writeback", user="rq-user", turn_id="t1",
                  index=0, ts=time.time())
     assert rqjobs.enqueue(r, d)  # the commander starts an RQ worker for it; it fails, no retry left

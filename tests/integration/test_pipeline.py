@@ -18,7 +18,7 @@ from fleet.client import Fleet, TurnHandle
 from protocol import keys
 from protocol.codec import decode, encode
 from protocol.models import Control, SessionEntry
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
 
@@ -59,7 +59,7 @@ def test_turn_goes_end_to_end_and_reply_carries_context(r, redis_server, start_w
 
 def test_many_users_every_turn_once_in_order(r, redis_server, start_worker):
     users, per_user = 200, 10
-    write_policy(r, "chat", Policy(concurrency=16))
+    write_policy(r, "chat", TurnsPolicy(concurrency=16))
     start_worker()
     start_worker()
     fleet = Fleet(redis_server.url)
@@ -104,7 +104,7 @@ def test_many_users_every_turn_once_in_order(r, redis_server, start_worker):
 
 
 def test_worker_killed_inside_handler_turn_answered_once_elsewhere(r, redis_server, start_worker):
-    write_policy(r, "chat", Policy(handler="sleep", handler_options={"sleep_ms": 1500}))
+    write_policy(r, "chat", TurnsPolicy(handler="sleep", handler_options={"sleep_ms": 1500}))
     a = start_worker(worker_id="chat-a")
     b = start_worker(worker_id="chat-b")
     fleet = Fleet(redis_server.url)
@@ -126,7 +126,7 @@ def test_worker_killed_inside_handler_turn_answered_once_elsewhere(r, redis_serv
 
 
 def test_bad_input_is_dead_lettered_and_the_worker_keeps_serving(r, redis_server, start_worker):
-    write_policy(r, "chat", Policy(handler="sleep", max_attempts=2, handler_options={"sleep_ms": 1}))
+    write_policy(r, "chat", TurnsPolicy(handler="sleep", max_attempts=2, handler_options={"sleep_ms": 1}))
     w = start_worker()
     raw = redis_server.client()
     garbage_id = raw.xadd(keys.inbox("bob"), {"m": b"\xc1\xff not msgpack"}).decode()
@@ -201,8 +201,8 @@ def test_redis_cli_alone_can_submit_and_read_the_reply(r, redis_server, start_wo
 
 
 def test_turns_of_one_user_on_two_tiers_keep_order_and_each_tier_its_handler(r, redis_server, start_worker):
-    write_policy(r, "chat", Policy(handler="echo"))
-    write_policy(r, "gpu", Policy(handler="sleep", handler_options={"sleep_ms": 5}))
+    write_policy(r, "chat", TurnsPolicy(handler="echo"))
+    write_policy(r, "gpu", TurnsPolicy(handler="sleep", handler_options={"sleep_ms": 5}))
     start_worker("chat")
     start_worker("gpu")
     fleet = Fleet(redis_server.url)
@@ -216,7 +216,7 @@ def test_turns_of_one_user_on_two_tiers_keep_order_and_each_tier_its_handler(r, 
 
 
 def test_drain_finishes_the_turn_in_flight_and_hands_over_the_rest(r, redis_server, start_worker):
-    write_policy(r, "chat", Policy(handler="sleep", handler_options={"sleep_ms": 800}))
+    write_policy(r, "chat", TurnsPolicy(handler="sleep", handler_options={"sleep_ms": 800}))
     a = start_worker(worker_id="chat-drain-a")
     fleet = Fleet(redis_server.url)
     handles = fleet.submit_many([("finn", f"t{i}") for i in range(3)])

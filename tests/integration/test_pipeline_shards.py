@@ -18,7 +18,7 @@ from fleet.status import snapshot as status_snapshot
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import SessionEntry
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.backlog import read_backlog
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
@@ -80,7 +80,7 @@ def check_in_order(r: redis.Redis, fleet: Fleet, handles: dict[str, list[TurnHan
 
 
 def test_pipeline_on_three_ready_shards_answers_every_turn_in_order(r, redis_server, start_worker):
-    write_policy(r, "chat", Policy(concurrency=8, ready_shards=3))
+    write_policy(r, "chat", TurnsPolicy(concurrency=8, ready_shards=3))
     start_worker()
     start_worker()
     fleet = Fleet(redis_server.url)
@@ -102,7 +102,7 @@ def test_pipeline_on_three_ready_shards_answers_every_turn_in_order(r, redis_ser
 
 
 def test_pipeline_resharding_a_live_tier_3_to_1_to_3_loses_nothing(r, redis_server, start_worker):
-    write_policy(r, "chat", Policy(concurrency=8, ready_shards=3))
+    write_policy(r, "chat", TurnsPolicy(concurrency=8, ready_shards=3))
     start_worker()
     start_worker()
     names = [f"u{i:02d}" for i in range(30)]
@@ -125,13 +125,13 @@ def test_pipeline_resharding_a_live_tier_3_to_1_to_3_loses_nothing(r, redis_serv
         t.start()
     try:
         wait_until(lambda: all(delivered(r, k) for k in range(3)), 20, "every shard read on 3 shards")
-        write_policy(r, "chat", Policy(concurrency=8, ready_shards=1))  # shrink under load
+        write_policy(r, "chat", TurnsPolicy(concurrency=8, ready_shards=1))  # shrink under load
         # once the clients' cache of the policy ends, they write shard 0 only (the 1 s quiet is
         # the thing under test), and the workers drain shards 1 and 2
         wait_until(Quiet(r, [1, 2], for_s=1.0, busy=30), 30, "shards 1 and 2 written no more")
         wait_until(lambda: drained(r, 1) and drained(r, 2), 20, "shards 1 and 2 drained")
         before = {k: (added(r, k), delivered(r, k)) for k in (1, 2)}
-        write_policy(r, "chat", Policy(concurrency=8, ready_shards=3))  # and grow again
+        write_policy(r, "chat", TurnsPolicy(concurrency=8, ready_shards=3))  # and grow again
         wait_until(lambda: all(added(r, k) > before[k][0] + 10 and delivered(r, k) > before[k][1] + 10
                                for k in (1, 2)), 30, "shards 1 and 2 written and read again")
     finally:

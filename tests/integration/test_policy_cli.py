@@ -1,4 +1,4 @@
-"""The CLI's view of policies and commanders, through the real CLI (issue 9, items 1 and 7)."""
+"""The CLI's view of policies and commanders, through the real CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import CommanderInfo, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.helpers import fleet_cli
 
@@ -32,7 +32,7 @@ def _installed_answer(tmp_path: Path) -> Path:
 
 
 def test_policy_set_warns_when_no_live_worker_has_the_handler(r, fleet_env, tmp_path):
-    write_policy(r, "chat", Policy())
+    write_policy(r, "chat", TurnsPolicy())
     info = WorkerInfo(worker="chat-w1", tier="chat", pid=1, host="h", started=time.time(),
                       handlers=["echo", "noop", "sleep"])
     r.hset(keys.WORKERS, "chat-w1", encode(info))
@@ -50,7 +50,7 @@ def test_policy_set_warns_when_no_live_worker_has_the_handler(r, fleet_env, tmp_
 
 def test_status_and_policy_get_show_the_workers_rejection(r, fleet_env, tmp_path):
     """The CLI may have the handler; the workers' recorded verdict is what counts."""
-    write_policy(r, "chat", Policy())
+    write_policy(r, "chat", TurnsPolicy())
     r.hset(keys.policy_status("chat"), mapping={
         "ok": "0", "source": "last-good", "by": "worker chat-w1", "ts": "1",
         "error": "handler: 'answer' is not registered (known: echo, noop, sleep)"})

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, turns_policy
 from stores.policies import write_policy
 from tests.conftest import ROOT
 from tests.helpers import fleet_cli
@@ -28,7 +28,7 @@ def tiny_trace(tmp_path):
 
 
 def test_replay_submits_every_turn_and_records_waits_and_workers(r, fleet_env, start_worker, tmp_path):
-    write_policy(r, "chat", Policy(handler="sleep", concurrency=4, report_interval_s=0.5))
+    write_policy(r, "chat", turns_policy(handler="sleep", concurrency=4, report_interval_s=0.5))
     start_worker()
     out = tmp_path / "out"
     run = fleet_cli(fleet_env, "replay", str(tiny_trace(tmp_path)), "--speed", "10", "--out", str(out),
@@ -45,7 +45,7 @@ def test_replay_submits_every_turn_and_records_waits_and_workers(r, fleet_env, s
 
 
 def test_replay_needs_the_sleep_handler(r, fleet_env, tmp_path):
-    write_policy(r, "chat", Policy(handler="echo"))
+    write_policy(r, "chat", TurnsPolicy(handler="echo"))
     run = fleet_cli(fleet_env, "replay", str(tiny_trace(tmp_path)), "--limit", "1", cwd=ROOT, timeout=120)
     assert run.returncode == 1 and "handler=sleep" in run.stderr
 

@@ -15,7 +15,7 @@ import redis
 
 from fleet.client import Fleet
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, rq_policy
 from stores import rqjobs
 from stores.policies import write_policy
 from tests.helpers import Started, ledger, passes, running, wait_until
@@ -33,10 +33,10 @@ def deferring_fleet(r: redis.Redis, commander: Callable[..., Started], proc: Cal
                     job_sleep_s: float, rq_max: int) -> Path:
     """A chat worker whose every turn defers a ``count`` job (sleeping ``job_sleep_s``) to the rq
     tier (from zero to ``rq_max`` RQ workers), run by a commander, and a relay; the commander's log."""
-    write_policy(r, "chat", Policy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
-                                   handler_options={"job": "count", "job_sleep_s": job_sleep_s}))
-    write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=rq_max, target_backlog_per_worker=4,
-                                  users_per_instance=None, scale_down_stabilization_s=1, drain_timeout_s=15))
+    write_policy(r, "chat", TurnsPolicy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
+                                        handler_options={"job": "count", "job_sleep_s": job_sleep_s}))
+    write_policy(r, QUEUE, rq_policy(min_workers=0, max_workers=rq_max, target_backlog_per_worker=4,
+                                     scale_down_stabilization_s=1, drain_timeout_s=15))
     log = commander().log
     relay(proc, "relay-1")
     return log
@@ -101,8 +101,8 @@ def test_an_rq_worker_killed_mid_job_is_reaped_by_the_commander_and_its_job_runs
 def test_a_new_commander_adopts_the_rq_workers_counts_them_and_scales_them_in(
         r: redis.Redis, start_commander, tmp_path: Path, source: str) -> None:
     # a policy of exactly two: an uncounted pair would make the new commander start two more
-    write_policy(r, QUEUE, Policy(kind="rq", min_workers=2, max_workers=2, users_per_instance=None,
-                                  scale_down_stabilization_s=1, drain_timeout_s=15))
+    write_policy(r, QUEUE, rq_policy(min_workers=2, max_workers=2, scale_down_stabilization_s=1,
+                                     drain_timeout_s=15))
     first = start_commander("c1").proc
     wait_until(lambda: len(rq_workers(r)) == 2, 30, "two RQ workers")
     before = {w.name: int(r.hget(keys.rq_worker(w.name), "pid") or 0) for w in rq_workers(r)}
@@ -119,8 +119,8 @@ def test_a_new_commander_adopts_the_rq_workers_counts_them_and_scales_them_in(
         assert not [e for e in ledger(r, QUEUE) if e.commander == "c2" and e.action == "scale-up"]
         assert log.read_text().count("adopted RQ worker") == 2
 
-        write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=2, users_per_instance=None,
-                                      scale_down_stabilization_s=1, drain_timeout_s=15))
+        write_policy(r, QUEUE, rq_policy(min_workers=0, max_workers=2, scale_down_stabilization_s=1,
+                                         drain_timeout_s=15))
         wait_until(lambda: rq_workers(r) == [], 60, "c2 to scale the adopted RQ workers in")
         downs = [e for e in ledger(r, QUEUE) if e.commander == "c2" and e.action == "reclaim-idle"]
         assert {v for e in downs for v in e.victims} == set(before), log.read_text()[-3000:]

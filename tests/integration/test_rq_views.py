@@ -17,7 +17,7 @@ from commander.monitor.api import Monitor
 from commander.monitor.server import build_app
 from fleet.status import snapshot
 from protocol.deferral import Deferral
-from protocol.policy import Policy
+from protocol.policy import RqPolicy
 from stores import rqjobs
 from stores.policies import write_policy
 from tests.helpers import fleet_cli, wait_until
@@ -32,7 +32,7 @@ NAME = "writeback-0000aaaa"
 @pytest.fixture
 def busy_tier(r: redis.Redis, start_proc: Callable[..., Proc]) -> str:  # noqa: F811
     """An rq tier whose one RQ worker is in a 30 s job, two more jobs queued behind it."""
-    write_policy(r, QUEUE, Policy(kind="rq", min_workers=0, max_workers=1, users_per_instance=None))
+    write_policy(r, QUEUE, RqPolicy(min_workers=0, max_workers=1))
     for i in range(3):
         rqjobs.enqueue(r, Deferral(name="count", kwargs={"sleep_s": 30}, queue=QUEUE, user="u1",
                                    turn_id=f"t{i}", index=0, ts=time.time()))

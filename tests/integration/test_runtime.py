@@ -27,7 +27,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode, encode
 from protocol.models import WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.helpers import fleet_cli, running
 from tests.integration.conftest import reap_until_exited, wait_running
@@ -247,7 +247,7 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
         # starts deferring after `up` has its jobs moved into RQ
         relay_pid = state["relay"]["pid"]
         assert result["relay"]["pid"] == relay_pid and running(relay_pid)
-        write_policy(client, "chat", Policy(handler="echo_defer"))
+        write_policy(client, "chat", TurnsPolicy(handler="echo_defer"))
         deadline = time.monotonic() + 30
         while not client.llen("rq:queue:writeback"):
             assert time.monotonic() < deadline, "the deferred job never reached RQ"

@@ -41,7 +41,7 @@ def test_bench_trace_reads_generated_traffic_and_a_policy_file(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((out / "trace.json").read_text())
     assert result["trace"] == "gen-leak-s1" and result["slo_s"] == 2.0
-    assert result["policy"]["scale_down_stabilization_s"] == 60
+    assert result["policy"]["scaling"]["scale_down_stabilization_s"] == 60
     row = result["comparison"][0]
     assert row["policy"] == "fleet" and {"worker_seconds", "slo_violation_pct", "p99_wait_s"} <= set(row)
     assert "gen-leak-s1" in (out / "trace.md").read_text().splitlines()[0]

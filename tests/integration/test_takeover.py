@@ -18,7 +18,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import SessionEntry
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from stores.policies import write_policy
 from tests.helpers import ledger, live_workers, wait_until
 
@@ -39,8 +39,8 @@ def consumer_names(r: redis.Redis) -> set[str]:
 
 
 def test_sigkill_mid_handler_is_taken_over_long_before_the_lease_expires(r, redis_server, start_commander):
-    write_policy(r, "chat", Policy(handler="sleep", handler_options={"sleep_ms": HANDLER_MS},
-                                   concurrency=2, min_workers=2, max_workers=2, report_interval_s=0.3))
+    write_policy(r, "chat", turns_policy(handler="sleep", handler_options={"sleep_ms": HANDLER_MS},
+                                         concurrency=2, min_workers=2, max_workers=2, report_interval_s=0.3))
     start_commander(env=LONG_LEASES)
     wait_until(lambda: len(live_workers(r)) == 2, 30, "two workers")
     fleet = Fleet(redis_server.url)

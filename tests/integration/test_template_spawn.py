@@ -25,7 +25,7 @@ from commander.runtime.process import ProcessRuntime
 from commander.runtime.process.fork_client import TemplateSpawner
 from fleet.client import Fleet
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.conftest import ROOT
 from tests.helpers import running
@@ -53,7 +53,7 @@ def test_a_forked_worker_registers_and_serves_a_turn(make_runtime, redis_server,
     template_pid = _ready_template(rt)
     # set after the template started: it reaches the worker as an environment override
     monkeypatch.setenv("FLEET_WORKER_HEARTBEAT_TTL_MS", "2500")
-    write_policy(r, "chat", Policy())  # a tier no worker serves yet (without a policy: UnknownTier)
+    write_policy(r, "chat", TurnsPolicy())  # a tier no worker serves yet (without a policy: UnknownTier)
     with Fleet(redis_server.url) as fleet:
         parked = fleet.submit("alice", "hello")  # onto an empty tier: it waits for a worker
         began = time.monotonic()
@@ -189,7 +189,7 @@ def test_fallback_to_a_fresh_interpreter_when_the_template_cannot_start(
     broken = TemplateSpawner({**os.environ, "REDIS_URL": redis_server.url}, tmp_path / "logs",
                              python=exe, start_timeout_s=10)
     rt = make_runtime(template=broken)
-    write_policy(r, "chat", Policy())
+    write_policy(r, "chat", TurnsPolicy())
     with Fleet(redis_server.url) as fleet:
         parked = fleet.submit("dave", "slowly")
         (wid,) = rt.spawn("chat", 1)

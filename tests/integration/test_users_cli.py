@@ -1,4 +1,4 @@
-"""``fleet user U`` and the stores behind it (issue 12): one user as an operator sees it, and the
+"""``fleet user U`` and the stores behind it: one user as an operator sees it, and the
 population of a tier, against a real redis-server and a real worker."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import redis
 
 from fleet.client import Fleet
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from stores.users import active_users, inspect_user
 from tests.helpers import fleet_cli
@@ -35,7 +35,7 @@ def fleet_cli_both(env: dict[str, str], cwd: Path,
 
 def test_fleet_user_shows_the_lane_holder_inbox_session_and_pending(r, redis_server, start_worker,
                                                                    fleet_env, tmp_path):
-    write_policy(r, "chat", Policy(handler="sleep", handler_options={"sleep_ms": 1}))
+    write_policy(r, "chat", TurnsPolicy(handler="sleep", handler_options={"sleep_ms": 1}))
     w = start_worker()
     fleet = Fleet(redis_server.url)
     first = fleet.submit("ann", "hello there")

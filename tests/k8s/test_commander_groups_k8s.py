@@ -13,7 +13,7 @@ import pytest
 
 from fleet.client import Fleet
 from protocol.groups import Group, assign
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from stores.policies import write_policy
 from tests.helpers import ledger, wait_until
 from tests.k8s.conftest import DEPLOYMENT, answered_once
@@ -41,7 +41,7 @@ def test_a_grouped_tier_serves_on_kubernetes_each_pool_following_its_demand(
         standin: StandIn, run_commander, r, redis_server):  # noqa: F811 - the fixture imported above
     groups = (Group(name="blue", weight=90, deployment=BLUE, max_workers=4),
               Group(name="green", weight=10, image="fleet:2", max_workers=4))
-    write_policy(r, "chat", Policy(**FAST, groups=groups))
+    write_policy(r, "chat", turns_policy(**FAST, groups=groups))
     with standin.cluster.lock:
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)  # the tier's: green's is its copy
         standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
@@ -78,7 +78,7 @@ def test_a_grouped_tier_serves_on_kubernetes_each_pool_following_its_demand(
 def test_a_group_with_no_deployment_and_no_image_is_rejected_and_the_other_serves(
         standin: StandIn, run_commander, r, redis_server):  # noqa: F811 - the fixture imported above
     groups = (Group(name="blue", weight=50, deployment=BLUE), Group(name="green", weight=50))
-    write_policy(r, "chat", Policy(**FAST, groups=groups))
+    write_policy(r, "chat", turns_policy(**FAST, groups=groups))
     with standin.cluster.lock:
         standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
     run_commander()

@@ -16,7 +16,7 @@ import pytest
 from commander.commander import Commander
 from commander.settings import CommanderSettings
 from fleet.client import Fleet
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from stores.policies import write_policy
 from tests.conftest import RedisServer
 from tests.helpers import ledger, live_workers, passes, wait_until
@@ -63,7 +63,7 @@ def run_commander(redis_server: RedisServer, make_runtime) -> Iterator[Callable[
 
 def test_an_hpa_on_the_deployment_is_refused_once_in_the_ledger_until_it_goes(standin: StandIn,
                                                                              run_commander, r):
-    write_policy(r, "chat", Policy(**{**FAST, "min_workers": 2}))
+    write_policy(r, "chat", turns_policy(**{**FAST, "min_workers": 2}))
     with standin.cluster.lock:
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
         standin.cluster.add_autoscaler("hpa", "chat-hpa", DEPLOYMENT)
@@ -84,7 +84,7 @@ def test_an_hpa_on_the_deployment_is_refused_once_in_the_ledger_until_it_goes(st
 
 def test_a_pod_pending_past_the_limit_is_one_no_capacity_entry_and_is_not_retried(standin: StandIn,
                                                                                    run_commander, r):
-    write_policy(r, "chat", Policy(**{**FAST, "min_workers": 2, "pending_timeout_s": 1}))
+    write_policy(r, "chat", turns_policy(**{**FAST, "min_workers": 2, "pending_timeout_s": 1}))
     with standin.cluster.lock:
         standin.cluster.nodes, standin.cluster.capacity = ("node-1",), 1  # room for one pod
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
@@ -108,7 +108,7 @@ def test_a_pod_pending_past_the_limit_is_one_no_capacity_entry_and_is_not_retrie
 
 def test_burst_scales_up_then_quiet_scales_in_the_pods_the_commander_chose(standin: StandIn, run_commander,
                                                                            r, redis_server):
-    write_policy(r, "chat", Policy(**FAST))
+    write_policy(r, "chat", turns_policy(**FAST))
     with standin.cluster.lock:
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
     run_commander()
@@ -124,7 +124,7 @@ def test_burst_scales_up_then_quiet_scales_in_the_pods_the_commander_chose(stand
 
     with Fleet(redis_server.url) as fleet:
         handles = fleet.submit_many([(f"b{i:02d}", "burst") for i in range(40)])
-        write_policy(r, "chat", Policy(**{**FAST, "min_workers": 4}))  # hold the pods the burst brings
+        write_policy(r, "chat", turns_policy(**{**FAST, "min_workers": 4}))  # hold the pods the burst brings
         replies = answered_once(r, fleet, handles, timeout=90)
     ups = [e for e in ledger(r, "chat", "scale-up") if e.from_count >= 1]
     assert ups and max(e.to_count for e in ups) == 4, ledger(r, "chat")
@@ -139,7 +139,7 @@ def test_burst_scales_up_then_quiet_scales_in_the_pods_the_commander_chose(stand
     standin.wait_for(lambda c: restarts(c, first) == 1 and ready(c, first) and rs_order(c)[0] == first, 30,
                      "the restarted pod Ready again (registered and reading), the ReplicaSet's first pick")
 
-    write_policy(r, "chat", Policy(**FAST))  # quiet: back to min_workers=1, idle workers first
+    write_policy(r, "chat", turns_policy(**FAST))  # quiet: back to min_workers=1, idle workers first
     wait_until(lambda: [w.worker for w in live_workers(r, "chat")] == [first]
                and replicas(standin) == len(standin.cluster.pods) == 1, 40, "scale-in to the one first pod")
     downs = ledger(r, "chat", "reclaim-idle", "consolidate")

@@ -13,7 +13,7 @@ import pytest
 
 from commander.runtime import Lifecycle, Refused
 from protocol.groups import Group
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy, turns_policy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
 from tests.k8s.conftest import DEPLOYMENT, running_and_ready
@@ -27,8 +27,8 @@ TIER = dict(handler="sleep", handler_options={"sleep_ms": 50}, concurrency=2, re
             drain_timeout_s=15)
 
 
-def grouped(**green: object) -> Policy:
-    return Policy(**TIER, groups=(Group(name="blue", weight=90, deployment=BLUE),
+def grouped(**green: object) -> TurnsPolicy:
+    return turns_policy(**TIER, groups=(Group(name="blue", weight=90, deployment=BLUE),
                                   Group(name="green", weight=10, **green)))
 
 

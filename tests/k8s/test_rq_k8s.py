@@ -20,7 +20,7 @@ from rq.serializers import JSONSerializer
 from commander.runtime import Lifecycle, WorkerHandle
 from protocol import keys
 from protocol.deferral import Deferral
-from protocol.policy import Policy
+from protocol.policy import rq_policy
 from stores import rqjobs
 from stores.policies import write_policy
 from tests.helpers import ledger, passes, wait_until
@@ -33,8 +33,8 @@ run_commander = test_commander_k8s.run_commander  # the fixture: a commander on 
 
 TIER = "writeback"
 DEPLOYMENT = "fleet-worker-writeback"
-RQ = dict(kind="rq", min_workers=0, max_workers=3, target_backlog_per_worker=4, users_per_instance=None,
-          scale_down_stabilization_s=1, drain_timeout_s=20)
+RQ = dict(min_workers=0, max_workers=3, target_backlog_per_worker=4, scale_down_stabilization_s=1,
+          drain_timeout_s=20)
 USERS = 5
 
 
@@ -85,7 +85,7 @@ def scaled_to_zero(standin: StandIn, r: redis.Redis) -> bool:
 
 
 def test_a_burst_grows_the_rq_tier_from_no_pod_and_it_goes_back_to_none(standin: StandIn, run_commander, r):
-    write_policy(r, TIER, Policy(**RQ))
+    write_policy(r, TIER, rq_policy(**RQ))
     add_tier(standin)
     run_commander()
     passes(r, 3, commander="k1")
@@ -110,14 +110,14 @@ def test_a_burst_grows_the_rq_tier_from_no_pod_and_it_goes_back_to_none(standin:
 
 
 def test_a_busy_pod_is_never_the_victim_while_an_idle_one_is_there(standin: StandIn, run_commander, r):
-    write_policy(r, TIER, Policy(**{**RQ, "min_workers": 4, "max_workers": 4}))
+    write_policy(r, TIER, rq_policy(**{**RQ, "min_workers": 4, "max_workers": 4}))
     add_tier(standin)
     run_commander()
     wait_until(lambda: len(rq_names(r)) == 4, 40, "four RQ workers")
     (job,) = defer(r, 1, sleep_s=8)
     (busy,) = wait_until(lambda: rq_names(r, "busy"), 20, "a pod to take the job")
 
-    write_policy(r, TIER, Policy(**RQ))  # quiet: back to min_workers 0
+    write_policy(r, TIER, rq_policy(**RQ))  # quiet: back to min_workers 0
     # around one running job the capacity ledger keeps three (its compaction margin): one idle goes
     wait_until(lambda: ledger(r, TIER, "reclaim-idle", "consolidate"), 20, "a first victim")
     assert rq_names(r, "busy") == [busy], "the job outlived the first scale-in"

@@ -18,7 +18,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
 from tests.k8s.cluster import Ended
@@ -76,8 +76,8 @@ def test_spawn_is_refused_while_an_hpa_targets_the_deployment(standin: StandIn, 
     assert standin.cluster.requests["PATCH scale"] == 0
 
 
-SLOW = Policy(handler="sleep", handler_options={"sleep_ms": 400}, concurrency=2, report_interval_s=0.3,
-              drain_timeout_s=15)
+SLOW = turns_policy(handler="sleep", handler_options={"sleep_ms": 400}, concurrency=2, report_interval_s=0.3,
+                    drain_timeout_s=15)
 
 
 def rs_guess(standin: StandIn) -> str:

@@ -21,7 +21,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import Control, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from stores.control import send_control
 from stores.policies import write_policy
 from stores.takeover import take_over
@@ -87,7 +87,7 @@ def test_ready_once_registered_alive_while_beating_and_waits_for_sigterm_after_a
     assert proc.wait(timeout=10) == 0
 
 
-LONG = Policy(handler="sleep", handler_options={"sleep_ms": 1500}, concurrency=2, report_interval_s=0.3)
+LONG = turns_policy(handler="sleep", handler_options={"sleep_ms": 1500}, concurrency=2, report_interval_s=0.3)
 
 
 def test_sigterm_drains_within_the_grace_period_and_a_kill_at_its_end_loses_no_turn(

@@ -11,7 +11,7 @@ import pytest
 from fleet.cli import build_parser
 from fleet.client import AsyncFleet, Fleet, TurnTooLarge
 from protocol.models import MAX_TEXT_CHARS
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 
 
@@ -22,7 +22,7 @@ def server() -> fakeredis.FakeServer:
 
 def test_text_over_the_limit_is_turn_too_large_with_the_limit_and_nothing_written(server) -> None:
     r = fakeredis.FakeRedis(server=server)
-    write_policy(r, "chat", Policy())
+    write_policy(r, "chat", TurnsPolicy())
     client = Fleet(client=r)
     client.submit("alice", "x" * MAX_TEXT_CHARS)  # at the limit: accepted
     before = sorted(r.keys("*"))

@@ -65,11 +65,11 @@ def test_rollout_steps_write_the_weights_and_the_canary(r: fakeredis.FakeRedis) 
     grouped(r)
     assert main(["rollout", "chat", "green", "--weight", "10"]) == 0
     policy = read_policy(r, "chat").policy
-    assert policy.weights() == (("blue", 90.0), ("green", 10.0)) and policy.canary == "green"
+    assert policy.rollout.weights() == (("blue", 90.0), ("green", 10.0)) and policy.rollout.canary == "green"
     assert main(["rollout", "chat", "green", "--to", "100"]) == 0
-    assert read_policy(r, "chat").policy.weights() == (("blue", 0.0), ("green", 100.0))
+    assert read_policy(r, "chat").policy.rollout.weights() == (("blue", 0.0), ("green", 100.0))
     assert main(["rollout", "chat", "green", "--abort"]) == 0
-    assert read_policy(r, "chat").policy.weights() == (("blue", 100.0), ("green", 0.0))
+    assert read_policy(r, "chat").policy.rollout.weights() == (("blue", 100.0), ("green", 0.0))
 
 
 def test_pin_and_unpin(r: fakeredis.FakeRedis) -> None:

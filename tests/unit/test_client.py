@@ -20,7 +20,7 @@ from fleet.client import AsyncFleet, Fleet, UnknownTier
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import Turn, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import read_policy, write_policy
 from stores.replicas import ReplicaWait
 from stores.scripts import sha
@@ -207,13 +207,13 @@ def test_a_worker_whose_heartbeat_expired_does_not_make_a_tier(fake) -> None:
 def test_create_tier_writes_the_default_policy_then_submits(fake) -> None:
     Fleet(client=fake).submit("alice", "hi", tier="gpu", create_tier=True)
     read = read_policy(fake, "gpu")
-    assert (read.source, read.policy) == ("key", Policy())
+    assert (read.source, read.policy) == ("key", TurnsPolicy())
     assert fake.smembers(keys.TIERS) == {b"gpu"}
     assert written(fake, "alice", "gpu") == (1, 1)
 
 
 def test_create_tier_leaves_an_existing_policy_alone(fake) -> None:
-    write_policy(fake, "gpu", Policy(min_workers=3))
+    write_policy(fake, "gpu", TurnsPolicy(min_workers=3))
     Fleet(client=fake).submit("alice", "hi", tier="gpu", create_tier=True)
     assert read_policy(fake, "gpu").policy.min_workers == 3
 
@@ -223,7 +223,7 @@ def test_a_tier_is_checked_once_per_client_and_a_refused_one_again(fake) -> None
     for _ in range(2):
         with pytest.raises(UnknownTier):
             client.submit("alice", "hi", tier="gpu")
-    write_policy(fake, "gpu", Policy())
+    write_policy(fake, "gpu", TurnsPolicy())
     for i in range(3):
         client.submit_many([("alice", f"t{i}"), ("bob", f"t{i}")], tier="gpu")
     assert fake.probed == [keys.policy("gpu")] * 3  # refused twice (checked each time), then found once

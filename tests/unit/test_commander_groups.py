@@ -17,7 +17,7 @@ from protocol import keys
 from protocol.codec import encode
 from protocol.groups import assign
 from protocol.models import Counters, OccupancyReport, Slots
-from protocol.policy import parse_policy
+from protocol.policy import parse_policy, updated
 from stores.group_assignment import known_pools, rejected_groups
 from stores.policies import read_policy, write_policy
 from tests.unit.commander_helpers import RecordingRuntime, leading, ledger
@@ -59,8 +59,8 @@ def test_a_weight_change_is_a_rollout_event(r: fakeredis.FakeRedis, rig: Rig) ->
     commander.pass_once(time.time())
     assert not ledger(r, "rollout")  # the first look is no change
     policy = read_policy(r, T).policy
-    write_policy(r, T, parse_policy({**policy.model_dump(mode="json"), "canary": "green", "groups": [
-        {**g.model_dump(mode="json"), "weight": 50} for g in policy.groups]}))
+    write_policy(r, T, updated(policy, {"canary": "green", "groups": [
+        {**g.model_dump(mode="json"), "weight": 50} for g in policy.rollout.groups]}))
     commander.pass_once(time.time())
     (event,) = ledger(r, "rollout")
     assert event.tier == T and "blue 90, green 10 -> blue 50, green 50 (canary green)" in event.reason
@@ -120,7 +120,7 @@ def test_the_guard_aborts_a_failing_canary(r: fakeredis.FakeRedis, rig: Rig) -> 
     commander.pass_once(now)
     (abort,) = ledger(r, "rollout-abort")
     assert "canary green aborted: error rate 23.1% of handler calls" in abort.reason
-    assert read_policy(r, T).policy.weights() == (("blue", 100.0), ("green", 0.0))
+    assert read_policy(r, T).policy.rollout.weights() == (("blue", 100.0), ("green", 0.0))
     commander.pass_once(now + 1)
     assert len(ledger(r, "rollout-abort")) == 1 and not ledger(r, "rollout")  # (its own event only)
 

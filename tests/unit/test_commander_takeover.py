@@ -16,7 +16,7 @@ from commander.metrics import Metrics, sample
 from commander.runtime import Lifecycle, WorkerHandle
 from protocol import keys
 from protocol.models import LedgerEvent
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.helpers import register, wait_until
 from tests.unit.commander_helpers import RecordingRuntime, VirtualClock, leading, ledger
@@ -29,7 +29,7 @@ READY = keys.ready(T)
 def r() -> Iterator[fakeredis.FakeRedis]:
     client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     client.xgroup_create(READY, keys.GROUP, id="0", mkstream=True)
-    write_policy(client, T, Policy(min_workers=0, max_workers=4))
+    write_policy(client, T, TurnsPolicy(min_workers=0, max_workers=4))
     yield client
     client.close()
 

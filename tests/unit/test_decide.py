@@ -15,13 +15,14 @@ from commander.capacity import capacity, fits, ledger_floor, may_compact, thresh
 from commander.decide import Plan, TierState, decide, utc_weekday_minute
 from commander.signals import ceil_ratio, occupancy_proposal
 from commander.snapshot import TierSnapshot, WorkerView, classify
-from protocol.policy import Policy, TimeWindow
+from protocol.policy import ScaleRules, turns_policy
+from protocol.policy_controls import TimeWindow
 
 DAY0 = 1_699_920_000.0  # 2023-11-14 00:00 UTC, a Tuesday
 NOW = DAY0 + 22 * 3600.0
 
 
-def policy(**changes: Any) -> Policy:
+def policy(**changes: Any) -> ScaleRules:
     """A policy where only occupancy, buffer and pressure speak, and scale-in is immediate."""
     base: dict[str, Any] = {
         "users_per_instance": None, "target_backlog_per_worker": None,
@@ -29,7 +30,7 @@ def policy(**changes: Any) -> Policy:
         "scale_down_stabilization_s": 0.0, "max_step_up": 4, "concurrency": 8,
     }
     base.update(changes)
-    return Policy(**base)
+    return turns_policy(**base).scale_rules()
 
 
 def wk(i: int, occ: float = 0.0, *, state: str = "ready", busy: int | None = None,
@@ -54,7 +55,7 @@ def snap(workers: Sequence[WorkerView] = (), **signals: Any) -> TierSnapshot:
     return TierSnapshot("chat", tuple(workers), **signals)
 
 
-def run(snapshot: TierSnapshot, pol: Policy, state: TierState | None = None,
+def run(snapshot: TierSnapshot, pol: ScaleRules, state: TierState | None = None,
         now: float = NOW) -> Plan:
     return decide(snapshot, pol, state or TierState(), now)[0]
 
@@ -301,7 +302,7 @@ def test_utc_weekday_minute(ts: float) -> None:
 
 # --- fights, windup, convergence -----------------------------------------------------------
 
-def apply(snapshot: TierSnapshot, plan: Plan, pol: Policy, next_id: int = 100) -> TierSnapshot:
+def apply(snapshot: TierSnapshot, plan: Plan, pol: ScaleRules, next_id: int = 100) -> TierSnapshot:
     """What the fleet looks like once the runtime has carried out ``plan``.
 
     New workers are starting; victims drain; a consolidated victim's load moves to the
@@ -326,7 +327,7 @@ def apply(snapshot: TierSnapshot, plan: Plan, pol: Policy, next_id: int = 100) -
     return dataclasses.replace(snapshot, workers=tuple(workers))
 
 
-def assert_no_reversal(snapshot: TierSnapshot, pol: Policy) -> None:
+def assert_no_reversal(snapshot: TierSnapshot, pol: ScaleRules) -> None:
     """Decide, act, decide again: the second pass never undoes the first."""
     plan1, state = decide(snapshot, pol, TierState(), NOW)
     assert decide(snapshot, pol, state, NOW) == (plan1, state)  # idempotent
@@ -356,7 +357,7 @@ def worker_views(draw: st.DrawFn, i: int) -> WorkerView:
 
 
 @st.composite
-def tiers(draw: st.DrawFn) -> tuple[TierSnapshot, Policy]:
+def tiers(draw: st.DrawFn) -> tuple[TierSnapshot, ScaleRules]:
     n = draw(st.integers(0, 12))
     workers = tuple(draw(worker_views(i)) for i in range(n))
     snapshot = snap(workers, active_users=draw(st.integers(0, 50)),
@@ -378,7 +379,7 @@ def tiers(draw: st.DrawFn) -> tuple[TierSnapshot, Policy]:
 
 @settings(max_examples=500, deadline=None)
 @given(tiers())
-def test_random_tiers_never_reverse(tier: tuple[TierSnapshot, Policy]) -> None:
+def test_random_tiers_never_reverse(tier: tuple[TierSnapshot, ScaleRules]) -> None:
     assert_no_reversal(*tier)
 
 

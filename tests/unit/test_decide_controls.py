@@ -14,19 +14,19 @@ from commander.bounds import in_force, tier_bounds
 from commander.decide import Plan, TierState, decide
 from commander.limits import budget_room, down_limit, up_limit
 from commander.snapshot import TierSnapshot, WorkerView, classify
-from protocol.policy import Policy, PolicyError, parse_policy
+from protocol.policy import PolicyError, ScaleRules, parse_policy, turns_policy
 from protocol.policy_controls import DisruptionBudget, ScaleBehavior, ScheduledBounds
 
 MON = datetime(2024, 1, 8, tzinfo=UTC).timestamp()  # Monday 2024-01-08 00:00 UTC
 NOW = MON + 12 * 3600
 
 
-def policy(**changes: Any) -> Policy:
+def policy(**changes: Any) -> ScaleRules:
     """Occupancy, buffer and pressure only; immediate scale-in (as in test_decide)."""
     base: dict[str, Any] = {"users_per_instance": None, "target_backlog_per_worker": None,
                             "min_workers": 1, "max_workers": 10, "scale_down_stabilization_s": 0.0}
     base.update(changes)
-    return Policy.model_validate(base)
+    return turns_policy(**base).scale_rules()
 
 
 def wk(i: int, occ: float = 0.0, *, state: str = "ready", fresh: bool = True, started: float | None = None,
@@ -40,7 +40,7 @@ def snap(*workers: WorkerView, **signals: Any) -> TierSnapshot:
     return TierSnapshot("chat", tuple(workers), **signals)
 
 
-def run(s: TierSnapshot, pol: Policy, state: TierState | None = None,
+def run(s: TierSnapshot, pol: ScaleRules, state: TierState | None = None,
         now: float = NOW) -> tuple[Plan, TierState]:
     return decide(s, pol, state or TierState(), now)
 
@@ -335,7 +335,7 @@ async def test_a_handler_protects_its_worker_with_an_expiry_capped_by_the_policy
 
     r = fakeredis.FakeAsyncRedis()
     worker = Worker(WorkerSettings(worker_id="w1"), r=r)
-    await write_policy(r, "chat", Policy(max_protection_s=600))
+    await write_policy(r, "chat", turns_policy(max_protection_s=600))
     await worker.tier_policy.refresh()
     before = time.time()
     ctx = TurnContext(None, None, protector=worker.host.protect)  # type: ignore[arg-type]

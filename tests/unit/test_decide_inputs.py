@@ -8,9 +8,9 @@ from commander.decide_inputs import stale_after, worker_views
 from commander.evaluator import Evaluator, occupancy_of
 from commander.runtime import Lifecycle, WorkerHandle
 from protocol.models import Counters, OccupancyReport, Slots, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 
-POLICY = Policy(report_interval_s=1.0)
+POLICY = turns_policy(report_interval_s=1.0).scale_rules()
 NOW = 1_000.0
 
 

@@ -13,18 +13,18 @@ from commander.decide import Plan, TierState, decide
 from commander.scaleup import Step, queued_since, record_step, step_target
 from commander.signals import load_proposal, pressure_proposal
 from commander.snapshot import TierSnapshot, WorkerView, classify
-from protocol.policy import Policy
+from protocol.policy import ScaleRules, turns_policy
 
 NOW = 1_699_999_200.0
 
 
-def policy(**changes: Any) -> Policy:
+def policy(**changes: Any) -> ScaleRules:
     """Only occupancy, buffer, pressure and load speak; no step cap; a 30 s hold."""
     base: dict[str, Any] = {"users_per_instance": None, "target_backlog_per_worker": None,
                             "min_workers": 1, "max_workers": 32, "concurrency": 8,
                             "scale_down_stabilization_s": 30.0}
     base.update(changes)
-    return Policy(**base)
+    return turns_policy(**base).scale_rules()
 
 
 def wk(i: int, occ: float = 0.0, *, state: str = "ready", busy: int | None = None,

@@ -14,7 +14,7 @@ from protocol import keys
 from protocol.codec import decode
 from protocol.deferral import MAX_DEFERRALS, Deferral, check_plain, job_id
 from protocol.models import Reply, Turn
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from stores.turns import ContextPack
 from worker import handlers, jobs
@@ -121,7 +121,7 @@ async def _defer_then_fail_once(c: TurnContext) -> str:
 
 
 async def _serve(r: fakeredis.FakeAsyncRedis, handler: str, turns: list[tuple[str, str]]) -> Worker:
-    await write_policy(r, "chat", Policy(handler=handler, concurrency=2))
+    await write_policy(r, "chat", TurnsPolicy(handler=handler, concurrency=2))
     for user, turn_id in turns:
         await r.xadd(keys.inbox(user), {"text": "hi", "turn_id": turn_id, "tier": "chat"})
         await r.xadd(keys.ready("chat"), {"user": user})

@@ -1,4 +1,4 @@
-"""The evaluator (DESIGN §5): per-row components, 6-row averages, max = occupancy, rates."""
+"""The evaluator: per-row components, 6-row averages, max = occupancy, rates."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from commander.evaluator import (
     rates_of,
 )
 from protocol.models import Counters, OccupancyReport, Slots
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 
 MB = 1024 * 1024
 
@@ -150,4 +150,4 @@ def test_evaluator_end_to_end() -> None:
 
 @pytest.mark.parametrize(("mb", "expected"), [(None, None), (256.0, 256.0 * MB)])
 def test_memory_limit_from_policy(mb: float | None, expected: float | None) -> None:
-    assert memory_limit_bytes(Policy(memory_limit_mb=mb)) == expected
+    assert memory_limit_bytes(turns_policy(memory_limit_mb=mb).scale_rules()) == expected

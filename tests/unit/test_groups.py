@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from protocol.groups import HASH_SPACE, assign, pool_name, split_pool, user_point, validate_pool
 from protocol.ids import InvalidId
-from protocol.policy import Policy, PolicyError, parse_policy
+from protocol.policy import PolicyError, TurnsPolicy, parse_policy
 
 BLUE_GREEN: dict[str, Any] = {"groups": [{"name": "blue", "weight": 90},
                                          {"name": "green", "weight": 10, "handler": "sleep"}]}
@@ -66,9 +66,9 @@ def test_groups_are_validated_as_a_whole(fields: dict[str, Any], error: str | No
 
 
 def test_a_tier_without_groups_dumps_as_before_plus_empty_fields() -> None:
-    dumped = Policy().model_dump()
-    assert dumped["groups"] == () and dumped["canary"] is None and dumped["rollout_guard"] is None
-    assert parse_policy(Policy().to_json()) == Policy()
+    dumped = TurnsPolicy().model_dump()["rollout"]
+    assert dumped["groups"] == () and dumped["canary"] is None and dumped["guard"] is None
+    assert parse_policy(TurnsPolicy().to_json()) == TurnsPolicy()
 
 
 def test_a_group_inherits_the_tier_unless_it_sets_its_own() -> None:
@@ -82,8 +82,8 @@ def test_a_group_inherits_the_tier_unless_it_sets_its_own() -> None:
     assert (blue.handler, blue.concurrency, blue.max_workers) == ("echo", 4, 6)
     assert blue.handler_options == {"k": 1}
     assert (green.handler, green.concurrency, green.min_workers, green.max_workers) == ("sleep", 2, 0, 2)
-    assert green.target_buffer == 2 and green.handler_options == {"k": 2}
-    assert blue.groups == () and green.canary is None
+    assert green.scaling.target_buffer == 2 and green.handler_options == {"k": 2}
+    assert blue.rollout.groups == () and green.rollout.canary is None
     with pytest.raises(KeyError):
         policy.for_group("red")
 
@@ -91,7 +91,7 @@ def test_a_group_inherits_the_tier_unless_it_sets_its_own() -> None:
 def test_the_handler_check_is_the_readers_groups() -> None:
     raw = {"handler": "echo", "groups": [{"name": "blue", "weight": 1},
                                           {"name": "green", "weight": 1, "handler": "v2"}]}
-    assert parse_policy(raw, ["echo"], group="blue").groups  # blue runs echo: it has it
+    assert parse_policy(raw, ["echo"], group="blue").rollout.groups  # blue runs echo: it has it
     parse_policy(raw, ["v2"], group="green")
     with pytest.raises(PolicyError, match="group green: handler: 'v2' is not registered"):
         parse_policy(raw, ["echo"], group="green")

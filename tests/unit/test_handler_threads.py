@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 
 from protocol.models import HandlerResult, Turn
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from stores.turns import ContextPack
 from worker import handlers
@@ -86,14 +86,14 @@ async def test_an_abandoned_handler_that_never_got_a_thread_never_runs() -> None
 async def test_the_worker_has_as_many_handler_threads_as_its_concurrency() -> None:
     r = fakeredis.FakeAsyncRedis()
     w = Worker(WorkerSettings(worker_id="w1"), r=r)
-    await write_policy(r, "chat", Policy(concurrency=64))
+    await write_policy(r, "chat", TurnsPolicy(concurrency=64))
     await w.tier_policy.refresh()
     pool = w.host.executor
     assert pool is w.host.executor  # kept while the concurrency stays
     together = threading.Barrier(64, timeout=10)  # passes only if all 64 run at once
     for f in [pool.submit(together.wait) for _ in range(64)]:
         f.result()  # BrokenBarrierError if the pool had fewer threads (min(32, cpus + 4) by default)
-    await write_policy(r, "chat", Policy(concurrency=2))
+    await write_policy(r, "chat", TurnsPolicy(concurrency=2))
     await w.tier_policy.refresh()
     assert w.host.executor is not pool
     w.host.executor.shutdown()

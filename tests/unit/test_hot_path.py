@@ -14,7 +14,7 @@ from fleet.client import AsyncFleet
 from protocol import keys
 from protocol.codec import CodecError, encode
 from protocol.models import Reply, Turn
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores import submit
 from stores.batch import ScriptBatcher
 from stores.policies import write_policy
@@ -141,7 +141,7 @@ async def test_a_client_checks_a_tier_for_pressure_at_most_every_10_ms(pipelines
     import fleet.client
 
     r = fakeredis.FakeAsyncRedis()
-    await write_policy(r, "chat", Policy())
+    await write_policy(r, "chat", TurnsPolicy())
     client = AsyncFleet(client=r)
     await client.submit("alice", "one")
     pipelines.clear()
@@ -174,7 +174,7 @@ async def test_every_entry_form_is_served(form: str) -> None:
     """A new worker serves what was queued before it: binary entries written by an older
     client (``m`` alone), plain ones of any Redis client, and today's."""
     r = fakeredis.FakeAsyncRedis()
-    await write_policy(r, "chat", Policy(concurrency=2))
+    await write_policy(r, "chat", TurnsPolicy(concurrency=2))
     turn, payload = _turn("alice", "t1")
     fields: dict[str, Any] = {
         "binary-m-only": {"m": payload}, "plain": {"text": "hi", "turn_id": "t1"},

@@ -32,7 +32,7 @@ PACKAGES = ("protocol", "stores", "worker", "commander", "fleet", "sim")
 _MIXINS = "pending the {} refactor: composition instead of mixin bases"
 _HISTORY = "pending the {} refactor: comments citing issues, holes, seeds or DESIGN §"
 PENDING_MIXINS: dict[str, str] = {}
-PENDING_HISTORY = {p: _HISTORY.format(p) for p in ("protocol",)}
+PENDING_HISTORY: dict[str, str] = {}
 
 
 def _each(pending: dict[str, str]) -> list[object]:

@@ -22,7 +22,7 @@ import fakeredis
 
 from fleet.client import AsyncFleet
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from stores.turns import Committed, NextTurn
 from worker.app import Worker
@@ -31,7 +31,7 @@ from worker.settings import WorkerSettings
 
 async def test_a_commit_lost_in_a_failover_is_served_again_and_the_next_turn_too() -> None:
     r = fakeredis.FakeAsyncRedis()
-    await write_policy(r, "chat", Policy(concurrency=2))
+    await write_policy(r, "chat", TurnsPolicy(concurrency=2))
     worker = Worker(WorkerSettings(worker_id="w1", block_ms=50), r=r)
     real_commit = worker.store.commit
     lost: list[str] = []

@@ -17,7 +17,7 @@ from commander.monitor.views import BadRequest
 from commander.snapshot import TierSnapshot, WorkerView
 from protocol.groups import Group
 from protocol.models import Counters, LedgerEvent, OccupancyReport, Slots, WorkerInfo
-from protocol.policy import Policy
+from protocol.policy import Policy, TurnsPolicy, turns_policy
 from stores.ledger import CorruptEvent
 
 NOW = 10_000.0
@@ -35,7 +35,7 @@ def seen(tier: str = "chat", workers: tuple[WorkerView, ...] = (), error: str | 
     snap = TierSnapshot(tier=tier, workers=workers, active_users=7, backlog=3, rps=1.23456, pressure_events=1)
     plan = Plan(tier=tier, current=len(workers), desired=desired, target=desired + 1,
                 proposals={"users": 2, "rps": None}, reason="users 7 / 4")
-    return TierSeen(tier=tier, ts=ts, policy=policy or Policy(min_workers=1, max_workers=5),
+    return TierSeen(tier=tier, ts=ts, policy=policy or TurnsPolicy(min_workers=1, max_workers=5),
                     source="key" if error is None else "last-good", error=error, snapshot=snap, plan=plan,
                     starting=sum(1 for w in workers if w.state == "starting"))
 
@@ -57,7 +57,7 @@ def test_tier_json(workers: tuple[WorkerView, ...], error: str | None, want: dic
     assert got["policy"]["max_workers"] == 5 and got["reason"] == "users 7 / 4"
 
 
-GROUPED = Policy(groups=(Group(name="blue", weight=90), Group(name="green", weight=10)), canary="green")
+GROUPED = turns_policy(groups=(Group(name="blue", weight=90), Group(name="green", weight=10)), canary="green")
 
 
 def board(green_rejected: str | None = None) -> dict[str, TierSeen]:

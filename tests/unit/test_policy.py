@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from protocol.policy import Policy, PolicyError, TimeWindow, parse_assignments, parse_policy, updated
+from protocol.policy import PolicyError, TurnsPolicy, parse_assignments, parse_policy, resolve, updated
+from protocol.policy_controls import TimeWindow
+from protocol.policy_legacy import get_path
 
 # (changes to the defaults, error fragment or None when valid)
 VALIDATION_TABLE: list[Any] = [
@@ -75,7 +77,7 @@ def test_validation_table(changes: dict[str, Any], error: str | None) -> None:
     if error is None:
         policy = parse_policy(raw)
         for key, value in changes.items():
-            dumped = policy.model_dump(mode="json")[key]
+            dumped = get_path(policy.model_dump(mode="json"), tuple(resolve(policy, key).split(".")))
             assert dumped == value
     else:
         with pytest.raises(PolicyError) as info:
@@ -93,8 +95,10 @@ def test_reason_stays_one_line_for_a_hostile_field_name() -> None:
 
 def test_defaults_match_the_design() -> None:
     p = parse_policy("{}")
-    assert p == Policy()
-    assert (p.admission_threshold, p.reception_threshold, p.compaction_margin) == (0.8, 0.5, 1.5)
+    assert p == TurnsPolicy()
+    occupancy = p.scaling.occupancy
+    assert (occupancy.admission_threshold, occupancy.reception_threshold, occupancy.compaction_margin) == \
+        (0.8, 0.5, 1.5)
     assert p.min_workers <= p.max_workers
 
 
@@ -154,7 +158,7 @@ def test_to_json_round_trips() -> None:
 
 def test_policy_is_frozen() -> None:
     with pytest.raises(ValueError, match="frozen"):
-        Policy().concurrency = 3  # type: ignore[misc]
+        TurnsPolicy().concurrency = 3  # type: ignore[misc]
 
 
 # --- parse_assignments ------------------------------------------------------------------
@@ -203,8 +207,8 @@ def test_parse_assignments_rejects(pairs: list[str], error: str) -> None:
 def test_updated_applies_changes_and_keeps_the_rest() -> None:
     base = parse_policy({"max_workers": 10, "target_rps_per_worker": 3.0})
     new = updated(base, parse_assignments(["min_workers=2", "users_per_instance=none"]))
-    assert (new.min_workers, new.max_workers, new.users_per_instance) == (2, 10, None)
-    assert new.target_rps_per_worker == 3.0
+    assert (new.min_workers, new.max_workers, new.scaling.users_per_instance) == (2, 10, None)
+    assert new.scaling.target_rps_per_worker == 3.0
     assert base.min_workers == 1  # the original is untouched
 
 
@@ -219,14 +223,14 @@ def test_updated_applies_changes_and_keeps_the_rest() -> None:
 )
 def test_updated_validates_the_whole(changes: dict[str, Any], error: str) -> None:
     with pytest.raises(PolicyError) as info:
-        updated(Policy(), changes)
+        updated(TurnsPolicy(), changes)
     assert error in str(info.value)
 
 
 def test_updated_checks_the_registry() -> None:
     with pytest.raises(PolicyError, match="not registered"):
-        updated(Policy(), {"handler": "llm"}, handlers=["echo"])
-    assert updated(Policy(), {"handler": "llm"}, handlers=["echo", "llm"]).handler == "llm"
+        updated(TurnsPolicy(), {"handler": "llm"}, handlers=["echo"])
+    assert updated(TurnsPolicy(), {"handler": "llm"}, handlers=["echo", "llm"]).handler == "llm"
 
 
 def test_updated_with_windows_round_trips() -> None:

@@ -17,7 +17,7 @@ import pytest
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import HandlerResult, WorkerInfo
-from protocol.policy import Policy, parse_policy
+from protocol.policy import Policy, TurnsPolicy, parse_policy
 from stores.policies import read_policy, read_policy_status, write_policy
 from worker import handlers
 from worker.app import Worker
@@ -37,20 +37,20 @@ def test_a_read_never_writes() -> None:
 
 def test_policy_set_writes_the_key_and_the_tier_not_the_last_good_copy() -> None:
     r = fakeredis.FakeRedis()
-    write_policy(r, "chat", Policy(concurrency=4))
-    write_policy(r, "chat", Policy(handler="answer"))
+    write_policy(r, "chat", TurnsPolicy(concurrency=4))
+    write_policy(r, "chat", TurnsPolicy(handler="answer"))
     assert r.get(keys.policy_good("chat")) is None
     assert r.smembers(keys.TIERS) == {b"chat"}
 
 
 def test_a_reader_that_lacks_the_handler_runs_the_last_good_policy_and_records_why() -> None:
     r = fakeredis.FakeRedis()
-    write_policy(r, "chat", Policy(concurrency=4))
+    write_policy(r, "chat", TurnsPolicy(concurrency=4))
     assert read_policy(r, "chat", KNOWN, record=True, reader="worker w1").source == "key"
-    write_policy(r, "chat", Policy(handler="answer", concurrency=16))
+    write_policy(r, "chat", TurnsPolicy(handler="answer", concurrency=16))
     read = read_policy(r, "chat", KNOWN, record=True, reader="worker w1")
     assert (read.source, read.policy.concurrency, read.missing_handler) == ("last-good", 4, "answer")
-    assert Policy.model_validate_json(r.get(keys.policy_good("chat"))).concurrency == 4  # kept
+    assert TurnsPolicy.model_validate_json(r.get(keys.policy_good("chat"))).concurrency == 4  # kept
     status = read_policy_status(r, "chat")
     assert status["ok"] == "0" and "'answer' is not registered" in status["error"]
     assert status["by"] == "worker w1" and status["source"] == "last-good"
@@ -76,12 +76,12 @@ async def test_a_worker_keeps_its_policy_when_the_key_names_a_handler_it_lacks()
     """No last good copy it can load (another worker, which had the handler, accepted the key):
     it keeps the policy it runs, not the default."""
     r, sync = _clients()
-    write_policy(sync, "chat", Policy(handler="sleep", concurrency=3))
+    write_policy(sync, "chat", TurnsPolicy(handler="sleep", concurrency=3))
     worker = _worker(r)
     await worker.tier_policy.refresh()
     assert (worker.policy.handler, worker.policy.concurrency) == ("sleep", 3)
-    sync.set(keys.policy_good("chat"), Policy(handler="answer").to_json())
-    write_policy(sync, "chat", Policy(handler="answer", concurrency=16))
+    sync.set(keys.policy_good("chat"), TurnsPolicy(handler="answer").to_json())
+    write_policy(sync, "chat", TurnsPolicy(handler="answer", concurrency=16))
     await worker.tier_policy.refresh()
     assert (worker.policy.handler, worker.policy.concurrency) == ("sleep", 3)
     assert "'answer' is not registered" in read_policy_status(sync, "chat")["error"]
@@ -96,12 +96,12 @@ async def test_a_worker_finds_a_handler_installed_after_it_started(monkeypatch: 
     monkeypatch.setattr(handlers, "_REGISTRY", dict(handlers._REGISTRY))
     handlers.rescan()
     r, sync = _clients()
-    write_policy(sync, "chat", Policy(handler="echo"))
+    write_policy(sync, "chat", TurnsPolicy(handler="echo"))
     worker = _worker(r)
     await worker.join()
     assert "answer" not in decode(WorkerInfo, sync.hget(keys.WORKERS, "w1")).handlers
     installed.append(EntryPoint("answer", f"{__name__}:answer", "fleet.handlers"))  # the install
-    write_policy(sync, "chat", Policy(handler="answer"))
+    write_policy(sync, "chat", TurnsPolicy(handler="answer"))
     await asyncio.sleep(0.02)
     await worker.tier_policy.refresh()
     assert worker.policy.handler == "answer" and worker.tier_policy.handler is answer
@@ -116,7 +116,7 @@ def answer(ctx: handlers.TurnContext) -> HandlerResult:
 
 async def test_the_async_read_records_like_the_blocking_one() -> None:
     r = fakeredis.FakeAsyncRedis()
-    await r.set(keys.policy("chat"), Policy(concurrency=2).to_json())
+    await r.set(keys.policy("chat"), TurnsPolicy(concurrency=2).to_json())
     assert (await read_policy(r, "chat", KNOWN)).source == "key"
     assert await r.get(keys.policy_good("chat")) is None  # not recorded
     await read_policy(r, "chat", KNOWN, record=True, reader="worker w1")
@@ -144,7 +144,7 @@ def test_each_groups_workers_keep_their_own_verdict_and_last_good_copy() -> None
     assert green.source == "key" and green.policy.group_handler("green") == "answer"
     blue = read_policy(r, "chat", blue_has, record=True, reader="blue", group="blue")
     assert blue.source == "last-good" and blue.missing_handler == "answer"
-    assert blue.policy.group_handler("blue") == "echo" and blue.policy.groups  # its groups kept
+    assert blue.policy.group_handler("blue") == "echo" and blue.policy.rollout.groups  # its groups kept
     assert read_policy_status(r, "chat", "blue")["ok"] == "0"
     assert "answer" in read_policy_status(r, "chat", "blue")["error"]
     assert read_policy_status(r, "chat", "green")["ok"] == "1"

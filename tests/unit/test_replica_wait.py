@@ -24,7 +24,15 @@ import redis.asyncio.client as aclient
 from redis.exceptions import MovedError, ResponseError
 
 from protocol import keys
-from protocol.policy import Policy, PolicyError, parse_assignments, parse_policy, updated
+from protocol.policy import (
+    PolicyError,
+    TurnsPolicy,
+    as_turns,
+    parse_assignments,
+    parse_policy,
+    turns_policy,
+    updated,
+)
 from stores import cluster
 from stores.replicas import ReplicaAcks, ReplicaWait, fewest
 from stores.submit_options import SubmitOptions, submit_options_of
@@ -37,11 +45,11 @@ U = "alice"
 
 
 def test_the_default_policy_sends_no_wait() -> None:
-    p = Policy()
-    assert (p.replica_acks, p.replica_ack_timeout_ms) == (0, 100)
+    p = TurnsPolicy()
+    assert (p.durability.replica_acks, p.durability.replica_ack_timeout_ms) == (0, 100)
     assert ReplicaWait.of(p) is None
-    assert ReplicaWait.of(Policy(replica_acks=1)) == ReplicaWait(1, 100)
-    assert ReplicaWait.of(Policy(replica_acks=2, replica_ack_timeout_ms=30)) == ReplicaWait(2, 30)
+    assert ReplicaWait.of(turns_policy(replica_acks=1)) == ReplicaWait(1, 100)
+    assert ReplicaWait.of(turns_policy(replica_acks=2, replica_ack_timeout_ms=30)) == ReplicaWait(2, 30)
 
 
 @pytest.mark.parametrize(("changes", "words"), [
@@ -55,16 +63,16 @@ def test_the_default_policy_sends_no_wait() -> None:
 ])
 def test_bad_replica_fields_are_refused_with_a_reason(changes: dict[str, Any], words: str) -> None:
     with pytest.raises(PolicyError) as err:
-        updated(Policy(), changes)
+        updated(TurnsPolicy(), changes)
     assert words in str(err.value)
     assert "\n" not in str(err.value)
 
 
 def test_the_fields_are_set_like_any_other() -> None:
-    p = updated(Policy(), parse_assignments(["replica_acks=1", "replica_ack_timeout_ms=50"]))
+    p = turns_policy(TurnsPolicy(), **parse_assignments(["replica_acks=1", "replica_ack_timeout_ms=50"]))
     assert ReplicaWait.of(p) == ReplicaWait(1, 50)
     assert parse_policy(p.to_json()) == p
-    assert parse_policy('{"handler": "echo"}').replica_acks == 0  # a policy of before: no WAIT
+    assert as_turns(parse_policy('{"handler": "echo"}')).durability.replica_acks == 0  # no WAIT
 
 
 # --- the commands sent ----------------------------------------------------------------
@@ -123,7 +131,7 @@ async def one_turn(store: UserStore, r: fakeredis.FakeAsyncRedis, sent: Sent) ->
 
 async def test_replica_acks_0_sends_exactly_the_script_calls(r: fakeredis.FakeAsyncRedis, sent: Sent) -> None:
     store = UserStore(r, "w1")
-    store.replica_wait = ReplicaWait.of(Policy())
+    store.replica_wait = ReplicaWait.of(TurnsPolicy())
     await one_turn(store, r, sent)
     # acquire, commit: no WAIT; each in the group commit's pipeline (alone here: one call each)
     assert sent.log == [("pipe", ["EVALSHA"], False), ("pipe", ["EVALSHA"], False)]
@@ -132,7 +140,7 @@ async def test_replica_acks_0_sends_exactly_the_script_calls(r: fakeredis.FakeAs
 
 async def test_replica_acks_1_pipelines_evalsha_and_wait(r: fakeredis.FakeAsyncRedis, sent: Sent) -> None:
     store = UserStore(r, "w1")
-    store.replica_wait = ReplicaWait.of(Policy(replica_acks=1, replica_ack_timeout_ms=7))
+    store.replica_wait = ReplicaWait.of(turns_policy(replica_acks=1, replica_ack_timeout_ms=7))
     await one_turn(store, r, sent)
     # one non-transactional pipeline each: one connection, so WAIT counts the script's writes
     assert sent.log == [("pipe", ["EVALSHA", "WAIT"], False), ("pipe", ["EVALSHA", "WAIT"], False)]
@@ -267,8 +275,8 @@ async def test_a_moved_on_the_node_path_patches_the_slots_and_is_raised(
 
 
 def test_a_client_takes_the_submit_wait_from_the_policy() -> None:
-    assert submit_options_of(Policy().to_json(), None) == SubmitOptions(1, None)
-    wanted = Policy(replica_acks=1, replica_ack_timeout_ms=30, ready_shards=2).to_json()
+    assert submit_options_of(TurnsPolicy().to_json(), None) == SubmitOptions(1, None)
+    wanted = turns_policy(replica_acks=1, replica_ack_timeout_ms=30, ready_shards=2).to_json()
     assert submit_options_of(wanted, None) == SubmitOptions(2, ReplicaWait(1, 30))
     # lenient as the shard count is: an odd value means no WAIT (or the default timeout)
     assert submit_options_of(b'{"replica_acks": 9}', None).wait is None
@@ -276,7 +284,7 @@ def test_a_client_takes_the_submit_wait_from_the_policy() -> None:
     zero_timeout = b'{"replica_acks": 1, "replica_ack_timeout_ms": 0}'
     assert submit_options_of(zero_timeout, None).wait == ReplicaWait(1, 100)
     # a policy key being edited into nonsense: the last good one holds
-    assert submit_options_of(b"{oops", Policy(replica_acks=2).to_json()).wait == ReplicaWait(2, 100)
+    assert submit_options_of(b"{oops", turns_policy(replica_acks=2).to_json()).wait == ReplicaWait(2, 100)
     assert submit_options_of(None, None) == SubmitOptions()
 
 

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from commander.rollouts.canary import GroupWindow, judge_canary, pool_window, worker_window
-from protocol.groups import RolloutGuard, assign, rollout_weights, with_weights
+from protocol.groups import RolloutGuard, assign, rollout_weights
 from protocol.models import Counters, OccupancyReport, Slots
-from protocol.policy import parse_policy
+from protocol.policy import turns_policy
 
 # (weights now, group, percent, weights after)
 WEIGHTS_TABLE: list[Any] = [
@@ -70,10 +70,10 @@ def test_a_rollout_step_moves_only_the_users_between_the_thresholds() -> None:
 
 
 def test_with_weights_keeps_the_rest_of_the_policy() -> None:
-    policy = parse_policy({"concurrency": 3, "groups": [{"name": "blue", "weight": 90, "max_workers": 4},
-                                                        {"name": "green", "weight": 10}]})
-    new = parse_policy(with_weights(policy.model_dump(mode="json"), (("blue", 0.0), ("green", 100.0))))
-    assert new.weights() == (("blue", 0.0), ("green", 100.0))
+    policy = turns_policy(concurrency=3, groups=[{"name": "blue", "weight": 90, "max_workers": 4},
+                                                 {"name": "green", "weight": 10}])
+    new = policy.with_weights((("blue", 0.0), ("green", 100.0)))
+    assert new.rollout.weights() == (("blue", 0.0), ("green", 100.0))
     assert new.concurrency == 3 and new.for_group("blue").max_workers == 4
 
 

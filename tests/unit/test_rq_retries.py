@@ -13,7 +13,7 @@ import pytest
 from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
-from protocol.policy import Policy, PolicyError, parse_policy
+from protocol.policy import Policy, PolicyError, RqPolicy, TurnsPolicy, parse_policy, rq_policy
 from stores import outbox, rqjobs
 from stores.policies import write_policy
 from stores.turns import Lease, UserStore, Writes
@@ -33,7 +33,7 @@ RQ = {"kind": "rq"}
 ])
 def test_rq_retry_fields_accepted(fields: dict[str, Any], retries: tuple[Any, Any]) -> None:
     p = parse_policy(fields)
-    assert (p.retry_max, p.retry_interval_s) == retries
+    assert isinstance(p, RqPolicy) and (p.jobs.retry_max, p.jobs.retry_interval_s) == retries
 
 
 @pytest.mark.parametrize(("fields", "error"), [
@@ -47,8 +47,8 @@ def test_rq_retry_fields_accepted(fields: dict[str, Any], retries: tuple[Any, An
     ({**RQ, "retry_max": 1, "retry_interval_s": [1] * 101}, "retry_interval_s"),
     ({**RQ, "retry_max": "many"}, "retry_max"),
     ({"job_timeout_s": 10}, "job_timeout_s applies only to an rq tier"),
-    ({**RQ, "job_timeout_s": 0}, "job_timeout_s"),
-    ({**RQ, "job_timeout_s": 31}, "job_timeout_s 31 is over drain_timeout_s 30"),
+    ({**RQ, "job_timeout_s": 0}, "jobs.timeout_s"),
+    ({**RQ, "job_timeout_s": 31}, "jobs.timeout_s 31 is over controls.drain_timeout_s 30"),
     ({**RQ, "job_timeout_s": 120, "drain_timeout_s": 60}, "a retired RQ worker must be able to finish"),
 ])
 def test_rq_retry_fields_rejected(fields: dict[str, Any], error: str) -> None:
@@ -58,15 +58,15 @@ def test_rq_retry_fields_rejected(fields: dict[str, Any], error: str) -> None:
 
 @pytest.mark.parametrize(("policies", "want"), [
     ({}, {}),
-    ({"chat": Policy(), "writeback": Policy(kind="rq")}, {}),  # no retry_max: the registration's
-    ({"writeback": Policy(kind="rq", retry_max=4)}, {"writeback": (4, None, None)}),
-    ({"jobs": Policy(kind="rq", queues=("a", "b"), retry_max=1, retry_interval_s=(2,))},
+    ({"chat": TurnsPolicy(), "writeback": RqPolicy()}, {}),  # no retry_max: the registration's
+    ({"writeback": rq_policy(retry_max=4)}, {"writeback": (4, None, None)}),
+    ({"jobs": rq_policy(queues=("a", "b"), retry_max=1, retry_interval_s=(2,))},
      {"a": (1, (2,), None), "b": (1, (2,), None)}),
-    ({"x": Policy(kind="rq", queues=("a",), retry_max=1),
-      "y": Policy(kind="rq", queues=("a", "c"), retry_max=2)},
+    ({"x": rq_policy(queues=("a",), retry_max=1),
+      "y": rq_policy(queues=("a", "c"), retry_max=2)},
      {"a": (1, None, None), "c": (2, None, None)}),  # a queue in two tiers: the first tier's, by name
-    ({"writeback": Policy(kind="rq", job_timeout_s=20)}, {"writeback": (None, None, 20)}),
-    ({"writeback": Policy(kind="rq", retry_max=2, job_timeout_s=20, drain_timeout_s=20)},
+    ({"writeback": rq_policy(job_timeout_s=20)}, {"writeback": (None, None, 20)}),
+    ({"writeback": rq_policy(retry_max=2, job_timeout_s=20, drain_timeout_s=20)},
      {"writeback": (2, None, 20)}),
 ])
 def test_each_queue_takes_its_rq_tiers_job_settings(policies: dict[str, Policy],
@@ -110,7 +110,7 @@ async def _commit(server: fakeredis.FakeServer, d: Deferral) -> None:
 def test_the_relay_enqueues_with_the_tiers_retries_and_rq_retries_by_them() -> None:
     server = fakeredis.FakeServer()
     r = fakeredis.FakeRedis(server=server)
-    write_policy(r, Q, Policy(kind="rq", retry_max=3))
+    write_policy(r, Q, rq_policy(retry_max=3))
     d = _d(kwargs={"times": 3})  # registered with no retries: without the tier's, it fails once
     asyncio.run(_commit(server, d))
     relay = Relay(RelaySettings(relay_id="r1", claim_idle_ms=0, block_ms=1, sweep_interval_s=3600), r=r)
@@ -126,7 +126,7 @@ def test_the_relay_enqueues_with_the_tiers_retries_and_rq_retries_by_them() -> N
 def test_the_relay_gives_a_job_its_tiers_timeout_and_rq_stops_it_there() -> None:
     server = fakeredis.FakeServer()
     r = fakeredis.FakeRedis(server=server)
-    write_policy(r, Q, Policy(kind="rq", job_timeout_s=1))
+    write_policy(r, Q, rq_policy(job_timeout_s=1))
     d = Deferral(name="count", kwargs={"sleep_s": 5}, queue=Q, user="alice", turn_id="t1", index=0, ts=1.0)
     asyncio.run(_commit(server, d))
     relay = Relay(RelaySettings(relay_id="r1", claim_idle_ms=0, block_ms=1, sweep_interval_s=3600), r=r)

@@ -17,24 +17,24 @@ from commander.rq.reader import NO_RQ_ON_CLUSTER, RqReader
 from commander.rq.tiers import RqTiers
 from commander.runtime import Lifecycle, WorkerHandle
 from commander.settings import CommanderSettings
-from protocol.policy import Policy, PolicyError, parse_policy
+from protocol.policy import PolicyError, RqPolicy, parse_policy, rq_policy
 from tests.unit.commander_helpers import ledger
 
 NOW = 1_700_000_000.0
 TIER = "writeback"
 
 
-def policy(**over: Any) -> Policy:
-    base: dict[str, Any] = dict(kind="rq", min_workers=0, max_workers=4, users_per_instance=None,
-                                target_backlog_per_worker=4, scale_down_stabilization_s=0.0, max_step_up=4)
-    return Policy(**{**base, **over})
+def policy(**over: Any) -> RqPolicy:
+    base: dict[str, Any] = dict(min_workers=0, max_workers=4, target_backlog_per_worker=4,
+                                scale_down_stabilization_s=0.0, max_step_up=4)
+    return rq_policy(**{**base, **over})
 
 
 def handle(i: int, state: Lifecycle = Lifecycle.RUNNING, tier: str = TIER) -> WorkerHandle:
     return WorkerHandle(f"rq-{i}", tier, 100 + i, state, NOW - 100 + i)
 
 
-def judge(handles: list[WorkerHandle], seen: list[RqWorkerSeen], queued: int, p: Policy | None = None,
+def judge(handles: list[WorkerHandle], seen: list[RqWorkerSeen], queued: int, p: RqPolicy | None = None,
           state: TierState | None = None) -> Any:
     p = p or policy(max_workers=8)
     views = rq_views(TIER, handles, seen)
@@ -97,10 +97,11 @@ def test_rates_from_registry_counts() -> None:
 
 def test_rq_policy_fields_are_validated() -> None:
     p = parse_policy({"kind": "rq", "queues": ["writeback", "eval"], "min_workers": 0})
-    assert p.rq_queues(TIER) == ("writeback", "eval")
-    assert Policy(kind="rq").rq_queues(TIER) == (TIER,)
-    assert decide_policy(p).concurrency == 1 and p.concurrency == 8
-    for bad in ({"kind": "celery"}, {"queues": ["Bad Queue"]}, {"queues": ["a", "a"]}):
+    assert isinstance(p, RqPolicy) and p.rq_queues(TIER) == ("writeback", "eval")
+    assert RqPolicy().rq_queues(TIER) == (TIER,)
+    assert decide_policy(p).concurrency == 1 and "concurrency" not in RqPolicy.model_fields
+    for bad in ({"kind": "celery"}, {"kind": "rq", "queues": ["Bad Queue"]},
+                {"kind": "rq", "queues": ["a", "a"]}):
         with pytest.raises(PolicyError):
             parse_policy(bad)
 

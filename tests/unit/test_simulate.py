@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from protocol.policy import Policy
+from protocol.policy import turns_policy
 from sim.scaling.policies import (
     FleetDecide,
     Static,
@@ -121,8 +121,8 @@ def burst_trace() -> list[TraceTurn]:
 
 
 def test_decide_scales_up_on_a_burst_and_down_after_the_stabilization_window():
-    policy = Policy(handler="sleep", concurrency=8, max_workers=20, report_interval_s=1.0,
-                    scale_down_stabilization_s=30.0)
+    policy = turns_policy(handler="sleep", concurrency=8, max_workers=20, report_interval_s=1.0,
+                          scale_down_stabilization_s=30.0)
     cfg = SimConfig(concurrency=8, view_policy=policy)
     result = simulate(burst_trace(), FleetDecide(policy), cfg)
     summary = result.summary()
@@ -137,7 +137,7 @@ def test_decide_scales_up_on_a_burst_and_down_after_the_stabilization_window():
 
 
 def test_same_inputs_same_result():
-    policy = Policy(handler="sleep", concurrency=4, max_workers=10, report_interval_s=1.0)
+    policy = turns_policy(handler="sleep", concurrency=4, max_workers=10, report_interval_s=1.0)
     a = simulate(burst_trace(), FleetDecide(policy), SimConfig(concurrency=4, view_policy=policy))
     b = simulate(burst_trace(), FleetDecide(policy), SimConfig(concurrency=4, view_policy=policy))
     assert a.waits == b.waits and a.timeline == b.timeline
@@ -226,8 +226,8 @@ def steady(seconds: int, every: float = 0.25, service: float = 2.0) -> list[Trac
 
 
 def test_a_report_outage_triggers_the_fallback_and_no_scale_in() -> None:
-    pol = Policy(handler="sleep", concurrency=8, max_workers=10, report_interval_s=1.0,
-                 scale_down_stabilization_s=0.0, fallback={"after": 4, "action": "fixed", "workers": 5})
+    pol = turns_policy(handler="sleep", concurrency=8, max_workers=10, report_interval_s=1.0,
+                       scale_down_stabilization_s=0.0, fallback={"after": 4, "action": "fixed", "workers": 5})
     cfg = SimConfig(concurrency=8, view_policy=pol, report_outages=((30.0, 60.0),))
     result = simulate(steady(90), FleetDecide(pol), cfg)
     at = {round(t): n for t, n, *_ in result.timeline}
@@ -238,8 +238,8 @@ def test_a_report_outage_triggers_the_fallback_and_no_scale_in() -> None:
 
 
 def test_recycling_by_turns_keeps_serving() -> None:
-    pol = Policy(handler="sleep", concurrency=8, max_workers=10, report_interval_s=1.0,
-                 max_turns_per_worker=60)
+    pol = turns_policy(handler="sleep", concurrency=8, max_workers=10, report_interval_s=1.0,
+                       max_turns_per_worker=60)
     result = simulate(steady(120), FleetDecide(pol), SimConfig(concurrency=8, view_policy=pol))
     s = result.summary()
     assert s["retired"] >= 3 and s["unserved"] == 0 and s["p99_wait_s"] < 0.2
@@ -261,8 +261,8 @@ class _Recording(Simulator):
 def test_a_protected_long_turn_keeps_its_worker(protect: float | None, kept: bool) -> None:
     """A burst scales the tier up; the worker running a 60 s turn that protects it is never
     drained while the turn runs (without protection it is consolidated: its load fits)."""
-    pol = Policy(handler="sleep", concurrency=4, max_workers=4, report_interval_s=1.0,
-                 scale_down_stabilization_s=0.0, users_per_instance=None, compaction_margin=1.0)
+    pol = turns_policy(handler="sleep", concurrency=4, max_workers=4, report_interval_s=1.0,
+                       scale_down_stabilization_s=0.0, users_per_instance=None, compaction_margin=1.0)
     spec = [(0.0, f"b{i}", 3.0) for i in range(12)] + [(0.5, "long", 60.0)]
     sim = _Recording(turns(spec), FleetDecide(pol),
                      SimConfig(concurrency=4, view_policy=pol, protect_turns_over_s=protect))

@@ -55,7 +55,7 @@ from protocol.models import (
     Turn,
     WorkerInfo,
 )
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores import (
     backlog,
     cluster,
@@ -296,11 +296,11 @@ def drive_sync(r: redis.Redis) -> None:
     now = time.time()
     for tier in TIERS:
         policies.ensure_policy(r, tier)
-        policies.write_policy(r, tier, Policy())
+        policies.write_policy(r, tier, TurnsPolicy())
         policies.read_policy(r, tier, ["echo"], record=True, reader="w")
         r.set(keys.policy(tier), b"{not json")
         policies.read_policy(r, tier, ["echo"], record=True, reader="w")  # status write branch
-        policies.write_policy(r, tier, Policy())
+        policies.write_policy(r, tier, TurnsPolicy())
         policies.read_policy_status(r, tier)
         submit_options.read_submit_options(r, tier)
         policies.has_policy_key(r, tier)
@@ -407,7 +407,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         await worker_ops.join_ready_group(ar, tier)
         await worker_ops.join_ready_group(ar, tier)  # BUSYGROUP branch
         await policies.read_policy(ar, tier, ["echo"], record=True, reader="w")
-        await policies.write_policy(ar, tier, Policy())
+        await policies.write_policy(ar, tier, TurnsPolicy())
         await policies.tier_defined_async(ar, tier)
         built = [turn(u, tier, 10 + i) for i, u in enumerate(USERS)]
         await submit.submit_turns(ar, built, tier, pressure={"tier": tier, "user": USERS[0]},

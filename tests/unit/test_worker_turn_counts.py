@@ -11,7 +11,7 @@ import pytest
 
 from fleet.client import AsyncFleet
 from protocol import keys
-from protocol.policy import Policy
+from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from stores.turns import Committed, Fenced, NextTurn
 from worker.app import Worker
@@ -27,7 +27,7 @@ from worker.settings import WorkerSettings
 async def test_a_lost_commit_is_counted_and_the_turn_once_served(first_commit: str,
                                                                  want: dict[str, int]) -> None:
     r = fakeredis.FakeAsyncRedis()
-    await write_policy(r, "chat", Policy(concurrency=2))
+    await write_policy(r, "chat", TurnsPolicy(concurrency=2))
     worker = Worker(WorkerSettings(worker_id="w1", block_ms=50), r=r)
     real_commit = worker.store.commit
     calls: list[str] = []

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.codec import CodecError, decode
 from protocol.deferral import RESULT_TTL_S, Deferral
-from protocol.policy import Policy
+from protocol.policy import Policy, RqPolicy
 from stores import outbox
 from stores.connection import connect_rq, connect_sync
 from stores.outbox import Hint
@@ -59,15 +59,15 @@ class TierJobs(NamedTuple):
 
 
 def tier_overrides(policies: Mapping[str, Policy]) -> dict[str, TierJobs]:
-    """Queue -> what the rq tier that consumes it sets for its jobs (``retry_max`` and its
-    intervals, ``job_timeout_s``), for tiers that set any; a queue of two such tiers takes the
+    """Queue -> what the rq tier that consumes it sets for its jobs (``jobs.retry_max`` and its
+    intervals, ``jobs.timeout_s``), for tiers that set any; a queue of two such tiers takes the
     first tier's (by name)."""
     out: dict[str, TierJobs] = {}
     for tier in sorted(policies):
         p = policies[tier]
-        if p.kind == "rq" and (p.retry_max is not None or p.job_timeout_s is not None):
+        if isinstance(p, RqPolicy) and (p.jobs.retry_max is not None or p.jobs.timeout_s is not None):
             for q in p.rq_queues(tier):
-                out.setdefault(q, TierJobs(p.retry_max, p.retry_interval_s, p.job_timeout_s))
+                out.setdefault(q, TierJobs(p.jobs.retry_max, p.jobs.retry_interval_s, p.jobs.timeout_s))
     return out
 
 

@@ -103,7 +103,7 @@ class GroupDeployments:
         except TRANSIENT as exc:
             log.debug("policy of %s not readable: its groups' Deployments wait (%s)", tier, exc)
             return None
-        return next((g for g in policy.groups if g.name == name), None)
+        return next((g for g in policy.rollout.groups if g.name == name), None)
 
     def _write(self, pool: str, action: GroupAction, group: Group) -> None:
         assert action.deployment is not None and group.image is not None  # (group_action's promise)

@@ -29,7 +29,8 @@ from commander.runtime.process.launch import worker_command
 from commander.runtime.process.spawner import CommandBuilder, Spawner, SpawnMode
 from commander.runtime.process.workers import LocalWorkers
 from protocol.groups import split_pool, validate_pool
-from protocol.policy import Policy, PolicyError, parse_policy
+from protocol.policy import PolicyError, TurnsPolicy, parse_policy
+from protocol.policy_controls import Controls
 from stores.connection import connect_rq, connect_sync, resolve_url
 from stores.policies import read_good_policy, read_policy
 
@@ -83,11 +84,11 @@ class ProcessRuntime(Runtime):
             self.rq.close()
 
     def _policy_drain_timeout(self, tier: str) -> float:
-        """The tier's last good policy's ``drain_timeout_s`` (the default if unreadable)."""
+        """The tier's last good policy's ``controls.drain_timeout_s`` (the default if unreadable)."""
         try:
-            return parse_policy(read_good_policy(self.r, tier) or b"{}").drain_timeout_s
+            return parse_policy(read_good_policy(self.r, tier) or b"{}").controls.drain_timeout_s
         except (RedisError, OSError, RedisClusterException, PolicyError):  # TRANSIENT, or a bad policy
-            return Policy().drain_timeout_s
+            return Controls().drain_timeout_s
 
     def configure(self, tier: str, kind: str, queues: Sequence[str] = ()) -> None:
         """An rq tier's workers are started as ``worker.rq.rq_worker`` on its queues."""
@@ -124,9 +125,9 @@ class ProcessRuntime(Runtime):
         if not group:
             return None, None
         policy = read_policy(self.r, tier).policy
-        found = next((g for g in policy.groups if g.name == group), None)
+        found = next((g for g in policy.rollout.groups if g.name == group), None)
         python = found.python if found is not None else None
-        if python is None:
+        if python is None or not isinstance(policy, TurnsPolicy):
             return None, None
         return python, self.spawner.check(python, policy.group_handler(group))
 
