@@ -4,7 +4,8 @@ Every process builds its client from a URL (explicit, else ``REDIS_URL``, else t
 ``fleet up`` one). Credentials and TLS ride in that URL, which redis-py parses itself:
 ``redis://user:password@host:port/0`` for an ACL user, and
 ``rediss://user:password@host:port/0?ssl_ca_certs=/path/ca.pem`` for TLS (also
-``ssl_certfile``, ``ssl_keyfile`` for a client certificate, ``ssl_cert_reqs``). See SECURITY.md.
+``ssl_certfile``, ``ssl_keyfile`` for a client certificate, ``ssl_cert_reqs``).
+See docs/operations/security.md.
 
 **Redis Cluster.** The URL of any node of a cluster will do: at connect, one short-lived plain
 connection (same TLS, ACL and connect timeout) asks the node whether it runs in cluster mode
@@ -151,9 +152,9 @@ def _probe(url: str) -> bool | None:
 
     One plain connection with the URL's own TLS and ACL options and the usual connect timeout,
     no retries, closed at once. It asks ``SELECT 1`` first, which a cluster node refuses "in
-    cluster mode" and SECURITY.md's least-privilege ACL allows; only if the ACL refuses that,
-    ``INFO cluster`` (``cluster_enabled:1``), which that ACL does not grant (a refusal lands in
-    ``ACL LOG``). A ``rediss://`` URL naming a plain port raises ``HandshakeTimeout`` here.
+    cluster mode" and the least-privilege ACL of docs/operations/security.md allows; only if the
+    ACL refuses that, ``INFO cluster`` (``cluster_enabled:1``), which that ACL does not grant (a
+    refusal lands in ``ACL LOG``). A ``rediss://`` URL naming a plain port raises ``HandshakeTimeout`` here.
     """
     kwargs: dict[str, Any] = {}
     if url.startswith("rediss://"):

@@ -205,7 +205,7 @@ def list_tiers(r: redis.Redis) -> list[str]:
 
 def has_rq_tier(r: redis.Redis) -> bool:
     """Whether any tier's policy is kind rq: only then is RQ part of this fleet, and its keys
-    (``rq:*``, outside the ``fleet:*`` of SECURITY.md's ACL) worth reading."""
+    (``rq:*``, outside the ``fleet:*`` of the documented ACL) worth reading."""
     return any(read_policy(r, tier).policy.kind == "rq" for tier in list_tiers(r))
 
 

@@ -1,5 +1,5 @@
 """``WAIT``: a write acknowledged by replicas before Fleet goes on (policy ``replica_acks`` /
-``replica_ack_timeout_ms``; docs/ARCHITECTURE.md, "Failover: what Fleet promises").
+``replica_ack_timeout_ms``; docs/guide/redis-cluster.md, "Failover and `replica_acks`").
 
 ``WAIT`` counts the writes of the connection it is sent on, so it must ride on the connection
 that made them:

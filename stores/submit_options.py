@@ -41,7 +41,7 @@ def queue_options_probe(pipe: Any, tier: str) -> None:
     key's): :func:`submit_options_of` reads them."""
     pipe.get(keys.policy(tier))
     pipe.get(keys.policy_good(tier))
-    pipe.hgetall(keys.groups_rejected(tier))  # (its fields: HGETALL is in the ACL of SECURITY.md, HKEYS not)
+    pipe.hgetall(keys.groups_rejected(tier))  # (HGETALL: the documented ACL grants it, not HKEYS)
 
 
 def _policy_fields(raw: Any, good: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from stores.roundtrips import Op, Pipelined, operation
 def queue_tier_probe(pipe: Any, tier: str) -> None:
     """``[has_policy, tiers, registry]``: what :func:`tier_defined` and :func:`heartbeats_of` read."""
     pipe.exists(keys.policy(tier))
-    pipe.smembers(keys.TIERS)  # not SISMEMBER: the documented ACL (SECURITY.md) grants SMEMBERS
+    pipe.smembers(keys.TIERS)  # not SISMEMBER: the documented ACL grants SMEMBERS
     pipe.hgetall(keys.WORKERS)
 
 

@@ -168,7 +168,7 @@ class UserStore:
 
         With ``replica_wait``, the new fencing token reached that many replicas before this
         returns, or the WAIT timed out: counted in ``acks``, logged, and the lane is served anyway
-        (docs/ARCHITECTURE.md, "Failover: what Fleet promises", says why)."""
+        (docs/guide/redis-cluster.md, "Failover and `replica_acks`", says why)."""
         k = keys.user_keys(user)
         res = await self._call(self.scripts.lane_acquire,
                                [k.lane, k.fence, k.state, k.inbox, k.session, k.profile, k.memory, k.done],

@@ -58,7 +58,7 @@ class WorkerSettings(BaseSettings):
     reply_ttl_s: int = Field(3600, ge=1, description="seconds a reply waits for its reader")
     handler_trace: str | None = Field(
         None, description="append a JSON line per handler entry and exit here (exclusivity checks)")
-    # Kubernetes (the downward API: metadata.name, spec.nodeName); see docs/KUBERNETES.md
+    # Kubernetes (the downward API: metadata.name, spec.nodeName); see docs/guide/kubernetes.md
     pod_name: str | None = Field(None, description="the pod this worker runs in: its default worker "
                                  "id, registered with runtime=kubernetes")
     node_name: str | None = Field(None, description="the node of its pod: registered as its host")
