@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,6 +18,11 @@ class CommanderSettings(BaseSettings):
     """How the commander runs. How each tier scales is its policy, in Redis."""
 
     model_config = SettingsConfigDict(env_prefix="FLEET_COMMANDER_", frozen=True)
+    # the command-line flags (protocol.flags); every other setting is tuning, environment only
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        "redis_url", "rq_url", "commander_id", "log_level", "interval_s", "runtime", "spawn_mode",
+        "log_dir", "metrics_host", "metrics_port", "stop_workers_on_exit", "max_total_workers",
+        "k8s_namespace", "k8s_kubeconfig")
 
     redis_url: str | None = Field(None, description="default: $REDIS_URL, else the local fleet")
     rq_url: str | None = Field(None, description="RQ's Redis, one node (rq tiers' queues and RQ's "

@@ -21,6 +21,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from protocol.flags import flag_of
+
 COMMAND = "python -m fleet.reference > docs/reference.md"
 
 # the environment variables read by hand (not through a settings model), and what they do
@@ -166,7 +168,7 @@ def _settings_rows(model: type[BaseModel]) -> Iterator[list[str]]:
     defs = schema.get("$defs", {})
     for name, info in model.model_fields.items():
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        flag = extra.get("flag", "--" + name.replace("_", "-"))
+        flag = flag_of(model, name)
         flags = [f"`{flag}`"] if flag is not None else ["(environment only)"]
         off = extra.get("off_flag")
         if isinstance(off, (list, tuple)):

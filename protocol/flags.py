@@ -1,17 +1,19 @@
 """Command-line flags derived from a settings model, so each option is declared once.
 
-Every field of a pydantic(-settings) model is the flag ``--field-name`` (dashes for the
-underscores), of its type: an int or a float is parsed by argparse (a bad number is a usage
-error), a ``Literal`` gives the choices, a bool is a switch that sets it, a tuple takes a
-list of values. Its help is the field's description, with its default and its environment
-variable. A field's ``json_schema_extra`` may say more:
+The fields a settings model lists in its ``FLAGS`` class variable (every field when it has
+none) are the flags ``--field-name`` (dashes for the underscores), of their type: an int or a
+float is parsed by argparse (a bad number is a usage error), a ``Literal`` gives the choices, a
+bool is a switch that sets it, a tuple takes a list of values. Its help is the field's
+description, with its default and its environment variable. A field's ``json_schema_extra``
+may say more:
 
 - ``"flag"``: another name for the flag (``"--interval"`` for ``interval_s``), or None for
   none (a secret: a command line shows in ``ps``);
 - ``"off_flag"``: ``(name, help)`` of a switch that sets the field to None (``--no-metrics``).
 
-A flag that is not given is not in the namespace (``argparse.SUPPRESS``), so the model reads
-its environment: flags override the environment, which overrides the defaults.
+The other fields (tuning) are read from the environment only; docs/reference.md lists them. A
+flag that is not given is not in the namespace (``argparse.SUPPRESS``), so the model reads its
+environment: flags override the environment, which overrides the defaults.
 """
 
 from __future__ import annotations
@@ -36,15 +38,29 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
+def flag_of(model: type[BaseModel], name: str) -> str | None:
+    """The command-line flag of field ``name`` of ``model``; None: environment only."""
+    listed = getattr(model, "FLAGS", None)
+    if listed is not None and name not in listed:
+        return None
+    field = model.model_fields[name]
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    flag = extra.get("flag", "--" + name.replace("_", "-"))
+    return None if flag is None else str(flag)
+
+
 def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *, skip: Iterable[str] = (),
               required: Iterable[str] = ()) -> None:
-    """Add a flag per field of ``model`` to ``parser``, but those in ``skip``; those in
-    ``required`` must be given."""
+    """Add the flags of ``model`` (``flag_of``) to ``parser``, but those in ``skip``; those in
+    ``required`` must be given. The epilog says where the other settings are."""
     skip, required = set(skip), set(required)
     prefix = str(model.model_config.get("env_prefix", ""))
+    if getattr(model, "FLAGS", None) is not None and not parser.epilog:
+        parser.epilog = (f"Every other setting is an environment variable ({prefix}<SETTING>): "
+                         "see docs/reference.md.")
     for name, field in model.model_fields.items():
+        flag = flag_of(model, name)
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        flag = extra.get("flag", "--" + name.replace("_", "-"))
         if name in skip or flag is None:
             continue
         options = _options(name, field.annotation)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Literal, TypedDict
+from typing import ClassVar, Literal, TypedDict
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,6 +27,9 @@ class WorkerSettings(BaseSettings):
     """How a worker runs. What a *tier* runs (handler, concurrency) comes from its policy."""
 
     model_config = SettingsConfigDict(env_prefix="FLEET_WORKER_", frozen=True)
+    # the command-line flags (protocol.flags); every other setting is tuning, environment only
+    FLAGS: ClassVar[tuple[str, ...]] = ("redis_url", "tier", "group", "worker_id", "log_level",
+                                        "health_port")
 
     redis_url: str | None = Field(None, description="default: $REDIS_URL, else the local fleet")
     tier: str = Field("chat", description="tier to serve")
