@@ -1,4 +1,4 @@
-"""Issue 12's user view, retry and purge (tests/integration/test_users_cli.py and
+"""The user view, dead-letter retry and purge (tests/integration/test_users_cli.py and
 test_dead_letter_retry.py), run again on the real 3+3 Redis Cluster: the same test functions,
 with ``redis_server`` and ``r`` standing for the cluster, the CLI pointed at it by URL."""
 

@@ -90,7 +90,7 @@ def test_the_image_runs_fleet_as_a_numeric_unprivileged_user() -> None:
 def test_the_image_installs_the_project_and_bakes_in_no_secret() -> None:
     assert not instructions("ADD"), "COPY only: ADD fetches URLs and unpacks archives"
     runs = " ".join(i["value"] for i in instructions("RUN"))
-    # the rq extra: the relay and the RQ workers of rq tiers run from this image too (issue 16)
+    # the rq extra: the relay and the RQ workers of rq tiers run from this image too
     assert 'pip wheel --wheel-dir /wheels ".[k8s,rq]"' in runs
     assert 'pip install --no-index --find-links=/wheels "fleet[k8s,rq]"' in runs
     assert not re.search(r"\b(curl|wget)\b", runs), "nothing is downloaded but through pip"

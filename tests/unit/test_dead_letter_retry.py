@@ -1,4 +1,4 @@
-"""The pure parts of issue 12's dead-letter retry and user view: what an entry keeps, the turn a
+"""The pure parts of the dead-letter retry and the user view: what an entry keeps, the turn a
 retry re-enqueues (or why not), its turn id, and the readings of raw replies."""
 
 from __future__ import annotations

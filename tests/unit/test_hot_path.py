@@ -1,4 +1,4 @@
-"""Issue 17's hot path: the group commit, the submit script and its pressure check, and the
+"""The hot path: the group commit, the submit script and its pressure check, and the
 inbox entries a worker still serves (old binary ones, plain ones) on fakeredis' Lua."""
 
 from __future__ import annotations
