@@ -10,7 +10,7 @@ product files they reach. Every figure is defined here, next to the code that ta
 - **lines per package**: lines of ``.py`` and ``.lua`` files under each product package;
 - **turn path**: the product files whose functions run while one turn is submitted, served and
   its reply read (a client and a worker in one event loop, after a warm-up turn), and the
-  deepest nesting of product frames seen then ("hops");
+  deepest nesting of product frames seen then ("hops"), of all and of the worker's alone;
 - **commander pass**: the same for one pass of the leading commander over one tier;
 - **mixin classes**: product classes that inherit from another product class other than
   interfaces (an ABC with abstract methods, a Protocol), models, settings and exceptions;
@@ -254,12 +254,16 @@ def docs_shape() -> dict[str, int]:
 
 # --- the paths: a turn and a commander pass, traced ------------------------------------------------
 class _Tracer:
-    """Records the product files whose functions are called, and the deepest product stack."""
+    """Records the product files whose functions are called, and the deepest product stack (of
+    all, and of those whose outermost product frame is the worker's: a turn served)."""
 
     def __init__(self) -> None:
         self.files: set[str] = set()
         self.depth = 0
         self.chain: list[str] = []
+        self.worker_depth = 0
+        self.worker_chain: list[str] = []
+        self.worker = str(ROOT / "worker") + os.sep
         self.prefixes = tuple(str(ROOT / p) + os.sep for p in PACKAGES)
 
     def _product(self, frame: FrameType | None) -> bool:
@@ -269,15 +273,18 @@ class _Tracer:
         if event != "call" or not self._product(frame) or frame.f_code.co_name == "<module>":
             return
         self.files.add(str(Path(frame.f_code.co_filename).relative_to(ROOT)))
-        depth, chain = 0, []
+        depth, chain, outermost = 0, [], ""
         f: FrameType | None = frame
         while f is not None:
             if self._product(f) and not f.f_code.co_name.startswith("<"):
                 depth += 1
                 chain.append(f.f_code.co_name)
+                outermost = f.f_code.co_filename
             f = f.f_back
         if depth > self.depth:
             self.depth, self.chain = depth, chain[::-1]
+        if outermost.startswith(self.worker) and depth > self.worker_depth:
+            self.worker_depth, self.worker_chain = depth, chain[::-1]
 
     @contextlib.contextmanager
     def on(self) -> Iterator[None]:
@@ -377,6 +384,7 @@ def measure() -> dict[str, Any]:
     return {
         "lines": lines_per_package(),
         "turn path": {"files": len(turn.files), "hops": turn.depth, "deepest": turn.chain,
+                      "worker hops": turn.worker_depth, "worker deepest": turn.worker_chain,
                       "file list": sorted(turn.files)},
         "commander pass": {"files": len(commander_pass.files), "hops": commander_pass.depth,
                            "deepest": commander_pass.chain, "file list": sorted(commander_pass.files)},
@@ -399,6 +407,8 @@ def table(m: dict[str, Any]) -> str:
     for what in ("turn path", "commander pass"):
         rows.append((f"{what}: files", str(m[what]["files"])))
         rows.append((f"{what}: hops (deepest product stack)", str(m[what]["hops"])))
+        if "worker hops" in m[what]:
+            rows.append((f"{what}: hops in the worker", str(m[what]["worker hops"])))
     bases = {edge.split(" <- ")[0] for edge in m["mixin classes"]}
     rows.append(("mixin classes (bases inherited from)", str(len(bases))))
     rows.append(("sync/async twin pairs", str(len(m["sync/async twins"]))))
@@ -434,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         print("mixins:", ", ".join(m["mixin classes"]) or "none")
         print("twins:", ", ".join(m["sync/async twins"]) or "none")
         print("turn path, deepest:", " -> ".join(m["turn path"]["deepest"]))
+        print("turn path, deepest in the worker:", " -> ".join(m["turn path"]["worker deepest"]))
         print("commander pass, deepest:", " -> ".join(m["commander pass"]["deepest"]))
     return 0
 
