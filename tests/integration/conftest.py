@@ -4,6 +4,7 @@ started and stopped by pid."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,6 +139,15 @@ def make_runtime(redis_server: Any, r: redis.Redis,
         rt.reap()  # collects the zombies of workers another runtime stopped
         rt.close()
     no_process_left(pids, within_s=0)
+
+
+def share_proof(run_dir: Path, other: Path) -> None:
+    """Give the run dir ``other`` the spawn proof of ``run_dir``'s runtime: a commander of the same
+    host that lost its run records (it adopts from the registry)."""
+    from commander.runtime.process.proof import PROOF_FILE
+
+    other.mkdir(parents=True, exist_ok=True)
+    shutil.copy(run_dir / PROOF_FILE, other / PROOF_FILE)
 
 
 def wait_running(rt: ProcessRuntime, ids: list[str], timeout: float = 20.0) -> None:
