@@ -118,7 +118,8 @@ class Runtime(ABC):
 
     def check_group(self, pool: str) -> str | None:
         """Why the workers of a group's ``pool`` cannot start here (process: its interpreter is
-        missing or cannot load its handler; kubernetes: it has no Deployment and gives no image),
+        missing or cannot load its handler; kubernetes: it has no Deployment and names no runtime
+        with an image; either: it names a runtime the commander does not allow),
         or None. Runtimes that cannot tell answer None. The commander asks every pass."""
         return None
 

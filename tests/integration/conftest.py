@@ -173,10 +173,17 @@ def reap_until_exited(rt: ProcessRuntime, worker_id: str, timeout: float = 20.0)
 
 
 @pytest.fixture
-def process_commander(redis_server: Any, tmp_path: Path,
-                      monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcessRuntime]:
+def group_runtimes() -> dict[str, Any]:
+    """The group runtimes ``process_commander`` allows (its ``group_runtimes`` setting): none
+    unless a module overrides this fixture."""
+    return {}
+
+
+@pytest.fixture
+def process_commander(redis_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                      group_runtimes: dict[str, Any]) -> Iterator[ProcessRuntime]:
     """A leading commander on a process runtime, in a thread (workers refresh their policy every
-    0.2 s); every worker it started is stopped by pid after the test."""
+    0.2 s), allowing ``group_runtimes``; every worker it started is stopped by pid after the test."""
     from commander.commander import Commander
     from commander.runtime.process import ProcessRuntime
     from commander.settings import CommanderSettings
@@ -184,8 +191,12 @@ def process_commander(redis_server: Any, tmp_path: Path,
 
     for key, value in {**TEST_WORKER_ENV, "FLEET_WORKER_POLICY_REFRESH_S": "0.2"}.items():
         monkeypatch.setenv(key, value)
-    runtime = ProcessRuntime(redis_server.url, log_dir=tmp_path / "logs")
-    settings = CommanderSettings(commander_id="c-test", metrics_port=None, interval_s=0.2, always_tiers=())
+    # a 10 s lease: an interpreter's check may take 8 s (0.8 of it) on a loaded test machine
+    settings = CommanderSettings(commander_id="c-test", metrics_port=None, interval_s=0.2, always_tiers=(),
+                                 lease_ttl_ms=10_000, group_runtimes=group_runtimes)
+    runtime = ProcessRuntime(redis_server.url, log_dir=tmp_path / "logs",
+                             group_runtimes=settings.group_runtimes,
+                             check_timeout_s=settings.check_timeout_s())
     stop = threading.Event()
     thread = threading.Thread(target=Commander(redis_server.client(), runtime, settings).run, args=(stop,),
                               daemon=True)

@@ -47,6 +47,8 @@ TABLE: list[Any] = [
                  "invalid runtime name", id="runtime-path"),
     pytest.param({"groups": [{"name": "a", "weight": 1, "python": "/opt/py/bin/python"}]},
                  "`python` may not be given in a policy", id="python-in-policy"),
+    pytest.param({"groups": [{"name": "a", "weight": 1, "python": None, "image": None}]}, None,
+                 id="null-python-and-image"),  # (as a policy written before runtimes holds them)
     pytest.param({"groups": [{"name": "a", "weight": 1, "image": "evil/miner:1"}]},
                  "name a runtime the commander allows instead, `runtime: <name>`", id="image-in-policy"),
     pytest.param({"groups": [{"name": "a", "weight": 1, "colour": "x"}]}, "colour", id="unknown-field"),
