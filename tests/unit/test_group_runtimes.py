@@ -179,3 +179,19 @@ def test_a_process_proves_it_is_ours_only_by_the_secret_it_carries(env: Any, pro
 
 def test_this_process_carries_no_proof() -> None:
     assert proof_of(psutil.Process(), "s" * 64) is Proof.MISSING
+
+
+class _Exec:
+    """A process whose exec is in progress: its parent's environment for the first reads."""
+
+    def __init__(self, stale_reads: int) -> None:
+        self.reads, self.stale = 0, stale_reads
+
+    def environ(self) -> dict[str, str]:
+        self.reads += 1
+        return {} if self.reads <= self.stale else {PROOF_ENV: "s" * 64}
+
+
+def test_a_process_just_started_is_given_a_moment_to_show_its_proof() -> None:
+    assert proof_of(_Exec(3), "s" * 64, wait_s=5.0) is Proof.PROVEN  # type: ignore[arg-type]
+    assert proof_of(_Exec(3), "s" * 64) is Proof.MISSING  # type: ignore[arg-type]  # (no wait: one look)
