@@ -37,6 +37,9 @@ from stores.registry import RqEntry, heartbeat_alive, read_entries, rq_entries
 from stores.retry import TRANSIENT
 
 log = logging.getLogger(__name__)
+YOUNG_S = 2.0  # a process younger than this may still be in its exec: its proof is waited for
+SETTLE_S = 0.1  # ... for this long at most
+SETTLE_BUDGET_S = 0.3  # and for this long at most in one look, however many young processes it meets
 
 
 class _Candidate(NamedTuple):
@@ -74,6 +77,7 @@ class Adoption:
         """The live workers not in ``known`` (their handles ``adopted``), the dead ones, and the
         live processes that do not prove they are ours."""
         found, taken = Found(), set()
+        settle_until = time.monotonic() + SETTLE_BUDGET_S
         for c in self._candidates():
             if c.worker_id in known or c.worker_id in taken:
                 continue
@@ -83,7 +87,9 @@ class Adoption:
                 found.dead[c.worker_id] = found.dead.get(c.worker_id, False) or may_go
                 continue
             handle = WorkerHandle(c.worker_id, c.tier, c.pid, Lifecycle.STARTING, c.started, adopted=True)
-            proof = proof_of(proc, self.secret)
+            young = time.time() - proc.create_time() < YOUNG_S  # (its exec may be in progress)
+            wait_s = min(SETTLE_S, max(0.0, settle_until - time.monotonic())) if young else 0.0
+            proof = proof_of(proc, self.secret, wait_s)
             if proof is not Proof.PROVEN:
                 found.unproven.append((handle, proof))
                 continue

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import secrets
+import time
 from pathlib import Path
 
 import psutil
@@ -77,8 +78,19 @@ def _make(path: Path, replace: bool) -> str:
         tmp.unlink(missing_ok=True)
 
 
-def proof_of(proc: psutil.Process, secret: str) -> Proof:
-    """Whether ``proc`` was started with ``secret`` in its environment."""
+def proof_of(proc: psutil.Process, secret: str, wait_s: float = 0.0) -> Proof:
+    """Whether ``proc`` was started with ``secret`` in its environment; asked again for up to
+    ``wait_s`` while it is not proven (a process whose exec is still in progress shows its
+    parent's environment for a few milliseconds after ``Popen`` returns)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        proof = _read(proc, secret)
+        if proof is Proof.PROVEN or time.monotonic() >= deadline:
+            return proof
+        time.sleep(0.005)
+
+
+def _read(proc: psutil.Process, secret: str) -> Proof:
     try:
         carried = proc.environ().get(PROOF_ENV)
     except psutil.Error:
