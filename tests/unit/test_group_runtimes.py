@@ -16,11 +16,13 @@ import pytest
 from pydantic import ValidationError
 
 from commander.group_runtimes import GroupRuntime, resolve
+from commander.runtime.interface import CHECK_PENDING
 from commander.runtime.process.interpreters import OUTPUT_LIMIT, PENDING, Interpreters, run_check
 from commander.runtime.process.proof import PROOF_ENV, PROOF_FILE, Proof, load_secret, proof_of
 from commander.settings import CommanderSettings
 from protocol.groups import Group
 from tests.helpers import running, wait_until
+from tests.unit.commander_helpers import RecordingRuntime
 
 ALLOWED = {"py312": GroupRuntime(python="/opt/py312/bin/python"), "gpu": GroupRuntime(image="reg/x:1.2"),
            "both": GroupRuntime(python="/opt/b/bin/python", image="reg/b:1")}
@@ -195,3 +197,27 @@ class _Exec:
 def test_a_process_just_started_is_given_a_moment_to_show_its_proof() -> None:
     assert proof_of(_Exec(3), "s" * 64, wait_s=5.0) is Proof.PROVEN  # type: ignore[arg-type]
     assert proof_of(_Exec(3), "s" * 64) is Proof.MISSING  # type: ignore[arg-type]  # (no wait: one look)
+
+
+def test_a_check_in_progress_keeps_the_recorded_verdict() -> None:
+    import fakeredis
+
+    from commander.rollouts.rejection import GroupChecks
+    from stores.group_assignment import reject_group, rejected_groups
+
+    r = fakeredis.FakeRedis()
+    reject_group(r, "chat", "green", "interpreter /opt/v/bin/python is missing")  # a former leader's verdict
+    recorded: list[tuple[str, str]] = []
+
+    class Ledger:
+        def record(self, tier: str, action: str, **_: Any) -> None:
+            recorded.append((tier, action))
+
+    checking = RecordingRuntime()
+    checking.broken["chat.green"] = CHECK_PENDING
+    checks = GroupChecks(r, checking, Ledger())  # type: ignore[arg-type]
+    assert checks.rejected("chat.green") == "interpreter /opt/v/bin/python is missing"  # kept meanwhile
+    assert rejected_groups(r, "chat") == {"green": "interpreter /opt/v/bin/python is missing"}
+    assert not recorded
+    fresh = GroupChecks(fakeredis.FakeRedis(), checking, Ledger())  # type: ignore[arg-type]
+    assert fresh.rejected("chat.green") is None and not recorded  # no verdict yet: not rejected either
