@@ -102,7 +102,7 @@ def test_while_an_interpreter_is_checked_its_pool_waits(r: redis.Redis, make_run
     rt: ProcessRuntime = make_runtime(group_runtimes=allowed, check_timeout_s=5)
     write_policy(r, "chat", parse_policy({"groups": [BLUE, {"name": "green", "weight": 50,
                                                             "runtime": "slow"}]}))
-    assert rt.check_group("chat.green") is None  # no verdict yet: not rejected ...
+    assert rt.check_group("chat.green") == PENDING  # no verdict yet ...
     assert rt.refusal("chat.green") == f"group pool chat.green: {PENDING}"  # ... but nothing starts
     with pytest.raises(Refused, match=PENDING):
         rt.spawn("chat.green", 1)

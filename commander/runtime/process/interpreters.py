@@ -30,13 +30,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
+from commander.runtime.interface import CHECK_PENDING
 from commander.runtime.process.fork_client import TemplateSpawner
 from commander.runtime.process.launch import SpawnError
 
 log = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 2.4  # the default: shorter than the default leader lease (3 s)
 OUTPUT_LIMIT = 4096  # bytes of a check's output read, at most
-PENDING: Final = "the check of its interpreter is in progress"
+PENDING: Final = CHECK_PENDING
 _CHECK = ("import sys\nfrom worker import handlers\n"
           "handlers.get(sys.argv[1])\nprint('ok')\n")
 

@@ -135,10 +135,9 @@ class ProcessRuntime(Runtime):
 
     def check_group(self, pool: str) -> str | None:
         """Why the group of ``pool`` cannot run here: it names a runtime this commander does not
-        allow, or its interpreter cannot load its handler. None while the check is in progress
-        (``refusal`` holds its spawns meanwhile)."""
-        why = self._group_interpreter(pool)[1]
-        return None if why == PENDING else why
+        allow, or its interpreter cannot load its handler; ``CHECK_PENDING`` while its
+        interpreter is being checked (``refusal`` holds its spawns meanwhile)."""
+        return self._group_interpreter(pool)[1]
 
     def refusal(self, tier: str) -> str | None:
         """Why workers of the pool ``tier`` may not start now: its interpreter's check is in
