@@ -205,12 +205,12 @@ class ProcessRuntime(Runtime):
 
     def _report_unproven(self, found: Found) -> None:
         """Warn about, and note for the ledger, each live process a record or a registry entry
-        names that does not prove this host's commanders started it: once per worker id and pid."""
+        names that does not prove this host's commanders started it: once per worker id and pid
+        while it is named (what is no longer named is forgotten)."""
+        reported, self._unproven = self._unproven, {(h.worker_id, h.pid) for h, _ in found.unproven}
         for handle, proof in found.unproven:
-            key = (handle.worker_id, handle.pid)
-            if key in self._unproven:
+            if (handle.worker_id, handle.pid) in reported:
                 continue
-            self._unproven.add(key)
             reason = (f"pid {handle.pid}, named for worker {handle.worker_id} (tier {handle.tier}), "
                       f"does not carry this host's spawn proof ({proof}): not adopted, never signalled")
             log.warning("%s", reason)
