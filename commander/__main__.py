@@ -39,7 +39,8 @@ def _runtime(settings: CommanderSettings, url: str) -> Runtime | None:
     """The runtime the settings name; None (logged) if it cannot be set up."""
     if settings.runtime == "kubernetes":
         return _kubernetes(settings, url)
-    return ProcessRuntime(url, Path(settings.log_dir), spawn_mode=settings.spawn_mode, rq_url=settings.rq_url)
+    return ProcessRuntime(url, Path(settings.log_dir), spawn_mode=settings.spawn_mode, rq_url=settings.rq_url,
+                          group_runtimes=settings.group_runtimes, check_timeout_s=settings.check_timeout_s())
 
 
 def _kubernetes(settings: CommanderSettings, url: str) -> Runtime | None:
@@ -57,7 +58,7 @@ def _kubernetes(settings: CommanderSettings, url: str) -> Runtime | None:
         return None
     log.info("kubernetes runtime: worker Deployments of namespace %s", namespace)
     return KubernetesRuntime(KubeApi(client, namespace), connect_sync(url, retries=2, socket_timeout=5),
-                             poll_s=settings.k8s_poll_s)
+                             poll_s=settings.k8s_poll_s, group_runtimes=settings.group_runtimes)
 
 
 def _serve(metrics: Metrics, port: int, commander: Commander, settings: CommanderSettings, url: str,

@@ -78,7 +78,7 @@ class Commander:
         self.dead = DeadWorkers(r, settings, self.ledger, self.outages, metrics, clock, monotonic)
         self.actor = Actor(r, runtime, self.leadership, self.ledger, metrics=metrics, clock=clock,
                            max_total_workers=settings.max_total_workers)
-        self.watch = RuntimeWatch(runtime, self.ledger)
+        self.watch = RuntimeWatch(runtime, self.ledger, metrics)
         self.failover = FailoverRecovery(r, self.ledger)
         self.rq = RqTiers(RqReader(rq if rq is not None else None if is_cluster(r) else r), self.ledger)
         self.weights = Weights(r, self.ledger, self.observer.evaluator)

@@ -157,6 +157,9 @@ class Metrics:
         self.decide_hist = Histogram("fleet_decide_seconds", "Duration of one decide pass.",
                                      buckets=DECIDE_BUCKETS, registry=reg)
         self.leader = Gauge("fleet_commander_is_leader", "1 while this commander leads.", registry=reg)
+        self.unproven = Counter("fleet_unproven_processes", "Live processes a run record or a registry "
+                                "entry named that do not carry this host's spawn proof: left alone.",
+                                registry=reg)
         self.turns = TurnCollector()
         reg.register(self.turns)
         self._workers: dict[str, set[str]] = {}
@@ -217,6 +220,10 @@ class Metrics:
     def is_leader(self, leading: bool) -> None:
         """Whether this commander is the leader now."""
         self.leader.set(1 if leading else 0)
+
+    def unproven_process(self) -> None:
+        """Count a process adoption left alone: it could not be proven ours."""
+        self.unproven.inc()
 
     def policy_rejected(self, tier: str, rejected: bool) -> None:
         """Whether the tier's policy key is currently rejected (the last good one runs)."""

@@ -8,8 +8,9 @@ long for a place to run.
   pod) is ledgered once as ``no-capacity``: capacity is the cluster's business (its
   autoscaler's), so nothing is retried; the worker keeps counting as starting, so the commander
   does not pile more pods on a cluster that has no room for them.
-- ``runtime.notes()`` (kubernetes: a Pending pod deleted instead of the victim) go to the ledger
-  as they come.
+- ``runtime.notes()`` (kubernetes: a Pending pod deleted instead of the victim; process: a
+  process that does not prove it is ours, also counted in ``fleet_unproven_processes``) go to
+  the ledger as they come.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import replace
 
 from commander.decide import Plan
 from commander.ledger_writer import LedgerWriter
+from commander.metrics import Metrics
 from commander.runtime import Lifecycle, Runtime, WorkerHandle
 from protocol.policy import Policy
 
@@ -46,8 +48,8 @@ def no_capacity_reason(late: list[WorkerHandle], limit_s: float, now: float) -> 
 class RuntimeWatch:
     """Refusals, notes and Pending workers of one runtime, in the ledger."""
 
-    def __init__(self, runtime: Runtime, ledger: LedgerWriter) -> None:
-        self._runtime, self._ledger = runtime, ledger
+    def __init__(self, runtime: Runtime, ledger: LedgerWriter, metrics: Metrics | None = None) -> None:
+        self._runtime, self._ledger, self._metrics = runtime, ledger, metrics
         self._refusals: dict[str, str] = {}  # tier -> the refusal last ledgered
         self._no_capacity: dict[str, set[str]] = {}  # tier -> workers ledgered as waiting, while they wait
 
@@ -89,3 +91,5 @@ class RuntimeWatch:
         """What the runtime did beyond the plan (a substituted victim), to the ledger."""
         for note in self._runtime.notes():
             self._ledger.record(note.tier, note.action, victims=list(note.workers), reason=note.reason)
+            if note.action == "unproven-process" and self._metrics is not None:
+                self._metrics.unproven_process()

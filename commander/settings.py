@@ -8,9 +8,10 @@ import secrets
 import socket
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from commander.group_runtimes import GroupRuntime, check_names
 from protocol.ids import validate_token
 
 
@@ -68,6 +69,21 @@ class CommanderSettings(BaseSettings):
                                        "(default: the commander pod's in-cluster config)")
     k8s_poll_s: float = Field(1.0, gt=0, le=60, description="kubernetes runtime: seconds between "
                               "listings of the worker pods and Deployments")
+    # what a policy may run: the operator's allow-list, never a path or an image from Redis
+    group_runtimes: dict[str, GroupRuntime] = Field(
+        default_factory=dict, description="the runtimes a policy's group may name (`runtime`), as "
+        "JSON: `{\"py312\": {\"python\": \"/opt/py312/bin/python\"}, \"gpu\": {\"image\": "
+        "\"registry/x:1.2\"}}` (an interpreter for the process runtime, an image for the kubernetes "
+        "one); a group naming another is rejected", json_schema_extra={"flag": None})
+
+    @field_validator("group_runtimes")
+    @classmethod
+    def _runtime_names(cls, v: dict[str, GroupRuntime]) -> dict[str, GroupRuntime]:
+        return check_names(v)
+
+    def check_timeout_s(self) -> float:
+        """How long a group interpreter's check may run: shorter than the leader lease."""
+        return min(10.0, 0.8 * self.lease_ttl_ms / 1000)
 
     @model_validator(mode="after")
     def _id_and_timing(self) -> CommanderSettings:

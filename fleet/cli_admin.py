@@ -23,6 +23,7 @@ from protocol.policy import (
     parse_policy,
     updated,
 )
+from stores.group_assignment import rejected_groups
 from stores.policies import has_policy_key, read_policy, write_policy
 
 
@@ -42,14 +43,16 @@ def cmd_policy_get(args: argparse.Namespace) -> int:
 
     read = read_policy(r, args.tier, known_handlers())
     error, by = policy_verdict(r, args.tier, "", read.error)
+    groups = rejected_groups(r, args.tier)  # the commander's verdicts: a group it cannot start
     data = {"tier": args.tier, "source": read.source, "rejected": error, "rejected_by": by,
-            "policy": read.policy.model_dump(mode="json")}
+            "groups_rejected": groups, "policy": read.policy.model_dump(mode="json")}
 
     def text(_: Any) -> str:
         lines = [f"tier {args.tier} (policy from {read.source})"]
         if error:
             lines.append(f"REJECTED edit of {keys.policy(args.tier)}{f' by {by}' if by else ''}: "
                          f"{error}; running the last good one")
+        lines += [f"REJECTED group {name}: {why}" for name, why in sorted(groups.items())]
         lines += [f"  {k} = {json.dumps(v)}" for k, v in field_values(read.policy)]
         return "\n".join(lines)
 

@@ -36,6 +36,9 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "FLEET_HOME": ("CLI", "the local fleet's state directory (`fleet up`); default: the nearest "
                    "`.fleet/` here or above, up to `$HOME`, else `./.fleet`"),
     "EDITOR": ("CLI", "the editor `fleet policy edit` opens (default: vi)"),
+    "FLEET_SPAWN_PROOF": ("workers of the process runtime", "set by the commander on every process "
+                          "it starts (the secret of its run dir's `spawn-proof`): adoption signals "
+                          "only a process that carries it; never set it yourself"),
 }
 
 

@@ -1,10 +1,11 @@
 """Groups of a tier: blue/green and canary, each a runtime version in a pool of its own.
 
 A turns tier's policy may declare ``rollout.groups``. Each names a handler (and its options), how
-its workers start (``python``: the interpreter of a virtualenv with Fleet and the handler
-installed, for the process runtime; ``image`` or ``deployment`` for the Kubernetes runtime), a
-traffic ``weight`` and its own ``min_workers``/``max_workers``; any other policy field of the
-tier may be set for the group in ``scaling``, the rest is inherited. Users are assigned
+its workers start (``runtime``: the name of a runtime the commander's own configuration
+allows, an interpreter for the process runtime or an image for the Kubernetes one; or, on
+Kubernetes, an existing ``deployment``), a traffic ``weight`` and its own
+``min_workers``/``max_workers``; any other policy field of the tier may be set for the group in
+``scaling``, the rest is inherited. Users are assigned
 stickily: a stable hash of the user id against the cumulative weights (:func:`assign`), unless
 pinned.
 
@@ -35,6 +36,7 @@ from pydantic import (
 from protocol.ids import InvalidId, validate_tier
 
 _GROUP_RE = re.compile(r"[a-z][a-z0-9_-]{0,15}")
+_RUNTIME_RE = re.compile(r"[a-z][a-z0-9_.-]{0,39}")
 POOL_SEP = "."
 MAX_GROUPS = 8
 HASH_SPACE = 10_000  # a user's point on the weight line: 0 .. HASH_SPACE - 1 (0.01 % steps)
@@ -44,6 +46,15 @@ def validate_group(name: object) -> str:
     """Return ``name`` if it is a valid group name (1-16 of a-z 0-9 _ -, a letter first), else raise."""
     if not isinstance(name, str) or not _GROUP_RE.fullmatch(name):
         raise InvalidId(f"invalid group {str(name)[:40]!r}: use 1-16 of a-z 0-9 _ -, starting with a letter")
+    return name
+
+
+def validate_runtime_name(name: object) -> str:
+    """Return ``name`` if it is a valid group runtime name (1-40 of a-z 0-9 _ . -, a letter
+    first), else raise ValueError."""
+    if not isinstance(name, str) or not _RUNTIME_RE.fullmatch(name):
+        raise ValueError(f"invalid runtime name {str(name)[:40]!r}: use 1-40 of a-z 0-9 _ . -, starting "
+                         "with a letter")
     return name
 
 
@@ -78,11 +89,10 @@ class Group(BaseModel):
     handler: str | None = Field(None, description="the handler its workers run; null: the tier's")
     handler_options: dict[str, float | int | str | bool] | None = Field(
         None, description="its handler's options; null: the tier's")
-    python: str | None = Field(None, description="process runtime: the absolute path of the interpreter "
-                               "its workers run (a virtualenv with Fleet and the handler); null: the "
-                               "commander's")
-    image: str | None = Field(None, max_length=512, description="Kubernetes runtime: the image of a "
-                              "Deployment made from a copy of the tier's")
+    runtime: str | None = Field(None, description="the name of a group runtime the commander allows "
+                                "(its FLEET_COMMANDER_GROUP_RUNTIMES): the interpreter its workers run "
+                                "(process runtime) or the image of a Deployment made from a copy of the "
+                                "tier's (Kubernetes runtime); null: the tier's")
     deployment: str | None = Field(None, max_length=253, description="Kubernetes runtime: an existing "
                                    "Deployment that runs the group")
     weight: float = Field(0.0, ge=0.0, le=1_000_000.0, description="its share of the users (relative "
@@ -101,12 +111,26 @@ class Group(BaseModel):
         except InvalidId as exc:
             raise ValueError(str(exc)) from None
 
-    @field_validator("python")
+    @model_validator(mode="before")
     @classmethod
-    def _python(cls, v: str | None) -> str | None:
-        if v is not None and (not v.startswith("/") or "\x00" in v or len(v) > 1024):
-            raise ValueError(f"{v[:80]!r} is not an absolute interpreter path")
-        return v
+    def _no_code_named(cls, data: Any) -> Any:
+        """A group names a runtime; an interpreter or an image in the policy itself is refused
+        (a null one, as policies written before runtimes hold, is dropped)."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k not in ("python", "image") or v is not None}
+            for key in ("python", "image"):
+                if key in data:
+                    raise ValueError(
+                        f"group {str(data.get('name'))[:16]}: `{key}` may not be given in a policy "
+                        f"(whoever writes policies would choose "
+                        f"what runs): name a runtime the commander allows instead, `runtime: "
+                        f"<name>`, from its FLEET_COMMANDER_GROUP_RUNTIMES")
+        return data
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime(cls, v: str | None) -> str | None:
+        return None if v is None else validate_runtime_name(v)
 
 
 class RolloutGuard(BaseModel):

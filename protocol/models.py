@@ -204,7 +204,10 @@ class LedgerEvent(_Model):
                     "rollout", "rollout-abort", "group-rejected", "group-accepted", "group-removed",
                     # kubernetes: the runtime made a group's Deployment from a copy of its tier's;
                     # deleted it once the group was gone for good; could not delete it
-                    "deployment-created", "deployment-deleted", "deployment-kept"]
+                    "deployment-created", "deployment-deleted", "deployment-kept",
+                    # process: a live process a run record or a registry entry names does not
+                    # carry this host's spawn proof: not adopted, never signalled
+                    "unproven-process"]
     from_count: int = 0
     to_count: int = 0
     victims: list[str] = Field(default_factory=list)

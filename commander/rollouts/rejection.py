@@ -1,6 +1,7 @@
 """A group whose workers cannot start here (the runtime's ``check_group``: its interpreter is
 missing or cannot load its handler) is rejected: weight 0 for assignment, so its users are
-served by the other groups, ledgered, shown as its pool's error; accepted again once it can."""
+served by the other groups, ledgered, shown as its pool's error; accepted again once it can.
+While the runtime is still checking (``CHECK_PENDING``), the verdict recorded last holds."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import redis
 
 from commander.ledger_writer import LedgerWriter
 from commander.runtime import Runtime
+from commander.runtime.interface import CHECK_PENDING
 from protocol.groups import split_pool
 from stores.group_assignment import accept_group, reject_group, rejected_groups
 
@@ -29,6 +31,8 @@ class GroupChecks:
         if pool not in self._verdicts:  # a new leader: what the last one recorded
             self._verdicts[pool] = rejected_groups(self._r, tier).get(group)
         was = self._verdicts[pool]
+        if why == CHECK_PENDING:  # no verdict yet: the recorded one holds
+            return was
         if why is not None and why != was:
             reject_group(self._r, tier, group, why)
             self._ledger.record(pool, "group-rejected", reason=f"group {group} of tier {tier} "

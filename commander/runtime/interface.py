@@ -58,6 +58,9 @@ class UnknownWorker(KeyError):
     """A worker id this runtime does not track (``retire`` raises it)."""
 
 
+CHECK_PENDING = "the check of its runtime is in progress"  # check_group: no verdict yet
+
+
 class Refused(RuntimeError):
     """The runtime may not act on this tier now (``refusal`` says why); nothing was changed."""
 
@@ -118,8 +121,11 @@ class Runtime(ABC):
 
     def check_group(self, pool: str) -> str | None:
         """Why the workers of a group's ``pool`` cannot start here (process: its interpreter is
-        missing or cannot load its handler; kubernetes: it has no Deployment and gives no image),
-        or None. Runtimes that cannot tell answer None. The commander asks every pass."""
+        missing or cannot load its handler; kubernetes: it has no Deployment and names no runtime
+        with an image; either: it names a runtime the commander does not allow),
+        or None; ``CHECK_PENDING`` while the answer is being found (the commander keeps the
+        verdict it recorded last, and ``refusal`` holds the pool's spawns). Runtimes that cannot
+        tell answer None. The commander asks every pass."""
         return None
 
     def pool_forgotten(self, pool: str) -> None:  # noqa: B027 - most runtimes made nothing for it

@@ -4,6 +4,7 @@ started and stopped by pid."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -140,6 +141,15 @@ def make_runtime(redis_server: Any, r: redis.Redis,
     no_process_left(pids, within_s=0)
 
 
+def share_proof(run_dir: Path, other: Path) -> None:
+    """Give the run dir ``other`` the spawn proof of ``run_dir``'s runtime: a commander of the same
+    host that lost its run records (it adopts from the registry)."""
+    from commander.runtime.process.proof import PROOF_FILE
+
+    other.mkdir(parents=True, exist_ok=True)
+    shutil.copy(run_dir / PROOF_FILE, other / PROOF_FILE)
+
+
 def wait_running(rt: ProcessRuntime, ids: list[str], timeout: float = 20.0) -> None:
     """Reap until every worker of ``ids`` is running (registered with a heartbeat)."""
     def all_running() -> bool:
@@ -163,10 +173,17 @@ def reap_until_exited(rt: ProcessRuntime, worker_id: str, timeout: float = 20.0)
 
 
 @pytest.fixture
-def process_commander(redis_server: Any, tmp_path: Path,
-                      monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcessRuntime]:
+def group_runtimes() -> dict[str, Any]:
+    """The group runtimes ``process_commander`` allows (its ``group_runtimes`` setting): none
+    unless a module overrides this fixture."""
+    return {}
+
+
+@pytest.fixture
+def process_commander(redis_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                      group_runtimes: dict[str, Any]) -> Iterator[ProcessRuntime]:
     """A leading commander on a process runtime, in a thread (workers refresh their policy every
-    0.2 s); every worker it started is stopped by pid after the test."""
+    0.2 s), allowing ``group_runtimes``; every worker it started is stopped by pid after the test."""
     from commander.commander import Commander
     from commander.runtime.process import ProcessRuntime
     from commander.settings import CommanderSettings
@@ -174,8 +191,12 @@ def process_commander(redis_server: Any, tmp_path: Path,
 
     for key, value in {**TEST_WORKER_ENV, "FLEET_WORKER_POLICY_REFRESH_S": "0.2"}.items():
         monkeypatch.setenv(key, value)
-    runtime = ProcessRuntime(redis_server.url, log_dir=tmp_path / "logs")
-    settings = CommanderSettings(commander_id="c-test", metrics_port=None, interval_s=0.2, always_tiers=())
+    # a 10 s lease: an interpreter's check may take 8 s (0.8 of it) on a loaded test machine
+    settings = CommanderSettings(commander_id="c-test", metrics_port=None, interval_s=0.2, always_tiers=(),
+                                 lease_ttl_ms=10_000, group_runtimes=group_runtimes)
+    runtime = ProcessRuntime(redis_server.url, log_dir=tmp_path / "logs",
+                             group_runtimes=settings.group_runtimes,
+                             check_timeout_s=settings.check_timeout_s())
     stop = threading.Event()
     thread = threading.Thread(target=Commander(redis_server.client(), runtime, settings).run, args=(stop,),
                               daemon=True)

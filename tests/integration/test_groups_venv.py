@@ -73,6 +73,15 @@ def venvs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return handler_venv(root, 1), handler_venv(root, 2)
 
 
+@pytest.fixture
+def group_runtimes(venvs: tuple[str, str]) -> dict[str, Any]:
+    """The commander's allow-list: the two virtualenvs, a missing interpreter, and one without
+    the handler package (the policy names them, never their paths)."""
+    bare = sys._base_executable  # type: ignore[attr-defined]  # (no handler package: cannot load it)
+    return {"app-v1": {"python": venvs[0]}, "app-v2": {"python": venvs[1]},
+            "gone": {"python": "/nonexistent/bin/python"}, "bare": {"python": bare}}
+
+
 def live_pools(r: redis.Redis) -> dict[str, list[str]]:
     pools: dict[str, list[str]] = {}
     for wid, (info, alive) in read_registry(r).workers.items():
@@ -103,14 +112,12 @@ def rollout(url: str, runtime: ProcessRuntime, r: redis.Redis, client: Fleet, st
 
 def test_canary_rollout_and_abort_across_two_virtualenvs(
         venvs: tuple[str, str], redis_server: Any, r: redis.Redis, process_commander: ProcessRuntime) -> None:
-    v1, v2 = venvs
-    bare = sys._base_executable  # type: ignore[attr-defined]  # (no handler package: cannot load it)
     one = {"handler": "canary", "min_workers": 1, "max_workers": 2}
     write_policy(r, "chat", parse_policy({"min_workers": 0, "report_interval_s": 0.5, "groups": [
-        {"name": "blue", "python": v1, "weight": 90, **one},
-        {"name": "green", "python": v2, "weight": 10, **one},
-        {"name": "gone", "handler": "canary", "python": "/nonexistent/bin/python", "weight": 0},
-        {"name": "bare", "handler": "canary", "python": bare, "weight": 0}]}))
+        {"name": "blue", "runtime": "app-v1", "weight": 90, **one},
+        {"name": "green", "runtime": "app-v2", "weight": 10, **one},
+        {"name": "gone", "handler": "canary", "runtime": "gone", "weight": 0},
+        {"name": "bare", "handler": "canary", "runtime": "bare", "weight": 0}]}))
     wait_until(lambda: {"chat.blue", "chat.green"} <= set(live_pools(r)), 60, "a worker in each group")
     wait_until(lambda: {"gone", "bare"} <= set(rejected_groups(r, "chat")), 60, "the broken groups rejected")
     why = rejected_groups(r, "chat")

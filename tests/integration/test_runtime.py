@@ -30,7 +30,7 @@ from protocol.models import WorkerInfo
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.helpers import fleet_cli, running
-from tests.integration.conftest import reap_until_exited, wait_running
+from tests.integration.conftest import reap_until_exited, share_proof, wait_running
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,7 +180,9 @@ def test_adopt_finds_workers_from_the_registry(make_runtime, r, tmp_path: Path) 
     first = make_runtime()
     ids = first.spawn("chat", 2)
     wait_running(first, ids)
-    # another instance that shares nothing on disk with the first: the registry is the source
+    # another instance that shares no run records with the first (only the spawn proof of this
+    # host's commanders): the registry is the source
+    share_proof(tmp_path / "run", tmp_path / "other-run")
     second = make_runtime(run_dir=tmp_path / "other-run")
     adopted = {h.worker_id: h for h in second.adopt()}
     assert set(adopted) == set(ids)

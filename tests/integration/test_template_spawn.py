@@ -29,7 +29,7 @@ from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.conftest import ROOT
 from tests.helpers import running
-from tests.integration.conftest import reap_until_exited, wait_running, wait_until
+from tests.integration.conftest import reap_until_exited, share_proof, wait_running, wait_until
 
 pytestmark = pytest.mark.integration
 TIMEOUT = 20.0
@@ -154,8 +154,10 @@ def test_adopt_finds_forked_workers_from_the_registry(make_runtime, tmp_path) ->
     first = make_runtime()
     ids = first.spawn("chat", 2)
     wait_running(first, ids)
-    # shares nothing on disk with the first: the forked workers' command line is the
-    # template's, so the registry entry is matched by the template marker and the start time
+    # shares no run records with the first (only the spawn proof): the forked workers' command
+    # line is the template's, so the registry entry is matched by the template marker and the
+    # start time
+    share_proof(tmp_path / "run", tmp_path / "other-run")
     second = make_runtime(run_dir=tmp_path / "other-run", spawn_mode="exec")
     adopted = {h.worker_id: h for h in second.adopt()}
     assert set(adopted) == set(ids) and all(h.adopted for h in adopted.values())

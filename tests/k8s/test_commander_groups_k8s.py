@@ -1,7 +1,8 @@
 """A real ``Commander`` on the ``kubernetes`` runtime with a grouped tier: each group's
-pool is a Deployment of its own, scaled on the pool's own demand; a group that gives an image gets
-its Deployment made from a copy of the tier's; a group that can have none is rejected (ledgered,
-weight 0 for assignment) and the other group serves its users. Pods are real ``fleet worker``
+pool is a Deployment of its own, scaled on the pool's own demand; a group that names an allowed
+runtime gets its Deployment made from a copy of the tier's with that runtime's image; a group
+that can have none is rejected (ledgered, weight 0 for assignment) and the other group serves
+its users. Pods are real ``fleet worker``
 processes on the test's redis-server (the stand-in's kubelet runs no image: the image is only
 written, the process is the test's Fleet)."""
 
@@ -11,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+from commander.group_runtimes import GroupRuntime
 from fleet.client import Fleet
 from protocol.groups import Group, assign
 from protocol.policy import turns_policy
@@ -40,12 +42,12 @@ def owner(standin: StandIn, pod: str) -> str:
 def test_a_grouped_tier_serves_on_kubernetes_each_pool_following_its_demand(
         standin: StandIn, run_commander, r, redis_server):  # noqa: F811 - the fixture imported above
     groups = (Group(name="blue", weight=90, deployment=BLUE, max_workers=4),
-              Group(name="green", weight=10, image="fleet:2", max_workers=4))
+              Group(name="green", weight=10, runtime="v2", max_workers=4))
     write_policy(r, "chat", turns_policy(**FAST, groups=groups))
     with standin.cluster.lock:
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)  # the tier's: green's is its copy
         standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
-    run_commander()
+    run_commander(group_runtimes={"v2": GroupRuntime(image="fleet:2")})  # the commander's allow-list
     wait_until(lambda: replicas(standin, BLUE) == 1 and replicas(standin, GREEN) == 1, 20,
                "each pool at its floor of 1, green's Deployment made")
     # (the pass ledgers the runtime's notes after it acts: the scale may be seen first)
@@ -85,7 +87,8 @@ def test_a_group_with_no_deployment_and_no_image_is_rejected_and_the_other_serve
     (rejected,) = wait_until(lambda: ledger(r, "chat.green", "group-rejected"), 20, "green rejected")
     assert rejected.reason == (
         "group green of tier chat rejected: no Deployment labelled app.kubernetes.io/component=worker,"
-        "fleet.dev/tier=chat,fleet.dev/group=green in namespace fleet and the group gives no image; "
+        "fleet.dev/tier=chat,fleet.dev/group=green in namespace fleet and the group names no runtime "
+        "with an image; "
         "its users are served by the other groups")
     users = [f"u{i:02d}" for i in range(12)]
     assert sum(assign(u, (("blue", 50.0), ("green", 50.0))) == "green" for u in users) == 7  # green's

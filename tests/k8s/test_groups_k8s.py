@@ -1,8 +1,9 @@
 """Groups on the ``kubernetes`` runtime against the stand-in API server: each group's pool is a
 Deployment of its own (labels ``fleet.dev/tier`` and ``fleet.dev/group``), scaled and retired on
-its own; a group that gives an image gets its Deployment made from a copy of its tier's, and its
-image set when the group's changes; a group with neither a Deployment nor an image is refused
-with the reason.
+its own; a group that names an allowed runtime gets its Deployment made from a copy of its tier's
+with that runtime's image (the commander's ``group_runtimes``, never the policy's), and its image
+set when the group's runtime changes; a group with neither a Deployment nor a runtime, or naming
+a runtime the commander does not allow, is refused with the reason and nothing is written.
 
 Every pod is a real ``fleet worker`` process on the test's redis-server; nothing sleeps.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from commander.group_runtimes import GroupRuntime
 from commander.runtime import Lifecycle, Refused
 from protocol.groups import Group
 from protocol.policy import TurnsPolicy, turns_policy
@@ -23,6 +25,8 @@ from tests.k8s.test_runtime_k8s import registered, states
 pytestmark = pytest.mark.integration
 
 BLUE, GREEN = "fleet-worker-chat-blue", "fleet-worker-chat-green"
+ALLOWED = {"v2": GroupRuntime(image="fleet:2"), "v3": GroupRuntime(image="fleet:3"),
+           "venv": GroupRuntime(python="/opt/v/bin/python")}
 TIER = dict(handler="sleep", handler_options={"sleep_ms": 50}, concurrency=2, report_interval_s=0.3,
             drain_timeout_s=15)
 
@@ -56,7 +60,7 @@ def test_a_grouped_tiers_pools_scale_and_retire_on_their_own(standin: StandIn, m
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
         standin.cluster.add_deployment(BLUE, "chat", replicas=1, group="blue")
         standin.cluster.add_deployment(GREEN, "chat", replicas=0, group="green")
-    runtime = make_runtime()
+    runtime = make_runtime(group_runtimes=ALLOWED)
     assert runtime.check_group("chat.blue") is None and runtime.check_group("chat.green") is None
     (blue,) = running(runtime, "chat.blue", 1)
 
@@ -81,11 +85,11 @@ def test_a_grouped_tiers_pools_scale_and_retire_on_their_own(standin: StandIn, m
 
 
 def test_a_group_with_an_image_gets_its_deployment_made_scaled_and_rolled(standin: StandIn, make_runtime, r):
-    write_policy(r, "chat", grouped(image="fleet:2"))
+    write_policy(r, "chat", grouped(runtime="v2"))
     with standin.cluster.lock:
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0, grace_s=45, env={"EXTRA": "1"})
         standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
-    runtime = make_runtime()
+    runtime = make_runtime(group_runtimes=ALLOWED)
     assert runtime.check_group("chat.green") is None
     with standin.cluster.lock:
         made = standin.cluster.deployments[GREEN]
@@ -115,7 +119,7 @@ def test_a_group_with_an_image_gets_its_deployment_made_scaled_and_rolled(standi
     (pod,) = running(runtime, "chat.green", 1)
     assert registered(r)[pod].tier == "chat.green"  # the copy told its worker its group
 
-    write_policy(r, "chat", grouped(image="fleet:3"))  # a new version of green: a rollout of its pool
+    write_policy(r, "chat", grouped(runtime="v3"))  # a new version of green: a rollout of its pool
     generation = standin.cluster.deployments[GREEN]["metadata"]["generation"]
     assert runtime.check_group("chat.green") is None
     with standin.cluster.lock:
@@ -133,17 +137,17 @@ def test_a_group_without_deployment_or_image_is_refused_with_the_reason(standin:
     write_policy(r, "chat", grouped())
     with standin.cluster.lock:
         standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
-    runtime = make_runtime()
+    runtime = make_runtime(group_runtimes=ALLOWED)
     why = ("no Deployment labelled app.kubernetes.io/component=worker,fleet.dev/tier=chat,"
-           "fleet.dev/group=green in namespace fleet and the group gives no image")
+           "fleet.dev/group=green in namespace fleet and the group names no runtime with an image")
     assert runtime.check_group("chat.green") == why and runtime.refusal("chat.green") == why
-    with pytest.raises(Refused, match="the group gives no image"):
+    with pytest.raises(Refused, match="the group names no runtime with an image"):
         runtime.spawn("chat.green", 1)
     assert runtime.check_group("chat.blue") is None and runtime.refusal("chat.blue") is None
     # another autoscaler on one group's Deployment refuses that pool only
     with standin.cluster.lock:
         standin.cluster.add_autoscaler("hpa", "blue-hpa", BLUE)
-    fresh = make_runtime()  # (the autoscalers are cached per runtime)
+    fresh = make_runtime(group_runtimes=ALLOWED)  # (the autoscalers are cached per runtime)
     assert "HorizontalPodAutoscaler blue-hpa targets Deployment fleet-worker-chat-blue" in (
         fresh.refusal("chat.blue") or "")
     assert fresh.check_group("chat.blue") is None and fresh.refusal("chat.green") == why
@@ -153,7 +157,7 @@ def test_a_group_without_deployment_or_image_is_refused_with_the_reason(standin:
         f"Deployment {BLUE}, named by group green of tier chat, is labelled for pool chat.blue: label it "
         "and its pod template app.kubernetes.io/component=worker,fleet.dev/tier=chat,fleet.dev/group=green")
     # the Role without `create` on deployments: the reason says so, and it is not hammered
-    write_policy(r, "chat", grouped(image="fleet:2"))
+    write_policy(r, "chat", grouped(runtime="v2"))
     with standin.cluster.lock:
         standin.cluster.forbidden.add("POST deployments")
     assert runtime.check_group("chat.green") == (
@@ -163,12 +167,12 @@ def test_a_group_without_deployment_or_image_is_refused_with_the_reason(standin:
 
 
 def test_a_group_deployment_is_made_even_when_its_budget_cannot_be(standin: StandIn, make_runtime, r):
-    write_policy(r, "chat", grouped(image="fleet:2"))
+    write_policy(r, "chat", grouped(runtime="v2"))
     with standin.cluster.lock:
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
         standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
         standin.cluster.forbidden.add("POST poddisruptionbudgets")  # a Role of before the budgets
-    runtime = make_runtime()
+    runtime = make_runtime(group_runtimes=ALLOWED)
     assert runtime.check_group("chat.green") is None and GREEN in standin.cluster.deployments
     assert not standin.cluster.budgets
     (note,) = runtime.notes()
@@ -180,11 +184,11 @@ def test_a_group_deployment_is_made_even_when_its_budget_cannot_be(standin: Stan
 
 def test_once_a_group_is_gone_for_good_only_the_deployment_fleet_made_is_deleted(standin: StandIn,
                                                                                   make_runtime, r):
-    write_policy(r, "chat", grouped(image="fleet:2"))
+    write_policy(r, "chat", grouped(runtime="v2"))
     with standin.cluster.lock:
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
         standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
-    runtime = make_runtime()
+    runtime = make_runtime(group_runtimes=ALLOWED)
     assert runtime.check_group("chat.green") is None and GREEN in standin.cluster.budgets
     runtime.notes()
     runtime.spawn("chat.green", 1)
@@ -210,15 +214,60 @@ def test_once_a_group_is_gone_for_good_only_the_deployment_fleet_made_is_deleted
 
 
 def test_a_delete_the_role_forbids_is_noted_and_the_deployment_stays(standin: StandIn, make_runtime, r):
-    write_policy(r, "chat", grouped(image="fleet:2"))
+    write_policy(r, "chat", grouped(runtime="v2"))
     with standin.cluster.lock:
         standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
         standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
         standin.cluster.forbidden.add("DELETE deployments")
-    runtime = make_runtime()
+    runtime = make_runtime(group_runtimes=ALLOWED)
     assert runtime.check_group("chat.green") is None
     runtime.notes()
     runtime.pool_forgotten("chat.green")
     (note,) = runtime.notes()
     assert note.action == "deployment-kept" and "(HTTP 403 Forbidden): delete it" in note.reason
     assert GREEN in standin.cluster.deployments and GREEN in standin.cluster.budgets
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("miner", "group green of tier chat names runtime 'miner', which this commander does not allow (its "
+              "FLEET_COMMANDER_GROUP_RUNTIMES names: v2, v3, venv)"),
+    ("venv", "group green of tier chat: runtime 'venv' gives no image (`image`) for the kubernetes runtime"),
+])
+def test_a_group_naming_a_runtime_without_an_allowed_image_creates_and_patches_nothing(
+        standin: StandIn, make_runtime, r, name: str, why: str):
+    with standin.cluster.lock:
+        standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
+        standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
+        standin.cluster.add_deployment(GREEN, "chat", replicas=0, group="green", image="fleet:1")
+    write_policy(r, "chat", grouped(runtime=name))
+    runtime = make_runtime(group_runtimes=ALLOWED)
+    assert runtime.check_group("chat.green") == why and runtime.refusal("chat.green") == why
+    with pytest.raises(Refused, match="does not allow|gives no image"):
+        runtime.spawn("chat.green", 1)
+    assert runtime.check_group("chat.green") == why and not runtime.notes()
+    with standin.cluster.lock:  # its Deployment untouched: no image set, not scaled, nothing made
+        assert standin.cluster.deployments[GREEN]["spec"]["template"]["spec"]["containers"][0]["image"] == \
+            "fleet:1"
+    assert standin.cluster.requests["POST deployments"] == standin.cluster.requests["PATCH deployments"] == 0
+    assert standin.cluster.requests["PATCH scale"] == 0
+    # with no allow-list at all, a runtime name is refused the same way, and nothing is written
+    write_policy(r, "chat", grouped(runtime="v2"))
+    bare = make_runtime()
+    assert "names: none" in (bare.check_group("chat.green") or "")
+    assert standin.cluster.requests["PATCH deployments"] == 0
+
+
+def test_a_groups_deployment_runs_only_the_allowed_image(standin: StandIn, make_runtime, r):
+    with standin.cluster.lock:
+        standin.cluster.add_deployment(DEPLOYMENT, "chat", replicas=0)
+        standin.cluster.add_deployment(BLUE, "chat", replicas=0, group="blue")
+    write_policy(r, "chat", grouped(runtime="v2"))
+    pinned = "registry.example/fleet@sha256:" + "a" * 64
+    runtime = make_runtime(group_runtimes={**ALLOWED, "v2": GroupRuntime(image=pinned)})
+    assert runtime.check_group("chat.green") is None
+    with standin.cluster.lock:
+        images = {c["image"] for d in standin.cluster.deployments.values()
+                  for c in d["spec"]["template"]["spec"]["containers"]}
+        made = standin.cluster.deployments[GREEN]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert made == pinned
+    assert images == {"fleet:1", made}  # the tier's and blue's, and the allowed one: nothing else

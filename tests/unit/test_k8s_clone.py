@@ -81,10 +81,11 @@ SEL = f"{W}=worker,{T}=chat,{G}=green"
      Deployment("a-chat-red", "chat.red", 0), "fleet-worker-chat-green"),
     # why not
     (None, None, [TIER_D, BLUE_D], "refuse", None,
-     f"no Deployment labelled {SEL} in namespace ns and the group gives no image"),
+     f"no Deployment labelled {SEL} in namespace ns and the group names no runtime with an image"),
     ("green-v3", None, [TIER_D], "refuse", None,
-     f"no Deployment green-v3 labelled {SEL} in namespace ns and the group gives no image"),
-    (None, "fleet:3", [OTHER_D], "refuse", None, "group green gives image fleet:3, but tier chat has no "
+     f"no Deployment green-v3 labelled {SEL} in namespace ns and the group names no runtime with an image"),
+    (None, "fleet:3", [OTHER_D], "refuse", None, "group green's runtime gives image fleet:3, but tier chat "
+     "has no "
      f"Deployment to copy (one labelled {W}=worker,{T}=chat) and none is labelled {SEL}"),
     ("fleet-worker-chat-blue", None, [BLUE_D], "refuse", None, "Deployment fleet-worker-chat-blue, named by "
      f"group green of tier chat, is labelled for pool chat.blue: label it and its pod template {SEL}"),

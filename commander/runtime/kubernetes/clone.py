@@ -4,12 +4,13 @@ A group of a tier (protocol.groups) runs in a pool ``<tier>.<group>`` of its own
 Kubernetes a pool is one Deployment: the one labelled ``fleet.dev/tier=<tier>`` and
 ``fleet.dev/group=<group>`` (and ``app.kubernetes.io/component=worker``); a tier's own Deployment
 is the one with the tier label and no group label. What the runtime does for a group
-(:func:`group_action`), from the group's ``deployment`` and ``image`` and the Deployments listed:
+(:func:`group_action`), from the group's ``deployment``, the ``image`` its runtime gives (an
+allowed one, from the commander's ``group_runtimes``) and the Deployments listed:
 
 - the pool's Deployment exists (by its labels; and it is the one ``deployment`` names, if the
-  group names one): nothing, or, when the group gives an ``image`` its worker container does not
+  group names one): nothing, or, when the group's runtime gives an ``image`` its worker container does not
   run, set that image (a rollout of the pool);
-- none exists and the group gives an ``image``: create one (named ``deployment``, else
+- none exists and the group's runtime gives an ``image``: create one (named ``deployment``, else
   ``fleet-worker-<tier>-<group>``) as a copy of the tier's own Deployment (the one without a
   group label; failing that, the tier's group Deployment first by name), with the group's labels
   on it, its selector and its pod template, ``FLEET_WORKER_GROUP=<group>`` and the image on the
@@ -88,10 +89,11 @@ def group_action(pool: str, named: str | None, image: str | None, deployments: S
     if not image:
         what = f"Deployment {named} " if named else "Deployment "
         return GroupAction("refuse", why=f"no {what}labelled {selector} in namespace {namespace} and the "
-                           "group gives no image")
+                           "group names no runtime with an image")
     source = _source(tier, deployments)
     if source is None:
-        return GroupAction("refuse", why=f"group {group} gives image {image}, but tier {tier} has no "
+        return GroupAction("refuse", why=f"group {group}'s runtime gives image {image}, but tier {tier} "
+                           f"has no "
                            f"Deployment to copy (one labelled {tier_selector(tier)}) and none is "
                            f"labelled {selector}")
     return GroupAction("create", source, name=named or conventional_name(pool))

@@ -1,6 +1,9 @@
 """Groups on the ``kubernetes`` runtime: each group's pool ``<tier>.<group>`` is one Deployment,
-found by its labels, made from a copy of its tier's when the group gives an image and none
-exists, its image set when the group's changes (``clone.py`` decides; this writes).
+found by its labels, made from a copy of its tier's when the group names a runtime and none
+exists, its image set when the runtime's changes (``clone.py`` decides; this writes). The image
+is only ever the one the commander's ``group_runtimes`` give for the group's runtime name
+(``commander.group_runtimes``): a group naming a runtime the commander does not allow, or one
+without an image, is rejected and nothing is created or patched.
 
 The runtime's ``check_group(pool)``, which the commander asks every pass for every group's
 pool, and ``refusal(pool)``, which it asks before acting, both bring the pool's Deployment in
@@ -8,7 +11,7 @@ line with the group (``GroupDeployments.check``): so a new group gets its Deploy
 replicas) as soon as the policy names it, and an image edit rolls the pool out at the next
 pass. A created Deployment is noted (``deployment-created``), an image set too (``rollout``:
 the Deployment replaces its pods with the new image by its own strategy). A group that can have
-no Deployment here (none labelled for it and no image; a Deployment named by the group but
+no Deployment here (none labelled for it and no runtime; a Deployment named by the group but
 labelled for another pool; several) is rejected with the reason; so is one whose write failed,
 while ``Writes`` holds the pool's writes off, after which it is tried again.
 """
@@ -16,10 +19,11 @@ while ``Writes`` holds the pool's writes off, after which it is tried again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import redis
 
+from commander.group_runtimes import GroupRuntime, resolve
 from commander.runtime.interface import RuntimeNote
 from commander.runtime.kubernetes.api import API_ERRORS, ApiException, KubeApi, describe
 from commander.runtime.kubernetes.clone import (
@@ -44,8 +48,10 @@ class GroupDeployments:
     their group is gone. What it did goes to ``note``, for the ledger."""
 
     def __init__(self, api: KubeApi, listing: Listing, writes: Writes, r: redis.Redis,
-                 note: Callable[[RuntimeNote], None]) -> None:
+                 note: Callable[[RuntimeNote], None], runtimes: Mapping[str, GroupRuntime]) -> None:
+        """``runtimes``: the group runtimes the commander allows (where a group's image comes from)."""
         self.api, self.listing, self.writes, self.r, self.note = api, listing, writes, r, note
+        self.runtimes = runtimes
 
     def check(self, pool: str) -> str | None:
         """Bring the pool's Deployment in line with its group (create it, set its image); why it
@@ -56,16 +62,20 @@ class GroupDeployments:
         deployments = self.listing.deployments
         if group is None or deployments is None:
             return None
+        image, why = resolve(self.runtimes, tier, group, "image")
+        if why is not None:
+            return why
         why = self.writes.held(pool)
         if why is not None:
             return why
-        action = group_action(pool, group.deployment, group.image, deployments, self.api.namespace)
+        action = group_action(pool, group.deployment, image, deployments, self.api.namespace)
         if action.kind == "refuse":
             return action.why
         if action.kind == "ok":
             return None
+        assert image is not None  # (group_action creates or sets an image only when given one)
         try:
-            self._write(pool, action, group)
+            self._write(pool, action, group, image)
         except API_ERRORS:
             return self.writes.held(pool)
         return None
@@ -105,17 +115,18 @@ class GroupDeployments:
             return None
         return next((g for g in policy.rollout.groups if g.name == name), None)
 
-    def _write(self, pool: str, action: GroupAction, group: Group) -> None:
-        assert action.deployment is not None and group.image is not None  # (group_action's promise)
+    def _write(self, pool: str, action: GroupAction, group: Group, image: str) -> None:
+        assert action.deployment is not None  # (group_action's promise)
         if action.kind == "create":
-            made, budget = self._create(pool, action.deployment, action.name, group.image)
+            made, budget = self._create(pool, action.deployment, action.name, image)
             note = RuntimeNote(pool, "deployment-created", (
                 f"Deployment {made.name} created for group {group.name} of tier {split_pool(pool)[0]}: "
-                f"a copy of {action.deployment.name} with image {group.image}, 0 replicas; {budget}"))
+                f"a copy of {action.deployment.name} with image {image} (runtime {group.runtime}), "
+                f"0 replicas; {budget}"))
         else:
-            made = self._set_image(action.deployment, group.image)
+            made = self._set_image(action.deployment, image)
             note = RuntimeNote(pool, "rollout", (
-                f"Deployment {made.name}: image {action.deployment.image or '(none)'} -> {group.image}: "
+                f"Deployment {made.name}: image {action.deployment.image or '(none)'} -> {image}: "
                 f"a rollout of pool {pool} (its Deployment replaces its pods by its own strategy)"))
         self.listing.put_deployment(made)
         log.info("pool %s: %s", pool, note.reason)

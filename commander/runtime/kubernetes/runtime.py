@@ -5,10 +5,10 @@ A tier's Deployment is the one labelled ``app.kubernetes.io/component=worker`` a
 ``fleet-worker-<tier>``, ``_`` as ``-``; only the labels count). Its pods carry the same labels,
 and each pod's worker registers under the pod's name (``FLEET_WORKER_POD_NAME``). A group's pool
 ``<tier>.<group>`` is a tier of its own here: its Deployment is also labelled
-``fleet.dev/group=<group>``, made from a copy of the tier's when the group gives an image
-(``group_deployments.py``). A tier of kind rq is run the same way by pods of ``fleet rq-worker``,
-known by RQ's worker registry and retired by their SIGTERM (RQ's warm shutdown), with no drain
-over Redis (``rq_pods.py``).
+``fleet.dev/group=<group>``, made from a copy of the tier's when the group names a runtime
+whose image the commander allows (``group_deployments.py``). A tier of kind rq is run the same
+way by pods of ``fleet rq-worker``, known by RQ's worker registry and retired by their SIGTERM
+(RQ's warm shutdown), with no drain over Redis (``rq_pods.py``).
 
 - ``spawn(tier, n)`` raises the Deployment's ``spec.replicas`` by ``n`` through its ``/scale``
   subresource (``writes.py``) and returns ``n`` placeholder ids (``<deployment>:starting-<k>``):
@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import redis
 
+from commander.group_runtimes import GroupRuntime
 from commander.runtime.interface import (
     Handles,
     Lifecycle,
@@ -77,8 +78,11 @@ class KubernetesRuntime(Runtime):
     name = "kubernetes"
 
     def __init__(self, api: KubeApi, r: redis.Redis, *, poll_s: float = 1.0, check_ttl_s: float = 30.0,
+                 group_runtimes: Mapping[str, GroupRuntime] | None = None,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
+        """``group_runtimes``: the runtimes a group may name (the commander's setting): a group's
+        image is only ever one of theirs."""
         self.api, self.r, self.clock, self.monotonic = api, r, clock, monotonic
         self.going_s = max(10.0, 5 * poll_s)  # a substituted pod is expected to go within this
         self.rq_pods = RqPods(r)
@@ -86,7 +90,8 @@ class KubernetesRuntime(Runtime):
         self.writes = Writes(api, self.listing, monotonic)
         self.autoscalers = Autoscalers(api, check_ttl_s, monotonic)
         self._notes: list[RuntimeNote] = []
-        self.groups = GroupDeployments(api, self.listing, self.writes, r, self._notes.append)
+        self.groups = GroupDeployments(api, self.listing, self.writes, r, self._notes.append,
+                                       dict(group_runtimes or {}))
         self._warned_grace: set[str] = set()  # Deployments whose short grace period was warned about
 
     def close(self) -> None:

@@ -1,7 +1,10 @@
 """Which live local workers a previous commander left, for the ``process`` runtime to adopt.
 
 From the run records under ``run_dir`` (pid + creation time) and from the registry (this host
-and runtime, command line checked). A worker whose process is gone loses its record, and its
+and runtime, command line checked). A live process is adopted only if it carries this host's
+spawn proof (``proof.py``): a record or an entry naming a process this host's commanders did not
+start (no proof, another one, or an environment it cannot read) is left alone, never signalled,
+and reported (``Found.unproven``). A worker whose process is gone loses its record, and its
 registry entry once it is certainly dead.
 
 An rq tier's RQ workers are adopted as RQ workers (counted, up once in RQ's registry, retired
@@ -25,6 +28,7 @@ import redis
 from commander.runtime.interface import Lifecycle, WorkerHandle
 from commander.runtime.process.identity import looks_like_rq_worker, looks_like_worker, same_process
 from commander.runtime.process.launch import tier_of
+from commander.runtime.process.proof import Proof, proof_of
 from commander.runtime.process.run_records import read_records
 from commander.runtime.process.workers import Tracked
 from protocol.models import WorkerInfo
@@ -33,6 +37,9 @@ from stores.registry import RqEntry, heartbeat_alive, read_entries, rq_entries
 from stores.retry import TRANSIENT
 
 log = logging.getLogger(__name__)
+YOUNG_S = 2.0  # a process younger than this may still be in its exec: its proof is waited for
+SETTLE_S = 0.1  # ... for this long at most
+SETTLE_BUDGET_S = 0.3  # and for this long at most in one look, however many young processes it meets
 
 
 class _Candidate(NamedTuple):
@@ -53,19 +60,24 @@ class Found:
 
     live: list[Tracked] = field(default_factory=list)
     dead: dict[str, bool] = field(default_factory=dict)  # worker id -> its registry entry may go too
+    unproven: list[tuple[WorkerHandle, Proof]] = field(default_factory=list)  # alive, not ours: left alone
 
 
 class Adoption:
     """Finds the local workers of this host and runtime that no one tracks."""
 
-    def __init__(self, runtime: str, host: str, run_dir: Path, r: redis.Redis, rq: redis.Redis) -> None:
+    def __init__(self, runtime: str, host: str, run_dir: Path, r: redis.Redis, rq: redis.Redis,
+                 secret: str) -> None:
         """``runtime``: the runtime's name in the registry; ``r``: Fleet's Redis; ``rq``: RQ's
-        (the commander's rq_url), else the same."""
+        (the commander's rq_url), else the same; ``secret``: the spawn proof its workers carry."""
         self.runtime, self.host, self.run_dir, self.r, self.rq = runtime, host, run_dir, r, rq
+        self.secret = secret
 
     def find(self, known: Container[str]) -> Found:
-        """The live workers not in ``known`` (their handles ``adopted``), and the dead ones."""
+        """The live workers not in ``known`` (their handles ``adopted``), the dead ones, and the
+        live processes that do not prove they are ours."""
         found, taken = Found(), set()
+        settle_until = time.monotonic() + SETTLE_BUDGET_S
         for c in self._candidates():
             if c.worker_id in known or c.worker_id in taken:
                 continue
@@ -75,6 +87,12 @@ class Adoption:
                 found.dead[c.worker_id] = found.dead.get(c.worker_id, False) or may_go
                 continue
             handle = WorkerHandle(c.worker_id, c.tier, c.pid, Lifecycle.STARTING, c.started, adopted=True)
+            young = time.time() - proc.create_time() < YOUNG_S  # (its exec may be in progress)
+            wait_s = min(SETTLE_S, max(0.0, settle_until - time.monotonic())) if young else 0.0
+            proof = proof_of(proc, self.secret, wait_s)
+            if proof is not Proof.PROVEN:
+                found.unproven.append((handle, proof))
+                continue
             found.live.append(Tracked(handle, proc, None, time.monotonic(), rq=c.rq))
             taken.add(c.worker_id)
         return found

@@ -46,9 +46,7 @@ def looks_like_worker(pid: int, worker_id: str, started: float) -> psutil.Proces
         return None
     try:
         cmdline = proc.cmdline()
-    except psutil.AccessDenied:
-        return proc if proc.create_time() <= started + 1.0 else None
-    except psutil.Error:
+    except psutil.Error:  # (another user's process, or gone: not a worker of ours)
         return None
     if worker_id in " ".join(cmdline).split():  # (a title is one argv string with spaces)
         return proc

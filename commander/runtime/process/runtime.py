@@ -7,25 +7,33 @@ the registry. The runtime is a short loop over three collaborators, each owning 
   interpreter; the groups' interpreters and their checks;
 - ``workers`` (``workers.py``): the tracked workers, their exits, drains, deadlines,
   registrations, run records and registry cleanup;
-- ``adoption`` (``adoption.py``): finds the live workers a previous commander left.
+- ``adoption`` (``adoption.py``): finds the live workers a previous commander left, and only
+  those that carry this host's spawn proof (``proof.py``): any other process a record or a
+  registry entry names is left alone, warned about once and noted for the ledger.
+
+A group's interpreter is never read from its policy: the group names a runtime
+(``Group.runtime``) and the commander's ``group_runtimes`` say which interpreter that is
+(``commander.group_runtimes``); a name it does not know rejects the group.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import redis
 from redis.exceptions import RedisClusterException, RedisError
 
-from commander.runtime.interface import Handles, Runtime, WorkerIds
-from commander.runtime.process.adoption import Adoption
+from commander.group_runtimes import GroupRuntime, resolve
+from commander.runtime.interface import Handles, Notes, Refused, Runtime, RuntimeNote, WorkerIds
+from commander.runtime.process.adoption import Adoption, Found
 from commander.runtime.process.fork_client import TemplateSpawner
-from commander.runtime.process.interpreters import GroupRejected
+from commander.runtime.process.interpreters import CHECK_TIMEOUT_S, PENDING, GroupRejected
 from commander.runtime.process.launch import worker_command
+from commander.runtime.process.proof import load_secret
 from commander.runtime.process.spawner import CommandBuilder, Spawner, SpawnMode
 from commander.runtime.process.workers import LocalWorkers
 from protocol.groups import split_pool, validate_pool
@@ -55,21 +63,29 @@ class ProcessRuntime(Runtime):
         spawn_mode: SpawnMode = "fork",
         template: TemplateSpawner | None = None,
         rq_url: str | None = None,
+        group_runtimes: Mapping[str, GroupRuntime] | None = None,
+        check_timeout_s: float = CHECK_TIMEOUT_S,
     ) -> None:
         """``spawn_mode="fork"`` applies to the real worker only (the default ``command``);
         ``template`` replaces the fork template built from ``url`` and ``log_dir`` (tests);
         ``rq_url``: RQ's Redis (RQ workers' registry, and their ``FLEET_RQ_URL``), else Fleet's
-        own; ``drain_timeout``: a tier's, else its policy's ``drain_timeout_s``."""
+        own; ``drain_timeout``: a tier's, else its policy's ``drain_timeout_s``;
+        ``group_runtimes``: the runtimes a group may name (the commander's setting);
+        ``check_timeout_s``: how long a group interpreter's check may run."""
         url = resolve_url(url)
         log_dir = Path(log_dir).resolve()
         run_dir = Path(run_dir).resolve() if run_dir else log_dir.parent / "run"
+        secret = load_secret(run_dir)
+        self.group_runtimes = dict(group_runtimes or {})
         self.r = client if client is not None else connect_sync(url, retries=2, socket_timeout=5)
         self.rq = connect_rq(rq_url) if rq_url else self.r
         self.workers = LocalWorkers(run_dir, self.r, self.rq, start_timeout_s=start_timeout_s,
                                     drain_timeout=drain_timeout or self._policy_drain_timeout)
-        self.adoption = Adoption(self.name, socket.gethostname(), run_dir, self.r, self.rq)
-        self.spawner = Spawner(url, log_dir, command=command, spawn_mode=spawn_mode, template=template,
-                               rq_url=rq_url)
+        self.adoption = Adoption(self.name, socket.gethostname(), run_dir, self.r, self.rq, secret)
+        self.spawner = Spawner(url, log_dir, secret=secret, command=command, spawn_mode=spawn_mode,
+                               template=template, rq_url=rq_url, check_timeout_s=check_timeout_s)
+        self._notes: Notes = []
+        self._unproven: set[tuple[str, int]] = set()  # (worker id, pid) reported as not ours
 
     @property
     def log_dir(self) -> Path:
@@ -98,13 +114,16 @@ class ProcessRuntime(Runtime):
     def spawn(self, tier: str, n: int = 1) -> WorkerIds:
         """Start ``n`` workers of ``tier`` (or of a group's pool ``<tier>.<group>``, run by the
         group's interpreter); raise ``SpawnError`` if one cannot start, ``GroupRejected`` if the
-        group's interpreter is missing or cannot load its handler."""
+        group's interpreter is missing or cannot load its handler, ``Refused`` while its check
+        is in progress."""
         validate_pool(tier)
         if n < 0:
             raise ValueError(f"cannot spawn {n} workers")
         python = None
         if n > 0:
             python, why = self._group_interpreter(tier)
+            if why == PENDING:
+                raise Refused(f"group pool {tier}: {PENDING}")
             if why is not None:
                 raise GroupRejected(why)
         ids = []
@@ -115,20 +134,31 @@ class ProcessRuntime(Runtime):
         return ids
 
     def check_group(self, pool: str) -> str | None:
-        """Why the group of ``pool`` cannot run here: its interpreter cannot load its handler."""
+        """Why the group of ``pool`` cannot run here: it names a runtime this commander does not
+        allow, or its interpreter cannot load its handler; ``CHECK_PENDING`` while its
+        interpreter is being checked (``refusal`` holds its spawns meanwhile)."""
         return self._group_interpreter(pool)[1]
+
+    def refusal(self, tier: str) -> str | None:
+        """Why workers of the pool ``tier`` may not start now: its interpreter's check is in
+        progress (a verdict comes within the check's timeout), or None."""
+        why = self._group_interpreter(tier)[1]
+        return f"group pool {tier}: {PENDING}" if why == PENDING else None
 
     def _group_interpreter(self, pool: str) -> tuple[str | None, str | None]:
         """The interpreter of ``pool``'s group (None: this one), and why it cannot run the
-        group's handler (None: it can), from the tier's policy."""
+        group's handler (None: it can; ``PENDING``: not known yet), from the tier's policy and
+        the allowed group runtimes."""
         tier, group = split_pool(pool)
         if not group:
             return None, None
         policy = read_policy(self.r, tier).policy
         found = next((g for g in policy.rollout.groups if g.name == group), None)
-        python = found.python if found is not None else None
-        if python is None or not isinstance(policy, TurnsPolicy):
+        if found is None or not isinstance(policy, TurnsPolicy):
             return None, None
+        python, why = resolve(self.group_runtimes, tier, found, "python")
+        if python is None:
+            return None, why
         return python, self.spawner.check(python, policy.group_handler(group))
 
     def retire(self, worker_id: str, reason: str = "",
@@ -161,6 +191,7 @@ class ProcessRuntime(Runtime):
     def adopt(self) -> Handles:
         """Track live local workers from run records and the registry; drop dead records."""
         found = self.adoption.find(self.workers)
+        self._report_unproven(found)
         for worker_id, entry_too in found.dead.items():
             self.workers.forget(worker_id, registry=entry_too)
         for tracked in found.live:
@@ -171,3 +202,21 @@ class ProcessRuntime(Runtime):
         self.workers.note_registrations()
         self.workers.clean_registry()
         return [replace(t.handle) for t in found.live]
+
+    def _report_unproven(self, found: Found) -> None:
+        """Warn about, and note for the ledger, each live process a record or a registry entry
+        names that does not prove this host's commanders started it: once per worker id and pid
+        while it is named (what is no longer named is forgotten)."""
+        reported, self._unproven = self._unproven, {(h.worker_id, h.pid) for h, _ in found.unproven}
+        for handle, proof in found.unproven:
+            if (handle.worker_id, handle.pid) in reported:
+                continue
+            reason = (f"pid {handle.pid}, named for worker {handle.worker_id} (tier {handle.tier}), "
+                      f"does not carry this host's spawn proof ({proof}): not adopted, never signalled")
+            log.warning("%s", reason)
+            self._notes.append(RuntimeNote(handle.tier, "unproven-process", reason, (handle.worker_id,)))
+
+    def notes(self) -> Notes:
+        """The processes found since the last call that could not be proven ours."""
+        notes, self._notes = self._notes, []
+        return notes

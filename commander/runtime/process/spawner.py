@@ -20,7 +20,7 @@ from typing import Literal
 from commander.runtime.interface import Lifecycle, WorkerHandle
 from commander.runtime.process.fork_client import TemplateSpawner
 from commander.runtime.process.identity import process_of
-from commander.runtime.process.interpreters import Interpreters
+from commander.runtime.process.interpreters import CHECK_TIMEOUT_S, Interpreters
 from commander.runtime.process.launch import (
     child_env,
     new_worker_id,
@@ -28,6 +28,7 @@ from commander.runtime.process.launch import (
     start_fresh,
     worker_command,
 )
+from commander.runtime.process.proof import PROOF_ENV
 from commander.runtime.process.workers import Tracked
 from protocol.groups import split_pool
 
@@ -40,26 +41,37 @@ SpawnMode = Literal["fork", "exec"]
 class Spawner:
     """Starts workers; owns the fork templates (the default one and the groups' interpreters')."""
 
-    def __init__(self, url: str, log_dir: Path, *, command: CommandBuilder = worker_command,
+    def __init__(self, url: str, log_dir: Path, *, secret: str, command: CommandBuilder = worker_command,
                  spawn_mode: SpawnMode = "fork", template: TemplateSpawner | None = None,
-                 rq_url: str | None = None) -> None:
-        """``spawn_mode="fork"`` applies to the real worker only (the default ``command``);
+                 rq_url: str | None = None, check_timeout_s: float = CHECK_TIMEOUT_S) -> None:
+        """``secret``: the spawn proof every process it starts carries (``proof.py``);
+        ``spawn_mode="fork"`` applies to the real worker only (the default ``command``);
         ``template`` replaces the one built from ``url`` and ``log_dir``; ``rq_url``: the Redis
-        of RQ workers (their ``FLEET_RQ_URL``), else Fleet's own."""
+        of RQ workers (their ``FLEET_RQ_URL``), else Fleet's own; ``check_timeout_s``: how long
+        a group interpreter's check may run."""
         if spawn_mode not in ("fork", "exec"):
             raise ValueError(f"spawn_mode must be 'fork' or 'exec', not {spawn_mode!r}")
         self.url, self.log_dir, self.command, self.rq_url = url, log_dir, command, rq_url
+        self._secret = secret
         self.template = self._make_template(spawn_mode, template)
-        self.interpreters = Interpreters(self.template, child_env(url), log_dir,
-                                         fork=self.template is not None)
+        env = self.env()
+        check_env = {k: v for k, v in env.items() if k != PROOF_ENV}
+        self.interpreters = Interpreters(self.template, env, log_dir, fork=self.template is not None,
+                                         check_env=check_env, timeout_s=check_timeout_s)
         self._rq: dict[str, tuple[str, ...]] = {}  # rq tiers (configure): tier -> its queues
 
     def _make_template(self, mode: SpawnMode, template: TemplateSpawner | None) -> TemplateSpawner | None:
         if mode == "exec" or self.command is not worker_command:
             return None
-        template = template or TemplateSpawner(child_env(self.url), self.log_dir)
+        template = template or TemplateSpawner(self.env(), self.log_dir)
         template.start(wait=False)  # it imports while the caller goes on: ready by the first spawn
         return template
+
+    def env(self) -> dict[str, str]:
+        """The environment of a process it starts (this process's, now): ``REDIS_URL``, the spawn
+        proof, and ``SPT_NOENV`` (a worker's process title must keep its environment readable in
+        ``/proc``, where adoption reads the proof)."""
+        return {**child_env(self.url), PROOF_ENV: self._secret, "SPT_NOENV": "1"}
 
     def configure(self, tier: str, kind: str, queues: Sequence[str] = ()) -> None:
         """An rq tier's workers are started as ``worker.rq.rq_worker`` on its queues."""
@@ -69,7 +81,8 @@ class Spawner:
             self._rq.pop(tier, None)
 
     def check(self, python: str, handler: str) -> str | None:
-        """Why ``python`` cannot run workers of ``handler`` (None: it can)."""
+        """Why ``python`` cannot run workers of ``handler`` (None: it can; ``PENDING``: not known
+        yet); never waits (``interpreters.py``)."""
         return self.interpreters.check(python, handler)
 
     def start(self, pool: str, python: str | None = None) -> Tracked:
@@ -78,7 +91,7 @@ class Spawner:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         worker_id = new_worker_id(pool)
         tier, group = split_pool(pool)  # a group's worker is told its group by the environment
-        env = child_env(self.url)
+        env = self.env()
         if group:
             env["FLEET_WORKER_GROUP"] = group  # (WorkerSettings' env prefix: the fork takes it too)
         log_path = self.log_dir / f"{worker_id}.log"
