@@ -29,6 +29,8 @@ fleet_takeovers_total                  counter    tier             dead workers 
 fleet_takeover_users_total             counter    tier             users handed on by those takeovers
 fleet_decide_seconds                   histogram  -                duration of one decide pass
 fleet_commander_is_leader              gauge      -                1 while this commander leads
+fleet_commander_redis_errors_total     counter    kind             errors Redis answered this commander
+fleet_worker_redis_errors_total        counter    tier, kind       errors Redis answered the tier's workers
 fleet_policy_rejected                  gauge      tier             1 while the tier's policy key is rejected
 fleet_turns_total                      counter    tier, result     turns committed: ok|error|dup|stale
 fleet_turn_retries_total               counter    tier             handler calls of an attempt after the first
@@ -68,7 +70,7 @@ from prometheus_client.registry import Collector
 from commander.decide import Plan
 from commander.snapshot import TierSnapshot, WorkerView
 from commander.turn_metrics import TurnCollector
-from protocol.models import TurnStats
+from protocol.models import RedisErrorKind, TurnStats
 
 if TYPE_CHECKING:
     from commander.monitor.server import MonitorServer
@@ -157,6 +159,10 @@ class Metrics:
         self.decide_hist = Histogram("fleet_decide_seconds", "Duration of one decide pass.",
                                      buckets=DECIDE_BUCKETS, registry=reg)
         self.leader = Gauge("fleet_commander_is_leader", "1 while this commander leads.", registry=reg)
+        self.redis_errors = Counter("fleet_commander_redis_errors",
+                                    "Errors Redis answered this commander, by kind (stores.redis_errors): "
+                                    "each logged once, backed off, retried.",
+                                    ["kind"], registry=reg)
         self.turns = TurnCollector()
         reg.register(self.turns)
         self._workers: dict[str, set[str]] = {}
@@ -217,6 +223,10 @@ class Metrics:
     def is_leader(self, leading: bool) -> None:
         """Whether this commander is the leader now."""
         self.leader.set(1 if leading else 0)
+
+    def redis_error(self, kind: RedisErrorKind) -> None:
+        """One error Redis answered this commander (its loop, or its monitor's reads)."""
+        self.redis_errors.labels(kind).inc()
 
     def policy_rejected(self, tier: str, rejected: bool) -> None:
         """Whether the tier's policy key is currently rejected (the last good one runs)."""

@@ -3,7 +3,8 @@ commands (``LOADING``, ``MASTERDOWN``, ...: states a test cannot easily put a re
 
 Each client connection gets a thread that reads one command (a RESP array of bulk strings, as
 redis-py sends them), and either answers ``fault`` itself, when one is set and the command is
-among ``commands`` (empty: every command), or forwards it and relays the server's one reply.
+among ``commands`` (empty: every command), or forwards it and relays the server's one reply
+(RESP2 or RESP3).
 One command at a time per connection keeps the replies in order whatever is injected.
 """
 
@@ -39,14 +40,16 @@ class _Stream:
         return out
 
     def value(self) -> bytes:
-        """One whole RESP2 value, raw."""
+        """One whole RESP2 or RESP3 value, raw."""
         line = self.line()
         kind, body = line[:1], line[1:-2]
-        if kind == b"$":
+        if kind in (b"$", b"=", b"!"):  # blobs
             return line + (self.exactly(int(body) + 2) if int(body) >= 0 else b"")
-        if kind == b"*":
-            return line + b"".join(self.value() for _ in range(max(0, int(body))))
-        return line  # + - :
+        if kind in (b"*", b"~", b">", b"%", b"|"):  # aggregates (a map's and attribute's: pairs)
+            n = max(0, int(body)) * (2 if kind in (b"%", b"|") else 1)
+            out = line + b"".join(self.value() for _ in range(n))
+            return out + self.value() if kind == b"|" else out  # an attribute precedes its value
+        return line  # + - : _ , # (
 
 
 def _name(command: bytes) -> str:

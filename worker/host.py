@@ -18,6 +18,7 @@ from protocol.policy import TurnsPolicy
 from stores import worker_ops
 from stores.deadletters import dead_letter_async
 from stores.policies import tier_defined_async
+from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT
 from stores.turns import UserStore
 from worker import handlers
@@ -78,7 +79,8 @@ class Host:
     """What a worker gives each of its jobs (``worker.job.JobHost``)."""
 
     def __init__(self, r: aioredis.Redis, settings: WorkerSettings, store: UserStore, tier_policy: TierPolicy,
-                 jobs: InFlight, tally: TurnTally, protect: Callable[[float], float]) -> None:
+                 jobs: InFlight, tally: TurnTally, protect: Callable[[float], float],
+                 redis_errors: RedisErrors) -> None:
         self.r = r
         self.settings = settings
         self.worker_id, self.tier, self.pool = settings.worker_id, settings.tier, settings.pool
@@ -86,6 +88,7 @@ class Host:
         self.tier_policy = tier_policy
         self.jobs = jobs
         self.tally = tally
+        self.redis_errors = redis_errors
         self._protect = protect
         self._executor: ThreadPoolExecutor | None = None  # sync handlers' threads, one per slot
         self._executor_size = 0

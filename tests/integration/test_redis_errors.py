@@ -76,7 +76,7 @@ def _once_and_counted(started, admin: redis.Redis, wid: str, kind: str) -> None:
 
     def counted() -> bool:
         report = _report(admin, wid)
-        return report is not None and report.turn_stats.redis_errors.get(kind, 0) > 0  # type: ignore[attr-defined]
+        return report is not None and report.turn_stats.redis_errors.get(kind, 0) > 0
 
     wait_until(counted, 20, f"the worker's reports counting {kind}")
 
@@ -237,6 +237,7 @@ def test_the_monitor_answers_503_while_redis_errs(processes, fleet_env, server, 
     try:
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/users/alice", timeout=30)
+        err.value.close()
         assert err.value.code == 503
     finally:
         proxy.inject(None)

@@ -9,9 +9,9 @@ import pytest
 import redis
 from redis._parsers.base import BaseParser
 from redis.exceptions import RedisClusterException
-from stores.redis_errors import RedisErrors, error_kind
 
 from protocol.models import REDIS_ERROR_KINDS, TurnStats
+from stores.redis_errors import RedisErrors, error_kind
 
 
 def _reply(text: str) -> Exception:
