@@ -24,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from redis.backoff import AbstractBackoff
-from redis.exceptions import AskError, ClusterDownError, RedisClusterException, RedisError, TryAgainError
+from redis.exceptions import RedisClusterException, RedisError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_never
 from tenacity.stop import stop_base
 from tenacity.wait import wait_random_exponential
@@ -32,14 +32,12 @@ from tenacity.wait import wait_random_exponential
 from stores.redis_errors import RedisErrors
 
 # What every loop retries: Redis away, or the network, or a Redis Cluster between two
-# topologies. redis-py's cluster client raises ``RedisClusterException`` (not a ``RedisError``)
-# when it finds no node for a slot or cannot reach any startup node, e.g. while a replica is
-# promoted after its master died; MOVED/ASK/TRYAGAIN/CLUSTERDOWN that outlive its own few
-# retries reach us as ``ResponseError``s (``RedisError``). All of them mend with a wait.
+# topologies, or any error reply (BUSY, NOPERM, READONLY, LOADING, ...: stores.redis_errors).
+# redis-py's cluster client raises ``RedisClusterException`` (not a ``RedisError``) when it
+# finds no node for a slot or cannot reach any startup node, e.g. while a replica is promoted
+# after its master died; MOVED/ASK/TRYAGAIN/CLUSTERDOWN that outlive its own few retries reach
+# us as ``ResponseError``s (``RedisError``). All of them mend with a wait, or an operator's hand.
 TRANSIENT: tuple[type[Exception], ...] = (RedisError, OSError, RedisClusterException)
-# The ``ResponseError``s of a Cluster whose slots are moving (MOVED is an AskError; MASTERDOWN a
-# ClusterDownError): a loop that raises other ``ResponseError``s still waits on these.
-CLUSTER_IN_MOTION: tuple[type[Exception], ...] = (AskError, TryAgainError, ClusterDownError)
 
 
 class Backoff(AbstractBackoff):
