@@ -22,7 +22,9 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import OccupancyReport
+from protocol.policy import TurnsPolicy
 from stores import outbox
+from stores.policies import write_policy
 from tests.conftest import RedisServer, free_port, start_on_free_port
 from tests.fault_proxy import FaultProxy
 from tests.helpers import Processes, fleet_argv, leads, passes, wait_until
@@ -198,6 +200,27 @@ def test_the_relay_survives_an_error_and_relays_again(processes, fleet_env, serv
     text = relay.tail(200_000)
     assert text.count(f"Redis error {kind.upper()} ") == 1, text[-4000:]
     wait_until(lambda: "Redis answers again after" in relay.tail(200_000), 20, "the recovery logged")
+
+
+def test_a_deferred_job_waits_out_an_error_in_the_relay(processes, fleet_env, server, admin, proxy) -> None:
+    """The relay meets READONLY on every command (the chat and RQ workers do not); once Redis
+    takes its writes again, the job a turn deferred meanwhile is relayed and run."""
+    write_policy(admin, "chat", TurnsPolicy(handler="echo_defer"))
+    _worker(processes, fleet_env, server.url, admin)
+    relay_argv = fleet_argv("relay", "--id", "relay-e2", "--claim-idle-ms", "500", "--sweep-interval", "2")
+    relay = processes.start("relay", relay_argv[1:], {**fleet_env, "REDIS_URL": proxy.url()})
+    processes.start("rq-e2", fleet_argv("rq-worker", "--queues", "writeback", "--name", "rq-e2")[1:],
+                    {**fleet_env, "REDIS_URL": server.url})
+    wait_until(lambda: "relay-e2" in outbox.relay_beats(admin) or not relay.alive(), 20, "the relay beating")
+    proxy.inject("READONLY You can't write against a read only replica.")
+    _serves(server.url, "alice")  # answered; its deferral waits in the outbox
+    wait_until(lambda: _logged(relay, "readonly"), 30, "the relay to meet READONLY")
+    time.sleep(HOLD_S)
+    proxy.inject(None)
+    ran = lambda: admin.hget(keys.usage("alice"), "summaries") == b"1"  # noqa: E731
+    wait_until(lambda: ran() or not relay.alive(), 30, "the deferred job run")
+    assert relay.alive(), relay.tail()
+    assert relay.tail(200_000).count("Redis error READONLY ") == 1, relay.tail()
 
 
 # --- the commander --------------------------------------------------------------------------------
