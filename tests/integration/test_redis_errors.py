@@ -238,7 +238,9 @@ def test_the_commander_survives_busy_steps_down_and_leads_again(processes, fleet
     passes(admin, 2, "ce1")
     proxy.inject("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.")
     wait_until(lambda: _logged(commander, "busy"), 30, "the commander to meet BUSY")
-    time.sleep(HOLD_S)
+    # past the lease's TTL without a renewal, the leader is a standby
+    wait_until(lambda: "could not renew the lease" in commander.tail(200_000) or not commander.alive(), 30,
+               "the leader to step down")
     proxy.inject(None)
     wait_until(lambda: leads(admin, "ce1") or not commander.alive(), 30, "the commander leading again")
     passes(admin, 2, "ce1")
