@@ -82,11 +82,11 @@ class RedisErrors:
     calls it from its loop and its monitor's threads."""
 
     def __init__(self, log: logging.Logger, counted: Callable[[RedisErrorKind], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.log = log
         self.counts: dict[RedisErrorKind, int] = {}
         self._counted = counted
-        self._clock = clock
+        self._clock = clock if clock is not None else time.monotonic  # (the simulator's, in a simulation)
         self._lock = threading.Lock()
         self._open: dict[RedisErrorKind, tuple[float, set[str]]] = {}  # kind -> (since, loops meeting it)
 
