@@ -182,3 +182,23 @@ def test_a_redis_error_under_the_dequeue_is_retried_and_logged_once(
     assert not failures  # every failure met, and the worker went on to its job
     assert r.llen(f"rq:queue:{Q}") == 0
     assert caplog.text.count("Redis error READONLY ") == 1, caplog.text
+
+
+def test_a_redis_error_in_rqs_suspension_check_or_maintenance_does_not_end_the_loop(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """RQ's loop runs both outside its dequeue, and quits on any error there."""
+    from redis.exceptions import NoPermissionError
+    from rq import SimpleWorker
+
+    r = fakeredis.FakeRedis()
+    Queue(Q, connection=r, serializer=JSONSerializer).enqueue("os.getcwd")  # (refused: a job all the same)
+    refusal = NoPermissionError("this user has no permissions to run the 'exists' command")
+
+    def refused(self: SimpleWorker, *args: object) -> None:
+        raise refusal
+
+    monkeypatch.setattr(SimpleWorker, "check_for_suspension", refused)
+    monkeypatch.setattr(SimpleWorker, "run_maintenance_tasks", refused)
+    run(r)
+    assert r.llen(f"rq:queue:{Q}") == 0  # the job was taken all the same
+    assert caplog.text.count("Redis error NOPERM ") == 1, caplog.text

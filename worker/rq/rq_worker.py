@@ -114,7 +114,10 @@ class FleetWorker(SimpleWorker):
 
     job_class = FleetJob
     _looping = False  # RQ's loop asked for a job: its ``try`` (and teardown) is around us now
-    redis_errors = RedisErrors(log)  # (one worker per process)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.redis_errors = RedisErrors(log)  # each kind logged once until Redis answers again
 
     def _install_signal_handlers(self) -> None:
         super()._install_signal_handlers()  # type: ignore[no-untyped-call]
@@ -153,6 +156,26 @@ class FleetWorker(SimpleWorker):
                 continue
             self.redis_errors.answered("dequeue")
             return got
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's check for ``rq suspend``; a Redis error is not a suspension: logged once per
+        kind, and the loop goes on to its dequeue, which waits Redis out."""
+        try:
+            super().check_for_suspension(burst)
+        except TRANSIENT as exc:
+            self.redis_errors.failed("suspension check", exc)
+        else:
+            self.redis_errors.answered("suspension check")
+
+    def run_maintenance_tasks(self) -> None:
+        """RQ's registry cleanup and scheduler check; one that meets a Redis error is skipped
+        (logged once per kind) and runs at the next interval."""
+        try:
+            super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
+        except TRANSIENT as exc:
+            self.redis_errors.failed("maintenance", exc)
+        else:
+            self.redis_errors.answered("maintenance")
 
     def _pause(self, seconds: float) -> None:
         """Sleep ``seconds``, in slices so a stop request ends it within a tenth of a second."""
