@@ -161,8 +161,9 @@ class Host:
         try:
             await self.notify(user, await self.pool_of(user, self.tier))  # (its group's, if it moved)
             await self.ack([nid])
-        except TRANSIENT as exc:
-            log.warning("could not hand back notification %s (%s); it stays pending", nid, exc)
+            self.redis_errors.answered("hand back")
+        except TRANSIENT as exc:  # it stays pending: reclaimed once idle
+            self.redis_errors.failed("hand back", exc)
 
     async def reject_notification(self, nid: str, fields: Fields, reason: str) -> None:
         """A notification that names no valid user: dead-letter it (nobody to reply to), ack it."""
@@ -170,8 +171,9 @@ class Host:
         try:
             await self.dead_letter(raw_user, "", "", f"bad notification {nid}: {reason}", fields)
             await self.ack([nid])
-        except TRANSIENT as exc:
-            log.warning("could not dead-letter notification %s (%s); it stays pending", nid, exc)
+            self.redis_errors.answered("reject notification")
+        except TRANSIENT as exc:  # it stays pending: reclaimed once idle, and rejected again
+            self.redis_errors.failed("reject notification", exc)
 
     # --- the handler's surroundings ---------------------------------------------------------
     @property
