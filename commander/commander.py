@@ -48,6 +48,7 @@ from protocol.models import WorkerInfo
 from protocol.policy import RqPolicy, TurnsPolicy
 from stores.cluster import is_cluster
 from stores.policies import list_tiers
+from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT, Backoff
 
 log = logging.getLogger("fleet.commander")
@@ -67,19 +68,22 @@ class Commander:
         ``clock`` and ``monotonic``: wall and monotonic time (tests: virtual)."""
         self.r, self.runtime, self.settings = r, runtime, settings
         self.clock, self.monotonic = clock, monotonic
-        self.leadership = Leadership(r, settings.commander_id, settings.lease_ttl_ms)
+        # every Redis error of the loop: each kind logged once until it clears, counted in /metrics
+        self.redis_errors = RedisErrors(log, counted=metrics.redis_error if metrics is not None else None)
+        self.leadership = Leadership(r, settings.commander_id, settings.lease_ttl_ms, monotonic)
         self.ledger = LedgerWriter(self.leadership, clock)
         self.presence = Presence(r, runtime, self.leadership, metrics=metrics, clock=clock,
                                  stop_workers_on_exit=settings.stop_workers_on_exit)
         self.outages = Outages(settings.interval_s, monotonic)
-        self.observer = Observer(r)
+        self.observer = Observer(r, errors=self.redis_errors)
         self.policies = TierPolicies(r, self.ledger, metrics)
         self.states = DecideStates(r)
-        self.dead = DeadWorkers(r, settings, self.ledger, self.outages, metrics, clock, monotonic)
+        self.dead = DeadWorkers(r, settings, self.ledger, self.outages, metrics, clock, monotonic,
+                                self.redis_errors)
         self.actor = Actor(r, runtime, self.leadership, self.ledger, metrics=metrics, clock=clock,
                            max_total_workers=settings.max_total_workers)
         self.watch = RuntimeWatch(runtime, self.ledger, metrics)
-        self.failover = FailoverRecovery(r, self.ledger)
+        self.failover = FailoverRecovery(r, self.ledger, self.redis_errors)
         self.rq = RqTiers(RqReader(rq if rq is not None else None if is_cluster(r) else r), self.ledger)
         self.weights = Weights(r, self.ledger, self.observer.evaluator)
         self.pools = Pools(r, self.weights)
@@ -98,7 +102,9 @@ class Commander:
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
-        """Campaign, lead, step down on ``stop``. Returns the exit code."""
+        """Campaign, lead, step down on ``stop``. Returns the exit code. Any Redis error (BUSY,
+        NOPERM, READONLY, LOADING, ...) is logged once per kind, backed off and retried; a leader
+        that cannot renew its lease within its TTL is a standby (``Leadership.renew``)."""
         failures = 0
         while not stop.is_set():
             try:
@@ -109,12 +115,12 @@ class Commander:
                     stop.wait(self.settings.standby_poll_s)
                 self.presence.register()
                 failures = 0
+                self.redis_errors.answered("pass")
             except TRANSIENT as exc:
                 failures += 1
                 self.outages.interrupted()  # the next pass that succeeds ends an outage
-                delay = _BACKOFF.compute(failures)
-                log.warning("Redis unavailable (%s); retrying in %.1fs, acting on nothing", exc, delay)
-                stop.wait(delay)
+                self.redis_errors.failed("pass", exc)  # (acting on nothing until Redis answers)
+                stop.wait(_BACKOFF.compute(failures))
         self.presence.leave(redis_away=failures > 0)
         return 0
 
@@ -168,9 +174,12 @@ class Commander:
             for tier in tiers:
                 try:
                     self._judge(tier, policies[tier], handles, registry, signals[tier], now)
+                    self.redis_errors.answered(f"tier {tier}")
                 except Deposed:
                     raise
-                except Exception:  # one tier's failure must not stop the others
+                except TRANSIENT as exc:  # one tier's failure must not stop the others
+                    self.redis_errors.failed(f"tier {tier}", exc)
+                except Exception:
                     log.exception("tier %s: pass failed; the next pass retries", tier)
             self.weights.guard({split_pool(t)[0] for t in tiers if split_pool(t)[1]}, now)
             self.board.publish(now, registry, self.observer.evaluator)

@@ -22,6 +22,8 @@ from commander.outages import Outages
 from commander.runtime import WorkerHandle
 from commander.settings import CommanderSettings
 from protocol.models import WorkerInfo
+from stores.redis_errors import RedisErrors
+from stores.retry import TRANSIENT
 from stores.takeover import Takeover, sweep, take_over
 
 log = logging.getLogger("fleet.commander")
@@ -41,8 +43,9 @@ class DeadWorkers:
 
     def __init__(self, r: redis.Redis, settings: CommanderSettings, ledger: LedgerWriter,
                  outages: Outages, metrics: Metrics | None, clock: Callable[[], float],
-                 monotonic: Callable[[], float]) -> None:
+                 monotonic: Callable[[], float], errors: RedisErrors | None = None) -> None:
         self._r, self._ledger, self._outages, self._metrics = r, ledger, outages, metrics
+        self._errors = errors or RedisErrors(log)  # the commander's, which counts them
         self._batch = settings.takeover_batch
         self._grace_s, self._sweep_every_s = settings.heartbeat_grace_s, settings.sweep_interval_s
         self._clock, self._monotonic = clock, monotonic
@@ -70,10 +73,14 @@ class DeadWorkers:
         for wid, dead in list(self._dead.items()):
             try:
                 done = take_over(self._r, dead.tier, wid, self._batch)
-            except Exception as exc:  # noqa: BLE001 - one worker's failure must not stop the others
+            except TRANSIENT as exc:  # one worker's failure must not stop the others: retried next pass
+                self._errors.failed(f"takeover of worker {wid}", exc)
+                continue
+            except Exception as exc:  # noqa: BLE001 - not Redis's: logged, retried next pass
                 log.warning("takeover of worker %s (tier %s) failed (%s: %s); retried next pass",
                             wid, dead.tier, type(exc).__name__, exc)
                 continue
+            self._errors.answered(f"takeover of worker {wid}")
             del self._dead[wid]
             self._taken.add(wid)
             self._record(done, dead.why, dead.unasked)
@@ -85,10 +92,14 @@ class DeadWorkers:
         for tier in tiers:
             try:
                 done = sweep(self._r, tier, live, self._batch)
-            except Exception as exc:  # noqa: BLE001
+            except TRANSIENT as exc:  # retried next sweep
+                self._errors.failed(f"sweep of tier {tier}", exc)
+                continue
+            except Exception as exc:  # noqa: BLE001 - not Redis's: logged, retried next sweep
                 log.warning("tier %s: sweep of dead consumers failed (%s: %s); retried next sweep",
                             tier, type(exc).__name__, exc)
                 continue
+            self._errors.answered(f"sweep of tier {tier}")
             for one in done:
                 self._record(one, f"consumer {one.worker} is no live worker")
         self._swept_at = self._monotonic()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import redis
 
 from commander.ledger_writer import LedgerWriter
+from stores.redis_errors import RedisErrors
 from stores.renotify import (
     Renotified,
     cluster_epoch,
@@ -21,6 +22,7 @@ from stores.renotify import (
     renotify_unserved,
     write_recovered,
 )
+from stores.retry import TRANSIENT
 
 log = logging.getLogger("fleet.commander")
 
@@ -38,8 +40,9 @@ class FailoverRecovery:
     """Re-notifies the users whose queued turns may have lost their notification, once per
     growth of the cluster epoch."""
 
-    def __init__(self, r: redis.Redis, ledger: LedgerWriter) -> None:
+    def __init__(self, r: redis.Redis, ledger: LedgerWriter, errors: RedisErrors | None = None) -> None:
         self._r, self._ledger = r, ledger
+        self._errors = errors or RedisErrors(log)  # the commander's, which counts them
         self.last: int | None = None  # the cluster epoch last recovered from
         self._loaded = False  # read the stored epoch at the first pass of a leadership
 
@@ -53,10 +56,14 @@ class FailoverRecovery:
         retried next pass."""
         try:
             done = self.run(shards, cluster_epoch(self._r))
-        except Exception as exc:  # noqa: BLE001 - Redis still failing over: the next pass retries
+        except TRANSIENT as exc:  # Redis still failing over, or erring: the next pass retries
+            self._errors.failed("failover recovery", exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - a bad entry, say: the next pass retries
             log.warning("recovery after a failover failed (%s: %s); retried next pass",
                         type(exc).__name__, exc)
             return
+        self._errors.answered("failover recovery")
         if done is None:
             return
         for tier in done.tiers:

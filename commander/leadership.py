@@ -10,12 +10,15 @@ runtime returned the new workers' ids.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 import redis
 
 from protocol.models import LedgerEvent
 from stores.leader_lease import LeaderLease
 from stores.ledger import Ledger, NotLeading
+from stores.retry import TRANSIENT
 
 log = logging.getLogger("fleet.commander")
 
@@ -27,9 +30,12 @@ class Deposed(Exception):
 class Leadership:
     """One commander's claim on leadership, on a blocking client."""
 
-    def __init__(self, r: redis.Redis, commander_id: str, ttl_ms: int = 3000) -> None:
+    def __init__(self, r: redis.Redis, commander_id: str, ttl_ms: int = 3000,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.commander_id = commander_id
         self._ttl_ms = ttl_ms
+        self._monotonic = monotonic
+        self._held_at = 0.0  # monotonic time of the last acquire or renewal of the lease
         self.epoch: int | None = None
         self._lease = LeaderLease(r)
         self._ledger = Ledger(r)
@@ -46,8 +52,10 @@ class Leadership:
 
     def campaign(self) -> bool:
         """Take the lease if it is free (or already ours); True when leading."""
+        sent = self._monotonic()
         epoch = self._lease.acquire(self.commander_id, self._ttl_ms)
         if epoch is not None:
+            self._held_at = sent
             if self.epoch != epoch:
                 log.info("commander %s leads with epoch %d", self.commander_id, epoch)
             self.epoch = epoch
@@ -56,10 +64,22 @@ class Leadership:
         return False
 
     def renew(self) -> bool:
-        """Extend the lease; on loss, become a standby (``leading`` turns False)."""
+        """Extend the lease; on loss, become a standby (``leading`` turns False). A renewal
+        Redis refuses (an error, or no answer) is raised; once the lease's TTL has passed since
+        it was last held, this commander is a standby first: the lease has expired."""
         if self.epoch is None:
             return False
-        if self._lease.renew(self.holder, self._ttl_ms):
+        sent = self._monotonic()
+        try:
+            renewed = self._lease.renew(self.holder, self._ttl_ms)
+        except TRANSIENT:
+            if sent - self._held_at >= self._ttl_ms / 1000:
+                log.warning("commander %s could not renew the lease of epoch %d within its TTL: a standby",
+                            self.commander_id, self.epoch)
+                self.epoch = None
+            raise
+        if renewed:
+            self._held_at = sent
             return True
         log.warning("commander %s lost the lease of epoch %d", self.commander_id, self.epoch)
         self.epoch = None

@@ -29,6 +29,8 @@ fleet_takeovers_total                  counter    tier             dead workers 
 fleet_takeover_users_total             counter    tier             users handed on by those takeovers
 fleet_decide_seconds                   histogram  -                duration of one decide pass
 fleet_commander_is_leader              gauge      -                1 while this commander leads
+fleet_commander_redis_errors_total     counter    kind             errors Redis answered this commander
+fleet_worker_redis_errors_total        counter    tier, kind       errors Redis answered the tier's workers
 fleet_policy_rejected                  gauge      tier             1 while the tier's policy key is rejected
 fleet_turns_total                      counter    tier, result     turns committed: ok|error|dup|stale
 fleet_turn_retries_total               counter    tier             handler calls of an attempt after the first
@@ -68,7 +70,7 @@ from prometheus_client.registry import Collector
 from commander.decide import Plan
 from commander.snapshot import TierSnapshot, WorkerView
 from commander.turn_metrics import TurnCollector
-from protocol.models import TurnStats
+from protocol.models import RedisErrorKind, TurnStats
 
 if TYPE_CHECKING:
     from commander.monitor.server import MonitorServer
@@ -160,6 +162,10 @@ class Metrics:
         self.unproven = Counter("fleet_unproven_processes", "Live processes a run record or a registry "
                                 "entry named that do not carry this host's spawn proof: left alone.",
                                 registry=reg)
+        self.redis_errors = Counter("fleet_commander_redis_errors",
+                                    "Errors Redis answered this commander, by kind (stores.redis_errors): "
+                                    "each logged once, backed off, retried.",
+                                    ["kind"], registry=reg)
         self.turns = TurnCollector()
         reg.register(self.turns)
         self._workers: dict[str, set[str]] = {}
@@ -224,6 +230,10 @@ class Metrics:
     def unproven_process(self) -> None:
         """Count a process adoption left alone: it could not be proven ours."""
         self.unproven.inc()
+
+    def redis_error(self, kind: RedisErrorKind) -> None:
+        """One error Redis answered this commander (its loop, or its monitor's reads)."""
+        self.redis_errors.labels(kind).inc()
 
     def policy_rejected(self, tier: str, rejected: bool) -> None:
         """Whether the tier's policy key is currently rejected (the last good one runs)."""

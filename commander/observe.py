@@ -17,6 +17,7 @@ from commander.turn_metrics import TurnTotals
 from protocol.codec import CodecError, decode
 from protocol.models import OccupancyReport, WorkerInfo
 from stores.backlog import live_ids, read_tier_load, unserved_by_tier
+from stores.redis_errors import RedisErrors
 from stores.registry import read_registry
 from stores.reports import last_pressure_id, newest_reports, reports_after, wait_pressure
 
@@ -29,8 +30,9 @@ class Observer:
     """Keeps the evaluator fed and the stream positions of one commander."""
 
     def __init__(self, r: redis.Redis, evaluator: Evaluator | None = None,
-                 unserved_ms: int | None = None) -> None:
+                 unserved_ms: int | None = None, errors: RedisErrors | None = None) -> None:
         self.r = r
+        self.errors = errors or RedisErrors(log)  # the commander's, which counts them
         self.evaluator = evaluator or Evaluator()
         # a live worker's pending notification idle this long is no job's: it is backlog (by
         # default two renews of the tier's slowest live worker, from this pass's registry)
@@ -103,9 +105,9 @@ class Observer:
             loads = read_tier_load(self.r, tiers, live or (), unserved,
                                    {tier: now - windows.get(tier, 60.0) for tier in tiers})
         except redis.RedisError as exc:  # decide still runs: it holds, and counts toward the fallback
-            log.warning("tier signals could not be read (%s: %s): no scale-in this pass",
-                        type(exc).__name__, exc)
+            self.errors.failed("tier signals", exc)  # (no scale-in while they cannot be read)
             return {tier: TierSignals(observed=False) for tier in tiers}
+        self.errors.answered("tier signals")
         out = {}
         for tier in tiers:
             backlog, active = loads[tier]

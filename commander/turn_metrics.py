@@ -58,7 +58,7 @@ def went_down(last: TurnStats, new: TurnStats) -> bool:
         a, b = getattr(new, f), getattr(last, f)
         if a.sum < b.sum or any(x < y for x, y in zip(_counts(a), _counts(b), strict=True)):
             return True
-    return False
+    return any(new.redis_errors.get(kind, 0) < n for kind, n in last.redis_errors.items())
 
 
 def _histogram(a: TurnHistogram, b: TurnHistogram, sign: int) -> TurnHistogram:
@@ -72,6 +72,9 @@ def combine(a: TurnStats, b: TurnStats, sign: int = 1) -> TurnStats:
     """``a + b`` (or ``a - b`` with ``sign=-1``, for ``b`` no greater than ``a``), field by field."""
     body: dict[str, Any] = {f: getattr(a, f) + sign * getattr(b, f) for f in (*TURN_RESULTS, *TURN_COUNTERS)}
     body.update({f: _histogram(getattr(a, f), getattr(b, f), sign) for f in TURN_HISTOGRAMS})
+    errors = {k: a.redis_errors.get(k, 0) + sign * b.redis_errors.get(k, 0)
+              for k in {**a.redis_errors, **b.redis_errors}}
+    body["redis_errors"] = {k: n for k, n in errors.items() if n}
     return TurnStats.model_construct(**body)  # (sums and differences of valid counts)
 
 
@@ -173,6 +176,13 @@ class TurnCollector(Collector):
             for tier, stats in tiers:
                 family.add_metric([tier], getattr(stats, field))
             yield family
+        errors = CounterMetricFamily("fleet_worker_redis_errors", "Errors Redis answered the tier's workers, "
+                                     "by kind (stores.redis_errors): each logged once, backed off, retried.",
+                                     labels=["tier", "kind"])
+        for tier, stats in tiers:
+            for kind, n in sorted(stats.redis_errors.items()):
+                errors.add_metric([tier, kind], n)
+        yield errors
         for name, field, doc in _HISTOGRAMS:
             hist = HistogramMetricFamily(name, doc, labels=["tier"])
             for tier, stats in tiers:

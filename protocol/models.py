@@ -120,6 +120,16 @@ class TurnHistogram(_Model):
         return sum(self.counts)
 
 
+# What a Redis error is, as ``stores.redis_errors.error_kind`` tells it: the error reply's code
+# (BUSY, NOPERM, READONLY, ...; NOSCRIPT also for a missing function or library), a
+# connection or timeout error, or ``other``. The label of ``fleet_*_redis_errors_total``.
+RedisErrorKind = Literal["busy", "noperm", "readonly", "masterdown", "loading", "noscript", "tryagain",
+                         "clusterdown", "moved", "connection", "timeout", "other"]
+REDIS_ERROR_KINDS: tuple[RedisErrorKind, ...] = (
+    "busy", "noperm", "readonly", "masterdown", "loading", "noscript", "tryagain", "clusterdown", "moved",
+    "connection", "timeout", "other")
+
+
 class TurnStats(_Model):
     """A worker's turn counts, cumulative since it started (they only grow while it lives).
 
@@ -129,7 +139,8 @@ class TurnStats(_Model):
     letters (turns and bad notifications); ``fenced``: lanes it lost to another worker (a
     fenced write, or a renewal that found the lane gone). Histograms: ``queue_wait`` submit to
     the first attempt's handler start, ``handler`` every handler call, ``latency`` submit to
-    the commit of the reply.
+    the commit of the reply. ``redis_errors``: the errors Redis answered it, by kind (every
+    loop's, not only its turns').
     """
 
     ok: NonNegativeInt = 0
@@ -142,6 +153,7 @@ class TurnStats(_Model):
     queue_wait: TurnHistogram = TurnHistogram()
     handler: TurnHistogram = TurnHistogram()
     latency: TurnHistogram = TurnHistogram()
+    redis_errors: dict[RedisErrorKind, NonNegativeInt] = {}
 
     @model_serializer(mode="wrap")
     def _without_zeros(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

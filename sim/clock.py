@@ -24,6 +24,7 @@ MODULES = (
     "worker.app", "worker.host", "worker.job", "worker.renewal", "worker.tier_policy", "worker.handlers",
     "worker.sensor", "worker.pod",
     "stores.policies", "stores.commanders", "stores.worker_ops", "stores.deadletters", "stores.reports",
+    "stores.redis_errors",
     "fleet.client",
     # deferred jobs' code: run by RQ workers, never in a simulation; listed so that
     # a clock read there would follow the seed if it ever were

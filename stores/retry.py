@@ -24,20 +24,20 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from redis.backoff import AbstractBackoff
-from redis.exceptions import AskError, ClusterDownError, RedisClusterException, RedisError, TryAgainError
+from redis.exceptions import RedisClusterException, RedisError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_never
 from tenacity.stop import stop_base
 from tenacity.wait import wait_random_exponential
 
+from stores.redis_errors import RedisErrors
+
 # What every loop retries: Redis away, or the network, or a Redis Cluster between two
-# topologies. redis-py's cluster client raises ``RedisClusterException`` (not a ``RedisError``)
-# when it finds no node for a slot or cannot reach any startup node, e.g. while a replica is
-# promoted after its master died; MOVED/ASK/TRYAGAIN/CLUSTERDOWN that outlive its own few
-# retries reach us as ``ResponseError``s (``RedisError``). All of them mend with a wait.
+# topologies, or any error reply (BUSY, NOPERM, READONLY, LOADING, ...: stores.redis_errors).
+# redis-py's cluster client raises ``RedisClusterException`` (not a ``RedisError``) when it
+# finds no node for a slot or cannot reach any startup node, e.g. while a replica is promoted
+# after its master died; MOVED/ASK/TRYAGAIN/CLUSTERDOWN that outlive its own few retries reach
+# us as ``ResponseError``s (``RedisError``). All of them mend with a wait, or an operator's hand.
 TRANSIENT: tuple[type[Exception], ...] = (RedisError, OSError, RedisClusterException)
-# The ``ResponseError``s of a Cluster whose slots are moving (MOVED is an AskError; MASTERDOWN a
-# ClusterDownError): a loop that raises other ``ResponseError``s still waits on these.
-CLUSTER_IN_MOTION: tuple[type[Exception], ...] = (AskError, TryAgainError, ClusterDownError)
 
 
 class Backoff(AbstractBackoff):
@@ -75,16 +75,21 @@ class _event_set(stop_base):
 
 
 async def until_ok(what: str, fn: Callable[[], Awaitable[None]], *, backoff: Backoff,
-                   log: logging.Logger, attempts: int = 0, unless: asyncio.Event | None = None) -> None:
+                   log: logging.Logger, attempts: int = 0, unless: asyncio.Event | None = None,
+                   errors: RedisErrors | None = None) -> None:
     """Call ``fn`` until it succeeds, waiting ``backoff`` between tries; Redis, network and Cluster
     errors (``TRANSIENT``) are retried, any other error (and a cancellation) is raised. Give up
     after ``attempts`` failures (0: never), or at the first failure once ``unless`` is set; a
     wait ends early when ``unless`` is set (with ``asyncio.timeout``: never ``wait_for``, which
     can drop the cancellation that ends the wait, CPython gh-86296). Giving up is logged, not
-    raised."""
+    raised. With ``errors``, each failure is told to it (each kind logged once), and the success."""
 
     def before_sleep(state: RetryCallState) -> None:
-        log.warning("%s failed (%s); retrying", what, _error(state))
+        error = _error(state)
+        if errors is not None and error is not None:
+            errors.failed(what, error)
+        else:
+            log.warning("%s failed (%s); retrying", what, error)
 
     def gave_up(state: RetryCallState) -> None:
         if unless is not None and unless.is_set():
@@ -102,6 +107,8 @@ async def until_ok(what: str, fn: Callable[[], Awaitable[None]], *, backoff: Bac
 
     async def attempt() -> None:
         await fn()
+        if errors is not None:
+            errors.answered(what)
 
     stop: stop_base = stop_after_attempt(attempts) if attempts else stop_never
     if unless is not None:

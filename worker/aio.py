@@ -10,7 +10,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from stores.retry import Backoff
+from stores.redis_errors import RedisErrors
+from stores.retry import TRANSIENT, Backoff
 
 log = logging.getLogger("fleet.worker")
 T = TypeVar("T")
@@ -24,20 +25,26 @@ async def pause(seconds: float, stop: asyncio.Event) -> None:
             await stop.wait()
 
 
-async def every(what: str, interval: float, fn: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+async def every(what: str, interval: float, fn: Callable[[], Awaitable[None]], stop: asyncio.Event,
+                errors: RedisErrors) -> None:
     """Call ``fn`` every ``interval`` seconds until ``stop`` is set. A loop never dies: a failed
-    pass is logged and backed off (at least ``interval``), and the loop goes on."""
+    pass is backed off (at least ``interval``), and the loop goes on; a Redis error is told to
+    ``errors`` (logged once per kind), any other failure logged."""
     failures = 0
     while not stop.is_set():
         try:
             await fn()
             failures = 0
+            errors.answered(what)
             await pause(interval, stop)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             failures += 1
-            log.warning("%s pass failed (%s: %s)", what, type(exc).__name__, exc)
+            if isinstance(exc, TRANSIENT):
+                errors.failed(what, exc)
+            else:
+                log.warning("%s pass failed (%s: %s)", what, type(exc).__name__, exc)
             await pause(max(interval, BACKOFF.compute(failures)), stop)
 
 

@@ -27,8 +27,9 @@ from protocol.models import WorkerInfo, WorkerState
 from protocol.policy import TurnsPolicy
 from stores import worker_ops
 from stores.connection import connect_async
+from stores.redis_errors import RedisErrors
 from stores.replicas import ReplicaWait
-from stores.retry import CLUSTER_IN_MOTION, TRANSIENT, until_ok
+from stores.retry import TRANSIENT, until_ok
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
 from worker.aio import BACKOFF, Abandoned, cancel_within, dump_tasks, every, unless_stuck
@@ -72,19 +73,21 @@ class Worker:
         self._started = 0.0
         self._read_turn = 0  # on a Cluster, the shard whose read blocks next (worker_ops.read_ready)
         self.tier_policy = TierPolicy(self.r, settings, register=self._register, applied=self._applied)
-        self.tally = TurnTally()
+        self.redis_errors = RedisErrors(log)  # every loop's: each kind logged once, counted in the reports
+        self.tally = TurnTally(self.redis_errors.counts)
         sensor = Sensor()
         self.jobs = InFlight(on_done=sensor.saw)
         self.reports = Reports(self.r, settings, self.tier_policy, self.jobs, self.tally, sensor,
-                               state=lambda: self.state, stop=self._stopping)
+                               state=lambda: self.state, stop=self._stopping, errors=self.redis_errors)
         self.host = Host(self.r, settings, self.store, self.tier_policy, self.jobs, self.tally,
-                         protect=self.reports.protect)
+                         protect=self.reports.protect, redis_errors=self.redis_errors)
         self.heartbeat = Heartbeat()
-        self.renewal = Renewal(self.r, settings, self.store, self.jobs, self.heartbeat, self._stopping)
+        self.renewal = Renewal(self.r, settings, self.store, self.jobs, self.heartbeat, self._stopping,
+                               self.redis_errors)
         self.reclaim = Reclaim(self.r, settings, free=lambda: self.jobs.free(self.policy.concurrency),
                                dispatch=self.dispatch, ack=self.host.ack)
         self.control = ControlStream(self.r, self.worker_id, drain=lambda reason: self.drain(reason),
-                                     stop=self._stopping)
+                                     stop=self._stopping, errors=self.redis_errors)
 
     @property
     def policy(self) -> TurnsPolicy:
@@ -113,12 +116,12 @@ class Worker:
             return 0
         self.state = "draining" if self.draining else "ready"
         self.reports.wake()
-        s = self.settings
+        s, errors = self.settings, self.redis_errors
         background = [asyncio.create_task(coro) for coro in (
-            every("reclaim", s.reclaim_interval_s, self._reclaim, self._stopping),
+            every("reclaim", s.reclaim_interval_s, self._reclaim, self._stopping, errors),
             self.renewal.run(),
-            every("policy", s.policy_refresh_s, self.tier_policy.refresh, self._stopping),
-            every("housekeeping", s.housekeeping_interval_s, self._housekeeping, self._stopping),
+            every("policy", s.policy_refresh_s, self.tier_policy.refresh, self._stopping, errors),
+            every("housekeeping", s.housekeeping_interval_s, self._housekeeping, self._stopping, errors),
             self.reports.run(), self.control.run())]
         log.info("worker %s serving tier %s (handler=%s, concurrency=%d)", self.worker_id,
                  self.pool, self.policy.handler, self.policy.concurrency)
@@ -205,10 +208,13 @@ class Worker:
     async def _until_ok(self, what: str, fn: Callable[[], Awaitable[None]], attempts: int = 0,
                         unless: asyncio.Event | None = None) -> None:
         """``stores.retry.until_ok`` with the worker's backoff and logger."""
-        await until_ok(what, fn, backoff=BACKOFF, log=log, attempts=attempts, unless=unless)
+        await until_ok(what, fn, backoff=BACKOFF, log=log, attempts=attempts, unless=unless,
+                       errors=self.redis_errors)
 
     # --- the notifications -----------------------------------------------------------
     async def _pull_loop(self) -> None:
+        """Read the ready stream and dispatch, until drained. Any Redis error (BUSY, NOPERM,
+        READONLY, LOADING, ...) is backed off and retried: what was not read stays in the stream."""
         failures = 0
         while not self.draining:
             free = self.jobs.free(self.policy.concurrency)
@@ -220,12 +226,11 @@ class Worker:
             try:
                 resp = await self._read_ready(min(free, self.settings.batch))
                 failures = 0
+                self.redis_errors.answered("read")
             except ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate
                     await self._until_ok("recreate group", self.join, unless=self._drained)
                     continue
-                if not isinstance(exc, CLUSTER_IN_MOTION):  # a MOVED past the client's retries: wait
-                    raise
                 failures = await self._read_failed(failures, exc)
                 continue
             except TRANSIENT as exc:
@@ -253,9 +258,9 @@ class Worker:
         return rows
 
     async def _read_failed(self, failures: int, exc: Exception) -> int:
-        """A failed read of the ready stream: Redis is away (or failing over); back off."""
+        """A failed read of the ready stream: Redis is away, failing over or erring; back off."""
         self.redis_away = True
-        log.warning("reading %s failed (%s); retrying", keys.ready(self.pool), exc)
+        self.redis_errors.failed("read", exc)
         await asyncio.sleep(BACKOFF.compute(failures + 1))
         return failures + 1
 

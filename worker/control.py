@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from protocol.codec import CodecError, as_str, decode
 from protocol.models import Control
 from stores.control import read_control_async
+from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT
 from worker.aio import BACKOFF, pause
 from worker.intake import Fields
@@ -24,8 +25,9 @@ class ControlStream:
     calls ``drain`` with its reason."""
 
     def __init__(self, r: aioredis.Redis, worker_id: str, drain: Callable[[str], None],
-                 stop: asyncio.Event) -> None:
+                 stop: asyncio.Event, errors: RedisErrors) -> None:
         self.r = r
+        self.errors = errors
         self.worker_id = worker_id
         self.drain = drain
         self.stop = stop
@@ -36,11 +38,12 @@ class ControlStream:
             try:
                 rows = await read_control_async(self.r, self.worker_id, last, count=10, block_ms=1000)
                 failures = 0
+                self.errors.answered("control")
             except asyncio.CancelledError:
                 raise
             except TRANSIENT as exc:
                 failures += 1
-                log.warning("reading control stream failed (%s)", exc)
+                self.errors.failed("control", exc)
                 await pause(BACKOFF.compute(failures), self.stop)
                 continue
             for cid, fields in rows:

@@ -18,6 +18,7 @@ from protocol.policy import TurnsPolicy
 from stores import worker_ops
 from stores.deadletters import dead_letter_async
 from stores.policies import tier_defined_async
+from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT
 from stores.turns import UserStore
 from worker import handlers
@@ -78,7 +79,8 @@ class Host:
     """What a worker gives each of its jobs (``worker.job.JobHost``)."""
 
     def __init__(self, r: aioredis.Redis, settings: WorkerSettings, store: UserStore, tier_policy: TierPolicy,
-                 jobs: InFlight, tally: TurnTally, protect: Callable[[float], float]) -> None:
+                 jobs: InFlight, tally: TurnTally, protect: Callable[[float], float],
+                 redis_errors: RedisErrors) -> None:
         self.r = r
         self.settings = settings
         self.worker_id, self.tier, self.pool = settings.worker_id, settings.tier, settings.pool
@@ -86,6 +88,7 @@ class Host:
         self.tier_policy = tier_policy
         self.jobs = jobs
         self.tally = tally
+        self.redis_errors = redis_errors
         self._protect = protect
         self._executor: ThreadPoolExecutor | None = None  # sync handlers' threads, one per slot
         self._executor_size = 0
@@ -158,8 +161,9 @@ class Host:
         try:
             await self.notify(user, await self.pool_of(user, self.tier))  # (its group's, if it moved)
             await self.ack([nid])
-        except TRANSIENT as exc:
-            log.warning("could not hand back notification %s (%s); it stays pending", nid, exc)
+            self.redis_errors.answered("hand back")
+        except TRANSIENT as exc:  # it stays pending: reclaimed once idle
+            self.redis_errors.failed("hand back", exc)
 
     async def reject_notification(self, nid: str, fields: Fields, reason: str) -> None:
         """A notification that names no valid user: dead-letter it (nobody to reply to), ack it."""
@@ -167,8 +171,9 @@ class Host:
         try:
             await self.dead_letter(raw_user, "", "", f"bad notification {nid}: {reason}", fields)
             await self.ack([nid])
-        except TRANSIENT as exc:
-            log.warning("could not dead-letter notification %s (%s); it stays pending", nid, exc)
+            self.redis_errors.answered("reject notification")
+        except TRANSIENT as exc:  # it stays pending: reclaimed once idle, and rejected again
+            self.redis_errors.failed("reject notification", exc)
 
     # --- the handler's surroundings ---------------------------------------------------------
     @property

@@ -26,6 +26,7 @@ from protocol.codec import CodecError, encode
 from protocol.models import HandlerResult, Reply, SessionEntry, Turn
 from protocol.policy import TurnsPolicy
 from stores.memory import new_member
+from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT, Backoff
 from stores.turns import Busy, Fenced, Lease, NextTurn, Pulled, UserStore, Writes
 from worker import handlers
@@ -47,6 +48,7 @@ class JobHost(Protocol):
     settings: WorkerSettings  # lane_ttl_ms, max_turn_bytes, max_reply_bytes, handler_timeout_s
     store: UserStore
     tally: TurnTally  # its turn counts since it started
+    redis_errors: RedisErrors  # the worker's Redis errors: each kind logged once, all counted
 
     @property
     def draining(self) -> bool: ...  # the worker hands its users on instead of serving more turns
@@ -162,11 +164,11 @@ class UserJob:
         try:
             while not await self._take_and_serve():
                 pass
+            self.host.redis_errors.answered("serve")
         except asyncio.CancelledError:
             raise
-        except TRANSIENT as exc:  # Redis away, or a Cluster failing over: no traceback to show
-            log.warning("serving %s failed (%s: %s); its notification stays pending for a retry",
-                        self.user, type(exc).__name__, exc)
+        except TRANSIENT as exc:  # Redis away or erring: its notification stays pending for a retry
+            self.host.redis_errors.failed("serve", exc)
         except Exception:
             log.exception("serving %s failed; its notification stays pending for a retry", self.user)
         finally:

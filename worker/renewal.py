@@ -13,6 +13,8 @@ from typing import Protocol
 import redis.asyncio as aioredis
 
 from stores import worker_ops
+from stores.redis_errors import RedisErrors
+from stores.retry import TRANSIENT
 from stores.turns import Lease, UserStore
 from worker.aio import pause, within
 from worker.settings import WorkerSettings
@@ -50,8 +52,10 @@ class Renewal:
     """Renews the lanes of ``jobs`` and beats the heartbeat, until ``stop`` is set."""
 
     def __init__(self, r: aioredis.Redis, settings: WorkerSettings, store: UserStore,
-                 jobs: Iterable[Renewable], heartbeat: Heartbeat, stop: asyncio.Event) -> None:
+                 jobs: Iterable[Renewable], heartbeat: Heartbeat, stop: asyncio.Event,
+                 errors: RedisErrors) -> None:
         self.r = r
+        self.errors = errors
         self.settings = settings
         self.store = store
         self.jobs = jobs
@@ -77,10 +81,13 @@ class Renewal:
                 if failing:
                     log.info("renewed again after %d failed passes", failing)
                 failing = 0
+                self.errors.answered("renew")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the loop never dies: log the first failure, go on
-                if not failing:
+                if isinstance(exc, TRANSIENT):  # (a Redis error: logged once per kind there)
+                    self.errors.failed("renew", exc)
+                elif not failing:
                     log.warning("renew pass failed (%s: %s); renewing every %gs until one succeeds",
                                 type(exc).__name__, str(exc) or f"not done within {interval:g}s", interval)
                 failing += 1

@@ -14,7 +14,9 @@ import psutil
 import redis.asyncio as aioredis
 
 from protocol.models import Counters, OccupancyReport, Slots, TurnStats, WorkerState
+from stores.redis_errors import RedisErrors
 from stores.reports import post_report_async
+from stores.retry import TRANSIENT
 from worker.aio import BACKOFF, pause
 from worker.host import InFlight
 from worker.settings import WorkerSettings
@@ -74,8 +76,9 @@ class Reports:
 
     def __init__(self, r: aioredis.Redis, settings: WorkerSettings, tier_policy: TierPolicy,
                  jobs: InFlight, tally: TurnTally, sensor: Sensor, state: Callable[[], WorkerState],
-                 stop: asyncio.Event) -> None:
+                 stop: asyncio.Event, errors: RedisErrors) -> None:
         self.r = r
+        self.errors = errors
         self.settings = settings
         self.tier_policy = tier_policy
         self.jobs = jobs
@@ -108,6 +111,7 @@ class Reports:
             try:
                 await self.report_once()
                 failures = 0
+                self.errors.answered("report")
                 self._wake.clear()
                 interval = self.tier_policy.policy.scaling.report_interval_s
                 with contextlib.suppress(TimeoutError):
@@ -116,7 +120,10 @@ class Reports:
                 raise
             except Exception as exc:
                 failures += 1
-                log.warning("report failed (%s); retrying", exc)
+                if isinstance(exc, TRANSIENT):
+                    self.errors.failed("report", exc)
+                else:
+                    log.warning("report failed (%s: %s); retrying", type(exc).__name__, exc)
                 await pause(BACKOFF.compute(failures), self.stop)
 
     async def report_once(self) -> None:

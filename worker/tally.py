@@ -7,10 +7,11 @@ the commander reads every report anyway. No clock here: the job passes the durat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from protocol.metrics_buckets import BUCKET_COUNT, bucket_of
-from protocol.models import Counters, TurnHistogram, TurnStats
+from protocol.models import Counters, RedisErrorKind, TurnHistogram, TurnStats
 
 Result = Literal["ok", "error", "dup", "stale"]
 Duration = Literal["queue_wait", "handler", "latency"]
@@ -36,7 +37,8 @@ class TurnTally:
     """Cumulative turn counts of one worker; ``counters()`` and ``stats()`` are what its next
     report carries."""
 
-    def __init__(self) -> None:
+    def __init__(self, redis_errors: Mapping[RedisErrorKind, int] | None = None) -> None:
+        self.redis_errors = redis_errors if redis_errors is not None else {}  # live: stats() copies it
         self.turns = 0  # turns served here (answered or rejected)
         self.errors = 0  # failed handler attempts and rejected turns
         self.handler_seconds = 0.0  # of handler calls that ended
@@ -70,4 +72,4 @@ class TurnTally:
         return TurnStats(ok=res["ok"], error=res["error"], dup=res["dup"], stale=res["stale"],
                          retries=self.retries, dead_letters=self.dead_letters, fenced=self.fenced,
                          queue_wait=h["queue_wait"].frozen(), handler=h["handler"].frozen(),
-                         latency=h["latency"].frozen())
+                         latency=h["latency"].frozen(), redis_errors=dict(self.redis_errors))

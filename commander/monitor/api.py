@@ -30,6 +30,7 @@ from stores.deadletters import dead_letter_count, dead_letter_rows, purge_dead_l
 from stores.leader_lease import lease_holder
 from stores.ledger import events_since, read_events
 from stores.policies import read_policy
+from stores.retry import TRANSIENT
 
 log = logging.getLogger("fleet.monitor")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -64,13 +65,21 @@ def _redis(m: Monitor) -> redis.Redis:
 
 
 async def section(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """``{"data": fn(...)}``, run in a thread; ``{"error": "..."}`` (logged) if it failed."""
+    """``{"data": fn(...)}``, run in a thread; ``{"error": "..."}`` (logged) if it failed, with
+    ``"unavailable": True`` if Redis failed it (away, or answering an error: a 503)."""
     try:
         return {"data": await asyncio.to_thread(fn, *args, **kwargs)}
     except Exception as exc:  # noqa: BLE001 - one section's failure is shown in its place, not a 500
         reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
         log.warning("monitor: %s failed: %s", what, reason)
-        return {"error": reason}
+        return {"error": reason, **({"unavailable": True} if isinstance(exc, TRANSIENT) else {})}
+
+
+def _status(*sections: dict[str, Any], failed: int = 200) -> int:
+    """503 if Redis failed one of ``sections``; else ``failed`` if one failed; else 200."""
+    if any(s.get("unavailable") for s in sections):
+        return 503
+    return failed if any("error" in s for s in sections) else 200
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -173,7 +182,7 @@ async def ledger(request: web.Request) -> web.Response:
     count = views.count_param(request.query.get("count"), 100, 1000)
     got = await section("ledger", read_events, _redis(m), tier, count)
     if "error" in got:
-        return _json({"tier": tier, "events": [], "error": got["error"]})
+        return _json({"tier": tier, "events": [], "error": got["error"]}, _status(got))
     return _json({"tier": tier, "events": views.ledger_json(got["data"]),
                   "corrupt": views.corrupt_count(got["data"])})
 
@@ -188,7 +197,7 @@ async def dead_letters(request: web.Request) -> web.Response:
     total = await section("dead-letter count", dead_letter_count, _redis(m), tier)
     error = rows.get("error") or total.get("error")
     return _json({"tier": tier, "total": total.get("data"), "error": error,
-                  "dead_letters": rows.get("data") or []})
+                  "dead_letters": rows.get("data") or []}, _status(rows, total))
 
 
 async def rq_tiers(request: web.Request) -> web.Response:
@@ -202,7 +211,7 @@ async def rq_tiers(request: web.Request) -> web.Response:
     if not rq:
         return _json({"tiers": {}, "error": None})
     got = await section("rq tiers", _rq_views, m.rq or _redis(m), rq, m.clock())
-    return _json({"tiers": got.get("data") or {}, "error": got.get("error")})
+    return _json({"tiers": got.get("data") or {}, "error": got.get("error")}, _status(got))
 
 
 async def rq_failed(request: web.Request) -> web.Response:
@@ -211,7 +220,7 @@ async def rq_failed(request: web.Request) -> web.Response:
     queue = views.queue_param(request.query.get("queue"))
     count = views.count_param(request.query.get("count"), 50, 500)
     got = await section("failed jobs", _failed_rows, m.rq or _redis(m), queue, count)
-    return _json({"queue": queue, "jobs": got.get("data") or [], "error": got.get("error")})
+    return _json({"queue": queue, "jobs": got.get("data") or [], "error": got.get("error")}, _status(got))
 
 
 async def rq_requeue(request: web.Request) -> web.Response:
@@ -221,7 +230,7 @@ async def rq_requeue(request: web.Request) -> web.Response:
     queue, ids = views.requeue_request(await _json_body(request))
     got = await section("requeue", _requeue, m.rq or _redis(m), queue, ids)
     if "error" in got:
-        return _json({"queue": queue, "error": got["error"]}, 502)
+        return _json({"queue": queue, "error": got["error"]}, _status(got, failed=502))
     requeued, missing = got["data"]
     if missing:
         return _json({"queue": queue, "error": missing}, 409)
@@ -269,7 +278,7 @@ async def population(request: web.Request) -> web.Response:
     views.population([], q, sort)  # a bad sort column is a 400 before any read
     got = await section("population", _active_users, _redis(m), tier, 500)
     if "error" in got:
-        return _json({"tier": tier, "users": [], "error": got["error"]})
+        return _json({"tier": tier, "users": [], "error": got["error"]}, _status(got))
     rows = views.population(got["data"], q, sort)
     return _json({"tier": tier, "q": q, "sort": sort, "users": rows, "total": len(got["data"])})
 
@@ -285,7 +294,8 @@ async def user(request: web.Request) -> web.Response:
     m = request.app[MONITOR]
     uid = views.user_param(request.match_info["user"])
     got = await section("user", _inspect, _redis(m), uid)
-    return _json({"user": uid, **({"error": got["error"]} if "error" in got else {"view": got["data"]})})
+    return _json({"user": uid, **({"error": got["error"]} if "error" in got else {"view": got["data"]})},
+                 _status(got))
 
 
 # --- actions ----------------------------------------------------------------------------
@@ -316,7 +326,7 @@ async def retry(request: web.Request) -> web.Response:
     tier, ids = await _body(request)
     got = await section("retry", _retry, _redis(m), tier, ids)
     if "error" in got:
-        return _json({"tier": tier, "error": got["error"]}, 502)
+        return _json({"tier": tier, "error": got["error"]}, _status(got, failed=502))
     summary = views.retry_summary(got["data"])
     log.info("monitor: dead letters of tier %s: %s", tier, summary)
     return _json({"tier": tier, "retried": got["data"], "summary": summary})
@@ -328,7 +338,7 @@ async def purge(request: web.Request) -> web.Response:
     tier, ids = await _body(request)
     got = await section("purge", _purge, _redis(m), tier, ids)
     if "error" in got:
-        return _json({"tier": tier, "error": got["error"]}, 502)
+        return _json({"tier": tier, "error": got["error"]}, _status(got, failed=502))
     log.info("monitor: purged %d dead letter(s) of tier %s", got["data"], tier)
     return _json({"tier": tier, "purged": got["data"]})
 

@@ -122,7 +122,8 @@ async def _renewal(lane_holder: str) -> tuple[fakeredis.FakeAsyncRedis, Renewal,
     await r.set(keys.lane("alice"), lane_holder, px=5000)
     settings = WorkerSettings(worker_id="w1", tier="chat")
     held = Held(Lease("alice", "w1|1", cursor=""), [kept, reclaimed])
-    renewal = Renewal(r, settings, Worker(settings, r=r).store, [held], Heartbeat(), asyncio.Event())
+    worker = Worker(settings, r=r)
+    renewal = Renewal(r, settings, worker.store, [held], Heartbeat(), asyncio.Event(), worker.redis_errors)
     return r, renewal, held, kept, reclaimed
 
 

@@ -157,3 +157,48 @@ def test_a_pods_new_rq_worker_hands_back_what_its_killed_predecessor_held() -> N
     assert rqjobs.queue_stats(r, Q).queued + rqjobs.queue_stats(r, Q).scheduled == 1
     rq_worker.build(r, [Q], dead.name).work(burst=True)  # the name is free again: it registers
     assert r.hget(keys.usage("alice"), "jobs_run") == b"1"
+
+
+def test_a_redis_error_under_the_dequeue_is_retried_and_logged_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """RQ's loop quits on an error reply it does not retry itself (READONLY after a failover, BUSY,
+    NOPERM, ...): Fleet's dequeue waits them out, each kind logged once."""
+    from redis.exceptions import ReadOnlyError
+    from rq import SimpleWorker
+
+    r = fakeredis.FakeRedis()
+    Queue(Q, connection=r, serializer=JSONSerializer).enqueue("os.getcwd")  # (refused: a job all the same)
+    real = SimpleWorker.dequeue_job_and_maintain_ttl
+    failures = [ReadOnlyError("You can't write against a read only replica.")] * 3
+
+    def flaky(self: SimpleWorker, *args: object, **kwargs: object) -> object:
+        if failures:
+            raise failures.pop()
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SimpleWorker, "dequeue_job_and_maintain_ttl", flaky)
+    monkeypatch.setattr(rq_worker, "_BACKOFF", rq_worker.Backoff(base=0.001, cap=0.001))
+    run(r)
+    assert not failures  # every failure met, and the worker went on to its job
+    assert r.llen(f"rq:queue:{Q}") == 0
+    assert caplog.text.count("Redis error READONLY ") == 1, caplog.text
+
+
+def test_a_redis_error_in_rqs_suspension_check_or_maintenance_does_not_end_the_loop(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """RQ's loop runs both outside its dequeue, and quits on any error there."""
+    from redis.exceptions import NoPermissionError
+    from rq import SimpleWorker
+
+    r = fakeredis.FakeRedis()
+    Queue(Q, connection=r, serializer=JSONSerializer).enqueue("os.getcwd")  # (refused: a job all the same)
+    refusal = NoPermissionError("this user has no permissions to run the 'exists' command")
+
+    def refused(self: SimpleWorker, *args: object) -> None:
+        raise refusal
+
+    monkeypatch.setattr(SimpleWorker, "check_for_suspension", refused)
+    monkeypatch.setattr(SimpleWorker, "run_maintenance_tasks", refused)
+    run(r)
+    assert r.llen(f"rq:queue:{Q}") == 0  # the job was taken all the same
+    assert caplog.text.count("Redis error NOPERM ") == 1, caplog.text

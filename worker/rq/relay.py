@@ -42,7 +42,8 @@ from stores import outbox
 from stores.connection import connect_rq, connect_sync
 from stores.outbox import Hint
 from stores.policies import list_tiers, read_policy
-from stores.retry import Backoff
+from stores.redis_errors import RedisErrors
+from stores.retry import TRANSIENT, Backoff
 from worker.rq.relay_health import DEFAULT_MAX_AGE_S, default_relay_id, gone, judge
 
 log = logging.getLogger("fleet.relay")
@@ -127,6 +128,7 @@ class Relay:
 
         self._rqjobs = rqjobs
         self.stats = RelayStats()
+        self.redis_errors = RedisErrors(log)  # each kind logged once; the counts logged at exit
         self.stop = threading.Event()
         self._claim_cursor = "0-0"
         # None: never yet, so a relay's first pass claims and sweeps at once (one started after
@@ -137,22 +139,26 @@ class Relay:
         self.tier_jobs: dict[str, TierJobs] = {}  # queue -> its rq tier's job settings (policy)
 
     def run(self) -> None:
-        """Relay until ``stop`` is set; errors are logged and backed off, never fatal."""
-        outbox.join_relay_group(self.r)
-        failures = 0
+        """Relay until ``stop`` is set. Any Redis error (BUSY, NOPERM, READONLY, LOADING, ...)
+        is logged once per kind, backed off and retried, never fatal: an entry not relayed
+        stays in its outbox, its notification pending."""
+        failures, joined = 0, False
         while not self.stop.is_set():
             try:
+                if not joined:
+                    outbox.join_relay_group(self.r)
+                    joined = True
                 self.step()
                 outbox.beat_relay(self.r, self.s.relay_id, time.time())  # (`fleet relay --check`)
                 failures = 0
-            except redis.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                log.warning("the relays' group is gone (Redis restarted empty?): created again")
-                outbox.join_relay_group(self.r)
-            except redis.RedisError as exc:
+                self.redis_errors.answered("relay")
+            except TRANSIENT as exc:
+                if isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc):
+                    log.warning("the relays' group is gone (Redis restarted empty?): creating it again")
+                    joined = False
+                    continue
                 failures += 1
-                log.warning("relay pass failed (%s); retrying", exc)
+                self.redis_errors.failed("relay", exc)
                 self.stop.wait(_BACKOFF.compute(failures))
 
     def step(self) -> None:
@@ -187,9 +193,10 @@ class Relay:
         for user in dict.fromkeys(h.user for h in hints if h.user is not None):
             try:
                 self.relay_user(user)
-            except (redis.RedisError, OSError) as exc:
+                self.redis_errors.answered("outbox")
+            except TRANSIENT as exc:
                 failed.add(user)
-                log.warning("relaying the outbox of %s failed: %s", user, exc)
+                self.redis_errors.failed("outbox", exc)
         done = [h.id for h in hints if h.user not in failed]  # a hint naming no user: nothing to do
         outbox.ack_hints(self.r, done)
 
@@ -231,8 +238,9 @@ class Relay:
         for user in users:
             try:
                 self.relay_user(user)
-            except (redis.RedisError, OSError) as exc:
-                log.warning("sweep: relaying the outbox of %s failed: %s", user, exc)
+                self.redis_errors.answered("outbox")
+            except TRANSIENT as exc:
+                self.redis_errors.failed("outbox", exc)
         return len(users)
 
 
@@ -289,5 +297,6 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     log.info("relay %s started", settings.relay_id)
     relay.run()
-    log.info("relay %s stopped: %s", settings.relay_id, relay.stats)
+    log.info("relay %s stopped: %s; Redis errors by kind: %s", settings.relay_id, relay.stats,
+             relay.redis_errors.counts)
     return 0

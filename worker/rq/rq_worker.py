@@ -41,6 +41,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from types import FrameType
 from typing import Any
@@ -55,7 +56,9 @@ from rq.utils import now as rq_now
 
 from stores import rqjobs
 from stores.connection import connect_sync
+from stores.redis_errors import RedisErrors
 from stores.registry import rq_registered
+from stores.retry import TRANSIENT, Backoff
 from worker import jobs
 
 log = logging.getLogger("fleet.rq")
@@ -64,6 +67,7 @@ MAINTENANCE_INTERVAL_S = 30  # RQ's registry cleanup (RQ's default: 10 minutes)
 SCHEDULER_STOP_S = 5.0  # a scheduler process left running gets this long after SIGTERM, then SIGKILL
 PUBSUB_JOIN_S = 2.0  # how long a shutdown waits for the pub/sub thread once it was told to stop
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_BACKOFF = Backoff(base=0.05, cap=2.0)  # a Redis error under the dequeue: waits up to 2 s, then again
 _early_stop: list[int] = []  # the stop signals received before RQ's handlers were installed
 _fork_hook: list[bool] = []  # the at-fork hook is registered (once per process)
 
@@ -111,6 +115,10 @@ class FleetWorker(SimpleWorker):
     job_class = FleetJob
     _looping = False  # RQ's loop asked for a job: its ``try`` (and teardown) is around us now
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.redis_errors = RedisErrors(log)  # each kind logged once until Redis answers again
+
     def _install_signal_handlers(self) -> None:
         super()._install_signal_handlers()  # type: ignore[no-untyped-call]
         if _early_stop:  # asked to stop while RQ was starting
@@ -132,10 +140,48 @@ class FleetWorker(SimpleWorker):
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None,
                                      max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
+        """RQ's dequeue, retried on a Redis error RQ does not retry itself (BUSY, NOPERM,
+        READONLY, LOADING, ...: RQ's loop quits on them); each kind is logged once."""
         self._looping = True
-        if self._stop_requested:  # held since before the loop, or since the loop's own check
-            raise StopRequested()
-        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        failures = 0
+        while True:
+            if self._stop_requested:  # held since before the loop, or since the loop's own check
+                raise StopRequested()
+            try:
+                got = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except TRANSIENT as exc:
+                failures += 1
+                self.redis_errors.failed("dequeue", exc)
+                self._pause(_BACKOFF.compute(failures))
+                continue
+            self.redis_errors.answered("dequeue")
+            return got
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's check for ``rq suspend``; a Redis error is not a suspension: logged once per
+        kind, and the loop goes on to its dequeue, which waits Redis out."""
+        try:
+            super().check_for_suspension(burst)
+        except TRANSIENT as exc:
+            self.redis_errors.failed("suspension check", exc)
+        else:
+            self.redis_errors.answered("suspension check")
+
+    def run_maintenance_tasks(self) -> None:
+        """RQ's registry cleanup and scheduler check; one that meets a Redis error is skipped
+        (logged once per kind) and runs at the next interval."""
+        try:
+            super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
+        except TRANSIENT as exc:
+            self.redis_errors.failed("maintenance", exc)
+        else:
+            self.redis_errors.answered("maintenance")
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, in slices so a stop request ends it within a tenth of a second."""
+        end = time.monotonic() + seconds
+        while not self._stop_requested and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
 
     def unsubscribe(self) -> None:
         thread, pubsub = self.pubsub_thread, self.pubsub
