@@ -21,8 +21,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from commander.metrics import Metrics
+from commander.monitor.access import COOKIE, Access, cookie_value
 from commander.monitor.api import Monitor
-from commander.monitor.server import COOKIE, Access, build_app, cookie_value
+from commander.monitor.server import build_app
 from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
@@ -331,7 +332,8 @@ def _bearer(token: str) -> dict[str, str]:
 @pytest.fixture
 async def guarded(rig: Rig, r: redis.Redis) -> AsyncIterator[TestClient[Any, Any]]:
     """The monitor with both tokens: ``TOKEN`` reads, ``OPERATOR`` reads and writes."""
-    client = await _client(build_app(Metrics(), _monitor(rig, r), Access(read_token=TOKEN, operator_token=OPERATOR)))
+    access = Access(read_token=TOKEN, operator_token=OPERATOR)
+    client = await _client(build_app(Metrics(), _monitor(rig, r), access))
     yield client
     await client.close()
 
@@ -372,6 +374,7 @@ async def test_a_browser_logged_in_with_the_read_token_cannot_write(
 async def test_a_foreign_origin_cannot_post_even_with_the_operator_token(
         guarded: TestClient[Any, Any], r: redis.Redis) -> None:
     _dead(r, "alice")
+    assert guarded.port is not None
     for origin in ("http://evil.example", "null", f"http://{guarded.host}:{guarded.port + 1}"):
         resp = await guarded.post("/api/dead-letters/purge", json={"tier": "chat", "all": True},
                                   headers={**_bearer(OPERATOR), "Origin": origin})
