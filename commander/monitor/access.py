@@ -9,8 +9,11 @@ import hashlib
 import hmac
 import ipaddress
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from commander.settings import CommanderSettings
 
 COOKIE = "fleet_monitor"
 LOOPBACK_NAMES = {"localhost"}
@@ -39,6 +42,12 @@ class Access:
         name = hostname(host)
         return name in LOOPBACK_NAMES or _is_loopback_ip(name) or \
             name in {h.lower() for h in self.allowed_hosts}
+
+
+def access_of(settings: CommanderSettings) -> Access:
+    """The commander's settings' tokens (an empty one: none) and allowed hosts."""
+    return Access(read_token=settings.metrics_token or None, operator_token=settings.operator_token or None,
+                  allowed_hosts=settings.allowed_hosts)
 
 
 def hostname(host: str) -> str:
