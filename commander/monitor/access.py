@@ -37,11 +37,14 @@ class Access:
         pairs: list[tuple[str | None, Grant]] = [(self.operator_token, "write"), (self.read_token, "read")]
         return [(t, g) for t, g in pairs if t]
 
+    def allows(self, name: str) -> bool:
+        """Whether ``name`` (a host name, lowercased) is one of the allowed hosts."""
+        return name in {h.lower() for h in self.allowed_hosts}
+
     def host_allowed(self, host: str) -> bool:
-        """Whether a ``Host`` (or an origin's host) names this server: loopback or an allowed host."""
+        """Whether a ``Host`` value names this server: a loopback name or address, or an allowed host."""
         name = hostname(host)
-        return name in LOOPBACK_NAMES or _is_loopback_ip(name) or \
-            name in {h.lower() for h in self.allowed_hosts}
+        return name in LOOPBACK_NAMES or _is_loopback_ip(name) or self.allows(name)
 
 
 def access_of(settings: CommanderSettings) -> Access:

@@ -49,6 +49,8 @@ SECURITY_HEADERS = {
 TOKEN_PAGE = ("<!doctype html><title>Fleet monitor</title><p>This monitor needs its token: open "
               "<code>/?token=&lt;token&gt;</code> once (the commander's FLEET_COMMANDER_OPERATOR_TOKEN, "
               "or FLEET_COMMANDER_METRICS_TOKEN to read only).</p>")
+
+
 def _same_origin(request: web.Request, access: Access) -> bool:
     """Whether a write's ``Origin`` (when sent) is the server's own or an allowed host's."""
     origin = request.headers.get("Origin")
@@ -60,8 +62,7 @@ def _same_origin(request: web.Request, access: Access) -> bool:
     own = request.headers.get("Host", "")
     if parts.netloc.lower() == own.lower():
         return True
-    name = hostname(parts.netloc)
-    return name in {h.lower() for h in access.allowed_hosts}
+    return access.allows(hostname(parts.netloc))
 
 
 def _refuse(status: int, error: str) -> web.Response:
