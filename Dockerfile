@@ -3,7 +3,7 @@
 # `fleet worker --tier T`, and every other `fleet` command).
 #
 #   docker build -t fleet:0.1.0 .
-#   docker run --rm -e REDIS_URL=redis://HOST:6379/0 fleet:0.1.0 worker --tier chat
+#   docker run --rm -e REDIS_URL=redis://fleet-worker:PASSWORD@HOST:6379/0 fleet:0.1.0 worker --tier chat
 #
 # Python 3.11, the interpreter the test suite runs on (scripts/test); pinned by tag (a digest
 # would pin it harder: add `@sha256:…` once you have pulled it and can read it).
@@ -30,10 +30,11 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-# /healthz, /metrics and the monitor must be reachable from outside the container: who can reach
-# the port is decided where it is published (compose: 127.0.0.1 only) or by the Service, and
-# FLEET_COMMANDER_METRICS_TOKEN guards it (docs/operations/security.md)
-ENV FLEET_COMMANDER_METRICS_HOST=0.0.0.0
+# The commander's /healthz, /metrics and monitor bind loopback by default: a deployment that
+# publishes them sets FLEET_COMMANDER_METRICS_HOST=0.0.0.0 with the tokens
+# (FLEET_COMMANDER_OPERATOR_TOKEN, FLEET_COMMANDER_METRICS_TOKEN: compose/docker-compose.yml and
+# the Kubernetes manifests do); the commander refuses 0.0.0.0 without a token
+# (docs/operations/security.md)
 # tini as PID 1: it forwards SIGTERM at any moment (a Python PID 1 ignores one that comes while
 # it still imports, before its handlers exist: a pod deleted then would wait out its grace
 # period) and reaps the workers the commander's process runtime forks

@@ -13,6 +13,7 @@ import redis
 
 from commander.commander import Commander
 from commander.metrics import Metrics
+from commander.monitor.access import access_of, refusal
 from commander.runtime import ProcessRuntime, Runtime
 from commander.settings import CommanderSettings
 from protocol.flags import Parser, add_flags, settings_from_flags
@@ -72,7 +73,7 @@ def _serve(metrics: Metrics, port: int, commander: Commander, settings: Commande
     client = connect_sync(url, retries=1, socket_timeout=5)
     monitor = Monitor(board=commander.board, leading=lambda: commander.leading,
                       commander_id=settings.commander_id, r=client, rq=rq)
-    host, port = metrics.serve(settings.metrics_host, port, settings.metrics_token, monitor=monitor)
+    host, port = metrics.serve(settings.metrics_host, port, access_of(settings), monitor=monitor)
     log.info("serving /metrics on http://%s:%d/metrics and the monitor on http://%s:%d/",
              host, port, host, port)
 
@@ -103,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
     """Run a commander until SIGTERM/SIGINT."""
     settings = settings_from(args)
     if settings is None:
+        return 2
+    why = None if settings.metrics_port is None else refusal(settings.metrics_host, access_of(settings))
+    if why is not None:
+        print(f"fleet commander: {why}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.commander_id} %(message)s")

@@ -69,6 +69,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from commander.decide import Plan
+from commander.monitor.access import Access
 from commander.snapshot import TierSnapshot, WorkerView
 from commander.turn_metrics import TurnCollector
 from protocol.models import RedisErrorKind, TurnStats
@@ -266,18 +267,18 @@ class Metrics:
         """The registry in the Prometheus text format."""
         return _generate_latest(self.registry)
 
-    def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+    def serve(self, host: str = "127.0.0.1", port: int = 0, access: Access | None = None,
               monitor: Any | None = None) -> tuple[str, int]:
         """Serve ``/metrics`` and ``/healthz`` (and, given a ``commander.monitor.api.Monitor``, the
         monitor page and its API) from a thread of its own; returns the bound (host, port).
 
-        With a ``token``, every request needs ``Authorization: Bearer <token>`` (else 401).
+        ``access``: the tokens and the allowed hosts (none: loopback only, open to loopback names).
         """
         from commander.monitor.server import serve  # (aiohttp: only a process that serves loads it)
 
         if self._server is not None:
             raise RuntimeError("metrics are already served")
-        self._server, bound = serve(self, monitor, host, port, token or None)
+        self._server, bound = serve(self, monitor, host, port, access or Access())
         self.address = f"{bound[0]}:{bound[1]}"
         return bound
 

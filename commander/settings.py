@@ -45,8 +45,18 @@ class CommanderSettings(BaseSettings):
     metrics_port: int | None = Field(9464, ge=0, le=65535, description="port of /metrics (0: any); "
                                      "None: no /metrics",
                                      json_schema_extra={"off_flag": ["--no-metrics", "serve no /metrics"]})
-    metrics_token: str | None = Field(None, description="bearer token /metrics requires (env only: a "
-                                      "command line shows in ps)", json_schema_extra={"flag": None})
+    metrics_token: str | None = Field(None, description="the read token: a bearer token that reads "
+                                      "/metrics, /healthz, the monitor page and its API, and writes "
+                                      "nothing (env only: a command line shows in ps)",
+                                      json_schema_extra={"flag": None})
+    operator_token: str | None = Field(None, description="the operator token: reads as the read token "
+                                       "does and may also retry and purge dead letters and requeue "
+                                       "failed jobs from the monitor (env only). With neither token "
+                                       "the monitor binds loopback only", json_schema_extra={"flag": None})
+    allowed_hosts: tuple[str, ...] = Field((), description="host names a tokenless monitor also "
+                                           "answers to, besides loopback's (a Host header check against "
+                                           "DNS rebinding), and whose origins may post to it",
+                                           json_schema_extra={"flag": None})
     stop_workers_on_exit: bool = Field(False, description="drain every worker when this commander exits "
                                        "(used by `fleet up`)")
     takeover_batch: int = Field(100, ge=1, le=10_000, description="pending entries of a dead worker "

@@ -2,32 +2,44 @@
 
 One address serves all of it (``--metrics-host``/``--metrics-port``, loopback by default), from
 a thread of its own with its own event loop, so the commander's loop never waits on a viewer.
-With a token (``FLEET_COMMANDER_METRICS_TOKEN``) every request needs ``Authorization: Bearer
-<token>``; a browser opens ``/?token=<token>`` once, which sets an HttpOnly, SameSite=Strict
-cookie (a keyed hash of the token, never the token) and redirects to ``/``.
+
+Who may do what (``Access``):
+
+- With no token the server binds loopback only (``refusal`` says why another address is refused)
+  and answers only a request whose ``Host`` is a loopback name or address or one of the allowed
+  hosts (421 otherwise): a DNS-rebound name reaches the port with its own name as ``Host``.
+- With a token every request needs one: the read token (``FLEET_COMMANDER_METRICS_TOKEN``) reads,
+  the operator token (``FLEET_COMMANDER_OPERATOR_TOKEN``) reads and writes (403 for a write with
+  the read token). A client sends ``Authorization: Bearer <token>``; a browser opens
+  ``/?token=<token>`` once, which sets an HttpOnly, SameSite=Strict cookie (a keyed hash of the
+  token, never the token) and redirects to ``/``.
+- A write (any method but GET and HEAD) that carries an ``Origin`` must come from the server's own
+  origin or an allowed host's (403 otherwise): a page elsewhere cannot post with the cookie.
+
+Tokens are compared in constant time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import socket
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from commander.monitor.access import COOKIE, Access, cookie_value, grant, hostname, refusal
 from commander.monitor.api import Handler, Monitor, api_app
 
 log = logging.getLogger("fleet.monitor")
 STATIC = Path(__file__).with_name("static")
-COOKIE = "fleet_monitor"
-LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 STOP_TIMEOUT_S = 5.0
+READS = {"GET", "HEAD"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; "
                                "script-src 'self'; connect-src 'self'; frame-ancestors 'none'",
@@ -35,35 +47,49 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
 }
 TOKEN_PAGE = ("<!doctype html><title>Fleet monitor</title><p>This monitor needs its token: open "
-              "<code>/?token=&lt;token&gt;</code> (the commander's FLEET_COMMANDER_METRICS_TOKEN) once.</p>")
+              "<code>/?token=&lt;token&gt;</code> once (the commander's FLEET_COMMANDER_OPERATOR_TOKEN, "
+              "or FLEET_COMMANDER_METRICS_TOKEN to read only).</p>")
 
 
-def cookie_value(token: str) -> str:
-    """The session cookie for ``token``: a keyed hash, so the cookie never carries the token."""
-    return hmac.new(token.encode(), b"fleet-monitor-cookie", hashlib.sha256).hexdigest()
-
-
-def authorized(header: str | None, cookie: str | None, token: str | None) -> bool:
-    """Whether a request may pass: no token set, the bearer header, or the session cookie."""
-    if token is None:
+def _same_origin(request: web.Request, access: Access) -> bool:
+    """Whether a write's ``Origin`` (when sent) is the server's own or an allowed host's."""
+    origin = request.headers.get("Origin")
+    if origin is None:  # not a browser's cross-site request: curl, scripts (the token decides)
         return True
-    if header is not None and hmac.compare_digest(header.strip().encode(), f"Bearer {token}".encode()):
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return False  # "null" (a sandboxed or file page) and anything malformed
+    own = request.headers.get("Host", "")
+    if parts.netloc.lower() == own.lower():
         return True
-    return cookie is not None and hmac.compare_digest(cookie.encode(), cookie_value(token).encode())
+    return access.allows(hostname(parts.netloc))
 
 
-def _auth(token: str | None) -> Any:
+def _refuse(status: int, error: str) -> web.Response:
+    return web.json_response({"error": error}, status=status, headers=SECURITY_HEADERS)
+
+
+def _auth(access: Access) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not access.guarded and not access.host_allowed(request.headers.get("Host", "")):
+            return _refuse(421, "this monitor answers only to its loopback address (or an allowed host: "
+                                "FLEET_COMMANDER_ALLOWED_HOSTS)")
         given = request.query.get("token")
-        if token is not None and request.path == "/" and given is not None:
-            return _login(given, token)
-        if not authorized(request.headers.get("Authorization"), request.cookies.get(COOKIE), token):
+        if access.guarded and request.path == "/" and given is not None:
+            return _login(given, access)
+        granted = grant(request.headers.get("Authorization"), request.cookies.get(COOKIE), access)
+        if granted == "none":
             if request.path in ("/", "/index.html"):
                 return web.Response(status=401, text=TOKEN_PAGE, content_type="text/html",
                                     headers=SECURITY_HEADERS)
             return web.Response(status=401, text="unauthorized\n",
                                 headers={"WWW-Authenticate": 'Bearer realm="fleet"'})
+        if request.method not in READS:
+            if granted != "write":
+                return _refuse(403, "this needs the operator token (FLEET_COMMANDER_OPERATOR_TOKEN)")
+            if not _same_origin(request, access):
+                return _refuse(403, "refused: the request's origin is not this monitor's")
         response = await handler(request)
         response.headers.update(SECURITY_HEADERS)
         return response
@@ -71,19 +97,20 @@ def _auth(token: str | None) -> Any:
     return middleware
 
 
-def _login(given: str, token: str) -> web.Response:
-    """``/?token=``: the right token sets the session cookie and leaves the token out of the URL."""
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        return web.Response(status=401, text=TOKEN_PAGE, content_type="text/html", headers=SECURITY_HEADERS)
-    response = web.Response(status=303, headers={"Location": "/"})
-    response.set_cookie(COOKIE, cookie_value(token), httponly=True, samesite="Strict", path="/")
-    return response
+def _login(given: str, access: Access) -> web.Response:
+    """``/?token=``: a right token sets its session cookie and leaves the token out of the URL."""
+    for token, _ in access.tokens():
+        if hmac.compare_digest(given.encode(), token.encode()):
+            response = web.Response(status=303, headers={"Location": "/"})
+            response.set_cookie(COOKIE, cookie_value(token), httponly=True, samesite="Strict", path="/")
+            return response
+    return web.Response(status=401, text=TOKEN_PAGE, content_type="text/html", headers=SECURITY_HEADERS)
 
 
 def build_app(metrics: Any | None = None, monitor: Monitor | None = None,
-              token: str | None = None) -> web.Application:
+              access: Access | None = None) -> web.Application:
     """The application: ``/metrics`` (``metrics.render()``), ``/healthz``, the page, ``/api``."""
-    app = web.Application(middlewares=[_auth(token or None)])
+    app = web.Application(middlewares=[_auth(access or Access())])
 
     async def render_metrics(_request: web.Request) -> web.Response:
         if metrics is None:
@@ -122,13 +149,15 @@ class MonitorServer:
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
 
-    def start(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> tuple[str, int]:
-        """Bind ``host:port`` (0: any free port) and serve; returns the bound (host, port)."""
+    def start(self, host: str = "127.0.0.1", port: int = 0, access: Access | None = None) -> tuple[str, int]:
+        """Bind ``host:port`` (0: any free port) and serve; returns the bound (host, port).
+
+        A ValueError (``refusal``) for an address beyond loopback without a token."""
         if self._thread is not None:
             raise RuntimeError("already serving")
-        if host not in LOOPBACK and not token:
-            log.warning("serving metrics and the monitor on %s without a token: anyone who can reach "
-                        "it can read them and retry or purge dead letters", host)
+        why = refusal(host, access or Access())
+        if why is not None:
+            raise ValueError(why)
         sock = _listen(host, port)
         loop = asyncio.new_event_loop()
         ready: list[BaseException | None] = []
@@ -177,7 +206,7 @@ class MonitorServer:
 
 
 def serve(metrics: Any | None, monitor: Monitor | None, host: str, port: int,
-          token: str | None) -> tuple[MonitorServer, tuple[str, int]]:
+          access: Access) -> tuple[MonitorServer, tuple[str, int]]:
     """Build the application and serve it; returns the server and its bound (host, port)."""
-    server = MonitorServer(build_app(metrics, monitor, token))
-    return server, server.start(host, port, token)
+    server = MonitorServer(build_app(metrics, monitor, access))
+    return server, server.start(host, port, access)

@@ -1,8 +1,9 @@
 """compose/docker-compose.yml, as `docker compose config` (or Debian's docker-compose) parses
 and normalizes it: the tool validates it against the compose schema, and the tests check what
-the file promises: Redis with its append-only file on a named volume, the commander with the
-process runtime behind 127.0.0.1 only, health checks on every long-running service, the order
-of start. No container is started (no Docker engine runs here)."""
+the file promises: Redis with its append-only file on a named volume and Fleet's ACL roles, each
+process connecting as its role, the secrets required, the commander with the process runtime
+behind 127.0.0.1 only and its monitor behind the tokens, health checks on every long-running
+service, the order of start. No container is started (no Docker engine runs here)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ from typing import Any
 import pytest
 
 from protocol.policy import TurnsPolicy
-from tests.deploy.tools import REDIS_IMAGE, ROOT, compose_config
+from tests.deploy.tools import COMPOSE_SECRETS, REDIS_IMAGE, ROOT, compose_args, compose_config, run_tool
 
 LONG_RUNNING = ("redis", "commander", "worker", "relay")
-REDIS_URL = "redis://redis:6379/0"
+
+
+def role_url(role: str) -> str:
+    """A process's REDIS_URL: its ACL role's user and password (the samples of COMPOSE_SECRETS)."""
+    return f"redis://fleet-{role}:{COMPOSE_SECRETS[f'FLEET_ACL_PASSWORD_{role.upper()}']}@redis:6379/0"
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +60,9 @@ def test_redis_keeps_an_append_only_file_on_a_named_volume(config: dict[str, Any
     assert redis["image"] == REDIS_IMAGE
     command = " ".join(redis["command"])
     assert "--appendonly yes" in command and "--appendfsync always" in command
-    assert volumes(redis) == [("redis-data", "/data")]
+    assert volumes(redis) == [("redis-data", "/data"), ("redis-acl", "/acl")]
     assert "redis-data" in config["volumes"]
-    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]  # exits 0 on NOAUTH too
     assert "ports" not in redis, "Redis is reached by the services, not published"
 
 
@@ -65,7 +70,8 @@ def test_the_commander_runs_the_process_runtime_behind_loopback(config: dict[str
     commander = config["services"]["commander"]
     assert commander["command"] == ["commander"]
     env = commander["environment"]
-    assert env["REDIS_URL"] == REDIS_URL
+    assert env["REDIS_URL"] == role_url("commander")
+    assert env["FLEET_COMMANDER_WORKER_REDIS_URL"] == role_url("worker")  # the workers it starts
     assert env["FLEET_COMMANDER_RUNTIME"] == "process"
     assert env["FLEET_COMMANDER_METRICS_HOST"] == "0.0.0.0"
     assert env["FLEET_COMMANDER_METRICS_PORT"] == "9464"
@@ -94,7 +100,7 @@ def test_fixed_workers_are_optional_and_drain_in_time(config: dict[str, Any]) ->
     worker = config["services"]["worker"]
     assert worker["profiles"] == ["workers"]
     assert worker["command"] == ["worker", "--tier", "chat"]
-    assert worker["environment"]["REDIS_URL"] == REDIS_URL
+    assert worker["environment"]["REDIS_URL"] == role_url("worker")
     assert "/livez" in " ".join(worker["healthcheck"]["test"])
     assert worker["restart"] == "on-failure", "a worker the commander retired stays retired"
     for name in ("commander", "worker"):
@@ -106,7 +112,7 @@ def test_the_relay_is_optional_and_restarts(config: dict[str, Any]) -> None:
     """The relay of deferred jobs starts only with its profile, on the same Redis."""
     relay = config["services"]["relay"]
     assert relay["profiles"] == ["jobs"] and relay["command"] == ["relay"]
-    assert relay["environment"]["REDIS_URL"] == REDIS_URL
+    assert relay["environment"]["REDIS_URL"] == role_url("relay")
     assert relay["restart"] == "unless-stopped" and relay["init"] is True
     assert not relay.get("ports"), "the relay serves nothing"
     # its health: this container's relay beat within the bound (fleet relay --check)
@@ -124,8 +130,56 @@ def test_the_policy_one_shot_keeps_an_existing_policy(config: dict[str, Any]) ->
 def test_every_fleet_service_builds_the_one_image(config: dict[str, Any]) -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     fleet = {name: s for name, s in config["services"].items() if name != "redis"}
-    assert set(fleet) == {"policy", "commander", "worker", "cli", "relay"}
+    assert set(fleet) == {"acl", "policy", "commander", "worker", "cli", "relay"}
     for name, service in fleet.items():
         assert service["image"] == f"fleet:{version}", name
         assert service["build"]["context"] == str(ROOT), name
         assert service["build"].get("dockerfile", "Dockerfile") == "Dockerfile", name
+
+
+# --- least privilege ----------------------------------------------------------------------
+def test_redis_starts_with_the_acl_file_of_the_roles(config: dict[str, Any]) -> None:
+    """A one-shot writes the file (`fleet acl --out`) from the required passwords, before Redis."""
+    acl, redis = config["services"]["acl"], config["services"]["redis"]
+    (script,) = acl["command"]
+    assert script.startswith("fleet acl --out /acl/users.acl && ")
+    assert volumes(acl) == [("redis-acl", "/acl")] and acl["network_mode"] == "none"
+    assert {k: str(v) for k, v in acl["environment"].items()} == {
+        k: v for k, v in COMPOSE_SECRETS.items() if k.startswith("FLEET_ACL_PASSWORD_")}
+    assert "--aclfile /acl/users.acl" in " ".join(redis["command"])
+    assert any(str(v).startswith("redis-acl:/acl:ro") or (isinstance(v, dict) and v.get("read_only"))
+               for v in redis["volumes"]), redis["volumes"]
+    assert redis["depends_on"]["acl"]["condition"] == "service_completed_successfully"
+
+
+def test_each_process_connects_as_its_role(config: dict[str, Any]) -> None:
+    """No shared URL and no admin's: each service's REDIS_URL names its role's user; the cli has
+    the client's and the operator's passwords (each command connects as the role it needs)."""
+    roles = {"commander": "commander", "worker": "worker", "relay": "relay", "policy": "operator"}
+    for name, role in roles.items():
+        assert config["services"][name]["environment"]["REDIS_URL"] == role_url(role), name
+    cli = config["services"]["cli"]["environment"]
+    assert cli["REDIS_URL"] == "redis://redis:6379/0"
+    assert {k for k in cli if k.startswith("FLEET_ACL_PASSWORD_")} == {"FLEET_ACL_PASSWORD_CLIENT",
+                                                                        "FLEET_ACL_PASSWORD_OPERATOR"}
+    admin = COMPOSE_SECRETS["FLEET_ACL_PASSWORD_ADMIN"]
+    for name, service in config["services"].items():
+        if name != "acl":
+            assert admin not in str(service.get("environment", {})), name
+
+
+def test_the_monitor_is_behind_the_operator_token(config: dict[str, Any]) -> None:
+    """0.0.0.0 in the container: the operator token is required (the commander refuses to start
+    without one); the read token is optional, and the health check sends one of them."""
+    env = config["services"]["commander"]["environment"]
+    assert env["FLEET_COMMANDER_OPERATOR_TOKEN"] == COMPOSE_SECRETS["FLEET_COMMANDER_OPERATOR_TOKEN"]
+    assert env["FLEET_COMMANDER_METRICS_TOKEN"] == ""  # unset: no read-only token
+    check = " ".join(config["services"]["commander"]["healthcheck"]["test"])
+    assert "FLEET_COMMANDER_OPERATOR_TOKEN" in check and "Bearer" in check
+
+
+@pytest.mark.parametrize("missing", sorted(COMPOSE_SECRETS))
+def test_compose_refuses_to_run_without_a_secret(missing: str) -> None:
+    env = {k: v for k, v in COMPOSE_SECRETS.items() if k != missing}
+    done = run_tool([*compose_args(), "config"], env=env)
+    assert done.returncode != 0 and "docs/guide/containers.md" in done.stderr, (missing, done.stderr)

@@ -9,6 +9,7 @@ the code that reads them. The values are checked by building the settings from t
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 import stores.connection
 import worker.rq.rq_worker
+from commander.monitor.access import access_of, refusal
 from commander.settings import CommanderSettings
 from tests.deploy.tools import OVERLAYS, compose_config, render
 from worker.settings import WorkerSettings
@@ -25,12 +27,14 @@ from worker.settings import WorkerSettings
 # name -> the module that reads it (checked: the name is in that module's source)
 OTHER = {"REDIS_URL": stores.connection, "FLEET_REDIS_CLUSTER": stores.connection,
          "FLEET_RQ_URL": worker.rq.rq_worker}  # (the commander's settings take it too: checked below)
+# name prefix -> the module that reads the names (checked: the prefix is in its source)
+OTHER_PREFIXES = {"FLEET_ACL_PASSWORD_": "stores.roles"}  # a role's password: `fleet acl`, the cli
 PREFIXES = {"commander": ("FLEET_COMMANDER_", CommanderSettings),
             "worker": ("FLEET_WORKER_", WorkerSettings)}
 # what a fieldRef or a Secret gives at run time, to build the settings with
 SAMPLE = {"metadata.name": "fleet-commander-5d9c7b8f6d-x2x9z", "metadata.namespace": "fleet",
-          "spec.nodeName": "node-1", "REDIS_URL": "redis://redis:6379/0", "token": "0" * 64,
-          "RQ_URL": "redis://redis:6379/0"}
+          "spec.nodeName": "node-1", "url": "redis://fleet-role:pw@redis:6379/0", "operator": "0" * 48,
+          "read": "1" * 48, "RQ_URL": "redis://redis:6379/0"}
 
 
 def settings_names(prefix: str, model: type[Any]) -> set[str]:
@@ -73,13 +77,16 @@ def test_every_name_set_is_read_by_fleet(envs: list[tuple[str, str, dict[str, st
         prefix, model = PREFIXES.get(component, ("", None))
         known = set(OTHER) | (settings_names(prefix, model) if model else set())
         unknown += [f"{where}: {name}" for name in env
-                    if name not in known]
+                    if name not in known and not name.startswith(tuple(OTHER_PREFIXES))]
     assert not unknown, "set but read by nothing:\n" + "\n".join(unknown)
 
 
 def test_other_names_are_read_where_they_are_listed() -> None:
     for name, module in OTHER.items():
         assert module.__file__ and name in Path(module.__file__).read_text(), name
+    for prefix, module_name in OTHER_PREFIXES.items():
+        source = importlib.import_module(module_name).__file__
+        assert source and prefix in Path(source).read_text(), prefix
 
 
 def test_the_values_set_are_valid_settings(envs: list[tuple[str, str, dict[str, str]]],
@@ -98,4 +105,7 @@ def test_the_values_set_are_valid_settings(envs: list[tuple[str, str, dict[str, 
             assert settings.rq_url == env.get("FLEET_RQ_URL"), where  # RQ's node, when rq tiers run
             assert settings.metrics_host == "0.0.0.0", where
             assert settings.metrics_port == 9464, where
+            # every interface: the commander would refuse to start without a token
+            assert refusal(settings.metrics_host, access_of(settings)) is None, where
+            assert settings.operator_token, where
         monkeypatch.undo()

@@ -87,6 +87,14 @@ def test_the_image_runs_fleet_as_a_numeric_unprivileged_user() -> None:
     assert set(expose.split()) == {"9464", "8081"}
 
 
+def test_the_image_keeps_the_commanders_loopback_default() -> None:
+    """The monitor binds every interface only where a deployment also gives it its tokens (the
+    compose file, the manifests): the image sets no address, so a bare `docker run` serves
+    loopback (and the commander refuses 0.0.0.0 without a token)."""
+    for i in instructions("ENV"):
+        assert "FLEET_COMMANDER_METRICS_HOST" not in i["value"], i["value"]
+
+
 def test_the_image_installs_the_project_and_bakes_in_no_secret() -> None:
     assert not instructions("ADD"), "COPY only: ADD fetches URLs and unpacks archives"
     runs = " ".join(i["value"] for i in instructions("RUN"))

@@ -8,6 +8,8 @@ them, checked without a cluster:
   exactly, the worker Deployments' names, labels, command, env, ports and probes;
 - what must agree across files: a tier's memory limit and its policy's memory_limit_mb, its
   grace period and drain_timeout_s, selectors and the pods they select, Secret references;
+- least privilege: each process connects to Redis as its ACL role, from a Secret of its role's
+  (no shared URL, no admin's), and the commander's monitor on 0.0.0.0 has its tokens;
 - every pod runs as non-root with a read-only root filesystem and no capabilities.
 
 What only a cluster can tell (admission, scheduling, a real rollout) is not checked here.
@@ -23,12 +25,14 @@ import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, latest_version
 
+from commander.runtime.kubernetes.clone import clone_for_group
 from commander.runtime.kubernetes.model import deployment_of
 from protocol.policy import TurnsPolicy, parse_assignments, updated
 from tests.deploy.tools import K8S, OVERLAYS, REDIS_IMAGE, ROOT, by_kind, one, render, render_dir
@@ -36,7 +40,11 @@ from tests.k8s.standin_writes import selector_matches
 
 OLDEST = "1.29.0"  # the oldest minor still in the managed clouds' extended support
 GRACE_MARGIN_S = 15  # terminationGracePeriodSeconds - drain_timeout_s (compose/k8s/base/worker-chat.yaml)
-USER_SECRETS = {"fleet-redis", "fleet-redis-tls", "fleet-commander-token"}  # production: made by hand
+# production: made by hand (one Redis URL per role; the relay's with the rq components)
+USER_SECRETS = {"fleet-redis-commander", "fleet-redis-worker", "fleet-redis-operator", "fleet-redis-tls",
+                "fleet-monitor-tokens"}
+# the ACL role each component's pods connect as (fleet acl), from the Secret fleet-redis-<role>
+ROLE_OF = {"commander": "commander", "worker": "worker", "relay": "relay", "policy": "operator"}
 TLS_DIR = "/etc/fleet/tls"
 WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
@@ -63,8 +71,8 @@ def production_with_rq(tmp: Path) -> list[dict[str, Any]]:
     shutil.copytree(K8S, k8s)
     kustomization = k8s / "overlays" / "production" / "kustomization.yaml"
     text = kustomization.read_text()
-    commented = "# components:\n#   - ../../components/rq\n"
-    enabled = text.replace(commented, "components:\n  - ../../components/rq\n")
+    commented = "# components:\n#   - ../../components/rq\n#   - ../../components/rq-node\n"
+    enabled = text.replace(commented, "components:\n  - ../../components/rq\n  - ../../components/rq-node\n")
     assert enabled != text, "the production overlay no longer carries the rq component's line"
     kustomization.write_text(enabled)
     return render_dir(kustomization.parent)
@@ -102,7 +110,11 @@ def field_ref(path: str) -> dict[str, Any]:
     return {"fieldRef": {"fieldPath": path}}
 
 
-REDIS_URL_REF = {"secretKeyRef": {"name": "fleet-redis", "key": "REDIS_URL"}}
+def redis_url_ref(role: str) -> dict[str, Any]:
+    """The REDIS_URL of a process of ``role``: the key ``url`` of its role's Secret."""
+    return {"secretKeyRef": {"name": f"fleet-redis-{role}", "key": "url"}}
+
+
 RQ_URL_REF = {"secretKeyRef": {"name": "fleet-rq", "key": "RQ_URL"}}
 
 
@@ -214,19 +226,18 @@ def test_the_commander_runs_two_replicas_with_the_kubernetes_runtime(
     env = env_of(c)
     assert env["FLEET_COMMANDER_RUNTIME"]["value"] == "kubernetes"
     assert env["FLEET_COMMANDER_K8S_NAMESPACE"]["valueFrom"] == field_ref("metadata.namespace")
-    assert env["REDIS_URL"]["valueFrom"] == REDIS_URL_REF
+    assert env["REDIS_URL"]["valueFrom"] == redis_url_ref("commander")
+    # every interface, so both tokens, from their Secret (the commander refuses 0.0.0.0 without one)
     assert env["FLEET_COMMANDER_METRICS_HOST"]["value"] == "0.0.0.0"
+    tokens = (("FLEET_COMMANDER_OPERATOR_TOKEN", "operator"), ("FLEET_COMMANDER_METRICS_TOKEN", "read"))
+    for name, key in tokens:
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "fleet-monitor-tokens", "key": key}, name
     port = int(env["FLEET_COMMANDER_METRICS_PORT"]["value"])
     assert c["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
-    for probe in (c["readinessProbe"], c["livenessProbe"]):
-        if overlay == "production":  # a token guards /healthz too: the probe sends it
-            assert "httpGet" not in probe
-            assert "/healthz" in probe["exec"]["command"][-1]
-            assert "FLEET_COMMANDER_METRICS_TOKEN" in probe["exec"]["command"][-1]
-            token = env["FLEET_COMMANDER_METRICS_TOKEN"]["valueFrom"]["secretKeyRef"]
-            assert token == {"name": "fleet-commander-token", "key": "token"}
-        else:
-            assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    for probe in (c["readinessProbe"], c["livenessProbe"]):  # a token guards /healthz too: the probe sends it
+        assert "httpGet" not in probe
+        assert "/healthz" in probe["exec"]["command"][-1]
+        assert "FLEET_COMMANDER_METRICS_TOKEN" in probe["exec"]["command"][-1]
     service = one(manifests[overlay], "Service", "fleet-commander")
     assert service["spec"]["type"] == "ClusterIP"
     assert service["spec"]["ports"] == [{"name": "metrics", "port": port, "targetPort": "metrics",
@@ -271,7 +282,7 @@ def test_worker_deployments_follow_the_runtime_contract(
         env = env_of(c)
         assert env.get("FLEET_WORKER_GROUP", {}).get("value") == group  # the worker's pool: <tier>.<group>
         assert env["FLEET_WORKER_POD_NAME"]["valueFrom"] == field_ref("metadata.name")
-        assert env["REDIS_URL"]["valueFrom"] == REDIS_URL_REF
+        assert env["REDIS_URL"]["valueFrom"] == redis_url_ref("worker")
         pdb = one(manifests[overlay], "PodDisruptionBudget", d["metadata"]["name"])
         # a tier's budget leaves out the groups' pods (each group's Deployment has its own budget)
         no_group = [{"key": "fleet.dev/group", "operator": "DoesNotExist"}]
@@ -279,8 +290,7 @@ def test_worker_deployments_follow_the_runtime_contract(
         assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels, **apart}}
         if runs_rq(d):  # its RQ worker is named after the pod; no port, no probe: Ready while it runs
             assert c["command"][:3] == ["fleet", "rq-worker", "--queues"] and len(c["command"]) == 4
-            assert set(env) == {"REDIS_URL", "FLEET_RQ_URL", "FLEET_WORKER_POD_NAME"}
-            assert env["FLEET_RQ_URL"]["valueFrom"] == RQ_URL_REF  # RQ's node (components/rq)
+            assert set(env) == {"REDIS_URL", "FLEET_WORKER_POD_NAME"}  # RQ's node: Fleet's Redis
             assert not {"ports", "readinessProbe", "livenessProbe", "startupProbe"} & set(c)
             continue
         assert c["command"] == ["fleet", "worker", "--tier", tier]
@@ -411,10 +421,23 @@ def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]
             assert name in secrets, f"{workload['metadata']['name']} names Secret {name}"
             assert key is None or key in secrets[name]["data"]
     by_base = {re.sub(r"-[a-z0-9]{10}$", "", name): s for name, s in secrets.items()}  # (generated)
-    assert set(by_base) == {"fleet-redis", "fleet-rq"}
-    redis_url, rq_url = (base64.b64decode(by_base[name]["data"][key]).decode()
-                         for name, key in [("fleet-redis", "REDIS_URL"), ("fleet-rq", "RQ_URL")])
-    assert redis_url == rq_url == "redis://redis:6379/0"  # RQ's node is the demo's one Redis
+    assert set(by_base) == {"fleet-redis-acl", "fleet-monitor-tokens",
+                            *(f"fleet-redis-{role}" for role in ROLE_OF.values())}
+    passwords = {k: base64.b64decode(v).decode() for k, v in by_base["fleet-redis-acl"]["data"].items()}
+    for role in ROLE_OF.values():  # each URL: its role's user and the password the ACL file has for it
+        url = urlsplit(base64.b64decode(by_base[f"fleet-redis-{role}"]["data"]["url"]).decode())
+        assert (url.username, url.hostname, url.port) == (f"fleet-{role}", "redis", 6379), role
+        assert url.password == passwords[f"FLEET_ACL_PASSWORD_{role.upper()}"], role
+    # Redis runs with the ACL file `fleet acl` writes before it starts, from those passwords
+    assert "--aclfile /acl/users.acl" in args
+    (acl,) = pod_spec(redis)["initContainers"]
+    assert acl["image"] == fleet_image("demo")
+    assert acl["command"] == ["fleet", "acl", "--out", "/acl/users.acl"]
+    assert [ref["secretRef"]["name"] for ref in acl["envFrom"]] == [
+        next(n for n in secrets if n.startswith("fleet-redis-acl-"))]
+    assert {"name": "acl", "mountPath": "/acl", "readOnly": True} in c["volumeMounts"]
+    assert set(passwords) == {f"FLEET_ACL_PASSWORD_{r}" for r in ("CLIENT", "WORKER", "COMMANDER", "RELAY",
+                                                                 "OPERATOR", "ADMIN")}
     policy = one(objects, "NetworkPolicy", "redis")
     assert policy["spec"]["podSelector"]["matchLabels"] == service["spec"]["selector"]
     # every Fleet pod may reach it: the relay of deferred jobs too
@@ -423,6 +446,33 @@ def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]
     components = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
                   for kind in WORKLOADS for o in by_kind(objects, kind) if o["metadata"]["name"] != "redis"}
     assert components == {"commander", "worker", "policy", "relay"} and components <= set(admitted["values"])
+
+
+@pytest.mark.parametrize("overlay", [*OVERLAYS, "production+rq"])
+def test_each_process_connects_as_its_role_from_a_secret_of_its_own(
+        manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    """No shared URL: a worker's Secret holds no commander's or operator's password, and the
+    copies the commander makes of a worker Deployment (a group's) keep the worker's. No Fleet
+    process gets the admin's password."""
+    fleet_pods = [o for kind in WORKLOADS for o in by_kind(manifests[overlay], kind)
+                  if o["metadata"]["labels"]["app.kubernetes.io/component"] != "redis"]
+    seen = set()
+    for workload in fleet_pods:
+        name = workload["metadata"]["name"]
+        component = workload["metadata"]["labels"]["app.kubernetes.io/component"]
+        for c in containers(workload):
+            env = env_of(c)
+            assert env["REDIS_URL"]["valueFrom"] == redis_url_ref(ROLE_OF[component]), name
+            assert not any(var.startswith("FLEET_ACL_PASSWORD") for var in env), name
+            seen.add(component)
+    assert {"commander", "worker", "policy"} <= seen
+    for d in workers(manifests[overlay]):  # a group's copy, as the commander makes it
+        copied = clone_for_group(d, "chat.copy", "fleet:other", "fleet-worker-chat-copy")
+        (c,) = pod_spec(copied)["containers"]
+        assert env_of(c)["REDIS_URL"]["valueFrom"] == redis_url_ref("worker"), d["metadata"]["name"]
+    shared = [s["metadata"]["name"] for s in by_kind(manifests[overlay], "Secret")
+              if re.sub(r"-[a-z0-9]{10}$", "", s["metadata"]["name"]) == "fleet-redis"]
+    assert not shared, "one REDIS_URL for every process"
 
 
 def test_the_demo_runs_a_relay_and_production_none(manifests: dict[str, list[dict[str, Any]]]) -> None:
@@ -438,8 +488,8 @@ def test_the_demo_runs_a_relay_and_production_none(manifests: dict[str, list[dic
 
 def test_production_runs_rq_tiers_with_the_component_on_a_node_of_their_own(
         manifests: dict[str, list[dict[str, Any]]]) -> None:
-    """With components/rq in, production gets the relay and the rq tier `writeback`; they, and
-    the commander, find RQ's node in the Secret fleet-rq (RQ_URL), apart from Fleet's Redis."""
+    """With components/rq and rq-node in, production gets the relay and the rq tier `writeback`;
+    they, and the commander, find RQ's node in the Secret fleet-rq (RQ_URL), apart from Fleet's Redis."""
     objects = manifests["production+rq"]
     relay, writeback, commander = (one(objects, "Deployment", name) for name in
                                    ("fleet-relay", "fleet-worker-writeback", "fleet-commander"))
@@ -449,8 +499,9 @@ def test_production_runs_rq_tiers_with_the_component_on_a_node_of_their_own(
         (c,) = containers(workload)
         env = env_of(c)
         assert env["FLEET_RQ_URL"]["valueFrom"] == RQ_URL_REF, workload["metadata"]["name"]
-        if workload is not commander:
-            assert env["REDIS_URL"]["valueFrom"] == REDIS_URL_REF  # Fleet's own Redis too
+        if workload is not commander:  # Fleet's own Redis too, as their roles
+            role = "relay" if workload is relay else "worker"
+            assert env["REDIS_URL"]["valueFrom"] == redis_url_ref(role)
     assert one(objects, "Job", "fleet-policy-writeback")  # it makes writeback an rq tier
 
 
@@ -460,7 +511,7 @@ def test_production_commits_no_secret_and_mounts_tls_everywhere(
     objects = manifests[overlay]
     assert not by_kind(objects, "Secret"), "production Secrets are made by hand, never committed"
     fleet_pods = [o for kind in WORKLOADS for o in by_kind(objects, kind)]
-    rq = {"fleet-rq"} if overlay.endswith("+rq") else set()  # RQ_URL: RQ's node
+    rq = {"fleet-rq", "fleet-redis-relay"} if overlay.endswith("+rq") else set()  # RQ's node; the relay
     assert {name for o in fleet_pods for name, _ in secret_refs(o)} == USER_SECRETS | rq
     for workload in fleet_pods:
         name = workload["metadata"]["name"]

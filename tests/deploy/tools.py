@@ -38,9 +38,22 @@ def missing(what: str, how: str) -> None:
     pytest.skip(msg)
 
 
-def _run(cmd: list[str], cwd: Path = ROOT, timeout: float = 60) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "COMPOSE_"))}
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+# What the compose file requires from the environment (an env file), as sample values
+COMPOSE_SECRETS = {**{f"FLEET_ACL_PASSWORD_{role}": f"pw{role.lower()}0123456789abcdef"
+                      for role in ("CLIENT", "WORKER", "COMMANDER", "RELAY", "OPERATOR", "ADMIN")},
+                   "FLEET_COMMANDER_OPERATOR_TOKEN": "0" * 48}
+
+
+def run_tool(cmd: list[str], cwd: Path = ROOT, timeout: float = 60,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a tool with none of this shell's FLEET_ or COMPOSE_ variables, only ``env``'s."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "COMPOSE_"))}
+    return subprocess.run(cmd, cwd=cwd, env={**clean, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def _run(cmd: list[str], cwd: Path = ROOT, timeout: float = 60, env: dict[str, str] | None = None) -> str:
+    done = run_tool(cmd, cwd, timeout, env)
     assert done.returncode == 0, f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr}"
     return done.stdout
 
@@ -82,12 +95,18 @@ def compose_command() -> list[str]:
     raise AssertionError("unreachable")
 
 
+def compose_args() -> list[str]:
+    """The compose tool on the compose file, every profile on (so a service that only a profile
+    starts is checked too)."""
+    return [*compose_command(), "-f", str(COMPOSE_FILE), "--profile", "workers", "--profile", "cli",
+            "--profile", "jobs"]
+
+
 @functools.cache
 def compose_config() -> dict[str, Any]:
-    """The compose file as the tool normalizes it, every profile included (so a service that
-    only a profile starts is checked too)."""
-    out = _run([*compose_command(), "-f", str(COMPOSE_FILE), "--profile", "workers",
-                "--profile", "cli", "config"])
+    """The compose file as the tool normalizes it, with the secrets it requires (samples), every
+    profile included."""
+    out = _run([*compose_args(), "config"], env=COMPOSE_SECRETS)
     config = yaml.safe_load(out)
     assert isinstance(config, dict)
     return config

@@ -1,9 +1,12 @@
 """The monitor's HTTP side on aiohttp's test client, against a real redis-server and a real
 ``Commander`` driven pass by pass (``commander_rig``): every endpoint's JSON, the auth (bearer
-header, ``/?token=`` cookie), the standby's answer, error sections and bad requests."""
+header, ``/?token=`` cookie; the read token reads, only the operator token writes), the Host and
+Origin checks, the refusal to bind beyond loopback without a token, the standby's answer, error
+sections and bad requests."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -18,8 +21,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from commander.metrics import Metrics
+from commander.monitor.access import COOKIE, Access, cookie_value
 from commander.monitor.api import Monitor
-from commander.monitor.server import COOKIE, build_app, cookie_value
+from commander.monitor.server import build_app
 from protocol import keys
 from protocol.codec import encode
 from protocol.deferral import Deferral
@@ -31,6 +35,7 @@ from tests.integration.commander_rig import Rig
 
 pytestmark = pytest.mark.integration
 TOKEN = "t0ken-for-tests"
+OPERATOR = "0perator-t0ken-for-tests"
 
 
 @pytest.fixture
@@ -296,7 +301,7 @@ async def test_the_page_and_its_assets_are_served_with_a_strict_csp(api: TestCli
 
 
 async def test_the_token_guards_everything_and_a_browser_logs_in_once(rig: Rig, r: redis.Redis) -> None:
-    client = await _client(build_app(Metrics(), _monitor(rig, r), token=TOKEN))
+    client = await _client(build_app(Metrics(), _monitor(rig, r), Access(read_token=TOKEN)))
     try:
         for path in ("/api/overview", "/metrics", "/healthz", "/static/app.js"):
             assert (await client.get(path)).status == 401, path
@@ -318,3 +323,104 @@ async def test_the_token_guards_everything_and_a_browser_logs_in_once(rig: Rig, 
 
 async def test_rq_lists_nothing_without_an_rq_tier(api: TestClient[Any, Any]) -> None:
     assert await _get(api, "/api/rq") == {"tiers": {}, "error": None}
+
+
+# --- who may write: the operator token; Host and Origin --------------------------------
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+async def guarded(rig: Rig, r: redis.Redis) -> AsyncIterator[TestClient[Any, Any]]:
+    """The monitor with both tokens: ``TOKEN`` reads, ``OPERATOR`` reads and writes."""
+    access = Access(read_token=TOKEN, operator_token=OPERATOR)
+    client = await _client(build_app(Metrics(), _monitor(rig, r), access))
+    yield client
+    await client.close()
+
+
+ACTIONS = [("/api/dead-letters/retry", {"tier": "chat", "all": True}),
+           ("/api/dead-letters/purge", {"tier": "chat", "all": True}),
+           ("/api/rq/requeue", {"queue": "writeback", "all": True})]
+
+
+async def test_posts_need_the_operator_token_and_change_nothing_without_it(
+        guarded: TestClient[Any, Any], r: redis.Redis) -> None:
+    _dead(r, "alice")
+    for path, body in ACTIONS:
+        assert (await guarded.post(path, json=body)).status == 401, path
+        refused = await guarded.post(path, json=body, headers=_bearer(TOKEN))
+        assert refused.status == 403 and "operator token" in (await refused.json())["error"], path
+    assert r.xlen(keys.dead("chat")) == 1  # nothing retried, nothing purged
+    for token in (TOKEN, OPERATOR):  # the operator token reads too
+        assert (await guarded.get("/api/overview", headers=_bearer(token))).status == 200
+    done = await guarded.post("/api/dead-letters/purge", json={"tier": "chat", "all": True},
+                              headers=_bearer(OPERATOR))
+    assert done.status == 200 and (await done.json())["purged"] == 1
+
+
+async def test_a_browser_logged_in_with_the_read_token_cannot_write(
+        guarded: TestClient[Any, Any], r: redis.Redis) -> None:
+    _dead(r, "alice")
+    assert (await guarded.get(f"/?token={TOKEN}", allow_redirects=False)).status == 303
+    assert (await guarded.get("/api/overview")).status == 200
+    same = {"Origin": f"http://{guarded.host}:{guarded.port}"}
+    refused = await guarded.post("/api/dead-letters/purge", json={"tier": "chat", "all": True}, headers=same)
+    assert refused.status == 403 and r.xlen(keys.dead("chat")) == 1
+    assert (await guarded.get(f"/?token={OPERATOR}", allow_redirects=False)).status == 303
+    done = await guarded.post("/api/dead-letters/purge", json={"tier": "chat", "all": True}, headers=same)
+    assert done.status == 200 and r.xlen(keys.dead("chat")) == 0
+
+
+async def test_a_foreign_origin_cannot_post_even_with_the_operator_token(
+        guarded: TestClient[Any, Any], r: redis.Redis) -> None:
+    _dead(r, "alice")
+    assert guarded.port is not None
+    for origin in ("http://evil.example", "null", f"http://{guarded.host}:{guarded.port + 1}"):
+        resp = await guarded.post("/api/dead-letters/purge", json={"tier": "chat", "all": True},
+                                  headers={**_bearer(OPERATOR), "Origin": origin})
+        assert resp.status == 403 and "origin" in (await resp.json())["error"], origin
+    assert r.xlen(keys.dead("chat")) == 1
+
+
+async def test_without_a_token_only_loopback_hosts_and_same_origin_posts_pass(
+        api: TestClient[Any, Any], r: redis.Redis) -> None:
+    """The open default serves loopback only; a DNS-rebound name reaches it with its own Host."""
+    for host in ("evil.example", "evil.example:9464", "10.0.0.5:9464"):
+        for path in ("/", "/api/overview", "/metrics"):
+            assert (await api.get(path, headers={"Host": host})).status == 421, (host, path)
+    for host in ("localhost:9464", "127.0.0.1", "[::1]:9464"):
+        assert (await api.get("/api/overview", headers={"Host": host})).status == 200, host
+    _dead(r, "alice")
+    foreign = await api.post("/api/dead-letters/purge", json={"tier": "chat", "all": True},
+                             headers={"Origin": "http://evil.example"})
+    assert foreign.status == 403 and r.xlen(keys.dead("chat")) == 1
+    same = await api.post("/api/dead-letters/purge", json={"tier": "chat", "all": True},
+                          headers={"Origin": f"http://{api.host}:{api.port}"})
+    assert same.status == 200 and r.xlen(keys.dead("chat")) == 0
+
+
+async def test_an_allowed_host_passes_and_may_post_from_its_origin(rig: Rig, r: redis.Redis) -> None:
+    client = await _client(build_app(Metrics(), _monitor(rig, r), Access(allowed_hosts=("fleet.internal",))))
+    try:
+        named = {"Host": "fleet.internal:8080"}
+        assert (await client.get("/api/overview", headers=named)).status == 200
+        assert (await client.get("/api/overview", headers={"Host": "other.internal"})).status == 421
+        _dead(r, "alice")
+        resp = await client.post("/api/dead-letters/purge", json={"tier": "chat", "all": True},
+                                 headers={**named, "Origin": "https://fleet.internal"})
+        assert resp.status == 200 and r.xlen(keys.dead("chat")) == 0
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_the_commander_will_not_bind_beyond_loopback_without_a_token(host: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_COMMANDER_")}
+    done = subprocess.run([sys.executable, "-m", "commander", "--metrics-host", host,
+                           "--redis-url", f"redis://127.0.0.1:{free_port()}/0"],
+                          capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "FLEET_COMMANDER_OPERATOR_TOKEN" in lines[0] and host in lines[0], lines
+    assert "Traceback" not in done.stderr

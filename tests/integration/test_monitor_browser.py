@@ -135,9 +135,10 @@ def browser(tmp_path: Path) -> Iterator[Browser]:
 
 @pytest.fixture
 def commander(start_commander: Callable[..., Started], r: redis.Redis) -> str:
-    """A real commander serving the monitor on a free loopback port, behind a token; its base URL."""
-    started = start_commander("mon1", "--metrics-port", "0", env={"FLEET_COMMANDER_METRICS_TOKEN": TOKEN},
-                              metrics=True)
+    """A real commander serving the monitor on a free loopback port, behind its tokens (the page
+    logs in with the operator's, ``TOKEN``, to retry and requeue); its base URL."""
+    tokens = {"FLEET_COMMANDER_METRICS_TOKEN": "browser-read-token", "FLEET_COMMANDER_OPERATOR_TOKEN": TOKEN}
+    started = start_commander("mon1", "--metrics-port", "0", env=tokens, metrics=True)
     print(f"commander log: {started.log}")
     return f"http://{wait_until(lambda: _address(r, started), 30, 'the commander to register its address')}"
 

@@ -9,6 +9,7 @@ import pytest
 
 from commander.decide import Plan
 from commander.metrics import Metrics, busy_workers, sample, series
+from commander.monitor.access import Access
 from commander.snapshot import TierSnapshot, WorkerView
 
 
@@ -150,7 +151,7 @@ def test_serve_binds_loopback_by_default_and_serves_metrics(m: Metrics) -> None:
 
 
 def test_token_is_required_when_set(m: Metrics) -> None:
-    host, port = m.serve(token="s3cret")
+    host, port = m.serve(access=Access(read_token="s3cret"))
     assert _get(host, port, "/metrics")[0] == 401
     assert _get(host, port, "/metrics", token="wrong")[0] == 401
     assert _get(host, port, "/healthz")[0] == 401
@@ -158,6 +159,14 @@ def test_token_is_required_when_set(m: Metrics) -> None:
     assert status == 200
     assert b"fleet_commander_is_leader" in body
     assert _get(host, port, "/healthz", token="s3cret")[0] == 200
+
+
+def test_every_interface_needs_a_token(m: Metrics) -> None:
+    with pytest.raises(ValueError, match="FLEET_COMMANDER_OPERATOR_TOKEN"):
+        m.serve("0.0.0.0")
+    host, port = m.serve("0.0.0.0", access=Access(operator_token="s3cret"))
+    assert host == "0.0.0.0"
+    assert _get("127.0.0.1", port, "/healthz", token="s3cret")[0] == 200
 
 
 def test_stop_closes_the_port(m: Metrics) -> None:

@@ -11,8 +11,8 @@ import pytest
 from commander.decide import Plan
 from commander.evaluator import Evaluator
 from commander.monitor import views
+from commander.monitor.access import Access, cookie_value, grant, is_loopback, refusal
 from commander.monitor.board import Board, Sample, TierSeen
-from commander.monitor.server import authorized, cookie_value
 from commander.monitor.views import BadRequest
 from commander.snapshot import TierSnapshot, WorkerView
 from protocol.groups import Group
@@ -340,15 +340,43 @@ def test_tier_and_user_params() -> None:
 
 
 # --- auth -------------------------------------------------------------------------------
-@pytest.mark.parametrize(("header", "cookie", "token", "want"), [
-    (None, None, None, True),  # no token: loopback-only by default, open
-    (None, None, "s3cret", False),
-    ("Bearer s3cret", None, "s3cret", True),
-    ("Bearer wrong", None, "s3cret", False),
-    ("s3cret", None, "s3cret", False),  # the scheme is required
-    (None, cookie_value("s3cret"), "s3cret", True),
-    (None, "s3cret", "s3cret", False),  # the cookie is a keyed hash, never the token itself
-    (None, cookie_value("other"), "s3cret", False),
+BOTH = Access(read_token="r3ad", operator_token="0per")
+
+
+@pytest.mark.parametrize(("header", "cookie", "access", "want"), [
+    (None, None, Access(), "write"),  # no token: loopback-only and Host-checked, open
+    (None, None, Access(read_token="s3cret"), "none"),
+    ("Bearer s3cret", None, Access(read_token="s3cret"), "read"),
+    ("Bearer wrong", None, Access(read_token="s3cret"), "none"),
+    ("s3cret", None, Access(read_token="s3cret"), "none"),  # the scheme is required
+    (None, cookie_value("s3cret"), Access(read_token="s3cret"), "read"),
+    (None, "s3cret", Access(read_token="s3cret"), "none"),  # the cookie is a keyed hash, never the token
+    (None, cookie_value("other"), Access(read_token="s3cret"), "none"),
+    ("Bearer r3ad", None, BOTH, "read"),
+    ("Bearer 0per", None, BOTH, "write"),
+    (None, cookie_value("0per"), BOTH, "write"),
+    ("Bearer 0per", None, Access(operator_token="0per"), "write"),
+    (None, None, Access(operator_token="0per"), "none"),  # the operator token alone guards reads too
 ])
-def test_authorized(header: str | None, cookie: str | None, token: str | None, want: bool) -> None:
-    assert authorized(header, cookie, token) is want
+def test_grant(header: str | None, cookie: str | None, access: Access, want: str) -> None:
+    assert grant(header, cookie, access) == want
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("", False), ("10.0.0.5", False), ("fleet.example", False)])
+def test_a_bind_beyond_loopback_needs_a_token(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+    why = refusal(host, Access())
+    assert (why is None) is loopback
+    if why is not None:
+        assert "FLEET_COMMANDER_OPERATOR_TOKEN" in why and "\n" not in why
+    assert refusal(host, Access(read_token="t")) is None
+
+
+@pytest.mark.parametrize(("host", "allowed"), [
+    ("127.0.0.1:9464", True), ("localhost", True), ("LOCALHOST:1", True), ("[::1]:9464", True),
+    ("fleet.internal:8080", True), ("evil.example", False), ("127.0.0.1.evil.example", False),
+    ("", False), ("[::1", False)])
+def test_which_hosts_a_tokenless_monitor_answers(host: str, allowed: bool) -> None:
+    assert Access(allowed_hosts=("fleet.internal",)).host_allowed(host) is allowed
