@@ -16,6 +16,7 @@ from commander.metrics import Metrics
 from commander.runtime import ProcessRuntime, Runtime
 from commander.settings import CommanderSettings
 from protocol.flags import Parser, add_flags, settings_from_flags
+from stores import functions
 from stores.connection import ClusterModeError, connect_rq, connect_sync, resolve_url
 from stores.retry import TRANSIENT, Backoff
 
@@ -114,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     r = _connect(url, stop)
     if r is None:
         return 0 if stop.is_set() else 2
+    if not functions.wait_for_library(r, stop):
+        return 0
     runtime = _runtime(settings, url)
     if runtime is None:
         return 2

@@ -36,6 +36,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "FLEET_HOME": ("CLI", "the local fleet's state directory (`fleet up`); default: the nearest "
                    "`.fleet/` here or above, up to `$HOME`, else `./.fleet`"),
     "EDITOR": ("CLI", "the editor `fleet policy edit` opens (default: vi)"),
+    "FLEET_LIBRARY_CHECK_S": ("worker, commander, relay", "seconds between two looks of a process "
+                              "waiting for Fleet's functions library (`fleet install`); default: 3"),
 }
 
 

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from protocol.codec import CodecError, decode
 from protocol.deferral import RESULT_TTL_S, Deferral
 from protocol.policy import Policy, RqPolicy
-from stores import outbox
+from stores import functions, outbox
 from stores.connection import connect_rq, connect_sync
 from stores.outbox import Hint
 from stores.policies import list_tiers, read_policy
@@ -288,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     log.info("relay %s started", settings.relay_id)
-    relay.run()
+    if functions.wait_for_library(relay.r, relay.stop):
+        relay.run()
     log.info("relay %s stopped: %s", settings.relay_id, relay.stats)
     return 0
