@@ -99,11 +99,10 @@ def is_missing(res: Any) -> bool:
 def install(r: Any) -> str:
     """Load the library (``FUNCTION LOAD REPLACE``) with an admin connection ``r``, a blocking
     client: on a Cluster on every primary. Returns the version loaded."""
-    text = library()
-    if cluster.is_cluster(r):
-        r.function_load(text, replace=True, target_nodes=r.get_primaries())
+    if cluster.is_cluster(r):  # (redis-py sends FUNCTION LOAD to every primary of a Cluster)
+        r.execute_command("FUNCTION LOAD", "REPLACE", library(), target_nodes=r.get_primaries())
     else:
-        r.function_load(text, replace=True)
+        r.function_load(library(), replace=True)
     return VERSION
 
 

@@ -33,7 +33,7 @@ from redis.exceptions import ResponseError
 from protocol import keys
 from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_token, validate_user_id
-from stores import cluster, functions
+from stores import functions
 from stores.functions import Functions
 
 BATCH = 100  # pending entries handled per round of XPENDING
@@ -161,8 +161,6 @@ def _clear_lanes(r: redis.Redis, scripts: Functions, worker: str, users: list[st
     """Delete the lanes of ``users`` that ``worker`` holds; return whose lanes were deleted."""
     if not users:
         return []
-    if cluster.is_cluster(r):  # its pipeline refuses EVALSHA: one call per user
-        return [u for u in users if int(scripts.lane_clear(keys=[keys.lane(u)], args=[worker])) == 1]
     while True:  # all of them again when the library was missing: a lane cleared is not ours any more
         pipe = r.pipeline(transaction=False)
         for user in users:

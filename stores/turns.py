@@ -295,17 +295,11 @@ class UserStore:
         return bool(await self.scripts.lease_drop(keys=[keys.lane(lease.user)], args=[lease.owner]))
 
     async def renew(self, leases: list[Lease]) -> list[bool]:
-        """Extend several leases in one round trip; False where the lane was lost.
-
-        On a Cluster the renewals are sent one call each, concurrently: as many requests, still
-        one round trip of wait."""
+        """Extend several leases in one round trip (on a Cluster, one per master, sent
+        concurrently); False where the lane was lost."""
         if not leases:
             return []
-        if cluster.is_cluster(self.r):
-            return [bool(x) for x in await asyncio.gather(*(
-                self.scripts.lease_renew(keys=[keys.lane(lease.user)],
-                                         args=[lease.owner, self.cfg.lane_ttl_ms])
-                for lease in leases))]
+
         async def pipeline(indexes: list[int]) -> list[Any]:
             async with self.r.pipeline(transaction=False) as pipe:  # gives its connection back on error
                 for i in indexes:

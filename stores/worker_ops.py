@@ -202,25 +202,19 @@ async def touch_and_beat(r: aioredis.Redis, scripts: Functions, tier: str, worke
                          nids: Sequence[str], heartbeat_ttl_ms: int) -> None:
     """Touch the notifications still pending under us (resetting their idle time, so no one
     reclaims a live holder's; one script call per ready shard) and beat the heartbeat, in one
-    round trip (on a Cluster, requests sent concurrently)."""
+    round trip (on a Cluster, one per master, sent concurrently)."""
     shards = by_shard(nids)
-    if cluster.is_cluster(r):
-        calls = [r.set(keys.heartbeat(worker_id), "1", px=heartbeat_ttl_ms)]
-        for shard, ids in shards.items():
-            calls.insert(0, scripts.notification_touch(keys=[keys.ready(tier, shard)],
-                                                       args=[keys.GROUP, worker_id, *ids]))
-        await asyncio.gather(*calls)
-        return
 
-    async def round_trip(_missing: list[int]) -> list[Any]:  # all of it again: touching twice is harmless
+    async def round_trip(indexes: list[int]) -> list[Any]:  # all of it (touching twice is harmless):
         async with r.pipeline(transaction=False) as pipe:  # gives its connection back on error
             for shard, ids in shards.items():
                 scripts.notification_touch(keys=[keys.ready(tier, shard)], args=[keys.GROUP, worker_id, *ids],
                                            client=pipe)
             pipe.set(keys.heartbeat(worker_id), "1", px=heartbeat_ttl_ms)
-            return list(await pipe.execute(raise_on_error=False))
+            replies = list(await pipe.execute(raise_on_error=False))
+        return [replies[i] for i in indexes]  # the replies asked for
 
-    for res in await functions.resend_missing(await round_trip([]), r, round_trip):
+    for res in await functions.resend_missing(await round_trip(list(range(len(shards) + 1))), r, round_trip):
         if isinstance(res, Exception):
             raise res
 

@@ -10,7 +10,7 @@
     - a multi-key command (``MGET``, ``DEL``/``EXISTS`` of several keys, ``XREAD`` of several
       streams, a script call's ``KEYS``) has all its keys in one slot;
     - in Cluster mode (``stores.cluster.is_cluster`` forced true, so the Cluster paths run) no
-      pipeline holds a command redis-py's ``ClusterPipeline`` refuses (``FCALL``, ``MGET``,
+      pipeline holds a command redis-py's ``ClusterPipeline`` refuses (``MGET``,
       a multi-key ``DEL``, ...).
     Coverage: every public function and method of every ``stores`` module must have issued a
     command during ``drive`` or be listed in ``NO_COMMANDS`` (with why): a new stores function
@@ -690,7 +690,7 @@ def exception_for(group: Group, kind: str, table: dict[tuple[str, str], str]) ->
     return next((k for k in table if k[1] == kind and any(c.startswith(k[0]) for c in group.callers)), None)
 
 
-BLOCKED_IN_PIPELINE = {c.upper() for c in PIPELINE_BLOCKED_COMMANDS} | SCRIPT_CALLS
+BLOCKED_IN_PIPELINE = {c.upper() for c in PIPELINE_BLOCKED_COMMANDS}  # (FCALL is routed by its keys)
 
 
 def refused_in_cluster_pipeline(g: Group, name: str, ks: list[Any],
