@@ -14,13 +14,15 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from fleet.client import Fleet
 from protocol import keys
-from tests.helpers import fleet_cli
+from stores import outbox
+from tests.helpers import Processes, fleet_cli, leads
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
 pytestmark = pytest.mark.integration
@@ -144,3 +146,21 @@ def test_a_library_gone_at_run_time_is_waited_for_and_the_turn_answered(
     assert got is not None and b"echo: during" in got[1]
     assert worker.proc.poll() is None
     assert len(waiting_lines(worker.log)) == 1
+
+
+def test_a_commander_and_a_relay_started_before_the_install_say_so_once_and_go_on(
+        r: redis.Redis, fleet_env: dict[str, str], start_commander: Any, processes: Processes,
+        reinstalled: None) -> None:
+    r.function_flush()
+    quick = {"FLEET_LIBRARY_CHECK_S": "0.1"}
+    commander = start_commander(env=quick, lead=False)
+    relay = processes.start("relay", ["-m", "fleet.cli", "relay", "--id", "rl-wait"], {**fleet_env, **quick})
+    for proc in (commander, relay):
+        wait_until(lambda p=proc: waiting_lines(p.log) or not p.alive(), 20, "the line")
+        assert proc.alive(), proc.tail()
+    assert not leads(r, "c1") and "rl-wait" not in outbox.relay_beats(r)
+    assert fleet_cli(fleet_env, "install").returncode == 0
+    wait_until(lambda: leads(r, "c1"), 20, "the commander to lead")
+    wait_until(lambda: "rl-wait" in outbox.relay_beats(r), 20, "the relay to beat")
+    for proc in (commander, relay):
+        assert len(waiting_lines(proc.log)) == 1 and proc.alive()
