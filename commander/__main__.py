@@ -108,8 +108,12 @@ def run(args: argparse.Namespace) -> int:
                         format=f"%(asctime)s %(levelname)s {settings.commander_id} %(message)s")
     url = resolve_url(settings.redis_url)
     stop = threading.Event()
+    def _stop(*_: object) -> None:
+        stop.set()
+        functions.interrupt_waits()  # a call waiting for the functions library gives up
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, _stop)
     # first: a bad FLEET_REDIS_CLUSTER, or a cluster away at start, is met here, not in the
     # runtime's own client (a single node's client connects lazily: this returns at once)
     r = _connect(url, stop)

@@ -178,13 +178,22 @@ class _Said:
             log.warning("the Fleet functions library version %s is installed: going on", VERSION)
 
 
+_INTERRUPTED = threading.Event()  # set by interrupt_waits(): blocking waits give up
+
+
+def interrupt_waits() -> None:
+    """End every blocking wait for the library, now and later (a process told to stop: its
+    waiting calls raise :class:`LibraryMissing`)."""
+    _INTERRUPTED.set()
+
+
 def wait_for_library(r: redis.Redis, stop: threading.Event | None = None) -> bool:
     """Return when the server holds this version's library (True), or ``stop`` is set first
-    (False); until then, one line (for every call of the process waiting with this one) and a
-    check every :data:`CHECK_EVERY_S`."""
+    (False; without ``stop``, :func:`interrupt_waits`); until then, one line (for every call of
+    the process waiting with this one) and a check every :data:`CHECK_EVERY_S`."""
     while (found := library_state(r))[0] != "ok":
         _Said.missing(found[1])
-        if (stop or threading.Event()).wait(CHECK_EVERY_S):
+        if (stop or _INTERRUPTED).wait(CHECK_EVERY_S):
             return False
     _Said.back()
     return True
@@ -201,8 +210,9 @@ async def wait_for_library_async(r: Any) -> None:
 # --- calling -------------------------------------------------------------------------------
 class Function:
     """Operation ``op`` bound to client ``r``: ``fn(keys=..., args=...)`` runs it (a coroutine
-    on an asyncio client), waiting for the library when it is missing; ``client=pipe`` queues
-    the call on a pipeline instead (its caller reads the reply and handles a missing library)."""
+    on an asyncio client), waiting for the library when it is missing (on a blocking client,
+    until :func:`interrupt_waits`: then :class:`LibraryMissing`); ``client=pipe`` queues the
+    call on a pipeline instead (its caller reads the reply and handles a missing library)."""
 
     def __init__(self, r: Any, op: str) -> None:
         self.r = r
@@ -220,7 +230,8 @@ class Function:
             except ResponseError as exc:
                 if not is_missing(exc):
                     raise
-            wait_for_library(self.r)
+            if not wait_for_library(self.r):
+                raise LibraryMissing(missing_line())
 
     async def _async(self, cmd: tuple[Any, ...]) -> Any:
         while True:

@@ -168,7 +168,8 @@ def _clear_lanes(r: redis.Redis, scripts: Functions, worker: str, users: list[st
         replies = pipe.execute(raise_on_error=False)
         if not any(functions.is_missing(res) for res in replies):
             break
-        functions.wait_for_library(r)
+        if not functions.wait_for_library(r):
+            raise functions.LibraryMissing(functions.missing_line())
     for res in replies:
         if isinstance(res, Exception):
             raise res

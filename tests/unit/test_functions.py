@@ -115,3 +115,24 @@ async def test_renewals_and_touches_wait_for_the_library_and_are_sent_again() ->
     await touch
     assert await r.exists(keys.heartbeat("w1"))
     await r.aclose()
+
+
+def test_a_blocking_call_waiting_gives_up_when_the_process_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(functions, "_INTERRUPTED", threading.Event())
+    r = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    r.function_flush()
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            Functions(r).lane_clear(keys=[keys.lane("alice")], args=["w1"])
+        except functions.LibraryMissing as exc:
+            failed.append(exc)
+
+    waiting = threading.Thread(target=call)
+    waiting.start()
+    waiting.join(0.05)
+    assert waiting.is_alive()
+    functions.interrupt_waits()  # as the commander's SIGTERM handler does
+    waiting.join(5)
+    assert not waiting.is_alive() and "fleet install" in str(failed[0])
