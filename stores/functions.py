@@ -99,7 +99,7 @@ def is_missing(res: Any) -> bool:
 def install(r: Any) -> str:
     """Load the library (``FUNCTION LOAD REPLACE``) with an admin connection ``r``, a blocking
     client: on a Cluster on every primary. Returns the version loaded."""
-    if cluster.is_cluster(r):  # (redis-py sends FUNCTION LOAD to every primary of a Cluster)
+    if cluster.is_cluster(r):  # every primary, named here; the replicas copy their primary's
         r.execute_command("FUNCTION LOAD", "REPLACE", library(), target_nodes=r.get_primaries())
     else:
         r.function_load(library(), replace=True)
@@ -114,12 +114,13 @@ def state_of(found: str | None) -> str:
 
 
 def _found(res: Any) -> str | None:
-    """The version ``FCALL_RO fleet_version`` returned, None when there is no library."""
+    """The version ``FCALL_RO fleet_version`` returned (at most 64 characters: it is shown in
+    a line), None when there is no library."""
     if is_missing(res):
         return None
     if isinstance(res, Exception):
         raise res
-    return res.decode() if isinstance(res, bytes) else str(res)
+    return (res.decode(errors="replace") if isinstance(res, bytes) else str(res))[:64]
 
 
 def library_state(r: redis.Redis) -> tuple[str, str | None]:
