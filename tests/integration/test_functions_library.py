@@ -22,6 +22,7 @@ import redis
 from fleet.client import Fleet
 from protocol import keys
 from stores import outbox
+from tests.conftest import start_on_free_port
 from tests.helpers import Processes, fleet_cli, leads
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
@@ -164,3 +165,22 @@ def test_a_commander_and_a_relay_started_before_the_install_say_so_once_and_go_o
     wait_until(lambda: "rl-wait" in outbox.relay_beats(r), 20, "the relay to beat")
     for proc in (commander, relay):
         assert len(waiting_lines(proc.log)) == 1 and proc.alive()
+
+
+def test_a_commander_started_while_redis_is_away_waits_for_it_then_leads(
+        tmp_path: Path, fleet_env: dict[str, str], processes: Processes) -> None:
+    server = start_on_free_port(tmp_path)
+    server.stop()  # away when the commander starts
+    try:
+        commander = processes.commander({**fleet_env, **FAST_WORKER_ENV, "REDIS_URL": server.url}, "c-away")
+        wait_until(lambda: "Redis unavailable at start" in commander.tail() or not commander.alive(), 30,
+                   "the commander to wait for Redis")
+        assert commander.alive(), commander.tail()
+        server.start()  # with the library, as an operator's Redis
+        admin = server.client()
+        wait_until(lambda: leads(admin, "c-away") or not commander.alive(), 30, "the commander to lead")
+        assert commander.alive(), commander.tail()
+        admin.close()
+    finally:
+        processes.stop_all()
+        server.stop()
