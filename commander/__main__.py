@@ -99,6 +99,21 @@ def _connect(url: str, stop: threading.Event) -> redis.Redis | None:
     return None
 
 
+def _library_ready(r: redis.Redis, stop: threading.Event) -> bool:
+    """Wait for this version's functions library (``functions.wait_for_library``), and for a
+    Redis away at start as :func:`_connect` does; False on a stop first."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            return functions.wait_for_library(r, stop)
+        except TRANSIENT as exc:
+            failures += 1
+            delay = _BACKOFF.compute(failures)
+            log.warning("Redis unavailable at start (%s); retrying in %.1fs", exc, delay)
+            stop.wait(delay)
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a commander until SIGTERM/SIGINT."""
     settings = settings_from(args)
@@ -119,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     r = _connect(url, stop)
     if r is None:
         return 0 if stop.is_set() else 2
-    if not functions.wait_for_library(r, stop):
+    if not _library_ready(r, stop):
         return 0
     runtime = _runtime(settings, url)
     if runtime is None:
