@@ -17,6 +17,7 @@ from commander.monitor.access import access_of, refusal
 from commander.runtime import ProcessRuntime, Runtime
 from commander.settings import CommanderSettings
 from protocol.flags import Parser, add_flags, settings_from_flags
+from stores import functions
 from stores.connection import ClusterModeError, connect_rq, connect_sync, resolve_url
 from stores.retry import TRANSIENT, Backoff
 
@@ -100,6 +101,21 @@ def _connect(url: str, stop: threading.Event) -> redis.Redis | None:
     return None
 
 
+def _library_ready(r: redis.Redis, stop: threading.Event) -> bool:
+    """Wait for this version's functions library (``functions.wait_for_library``), and for a
+    Redis away at start as :func:`_connect` does; False on a stop first."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            return functions.wait_for_library(r, stop)
+        except TRANSIENT as exc:
+            failures += 1
+            delay = _BACKOFF.compute(failures)
+            log.warning("Redis unavailable at start (%s); retrying in %.1fs", exc, delay)
+            stop.wait(delay)
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a commander until SIGTERM/SIGINT."""
     settings = settings_from(args)
@@ -113,13 +129,19 @@ def run(args: argparse.Namespace) -> int:
                         format=f"%(asctime)s %(levelname)s {settings.commander_id} %(message)s")
     url = resolve_url(settings.redis_url)
     stop = threading.Event()
+    def _stop(*_: object) -> None:
+        stop.set()
+        functions.interrupt_waits()  # a call waiting for the functions library gives up
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, _stop)
     # first: a bad FLEET_REDIS_CLUSTER, or a cluster away at start, is met here, not in the
     # runtime's own client (a single node's client connects lazily: this returns at once)
     r = _connect(url, stop)
     if r is None:
         return 0 if stop.is_set() else 2
+    if not _library_ready(r, stop):
+        return 0
     runtime = _runtime(settings, url)
     if runtime is None:
         return 2

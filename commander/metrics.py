@@ -29,7 +29,7 @@ fleet_takeovers_total                  counter    tier             dead workers 
 fleet_takeover_users_total             counter    tier             users handed on by those takeovers
 fleet_decide_seconds                   histogram  -                duration of one decide pass
 fleet_commander_is_leader              gauge      -                1 while this commander leads
-fleet_unproven_processes_total         counter    -                processes adoption left alone (no spawn proof)
+fleet_unproven_processes_total         counter    -                processes left alone: no spawn proof
 fleet_commander_redis_errors_total     counter    kind             errors Redis answered this commander
 fleet_worker_redis_errors_total        counter    tier, kind       errors Redis answered the tier's workers
 fleet_policy_rejected                  gauge      tier             1 while the tier's policy key is rejected

@@ -16,7 +16,14 @@ import redis
 from redis.connection import parse_url
 from redis.exceptions import RedisClusterException
 
-from fleet.cli_admin import cmd_dead_letters, cmd_policy_edit, cmd_policy_get, cmd_policy_set, cmd_status
+from fleet.cli_admin import (
+    cmd_dead_letters,
+    cmd_install,
+    cmd_policy_edit,
+    cmd_policy_get,
+    cmd_policy_set,
+    cmd_status,
+)
 from fleet.cli_base import (
     EXIT_ERROR_REPLY,
     EXIT_TIMEOUT,
@@ -207,6 +214,16 @@ def _add_observe_commands(sub: _Sub[Any]) -> None:
                                      "the worker started (as in `fleet top`).")
     stt.add_argument("--json", action="store_true", help="print everything as one JSON object")
     stt.set_defaults(func=cmd_status)
+
+    ins = sub.add_parser("install", help="load Fleet's functions library into Redis (an admin connection)",
+                         description="Load Fleet's Lua, one Redis Functions library, with an admin "
+                                     "connection (FUNCTION LOAD REPLACE; on a Cluster on every primary) "
+                                     "and print its version. Fleet's processes only call it (FCALL).")
+    ins.add_argument("--url", default=None,
+                     help="Redis URL of an admin user (default: --redis-url, $REDIS_URL)")
+    ins.add_argument("--check", action="store_true",
+                     help="only say whether this version is installed (exit 0) or not (exit 1)")
+    ins.set_defaults(func=cmd_install)
 
     d = sub.add_parser("dead-letters", help="turns that could not be served, with reasons")
     d.add_argument("--tier", default="chat", help="tier whose dead letters to show (default: chat)")

@@ -1,4 +1,4 @@
-"""``fleet policy`` (get, set, edit), ``fleet status`` and ``fleet dead-letters``."""
+"""``fleet policy`` (get, set, edit), ``fleet status``, ``fleet dead-letters`` and ``fleet install``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -23,6 +23,8 @@ from protocol.policy import (
     parse_policy,
     updated,
 )
+from stores import functions
+from stores.cluster import is_cluster
 from stores.group_assignment import rejected_groups
 from stores.policies import has_policy_key, read_policy, write_policy
 
@@ -204,4 +206,25 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     print_result(rows, args.json, lambda rows: "\n".join(
         f"{d['id']}  user={d.get('user', '')!r} turn={d.get('turn_id', '')}  {d.get('reason', '')}"
         for d in rows) or "no dead letters")
+    return 0
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    """Load Fleet's functions library (an admin connection: ``FUNCTION LOAD``), on a Cluster on
+    every primary; ``--check``: say whether it is there (0) or missing / another version (1)."""
+    if args.url:
+        args.redis_url = args.url
+    r = cli_client(args)
+    if args.check:
+        state, found = functions.library_state(r)
+        print(f"Fleet functions library: {state} (this Fleet needs version {functions.VERSION}, "
+              f"Redis has {found or 'none'})")
+        return 0 if state == "ok" else 1
+    try:
+        version = functions.install(r)
+    except redis.ResponseError as exc:
+        raise CliError(f"cannot load the functions library: {exc} (`fleet install` needs an admin "
+                       "connection: a user allowed FUNCTION LOAD)") from None
+    where = f"every primary ({len(cast(Any, r).get_primaries())})" if is_cluster(r) else "Redis"
+    print(f"installed the Fleet functions library version {version} on {where}")
     return 0

@@ -39,6 +39,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "FLEET_SPAWN_PROOF": ("workers of the process runtime", "set by the commander on every process "
                           "it starts (the secret of its run dir's `spawn-proof`): adoption signals "
                           "only a process that carries it; never set it yourself"),
+    "FLEET_LIBRARY_CHECK_S": ("worker, commander, relay", "seconds between two looks of a process "
+                              "waiting for Fleet's functions library (`fleet install`); default: 3"),
 }
 
 

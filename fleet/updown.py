@@ -34,6 +34,7 @@ from fleet.teardown import (  # WORKER_STOP_S re-exported: it was defined here
     _stop_recorded_workers,
     _teardown,
 )
+from stores import functions
 from stores.connection import connect_sync, ping, redact_url
 from stores.policies import ensure_policy, read_policy
 from stores.registry import read_registry
@@ -141,6 +142,9 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
     try:
         r = connect_sync(url, retries=2, socket_timeout=5)
         ping(r)
+        if started_redis:  # its own server: the functions library loaded, and saved for a restart
+            functions.install(r)
+            r.save()
         min_workers = _ensure_default_tier(r)
     except (redis.RedisError, ValueError) as exc:
         if started_redis:

@@ -57,6 +57,9 @@ def redis_server(appendfsync: str = "everysec") -> Iterator[str]:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
+            from stores import functions
+
+            functions.install(client)  # Fleet's functions library, as an admin would (`fleet install`)
             yield f"redis://127.0.0.1:{port}/0"
         finally:
             proc.terminate()

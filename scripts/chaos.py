@@ -65,6 +65,7 @@ from protocol import keys
 from protocol.codec import CodecError, decode, encode
 from protocol.models import Control, LedgerEvent, OccupancyReport, WorkerInfo
 from protocol.policy import TurnsPolicy, turns_policy
+from stores import functions
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy
 from stores.registry import read_registry
@@ -181,7 +182,7 @@ class Cluster:
         deadline = time.monotonic() + 20
         while True:
             try:
-                client.ping()
+                functions.install(client)  # as an admin (FUNCTION LOAD REPLACE; kept by the AOF too)
                 return
             except (redis.ConnectionError, redis.BusyLoadingError):
                 if time.monotonic() > deadline:

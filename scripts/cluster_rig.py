@@ -291,6 +291,19 @@ class RedisClusterRig:
             node.stop()
 
 
+def install_library(rig: RedisClusterRig) -> None:
+    """Fleet's functions library on every master, as an admin would (``fleet install``); the
+    replicas get it from their masters."""
+    from stores import functions
+
+    for node in rig.masters():
+        client = node.client()
+        try:
+            functions.install(client)
+        finally:
+            client.close()
+
+
 def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
                   node_timeout_ms: int = NODE_TIMEOUT_MS, tls: Tls | None = None) -> RedisClusterRig:
     began = time.monotonic()
@@ -319,6 +332,7 @@ def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not reach cluster_state:ok")
             time.sleep(0.05)
+        install_library(rig)
     except BaseException:
         rig.stop()
         raise

@@ -315,6 +315,9 @@ def redis_server() -> Iterator[str]:
                 client.ping()
                 break
             time.sleep(0.02)
+        from stores import functions
+
+        functions.install(client)  # Fleet's functions library, as an admin would (`fleet install`)
         client.close()
         yield f"redis://127.0.0.1:{port}/0"
     finally:

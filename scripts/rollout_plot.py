@@ -45,6 +45,7 @@ from fleet.client import Fleet  # noqa: E402
 from protocol.codec import decode  # noqa: E402
 from protocol.models import LedgerEvent  # noqa: E402
 from protocol.policy import parse_policy  # noqa: E402
+from stores import functions  # noqa: E402
 from stores.ledger import ledger_page  # noqa: E402
 from stores.policies import write_policy  # noqa: E402
 from stores.registry import read_registry  # noqa: E402
@@ -77,6 +78,7 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
         try:
             if int(client.info("server")["process_id"]) != proc.pid:
                 raise SystemExit(f"port {port} is another redis-server's")
+            functions.install(client)  # Fleet's functions library, as an admin would (`fleet install`)
             return proc, url
         except redis.ConnectionError:
             time.sleep(0.02)

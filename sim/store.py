@@ -1,6 +1,6 @@
-"""The simulated Redis: fakeredis running Fleet's real Lua scripts, behind a faulty network.
+"""The simulated Redis: fakeredis running Fleet's real functions library, behind a faulty network.
 
-Every client is a real ``redis.asyncio.Redis`` (pipelines, ``Script`` reloads on NOSCRIPT,
+Every client is a real ``redis.asyncio.Redis`` (pipelines,
 the retry machinery and reply parsing are redis-py's own), whose connections talk to one
 in-process ``fakeredis.FakeServer``. What a real network and server add, this module adds:
 
@@ -9,8 +9,8 @@ in-process ``fakeredis.FakeServer``. What a real network and server add, this mo
 - **lost replies**: a command reaches the server and is applied, the reply never arrives
   (the client sees a connection error and redis-py retries, as it would);
 - **restarts**: the server goes away for a while and comes back with its data (AOF with
-  ``appendfsync always``): every connection breaks, blocked commands are dropped, the
-  script cache is empty;
+  ``appendfsync always``), the functions library among it: every connection breaks, blocked
+  commands are dropped;
 - **killed clients**: a SIGKILLed process's blocked commands die with its sockets, while a
   paused (SIGSTOPped) process's blocked read is still served by the server and read later;
 - **stalls**: a reply held up for a while (a slow network, a server busy elsewhere);
@@ -43,28 +43,20 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sim.loop import NODE
 from stores.connection import async_retry_options
-from stores.scripts import NAMES
-from stores.scripts import sha as script_sha
-from stores.scripts import source as script_source
+from stores.functions import NAMES, function_name, library, source
 
 _SERVER_CTX = contextvars.Context()  # blocked commands run here: on the server, not the client
 
-# Bugs planted in the Lua the simulated server runs, to show the checks find them: script name ->
-# the text to run instead (a test sets it, e.g. with monkeypatch.setitem). Clients load and call
-# the real script; the server runs the planted one under its SHA.
+# Bugs planted in the Lua the simulated server runs, to show the checks find them: operation
+# name -> the text to run instead (a test sets it, e.g. with monkeypatch.setitem). The server's
+# library holds the planted text under the real function's name and version.
 PLANTED: dict[str, Callable[[str], str]] = {}
 
 
-class _ScriptCache(dict[bytes, bytes]):
-    """fakeredis' script cache (SHA -> text), with the planted texts put in place of the real."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.planted = {script_sha(name).encode(): plant(script_source(name)).encode()
-                        for name, plant in PLANTED.items()}
-
-    def __setitem__(self, sha: bytes, text: bytes) -> None:
-        super().__setitem__(sha, self.planted.get(sha, text))
+def _install(server: fakeredis.FakeServer) -> None:
+    """Load the library, with the planted operations, as ``fleet install`` would."""
+    planted = {name: plant(source(name)) for name, plant in PLANTED.items()}
+    fakeredis.FakeRedis(server=server).function_load(library(planted), replace=True)
 
 
 @dataclass(frozen=True)
@@ -83,8 +75,8 @@ class Wire:
         return self.args[0].decode(errors="replace").upper() if self.args else ""
 
     def script(self) -> str | None:
-        """The name of the Fleet Lua script this ``EVALSHA``/``EVAL`` runs, if it runs one."""
-        if self.command not in ("EVALSHA", "EVAL") or len(self.args) < 3:
+        """The name of the Fleet Lua operation this ``FCALL`` runs, if it runs one."""
+        if self.command not in ("FCALL", "FCALL_RO") or len(self.args) < 3:
             return None
         return _SCRIPT_OF.get(self.args[1])
 
@@ -99,8 +91,7 @@ class Wire:
         return list(self.args[3 + int(self.args[2]):]) if self.script() else []
 
 
-_SCRIPT_OF = {key: name for name in NAMES  # a script by its SHA (EVALSHA) or its text (EVAL)
-              for key in (script_sha(name).encode(), script_source(name).encode())}
+_SCRIPT_OF = {function_name(name).encode(): name for name in NAMES}  # an operation by its function
 
 
 class _OrderedCallbacks:
@@ -135,7 +126,7 @@ class Network:
         self.loop = loop
         self.rng = rng
         self.server = fakeredis.FakeServer()
-        self.server.script_cache = _ScriptCache()
+        _install(self.server)
         self.server.dbs[0]._change_callbacks = _OrderedCallbacks()  # type: ignore[assignment]
         self.latency_ms = latency_ms
         self.spike_ms = spike_ms
@@ -165,10 +156,9 @@ class Network:
         return self.loop.time() < self.down_until
 
     def restart(self, down_s: float) -> None:
-        """The server dies now and is back ``down_s`` later, with its data and no scripts."""
+        """The server dies now and is back ``down_s`` later, with its data and its functions."""
         self.generation += 1
         self.down_until = self.loop.time() + down_s
-        self.server.script_cache.clear()
         for sock in self._live_sockets():
             sock.abort_blocked()
 

@@ -4,7 +4,7 @@ Jobs of different users that are ready at the same moment (a batch of notificati
 once, or the replies of one round trip waking several jobs) each call a script: a lane
 acquire, a turn commit, an ack. Sent one by one, each costs a round trip and a pass through
 redis-py. :class:`ScriptBatcher` queues the calls made in one pass of the event loop and sends
-them as one pipeline (``EVALSHA`` each, on one connection, one round trip), at the end of that
+them as one pipeline (``FCALL`` each, on one connection, one round trip), at the end of that
 pass: a call made alone waits for nothing but the rest of the pass it was made in, so latency
 at low load does not grow. A pipeline holds at most ``max_batch`` calls; more wait for the next.
 
@@ -14,10 +14,10 @@ shard: ``notification_ack.lua``) are merged into one call.
 Each call is the script's own atomic step, as if sent alone; a pipeline is no transaction. A
 call whose caller was cancelled before the pipeline left is not sent. A connection error fails
 every call of its pipeline (redis-py retries the pipeline first, as it retries one command).
-``NOSCRIPT`` (a restarted Redis) loads the script and sends the calls that met it again.
+Calls that found no function (no library, or another version's: nothing ran) wait for the
+library (``stores.functions``) and are sent again.
 
-Single node only: redis-py's cluster pipeline refuses scripts, so on a Cluster the callers run
-their scripts one call each (``stores.turns.UserStore``).
+Single node only: on a Cluster the callers run their calls one each (``stores.turns.UserStore``).
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+
+from stores import functions
 
 MAX_BATCH = 128  # script calls in one pipeline
 
 
 @dataclass
 class _Call:
-    script: AsyncScript
+    script: functions.Function
     keys: list[str]
     args: list[Any]
     futures: list[asyncio.Future[Any]]
@@ -79,7 +79,7 @@ class ScriptBatcher:
         self._scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
 
-    def call(self, script: AsyncScript, keys: list[str], args: list[Any],
+    def call(self, script: functions.Function, keys: list[str], args: list[Any],
              merge_from: int | None = None) -> asyncio.Future[Any]:
         """Queue one script call; the future gets its reply (or its error)."""
         loop = asyncio.get_running_loop()
@@ -129,20 +129,13 @@ class ScriptBatcher:
                     f.set_result(res)
 
     async def _replies(self, batch: list[_Call]) -> list[Any]:
-        """One pipeline's replies; ``NOSCRIPT`` (a restarted Redis forgot the scripts) loads the
-        scripts and sends the calls that met it again."""
-        replies = await self._pipeline(batch)
-        missing = [i for i, res in enumerate(replies) if isinstance(res, NoScriptError)]
-        if missing:
-            for script in {id(batch[i].script): batch[i].script for i in missing}.values():
-                await self.r.script_load(script.script)
-            again = await self._pipeline([batch[i] for i in missing])
-            for i, res in zip(missing, again, strict=True):
-                replies[i] = res
-        return replies
+        """One pipeline's replies; the calls that found no function are sent again once the
+        library is there."""
+        return await functions.resend_missing(await self._pipeline(batch), self.r,
+                                              lambda missing: self._pipeline([batch[i] for i in missing]))
 
     async def _pipeline(self, batch: list[_Call]) -> list[Any]:
         async with self.r.pipeline(transaction=False) as pipe:
             for c in batch:
-                pipe.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
+                c.script(c.keys, c.args, client=pipe)
             return list(await pipe.execute(raise_on_error=False))

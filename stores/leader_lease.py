@@ -11,14 +11,14 @@ import redis
 
 from protocol import keys
 from protocol.codec import as_str
-from stores.scripts import Scripts
+from stores.functions import Functions
 
 
 class LeaderLease:
     """The lease scripts, on a blocking client."""
 
     def __init__(self, r: redis.Redis) -> None:
-        scripts = Scripts(r)
+        scripts = Functions(r)
         self._acquire = scripts.leader_acquire
         self._renew = scripts.lease_renew
         self._drop = scripts.lease_drop

@@ -21,8 +21,8 @@ from redis.exceptions import ResponseError
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode, encode
 from protocol.models import LedgerEvent
+from stores.functions import Functions
 from stores.replies import RawRow, raw_rows, raw_streams
-from stores.scripts import Scripts
 
 EVENTS_MAXLEN = 100_000
 PAGE = 200  # entries per XREVRANGE when a tier filter makes us scan back
@@ -39,7 +39,7 @@ class Ledger:
     """The fenced append, on a blocking client."""
 
     def __init__(self, r: redis.Redis) -> None:
-        self._append = Scripts(r).ledger_append
+        self._append = Functions(r).ledger_append
 
     def append(self, holder: str, event: LedgerEvent) -> str:
         """Append ``event`` while ``holder`` leads: the entry id; else raise ``NotLeading``."""

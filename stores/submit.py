@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, FieldT
 
 from protocol import keys
 from protocol.models import Turn
-from stores import replicas, scripts
+from stores import functions, replicas
 from stores.backlog import queue_submit_gauges
 from stores.replicas import Command
 from stores.roundtrips import Op, Pipelined, Single, operation
@@ -85,22 +84,22 @@ def queue_notify(pipe: Any, turn: Turn, shards: int = 1) -> None:
 
 # --- one node: one script, one round trip --------------------------------------------------
 def submit_call(built: list[tuple[Turn, bytes]], tier: str, shards: int = 1) -> Command:
-    """The ``EVALSHA`` of ``turn_submit.lua`` for ``built`` (every inbox entry and notification,
+    """The ``FCALL`` of ``turn_submit.lua`` for ``built`` (every inbox entry and notification,
     then the active marks, in one atomic call)."""
     ks = [keys.active(tier)] + [keys.inbox(t.user) for t, _ in built] + [
         keys.ready(tier, keys.ready_shard(t.user, shards)) for t, _ in built]
     args: list[Any] = [len(built)]
     for turn, payload in built:
         args += [turn.user, turn.ts, turn.turn_id, turn.tier, payload]
-    return ("EVALSHA", scripts.sha("turn_submit"), len(ks), *ks, *args)
+    return functions.command("turn_submit", ks, args)
 
 
 def pressure_call(tier: str, shard: int, event: Mapping[str, str]) -> Command:
-    """The ``EVALSHA`` of ``submit_pressure.lua``: a pressure event posted if the lag of ready
+    """The ``FCALL`` of ``submit_pressure.lua``: a pressure event posted if the lag of ready
     shard ``shard`` exceeds the starting slots."""
     ks = [keys.ready(tier, shard), keys.starting(tier), keys.pressure(tier)]
     fields = [x for k, v in event.items() for x in (k, v)]
-    return ("EVALSHA", scripts.sha("submit_pressure"), len(ks), *ks, keys.GROUP, PRESSURE_MAXLEN, *fields)
+    return functions.command("submit_pressure", ks, [keys.GROUP, PRESSURE_MAXLEN, *fields])
 
 
 def queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str,
@@ -126,7 +125,7 @@ def submit_turns(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptions
     """Submit ``built``; with ``pressure``, check the tier and post that event if it is due.
 
     On one node (:func:`submit_one_node`): one script and round trip (``WAIT`` after it, if
-    asked; a restarted Redis that forgot the scripts costs three more). On Redis Cluster
+    asked). On Redis Cluster
     (``cluster``): the ordered submit of :func:`submit_ordered`, two round trips (three with a
     ``WAIT``), no script.
     """
@@ -137,28 +136,15 @@ def submit_turns(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptions
 
 def submit_one_node(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptions = NO_OPTIONS,
                     pressure: Mapping[str, str] | None = None) -> Op[Submitted]:
-    """The single-node submit (:func:`queue_round_trip`); on ``NOSCRIPT`` (nothing was written)
-    both scripts are loaded and the round trip sent again."""
+    """The single-node submit (:func:`queue_round_trip`); :class:`~stores.functions.LibraryMissing`
+    when Redis has not this version's functions library (nothing was written)."""
     def queue(pipe: Any) -> None:
         queue_round_trip(pipe, built, tier, opts, pressure)
 
     results = yield Pipelined(queue, raise_on_error=False)
-    if _no_script(results):
-        for name in SUBMIT_SCRIPTS:
-            yield _load_script(name)
-        results = yield Pipelined(queue, raise_on_error=False)
+    if any(functions.is_missing(res) for res in results):
+        raise functions.LibraryMissing(functions.missing_line())
     return committed(results, opts.wait is not None, pressure is not None)
-
-
-def _load_script(name: str) -> Single:
-    return Single(lambda r: r.script_load(scripts.source(name)))
-
-
-SUBMIT_SCRIPTS = ("turn_submit", "submit_pressure")
-
-
-def _no_script(results: list[Any]) -> bool:
-    return any(isinstance(res, NoScriptError) for res in results)
 
 
 def committed(results: list[Any], waited: bool = False, checked: bool = False) -> Submitted:

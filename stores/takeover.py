@@ -28,14 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_token, validate_user_id
-from stores import cluster
-from stores.scripts import Scripts
+from stores import functions
+from stores.functions import Functions
 
 BATCH = 100  # pending entries handled per round of XPENDING
 
@@ -92,7 +91,7 @@ def take_over(r: redis.Redis, tier: str, worker: str, batch: int = BATCH) -> Tak
     """
     validate_token(worker, "worker id")
     done = _Progress()
-    scripts = Scripts(r)
+    scripts = Functions(r)
     dropped = [_take_over_stream(r, scripts, stream, worker, batch, done)
                for stream in shard_streams(r, tier)]
     left = -1 in dropped
@@ -100,7 +99,7 @@ def take_over(r: redis.Redis, tier: str, worker: str, batch: int = BATCH) -> Tak
                     done.unreadable, consumer_removed=1 in dropped and not left, pending_left=left)
 
 
-def _take_over_stream(r: redis.Redis, scripts: Scripts[Script], stream: str, worker: str, batch: int,
+def _take_over_stream(r: redis.Redis, scripts: Functions, stream: str, worker: str, batch: int,
                       done: _Progress) -> int:
     """:func:`take_over` on one ready shard; ``consumer_drop.lua``'s answer (1 dropped, 0
     absent, -1 pending left)."""
@@ -123,7 +122,7 @@ def _take_over_stream(r: redis.Redis, scripts: Scripts[Script], stream: str, wor
         return 0  # no stream or no group: nothing was ever pending there
 
 
-def _hand_on(r: redis.Redis, scripts: Scripts[Script], stream: str, worker: str, ids: list[str],
+def _hand_on(r: redis.Redis, scripts: Functions, stream: str, worker: str, ids: list[str],
              done: _Progress) -> None:
     """One batch: read the users, clear the dead worker's lanes, post fresh notifications, ack."""
     pipe = r.pipeline(transaction=False)
@@ -158,16 +157,23 @@ def _hand_on(r: redis.Redis, scripts: Scripts[Script], stream: str, worker: str,
     done.unreadable += len(raw)
 
 
-def _clear_lanes(r: redis.Redis, scripts: Scripts[Script], worker: str, users: list[str]) -> list[str]:
+def _clear_lanes(r: redis.Redis, scripts: Functions, worker: str, users: list[str]) -> list[str]:
     """Delete the lanes of ``users`` that ``worker`` holds; return whose lanes were deleted."""
     if not users:
         return []
-    if cluster.is_cluster(r):  # its pipeline refuses EVALSHA: one call per user
-        return [u for u in users if int(scripts.lane_clear(keys=[keys.lane(u)], args=[worker])) == 1]
-    pipe = r.pipeline(transaction=False)
-    for user in users:
-        scripts.lane_clear(keys=[keys.lane(user)], args=[worker], client=pipe)
-    return [u for u, res in zip(users, pipe.execute(), strict=True) if int(res) == 1]
+    while True:  # all of them again when the library was missing: a lane cleared is not ours any more
+        pipe = r.pipeline(transaction=False)
+        for user in users:
+            scripts.lane_clear(keys=[keys.lane(user)], args=[worker], client=pipe)
+        replies = pipe.execute(raise_on_error=False)
+        if not any(functions.is_missing(res) for res in replies):
+            break
+        if not functions.wait_for_library(r):
+            raise functions.LibraryMissing(functions.missing_line())
+    for res in replies:
+        if isinstance(res, Exception):
+            raise res
+    return [u for u, res in zip(users, replies, strict=True) if int(res) == 1]
 
 
 def consumers(r: redis.Redis, tier: str) -> dict[str, int]:

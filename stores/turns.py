@@ -15,19 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import as_str, decode_valid
 from protocol.models import MemoryItem, SessionEntry
-from stores import cluster, replicas
+from stores import cluster, functions, replicas
 from stores.batch import ScriptBatcher
 from stores.memory import parse_members
 from stores.replies import raw_rows
 from stores.retry import TRANSIENT
 from stores.roundtrips import arun
-from stores.scripts import Scripts
 
 log = logging.getLogger("fleet.worker")
 
@@ -155,7 +153,7 @@ class UserStore:
         self.worker = worker
         self.tier = tier  # a turn of another tier gets no context pack from the scripts
         self.cfg = config or StoreConfig()
-        self.scripts = Scripts(r)
+        self.scripts = functions.Functions(r)
         self.batcher = ScriptBatcher(r)  # acquires and commits of one loop pass: one round trip
         self.acks = replicas.ReplicaAcks.of("acquire", "commit")
         # WAIT after the lane acquire and the turn commit (the worker sets it from the tier's
@@ -258,70 +256,62 @@ class UserStore:
             log.warning("the relay's notification for %s was not written (%s: %s): its sweep will "
                         "find the outbox", user, type(exc).__name__, exc)
 
-    async def _call(self, script: AsyncScript, keys_: list[str], args: list[Any], op: str) -> Any:
-        """A hot-path script call: on one node without ``replica_wait``, queued with the other
-        calls of this loop pass (``stores.batch``: one round trip for all); else on its own."""
+    async def _call(self, script: functions.Function, keys_: list[str], args: list[Any], op: str) -> Any:
+        """A hot-path call: on one node without ``replica_wait``, queued with the other calls of
+        this loop pass (``stores.batch``: one round trip for all); else on its own."""
         if self.replica_wait is None and not cluster.is_cluster(self.r):
             return await self.batcher.call(script, keys_, args)
         return await self._run(script, keys_, args, op)
 
-    async def _run(self, script: AsyncScript, keys_: list[str], args: list[Any], op: str) -> Any:
-        """Run a script; with ``replica_wait``, then ``WAIT`` on the same connection (WAIT counts
+    async def _run(self, script: functions.Function, keys_: list[str], args: list[Any], op: str) -> Any:
+        """Run a call; with ``replica_wait``, then ``WAIT`` on the same connection (WAIT counts
         the writes of the connection it is sent on: sent apart, it could go on another of the pool's)."""
         wait = self.replica_wait
         if wait is None:
-            return await script(keys=keys_, args=args)  # no WAIT: the script call alone
-        for attempt in range(2):
-            cmd = ("EVALSHA", script.sha, len(keys_), *keys_, *args)
+            return await script(keys=keys_, args=args)  # no WAIT: the call alone
+        while True:
+            cmd = functions.command(script.op, keys_, args)
             if cluster.is_cluster(self.r):
-                # redis-py's cluster pipeline refuses scripts: EVALSHA + WAIT down one connection
-                # of the master serving the user's slot (a MOVED there patches the slot table,
-                # and is raised below: the caller retries it like any transient error)
+                # FCALL + WAIT down one connection of the master serving the user's slot (a
+                # MOVED there patches the slot table, and is raised below: the caller retries
+                # it like any transient error)
                 replies, waited = await arun(self.r, replicas.on_node([(keys_[0], cmd)], wait))
                 res, acked = replies[0], waited[0]
-            else:  # one node: a non-transactional pipeline (one connection) of EVALSHA + WAIT
+            else:  # one node: a non-transactional pipeline (one connection) of FCALL + WAIT
                 async with self.r.pipeline(transaction=False) as pipe:
                     pipe.execute_command(*cmd)
                     pipe.wait(wait.replicas, wait.timeout_ms)
                     res, acked = await pipe.execute(raise_on_error=False)
-            if isinstance(res, NoScriptError) and attempt == 0:  # a restarted Redis, a promoted replica
-                await self._load(script, keys_[0])
-                continue
-            break
+            if not functions.is_missing(res):  # else nothing ran: sent again once the library is back
+                break
+            await functions.wait_for_library_async(self.r)
         self.acks.count(op, wait, acked, asyncio.get_running_loop().time())  # virtual in the simulator
         if isinstance(res, Exception):
             raise res
         return res
-
-    async def _load(self, script: AsyncScript, key: str) -> None:
-        """Load ``script`` where ``key`` lives (nothing was run: EVALSHA found no script)."""
-        if cluster.is_cluster(self.r):
-            rc: Any = self.r
-            await rc.get_node_from_key(key).execute_command("SCRIPT", "LOAD", script.script)
-        else:
-            await self.r.script_load(script.script)
 
     async def drop(self, lease: Lease) -> bool:
         """Give the lane up whatever waits in the inbox (the caller re-notifies)."""
         return bool(await self.scripts.lease_drop(keys=[keys.lane(lease.user)], args=[lease.owner]))
 
     async def renew(self, leases: list[Lease]) -> list[bool]:
-        """Extend several leases in one round trip; False where the lane was lost.
-
-        On a Cluster the renewals are sent one script call each, concurrently (redis-py's
-        cluster pipeline refuses ``EVALSHA``): as many requests, still one round trip of wait."""
+        """Extend several leases in one round trip (on a Cluster, one per master, sent
+        concurrently); False where the lane was lost."""
         if not leases:
             return []
-        if cluster.is_cluster(self.r):
-            return [bool(x) for x in await asyncio.gather(*(
-                self.scripts.lease_renew(keys=[keys.lane(lease.user)],
-                                         args=[lease.owner, self.cfg.lane_ttl_ms])
-                for lease in leases))]
-        async with self.r.pipeline(transaction=False) as pipe:  # gives its connection back on error
-            for lease in leases:  # awaiting a script call on a pipeline queues it
-                await self.scripts.lease_renew(keys=[keys.lane(lease.user)],
-                                              args=[lease.owner, self.cfg.lane_ttl_ms], client=pipe)
-            return [bool(x) for x in await pipe.execute()]
+
+        async def pipeline(indexes: list[int]) -> list[Any]:
+            async with self.r.pipeline(transaction=False) as pipe:  # gives its connection back on error
+                for i in indexes:
+                    self.scripts.lease_renew(keys=[keys.lane(leases[i].user)],
+                                             args=[leases[i].owner, self.cfg.lane_ttl_ms], client=pipe)
+                return list(await pipe.execute(raise_on_error=False))
+
+        replies = await functions.resend_missing(await pipeline(list(range(len(leases)))), self.r, pipeline)
+        for res in replies:
+            if isinstance(res, Exception):
+                raise res
+        return [bool(x) for x in replies]
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:

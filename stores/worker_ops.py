@@ -13,19 +13,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import as_str, encode
 from protocol.models import WorkerInfo
-from stores import cluster
+from stores import cluster, functions
 from stores.batch import ScriptBatcher
+from stores.functions import Functions
 from stores.replies import raw_streams
-from stores.scripts import Scripts
 
 log = logging.getLogger("fleet.worker")
 
@@ -163,7 +162,7 @@ async def reclaim_idle(r: aioredis.Redis, tier: str, worker_id: str, min_idle_ms
     return as_str(nxt), [(nid_of(shard, as_str(nid)), fields) for nid, fields in rows]
 
 
-async def ack_notifications(scripts: Scripts[AsyncScript], tier: str, worker_id: str, nids: Sequence[str],
+async def ack_notifications(scripts: Functions, tier: str, worker_id: str, nids: Sequence[str],
                             batcher: ScriptBatcher | None = None) -> None:
     """Ack those of ``nids`` still pending under ``worker_id`` (``notification_ack.lua``, one
     call per ready shard). With a ``batcher`` (one node), the call joins those of the same loop
@@ -180,7 +179,7 @@ async def ack_notifications(scripts: Scripts[AsyncScript], tier: str, worker_id:
         await asyncio.gather(*calls)
 
 
-async def ack_covered(scripts: Scripts[AsyncScript], tier: str, worker_id: str, holder_worker: str, user: str,
+async def ack_covered(scripts: Functions, tier: str, worker_id: str, holder_worker: str, user: str,
                       nids: Sequence[str]) -> int:
     """Ack ``nids`` if ``holder_worker`` has one of ``user``'s notifications pending
     (``notification_ack_covered.lua``); negative when it has none and they stay pending.
@@ -199,26 +198,25 @@ async def ack_covered(scripts: Scripts[AsyncScript], tier: str, worker_id: str, 
     return acked if carried else -1
 
 
-async def touch_and_beat(r: aioredis.Redis, scripts: Scripts[AsyncScript], tier: str, worker_id: str,
+async def touch_and_beat(r: aioredis.Redis, scripts: Functions, tier: str, worker_id: str,
                          nids: Sequence[str], heartbeat_ttl_ms: int) -> None:
     """Touch the notifications still pending under us (resetting their idle time, so no one
     reclaims a live holder's; one script call per ready shard) and beat the heartbeat, in one
-    round trip (on a Cluster, requests sent concurrently: its pipeline refuses ``EVALSHA``)."""
+    round trip (on a Cluster, one per master, sent concurrently)."""
     shards = by_shard(nids)
-    if cluster.is_cluster(r):
-        calls = [r.set(keys.heartbeat(worker_id), "1", px=heartbeat_ttl_ms)]
-        for shard, ids in shards.items():
-            calls.insert(0, scripts.notification_touch(keys=[keys.ready(tier, shard)],
-                                                       args=[keys.GROUP, worker_id, *ids]))
-        await asyncio.gather(*calls)
-        return
-    async with r.pipeline(transaction=False) as pipe:  # (a failed script load left
-        # the pipeline holding its connection: the context gives it back)
-        for shard, ids in shards.items():
-            await scripts.notification_touch(
-                keys=[keys.ready(tier, shard)], args=[keys.GROUP, worker_id, *ids], client=pipe)
-        pipe.set(keys.heartbeat(worker_id), "1", px=heartbeat_ttl_ms)
-        await pipe.execute()
+
+    async def round_trip(indexes: list[int]) -> list[Any]:  # all of it (touching twice is harmless):
+        async with r.pipeline(transaction=False) as pipe:  # gives its connection back on error
+            for shard, ids in shards.items():
+                scripts.notification_touch(keys=[keys.ready(tier, shard)], args=[keys.GROUP, worker_id, *ids],
+                                           client=pipe)
+            pipe.set(keys.heartbeat(worker_id), "1", px=heartbeat_ttl_ms)
+            replies = list(await pipe.execute(raise_on_error=False))
+        return [replies[i] for i in indexes]  # the replies asked for
+
+    for res in await functions.resend_missing(await round_trip(list(range(len(shards) + 1))), r, round_trip):
+        if isinstance(res, Exception):
+            raise res
 
 
 async def trim_ready(r: aioredis.Redis, tier: str, forget_after_s: float, shards: int = 1) -> None:

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import fakeredis
 import pytest
 import redis
 
+from stores import functions
 from tests.helpers import Processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,7 @@ class RedisServer:
     workdir: Path
     proc: subprocess.Popen[bytes] | None = None
     extra: tuple[str, ...] = ()
+    library: bool = True  # Fleet's functions installed when it starts, as an operator would
 
     @property
     def url(self) -> str:
@@ -70,6 +73,8 @@ class RedisServer:
             self.proc.wait(timeout=10)
             self.proc = None
             raise PortTaken(f"port {self.port} is another redis-server's (pid {pid})")
+        if self.library:
+            install_library(self.url)
 
     def stop(self, sig_kill: bool = False) -> None:
         if self.proc is None:
@@ -85,10 +90,36 @@ class RedisServer:
         return redis.Redis.from_url(self.url)
 
 
-def start_on_free_port(workdir: Path, extra: tuple[str, ...] = ()) -> RedisServer:
-    """A started RedisServer on a free port; a port another process took first is tried again."""
+def install_library(url: str) -> None:
+    """Install Fleet's functions library on the server (or Cluster) at ``url``, as an admin
+    (``fleet install``): the one way the test fixtures load it."""
+    from stores.connection import connect_sync
+
+    client = connect_sync(url)
+    try:
+        functions.install(client)
+    finally:
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+def fake_servers_hold_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fakeredis server a test makes starts with Fleet's functions library, as a server
+    an operator installed it on."""
+    init = fakeredis.FakeServer.__init__
+
+    def installed(self: fakeredis.FakeServer, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        functions.install(fakeredis.FakeRedis(server=self))
+
+    monkeypatch.setattr(fakeredis.FakeServer, "__init__", installed)
+
+
+def start_on_free_port(workdir: Path, extra: tuple[str, ...] = (), library: bool = True) -> RedisServer:
+    """A started RedisServer on a free port (with Fleet's functions library unless ``library``
+    is false); a port another process took first is tried again."""
     for _ in range(4):
-        server = RedisServer(port=free_port(), workdir=workdir, extra=extra)
+        server = RedisServer(port=free_port(), workdir=workdir, extra=extra, library=library)
         try:
             server.start()
         except PortTaken:

@@ -25,7 +25,7 @@ from protocol import keys
 from protocol.codec import CodecError
 from protocol.models import WorkerInfo, WorkerState
 from protocol.policy import TurnsPolicy
-from stores import worker_ops
+from stores import functions, worker_ops
 from stores.connection import connect_async
 from stores.redis_errors import RedisErrors
 from stores.replicas import ReplicaWait
@@ -149,8 +149,10 @@ class Worker:
             self.reports.wake()
 
     async def join(self) -> None:
-        """Join the tier, once: apply its policy, join its ready group, register (and beat)."""
+        """Join the tier, once: wait for this version's functions library, apply its policy,
+        join its ready group, register (and beat)."""
         self.heartbeat.trying()
+        await functions.wait_for_library_async(self.r)
         await self.tier_policy.refresh()
         await worker_ops.join_ready_group(self.r, self.pool, self.tier_policy.shards)
         self._started = time.time()

@@ -49,12 +49,11 @@ def preload() -> None:
     import importlib.resources.readers  # noqa: F401
 
     import worker.__main__  # noqa: F401  (worker.app, redis.asyncio, pydantic models, stores)
-    from stores import scripts
+    from stores import functions
     from worker import handlers
 
     handlers.registered_names()  # scan the entry points once, not once per worker
-    for name in scripts.NAMES:
-        scripts.source(name)
+    functions.library()  # reads and assembles the Lua files
 
 
 class ForkServer:

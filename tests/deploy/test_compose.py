@@ -119,11 +119,13 @@ def test_the_relay_is_optional_and_restarts(config: dict[str, Any]) -> None:
     assert relay["healthcheck"]["test"] == ["CMD", "fleet", "relay", "--check", "--max-age", "30"]
 
 
-def test_the_policy_one_shot_keeps_an_existing_policy(config: dict[str, Any]) -> None:
+def test_the_one_shot_installs_the_library_and_keeps_an_existing_policy(config: dict[str, Any]) -> None:
     policy = config["services"]["policy"]
     assert policy["entrypoint"] == ["/bin/sh", "-c"]
     (script,) = policy["command"]
-    assert script.startswith("fleet policy get chat >/dev/null 2>&1 || fleet policy set chat ")
+    install, policy_set = script.split(" && ", 1)
+    assert install == "fleet install"
+    assert policy_set.startswith("(fleet policy get chat >/dev/null 2>&1 || fleet policy set chat ")
     assert policy["restart"] == "no"
 
 

@@ -100,7 +100,7 @@ async def test_the_notification_scripts_act_only_on_the_callers_own_entries(
         r: redis.Redis, redis_server: RedisServer, script: str) -> None:
     """What fakeredis runs in the explorer, on the real server: an entry another consumer
     reclaimed is neither acked nor taken back."""
-    from stores.scripts import Scripts
+    from stores.functions import Functions
 
     client = aioredis.Redis.from_url(redis_server.url)
     ready = keys.ready("chat")
@@ -109,7 +109,7 @@ async def test_the_notification_scripts_act_only_on_the_callers_own_entries(
     theirs = (await client.xadd(ready, {"user": "bob"})).decode()
     await client.xreadgroup(keys.GROUP, "w1", {ready: ">"})
     await client.xclaim(ready, keys.GROUP, "w2", 0, [theirs])
-    run = getattr(Scripts(client), script)
+    run = getattr(Functions(client), script)
     assert await run(keys=[ready], args=[keys.GROUP, "w1", mine, theirs, "0-1"]) == 1
     pending = {p["message_id"].decode(): p["consumer"].decode()
                for p in await client.xpending_range(ready, keys.GROUP, "-", "+", 10)}
@@ -119,14 +119,14 @@ async def test_the_notification_scripts_act_only_on_the_callers_own_entries(
 
 async def test_a_busy_path_ack_needs_the_holders_carrier_on_the_real_server(
         r: redis.Redis, redis_server: RedisServer) -> None:
-    from stores.scripts import Scripts
+    from stores.functions import Functions
 
     client = aioredis.Redis.from_url(redis_server.url)
     ready = keys.ready("chat")
     await client.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
     mine = (await client.xadd(ready, {"user": "alice"})).decode()
     await client.xreadgroup(keys.GROUP, "w1", {ready: ">"})
-    scripts = Scripts(client)
+    scripts = Functions(client)
     args = [keys.GROUP, "w1", "w0", "alice", mine]
     assert await scripts.notification_ack_covered(keys=[ready], args=args) == -1
     await client.xadd(ready, {"user": "alice"})
@@ -161,10 +161,10 @@ async def test_the_hot_path_scripts_on_the_real_server(r: redis.Redis, redis_ser
         second = await store.commit(lease, first.next.entry, "t1", Writes(turn_id="t1"), 2)
         assert (second.result, second.released, second.next) == ("ok", True, None)
         assert r.get(keys.lane(U)) is None
-        from stores.scripts import Scripts
+        from stores.functions import Functions
         ready = keys.ready("chat")
         r.xgroup_create(ready, keys.GROUP, id="0")
         ids = [nid.decode() for _s, rows in r.xreadgroup(keys.GROUP, "w1", {ready: ">"}) for nid, _f in rows]
-        assert await Scripts(client).notification_ack(keys=[ready], args=[keys.GROUP, "w1", *ids]) == 2
+        assert await Functions(client).notification_ack(keys=[ready], args=[keys.GROUP, "w1", *ids]) == 2
     finally:
         await client.aclose()

@@ -33,6 +33,7 @@ import redis
 
 from fleet.client import AsyncFleet, Fleet
 from protocol.models import WorkerInfo
+from stores import functions
 from tests.conftest import free_port
 from tests.helpers import Processes, fleet_argv, live_workers, no_process_left
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
@@ -133,6 +134,7 @@ class SecureServer:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"redis-server did not start: {self.log()[-1000:]}") from None
                 time.sleep(0.02)
+        functions.install(admin)  # as an admin would (`fleet install`)
         admin.close()
 
     def log(self) -> str:

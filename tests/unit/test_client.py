@@ -21,9 +21,9 @@ from protocol import keys
 from protocol.codec import encode
 from protocol.models import Turn, WorkerInfo
 from protocol.policy import TurnsPolicy
+from stores.functions import function_name as sha
 from stores.policies import read_policy, write_policy
 from stores.replicas import ReplicaWait
-from stores.scripts import sha
 from stores.submit import Submitted, committed, queue_round_trip
 from stores.submit_options import SubmitOptions
 from stores.tier_exists import heartbeats_of, tier_defined
@@ -69,7 +69,7 @@ def test_the_submit_is_one_script_call_and_the_pressure_check_after_it() -> None
     built = [build(u) for u in ("alice", "bob")]
     pipe = Recorder()
     queue_round_trip(pipe, built, "chat", pressure={"tier": "chat", "user": "bob", "ts": "1"})
-    assert [cmd[0] for cmd in pipe.sent] == ["EVALSHA", "EVALSHA"]
+    assert [cmd[0] for cmd in pipe.sent] == ["FCALL", "FCALL"]
     submit, check = pipe.sent
     assert submit[1] == sha("turn_submit") and check[1] == sha("submit_pressure")
     assert submit[2:3 + submit[2]] == (5, keys.active("chat"), keys.inbox("alice"), keys.inbox("bob"),
@@ -83,14 +83,14 @@ def test_without_a_pressure_check_the_submit_is_the_script_alone() -> None:
     built = [build("alice")]
     pipe = Recorder()
     queue_round_trip(pipe, built, "chat")
-    assert [cmd[:2] for cmd in pipe.sent] == [("EVALSHA", sha("turn_submit"))]
+    assert [cmd[:2] for cmd in pipe.sent] == [("FCALL", sha("turn_submit"))]
 
 
 def test_with_replica_acks_a_wait_follows_the_script_on_the_same_round_trip() -> None:
     built = [build("alice")]
     pipe = Recorder()
     queue_round_trip(pipe, built, "chat", SubmitOptions(wait=ReplicaWait(1, 50)), {"user": "alice"})
-    assert [cmd[0] for cmd in pipe.sent] == ["EVALSHA", "WAIT", "EVALSHA"]
+    assert [cmd[0] for cmd in pipe.sent] == ["FCALL", "WAIT", "FCALL"]
     assert pipe.sent[1] == ("WAIT", 1, 50)
     assert committed([[b"1-0"], 1, 1], waited=True, checked=True) == Submitted([], 1, True)
 
@@ -102,7 +102,7 @@ def test_committed_says_whether_the_check_posted_a_pressure_event() -> None:
     assert committed([[b"1-0"]]) == Submitted([])
 
 
-@pytest.mark.parametrize("error", [redis.ResponseError("NOPERM evalsha"),
+@pytest.mark.parametrize("error", [redis.ResponseError("NOPERM fcall"),
                                    redis.ResponseError("WRONGTYPE inbox"),
                                    redis.ResponseError("BADARGS turn count")])
 def test_committed_raises_the_scripts_error(error: Exception) -> None:

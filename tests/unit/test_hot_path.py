@@ -17,8 +17,8 @@ from protocol.models import Reply, Turn
 from protocol.policy import TurnsPolicy
 from stores import submit
 from stores.batch import ScriptBatcher
+from stores.functions import Functions
 from stores.policies import write_policy
-from stores.scripts import Scripts
 from stores.turns import Idle, Lease, UserStore
 from worker.app import Worker
 from worker.intake import decode_entry, entry_size
@@ -45,18 +45,17 @@ async def test_the_acquires_of_one_loop_pass_go_in_one_pipeline(pipelines: list[
     store = UserStore(r, "w1")
     for user in ("alice", "bob", "carol"):
         await r.xadd(keys.inbox(user), {"text": "hi"})
-    await r.script_load(store.scripts.lane_acquire.script)  # as on a server that ran it before
     pipelines.clear()
     got = await asyncio.gather(*(store.acquire(u) for u in ("alice", "bob", "carol", "dave")))
     assert [type(g) for g in got] == [Lease, Lease, Lease, Idle]
-    assert pipelines == [["EVALSHA"] * 4]
+    assert pipelines == [["FCALL"] * 4]
     assert store.batcher.stats.sizes == {4: 1}
     await r.aclose()
 
 
 async def test_acks_of_one_shard_merge_into_one_call() -> None:
     r = fakeredis.FakeAsyncRedis()
-    scripts = Scripts(r)
+    scripts = Functions(r)
     batcher = ScriptBatcher(r)
     ready = keys.ready("chat")
     await r.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
@@ -74,7 +73,6 @@ async def test_a_call_whose_caller_is_gone_is_not_sent(pipelines: list[list[str]
     r = fakeredis.FakeAsyncRedis()
     store = UserStore(r, "w1")
     await r.xadd(keys.inbox("alice"), {"text": "hi"})
-    await r.script_load(store.scripts.lane_acquire.script)
     pipelines.clear()
     task = asyncio.ensure_future(store.acquire("alice"))
     await asyncio.sleep(0)  # queued, not sent yet
@@ -152,8 +150,8 @@ async def test_a_client_checks_a_tier_for_pressure_at_most_every_10_ms(pipelines
     await client.submit("alice", "three")  # not checked
     now[0] += submit.PRESSURE_CHECK_S
     await client.submit("alice", "four")  # checked
-    submits = [p for p in pipelines if p[0] == "EVALSHA"]  # (the tier's options are read again too)
-    assert submits == [["EVALSHA", "EVALSHA"], ["EVALSHA"], ["EVALSHA", "EVALSHA"]]
+    submits = [p for p in pipelines if p[0] == "FCALL"]  # (the tier's options are read again too)
+    assert submits == [["FCALL", "FCALL"], ["FCALL"], ["FCALL", "FCALL"]]
     await r.aclose()
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import fakeredis
 
 from protocol import keys
-from stores.scripts import Scripts
+from stores.functions import Functions
 from stores.turns import Busy, Lease
 from worker.app import Worker
 from worker.job import UserJob
@@ -84,7 +84,7 @@ async def test_a_worker_acks_only_notifications_still_pending_under_itself() -> 
     stolen = (await r.xadd(ready, {"user": "bob"})).decode()
     await r.xreadgroup(keys.GROUP, "w1", {ready: ">"})
     await r.xclaim(ready, keys.GROUP, "w2", 0, [stolen])  # w2 reclaimed it: its duty now
-    scripts = Scripts(r)
+    scripts = Functions(r)
     acked = await scripts.notification_ack(keys=[ready], args=[keys.GROUP, "w1", mine, stolen, "0-1"])
     assert acked == 1
     pending = await r.xpending_range(ready, keys.GROUP, "-", "+", 10)
@@ -167,7 +167,7 @@ async def test_a_busy_acquire_keeps_its_notifications_when_the_holder_carries_no
     await r.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
     fresh = (await r.xadd(ready, {"user": "alice"})).decode()  # the takeover's hand-on
     await r.xreadgroup(keys.GROUP, "w1", {ready: ">"})
-    scripts = Scripts(r)
+    scripts = Functions(r)
     args = [keys.GROUP, "w1", "w0", "alice", fresh]
     assert await scripts.notification_ack_covered(keys=[ready], args=args) == -1  # w0 carries none
     pending = await r.xpending_range(ready, keys.GROUP, "-", "+", 9)

@@ -20,7 +20,7 @@ import pytest
 from redis.exceptions import ResponseError
 
 from protocol import keys
-from stores.scripts import NAMES, source
+from stores.functions import NAMES, source
 from stores.turns import Busy, Committed, Fenced, Idle, Lease, StoreConfig, UserStore, Writes
 
 U = "alice"

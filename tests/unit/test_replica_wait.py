@@ -2,7 +2,7 @@
 
 - the policy fields and their validation;
 - ``replica_acks`` 0 sends the script call alone (no ``WAIT``, no pipeline);
-- ``replica_acks`` N sends ``EVALSHA`` + ``WAIT N timeout`` on one non-transactional pipeline
+- ``replica_acks`` N sends ``FCALL`` + ``WAIT N timeout`` on one non-transactional pipeline
   (one connection: ``WAIT`` counts the writes of the connection it is sent on), and on a
   Cluster on one connection of the node serving the user's slot;
 - a ``WAIT`` short of its replicas (or failed: fakeredis has no ``WAIT``) is counted and the
@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from protocol.policy import (
     turns_policy,
     updated,
 )
-from stores import cluster
+from stores import cluster, functions
 from stores.replicas import ReplicaAcks, ReplicaWait, fewest
 from stores.submit_options import SubmitOptions, submit_options_of
 from stores.turns import Lease, UserStore, Writes
@@ -119,8 +120,6 @@ async def r() -> AsyncIterator[fakeredis.FakeAsyncRedis]:
 
 async def one_turn(store: UserStore, r: fakeredis.FakeAsyncRedis, sent: Sent) -> tuple[Lease, str]:
     entry = (await r.xadd(keys.inbox(U), {"text": "hi"})).decode()
-    for script in (store.scripts.lane_acquire, store.scripts.turn_commit):
-        await r.script_load(script.script)  # as on a server that has run them before
     sent.log.clear()
     lease = await store.acquire(U)
     assert isinstance(lease, Lease) and lease.next is not None and lease.next.entry == entry
@@ -134,16 +133,16 @@ async def test_replica_acks_0_sends_exactly_the_script_calls(r: fakeredis.FakeAs
     store.replica_wait = ReplicaWait.of(TurnsPolicy())
     await one_turn(store, r, sent)
     # acquire, commit: no WAIT; each in the group commit's pipeline (alone here: one call each)
-    assert sent.log == [("pipe", ["EVALSHA"], False), ("pipe", ["EVALSHA"], False)]
+    assert sent.log == [("pipe", ["FCALL"], False), ("pipe", ["FCALL"], False)]
     assert store.acks.waits == {"acquire": 0, "commit": 0}
 
 
-async def test_replica_acks_1_pipelines_evalsha_and_wait(r: fakeredis.FakeAsyncRedis, sent: Sent) -> None:
+async def test_replica_acks_1_pipelines_fcall_and_wait(r: fakeredis.FakeAsyncRedis, sent: Sent) -> None:
     store = UserStore(r, "w1")
     store.replica_wait = ReplicaWait.of(turns_policy(replica_acks=1, replica_ack_timeout_ms=7))
     await one_turn(store, r, sent)
     # one non-transactional pipeline each: one connection, so WAIT counts the script's writes
-    assert sent.log == [("pipe", ["EVALSHA", "WAIT"], False), ("pipe", ["EVALSHA", "WAIT"], False)]
+    assert sent.log == [("pipe", ["FCALL", "WAIT"], False), ("pipe", ["FCALL", "WAIT"], False)]
     # fakeredis has no WAIT (an error reply): a failed WAIT got no replica; the turn went on
     assert store.acks.waits == {"acquire": 1, "commit": 1}
     assert store.acks.short == {"acquire": 1, "commit": 1}
@@ -163,15 +162,21 @@ async def test_a_fenced_commit_with_wait_is_still_fenced(r: fakeredis.FakeAsyncR
         await store.commit(lease, entry, "t1", Writes(turn_id="t1", reply=b"r"), 0)
 
 
-async def test_a_script_cache_emptied_is_reloaded_on_the_pipelined_path(r: fakeredis.FakeAsyncRedis,
-                                                                       sent: Sent) -> None:
+async def test_a_missing_library_is_waited_for_on_the_pipelined_path(r: fakeredis.FakeAsyncRedis, sent: Sent,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(functions, "CHECK_EVERY_S", 0.01)
     store = UserStore(r, "w1")
     store.replica_wait = ReplicaWait(1, 5)
     await r.xadd(keys.inbox(U), {"text": "hi"})
-    assert isinstance(await store.acquire(U), Lease)  # first call: NOSCRIPT, SCRIPT LOAD, again
-    assert [p for p, _t in sent.pipes()] == [["EVALSHA", "WAIT"], ["EVALSHA", "WAIT"]]
-    assert sent.names() == ["XADD", "SCRIPT LOAD"]
-    assert await r.get(keys.fence(U)) == b"1"  # the script ran once
+    await r.function_delete(functions.LIBRARY)  # as FUNCTION FLUSH or a restart without persistence
+    acquire = asyncio.ensure_future(store.acquire(U))
+    while sent.names().count("FCALL_RO") < 2:  # checked, and checked again: waiting
+        await asyncio.sleep(0.005)
+    assert not acquire.done()
+    functions.install(fakeredis.FakeRedis(server=r.connection_pool.connection_kwargs["server"]))
+    assert isinstance(await acquire, Lease)
+    assert [p for p, _t in sent.pipes()] == [["FCALL", "WAIT"], ["FCALL", "WAIT"]]  # nothing ran, then once
+    assert await r.get(keys.fence(U)) == b"1"  # the function ran once
 
 
 # --- the Cluster path: one connection of the slot's master --------------------------------
@@ -231,11 +236,9 @@ class FakeCluster:
         self.asked.append(key)
         return self.node
 
-    def register_script(self, src: str) -> Any:
-        return self.node.r.register_script(src)
 
 
-async def test_on_a_cluster_evalsha_and_wait_go_to_the_slot_master(r: fakeredis.FakeAsyncRedis,
+async def test_on_a_cluster_fcall_and_wait_go_to_the_slot_master(r: fakeredis.FakeAsyncRedis,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cluster, "is_cluster", lambda c: isinstance(c, FakeCluster))
     node = FakeNode(r)
@@ -246,9 +249,8 @@ async def test_on_a_cluster_evalsha_and_wait_go_to_the_slot_master(r: fakeredis.
     lease = await store.acquire(U)
     assert isinstance(lease, Lease)
     assert (await store.commit(lease, entry, "t1", Writes(turn_id="t1", reply=b"r"), 0)).result == "ok"
-    assert set(rc.asked) == {keys.lane(U)}  # the user's slot, for every call and the script load
-    assert node.sent == [["EVALSHA", "WAIT"], ["SCRIPT LOAD"], ["EVALSHA", "WAIT"],  # NOSCRIPT: loaded
-                         ["EVALSHA", "WAIT"], ["SCRIPT LOAD"], ["EVALSHA", "WAIT"]]
+    assert set(rc.asked) == {keys.lane(U)}  # the user's slot, for every call
+    assert node.sent == [["FCALL", "WAIT"], ["FCALL", "WAIT"]]
     assert store.acks.short == {"acquire": 0, "commit": 0}
     assert store.acks.acked == {"acquire": 1, "commit": 1}
     node.acks = 0  # the replica is away: the WAIT times out with none

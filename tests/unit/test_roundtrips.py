@@ -13,10 +13,10 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
-from redis.commands.core import AsyncScript, Script
 
+from protocol import keys
+from stores.functions import NAMES, Functions
 from stores.roundtrips import Op, Pipelined, Single, arun, is_async, operation, run
-from stores.scripts import NAMES, Scripts
 
 
 @operation
@@ -136,9 +136,15 @@ def test_each_yield_is_one_round_trip_and_steps_run_an_operation_inline() -> Non
     assert asyncio.run(runs_on_a_fake_asyncio_client()) == ((0, b"v"), [["EXISTS", "SET"], ["GET"]])
 
 
-def test_one_scripts_registry_binds_every_script_to_either_kind_of_client() -> None:
-    assert set(Scripts.__annotations__) == set(NAMES)
-    blocking, asyncio_ = Scripts(fakeredis.FakeRedis()), Scripts(fakeredis.FakeAsyncRedis())
-    for name in NAMES:
-        assert isinstance(getattr(blocking, name), Script)
-        assert isinstance(getattr(asyncio_, name), AsyncScript)
+def test_one_functions_registry_binds_every_function_to_either_kind_of_client() -> None:
+    assert set(Functions.__annotations__) == set(NAMES)
+    blocking, asyncio_ = fakeredis.FakeRedis(), fakeredis.FakeAsyncRedis()
+    ready = keys.ready("chat")
+    blocking.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
+    assert Functions(blocking).notification_touch(keys=[ready], args=[keys.GROUP, "w1"]) == 0
+
+    async def on_asyncio() -> Any:
+        await asyncio_.xgroup_create(ready, keys.GROUP, id="0", mkstream=True)
+        return await Functions(asyncio_).notification_touch(keys=[ready], args=[keys.GROUP, "w1"])
+
+    assert asyncio.run(on_asyncio()) == 0

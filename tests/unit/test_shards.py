@@ -15,7 +15,7 @@ from protocol import keys
 from protocol.policy import PolicyError, parse_policy
 from stores import takeover, worker_ops
 from stores.backlog import existing_shards, read_backlog
-from stores.scripts import Scripts
+from stores.functions import Functions
 from stores.submit_options import ready_shards_of
 
 
@@ -125,7 +125,7 @@ def test_a_worker_reads_a_shard_beyond_the_policy_count_while_it_exists() -> Non
         assert await worker_ops.more_shards(ar, "chat", 1, 7) == 7  # never fewer
         got = await worker_ops.read_ready(ar, "chat", "w1", 10, 0, 5)
         assert [(nid.split("/")[0], f[b"user"]) for nid, f in got] == [("4", b"late")]
-        await worker_ops.ack_notifications(Scripts(ar), "chat", "w1", [got[0][0]])
+        await worker_ops.ack_notifications(Functions(ar), "chat", "w1", [got[0][0]])
         assert (await ar.xpending(keys.ready("chat", 4), keys.GROUP))["pending"] == 0
     asyncio.run(go())
 
@@ -143,9 +143,9 @@ def test_ack_covered_needs_the_holders_notification_on_the_same_shard() -> None:
         await ar.xreadgroup(keys.GROUP, "holder", {keys.ready("chat", 0): ">"})
         ours = [nid for nid, _f in await worker_ops.read_ready(ar, "chat", "me", 10, 0, 3)]
         assert ours[0].startswith("2/")
-        assert await worker_ops.ack_covered(Scripts(ar), "chat", "me", "holder", "u", ours) == -1
+        assert await worker_ops.ack_covered(Functions(ar), "chat", "me", "holder", "u", ours) == -1
         assert (await ar.xpending(keys.ready("chat", 2), keys.GROUP))["pending"] == 1
         await ar.xadd(keys.ready("chat", 2), {"user": "u"})
         await ar.xreadgroup(keys.GROUP, "holder", {keys.ready("chat", 2): ">"})
-        assert await worker_ops.ack_covered(Scripts(ar), "chat", "me", "holder", "u", ours) == 1
+        assert await worker_ops.ack_covered(Functions(ar), "chat", "me", "holder", "u", ours) == 1
     asyncio.run(go())

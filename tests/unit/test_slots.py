@@ -10,7 +10,7 @@
     - a multi-key command (``MGET``, ``DEL``/``EXISTS`` of several keys, ``XREAD`` of several
       streams, a script call's ``KEYS``) has all its keys in one slot;
     - in Cluster mode (``stores.cluster.is_cluster`` forced true, so the Cluster paths run) no
-      pipeline holds a command redis-py's ``ClusterPipeline`` refuses (``EVALSHA``, ``MGET``,
+      pipeline holds a command redis-py's ``ClusterPipeline`` refuses (``MGET``,
       a multi-key ``DEL``, ...).
     Coverage: every public function and method of every ``stores`` module must have issued a
     command during ``drive`` or be listed in ``NO_COMMANDS`` (with why): a new stores function
@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
 import inspect
 import pkgutil
@@ -80,7 +79,7 @@ from stores import (
     users,
     worker_ops,
 )
-from stores.scripts import NAMES, Scripts, source
+from stores.functions import NAMES, Functions, function_name, source
 from stores.turns import Lease, StoreConfig, UserStore, Writes
 
 STORES_DIR = Path(stores.__file__).resolve().parent
@@ -133,10 +132,10 @@ def test_script_header_keys_share_one_slot(name: str) -> None:
 
 # --- (b) the recorder --------------------------------------------------------------------------
 MULTI_KEY = {"DEL", "UNLINK", "EXISTS", "MGET", "TOUCH", "WATCH"}  # every argument is a key
-SCRIPT_CALLS = {"EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO"}
+SCRIPT_CALLS = {"FCALL", "FCALL_RO"}
 STREAM_READS = {"XREAD", "XREADGROUP"}  # keys: the first half after STREAMS
 BLOCKING_POPS = {"BLPOP", "BRPOP"}  # keys: all but the timeout
-KEYLESS = {"MULTI", "EXEC", "DISCARD", "UNWATCH", "SCRIPT LOAD", "SCRIPT EXISTS", "SCAN", "PING",
+KEYLESS = {"MULTI", "EXEC", "DISCARD", "UNWATCH", "FUNCTION LOAD", "SCAN", "PING",
            "INFO", "TIME"}
 SINGLE_KEY = {  # key = args[1]; each name here was checked to take one key
     "GET", "SET", "SETNX", "PSETEX", "INCR", "INCRBY", "EXPIRE", "PEXPIRE", "PTTL", "TTL", "TYPE",
@@ -228,7 +227,7 @@ class Recorder:
 def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     rec = Recorder()
     for name in NAMES:
-        rec.sha_to_name[hashlib.sha1(source(name).encode()).hexdigest()] = name
+        rec.sha_to_name[function_name(name)] = name
 
     s_exec, s_queue, s_pexec = sclient.Redis.execute_command, sclient.Pipeline.pipeline_execute_command, \
         sclient.Pipeline.execute
@@ -421,7 +420,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         await worker_ops.register_worker(ar, worker_info(wid), 60_000)
     await reports.post_report_async(ar, report(WORKERS[0]), 100)
     await control.read_control_async(ar, WORKERS[0], "0-0", 10, 0)
-    scripts = Scripts(ar)
+    scripts = Functions(ar)
     tier, wid, other = "chat", WORKERS[0], WORKERS[1]
     got = await worker_ops.read_ready(ar, tier, wid, 100, 0)
     nids = [nid for nid, _f in got]
@@ -491,7 +490,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     renotify.unserved_users(r, list(USERS))
     renotify.renotify_unserved(r, tier, shards=3, batch=1)
     registry.forget_workers(r, list(WORKERS))
-    Scripts(r)
+    Functions(r)
     await drive_groups(r, ar)
 
 
@@ -547,8 +546,21 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.local_fleet": "files under the fleet home, no Redis",
     "stores.memory": "ranking arithmetic, no Redis",
     "stores.replies": "reply casts, no Redis",
-    "stores.scripts.source": "reads a file",
-    "stores.scripts.sha": "hashes a file",
+    "stores.functions.source": "reads a file",
+    "stores.functions.library": "assembles text",
+    "stores.functions.function_name": "names a function",
+    "stores.functions.command": "names a command",
+    "stores.functions.is_missing": "reads a reply",
+    "stores.functions.state_of": "compares versions",
+    "stores.functions.waiting_line": "a line of text",
+    "stores.functions.missing_line": "a line of text",
+    "stores.functions.LibraryMissing": "an error",
+    "stores.functions.library_state": "FCALL_RO of a keyless function (any node)",
+    "stores.functions.library_state_async": "FCALL_RO of a keyless function (any node)",
+    "stores.functions.wait_for_library": "library_state, again until it is ok",
+    "stores.functions.interrupt_waits": "sets an event",
+    "stores.functions.wait_for_library_async": "library_state_async, again until it is ok",
+    "stores.functions.resend_missing": "sends what its caller gives it (driven through UserStore)",
     "stores.batch.ScriptBatcher.call": "queues a call: its pipeline is sent by a task of its own, which "
                                        "the recorder sees unattributed (driven through UserStore, acks)",
     "stores.batch.BatchStats": "counters",
@@ -558,7 +570,8 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.turns.NextTurn": "a value",
     "stores.turns.Idle": "a value",
     "stores.turns.Committed": "a value",
-    "stores.scripts.Scripts": "registers scripts (no command until called: the calls are driven)",
+    "stores.functions.Functions": "binds functions (no command until called: the calls are driven)",
+    "stores.functions.Function": "one call (the calls are driven)",
     "stores.replicas.ReplicaWait": "a value (its keyless WAIT rides with the writes: test_replica_wait)",
     "stores.replicas.ReplicaAcks": "counters",
     "stores.replicas.by_node": "groups keys by master (no command)",
@@ -679,7 +692,7 @@ def exception_for(group: Group, kind: str, table: dict[tuple[str, str], str]) ->
     return next((k for k in table if k[1] == kind and any(c.startswith(k[0]) for c in group.callers)), None)
 
 
-BLOCKED_IN_PIPELINE = {c.upper() for c in PIPELINE_BLOCKED_COMMANDS} | SCRIPT_CALLS
+BLOCKED_IN_PIPELINE = {c.upper() for c in PIPELINE_BLOCKED_COMMANDS}  # (FCALL is routed by its keys)
 
 
 def refused_in_cluster_pipeline(g: Group, name: str, ks: list[Any],

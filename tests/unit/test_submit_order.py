@@ -23,7 +23,7 @@ import fleet.client
 import stores.cluster
 from fleet.client import AsyncFleet, Fleet, SubmitNotNotified
 from protocol import keys
-from stores.scripts import sha
+from stores.functions import function_name as sha
 
 Command = tuple[str, str]
 
@@ -63,7 +63,7 @@ class FakeClient:
             return set()
         if name == "HGETALL":
             return {}
-        if name == "EVALSHA" and not self.cluster:  # the single-node submit and pressure check
+        if name == "FCALL" and not self.cluster:  # the single-node submit and pressure check
             return 0 if cmd[1] == sha("submit_pressure") else [b"1-1"]
         raise AssertionError(f"unexpected command {cmd}")
 
@@ -303,7 +303,7 @@ def test_submit_not_notified_is_exported() -> None:
 def test_one_node_is_one_script_round_trip(mode: str) -> None:
     fake, call = submit(mode, fake_cluster=False)
     call()
-    assert fake.trips == [[("EVALSHA", sha("turn_submit")), ("EVALSHA", sha("submit_pressure"))]]
+    assert fake.trips == [[("FCALL", sha("turn_submit")), ("FCALL", sha("submit_pressure"))]]
 
 
 @pytest.mark.parametrize("mode", MODES)

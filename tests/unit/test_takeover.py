@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from protocol import keys
-from stores.scripts import Scripts
+from stores.functions import Functions
 from stores.takeover import Takeover, consumers, sweep, take_over
 from stores.turns import Fenced, Lease, StoreConfig, UserStore, Writes
 
@@ -92,7 +92,7 @@ def test_dead_workers_lanes_are_cleared_and_others_untouched(r: fakeredis.FakeRe
 
 
 def test_lane_clear_script_needs_the_owner_part_to_match(r: fakeredis.FakeRedis) -> None:
-    scripts = Scripts(r)
+    scripts = Functions(r)
     for held, worker, cleared in [("w1|7", "w1", 1), ("w1|7", "w2", 0), ("w10|7", "w1", 0),
                                   ("w1|7", "w1|7", 0), (None, "w1", 0)]:
         r.delete(keys.lane("alice"))
@@ -145,8 +145,8 @@ def test_fresh_notifications_are_posted_after_the_lane_clear_and_before_the_ack(
     take_over(r, T, "w1")
 
     order = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1] != c]
-    # (EXISTS: which ready shards exist; EVALSHA: lane_clear)
-    assert order == ["EXISTS", "XRANGE", "EVALSHA", "XADD", "XACK"], calls
+    # (EXISTS: which ready shards exist; FCALL: lane_clear)
+    assert order == ["EXISTS", "XRANGE", "FCALL", "XADD", "XACK"], calls
 
 
 def test_a_failure_before_the_ack_leaves_the_old_notifications_pending(
@@ -196,7 +196,7 @@ def test_a_notification_naming_no_valid_user_is_handed_on_as_it_was(r: fakeredis
 def test_consumer_is_removed_only_once_it_has_no_pending_entry(r: fakeredis.FakeRedis) -> None:
     ids = notify(r, "alice")
     deliver(r, "w1")
-    drop = Scripts(r).consumer_drop
+    drop = Functions(r).consumer_drop
 
     assert drop(keys=[READY], args=[keys.GROUP, "w1"]) == -1  # pending: deleting it would lose them
     assert consumers(r, T) == {"w1": 1} and pending_of(r, "w1") == ids
