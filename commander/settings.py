@@ -44,6 +44,10 @@ class CommanderSettings(BaseSettings):
     metrics_port: int | None = Field(9464, ge=0, le=65535, description="port of /metrics (0: any); "
                                      "None: no /metrics",
                                      json_schema_extra={"off_flag": ["--no-metrics", "serve no /metrics"]})
+    worker_redis_url: str | None = Field(None, description="the Redis URL the workers this commander "
+                                         "starts get (their ACL role's user; env only: a command "
+                                         "line shows in ps); default: the commander's own URL",
+                                         json_schema_extra={"flag": None})
     metrics_token: str | None = Field(None, description="bearer token /metrics requires (env only: a "
                                       "command line shows in ps)", json_schema_extra={"flag": None})
     stop_workers_on_exit: bool = Field(False, description="drain every worker when this commander exits "

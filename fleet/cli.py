@@ -28,6 +28,7 @@ from fleet.cli_base import (
     json_object_arg,
     known_handlers,
     print_result,
+    refused,
     seconds_arg,
 )
 from fleet.cli_groups import add_group_commands
@@ -149,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fleet.cli_jobs import add_job_commands
 
     add_job_commands(sub)
+    from fleet.cli_acl import add_acl_command
+
+    add_acl_command(sub)
     return p
 
 
@@ -318,6 +322,11 @@ def _run(argv: list[str] | None) -> int:
         print(f"fleet {args.command}: {exc}", file=sys.stderr)
         return 1
     except (redis.RedisError, RedisClusterException) as exc:
+        role: str | None = getattr(args, "redis_role", None)
+        refusal = refused(exc, role) if isinstance(exc, redis.RedisError) and role else None
+        if refusal is not None:
+            print(f"fleet {args.command}: {refusal}", file=sys.stderr)
+            return refusal.code
         print(f"fleet {args.command}: Redis error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -36,6 +36,12 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "FLEET_HOME": ("CLI", "the local fleet's state directory (`fleet up`); default: the nearest "
                    "`.fleet/` here or above, up to `$HOME`, else `./.fleet`"),
     "EDITOR": ("CLI", "the editor `fleet policy edit` opens (default: vi)"),
+    "FLEET_ACL_PASSWORD_CLIENT": ("every process, CLI", "the password of ACL role `fleet-client` (and "
+                                  "`_WORKER`, `_COMMANDER`, `_RELAY`, `_OPERATOR` of the others): a "
+                                  "process or command connects as its role when its password is known "
+                                  "(else from `fleet acl`'s passwords file); `fleet acl` uses them"),
+    "FLEET_ACL_PASSWORD_ADMIN": ("CLI", "the admin's (Redis's default user's) password in the ACL file "
+                                 "`fleet acl` and `fleet up` write; default: generated"),
 }
 
 
