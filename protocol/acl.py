@@ -101,13 +101,14 @@ def password_hash(password: str) -> str:
 
 # --- key groups ---------------------------------------------------------------------------
 # ``fleet:{*}:ready`` also covers a tier's other ready shards (``fleet:{T#k}:ready``) and its
-# groups' pools (``fleet:{T.G}:ready``)
+# groups' pools (``fleet:{T.G}:ready``). A script's keys (EVALSHA, FCALL) need read and write
+# access whatever the script does with them: the pressure script reads ``starting``.
 _SUBMIT_WRITES = (rw(pattern(keys.inbox, USER)), rw(pattern(keys.ready, TIER)),
                   rw(pattern(keys.active, TIER)), rw(pattern(keys.pressure, TIER)),
-                  rw(pattern(keys.reply, USER, TOKEN)))
+                  rw(pattern(keys.reply, USER, TOKEN)), rw(pattern(keys.starting, TIER)))
 _SUBMIT_READS = (ro(pattern(keys.policy, TIER)), ro(pattern(keys.policy_good, TIER)),
                  ro(pattern(keys.groups_rejected, TIER)), ro(keys.TIERS),
-                 ro(pattern(keys.starting, TIER)), ro(pattern(keys.pins, USER)))
+                 ro(pattern(keys.pins, USER)))
 _ALL_FLEET = (rw(f"{keys.PREFIX}:*"), rw(keys.LEADER), rw(keys.EPOCH))
 # RQ's own commands (its scripts, queues, registries and pub/sub), on RQ's keys and channels
 # only (a selector: they grant nothing on Fleet's keys), for the processes that use RQ

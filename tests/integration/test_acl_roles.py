@@ -15,6 +15,8 @@ import redis
 
 from protocol import keys
 from protocol.acl import ROLE_NAMES
+from protocol.policy import TurnsPolicy
+from stores.policies import write_policy
 from stores.roles import password_env
 from tests.conftest import RedisServer, role_env
 from tests.helpers import fleet_cli, wait_until
@@ -106,8 +108,11 @@ def test_a_relay_touches_only_the_outboxes(clients: dict[str, redis.Redis]) -> N
 
 def test_the_python_client_submits_as_the_client_role(
         redis_server: RedisServer, r: redis.Redis, start_worker) -> None:  # type: ignore[no-untyped-def]
-    from fleet.client import Fleet
+    from fleet.client import Fleet, UnknownTier
 
+    with Fleet(redis_server.role_url("fleet-client")) as fleet, pytest.raises(UnknownTier):
+        fleet.submit("alice", "no policy names chat yet")  # the registry is not the client's to read
+    write_policy(r, "chat", TurnsPolicy())
     start_worker()
     r.acl_log_reset()
     with Fleet(redis_server.role_url("fleet-client")) as fleet:

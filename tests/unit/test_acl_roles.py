@@ -62,7 +62,7 @@ def test_the_client_role_touches_only_the_documented_keys() -> None:
     client = role("fleet-client")
     writable = {k.glob for k in client.keys if k.access == ""}
     assert writable == {"fleet:u:{*}:inbox", "fleet:{*}:ready", "fleet:{*}:active", "fleet:{*}:pressure",
-                        "fleet:u:{*}:reply:*"}
+                        "fleet:u:{*}:reply:*", "fleet:{*}:starting"}
     assert not any(k.glob in (keys.WORKERS, f"{keys.PREFIX}:*") for k in client.keys)
     assert "scan" not in client.commands and "set" not in client.commands
 
