@@ -160,12 +160,26 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 
 @pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    """A client on the module's server, with the database emptied before the test."""
+def r(redis_server: RedisServer, request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    """The admin's client on the module's server, with the database emptied before the test.
+    After the test, a refusal by the ACL of a Fleet role (``ACL LOG``) fails it: a right a role
+    lacks, unless the test is marked ``acl_denials``."""
     client = redis_server.client()
     client.flushall()
+    if redis_server.acl:
+        client.acl_log_reset()
     yield client
-    client.close()
+    try:
+        if redis_server.acl and request.node.get_closest_marker("acl_denials") is None:
+            denials = [acl_denial(e) for e in client.acl_log() if e.get("username") in ROLE_PASSWORDS]
+            assert not denials, f"the ACL refused a Fleet role: {denials}"
+    finally:
+        client.close()
+
+
+def acl_denial(entry: dict[str, object]) -> str:
+    """One ``ACL LOG`` entry as ``<user> <reason> <object>`` (the command or the key refused)."""
+    return f"{entry.get('username')} {entry.get('reason')} {entry.get('object')}"
 
 
 # Settings every worker a test starts (directly, through a commander or `fleet up`) runs with:

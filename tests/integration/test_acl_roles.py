@@ -57,6 +57,7 @@ def clients(redis_server: RedisServer, r: redis.Redis) -> Iterator[dict[str, red
         client.close()
 
 
+@pytest.mark.acl_denials
 @pytest.mark.parametrize("role", ROLE_NAMES)
 @pytest.mark.parametrize("what", sorted(FORBIDDEN_TO_ALL))
 def test_no_role_may_administer_redis_or_load_code(clients: dict[str, redis.Redis], r: redis.Redis,
@@ -72,6 +73,7 @@ def test_no_role_may_administer_redis_or_load_code(clients: dict[str, redis.Redi
         clients[role].execute_command(*command)
 
 
+@pytest.mark.acl_denials
 @pytest.mark.xfail(strict=True, reason="until the functions library lands")
 @pytest.mark.parametrize("role", RUNTIME_ROLES)
 def test_no_runtime_role_may_load_a_script(clients: dict[str, redis.Redis], role: str) -> None:
@@ -79,12 +81,14 @@ def test_no_runtime_role_may_load_a_script(clients: dict[str, redis.Redis], role
         clients[role].script_load("while true do end")
 
 
+@pytest.mark.acl_denials
 @pytest.mark.parametrize("role", ("fleet-client", "fleet-relay"))
 def test_scan_is_refused_to_the_roles_that_list_no_keys(clients: dict[str, redis.Redis], role: str) -> None:
     with pytest.raises(redis.exceptions.NoPermissionError):
         clients[role].scan(0, match="fleet:*")
 
 
+@pytest.mark.acl_denials
 def test_a_client_writes_no_policy_and_reads_no_registry(clients: dict[str, redis.Redis]) -> None:
     client = clients["fleet-client"]
     refused = [lambda: client.set(keys.policy("chat"), "{}"), lambda: client.hgetall(keys.WORKERS),
@@ -98,6 +102,7 @@ def test_a_client_writes_no_policy_and_reads_no_registry(clients: dict[str, redi
             call()
 
 
+@pytest.mark.acl_denials
 def test_a_relay_touches_only_the_outboxes(clients: dict[str, redis.Redis]) -> None:
     relay = clients["fleet-relay"]
     for call in (lambda: relay.hgetall(keys.WORKERS), lambda: relay.get(keys.policy("chat")),
@@ -106,6 +111,7 @@ def test_a_relay_touches_only_the_outboxes(clients: dict[str, redis.Redis]) -> N
             call()
 
 
+@pytest.mark.acl_denials
 def test_the_python_client_submits_as_the_client_role(
         redis_server: RedisServer, r: redis.Redis, start_worker) -> None:  # type: ignore[no-untyped-def]
     from fleet.client import Fleet, UnknownTier
@@ -136,6 +142,7 @@ def test_a_commander_gives_its_workers_the_worker_url(
     assert "redis://" not in started.tail(100_000).replace(redis_server.plain_url, "")
 
 
+@pytest.mark.acl_denials
 def test_a_refused_cli_command_says_which_role_and_right_in_one_line(
         r: redis.Redis, fleet_env: dict[str, str]) -> None:
     r.execute_command("ACL", "SETUSER", "fleet-operator", "-set")
