@@ -7,8 +7,12 @@ refused by the ACL says so in one line (the role, the right, the fix) and exits 
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -17,8 +21,8 @@ from protocol import keys
 from protocol.acl import ROLE_NAMES
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
-from stores.roles import password_env
-from tests.conftest import RedisServer, role_env
+from stores.roles import password_env, with_credentials
+from tests.conftest import RedisServer, acl_denial, role_env
 from tests.helpers import fleet_cli, wait_until
 
 RUNTIME_ROLES = ("fleet-client", "fleet-worker", "fleet-commander", "fleet-relay")
@@ -82,7 +86,7 @@ def test_no_runtime_role_may_load_a_script(clients: dict[str, redis.Redis], role
 
 
 @pytest.mark.acl_denials
-@pytest.mark.parametrize("role", ("fleet-client", "fleet-relay"))
+@pytest.mark.parametrize("role", ("fleet-client",))
 def test_scan_is_refused_to_the_roles_that_list_no_keys(clients: dict[str, redis.Redis], role: str) -> None:
     with pytest.raises(redis.exceptions.NoPermissionError):
         clients[role].scan(0, match="fleet:*")
@@ -105,7 +109,7 @@ def test_a_client_writes_no_policy_and_reads_no_registry(clients: dict[str, redi
 @pytest.mark.acl_denials
 def test_a_relay_touches_only_the_outboxes(clients: dict[str, redis.Redis]) -> None:
     relay = clients["fleet-relay"]
-    for call in (lambda: relay.hgetall(keys.WORKERS), lambda: relay.get(keys.policy("chat")),
+    for call in (lambda: relay.hgetall(keys.WORKERS), lambda: relay.set(keys.policy("chat"), "{}"),
                  lambda: relay.xadd(keys.inbox("alice"), {"text": "x"}), lambda: relay.delete(keys.EVENTS)):
         with pytest.raises(redis.exceptions.NoPermissionError):
             call()
@@ -160,3 +164,34 @@ def test_a_refused_cli_command_says_which_role_and_right_in_one_line(
     [line] = wrong.stderr.splitlines()
     assert "fleet-operator" in line and password_env("fleet-operator") in line
     assert "not-it" not in wrong.stderr and os.environ.get("REDIS_URL", "\0") not in wrong.stderr
+
+
+def test_fleet_up_runs_its_own_redis_with_the_roles_and_each_process_as_its_role(
+        fleet_env: dict[str, str], tmp_path: Path) -> None:
+    env = {k: v for k, v in fleet_env.items() if k not in role_env() and k != "REDIS_URL"}
+    home = Path(env["FLEET_HOME"])
+    up = fleet_cli(env, "up", "--json", cwd=tmp_path)
+    try:
+        assert up.returncode == 0, up.stderr
+        passwords = json.loads((home / "acl-passwords").read_text())
+        for secret in (home / "acl-passwords", home / "redis" / "users.acl"):
+            assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+        assert not any(pw in (home / "redis" / "users.acl").read_text() for pw in passwords.values())
+        state = json.loads((home / "state.json").read_text())
+        assert urlsplit(state["url"]).username == "fleet-client"
+        admin = redis.Redis.from_url(with_credentials(state["url"], "default", passwords["default"]))
+        try:
+            reply = fleet_cli(env, "submit", "--user", "alice", "hi", cwd=tmp_path)
+            assert reply.returncode == 0, reply.stderr
+            assert fleet_cli(env, "policy", "set", "chat", "max_workers=3", cwd=tmp_path).returncode == 0
+            users = {c["user"] for c in admin.client_list()}
+            assert {"fleet-commander", "fleet-worker"} <= users, users
+            assert [acl_denial(e) for e in admin.acl_log()] == []
+            plain = with_credentials(state["url"], "nobody", "x").replace("nobody:x@", "")
+            with pytest.raises(redis.AuthenticationError):
+                redis.Redis.from_url(plain).get("k")  # the default user needs the admin's password
+        finally:
+            admin.close()
+    finally:
+        down = fleet_cli(env, "down", cwd=tmp_path)
+        assert down.returncode == 0, down.stderr
