@@ -129,3 +129,12 @@ def test_fleet_acl_table_names_every_role(capsys: pytest.CaptureFixture[str]) ->
     assert main(["acl", "--table"]) == 0
     out = capsys.readouterr().out
     assert [line.split("`")[1] for line in out.splitlines()[2:]] == [r.name for r in ROLES]
+
+
+def test_the_security_page_shows_the_roles_fleet_acl_prints() -> None:
+    from fleet.cli_acl import roles_table
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations" / "security.md").read_text()
+    start = page.index("<!-- roles: generated")
+    block = page[page.index("\n", start) + 1:page.index("<!-- /roles -->")]
+    assert block == roles_table(), "docs/operations/security.md's roles are stale: paste `fleet acl --table`"
