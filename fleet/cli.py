@@ -24,6 +24,7 @@ from fleet.cli_base import (
     CliError,
     Parser,
     cli_client,
+    command_role,
     count_arg,
     json_object_arg,
     known_handlers,
@@ -37,6 +38,7 @@ from fleet.handler_template import add_handler_commands
 from protocol.ids import InvalidId
 from protocol.models import MAX_TEXT_CHARS, Reply
 from stores.connection import NoFleetFound, redact_url, resolve_url
+from stores.roles import as_role
 
 __all__ = ["EXIT_ERROR_REPLY", "EXIT_TIMEOUT", "EXIT_USAGE", "CliError", "build_parser", "main",
            "cmd_dead_letters", "cmd_policy_edit", "cmd_policy_get", "cmd_policy_set", "cmd_status"]
@@ -131,7 +133,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from sim.scaling.replay import run_command
 
     try:
-        return run_command(args, resolve_url(args.redis_url))
+        return run_command(args, as_role(resolve_url(args.redis_url), command_role(args.command)))
     except (ValueError, OSError) as exc:
         raise CliError(str(exc)) from None
 

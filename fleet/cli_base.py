@@ -69,9 +69,10 @@ def known_handlers() -> list[str]:
 CLIENT_COMMANDS = frozenset({"submit", "chat"})
 
 
-def command_role(command: str) -> str:
-    """The ACL role ``fleet <command>`` connects as (``protocol.acl``)."""
-    return "fleet-client" if command in CLIENT_COMMANDS else "fleet-operator"
+def command_role(command: str, create_tier: bool = False) -> str:
+    """The ACL role ``fleet <command>`` connects as (``protocol.acl``); ``--create-tier`` writes a
+    policy, which only the operator may."""
+    return "fleet-client" if command in CLIENT_COMMANDS and not create_tier else "fleet-operator"
 
 
 def refused(exc: redis.RedisError, role: str) -> CliError | None:
@@ -91,7 +92,7 @@ def refused(exc: redis.RedisError, role: str) -> CliError | None:
 def cli_client(args: argparse.Namespace) -> redis.Redis:
     """A client of Fleet's Redis as the role ``args.command`` needs (:func:`command_role`), when
     that role's password is known (``$FLEET_ACL_PASSWORD_<ROLE>`` or the passwords file)."""
-    role = command_role(args.command)
+    role = command_role(args.command, bool(getattr(args, "create_tier", False)))
     args.redis_role = role
     try:
         url = as_role(resolve_url(getattr(args, "redis_url", None)), role)

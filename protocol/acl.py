@@ -114,7 +114,7 @@ _ALL_FLEET = (rw(f"{keys.PREFIX}:*"), rw(keys.LEADER), rw(keys.EPOCH))
 # only (a selector: they grant nothing on Fleet's keys), for the processes that use RQ
 # (`--rq-url`) on a node shared with Fleet. RQ runs its Lua by EVALSHA and loads it itself.
 RQ_SELECTOR = ("(~rq:* &rq:* +@read +@write +@keyspace +@transaction +@pubsub -@dangerous -@scripting "
-               "-scan +info +time +evalsha +script|load +script|exists)")
+               "-scan +info +time +client|setname +evalsha +script|load +script|exists)")
 
 _SUBMIT = ("xadd", "zadd", "blpop", "get", "exists", "hgetall", "smembers", "xinfo|groups",
            "multi", "exec", "discard", "wait")

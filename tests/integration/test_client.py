@@ -156,6 +156,7 @@ def test_a_runtime_error_inside_the_submit_is_raised_and_not_rolled_back(chat, r
     assert chat.zscore(keys.active("chat"), "erin") is None
 
 
+@pytest.mark.acl_denials  # the client role's tier check is refused the registry (one ACL LOG entry)
 def test_an_unknown_tier_writes_nothing_on_a_real_server(r, redis_server) -> None:
     with Fleet(redis_server.role_url("fleet-client")) as client, pytest.raises(UnknownTier):
         client.submit("frank", "hi", tier="nosuchtier")

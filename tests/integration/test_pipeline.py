@@ -233,6 +233,7 @@ def test_drain_finishes_the_turn_in_flight_and_hands_over_the_rest(r, redis_serv
 
 
 def test_worker_rides_out_a_redis_restart(r, redis_server, start_worker):
+    write_policy(r, "chat", TurnsPolicy())  # the client role knows a tier by its policy
     w = start_worker()
     fleet = Fleet(redis_server.role_url("fleet-client"))
     assert fleet.submit("gus", "before").result(10).ok

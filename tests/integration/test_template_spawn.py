@@ -84,6 +84,7 @@ def test_retire_drains_a_forked_worker(make_runtime, redis_server, r) -> None:
     assert gone.exit_code == 0 and not gone.killed and gone.retire_reason == "test"
     assert [h.worker_id for h in rt.live()] == [keep]
     assert not r.hexists(keys.WORKERS, victim) and not r.exists(keys.heartbeat(victim))
+    write_policy(r, "chat", TurnsPolicy())  # the client role knows a tier by its policy
     with Fleet(redis_server.role_url("fleet-client")) as fleet:
         assert fleet.submit("bob", "still there?").result(TIMEOUT).worker == keep
 
@@ -118,7 +119,8 @@ def test_the_template_reaps_its_children(make_runtime) -> None:
 
 
 def test_a_worker_survives_the_template_and_a_new_template_is_started(make_runtime,
-                                                                      redis_server) -> None:
+                                                                      redis_server, r) -> None:
+    write_policy(r, "chat", TurnsPolicy())  # the client role knows a tier by its policy
     rt = make_runtime()
     first_template = _ready_template(rt)
     (old,) = rt.spawn("chat", 1)
