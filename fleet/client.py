@@ -198,7 +198,7 @@ class Fleet:
     def __init__(self, url: str | None = None, *, client: redis.Redis | None = None,
                  max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
                  max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
-        self.r = client or connect_sync(process_url(url, "fleet-client"))
+        self.r = client or connect_sync(url or process_url(None, "fleet-client"))
         self._core = _ClientCore(is_cluster(self.r))
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
@@ -256,7 +256,7 @@ class AsyncFleet:
     def __init__(self, url: str | None = None, *, client: aioredis.Redis | None = None,
                  max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
                  max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
-        self.r = client or connect_async(process_url(url, "fleet-client"))
+        self.r = client or connect_async(url or process_url(None, "fleet-client"))
         self._core = _ClientCore(is_cluster(self.r))
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes

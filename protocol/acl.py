@@ -112,9 +112,11 @@ _SUBMIT_READS = (ro(pattern(keys.policy, TIER)), ro(pattern(keys.policy_good, TI
 _ALL_FLEET = (rw(f"{keys.PREFIX}:*"), rw(keys.LEADER), rw(keys.EPOCH))
 # RQ's own commands (its scripts, queues, registries and pub/sub), on RQ's keys and channels
 # only (a selector: they grant nothing on Fleet's keys), for the processes that use RQ
-# (`--rq-url`) on a node shared with Fleet. RQ runs its Lua by EVALSHA and loads it itself.
+# (`--rq-url`) on a node shared with Fleet. RQ runs its Lua by EVALSHA and loads it itself; an
+# RQ worker names its connection and reads its own address (CLIENT LIST: every client's address).
 RQ_SELECTOR = ("(~rq:* &rq:* +@read +@write +@keyspace +@transaction +@pubsub -@dangerous -@scripting "
-               "-scan +info +time +client|setname +evalsha +script|load +script|exists)")
+               "-scan +info +time +client|setname +client|info +client|list "
+               "+evalsha +script|load +script|exists)")
 
 _SUBMIT = ("xadd", "zadd", "blpop", "get", "exists", "hgetall", "smembers", "xinfo|groups",
            "multi", "exec", "discard", "wait")

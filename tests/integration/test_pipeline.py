@@ -36,9 +36,10 @@ def dead_letters(r: redis.Redis, tier: str = "chat") -> list[dict[str, str]]:
 
 
 def test_turn_goes_end_to_end_and_reply_carries_context(r, redis_server, start_worker):
+    write_policy(r, "chat", TurnsPolicy())  # the client role knows a tier by its policy
     start_worker()
     fleet = Fleet(redis_server.role_url("fleet-client"))
-    fleet.r.hset(keys.profile("alice"), "name", "Alice")
+    r.hset(keys.profile("alice"), "name", "Alice")  # the handler's to write: not the client's
     first = fleet.submit("alice", "my cat is called Tom").result(10)
     second = fleet.submit("alice", "what is my cat called?").result(10)
 
