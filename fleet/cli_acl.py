@@ -30,6 +30,9 @@ def add_acl_command(sub: argparse._SubParsersAction[Any]) -> None:
                    help="turn the default user off (default: it is the admin, with its own password)")
     a.add_argument("--show-passwords", action="store_true",
                    help="print each role and its password (one per line) instead of the file")
+    a.add_argument("--rq", action="store_true",
+                   help="RQ keeps its queues on this Redis too (the relay, RQ workers and `fleet jobs` "
+                        "without --rq-url): the roles that use RQ get RQ's rights on rq:* alone")
     a.add_argument("--table", action="store_true", help="print the roles as a Markdown table")
     a.set_defaults(func=cmd_acl)
 
@@ -47,7 +50,7 @@ def cmd_acl(args: argparse.Namespace) -> int:
         for role in (*(r.name for r in ROLES), ADMIN):
             print(f"{role} {passwords[role]}")
         return 0
-    text = acl_file(passwords, default=None if args.no_admin else passwords[ADMIN])
+    text = acl_file(passwords, default=None if args.no_admin else passwords[ADMIN], shared_with_rq=args.rq)
     if args.out is None:
         print(text, end="")
         return 0
@@ -67,6 +70,6 @@ def roles_table() -> str:
         granted = (*(f"+{c}" for c in (*CONNECTION, *role.commands)), *scripting)
         commands = " ".join(f"`{c}`".replace("|", "\\|") for c in granted)
         keys = " ".join(f"`{k.render()}`" for k in role.keys)
-        rq = " (and RQ's rights on `rq:*`)" if role.rq else ""
+        rq = " (with `--rq`: RQ's rights on `rq:*`)" if role.rq else ""
         rows.append(f"| `{role.name}` | {role.used_by} | {commands} | {keys}{rq} |")
     return "\n".join(rows) + "\n"

@@ -255,7 +255,8 @@ def _spawn_redis_server(binary: str, port: int, appendfsync: str) -> int:
     data.mkdir(parents=True, exist_ok=True)
     passwords = ensure_passwords(default_passwords_path())
     aclfile = data / "users.acl"
-    write_secret(aclfile, acl_file(passwords, default=passwords[ADMIN]))
+    # RQ's queues live here too unless --rq-url names another node: the relay and RQ workers need them
+    write_secret(aclfile, acl_file(passwords, default=passwords[ADMIN], shared_with_rq=True))
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
             "--appendfsync", appendfsync, "--dir", str(data), "--daemonize", "no", "--aclfile", str(aclfile)]
     return spawn_detached(argv, "redis.log")

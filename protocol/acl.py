@@ -77,21 +77,22 @@ class Role:
     keys: tuple[KeyRule, ...]
     channels: tuple[str, ...] = ()
     scripting: bool = True
-    rq: bool = False  # RQ's rights on its own keys (a selector), for a node shared with RQ
+    rq: bool = False  # uses RQ: RQ's rights on its own keys (a selector) on a node shared with RQ
 
-    def rules(self) -> str:
-        """The ACL rules after ``user <name> on <password>`` (no password)."""
+    def rules(self, shared_with_rq: bool = False) -> str:
+        """The ACL rules after ``user <name> on <password>`` (no password); ``shared_with_rq``:
+        with RQ's rights on ``rq:*`` if the role uses RQ (``RQ_SELECTOR``)."""
         channels = " ".join(f"&{c}" for c in self.channels)
         parts = ["resetkeys", "resetchannels", channels, "-@all",
                  *(f"+{c}" for c in (*CONNECTION, *self.commands)),
                  SCRIPTING if self.scripting else "",
                  *(k.render() for k in self.keys),
-                 RQ_SELECTOR if self.rq else ""]
+                 RQ_SELECTOR if self.rq and shared_with_rq else ""]
         return " ".join(p for p in parts if p)
 
-    def line(self, password: str) -> str:
+    def line(self, password: str, shared_with_rq: bool = False) -> str:
         """The ACL file line of this role: ``user <name> reset on #<sha256> <rules>``."""
-        return f"user {self.name} reset on #{password_hash(password)} {self.rules()}"
+        return f"user {self.name} reset on #{password_hash(password)} {self.rules(shared_with_rq)}"
 
 
 def password_hash(password: str) -> str:
@@ -172,10 +173,11 @@ def role(name: str) -> Role:
     raise KeyError(f"no Fleet role {name!r} (roles: {', '.join(ROLE_NAMES)})")
 
 
-def acl_file(passwords: Mapping[str, str], default: str | None = None) -> str:
+def acl_file(passwords: Mapping[str, str], default: str | None = None, shared_with_rq: bool = False) -> str:
     """A Redis ACL file: one ``user`` line per role, each with its password's hash. The
     ``default`` user is turned off unless ``default`` (its password) is given, then it keeps
-    every right (the admin)."""
+    every right (the admin). ``shared_with_rq``: RQ keeps its queues on this node too (the
+    roles that use RQ get RQ's rights on ``rq:*``, ``RQ_SELECTOR``)."""
     head = (f"user default on #{password_hash(default)} ~* &* +@all" if default is not None
             else "user default off resetkeys resetchannels -@all")
-    return "\n".join([head, *(r.line(passwords[r.name]) for r in ROLES)]) + "\n"
+    return "\n".join([head, *(r.line(passwords[r.name], shared_with_rq) for r in ROLES)]) + "\n"

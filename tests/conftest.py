@@ -71,7 +71,7 @@ class RedisServer:
         if not self.acl:
             return []
         path = self.workdir / "users.acl"
-        path.write_text(acl_file(ROLE_PASSWORDS, default=ADMIN_PASSWORD))
+        path.write_text(acl_file(ROLE_PASSWORDS, default=ADMIN_PASSWORD, shared_with_rq=True))  # RQ's too
         return ["--aclfile", str(path)]
 
     def start(self) -> None:

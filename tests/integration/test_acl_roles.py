@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from protocol import keys
-from protocol.acl import ROLE_NAMES
+from protocol.acl import ROLE_NAMES, role
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from stores.roles import password_env, with_credentials
@@ -53,6 +53,16 @@ def _as(redis_server: RedisServer, role: str) -> redis.Redis:
     return redis.Redis.from_url(redis_server.role_url(role))
 
 
+@pytest.fixture(autouse=True)
+def roles_alone(r: redis.Redis) -> Iterator[None]:
+    """Each role as `fleet acl` writes it without RQ, as user ``<role>-alone``."""
+    for name in ROLE_NAMES:
+        rules = role(name).rules().split()
+        r.execute_command("ACL", "SETUSER", f"{name}-alone", "reset", "on", "nopass", *rules)
+    yield
+    r.execute_command("ACL", "DELUSER", *(f"{name}-alone" for name in ROLE_NAMES))
+
+
 @pytest.fixture
 def clients(redis_server: RedisServer, r: redis.Redis) -> Iterator[dict[str, redis.Redis]]:
     made = {role: _as(redis_server, role) for role in ROLE_NAMES}
@@ -80,9 +90,11 @@ def test_no_role_may_administer_redis_or_load_code(clients: dict[str, redis.Redi
 @pytest.mark.acl_denials
 @pytest.mark.xfail(strict=True, reason="until the functions library lands")
 @pytest.mark.parametrize("role", RUNTIME_ROLES)
-def test_no_runtime_role_may_load_a_script(clients: dict[str, redis.Redis], role: str) -> None:
-    with pytest.raises(redis.exceptions.NoPermissionError):
-        clients[role].script_load("while true do end")
+def test_no_runtime_role_may_load_a_script(r: redis.Redis, role: str) -> None:
+    """The role as `fleet acl` writes it for a Redis without RQ (RQ loads its own Lua: on a node
+    shared with RQ, the roles that use RQ keep that right on its keys)."""
+    verdict = r.execute_command("ACL", "DRYRUN", f"{role}-alone", "SCRIPT", "LOAD", "while true do end")
+    assert verdict.decode().startswith("This user has no permissions"), verdict
 
 
 @pytest.mark.acl_denials

@@ -113,6 +113,12 @@ def test_fleet_acl_prints_the_file_and_never_the_passwords(
     passwords = json.loads(pwfile.read_text())
     assert out == acl_file(passwords, default=passwords[ADMIN])
     assert not any(pw in out for pw in passwords.values())
+    assert "rq:" not in out  # RQ's rights only with --rq
+    assert main(["acl", "--passwords", str(pwfile), "--rq"]) == 0
+    shared = capsys.readouterr().out
+    assert shared == acl_file(passwords, default=passwords[ADMIN], shared_with_rq=True)
+    assert [line.split()[1] for line in shared.splitlines() if "(~rq:* " in line] == [
+        "fleet-worker", "fleet-commander", "fleet-relay", "fleet-operator"]
 
     acl = tmp_path / "users.acl"
     assert main(["acl", "--passwords", str(pwfile), "--out", str(acl), "--no-admin"]) == 0
