@@ -20,6 +20,7 @@ from protocol.flags import Parser, add_flags, settings_from_flags
 from stores import functions
 from stores.connection import ClusterModeError, connect_rq, connect_sync, resolve_url
 from stores.retry import TRANSIENT, Backoff
+from stores.roles import process_url
 
 log = logging.getLogger("fleet.commander")
 _BACKOFF = Backoff(base=0.1, cap=5.0)  # waiting for a Redis away at start, as the loop waits
@@ -37,11 +38,13 @@ def settings_from(args: argparse.Namespace) -> CommanderSettings | None:
     return settings_from_flags(CommanderSettings, args, "fleet commander")
 
 
-def _runtime(settings: CommanderSettings, url: str) -> Runtime | None:
-    """The runtime the settings name; None (logged) if it cannot be set up."""
+def _runtime(settings: CommanderSettings, url: str, worker_url: str) -> Runtime | None:
+    """The runtime the settings name (its workers connect with ``worker_url``); None (logged)
+    if it cannot be set up."""
     if settings.runtime == "kubernetes":
         return _kubernetes(settings, url)
-    return ProcessRuntime(url, Path(settings.log_dir), spawn_mode=settings.spawn_mode, rq_url=settings.rq_url,
+    return ProcessRuntime(worker_url, Path(settings.log_dir), spawn_mode=settings.spawn_mode,
+                          rq_url=settings.rq_url, client=connect_sync(url, retries=2, socket_timeout=5),
                           group_runtimes=settings.group_runtimes, check_timeout_s=settings.check_timeout_s())
 
 
@@ -127,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.commander_id} %(message)s")
-    url = resolve_url(settings.redis_url)
+    # the commander's own role (stores.roles); its workers get the worker URL
+    url = process_url(settings.redis_url, "fleet-commander")
+    worker_url = settings.worker_redis_url or resolve_url(settings.redis_url)
     stop = threading.Event()
     def _stop(*_: object) -> None:
         stop.set()
@@ -142,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         return 0 if stop.is_set() else 2
     if not _library_ready(r, stop):
         return 0
-    runtime = _runtime(settings, url)
+    runtime = _runtime(settings, url, worker_url)
     if runtime is None:
         return 2
     metrics = None if settings.metrics_port is None else Metrics()

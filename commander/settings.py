@@ -45,6 +45,10 @@ class CommanderSettings(BaseSettings):
     metrics_port: int | None = Field(9464, ge=0, le=65535, description="port of /metrics (0: any); "
                                      "None: no /metrics",
                                      json_schema_extra={"off_flag": ["--no-metrics", "serve no /metrics"]})
+    worker_redis_url: str | None = Field(None, description="the Redis URL the workers this commander "
+                                         "starts get (their ACL role's user; env only: a command "
+                                         "line shows in ps); default: the commander's own URL",
+                                         json_schema_extra={"flag": None})
     metrics_token: str | None = Field(None, description="the read token: a bearer token that reads "
                                       "/metrics, /healthz, the monitor page and its API, and writes "
                                       "nothing (env only: a command line shows in ps)",

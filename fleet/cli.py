@@ -31,10 +31,12 @@ from fleet.cli_base import (
     CliError,
     Parser,
     cli_client,
+    command_role,
     count_arg,
     json_object_arg,
     known_handlers,
     print_result,
+    refused,
     seconds_arg,
 )
 from fleet.cli_groups import add_group_commands
@@ -43,6 +45,7 @@ from fleet.handler_template import add_handler_commands
 from protocol.ids import InvalidId
 from protocol.models import MAX_TEXT_CHARS, Reply
 from stores.connection import NoFleetFound, redact_url, resolve_url
+from stores.roles import as_role
 
 __all__ = ["EXIT_ERROR_REPLY", "EXIT_TIMEOUT", "EXIT_USAGE", "CliError", "build_parser", "main",
            "cmd_dead_letters", "cmd_policy_edit", "cmd_policy_get", "cmd_policy_set", "cmd_status"]
@@ -137,7 +140,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from sim.scaling.replay import run_command
 
     try:
-        return run_command(args, resolve_url(args.redis_url))
+        return run_command(args, as_role(resolve_url(args.redis_url), command_role(args.command)))
     except (ValueError, OSError) as exc:
         raise CliError(str(exc)) from None
 
@@ -156,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fleet.cli_jobs import add_job_commands
 
     add_job_commands(sub)
+    from fleet.cli_acl import add_acl_command
+
+    add_acl_command(sub)
     return p
 
 
@@ -335,6 +341,11 @@ def _run(argv: list[str] | None) -> int:
         print(f"fleet {args.command}: {exc}", file=sys.stderr)
         return 1
     except (redis.RedisError, RedisClusterException) as exc:
+        role: str | None = getattr(args, "redis_role", None)
+        refusal = refused(exc, role) if isinstance(exc, redis.RedisError) and role else None
+        if refusal is not None:
+            print(f"fleet {args.command}: {refusal}", file=sys.stderr)
+            return refusal.code
         print(f"fleet {args.command}: Redis error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -12,6 +12,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from stores.connection import ClusterModeError, NoFleetFound, connect_sync, ping, redact_url, resolve_url
+from stores.roles import PasswordsFileError, as_role, password_env
 
 EXIT_ERROR_REPLY = 1
 EXIT_USAGE = 2
@@ -62,13 +63,48 @@ def known_handlers() -> list[str]:
     return registered_names()
 
 
+# The commands that submit turns and read replies connect as ``fleet-client``; every other
+# command (policies, rollouts, pins, dead letters, users, jobs, and the readers status, top,
+# events) as ``fleet-operator``.
+CLIENT_COMMANDS = frozenset({"submit", "chat"})
+
+
+def command_role(command: str, create_tier: bool = False) -> str:
+    """The ACL role ``fleet <command>`` connects as (``protocol.acl``); ``--create-tier`` writes a
+    policy, which only the operator may."""
+    return "fleet-client" if command in CLIENT_COMMANDS and not create_tier else "fleet-operator"
+
+
+def refused(exc: redis.RedisError, role: str) -> CliError | None:
+    """One line for a refusal by Redis's ACL (``NOPERM``: a right the role lacks; ``WRONGPASS``:
+    a wrong or unknown user), naming the role and the refused right; None for any other error."""
+    if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in str(exc):
+        return CliError(f"Redis refused the credentials of role {role} ({exc}): set "
+                        f"${password_env(role)} to its password (`fleet acl --show-passwords`), or "
+                        f"put that user's credentials in the URL", EXIT_USAGE)
+    if isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in str(exc):
+        return CliError(f"Redis refused role {role}: {exc}; the ACL file `fleet acl` prints grants "
+                        f"{role} what this command needs: load it, or use a user that has that right",
+                        EXIT_USAGE)
+    return None
+
+
 def cli_client(args: argparse.Namespace) -> redis.Redis:
+    """A client of Fleet's Redis as the role ``args.command`` needs (:func:`command_role`), when
+    that role's password is known (``$FLEET_ACL_PASSWORD_<ROLE>`` or the passwords file)."""
+    role = command_role(args.command, bool(getattr(args, "create_tier", False)))
+    args.redis_role = role
     try:
+        url = as_role(resolve_url(getattr(args, "redis_url", None)), role)
         # a cluster node's URL is asked at once, and redis-py's cluster client connects at once
-        r = connect_sync(getattr(args, "redis_url", None), retries=2)
+        r = connect_sync(url, retries=2)
         ping(r)
     except NoFleetFound:
         raise  # the caller says where it looked
+    except PasswordsFileError as exc:
+        raise CliError(f"the roles' passwords file: {exc}", EXIT_USAGE) from None
+    except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+        raise refused(exc, role) or CliError(str(exc)) from None
     except ClusterModeError as exc:  # FLEET_REDIS_CLUSTER: a bad value, or yes of a single node
         raise CliError(str(exc), EXIT_USAGE) from None
     except ValueError as exc:  # a URL redis-py cannot parse (main checks --redis-url and $REDIS_URL)

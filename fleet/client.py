@@ -31,6 +31,7 @@ from stores.cluster import is_cluster
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy
 from stores.replicas import ReplicaAcks
+from stores.roles import process_url
 from stores.roundtrips import Op, arun, run
 from stores.submit import (
     PRESSURE_CHECK_S,
@@ -197,7 +198,7 @@ class Fleet:
     def __init__(self, url: str | None = None, *, client: redis.Redis | None = None,
                  max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
                  max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
-        self.r = client or connect_sync(url)
+        self.r = client or connect_sync(url or process_url(None, "fleet-client"))
         self._core = _ClientCore(is_cluster(self.r))
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
@@ -255,7 +256,7 @@ class AsyncFleet:
     def __init__(self, url: str | None = None, *, client: aioredis.Redis | None = None,
                  max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
                  max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
-        self.r = client or connect_async(url)
+        self.r = client or connect_async(url or process_url(None, "fleet-client"))
         self._core = _ClientCore(is_cluster(self.r))
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes

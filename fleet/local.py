@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import redis
 
+from protocol.acl import acl_file
 from stores.connection import ping
 from stores.local_fleet import (
     STATE_FILE,
@@ -38,6 +39,7 @@ from stores.local_fleet import child_env as _child_env
 from stores.local_fleet import fleet_home as fleet_home  # re-exported: fleet.updown calls them through us
 from stores.local_fleet import pid_alive as pid_alive
 from stores.local_fleet import read_state as read_state
+from stores.roles import ADMIN, as_role, default_passwords_path, ensure_passwords, role_password, write_secret
 
 EMBEDDED_WARNING = """\
 WARNING: redis-server was not found on PATH: starting an EMBEDDED in-memory Redis (fakeredis).
@@ -201,8 +203,10 @@ def start_local_redis(timeout: float = 10.0, appendfsync: str = "always") -> tup
         else:
             pid, kind = _spawn_embedded(port), "embedded"
         url = f"redis://127.0.0.1:{port}/0"
+        if binary:  # the client role's URL (`fleet env`): each Fleet process and command swaps in its own
+            url = as_role(url, "fleet-client")
         record = process_record(pid)
-        ok, last_error = _wait_ping(url, record, timeout)
+        ok, last_error = _wait_ping(own_url(url), record, timeout)
         if ok:
             where = {"dir": str(fleet_home() / "redis"), "appendfsync": appendfsync} if binary else {}
             update_state(url=url, redis={**record, "kind": kind, "port": port, **where})
@@ -235,11 +239,26 @@ def _require_fakeredis() -> None:
         ) from None
 
 
+def own_url(url: str) -> str:
+    """The URL ``fleet up`` and ``fleet down`` connect with themselves: as the admin when its
+    password is known (the local redis-server runs the roles' ACL), else as ``fleet-operator``
+    when that role's is (``stores.roles``), else ``url`` as given."""
+    return as_role(url, ADMIN) if role_password(ADMIN) else as_role(url, "fleet-operator")
+
+
 def _spawn_redis_server(binary: str, port: int, appendfsync: str) -> int:
+    """A redis-server running Fleet's ACL roles (``fleet acl``): the passwords in
+    ``acl-passwords`` (generated, 0600), the ACL file beside its data (0600), the default user
+    the admin; each process ``fleet up`` starts connects as its role, and the URL recorded
+    (``fleet env``) is the client role's."""
     data = fleet_home() / "redis"
     data.mkdir(parents=True, exist_ok=True)
+    passwords = ensure_passwords(default_passwords_path())
+    aclfile = data / "users.acl"
+    # RQ's queues live here too unless --rq-url names another node: the relay and RQ workers need them
+    write_secret(aclfile, acl_file(passwords, default=passwords[ADMIN], shared_with_rq=True))
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
-            "--appendfsync", appendfsync, "--dir", str(data), "--daemonize", "no"]
+            "--appendfsync", appendfsync, "--dir", str(data), "--daemonize", "no", "--aclfile", str(aclfile)]
     return spawn_detached(argv, "redis.log")
 
 

@@ -41,6 +41,12 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
                           "only a process that carries it; never set it yourself"),
     "FLEET_LIBRARY_CHECK_S": ("worker, commander, relay", "seconds between two looks of a process "
                               "waiting for Fleet's functions library (`fleet install`); default: 3"),
+    "FLEET_ACL_PASSWORD_CLIENT": ("every process, CLI", "the password of ACL role `fleet-client` (and "
+                                  "`_WORKER`, `_COMMANDER`, `_RELAY`, `_OPERATOR` of the others): a "
+                                  "process or command connects as its role when its password is known "
+                                  "(else from `fleet acl`'s passwords file); `fleet acl` uses them"),
+    "FLEET_ACL_PASSWORD_ADMIN": ("CLI", "the admin's (Redis's default user's) password in the ACL file "
+                                 "`fleet acl` and `fleet up` write; default: generated"),
 }
 
 

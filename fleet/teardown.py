@@ -63,7 +63,7 @@ def _others(url: str, sup: dict[str, Any], kind: str | None = None,
     given), as ``{"kind", "id", "pid", "host", "what"}``; on this host only if ``local_only``,
     checked to be the very process that registered."""
     try:
-        r = connect_sync(url, retries=1, socket_timeout=3)
+        r = connect_sync(local.own_url(url), retries=1, socket_timeout=3)
         found = [{"kind": "commander", "id": c.commander, "pid": c.pid, "host": c.host,
                   "started": c.started, "what": f"{c.role} commander"}
                  for c in _commanders(r) if c.pid != sup.get("pid") or c.host != socket.gethostname()]
@@ -146,7 +146,7 @@ def _stop_recorded_workers(timeout: float) -> int:
 def _forget_commander_entry(url: str, sup: dict[str, Any]) -> None:
     """A killed commander could not unregister from an external Redis: do it for it."""
     try:
-        r = connect_sync(url, retries=1, socket_timeout=3)
+        r = connect_sync(local.own_url(url), retries=1, socket_timeout=3)
         for cid, info in commander_entries(r):
             if isinstance(info, CodecError):
                 continue

@@ -140,7 +140,7 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
         local.clear_state()
     url, started_redis = (state["url"], False) if state and resumed else _redis_url(args)
     try:
-        r = connect_sync(url, retries=2, socket_timeout=5)
+        r = connect_sync(local.own_url(url), retries=2, socket_timeout=5)
         ping(r)
         if started_redis:  # its own server: the functions library loaded, and saved for a restart
             functions.install(r)

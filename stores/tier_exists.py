@@ -2,13 +2,16 @@
 policy defines and no worker serves would wait forever.
 
 A tier exists if its policy key exists, ``fleet:tiers`` names it, or a registered worker of the
-tier has a live heartbeat (:func:`tier_exists`).
+tier has a live heartbeat (:func:`tier_exists`). The registry is read only when no policy
+names the tier, and a role that may not read it (``fleet-client``) knows a tier by its policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from redis.exceptions import NoPermissionError
 
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode
@@ -18,10 +21,9 @@ from stores.roundtrips import Op, Pipelined, operation
 
 
 def queue_tier_probe(pipe: Any, tier: str) -> None:
-    """``[has_policy, tiers, registry]``: what :func:`tier_defined` and :func:`heartbeats_of` read."""
+    """``[has_policy, tiers]``: what :func:`tier_defined` reads."""
     pipe.exists(keys.policy(tier))
-    pipe.smembers(keys.TIERS)  # not SISMEMBER: the documented ACL grants SMEMBERS
-    pipe.hgetall(keys.WORKERS)
+    pipe.smembers(keys.TIERS)
 
 
 def tier_defined(tier: str, has_policy: Any, tiers: Iterable[Any]) -> bool:
@@ -51,18 +53,24 @@ def queue_any_beating(pipe: Any, beats: list[str]) -> None:
 
 @operation
 def read_tier_probe(tier: str) -> Op[list[Any]]:
-    """``[has_policy, tiers, registry]`` of :func:`queue_tier_probe`, in one round trip."""
+    """``[has_policy, tiers]`` of :func:`queue_tier_probe`, in one round trip."""
     replies: list[Any] = yield Pipelined(lambda pipe: queue_tier_probe(pipe, tier))
     return replies
 
 
 @operation
 def tier_exists(tier: str) -> Op[bool]:
-    """Whether ``tier`` exists: one round trip, and a second for the heartbeats of its
-    registered workers when no policy defines it."""
-    has_policy, tiers, registry = yield from read_tier_probe.steps(tier)
+    """Whether ``tier`` exists: one round trip, and when no policy defines it, one for the
+    registry and one for the heartbeats of the tier's registered workers (False if the
+    connection's ACL user may not read the registry)."""
+    has_policy, tiers = yield from read_tier_probe.steps(tier)
     if tier_defined(tier, has_policy, tiers):
         return True
+    [registry] = yield Pipelined(lambda pipe: pipe.hgetall(keys.WORKERS), raise_on_error=False)
+    if isinstance(registry, NoPermissionError):
+        return False
+    if isinstance(registry, Exception):
+        raise registry
     beats = heartbeats_of(tier, registry)
     if not beats:
         return False

@@ -16,10 +16,22 @@ import fakeredis
 import pytest
 import redis
 
+from protocol.acl import ROLE_NAMES, acl_file
 from stores import functions
+from stores.roles import password_env, with_credentials
 from tests.helpers import Processes
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Every test server runs Fleet's ACL roles (protocol.acl) with these passwords, and its default
+# user is the admin with a password: a Fleet process that does not connect as its role is refused.
+ADMIN_PASSWORD = "test-admin-pw"
+ROLE_PASSWORDS = {role: f"test-{role}-pw" for role in ROLE_NAMES}
+
+
+def role_env() -> dict[str, str]:
+    """``FLEET_ACL_PASSWORD_<ROLE>`` of every role: each Fleet command connects as its own."""
+    return {password_env(role): pw for role, pw in ROLE_PASSWORDS.items()}
 
 
 def free_port() -> int:
@@ -42,19 +54,38 @@ class RedisServer:
     proc: subprocess.Popen[bytes] | None = None
     extra: tuple[str, ...] = ()
     library: bool = True  # Fleet's functions installed when it starts, as an operator would
+    acl: bool = True  # the roles' ACL file, the default user the admin (ADMIN_PASSWORD)
+
+    @property
+    def plain_url(self) -> str:
+        """The server's URL without credentials."""
+        return f"redis://127.0.0.1:{self.port}/0"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The admin's URL (the tests' own clients)."""
+        return with_credentials(self.plain_url, "default", ADMIN_PASSWORD) if self.acl else self.plain_url
+
+    def role_url(self, role: str) -> str:
+        """The URL of ACL role ``role`` (``fleet-worker``, …)."""
+        return with_credentials(self.plain_url, role, ROLE_PASSWORDS[role]) if self.acl else self.plain_url
+
+    def _acl_args(self) -> list[str]:
+        if not self.acl:
+            return []
+        path = self.workdir / "users.acl"
+        path.write_text(acl_file(ROLE_PASSWORDS, default=ADMIN_PASSWORD, shared_with_rq=True))  # RQ's too
+        return ["--aclfile", str(path)]
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is not on PATH (scripts/test installs it)"
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(self.workdir),
-                *self.extra]
+                *self._acl_args(), *self.extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2,
+                             password=ADMIN_PASSWORD if self.acl else None)
         deadline = time.monotonic() + 10
         try:
             while True:
@@ -160,12 +191,26 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 
 @pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    """A client on the module's server, with the database emptied before the test."""
+def r(redis_server: RedisServer, request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    """The admin's client on the module's server, with the database emptied before the test.
+    After the test, a refusal by the ACL of a Fleet role (``ACL LOG``) fails it: a right a role
+    lacks, unless the test is marked ``acl_denials``."""
     client = redis_server.client()
     client.flushall()
+    if redis_server.acl:
+        client.acl_log_reset()
     yield client
-    client.close()
+    try:
+        if redis_server.acl and request.node.get_closest_marker("acl_denials") is None:
+            denials = [acl_denial(e) for e in client.acl_log() if e.get("username") in ROLE_PASSWORDS]
+            assert not denials, f"the ACL refused a Fleet role: {denials}"
+    finally:
+        client.close()
+
+
+def acl_denial(entry: dict[str, object]) -> str:
+    """One ``ACL LOG`` entry as ``<user> <reason> <object>`` (the command or the key refused)."""
+    return f"{entry.get('username')} {entry.get('reason')} {entry.get('object')}"
 
 
 # Settings every worker a test starts (directly, through a commander or `fleet up`) runs with:
@@ -182,7 +227,9 @@ def fleet_env(redis_server: RedisServer, tmp_path: Path) -> dict[str, str]:
     # pipe must see none, as it would under a plain run
     env.pop("COLUMNS", None)
     env.pop("LINES", None)
-    env["REDIS_URL"] = redis_server.url
+    # no credentials: each Fleet process and command connects as its own role (role_env)
+    env["REDIS_URL"] = redis_server.plain_url
+    env.update(role_env())
     env["FLEET_HOME"] = str(tmp_path / "fleet-home")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"

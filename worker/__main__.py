@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 from protocol.flags import Parser, add_flags, settings_from_flags
+from stores.roles import process_url
 from worker.app import Worker
 from worker.settings import WorkerSettings
 
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_flags(WorkerSettings, args, "fleet worker")
     if settings is None:
         return 2
+    # the worker's role (stores.roles): its URL's own credentials unless its password is known
+    settings = settings.model_copy(update={"redis_url": process_url(settings.redis_url, "fleet-worker")})
     set_process_title(settings.tier, settings.worker_id)
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.worker_id} %(message)s")

@@ -126,7 +126,9 @@ def make_runtime(redis_server: Any, r: redis.Redis,
 
     def make(**kwargs: Any) -> ProcessRuntime:
         kwargs.setdefault("log_dir", tmp_path / "logs")
-        made.append(ProcessRuntime(redis_server.url, **kwargs))
+        # the runtime reads Redis as the commander it serves; its workers connect as workers
+        kwargs.setdefault("client", redis.Redis.from_url(redis_server.role_url("fleet-commander")))
+        made.append(ProcessRuntime(redis_server.role_url("fleet-worker"), **kwargs))
         pids.update(templates())
         return made[-1]
 
@@ -194,12 +196,13 @@ def process_commander(redis_server: Any, tmp_path: Path, monkeypatch: pytest.Mon
     # a 10 s lease: an interpreter's check may take 8 s (0.8 of it) on a loaded test machine
     settings = CommanderSettings(commander_id="c-test", metrics_port=None, interval_s=0.2, always_tiers=(),
                                  lease_ttl_ms=10_000, group_runtimes=group_runtimes)
-    runtime = ProcessRuntime(redis_server.url, log_dir=tmp_path / "logs",
+    runtime = ProcessRuntime(redis_server.role_url("fleet-worker"), log_dir=tmp_path / "logs",
+                             client=redis.Redis.from_url(redis_server.role_url("fleet-commander")),
                              group_runtimes=settings.group_runtimes,
                              check_timeout_s=settings.check_timeout_s())
     stop = threading.Event()
-    thread = threading.Thread(target=Commander(redis_server.client(), runtime, settings).run, args=(stop,),
-                              daemon=True)
+    commander = Commander(redis.Redis.from_url(redis_server.role_url("fleet-commander")), runtime, settings)
+    thread = threading.Thread(target=commander.run, args=(stop,), daemon=True)
     thread.start()
     try:
         yield runtime

@@ -44,7 +44,7 @@ def test_jobs_in_progress_are_not_backlog(r, redis_server, start_worker):
     write_policy(r, "chat", turns_policy(handler="sleep", handler_options={"sleep_ms": 60_000}, concurrency=N,
                                          users_per_instance=None, report_interval_s=0.5))
     w = start_worker("chat", env={"FLEET_WORKER_HEARTBEAT_TTL_MS": "1500"})
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     try:
         for i in range(N):
             fleet.submit(f"busy{i}", "think hard")

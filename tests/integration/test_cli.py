@@ -74,6 +74,7 @@ def test_cli_errors_are_one_line(fleet_env, tmp_path):
         assert out.stderr.count("\n") == 1, (args, out.stderr)
 
 
+@pytest.mark.acl_denials  # the client role's tier check is refused the registry (one ACL LOG entry)
 def test_a_tier_that_runs_nowhere_is_refused_unless_created(fleet_env, tmp_path, r):
     for args in (["submit", "--user", "alice", "--tier", "nosuchtier", "hi"],
                  ["chat", "--user", "alice", "--tier", "nosuchtier"]):

@@ -87,7 +87,8 @@ def landed(r: redis.Redis, user: str) -> tuple[int, int]:
 
 # --- a lost connection ----------------------------------------------------------------------
 def test_a_connection_lost_after_the_inbox_xadd_lands_nothing(chat, redis_server) -> None:
-    client = Fleet(client=connect_sync(redis_server.url, retries=0, connection_class=CuttingConnection))
+    client = Fleet(client=connect_sync(redis_server.role_url("fleet-client"), retries=0,
+                                       connection_class=CuttingConnection))
     client.submit("warm", "up")  # the tier check is done: the next round trip is the submit alone
     Cut.armed = True
     with pytest.raises(redis.ConnectionError):
@@ -99,7 +100,8 @@ def test_a_connection_lost_after_the_inbox_xadd_lands_nothing(chat, redis_server
 
 
 def test_a_retried_submit_lands_once(chat, redis_server) -> None:
-    client = Fleet(client=connect_sync(redis_server.url, connection_class=CuttingConnection))
+    client = Fleet(client=connect_sync(redis_server.role_url("fleet-client"),
+                                       connection_class=CuttingConnection))
     Cut.armed = True
     handle = client.submit("bob", "hi")
     assert not Cut.armed  # the connection was lost once, and the round trip retried
@@ -110,7 +112,7 @@ def test_a_retried_submit_lands_once(chat, redis_server) -> None:
 
 def test_async_a_connection_lost_mid_submit_lands_nothing_and_a_retry_lands_once(chat, redis_server) -> None:
     async def run() -> None:
-        lost = AsyncFleet(client=connect_async(redis_server.url, retries=0,
+        lost = AsyncFleet(client=connect_async(redis_server.role_url("fleet-client"), retries=0,
                                                connection_class=AsyncCuttingConnection))
         await lost.submit("warm", "up")
         Cut.armed = True
@@ -118,7 +120,8 @@ def test_async_a_connection_lost_mid_submit_lands_nothing_and_a_retry_lands_once
             await lost.submit("carol", "hi")
         await lost.aclose()
         assert landed(chat, "carol") == (0, 1)
-        retried = AsyncFleet(client=connect_async(redis_server.url, connection_class=AsyncCuttingConnection))
+        retried = AsyncFleet(client=connect_async(redis_server.role_url("fleet-client"),
+                                                  connection_class=AsyncCuttingConnection))
         Cut.armed = True
         await retried.submit("carol", "hi")
         await retried.aclose()
@@ -146,14 +149,16 @@ def test_a_runtime_error_inside_the_submit_is_raised_and_not_rolled_back(chat, r
     """The limit of a Redis script (as of a transaction): a command failing while it runs leaves
     the writes before it applied; the script stops there (the active mark comes after)."""
     chat.set(keys.ready("chat"), "not a stream")
-    with Fleet(redis_server.url) as client, pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+    with Fleet(redis_server.role_url("fleet-client")) as client, \
+            pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         client.submit("erin", "hi")
     assert chat.xlen(keys.inbox("erin")) == 1  # no rollback: the turn is there, its notification not
     assert chat.zscore(keys.active("chat"), "erin") is None
 
 
+@pytest.mark.acl_denials  # the client role's tier check is refused the registry (one ACL LOG entry)
 def test_an_unknown_tier_writes_nothing_on_a_real_server(r, redis_server) -> None:
-    with Fleet(redis_server.url) as client, pytest.raises(UnknownTier):
+    with Fleet(redis_server.role_url("fleet-client")) as client, pytest.raises(UnknownTier):
         client.submit("frank", "hi", tier="nosuchtier")
     assert r.keys("*") == []
 
@@ -163,7 +168,7 @@ def test_a_submit_waits_for_replicas_when_the_tier_asks_and_goes_on_without_them
     """One node without replicas: ``WAIT 1 30`` times out with 0; the turn is queued anyway
     (one round trip: the WAIT rides after EXEC), and the shortfall is counted."""
     write_policy(r, "chat", turns_policy(replica_acks=1, replica_ack_timeout_ms=30))
-    client = Fleet(client=connect_sync(redis_server.url))
+    client = Fleet(client=connect_sync(redis_server.role_url("fleet-client")))
     before = int(r.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
     client.submit_many([("alice", "one"), ("bob", "two")])
     client.submit("alice", "three")
@@ -176,7 +181,7 @@ def test_a_submit_waits_for_replicas_when_the_tier_asks_and_goes_on_without_them
 async def test_async_a_tier_without_replica_acks_sends_no_wait(r, redis_server) -> None:
     write_policy(r, "chat", TurnsPolicy())
     r.config_resetstat()
-    client = AsyncFleet(client=connect_async(redis_server.url))
+    client = AsyncFleet(client=connect_async(redis_server.role_url("fleet-client")))
     try:
         await client.submit("alice", "hi")
         await client.submit_many([("bob", "a"), ("carol", "b")])

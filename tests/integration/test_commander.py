@@ -104,7 +104,7 @@ def test_burst_scales_up_then_quiet_scales_in_idle_first(r, redis_server, start_
     write_policy(r, "chat", policy(scale_down_stabilization_s=1))
     start_commander()
     first = wait_until(lambda: live_workers(r, "chat"), 20, "the first worker")[0].worker
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
 
     replies = fleet.results(fleet.submit_many([(f"b{i:02d}", "burst") for i in range(40)]), timeout=90)
 
@@ -129,7 +129,7 @@ def test_raising_users_per_instance_consolidates_without_losing_turns(r, redis_s
                  min_workers=1, active_window_s=30, scale_down_stabilization_s=1)
     write_policy(r, "chat", policy(users_per_instance=4, **light))
     start_commander()
-    with Load(redis_server.url, users=12, pause_s=0.5) as load:
+    with Load(redis_server.role_url("fleet-client"), users=12, pause_s=0.5) as load:
         wait_until(lambda: len(live_workers(r, "chat")) == 3, 30, "3 workers for 12 users at 4 per worker")
         write_policy(r, "chat", policy(users_per_instance=100, **light))
         wait_until(lambda: len(live_workers(r, "chat")) == 1, 40, "consolidation to one worker")
@@ -149,7 +149,7 @@ def test_scale_to_zero_serves_a_parked_turn(r, redis_server, start_commander):
     start_commander()
     passes(r, 5)
     assert live_workers(r, "chat") == []
-    reply = Fleet(redis_server.url).submit("zoe", "anyone there?").result(30)
+    reply = Fleet(redis_server.role_url("fleet-client")).submit("zoe", "anyone there?").result(30)
     assert reply.ok and reply.text == "slept: anyone there?"
     wake = [e for e in ledger(r, "chat", "scale-up") if e.from_count == 0]
     assert wake and wake[0].to_count == 1
@@ -165,7 +165,7 @@ def test_commander_sigkill_standby_takes_over_and_adopts(r, redis_server, start_
     leader = start_commander("c1", env=FAST_TAKEOVER_ENV).proc
     wait_until(lambda: len(live_workers(r, "chat")) == 2, 20, "two workers")
     standby = start_commander("c2", env=FAST_TAKEOVER_ENV, lead=False).proc
-    with Load(redis_server.url, users=10, pause_s=0.05) as load:
+    with Load(redis_server.role_url("fleet-client"), users=10, pause_s=0.05) as load:
         served(load, 20)
         before = {w.worker for w in live_workers(r, "chat")}
         leader.send_signal(signal.SIGKILL)
@@ -203,7 +203,7 @@ def test_two_commanders_at_once_only_one_ever_acts(r, redis_server, start_comman
     a = start_commander("ca", lead=False).proc
     b = start_commander("cb", lead=False).proc
     wait_until(lambda: len(live_workers(r, "chat")) == 2, 20, "two workers")
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     assert all(rep.ok for rep in fleet.results(fleet.submit_many([(f"t{i}", "x") for i in range(30)]), 60))
     passes(r, 5)
     acts = [e for e in ledger(r) if e.action not in ("leader",)]
@@ -220,7 +220,7 @@ def test_redis_pause_causes_no_mass_scale_in_nor_spawn_storm(r, redis_server, st
     write_policy(r, "chat", policy(min_workers=1, max_workers=4, concurrency=1, target_backlog_per_worker=1,
                                    handler_options={"sleep_ms": 2000}, scale_down_stabilization_s=0))
     start_commander()
-    with Load(redis_server.url, users=4, pause_s=0.0, lockstep=False) as load:
+    with Load(redis_server.role_url("fleet-client"), users=4, pause_s=0.0, lockstep=False) as load:
         wait_until(lambda: len(live_workers(r, "chat")) == 4, 30, "the load to scale the tier up")
         passes(r, 5)
         events = ledger(r, "chat")
@@ -250,7 +250,7 @@ def test_a_worker_started_separately_is_counted_not_doubled(r, redis_server, sta
     passes(r, 10)
     assert [w.worker for w in live_workers(r, "chat")] == ["chat-outside"]
     assert not ledger(r, "chat", "scale-up")
-    reply = Fleet(redis_server.url).submit("olga", "hi", meta={"sleep_ms": 1}).result(10)
+    reply = Fleet(redis_server.role_url("fleet-client")).submit("olga", "hi", meta={"sleep_ms": 1}).result(10)
     assert reply.ok and reply.worker == "chat-outside"
     assert outside.proc.poll() is None
 
@@ -262,7 +262,7 @@ def test_a_handler_no_worker_has_is_rejected_and_the_tier_keeps_its_policy(r, re
                                    handler_options={"ms": 1}))
     start_commander()
     wait_until(lambda: len(live_workers(r, "chat")) == 1, 20, "a worker")
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     assert fleet.submit("alice", "hi").result(30).text.startswith("slept")
     write_policy(r, "chat", policy(min_workers=1, handler="answer", concurrency=16))
     wait_until(lambda: ledger(r, "chat", "policy-rejected"), 15, "the rejection")

@@ -32,7 +32,7 @@ def dead_letter_a_turn(r: redis.Redis, redis_server, start_worker, user: str, te
     write_policy(r, "chat", TurnsPolicy(handler="sleep", max_attempts=2,
                                         handler_options={"sleep_ms": 1, "fail_attempts": 9}))
     failing = start_worker()
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     handle = fleet.submit(user, text)
     reply = handle.result(20)
     assert not reply.ok and "injected failure" in reply.error

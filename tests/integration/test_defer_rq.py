@@ -93,7 +93,7 @@ def test_a_chat_handler_defers_a_memory_summary_per_turn(r: redis.Redis, redis_s
     relay(start_proc, "relay-1")
     rq_worker(start_proc, r, "rq-1")
     turns = [(user, f"t{i}") for user in ("alice", "bob") for i in range(3)]
-    submit_all(redis_server.url, turns)
+    submit_all(redis_server.role_url("fleet-client"), turns)
     for user in ("alice", "bob"):
         wait_until(lambda u=user: r.hget(keys.usage(u), "summaries") == b"3", 30, f"{user}'s summaries")
         memories = [m for m in r.zrange(keys.memory(user), 0, -1) if b"summary of" in m]
@@ -123,10 +123,10 @@ def test_sigkill_of_the_relay_and_of_rq_workers_mid_job_runs_every_job_once(
     relay_1 = relay(start_proc, "relay-1")
     w1 = rq_worker(start_proc, r, "rq-1")
     w2 = rq_worker(start_proc, r, "rq-2")
-    submit_all(redis_server.url, first)
+    submit_all(redis_server.role_url("fleet-client"), first)
     wait_until(lambda: r.llen(f"rq:queue:{QUEUE}") > 0, 30, "the first jobs in RQ")
     relay_1.kill()  # the outboxes of the second batch fill with no relay running
-    submit_all(redis_server.url, second)
+    submit_all(redis_server.role_url("fleet-client"), second)
     assert sum(r.xlen(keys.outbox(u)) for u in users) >= len(second)  # (and what relay-1 left)
 
     job = wait_until(lambda: _busy(r, "rq-1"), 30, "rq-1 to be in a job")
@@ -169,10 +169,10 @@ def test_failed_jobs_are_listed_and_requeued_from_the_cli(r: redis.Redis, redis_
     start_worker()
     relay(start_proc, "relay-1")
     rq_worker(start_proc, r, "rq-1")
-    submit_all(redis_server.url, [("carol", "t1")])
+    submit_all(redis_server.role_url("fleet-client"), [("carol", "t1")])
     jid = job_id("carol", "t1", 0)
     wait_until(lambda: r.zscore(f"rq:failed:{QUEUE}", jid) is not None, 30, "the job to fail")
-    url = ["--redis-url", redis_server.url]
+    url = ["--redis-url", redis_server.role_url("fleet-operator")]
     assert main([*url, "jobs", "failed", "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
     assert row["id"] == jid and "fails on purpose" in row["traceback"] and "Traceback" in row["traceback"]

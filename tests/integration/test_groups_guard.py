@@ -81,7 +81,7 @@ def test_the_guard_aborts_a_failing_canary_under_load_and_each_pool_follows_its_
     assert 0 < len(green_users) < len(USERS) / 2
     counts = PoolCounts(r)
     counts.start()
-    client = Fleet(redis_server.url)
+    client = Fleet(redis_server.role_url("fleet-client"))
     served: dict[str, list[str]] = {u: [] for u in USERS}  # each user's turns: the pool that served it
     rounds = 0
     try:

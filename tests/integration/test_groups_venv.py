@@ -129,7 +129,7 @@ def test_canary_rollout_and_abort_across_two_virtualenvs(
     split = [("blue", 90.0), ("green", 10.0), ("gone", 0.0), ("bare", 0.0)]
     want = {u: "v1" if assign(u, split) == "blue" else "v2" for u in USERS}
     assert set(want.values()) == {"v1", "v2"}  # (the table's users fall in both)
-    client = Fleet(redis_server.url)
+    client = Fleet(redis_server.role_url("fleet-client"))
     history: dict[str, list[str]] = {u: [] for u in USERS}
     for n in range(2):  # the 90/10 split: every user on its group's version
         got = serve_round(client, n)

@@ -151,7 +151,7 @@ def test_a_real_worker_serves_turns_through_the_package(
     info, alive = read_registry(r).workers[wid]
     assert alive and name in info.handlers, info
 
-    with Fleet(redis_server.url) as client:
+    with Fleet(redis_server.role_url("fleet-client")) as client:
         first = client.submit("alice", "hello", tier="bots").result(timeout=30)
         second = client.submit("alice", "again", tier="bots").result(timeout=30)
     assert first.ok and first.worker == wid, first

@@ -14,11 +14,14 @@ import time
 import tomllib
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
 import redis
 
+from stores.connection import redact_url
+from stores.roles import with_credentials
 from tests.conftest import ROOT
 from tests.helpers import fleet_cli
 from tests.integration.conftest import wait_until
@@ -111,7 +114,8 @@ def test_up_prints_url_env_and_metrics_fsyncs_always_and_down_stops_a_standby(ba
     try:
         assert up.returncode == 0, up.stderr
         url, metrics = state["url"], state["metrics_url"]
-        assert f"redis       {url} (" in up.stdout and "appendfsync always" in up.stdout
+        assert f"redis       {redact_url(url)} (" in up.stdout and "appendfsync always" in up.stdout
+        assert urlsplit(url).password not in up.stdout
         assert f"metrics     {metrics}" in up.stdout
         assert 'eval "$(fleet env)"' in up.stdout
         with urllib.request.urlopen(metrics, timeout=5) as resp:
@@ -120,7 +124,10 @@ def test_up_prints_url_env_and_metrics_fsyncs_always_and_down_stops_a_standby(ba
         assert monitor == metrics.removesuffix("metrics") and f"monitor     {monitor}" in up.stdout
         with urllib.request.urlopen(monitor, timeout=5) as resp:
             assert resp.status == 200 and b"Fleet monitor" in resp.read()
-        assert redis.Redis.from_url(url).config_get("appendfsync") == {"appendfsync": "always"}
+        admin_pw = json.loads((Path(state["home"]) / "acl-passwords").read_text())["default"]
+        admin_url = with_credentials(url, "default", admin_pw)
+        admin = redis.Redis.from_url(admin_url)
+        assert admin.config_get("appendfsync") == {"appendfsync": "always"}
 
         sub = tmp_path / "src" / "pkg"
         sub.mkdir(parents=True)
@@ -136,7 +143,7 @@ def test_up_prints_url_env_and_metrics_fsyncs_always_and_down_stops_a_standby(ba
         assert f"using the fleet of {tmp_path / '.fleet'}" in status.stderr
 
         standby = _start_standby(bare_env, url, tmp_path)
-        wait_until(lambda: _standby_registered(url, standby.pid), 30, "the standby commander registered")
+        wait_until(lambda: _standby_registered(admin_url, standby.pid), 30, "the standby to register")
     finally:
         down = fleet_cli(bare_env, "down", cwd=tmp_path)
     try:

@@ -207,7 +207,7 @@ def test_the_page_follows_a_real_fleet_as_it_scales(r: redis.Redis, redis_server
         print(f"  {item['status']} {item['bytes']:>7} {item['url']}")
 
     browser("wait", js="document.querySelector('.tier[data-tier=\"chat\"]') !== null")
-    with Load(redis_server.url):
+    with Load(redis_server.role_url("fleet-client")):
         browser("wait", js=f"{ROWS} === 1", timeout=30000)
         browser("wait", js="document.querySelectorAll('#workers svg.hist rect').length > 3", timeout=30000)
         _shot(browser, tmp_path, "one-worker")

@@ -36,9 +36,10 @@ def dead_letters(r: redis.Redis, tier: str = "chat") -> list[dict[str, str]]:
 
 
 def test_turn_goes_end_to_end_and_reply_carries_context(r, redis_server, start_worker):
+    write_policy(r, "chat", TurnsPolicy())  # the client role knows a tier by its policy
     start_worker()
-    fleet = Fleet(redis_server.url)
-    fleet.r.hset(keys.profile("alice"), "name", "Alice")
+    fleet = Fleet(redis_server.role_url("fleet-client"))
+    r.hset(keys.profile("alice"), "name", "Alice")  # the handler's to write: not the client's
     first = fleet.submit("alice", "my cat is called Tom").result(10)
     second = fleet.submit("alice", "what is my cat called?").result(10)
 
@@ -62,14 +63,14 @@ def test_many_users_every_turn_once_in_order(r, redis_server, start_worker):
     write_policy(r, "chat", TurnsPolicy(concurrency=16))
     start_worker()
     start_worker()
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     handles: dict[str, list] = defaultdict(list)
     lock = threading.Lock()
 
     def submitter(mine: list[str]) -> None:
         # interleave the users of this thread, several turns of one user in flight at once
         order = [u for _ in range(per_user) for u in random.sample(mine, len(mine))]
-        own = Fleet(redis_server.url)
+        own = Fleet(redis_server.role_url("fleet-client"))
         for start in range(0, len(order), 50):
             batch = order[start:start + 50]
             with lock:
@@ -107,7 +108,7 @@ def test_worker_killed_inside_handler_turn_answered_once_elsewhere(r, redis_serv
     write_policy(r, "chat", TurnsPolicy(handler="sleep", handler_options={"sleep_ms": 1500}))
     a = start_worker(worker_id="chat-a")
     b = start_worker(worker_id="chat-b")
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     handle = fleet.submit("dave", "slow one")
     holder = wait_until(lambda: r.get(keys.lane("dave")), 10, "a worker to take dave's lane").decode()
     victim, survivor = (a, b) if holder.startswith("chat-a|") else (b, a)
@@ -138,7 +139,7 @@ def test_bad_input_is_dead_lettered_and_the_worker_keeps_serving(r, redis_server
     raw.xadd(keys.ready("chat"), {"user": "evil}{user"})
     raw.xadd(keys.ready("chat"), {"nobody": "x"})
 
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     # the reply of a turn written by hand: a handle names it (replies to binary turns are msgpack)
     garbage = TurnHandle(fleet, "bob", "chat", garbage_id, 0.0).result(10)
     assert not garbage.ok and "not msgpack" in garbage.error
@@ -179,8 +180,9 @@ def test_redis_cli_alone_can_submit_and_read_the_reply(r, redis_server, start_wo
 
     def rc(*args: str) -> str:
         # -c follows a Cluster's MOVED (tests/cluster runs this test on one): no-op on one node
-        out = subprocess.run([cli, "-c", "-p", str(redis_server.port), *args], capture_output=True,
-                             text=True, timeout=20, check=True)
+        # as the client role: the raw protocol needs no other right
+        out = subprocess.run([cli, "-c", "-u", redis_server.role_url("fleet-client"), "--no-auth-warning",
+                              *args], capture_output=True, text=True, timeout=20, check=True)
         return out.stdout.strip()
 
     entry = rc("XADD", "fleet:u:{carol}:inbox", "*", "text", "hi from redis-cli")
@@ -205,7 +207,7 @@ def test_turns_of_one_user_on_two_tiers_keep_order_and_each_tier_its_handler(r, 
     write_policy(r, "gpu", TurnsPolicy(handler="sleep", handler_options={"sleep_ms": 5}))
     start_worker("chat")
     start_worker("gpu")
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     plan = [("chat", "a"), ("gpu", "b"), ("gpu", "c"), ("chat", "d"), ("gpu", "e")]
     handles = [fleet.submit("erin", text, tier=tier) for tier, text in plan]
     replies = fleet.results(handles, timeout=30)
@@ -218,7 +220,7 @@ def test_turns_of_one_user_on_two_tiers_keep_order_and_each_tier_its_handler(r, 
 def test_drain_finishes_the_turn_in_flight_and_hands_over_the_rest(r, redis_server, start_worker):
     write_policy(r, "chat", TurnsPolicy(handler="sleep", handler_options={"sleep_ms": 800}))
     a = start_worker(worker_id="chat-drain-a")
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     handles = fleet.submit_many([("finn", f"t{i}") for i in range(3)])
     wait_until(lambda: (r.get(keys.lane("finn")) or b"").startswith(b"chat-drain-a|"), 10, "a to serve finn")
     r.xadd(keys.control("chat-drain-a"), {"m": encode(Control(kind="drain", ts=time.time(), reason="test"))})
@@ -232,12 +234,13 @@ def test_drain_finishes_the_turn_in_flight_and_hands_over_the_rest(r, redis_serv
 
 
 def test_worker_rides_out_a_redis_restart(r, redis_server, start_worker):
+    write_policy(r, "chat", TurnsPolicy())  # the client role knows a tier by its policy
     w = start_worker()
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     assert fleet.submit("gus", "before").result(10).ok
     redis_server.stop()
     time.sleep(1.0)  # the outage itself: the worker must ride out a second without Redis
     redis_server.start()  # same port and data directory: the AOF brings the streams back
-    reply = Fleet(redis_server.url).submit("gus", "after").result(30)
+    reply = Fleet(redis_server.role_url("fleet-client")).submit("gus", "after").result(30)
     assert reply.ok and reply.text.startswith("echo: after | previous: before")
     assert w.proc.poll() is None

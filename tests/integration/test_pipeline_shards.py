@@ -83,7 +83,7 @@ def test_pipeline_on_three_ready_shards_answers_every_turn_in_order(r, redis_ser
     write_policy(r, "chat", TurnsPolicy(concurrency=8, ready_shards=3))
     start_worker()
     start_worker()
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     names = [f"user{i:03d}" for i in range(60)]
     handles: dict[str, list[TurnHandle]] = defaultdict(list)
     for turn in range(5):
@@ -111,7 +111,7 @@ def test_pipeline_resharding_a_live_tier_3_to_1_to_3_loses_nothing(r, redis_serv
     lock = threading.Lock()
 
     def submitter(mine: list[str]) -> None:
-        own = Fleet(redis_server.url)
+        own = Fleet(redis_server.role_url("fleet-client"))
         own.reread_policies()
         while not stop.is_set():
             with lock:
@@ -138,6 +138,6 @@ def test_pipeline_resharding_a_live_tier_3_to_1_to_3_loses_nothing(r, redis_serv
         stop.set()
         for t in threads:
             t.join()
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     assert sum(len(hs) for hs in handles.values()) > 30 * 20
     check_in_order(r, fleet, handles)

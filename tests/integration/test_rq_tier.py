@@ -49,7 +49,7 @@ def test_a_burst_grows_the_rq_tier_from_zero_drains_and_goes_back_to_zero(
     assert rq_workers(r) == [] and not ledger(r, QUEUE, "scale-up")
 
     turns = [(f"u{i % 10}", f"t{i}") for i in range(40)]
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     for h in fleet.submit_many([(u, "hi") for u, _ in turns], turn_ids=[t for _, t in turns]):
         assert h.result(30).ok
     wait_until(lambda: len(rq_workers(r)) >= 2, 30, "the rq tier to grow")
@@ -72,7 +72,7 @@ def test_an_rq_worker_killed_mid_job_is_reaped_by_the_commander_and_its_job_runs
         r: redis.Redis, redis_server, start_commander, start_proc: Callable[..., Proc]) -> None:  # noqa: F811
     log = deferring_fleet(r, start_commander, start_proc, job_sleep_s=1.0, rq_max=2)
     turns = [(f"v{i % 4}", f"t{i}") for i in range(8)]
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     for h in fleet.submit_many([(u, "hi") for u, _ in turns], turn_ids=[t for _, t in turns]):
         assert h.result(30).ok
 

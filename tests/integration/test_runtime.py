@@ -29,6 +29,8 @@ from protocol.codec import decode, encode
 from protocol.models import WorkerInfo
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
+from stores.roles import with_credentials
+from tests.conftest import ROLE_PASSWORDS
 from tests.helpers import fleet_cli, running
 from tests.integration.conftest import reap_until_exited, share_proof, wait_running
 
@@ -242,7 +244,9 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
         assert up.returncode == 0, up.stderr
         result = json.loads(up.stdout)
         assert result["status"] == "up" and len(result["workers"]) == 1
-        client = redis.Redis.from_url(state["url"])
+        # the roles' passwords are the test's (fleet_env), on the test's server and on up's own
+        client = redis.Redis.from_url(with_credentials(state["url"], "fleet-operator",
+                                                       ROLE_PASSWORDS["fleet-operator"]))
         assert client.sismember(keys.TIERS, "chat") and client.exists(keys.policy("chat"))
         worker_pids = [i.pid for i in _registry(client).values()]
         # the relay runs beside the commander (the rq extra is installed here): a handler that
@@ -253,7 +257,8 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
         deadline = time.monotonic() + 30
         while not client.llen("rq:queue:writeback"):
             assert time.monotonic() < deadline, "the deferred job never reached RQ"
-            assert Fleet(state["url"]).submit("zoe", "hi").result(30).ok
+            client_url = with_credentials(state["url"], "fleet-client", ROLE_PASSWORDS["fleet-client"])
+            assert Fleet(client_url).submit("zoe", "hi").result(30).ok
         client.close()
         assert (redis_pid := (state.get("redis") or {}).get("pid")) or external
 

@@ -43,7 +43,7 @@ def test_sigkill_mid_handler_is_taken_over_long_before_the_lease_expires(r, redi
                                          concurrency=2, min_workers=2, max_workers=2, report_interval_s=0.3))
     start_commander(env=LONG_LEASES)
     wait_until(lambda: len(live_workers(r)) == 2, 30, "two workers")
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     handle = fleet.submit("alice", "are you there?")
 
     # mid-handler: the lane is taken and the attempt counted (the pull precedes the handler)

@@ -54,7 +54,7 @@ def test_a_forked_worker_registers_and_serves_a_turn(make_runtime, redis_server,
     # set after the template started: it reaches the worker as an environment override
     monkeypatch.setenv("FLEET_WORKER_HEARTBEAT_TTL_MS", "2500")
     write_policy(r, "chat", TurnsPolicy())  # a tier no worker serves yet (without a policy: UnknownTier)
-    with Fleet(redis_server.url) as fleet:
+    with Fleet(redis_server.role_url("fleet-client")) as fleet:
         parked = fleet.submit("alice", "hello")  # onto an empty tier: it waits for a worker
         began = time.monotonic()
         (wid,) = rt.spawn("chat", 1)
@@ -84,7 +84,8 @@ def test_retire_drains_a_forked_worker(make_runtime, redis_server, r) -> None:
     assert gone.exit_code == 0 and not gone.killed and gone.retire_reason == "test"
     assert [h.worker_id for h in rt.live()] == [keep]
     assert not r.hexists(keys.WORKERS, victim) and not r.exists(keys.heartbeat(victim))
-    with Fleet(redis_server.url) as fleet:
+    write_policy(r, "chat", TurnsPolicy())  # the client role knows a tier by its policy
+    with Fleet(redis_server.role_url("fleet-client")) as fleet:
         assert fleet.submit("bob", "still there?").result(TIMEOUT).worker == keep
 
 
@@ -118,14 +119,15 @@ def test_the_template_reaps_its_children(make_runtime) -> None:
 
 
 def test_a_worker_survives_the_template_and_a_new_template_is_started(make_runtime,
-                                                                      redis_server) -> None:
+                                                                      redis_server, r) -> None:
+    write_policy(r, "chat", TurnsPolicy())  # the client role knows a tier by its policy
     rt = make_runtime()
     first_template = _ready_template(rt)
     (old,) = rt.spawn("chat", 1)
     wait_running(rt, [old])
     os.kill(first_template, signal.SIGKILL)
     wait_until(lambda: not running(first_template), TIMEOUT, "the template to die")
-    with Fleet(redis_server.url) as fleet:
+    with Fleet(redis_server.role_url("fleet-client")) as fleet:
         assert fleet.submit("carol", "anyone?").result(TIMEOUT).worker == old
         (new,) = rt.spawn("chat", 1)  # starts another template
         wait_running(rt, [new])
@@ -192,7 +194,7 @@ def test_fallback_to_a_fresh_interpreter_when_the_template_cannot_start(
                              python=exe, start_timeout_s=10)
     rt = make_runtime(template=broken)
     write_policy(r, "chat", TurnsPolicy())
-    with Fleet(redis_server.url) as fleet:
+    with Fleet(redis_server.role_url("fleet-client")) as fleet:
         parked = fleet.submit("dave", "slowly")
         (wid,) = rt.spawn("chat", 1)
         reply = parked.result(60)

@@ -55,7 +55,7 @@ def test_metrics_count_the_turns_workers_served_and_keep_them_when_workers_go(r,
     write_policy(r, "dl", one_worker(max_attempts=2, handler_options={"sleep_ms": 10, "fail_attempts": 9}))
     chat_a = start_worker(worker_id="chat-a")
     start_worker(tier="dl", worker_id="dl-a")
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     handles = fleet.submit_many([(f"u{i}", f"turn {i}") for i in range(10)])
     failing = fleet.submit_many([(f"d{i}", f"turn {i}") for i in range(4)], tier="dl")
     assert all(rep.ok and rep.attempts == 2 for rep in fleet.results(handles, timeout=30))

@@ -37,7 +37,7 @@ def test_fleet_user_shows_the_lane_holder_inbox_session_and_pending(r, redis_ser
                                                                    fleet_env, tmp_path):
     write_policy(r, "chat", TurnsPolicy(handler="sleep", handler_options={"sleep_ms": 1}))
     w = start_worker()
-    fleet = Fleet(redis_server.url)
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     first = fleet.submit("ann", "hello there")
     assert first.result(10).ok
     slow = fleet.submit("ann", "slow one", meta={"sleep_ms": SLOW_MS})

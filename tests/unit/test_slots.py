@@ -525,6 +525,7 @@ def drive(r: redis.Redis, ar: aioredis.Redis) -> None:
 
 # --- coverage: what the drive must reach --------------------------------------------------------
 NOT_DRIVEN = {  # public callables of stores that send no command (or are not this test's to drive)
+    "stores.roles": "the ACL roles' passwords and URLs: no Redis command",
     "stores.backlog.unserved_after_ms": "arithmetic",
     "stores.redis_errors": "names an error's kind, logs and counts: no command",
     "stores.backlog.unserved_by_tier": "arithmetic over a Registry",

@@ -44,6 +44,7 @@ from stores.outbox import Hint
 from stores.policies import list_tiers, read_policy
 from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT, Backoff
+from stores.roles import process_url
 from worker.rq.relay_health import DEFAULT_MAX_AGE_S, default_relay_id, gone, judge
 
 log = logging.getLogger("fleet.relay")
@@ -266,7 +267,7 @@ def check(args: argparse.Namespace) -> int:
     """``fleet relay --check``: 0 and one line on stdout if the relay's heartbeat is fresh, else
     1 and the reason on stderr (no heartbeat, a stale one, Redis unreachable)."""
     try:
-        r = connect_sync(getattr(args, "redis_url", None) or os.environ.get("REDIS_URL"),
+        r = connect_sync(process_url(getattr(args, "redis_url", None), "fleet-relay"),
                          retries=1, socket_timeout=5)
         beats = outbox.relay_beats(r)
     except (redis.RedisError, OSError, ValueError) as exc:
@@ -288,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
                              sweep_interval_s=args.sweep_interval,
                              claim_idle_ms=args.claim_idle_ms, result_ttl_s=args.result_ttl,
                              **({"relay_id": args.relay_id} if args.relay_id else {}))
+    settings = settings.model_copy(update={"redis_url": process_url(settings.redis_url, "fleet-relay")})
     relay = Relay(settings)
 
     def _stop(signum: int, _frame: object) -> None:

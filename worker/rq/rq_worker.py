@@ -59,6 +59,7 @@ from stores.connection import connect_sync
 from stores.redis_errors import RedisErrors
 from stores.registry import rq_registered
 from stores.retry import TRANSIENT, Backoff
+from stores.roles import as_role
 from worker import jobs
 
 log = logging.getLogger("fleet.rq")
@@ -231,12 +232,14 @@ def run(args: argparse.Namespace) -> int:
     if not queues:
         print("rq-worker: --queues names no queue", file=sys.stderr)
         return 2
-    fleet_url = os.environ.get("REDIS_URL")
-    url = args.rq_url or os.environ.get("FLEET_RQ_URL") or fleet_url
+    # Fleet's Redis as the worker's role (stores.roles); RQ's own node takes its URL as given
+    fleet_url = as_role(os.environ["REDIS_URL"], "fleet-worker") if os.environ.get("REDIS_URL") else None
+    rq_url = args.rq_url or os.environ.get("FLEET_RQ_URL")
+    url = rq_url or fleet_url
     if not url:
         print("rq-worker: no Redis: pass --rq-url or set REDIS_URL", file=sys.stderr)
         return 2
-    if fleet_url and url != fleet_url:  # RQ on a node of its own: jobs read and write Fleet's
+    if fleet_url and rq_url and rq_url != os.environ.get("REDIS_URL"):  # RQ on a node of its own
         jobs.use_fleet_redis(connect_sync(fleet_url))
     pod = None if args.name else os.environ.get(POD_NAME_ENV) or None
     name = args.name or pod
