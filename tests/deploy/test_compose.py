@@ -119,20 +119,26 @@ def test_the_relay_is_optional_and_restarts(config: dict[str, Any]) -> None:
     assert relay["healthcheck"]["test"] == ["CMD", "fleet", "relay", "--check", "--max-age", "30"]
 
 
-def test_the_one_shot_installs_the_library_and_keeps_an_existing_policy(config: dict[str, Any]) -> None:
+def test_the_install_one_shot_loads_the_library_as_the_admin_before_the_policy(config: dict[str, Any]) -> None:
+    """Loading Fleet's functions is the one thing no role may do: a one-shot of its own, the only
+    service with the admin's URL, before the policy one-shot (which runs as the operator)."""
+    install = config["services"]["install"]
+    assert install["command"] == ["install"] and install["restart"] == "no"
+    assert install["environment"]["REDIS_URL"] == (
+        f"redis://default:{COMPOSE_SECRETS['FLEET_ACL_PASSWORD_ADMIN']}@redis:6379/0")
+    assert install["depends_on"]["redis"]["condition"] == "service_healthy"
     policy = config["services"]["policy"]
+    assert policy["depends_on"]["install"]["condition"] == "service_completed_successfully"
     assert policy["entrypoint"] == ["/bin/sh", "-c"]
     (script,) = policy["command"]
-    install, policy_set = script.split(" && ", 1)
-    assert install == "fleet install"
-    assert policy_set.startswith("(fleet policy get chat >/dev/null 2>&1 || fleet policy set chat ")
+    assert script.startswith("fleet policy get chat >/dev/null 2>&1 || fleet policy set chat ")
     assert policy["restart"] == "no"
 
 
 def test_every_fleet_service_builds_the_one_image(config: dict[str, Any]) -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     fleet = {name: s for name, s in config["services"].items() if name != "redis"}
-    assert set(fleet) == {"acl", "policy", "commander", "worker", "cli", "relay"}
+    assert set(fleet) == {"acl", "install", "policy", "commander", "worker", "cli", "relay"}
     for name, service in fleet.items():
         assert service["image"] == f"fleet:{version}", name
         assert service["build"]["context"] == str(ROOT), name
@@ -155,8 +161,9 @@ def test_redis_starts_with_the_acl_file_of_the_roles(config: dict[str, Any]) -> 
 
 
 def test_each_process_connects_as_its_role(config: dict[str, Any]) -> None:
-    """No shared URL and no admin's: each service's REDIS_URL names its role's user; the cli has
-    the client's and the operator's passwords (each command connects as the role it needs)."""
+    """No shared URL, and the admin's only where no role may go (the ACL file, the library's
+    install): each service's REDIS_URL names its role's user; the cli has the client's and the
+    operator's passwords (each command connects as the role it needs)."""
     roles = {"commander": "commander", "worker": "worker", "relay": "relay", "policy": "operator"}
     for name, role in roles.items():
         assert config["services"][name]["environment"]["REDIS_URL"] == role_url(role), name
@@ -166,7 +173,7 @@ def test_each_process_connects_as_its_role(config: dict[str, Any]) -> None:
                                                                         "FLEET_ACL_PASSWORD_OPERATOR"}
     admin = COMPOSE_SECRETS["FLEET_ACL_PASSWORD_ADMIN"]
     for name, service in config["services"].items():
-        if name != "acl":
+        if name not in ("acl", "install"):
             assert admin not in str(service.get("environment", {})), name
 
 

@@ -453,19 +453,24 @@ def test_each_process_connects_as_its_role_from_a_secret_of_its_own(
         manifests: dict[str, list[dict[str, Any]]], overlay: str) -> None:
     """No shared URL: a worker's Secret holds no commander's or operator's password, and the
     copies the commander makes of a worker Deployment (a group's) keep the worker's. No Fleet
-    process gets the admin's password."""
+    process gets the admin's password but the policy Job's `fleet install` (its init container)."""
     fleet_pods = [o for kind in WORKLOADS for o in by_kind(manifests[overlay], kind)
                   if o["metadata"]["labels"]["app.kubernetes.io/component"] != "redis"]
-    seen = set()
+    seen, installs = set(), set()
     for workload in fleet_pods:
         name = workload["metadata"]["name"]
         component = workload["metadata"]["labels"]["app.kubernetes.io/component"]
         for c in containers(workload):
             env = env_of(c)
+            if c["name"] == "install":  # loading Fleet's functions: the admin's, in the policy Job alone
+                assert component == "policy" and c["command"] == ["fleet", "install"], name
+                assert env["REDIS_URL"]["valueFrom"] == redis_url_ref("admin"), name
+                installs.add(name)
+                continue
             assert env["REDIS_URL"]["valueFrom"] == redis_url_ref(ROLE_OF[component]), name
             assert not any(var.startswith("FLEET_ACL_PASSWORD") for var in env), name
             seen.add(component)
-    assert {"commander", "worker", "policy"} <= seen
+    assert {"commander", "worker", "policy"} <= seen and installs
     for d in workers(manifests[overlay]):  # a group's copy, as the commander makes it
         copied = clone_for_group(d, "chat.copy", "fleet:other", "fleet-worker-chat-copy")
         (c,) = pod_spec(copied)["containers"]
