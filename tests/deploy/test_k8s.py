@@ -41,8 +41,8 @@ from tests.k8s.standin_writes import selector_matches
 OLDEST = "1.29.0"  # the oldest minor still in the managed clouds' extended support
 GRACE_MARGIN_S = 15  # terminationGracePeriodSeconds - drain_timeout_s (compose/k8s/base/worker-chat.yaml)
 # production: made by hand (one Redis URL per role; the relay's with the rq components)
-USER_SECRETS = {"fleet-redis-commander", "fleet-redis-worker", "fleet-redis-operator", "fleet-redis-tls",
-                "fleet-monitor-tokens"}
+USER_SECRETS = {"fleet-redis-commander", "fleet-redis-worker", "fleet-redis-operator", "fleet-redis-admin",
+                "fleet-redis-tls", "fleet-monitor-tokens"}
 # the ACL role each component's pods connect as (fleet acl), from the Secret fleet-redis-<role>
 ROLE_OF = {"commander": "commander", "worker": "worker", "relay": "relay", "policy": "operator"}
 TLS_DIR = "/etc/fleet/tls"
@@ -421,9 +421,11 @@ def test_the_demo_wires_its_own_redis(manifests: dict[str, list[dict[str, Any]]]
             assert name in secrets, f"{workload['metadata']['name']} names Secret {name}"
             assert key is None or key in secrets[name]["data"]
     by_base = {re.sub(r"-[a-z0-9]{10}$", "", name): s for name, s in secrets.items()}  # (generated)
-    assert set(by_base) == {"fleet-redis-acl", "fleet-monitor-tokens",
+    assert set(by_base) == {"fleet-redis-acl", "fleet-monitor-tokens", "fleet-redis-admin",
                             *(f"fleet-redis-{role}" for role in ROLE_OF.values())}
     passwords = {k: base64.b64decode(v).decode() for k, v in by_base["fleet-redis-acl"]["data"].items()}
+    admin = urlsplit(base64.b64decode(by_base["fleet-redis-admin"]["data"]["url"]).decode())
+    assert (admin.username, admin.password) == ("default", passwords["FLEET_ACL_PASSWORD_ADMIN"])
     for role in ROLE_OF.values():  # each URL: its role's user and the password the ACL file has for it
         url = urlsplit(base64.b64decode(by_base[f"fleet-redis-{role}"]["data"]["url"]).decode())
         assert (url.username, url.hostname, url.port) == (f"fleet-{role}", "redis", 6379), role
