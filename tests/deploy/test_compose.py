@@ -119,7 +119,7 @@ def test_the_relay_is_optional_and_restarts(config: dict[str, Any]) -> None:
     assert relay["healthcheck"]["test"] == ["CMD", "fleet", "relay", "--check", "--max-age", "30"]
 
 
-def test_the_install_one_shot_loads_the_library_as_the_admin_before_the_policy(config: dict[str, Any]) -> None:
+def test_the_install_one_shot_loads_the_library_as_admin_before_the_policy(config: dict[str, Any]) -> None:
     """Loading Fleet's functions is the one thing no role may do: a one-shot of its own, the only
     service with the admin's URL, before the policy one-shot (which runs as the operator)."""
     install = config["services"]["install"]
