@@ -12,7 +12,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from stores.connection import ClusterModeError, NoFleetFound, connect_sync, ping, redact_url, resolve_url
-from stores.roles import PasswordsFileError, as_role, password_env
+from stores.roles import ADMIN, PasswordsFileError, as_role, password_env
 
 EXIT_ERROR_REPLY = 1
 EXIT_USAGE = 2
@@ -63,15 +63,18 @@ def known_handlers() -> list[str]:
     return registered_names()
 
 
-# The commands that submit turns and read replies connect as ``fleet-client``; every other
-# command (policies, rollouts, pins, dead letters, users, jobs, and the readers status, top,
-# events) as ``fleet-operator``.
+# The commands that submit turns and read replies connect as ``fleet-client``; ``fleet install``
+# (FUNCTION LOAD, which no role may) as the admin; every other command (policies, rollouts,
+# pins, dead letters, users, jobs, and the readers status, top, events) as ``fleet-operator``.
 CLIENT_COMMANDS = frozenset({"submit", "chat"})
+ADMIN_COMMANDS = frozenset({"install"})
 
 
 def command_role(command: str, create_tier: bool = False) -> str:
-    """The ACL role ``fleet <command>`` connects as (``protocol.acl``); ``--create-tier`` writes a
-    policy, which only the operator may."""
+    """The ACL role ``fleet <command>`` connects as (``protocol.acl``; ``default``: the admin);
+    ``--create-tier`` writes a policy, which only the operator may."""
+    if command in ADMIN_COMMANDS:
+        return ADMIN
     return "fleet-client" if command in CLIENT_COMMANDS and not create_tier else "fleet-operator"
 
 

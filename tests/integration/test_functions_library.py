@@ -21,8 +21,10 @@ import redis
 
 from fleet.client import Fleet
 from protocol import keys
+from protocol.policy import TurnsPolicy
 from stores import outbox
-from tests.conftest import start_on_free_port
+from stores.policies import write_policy
+from tests.conftest import ADMIN_PASSWORD, RedisServer, start_on_free_port
 from tests.helpers import Processes, fleet_cli, leads
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
@@ -47,7 +49,12 @@ def runtime_url(r: redis.Redis, redis_server: object) -> Iterator[str]:
 def reinstalled(r: redis.Redis, fleet_env: dict[str, str]) -> Iterator[None]:
     """The module's server holds the library again after the test (it deletes it)."""
     yield
-    assert fleet_cli(fleet_env, "install").returncode == 0
+    assert fleet_cli(as_admin(fleet_env), "install").returncode == 0
+
+
+def as_admin(env: dict[str, str]) -> dict[str, str]:
+    """``env`` knowing the admin's password: `fleet install` connects as the admin."""
+    return {**env, "FLEET_ACL_PASSWORD_ADMIN": ADMIN_PASSWORD}
 
 
 def version_of(install: subprocess.CompletedProcess[str]) -> str:
@@ -83,17 +90,17 @@ def test_a_fleet_serves_turns_as_a_user_that_may_only_call_functions(
 
 def test_install_needs_an_admin_and_check_says_the_state(r: redis.Redis, fleet_env: dict[str, str],
                                                          runtime_url: str, reinstalled: None) -> None:
-    version = version_of(fleet_cli(fleet_env, "install"))
-    check = fleet_cli(fleet_env, "install", "--check")
+    version = version_of(fleet_cli(as_admin(fleet_env), "install"))
+    check = fleet_cli(as_admin(fleet_env), "install", "--check")
     assert check.returncode == 0 and f"ok (this Fleet needs version {version}" in check.stdout
-    refused = fleet_cli(fleet_env, "install", "--url", runtime_url)
+    refused = fleet_cli(fleet_env, "install", "--url", runtime_url)  # the admin's password unknown
     assert refused.returncode != 0 and "admin" in refused.stderr and "function|load" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     r.function_load(OTHER_VERSION, replace=True)
-    check = fleet_cli(fleet_env, "install", "--check")
+    check = fleet_cli(as_admin(fleet_env), "install", "--check")
     assert check.returncode == 1 and "other version" in check.stdout and "Redis has v0" in check.stdout
     r.function_flush()
-    check = fleet_cli(fleet_env, "install", "--check")
+    check = fleet_cli(as_admin(fleet_env), "install", "--check")
     assert check.returncode == 1 and "missing" in check.stdout and "Redis has none" in check.stdout
 
 
@@ -118,7 +125,7 @@ def test_a_worker_started_before_the_install_says_so_once_and_serves_after_it(
         [line] = waiting_lines(log)
         assert ("version v0 of" if found == "other version" else "no Fleet functions library") in line
         assert not r.exists(keys.heartbeat("w-wait"))  # it waits before it joins
-        version = version_of(fleet_cli(fleet_env, "install"))
+        version = version_of(fleet_cli(as_admin(fleet_env), "install"))
         assert f"needs version {version}" in line
         reply = Fleet(redis_server.url).submit("alice", "hi").result(20)  # type: ignore[attr-defined]
         assert reply.ok, reply
@@ -130,10 +137,11 @@ def test_a_worker_started_before_the_install_says_so_once_and_serves_after_it(
 
 
 def test_a_library_gone_at_run_time_is_waited_for_and_the_turn_answered(
-        r: redis.Redis, fleet_env: dict[str, str], start_worker: object, tmp_path: Path,
-        reinstalled: None) -> None:
+        r: redis.Redis, redis_server: RedisServer, fleet_env: dict[str, str], start_worker: object,
+        tmp_path: Path, reinstalled: None) -> None:
     worker = start_worker(env={"FLEET_LIBRARY_CHECK_S": "0.1"})  # type: ignore[operator]
-    fleet = Fleet(fleet_env["REDIS_URL"])
+    write_policy(r, "chat", TurnsPolicy())  # the client role knows a tier by its policy
+    fleet = Fleet(redis_server.role_url("fleet-client"))
     assert fleet.submit("bob", "before").result(15).ok
     r.function_flush()  # as a Redis restarted without persistence
     with pytest.raises(redis.ResponseError, match="fleet install"):  # a client's submit says why
@@ -142,7 +150,7 @@ def test_a_library_gone_at_run_time_is_waited_for_and_the_turn_answered(
     entry = r.xadd(keys.inbox("bob"), {"text": "during"}).decode()
     r.xadd(keys.ready("chat"), {"user": "bob"})
     wait_until(lambda: waiting_lines(worker.log), 20, "the worker's line")
-    assert fleet_cli(fleet_env, "install").returncode == 0
+    assert fleet_cli(as_admin(fleet_env), "install").returncode == 0
     got = r.blpop([keys.reply("bob", entry)], timeout=20)
     assert got is not None and b"echo: during" in got[1]
     assert worker.proc.poll() is None
@@ -161,7 +169,7 @@ def test_a_commander_started_before_the_install_says_so_once_and_goes_on_and_the
     assert not leads(r, "c1")
     # the relay calls no function: it moves deferrals without the library
     wait_until(lambda: "rl-wait" in outbox.relay_beats(r), 20, "the relay to beat")
-    assert fleet_cli(fleet_env, "install").returncode == 0
+    assert fleet_cli(as_admin(fleet_env), "install").returncode == 0
     wait_until(lambda: leads(r, "c1"), 20, "the commander to lead")
     assert len(waiting_lines(commander.log)) == 1 and commander.alive()
     assert not waiting_lines(relay.log) and relay.alive()
