@@ -91,8 +91,9 @@ def with_credentials(url: str, user: str, password: str) -> str:
 
 
 def as_role(url: str, role: str, path: Path | None = None) -> str:
-    """``url`` connecting as ``role`` when its password is known (:func:`role_password`), else
-    ``url`` unchanged (a Redis without ACLs, or credentials the URL already carries)."""
+    """``url`` connecting as ``role`` when its password is known (:func:`role_password`: it
+    replaces any credentials the URL carries), else ``url`` unchanged (a Redis without ACLs, or
+    a user of the operator's own in the URL)."""
     password = role_password(role, path)
     return url if password is None else with_credentials(url, role, password)
 

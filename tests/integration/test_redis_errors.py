@@ -25,7 +25,7 @@ from protocol.models import OccupancyReport
 from protocol.policy import TurnsPolicy
 from stores import outbox
 from stores.policies import write_policy
-from tests.conftest import RedisServer, free_port, start_on_free_port
+from tests.conftest import ADMIN_PASSWORD, RedisServer, free_port, start_on_free_port
 from tests.fault_proxy import FaultProxy
 from tests.helpers import Processes, fleet_argv, leads, passes, wait_until
 from tests.integration.conftest import FAST_WORKER_ENV
@@ -124,7 +124,8 @@ def test_a_worker_survives_noperm_and_serves_the_turn_when_the_right_is_back(pro
                                                                             admin) -> None:
     admin.acl_setuser("fleetw", enabled=True, passwords=[f"+{PASSWORD}"], commands=["+@all"], keys=["*"],
                       channels=["*"])
-    worker = _worker(processes, fleet_env, f"redis://fleetw:{PASSWORD}@127.0.0.1:{server.port}/0", admin)
+    no_roles = {k: v for k, v in fleet_env.items() if not k.startswith("FLEET_ACL_PASSWORD_")}  # as fleetw
+    worker = _worker(processes, no_roles, f"redis://fleetw:{PASSWORD}@127.0.0.1:{server.port}/0", admin)
     admin.acl_setuser("fleetw", commands=["-xreadgroup"])
     wait_until(lambda: _logged(worker, "noperm"), 20, "the worker to meet NOPERM")
     with Fleet(server.url) as fleet:
@@ -276,7 +277,7 @@ def test_the_monitor_answers_503_while_redis_errs(processes, fleet_env, server, 
 
 def test_the_proxy_forwards_and_injects(server, proxy) -> None:
     """The helper itself: commands pass through, and the chosen ones get the error."""
-    c = redis.Redis.from_url(proxy.url())
+    c = redis.Redis.from_url(proxy.url(f"default:{ADMIN_PASSWORD}"))  # the admin, through the proxy
     try:
         c.set("k", "v")
         proxy.inject("MASTERDOWN down", ["GET"])

@@ -19,6 +19,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import time
 import urllib.error
@@ -317,17 +318,14 @@ def stop_commander(proc: subprocess.Popen[bytes], worker_pid: int) -> None:
 
 
 def assert_url_only_in_env(pid: int, url: str) -> None:
-    """The password reaches a process through its environment, never its argv (ps shows argv).
-
-    A worker sets its process title (``fleet-worker <tier> <id>``, setproctitle), which
-    reuses the memory ``/proc/<pid>/environ`` shows: there the URL is not readable at all,
-    so neither ``ps`` nor ``ps e`` show the password; the process still got it (it serves)."""
+    """The password reaches a process through its environment, never its argv: ``ps`` shows
+    argv to every user, while ``/proc/<pid>/environ`` (``ps e``) is readable by the process's
+    own user alone (mode 0400), who can read the commander's environment and the passwords file
+    anyway. (A worker's environment stays intact: the commander reads its spawn proof there.)"""
     proc = psutil.Process(pid)
     assert_no_secret(" ".join(proc.cmdline()), f"the command line of pid {pid}")
-    if proc.cmdline()[:1] == ["fleet-worker"] or proc.name().startswith("fleet-worker"):
-        assert_no_secret(" ".join(f"{k}={v}" for k, v in proc.environ().items()), f"the environ of pid {pid}")
-        return
-    assert proc.environ().get("REDIS_URL") == url
+    mode = stat.S_IMODE(os.stat(f"/proc/{pid}/environ").st_mode)
+    assert mode == 0o400, f"pid {pid}'s environment is readable by others ({mode:o})"
 
 
 def submit_sync(url: str, user: str, text: str) -> str:

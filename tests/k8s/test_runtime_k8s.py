@@ -235,7 +235,7 @@ def test_the_commander_builds_the_runtime_from_a_kubeconfig_or_refuses_to_start(
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(KUBECONFIG.format(url=standin.url))
     settings = CommanderSettings(runtime="kubernetes", k8s_kubeconfig=str(kubeconfig), metrics_port=None)
-    runtime = commander_main._runtime(settings, redis_server.url)
+    runtime = commander_main._runtime(settings, redis_server.url, redis_server.role_url("fleet-worker"))
     assert isinstance(runtime, KubernetesRuntime)
     try:
         assert runtime.api.namespace == "fleet"  # the context's namespace
@@ -247,7 +247,7 @@ def test_the_commander_builds_the_runtime_from_a_kubeconfig_or_refuses_to_start(
         runtime.close()
     # outside a pod, with no kubeconfig: a clear error, no commander
     assert commander_main._runtime(CommanderSettings(runtime="kubernetes", metrics_port=None),
-                                   redis_server.url) is None
+                                   redis_server.url, redis_server.url) is None
     assert "cannot configure the Kubernetes client from the in-cluster config" in caplog.text
     with pytest.raises(ValueError, match="stop_workers_on_exit does not apply to the kubernetes runtime"):
         CommanderSettings(runtime="kubernetes", stop_workers_on_exit=True)
