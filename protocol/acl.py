@@ -112,6 +112,14 @@ _SUBMIT_READS = (ro(pattern(keys.policy, TIER)), ro(pattern(keys.policy_good, TI
                  ro(pattern(keys.groups_rejected, TIER)), ro(keys.TIERS),
                  ro(pattern(keys.pins, USER)))
 _ALL_FLEET = (rw(f"{keys.PREFIX}:*"), rw(keys.LEADER), rw(keys.EPOCH))
+# A worker serves any user (every user's keys) from its tiers' streams and sets, keeps its own
+# keys and its registry entry, reports, and records its verdict on a policy (the last good copy
+# and the status); it reads, never writes, the policy keys and the tiers' list, and touches
+# neither the leader's lease, the ledger nor the commanders' hash.
+_WORKER_KEYS = (rw(f"{keys.PREFIX}:u:{{*}}:*"), rw(f"{keys.PREFIX}:{{*}}:*"), rw(f"{keys.PREFIX}:w:{{*}}:*"),
+                rw(keys.WORKERS), rw(keys.REPORTS),
+                rw(pattern(keys.policy_good, TIER) + "*"), rw(pattern(keys.policy_status, TIER) + "*"),
+                ro(keys.POLICY_PREFIX + "*"), ro(keys.TIERS), ro(keys.RECOVERED))
 # RQ's own commands (its scripts, queues, registries and pub/sub), on RQ's keys and channels
 # only (a selector: they grant nothing on Fleet's keys), for the processes that use RQ
 # (`--rq-url`) on a node shared with Fleet. RQ runs its Lua by EVALSHA and loads it itself; an
@@ -134,7 +142,7 @@ ROLES: tuple[Role, ...] = (
           "xautoclaim", "xclaim", "xpending", "xrange", "xrevrange", "xlen", "xtrim", "xdel",
           "xgroup|create", "xgroup|delconsumer", "xinfo|groups", "xinfo|consumers",
           "multi", "exec", "discard", "watch", "unwatch", "wait", "scan"),
-         _ALL_FLEET, rq=True),
+         _WORKER_KEYS, rq=True),
     Role("fleet-commander", "the commander (fleet commander, fleet up)",
          ("get", "set", "mget", "incr", "del", "exists", "pexpire", "pttl", "hget", "hset", "hmget",
           "hgetall", "hvals", "hdel", "hexists", "hincrby", "rpush", "lrange", "ltrim", "lrem", "sadd",

@@ -127,6 +127,20 @@ def test_a_relay_touches_only_the_outboxes(clients: dict[str, redis.Redis]) -> N
 
 
 @pytest.mark.acl_denials
+def test_a_worker_writes_no_policy_and_takes_no_lease(clients: dict[str, redis.Redis]) -> None:
+    worker = clients["fleet-worker"]
+    worker.get(keys.policy("chat"))  # it reads a policy (NOPERM would raise)
+    worker.set(keys.policy_good("nosuch"), "{}")  # and records the last good copy
+    worker.delete(keys.policy_good("nosuch"))
+    for call in (lambda: worker.set(keys.policy("chat"), "{}"), lambda: worker.sadd(keys.TIERS, "evil"),
+                 lambda: worker.set(keys.LEADER, "w|1"), lambda: worker.incr(keys.EPOCH),
+                 lambda: worker.xadd(keys.EVENTS, {"m": "forged"}),
+                 lambda: worker.hset(keys.COMMANDERS, "c", "x")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            call()
+
+
+@pytest.mark.acl_denials
 def test_the_python_client_submits_as_the_client_role(
         redis_server: RedisServer, r: redis.Redis, start_worker) -> None:  # type: ignore[no-untyped-def]
     from fleet.client import Fleet, UnknownTier
