@@ -344,6 +344,7 @@ def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
     aclfile = None
     if passwords is not None:
         assert admin_password is not None, "an ACL file needs the admin's password"
+        workdir.mkdir(parents=True, exist_ok=True)
         aclfile = workdir / "users.acl"
         aclfile.write_text(acl_file(passwords, default=admin_password, shared_with_rq=True))
     nodes = []
