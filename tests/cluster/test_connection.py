@@ -17,7 +17,8 @@ from protocol import keys as fleet_keys
 from stores.cluster import is_cluster
 from stores.connection import ClusterModeError, connect_async, connect_sync
 from stores.retry import TRANSIENT, Backoff, until_ok
-from tests.cluster.conftest import ClusterNode, RedisClusterRig
+from tests.cluster.conftest import ClusterNode, RedisClusterRig, cluster_acl_denials
+from tests.conftest import ROLE_PASSWORDS
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger("test.cluster")
@@ -276,3 +277,15 @@ async def test_async_a_role_url_authenticates_on_every_node(redis_cluster: Redis
             assert await r.exists(fleet_keys.inbox(user)) == 1
     finally:
         await r.aclose()
+
+
+@pytest.mark.acl_denials
+def test_a_refusal_of_a_role_is_found_on_whichever_node_refused_it(redis_cluster: RedisClusterRig):
+    """The check the ``redis_cluster`` fixture runs after each test reads every node's ACL LOG."""
+    for node in redis_cluster.masters():
+        role = redis.Redis(port=node.port, username="fleet-client", password=ROLE_PASSWORDS["fleet-client"])
+        with role, pytest.raises(redis.exceptions.NoPermissionError):
+            role.flushall()
+    denials = cluster_acl_denials(redis_cluster)
+    assert sorted(d.split(":")[0] for d in denials) == sorted(str(n.port) for n in redis_cluster.masters())
+    assert all(d.endswith("fleet-client command flushall") for d in denials), denials
