@@ -41,6 +41,7 @@ import contextlib
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import subprocess
@@ -57,11 +58,13 @@ import chaos_check
 import cluster_rig
 import psutil
 import redis
+import redis.asyncio as aioredis
 from benchlib import ROOT, OneLineParser, free_port
 from chaos_check import Injected, MasterKill, TraceTail, UserLog
 
 from fleet.client import AsyncFleet
 from protocol import keys
+from protocol.acl import ROLE_NAMES, acl_file
 from protocol.codec import CodecError, decode, encode
 from protocol.models import Control, LedgerEvent, OccupancyReport, WorkerInfo
 from protocol.policy import TurnsPolicy, turns_policy
@@ -70,6 +73,7 @@ from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy
 from stores.registry import read_registry
 from stores.retry import TRANSIENT
+from stores.roles import ADMIN, password_env, with_credentials
 
 POLICY = turns_policy(handler="sleep", handler_options={"sleep_ms": 40}, concurrency=4, min_workers=2,
                       max_workers=6, target_backlog_per_worker=4, users_per_instance=None,
@@ -132,7 +136,12 @@ def chaos_policy(replica_acks: int | None, policy_json: str | None) -> TurnsPoli
 # --- the processes ----------------------------------------------------------------------------
 @dataclass
 class Cluster:
-    """redis-server and commanders owned by the run, every pid remembered for the orphan check."""
+    """redis-server and commanders owned by the run, every pid remembered for the orphan check.
+
+    Redis runs Fleet's roles' ACL file (``protocol.acl``) with passwords made for the run; its
+    default user is the admin, which installs the library and which the run's own reader (the
+    faults, the sampler, the checks) uses. The commander, its workers and the load's clients
+    connect as their roles."""
 
     home: Path
     port: int = field(default_factory=free_port)
@@ -143,24 +152,50 @@ class Cluster:
     commander: subprocess.Popen[bytes] | None = None
     commanders_started: int = 0
     pids_seen: set[int] = field(default_factory=set)
+    passwords: dict[str, str] = field(
+        default_factory=lambda: {role: secrets.token_hex(16) for role in ROLE_NAMES})
+    admin_password: str = field(default_factory=lambda: secrets.token_hex(16))
 
     @property
     def url(self) -> str:
+        """The run's Redis, without credentials."""
         if self.spared is not None:
             return f"redis://127.0.0.1:{self.spared.port}/0"
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def role_url(self, role: str) -> str:
+        """``url`` as ACL role ``role`` (``ADMIN``: the admin)."""
+        password = self.admin_password if role == ADMIN else self.passwords[role]
+        return with_credentials(self.url, role, password)
+
     def client(self, socket_timeout: float = 30) -> redis.Redis:
-        """A blocking client of the run's Redis: a cluster client on a cluster."""
+        """The admin's blocking client of the run's Redis: a cluster client on a cluster."""
         if self.cluster:
-            return connect_sync(self.url, retries=12, socket_timeout=socket_timeout, cluster="yes")
-        return redis.Redis.from_url(self.url, socket_timeout=socket_timeout)
+            return connect_sync(self.role_url(ADMIN), retries=12, socket_timeout=socket_timeout,
+                                cluster="yes")
+        return redis.Redis.from_url(self.role_url(ADMIN), socket_timeout=socket_timeout)
+
+    def acl_denials(self) -> list[str]:
+        """The refusals of a Fleet role in the ``ACL LOG`` of every live node (since its last
+        start: a restart empties it), each ``<port>: <user> <reason> <object>``."""
+        if self.rig is not None:
+            nodes = [(n.port, n.client(timeout=10)) for n in self.rig.nodes if n.alive]
+        else:
+            nodes = [(self.port, redis.Redis(port=self.port, password=self.admin_password,
+                                             socket_timeout=10))]
+        out = []
+        for port, client in nodes:
+            with client:
+                out += [f"{port}: {e.get('username')} {e.get('reason')} {e.get('object')}"
+                        for e in client.acl_log(count=1000) if e.get("username") in self.passwords]
+        return out
 
     def start_rig(self) -> None:
         """3 masters + 3 replicas. Every process gets the URL of one master that no fault kills:
         a process (re)started while a killed master is down must find a node to learn the slots
         from (Fleet takes one URL; a deployment would point it at a stable name)."""
-        self.rig = cluster_rig.start_cluster(self.home / "cluster", node_timeout_ms=CLUSTER_NODE_TIMEOUT_MS)
+        self.rig = cluster_rig.start_cluster(self.home / "cluster", node_timeout_ms=CLUSTER_NODE_TIMEOUT_MS,
+                                             passwords=self.passwords, admin_password=self.admin_password)
         self.spared = self.rig.masters()[0]
 
     @property
@@ -172,22 +207,32 @@ class Cluster:
         return self.home / "handlers.jsonl"
 
     def start_redis(self) -> None:
+        """Start (or restart) the one redis-server: the ACL file is written once and kept on
+        disk; the library is installed (as the admin) when the server does not hold it (a
+        restart finds it in the AOF)."""
         data = self.home / "redis"
         data.mkdir(parents=True, exist_ok=True)
+        aclfile = self.home / "users.acl"
+        if not aclfile.exists():
+            aclfile.write_text(acl_file(self.passwords, default=self.admin_password))
         self.redis_proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(data)],
+             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(data), "--aclfile", str(aclfile)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, password=self.admin_password)
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                functions.install(client)  # as an admin (FUNCTION LOAD REPLACE; kept by the AOF too)
-                return
-            except (redis.ConnectionError, redis.BusyLoadingError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not come back") from None
-                time.sleep(0.05)
+        try:
+            while True:
+                try:
+                    if functions.library_state(client)[0] != "ok":
+                        functions.install(client)  # FUNCTION LOAD REPLACE
+                    return
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("redis-server did not come back") from None
+                    time.sleep(0.05)
+        finally:
+            client.close()
 
     def kill_redis(self) -> None:
         assert self.redis_proc is not None
@@ -197,7 +242,9 @@ class Cluster:
     def start_commander(self) -> None:
         self.commanders_started += 1
         env = {**os.environ, **WORKER_ENV, "FLEET_WORKER_HANDLER_TRACE": str(self.trace),
-               "REDIS_URL": self.url, "PYTHONPATH": str(ROOT)}
+               "REDIS_URL": self.url, "PYTHONPATH": str(ROOT),
+               # the commander connects as its role, and gives its workers their role's password
+               **{password_env(role): pw for role, pw in self.passwords.items()}}
         if self.cluster:
             env["FLEET_REDIS_CLUSTER"] = "yes"  # never taken for a single node if its node is away
         log = open(self.home / f"commander-{self.commanders_started}.log", "ab")  # noqa: SIM115
@@ -419,8 +466,10 @@ def _running(pid: int) -> bool:
 
 
 # --- the load and its records ----------------------------------------------------------------
-async def user_loop(fleet: AsyncFleet, user: str, log: UserLog, stop: asyncio.Event,
+async def user_loop(fleet: AsyncFleet, reader: aioredis.Redis, user: str, log: UserLog, stop: asyncio.Event,
                     rng: random.Random, grace_s: float = 300.0) -> None:
+    """One user's turns, submitted by ``fleet`` (the client's role); their replies are watched
+    by ``reader`` (the admin: the client role may only take a reply, not look at it)."""
     n = 0
     while not stop.is_set():
         batch = []
@@ -436,7 +485,7 @@ async def user_loop(fleet: AsyncFleet, user: str, log: UserLog, stop: asyncio.Ev
                 log.uncertain.add(turn_id)
         # each reply polled on its own: one after the other, a turn behind one that a failover
         # lost was timed only once the lost one's poll gave up (tests/unit/test_chaos_waits.py)
-        await asyncio.gather(*(_await_reply(fleet, user, turn_id, t0, log, stop, grace_s)
+        await asyncio.gather(*(_await_reply(reader, user, turn_id, t0, log, stop, grace_s)
                                for turn_id, t0 in batch))
         await asyncio.sleep(rng.uniform(0.0, 0.3))
 
@@ -456,7 +505,7 @@ async def _submit(fleet: AsyncFleet, user: str, turn_id: str, sleep_ms: int, log
     return False
 
 
-async def _await_reply(fleet: AsyncFleet, user: str, turn_id: str, t0: float, log: UserLog,
+async def _await_reply(reader: aioredis.Redis, user: str, turn_id: str, t0: float, log: UserLog,
                        stop: asyncio.Event, grace_s: float = 300.0) -> None:
     """Poll for the reply without consuming it: the checker counts the replies afterwards.
     Gives up after 300 s, or ``grace_s`` after the load stopped (a turn a failover lost never
@@ -470,7 +519,7 @@ async def _await_reply(fleet: AsyncFleet, user: str, turn_id: str, t0: float, lo
             if time.monotonic() - stopped_at > grace_s:
                 return
         try:
-            if await fleet.r.llen(key):
+            if await reader.llen(key):
                 log.answered[turn_id] = time.monotonic() - t0
                 return
         except TRANSIENT:
@@ -478,20 +527,25 @@ async def _await_reply(fleet: AsyncFleet, user: str, turn_id: str, t0: float, lo
         await asyncio.sleep(0.05)
 
 
-async def run_load(url: str, users: int, seconds: float, seed: int,
+async def run_load(url: str, reader_url: str, users: int, seconds: float, seed: int,
                    grace_s: float = 300.0) -> tuple[dict[str, UserLog], float]:
-    """Every user's record, and when the load stopped submitting (unix time)."""
+    """Every user's record, and when the load stopped submitting (unix time). The turns are
+    submitted with ``url`` (the client's role), their replies watched with ``reader_url``."""
     fleet = AsyncFleet(client=connect_async(url, retries=12))  # rides out a Redis restart
+    reader = connect_async(reader_url, retries=12)
     logs = {f"c{i:03d}": UserLog() for i in range(users)}
     stop = asyncio.Event()
     rng = random.Random(seed)
-    tasks = [asyncio.create_task(user_loop(fleet, u, log, stop, random.Random(rng.random()), grace_s))
+    tasks = [asyncio.create_task(user_loop(fleet, reader, u, log, stop, random.Random(rng.random()), grace_s))
              for u, log in logs.items()]
     await asyncio.sleep(seconds)
     stop.set()
     ended = time.time()
-    await asyncio.wait(tasks, timeout=240)
+    done, _pending = await asyncio.wait(tasks, timeout=240)
     await fleet.aclose()
+    await reader.aclose()
+    for task in done:
+        task.result()  # a user's loop that failed (not a transient error) fails the run
     return logs, ended
 
 
@@ -654,7 +708,8 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
     progress = threading.Thread(target=_progress, args=(faults, stop, seconds), daemon=True)
     progress.start()
     grace = REPLY_GRACE_S if cluster.cluster else 300.0
-    logs, load_ended = asyncio.run(run_load(cluster.url, args.users, seconds, args.seed, grace))
+    logs, load_ended = asyncio.run(run_load(cluster.role_url("fleet-client"), cluster.role_url(ADMIN),
+                                            args.users, seconds, args.seed, grace))
     stop.set()
     injector.join(timeout=120)
     sampler.join(timeout=5)
@@ -668,6 +723,7 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
     # what is left in the inbox of each user with a lost turn (a committed turn's entry is deleted)
     inboxes = {user: chaos_check.inbox_turns(r, user) for user, _t in detail.get("lost", [])}
     r.close()
+    denials = cluster.acl_denials()
     cluster.stop()  # the workers drain: every handler still open writes its exit
     time.sleep(0.5)
     left = orphans(cluster)
@@ -686,7 +742,7 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
                    "max_running_workers": sampler.max_running, "workers_at_max": sampler.at_max,
                    "ledger_near_max": ledger_near_max, "drains_ignored": sorted(sampler.ignored),
                    "faults_before_max": faults.before(sampler.max_at),
-                   "orphans": len(left), "seconds": seconds, "users": args.users})
+                   "orphans": len(left), "acl_denials": denials, "seconds": seconds, "users": args.users})
     result["invariants_failed"] = chaos_check.failures(result, epochs_ok)
     if cluster.cluster:
         split = chaos_check.failover_split(inboxes, logs, faults.master_kills, detail, epochs_ok)

@@ -439,6 +439,8 @@ def failures(res: dict[str, object], epochs_ok: bool) -> list[str]:
         fails.append("I4 two commanders in one epoch, or epochs going back")
     if res["orphans"]:
         fails.append("I6 orphan processes")
+    if res.get("acl_denials"):
+        fails.append(f"a Fleet role refused by the ACL (a right it lacks): {res['acl_denials'][:5]}")
     if res.get("drains_ignored"):
         fails.append(f"I6 workers told to drain kept serving: {res['drains_ignored']}")
     if int(res["max_live_workers"]) > int(res["max_workers"]):  # type: ignore[call-overload]
@@ -477,7 +479,8 @@ def table(res: dict[str, object]) -> None:
     rows += [("ledger epochs", res["epochs"]), ("max live workers / max_workers",
                                                 f"{res['max_live_workers']} / {res['max_workers']} "
                                                 f"({res.get('max_running_workers', '?')} with the draining)"),
-             ("orphan processes after shutdown", res["orphans"])]
+             ("orphan processes after shutdown", res["orphans"]),
+             ("ACL refusals of a Fleet role", len(res.get("acl_denials", [])))]
     rows += _cluster_rows(res)
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

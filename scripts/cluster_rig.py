@@ -6,6 +6,11 @@ replica); a node can be paused (``pause``/``resume``, SIGSTOP/SIGCONT).
 
 Used by the cluster tests (tests/cluster/conftest.py re-exports it) and by
 ``scripts/chaos --cluster``.
+
+Every node runs the same ACL file (``--aclfile``, Fleet's roles of ``protocol.acl``): its
+default user is the admin, with ``admin_password``, which the rig's own clients, the replicas
+(``masterauth``) and ``redis-cli --cluster create`` use; a Fleet process connects as its role
+(``role_url``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
@@ -65,6 +71,8 @@ class ClusterNode:
     proc: subprocess.Popen[bytes] | None = None
     node_timeout_ms: int = NODE_TIMEOUT_MS
     tls: Tls | None = None  # TLS only: clients, replication and the cluster bus
+    aclfile: Path | None = None  # the roles' ACL file, the same for every node
+    admin_password: str | None = None  # the default user's (the admin's) password in it
 
     @property
     def pid(self) -> int | None:
@@ -75,10 +83,12 @@ class ClusterNode:
         return self.proc is not None and self.proc.poll() is None
 
     def client(self, timeout: float = 2.0) -> redis.Redis:
+        """The admin's client of this node."""
         if self.tls is not None:
             return redis.Redis(port=self.port, socket_connect_timeout=timeout, socket_timeout=timeout,
-                               ssl=True, ssl_ca_certs=str(self.tls.ca))
-        return redis.Redis(port=self.port, socket_connect_timeout=timeout, socket_timeout=timeout)
+                               password=self.admin_password, ssl=True, ssl_ca_certs=str(self.tls.ca))
+        return redis.Redis(port=self.port, socket_connect_timeout=timeout, socket_timeout=timeout,
+                           password=self.admin_password)
 
     @property
     def role(self) -> str:
@@ -104,6 +114,10 @@ class ClusterNode:
                 # a replica may take over however long it was cut off (tests kill at any time)
                 "--cluster-replica-validity-factor", "0",
                 "--logfile", str(self.workdir / "redis.log")]
+        if self.aclfile is not None:
+            args += ["--aclfile", str(self.aclfile)]
+        if self.admin_password is not None:  # a replica syncs from its master as the admin
+            args += ["--masteruser", "default", "--masterauth", self.admin_password]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         with self.client(0.2) as c:
@@ -150,6 +164,7 @@ class RedisClusterRig:
     """The cluster of a test session: ``url`` of one node, ``nodes`` with pid, port and role."""
 
     nodes: list[ClusterNode]
+    passwords: dict[str, str] = field(default_factory=dict)  # role -> password (the ACL file's)
     started_in_s: float = 0.0
     killed: list[ClusterNode] = field(default_factory=list)
     _replicas_at_kill: dict[int, list[ClusterNode]] = field(default_factory=dict)
@@ -157,18 +172,29 @@ class RedisClusterRig:
 
     @property
     def url(self) -> str:
-        """A URL of one live node (a master if there is one alive): ``rediss://`` with the CA
-        on a TLS cluster."""
+        """The admin's URL of one live node (a master if there is one alive): ``rediss://``
+        with the CA on a TLS cluster."""
+        return self._url(self.masters()[0], "default", self.nodes[0].admin_password)
+
+    @property
+    def plain_url(self) -> str:
+        """``url`` without credentials (a process given its role's password apart)."""
         return self._url(self.masters()[0])
 
+    def role_url(self, role: str) -> str:
+        """The URL of ACL role ``role`` (``fleet-worker``, …) on one live node."""
+        return self._url(self.masters()[0], role, self.passwords.get(role))
+
     def urls(self) -> list[str]:
-        return [self._url(n) for n in self.nodes if n.alive]
+        """The admin's URL of every live node."""
+        return [self._url(n, "default", n.admin_password) for n in self.nodes if n.alive]
 
     @staticmethod
-    def _url(node: ClusterNode) -> str:
+    def _url(node: ClusterNode, user: str | None = None, password: str | None = None) -> str:
+        auth = "" if password is None else f"{quote(user or 'default', safe='')}:{quote(password, safe='')}@"
         if node.tls is None:
-            return f"redis://127.0.0.1:{node.port}/0"
-        return f"rediss://127.0.0.1:{node.port}/0?ssl_ca_certs={node.tls.ca}"
+            return f"redis://{auth}127.0.0.1:{node.port}/0"
+        return f"rediss://{auth}127.0.0.1:{node.port}/0?ssl_ca_certs={node.tls.ca}"
 
     def masters(self) -> list[ClusterNode]:
         return [n for n in self.nodes if n.alive and n.role == "master"]
@@ -292,7 +318,7 @@ class RedisClusterRig:
 
 
 def install_library(rig: RedisClusterRig) -> None:
-    """Fleet's functions library on every master, as an admin would (``fleet install``); the
+    """Fleet's functions library on every master, as the admin (``fleet install``); the
     replicas get it from their masters."""
     from stores import functions
 
@@ -305,26 +331,42 @@ def install_library(rig: RedisClusterRig) -> None:
 
 
 def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
-                  node_timeout_ms: int = NODE_TIMEOUT_MS, tls: Tls | None = None) -> RedisClusterRig:
+                  node_timeout_ms: int = NODE_TIMEOUT_MS, tls: Tls | None = None,
+                  passwords: dict[str, str] | None = None,
+                  admin_password: str | None = None) -> RedisClusterRig:
+    """``masters`` masters with ``replicas_per_master`` replicas each, Fleet's library installed.
+    With ``passwords`` (every role's) and ``admin_password``, every node runs the roles' ACL file
+    (RQ's rights too, as on the tests' single servers); without, no ACL (every client the admin)."""
+    from protocol.acl import acl_file
+
     began = time.monotonic()
     taken: set[int] = set()
+    aclfile = None
+    if passwords is not None:
+        assert admin_password is not None, "an ACL file needs the admin's password"
+        workdir.mkdir(parents=True, exist_ok=True)
+        aclfile = workdir / "users.acl"
+        aclfile.write_text(acl_file(passwords, default=admin_password, shared_with_rq=True))
     nodes = []
     for i in range(masters * (1 + replicas_per_master)):
         port = cluster_port(taken)
         taken |= {port, port + 10_000}
         node_dir = workdir / f"node-{i}"
         node_dir.mkdir(parents=True)
-        nodes.append(ClusterNode(port=port, workdir=node_dir, node_timeout_ms=node_timeout_ms, tls=tls))
-    rig = RedisClusterRig(nodes=nodes)
+        nodes.append(ClusterNode(port=port, workdir=node_dir, node_timeout_ms=node_timeout_ms, tls=tls,
+                                 aclfile=aclfile, admin_password=admin_password))
+    rig = RedisClusterRig(nodes=nodes, passwords=dict(passwords or {}))
     try:
         for node in nodes:
             node.start()
         cli = shutil.which("redis-cli")
         assert cli
         secure = [] if tls is None else ["--tls", "--cacert", str(tls.ca)]
+        # the password in the environment, not on the command line (ps shows that)
+        cli_env = {**os.environ, "REDISCLI_AUTH": admin_password} if admin_password is not None else None
         subprocess.run([cli, *secure, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
                         "--cluster-replicas", str(replicas_per_master), "--cluster-yes"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+                       env=cli_env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
         deadline = time.monotonic() + 30
         while not (rig._all_ok() and len(rig.masters()) == masters
                    and all(rig._replica_linked(n) for n in rig.replicas())

@@ -13,10 +13,12 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 from redis.exceptions import MovedError
 
+from protocol import keys as fleet_keys
 from stores.cluster import is_cluster
 from stores.connection import ClusterModeError, connect_async, connect_sync
 from stores.retry import TRANSIENT, Backoff, until_ok
-from tests.cluster.conftest import ClusterNode, RedisClusterRig
+from tests.cluster.conftest import ClusterNode, RedisClusterRig, cluster_acl_denials
+from tests.conftest import ROLE_PASSWORDS
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger("test.cluster")
@@ -127,7 +129,7 @@ def test_detection_needs_only_one_of_select_or_info(redis_cluster: RedisClusterR
             admin.acl_setuser("probe", enabled=True, passwords=["+pw"], keys=["*"],
                               commands=["+@all", f"-{denied}"])
             admin.acl_log_reset()
-        url = redis_cluster.url.replace("redis://", "redis://probe:pw@")
+        url = redis_cluster.plain_url.replace("redis://", "redis://probe:pw@")
         r = connect_sync(url)
         try:
             assert is_cluster(r) and r.set("k", 1)
@@ -238,3 +240,52 @@ def test_a_sync_client_made_before_a_failover_works_after_it(redis_cluster: Redi
         assert r.get(keys[victim.port]) == b"after"
     finally:
         r.close()
+
+
+# --- a role's credentials on every node ---------------------------------------------------------
+def users_per_master(rig: RedisClusterRig) -> dict[int, str]:
+    """One user per master (by port) whose inbox that master serves."""
+    out: dict[int, str] = {}
+    for i in range(100_000):
+        user = f"u{i}"
+        out.setdefault(rig.master_of_slot(key_slot(fleet_keys.inbox(user).encode())).port, user)
+        if len(out) == len(rig.masters()):
+            return out
+    raise LookupError(out)
+
+
+def test_a_role_url_authenticates_on_every_node_the_client_discovers(redis_cluster: RedisClusterRig):
+    """The URL names one node; the cluster client opens its connections to the others from
+    CLUSTER SLOTS, with the URL's user and password (refused with NOAUTH without them)."""
+    users = users_per_master(redis_cluster)
+    r = connect_sync(redis_cluster.role_url("fleet-client"))
+    try:
+        for port, user in users.items():
+            r.xadd(fleet_keys.inbox(user), {"p": port})
+            with next(n for n in redis_cluster.nodes if n.port == port).client() as node:
+                assert node.xlen(fleet_keys.inbox(user)) == 1  # landed on its master
+    finally:
+        r.close()
+
+
+async def test_async_a_role_url_authenticates_on_every_node(redis_cluster: RedisClusterRig):
+    users = users_per_master(redis_cluster)
+    r = connect_async(redis_cluster.role_url("fleet-client"))
+    try:
+        for port, user in users.items():
+            await r.xadd(fleet_keys.inbox(user), {"p": port})
+            assert await r.exists(fleet_keys.inbox(user)) == 1
+    finally:
+        await r.aclose()
+
+
+@pytest.mark.acl_denials
+def test_a_refusal_of_a_role_is_found_on_whichever_node_refused_it(redis_cluster: RedisClusterRig):
+    """The check the ``redis_cluster`` fixture runs after each test reads every node's ACL LOG."""
+    for node in redis_cluster.masters():
+        role = redis.Redis(port=node.port, username="fleet-client", password=ROLE_PASSWORDS["fleet-client"])
+        with role, pytest.raises(redis.exceptions.NoPermissionError):
+            role.flushall()
+    denials = cluster_acl_denials(redis_cluster)
+    assert sorted(d.split(":")[0] for d in denials) == sorted(str(n.port) for n in redis_cluster.masters())
+    assert all(d.endswith("fleet-client command flushall") for d in denials), denials

@@ -20,6 +20,7 @@ from redis.crc import key_slot
 from fleet.client import Fleet
 from protocol import keys
 from protocol.policy import TurnsPolicy
+from stores.connection import connect_sync
 from stores.policies import write_policy
 from stores.renotify import cluster_epoch, read_recovered
 from stores.retry import TRANSIENT
@@ -72,7 +73,8 @@ def test_a_notification_lost_in_a_failover_is_posted_again_and_the_turn_answered
         redis_cluster: RedisClusterRig, rc: redis.Redis, cluster_env: dict[str, str],  # noqa: F811
         start_workers: Callable[[int], object]) -> None:  # noqa: F811  (the fixtures)
     write_policy(rc, "chat", TurnsPolicy(min_workers=0, concurrency=4))
-    rig = Rig(rc, concurrency=4)
+    commander_r = connect_sync(redis_cluster.role_url("fleet-commander"))  # the commander, as its role
+    rig = Rig(commander_r, concurrency=4)
     assert rig.campaign()
     rig.step()
     before = read_recovered(rc)
@@ -84,7 +86,8 @@ def test_a_notification_lost_in_a_failover_is_posted_again_and_the_turn_answered
     # its active mark with its notification, the window stores.renotify documents
     rc.zadd(keys.active("chat"), {user: time.time() - 60})
     replicated(redis_cluster, tier_master)
-    fleet = Fleet(redis_cluster.url)  # (before the pause: finding a master asks every node)
+    # (before the pause: finding a master asks every node)
+    fleet = Fleet(redis_cluster.role_url("fleet-client"))
     submitted = []
 
     def submit_and_check() -> None:
@@ -112,10 +115,11 @@ def test_a_notification_lost_in_a_failover_is_posted_again_and_the_turn_answered
     events = rig.actions("renotified")
     assert events and user in events[-1].why["renotified"]["users"], [e.reason for e in rig.ledger()]
     assert notified(rc, user)
-    cluster_env["REDIS_URL"] = redis_cluster.url  # a live node: the one it named may be the dead one
+    cluster_env["REDIS_URL"] = redis_cluster.plain_url  # a live node: the one it named may be the dead one
     start_workers(1)
     assert handle.result(timeout=30).text.startswith("echo: hello")
     fleet.close()
     before_quiet = len(rig.ledger())
     rig.step()
     assert [e.action for e in rig.ledger()[before_quiet:]].count("renotified") == 0  # once per failover
+    commander_r.close()

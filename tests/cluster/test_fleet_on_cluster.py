@@ -24,7 +24,7 @@ from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from stores.registry import read_registry
 from tests.cluster.conftest import RedisClusterRig
-from tests.conftest import ROOT, TEST_WORKER_ENV
+from tests.conftest import ROOT, TEST_WORKER_ENV, role_env
 from tests.helpers import Processes, fleet_cli, no_process_left
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 
@@ -34,7 +34,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def cluster_env(redis_cluster: RedisClusterRig, tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"REDIS_URL": redis_cluster.url, "FLEET_HOME": str(tmp_path / "fleet-home"),
+    # no credentials in the URL: each process and command connects as its role (role_env)
+    env.update({"REDIS_URL": redis_cluster.plain_url, **role_env(),
+                "FLEET_HOME": str(tmp_path / "fleet-home"),
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
                 "PYTHONUNBUFFERED": "1", **TEST_WORKER_ENV, **FAST_WORKER_ENV})
     env.pop("FLEET_REDIS_CLUSTER", None)  # detected from the URL, not forced
@@ -106,11 +108,12 @@ def test_turns_of_users_on_every_master_are_all_answered_in_order(
     masters = {redis_cluster.master_of_slot(key_slot(keys.inbox(u).encode())).port for u in names}
     assert len(masters) == 3  # the users' keys live on every master
 
-    answered_in_order(redis_cluster.url, rc, names, turns)
+    answered_in_order(redis_cluster.role_url("fleet-client"), rc, names, turns)
 
 
 def test_the_cli_submits_and_shows_status_on_a_cluster(
         rc: redis.Redis, cluster_env: dict[str, str], start_workers: Callable[[int], object]) -> None:
+    write_policy(rc, "chat", TurnsPolicy())  # a tier by its policy: the client role may not read the registry
     start_workers(1)
     out = fleet_cli(cluster_env, "submit", "--user", "cli", "hello", timeout=60)
     assert out.returncode == 0, out.stderr
@@ -126,8 +129,8 @@ def test_the_cli_submits_and_shows_status_on_a_cluster(
     assert out.returncode == 0 and "max_workers = 5" in out.stdout, out.stdout + out.stderr
 
 
-def test_the_commander_scales_a_tier_on_a_cluster(rc: redis.Redis, cluster_env: dict[str, str],
-                                                  processes: Processes) -> None:
+def test_the_commander_scales_a_tier_on_a_cluster(redis_cluster: RedisClusterRig, rc: redis.Redis,
+                                                  cluster_env: dict[str, str], processes: Processes) -> None:
     write_policy(rc, "chat", TurnsPolicy(min_workers=2, max_workers=4, concurrency=4))
     commander = processes.commander(cluster_env)
     pids: set[int] = set()
@@ -141,7 +144,7 @@ def test_the_commander_scales_a_tier_on_a_cluster(rc: redis.Redis, cluster_env: 
         assert commander.alive(), commander.tail()
 
         async def ask() -> str:
-            fleet = AsyncFleet(cluster_env["REDIS_URL"])
+            fleet = AsyncFleet(redis_cluster.role_url("fleet-client"))
             try:
                 return (await fleet.ask("alice", "hi", timeout=30)).text
             finally:
@@ -167,7 +170,7 @@ def test_a_tier_on_three_ready_shards_spreads_over_three_masters_in_order(
     users, turns = 90, 3
     names = [f"s{i}" for i in range(users)]
 
-    answered_in_order(redis_cluster.url, rc, names, turns)
+    answered_in_order(redis_cluster.role_url("fleet-client"), rc, names, turns)
     # each shard carried its users' notifications: all read by the workers' group there
     for k, stream in enumerate(shards):
         group = next(g for g in rc.xinfo_groups(stream) if g["name"] == keys.GROUP.encode())

@@ -45,7 +45,7 @@ def runtime_user(redis_cluster: RedisClusterRig) -> Iterator[str]:
     for node in redis_cluster.masters() + redis_cluster.replicas():
         node.client().execute_command("ACL", "SETUSER", "runtime", "reset", "on", ">runtime-pw", "~*", "&*",
                                       "+@all", "-@scripting", "+fcall", "+fcall_ro")
-    yield redis_cluster.url.replace("redis://", "redis://runtime:runtime-pw@")
+    yield redis_cluster.plain_url.replace("redis://", "redis://runtime:runtime-pw@")
     for node in redis_cluster.masters() + redis_cluster.replicas():
         node.client().execute_command("ACL", "DELUSER", "runtime")
 
@@ -55,17 +55,22 @@ def test_fleet_install_loads_the_library_on_every_primary(redis_cluster: RedisCl
     for node in redis_cluster.masters():
         node.client().function_flush()
     assert set(versions(redis_cluster).values()) == {None}
-    out = fleet_cli(cluster_env, "install")
+    # as the admin: the URL's credentials, no role's password to replace them
+    admin_env = {k: v for k, v in cluster_env.items() if not k.startswith("FLEET_ACL_PASSWORD_")}
+    admin_env["REDIS_URL"] = redis_cluster.url
+    out = fleet_cli(admin_env, "install")
     assert out.returncode == 0 and f"version {functions.VERSION} on every primary (3)" in out.stdout, out
     wait_until(lambda: set(versions(redis_cluster).values()) == {functions.VERSION}, 10,
                "every node, replicas too, to hold the library")
-    check = fleet_cli(cluster_env, "install", "--check")
+    check = fleet_cli(admin_env, "install", "--check")
     assert check.returncode == 0 and "ok" in check.stdout
 
 
 def test_a_fleet_serves_on_a_cluster_as_a_user_that_may_only_call_functions(
         redis_cluster: RedisClusterRig, rc: redis.Redis, runtime_user: str, cluster_env: dict[str, str],  # noqa: F811
         start_workers: Callable[[int], object]) -> None:  # noqa: F811
+    for name in [k for k in cluster_env if k.startswith("FLEET_ACL_PASSWORD_")]:
+        del cluster_env[name]  # the URL's user, not the roles
     cluster_env["REDIS_URL"] = runtime_user
     start_workers(2)
     names = USERS[:12]
@@ -76,7 +81,7 @@ def test_a_fleet_serves_on_a_cluster_as_a_user_that_may_only_call_functions(
 def test_renewals_and_touches_of_users_on_every_master_share_a_cluster_pipeline(
         redis_cluster: RedisClusterRig, rc: redis.Redis) -> None:
     async def run() -> tuple[list[bool], list[bool]]:
-        ar = connect_async(redis_cluster.url)
+        ar = connect_async(redis_cluster.role_url("fleet-worker"))
         try:
             store = UserStore(ar, "w1")
             leases = []

@@ -27,11 +27,23 @@ SINGLE_NODE_ONLY = {"test_worker_rides_out_a_redis_restart"}
 
 @dataclass(frozen=True)
 class ClusterAsServer:
-    """What the pipeline tests use of ``redis_server``: its URL and port (one master of the
-    cluster: redis-cli -c follows MOVED from there), and a client."""
+    """What the pipeline tests use of ``redis_server``: the admin's URL, the one without
+    credentials, a role's URL, and the port (one master of the cluster: redis-cli -c follows
+    MOVED from there), and the admin's client."""
 
-    url: str
+    rig: RedisClusterRig
     port: int
+
+    @property
+    def url(self) -> str:
+        return self.rig.url
+
+    @property
+    def plain_url(self) -> str:
+        return self.rig.plain_url
+
+    def role_url(self, role: str) -> str:
+        return self.rig.role_url(role)
 
     def client(self) -> redis.Redis:
         return connect_sync(self.url)
@@ -39,7 +51,7 @@ class ClusterAsServer:
 
 @pytest.fixture
 def redis_server(redis_cluster: RedisClusterRig) -> ClusterAsServer:
-    return ClusterAsServer(redis_cluster.url, redis_cluster.masters()[0].port)
+    return ClusterAsServer(redis_cluster, redis_cluster.masters()[0].port)
 
 
 @pytest.fixture

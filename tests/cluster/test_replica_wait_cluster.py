@@ -45,7 +45,8 @@ async def workers(redis_cluster: RedisClusterRig) -> AsyncIterator[list[Worker]]
     write_policy(rc, "chat", turns_policy(handler="echo", concurrency=16, replica_acks=1,
                                           replica_ack_timeout_ms=TIMEOUT_MS))
     rc.close()
-    ws = [Worker(WorkerSettings(redis_url=redis_cluster.url, worker_id=f"chat-wait{i}", block_ms=200,
+    ws = [Worker(WorkerSettings(redis_url=redis_cluster.role_url("fleet-worker"), worker_id=f"chat-wait{i}",
+                                block_ms=200,
                                 log_level="WARNING")) for i in range(2)]
     tasks = [asyncio.create_task(w.run()) for w in ws]
     deadline = time.monotonic() + 20
@@ -77,7 +78,7 @@ async def settle(ws: list[Worker], commits: int) -> None:
 
 async def test_every_turn_waits_for_its_replica(redis_cluster: RedisClusterRig,
                                                 workers: list[Worker]) -> None:
-    fleet = AsyncFleet(redis_cluster.url)
+    fleet = AsyncFleet(redis_cluster.role_url("fleet-client"))
     try:
         users = [f"u{i:03d}" for i in range(40)]
         for n in range(3):
@@ -104,7 +105,7 @@ async def test_a_stopped_replica_makes_the_wait_short_not_the_turn(
     mine = [u for u in users if redis_cluster.master_of_slot(key_slot(keys.lane(u).encode())) == master]
     others = [u for u in users if u not in mine]
     assert mine and others
-    fleet = AsyncFleet(redis_cluster.url)
+    fleet = AsyncFleet(redis_cluster.role_url("fleet-client"))
     assert replica.pid is not None
     os.kill(replica.pid, signal.SIGSTOP)
     try:
@@ -147,7 +148,7 @@ async def test_a_blocking_batch_submit_waits_on_every_master_it_wrote(
     users = [f"b{i:03d}" for i in range(30)]
     masters = {redis_cluster.master_of_slot(key_slot(keys.inbox(u).encode())).port for u in users}
     assert len(masters) == 3  # the batch spans every master
-    fleet = Fleet(redis_cluster.url)
+    fleet = Fleet(redis_cluster.role_url("fleet-client"))
     try:
         handles = await asyncio.to_thread(fleet.submit_many, [(u, "batch") for u in users])
         assert fleet.acks.waits == fleet.acks.acked == {"submit": 1}  # one batch: its fewest got 1

@@ -27,7 +27,7 @@ from stores import rqjobs
 from stores.policies import write_policy
 from stores.registry import read_registry
 from tests.cluster.conftest import RedisClusterRig
-from tests.conftest import ROOT, TEST_WORKER_ENV, RedisServer
+from tests.conftest import ROOT, TEST_WORKER_ENV, RedisServer, role_env
 from tests.helpers import Processes, fleet_cli, ledger
 from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 from tests.integration.test_security import documented_rules, with_password
@@ -59,7 +59,8 @@ def rq_url(server: RedisServer) -> str:
 def _env(cluster_url: str, tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FLEET_RQ_URL", "FLEET_REDIS_CLUSTER",
                                                              "COLUMNS", "LINES")}
-    env.update({"REDIS_URL": cluster_url, "FLEET_HOME": str(tmp_path / "fleet-home"),
+    # each process and command connects to the cluster as its role (role_env)
+    env.update({"REDIS_URL": cluster_url, **role_env(), "FLEET_HOME": str(tmp_path / "fleet-home"),
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1",
                 "FLEET_PYTHON": sys.executable, **TEST_WORKER_ENV, **FAST_WORKER_ENV})
     return env
@@ -68,7 +69,7 @@ def _env(cluster_url: str, tmp_path: Path) -> dict[str, str]:
 def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
         redis_cluster: RedisClusterRig, rc: redis.Redis, rq_node: redis.Redis, redis_server: RedisServer,
         processes: Processes, tmp_path: Path) -> None:
-    env = _env(redis_cluster.url, tmp_path)  # no FLEET_RQ_URL: the flags say where RQ is
+    env = _env(redis_cluster.plain_url, tmp_path)  # no FLEET_RQ_URL: the flags say where RQ is
     write_policy(rc, "chat", TurnsPolicy(handler="echo_defer", concurrency=16, min_workers=1, max_workers=1,
                                          handler_options={"job": "count", "job_sleep_s": 0.1}))
     write_policy(rc, QUEUE, rq_policy(min_workers=0, max_workers=3, target_backlog_per_worker=4,
@@ -85,7 +86,7 @@ def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
 
     users = [f"k{i}" for i in range(8)]  # spread over the cluster's slots
     turns = [(users[i % len(users)], f"t{i}") for i in range(24)]
-    fleet = Fleet(redis_cluster.url)
+    fleet = Fleet(redis_cluster.role_url("fleet-client"))
     for h in fleet.submit_many([(u, "hi") for u, _ in turns], turn_ids=[t for _, t in turns]):
         assert h.result(60).ok
 
@@ -121,7 +122,7 @@ def test_an_rq_tier_on_a_cluster_runs_every_deferred_job_once_on_rqs_own_node(
 def test_an_rq_tier_on_a_cluster_without_rqs_redis_is_refused_once(
         redis_cluster: RedisClusterRig, rc: redis.Redis, processes: Processes,
         tmp_path: Path) -> None:
-    env = _env(redis_cluster.url, tmp_path)
+    env = _env(redis_cluster.plain_url, tmp_path)
     write_policy(rc, "chat", TurnsPolicy(min_workers=1, max_workers=1))
     write_policy(rc, QUEUE, RqPolicy(min_workers=1, max_workers=2))
     commander = processes.commander(env, "c2")

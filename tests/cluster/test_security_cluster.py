@@ -16,10 +16,18 @@ import redis
 from redis.crc import key_slot
 
 from protocol import keys
+from protocol.policy import TurnsPolicy
 from stores.cluster import is_cluster
 from stores.connection import connect_sync
-from tests.cluster.conftest import RedisClusterRig, Tls, _require_cluster_tools, start_cluster
-from tests.conftest import ROOT, TEST_WORKER_ENV
+from stores.policies import write_policy
+from tests.cluster.conftest import (
+    RedisClusterRig,
+    Tls,
+    _require_cluster_tools,
+    cluster_acl_denials,
+    start_cluster,
+)
+from tests.conftest import ADMIN_PASSWORD, ROLE_PASSWORDS, ROOT, TEST_WORKER_ENV, role_env
 from tests.helpers import Processes, fleet_cli
 from tests.integration.conftest import wait_until
 from tests.integration.test_security import (
@@ -71,7 +79,7 @@ def test_the_documented_users_run_fleet_on_a_cluster(acl_cluster: RedisClusterRi
         worker = subprocess.Popen([sys.executable, "-m", "worker", "--tier", "chat",
                                    "--worker-id", "chat-acl"], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        admin = redis.RedisCluster(host="127.0.0.1", port=port)
+        admin = redis.RedisCluster(host="127.0.0.1", port=port, password=ADMIN_PASSWORD)
         wait_until(lambda: admin.exists(keys.heartbeat("chat-acl")) or worker.poll() is not None, 20,
                    "the worker to register")
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
@@ -100,10 +108,12 @@ def test_the_documented_users_run_fleet_on_a_cluster(acl_cluster: RedisClusterRi
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory: pytest.TempPathFactory,
                 certs: Certs) -> Iterator[RedisClusterRig]:  # noqa: F811  (the fixture)
-    """3 masters, TLS only (clients, replication and the cluster bus), no replica: this module's."""
+    """3 masters, TLS only (clients, replication and the cluster bus), no replica, the roles'
+    ACL: this module's."""
     _require_cluster_tools()
     rig = start_cluster(tmp_path_factory.mktemp("cluster-tls"), masters=3, replicas_per_master=0,
-                        tls=Tls(certs.ca, certs.cert, certs.key))
+                        tls=Tls(certs.ca, certs.cert, certs.key),
+                        passwords=ROLE_PASSWORDS, admin_password=ADMIN_PASSWORD)
     try:
         yield rig
     finally:
@@ -111,14 +121,16 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory,
 
 
 def test_fleet_runs_on_a_tls_cluster(tls_cluster: RedisClusterRig, tmp_path: Path) -> None:
-    """A plain ``rediss://`` URL of one node (with the CA): detected as a cluster, every node
-    reached over TLS (the slot map names TLS ports), a worker serves and the CLI submits."""
-    url = tls_cluster.url
+    """A ``rediss://`` URL of one node (with the CA): detected as a cluster, every node reached
+    over TLS (the slot map names TLS ports), a worker serves and the CLI submits, each as its
+    role; no node's ACL refused one."""
+    url = tls_cluster.plain_url
     assert url.startswith("rediss://")
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "FLEET_HOME": str(tmp_path / "home"), **TEST_WORKER_ENV, "REDIS_URL": url}
+           "FLEET_HOME": str(tmp_path / "home"), **TEST_WORKER_ENV, "REDIS_URL": url, **role_env()}
     env.pop("FLEET_REDIS_CLUSTER", None)
-    rc = connect_sync(url)
+    rc = connect_sync(tls_cluster.url)  # the admin's
+    write_policy(rc, "chat", TurnsPolicy())  # a tier by its policy: the client role may not read the registry
     assert is_cluster(rc)
     users = [next(u for u in (f"t{i}" for i in range(1000))
                   if tls_cluster.master_of_slot(key_slot(keys.inbox(u).encode())).port == m.port)
@@ -137,3 +149,4 @@ def test_fleet_runs_on_a_tls_cluster(tls_cluster: RedisClusterRig, tmp_path: Pat
         worker.terminate()
         worker.wait(timeout=15)
         rc.close()
+    assert cluster_acl_denials(tls_cluster) == []

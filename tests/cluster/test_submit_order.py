@@ -31,10 +31,16 @@ from protocol.codec import as_str, decode
 from protocol.models import Turn
 from stores.cluster import is_cluster
 from tests.cluster.conftest import RedisClusterRig
+from tests.conftest import ADMIN_PASSWORD, ROLE_PASSWORDS
 
 pytestmark = pytest.mark.integration
 
 USERS, TURNS = 300, 3
+# the clients' credentials on the cluster's ACL: the Fleet clients as fleet-client, the
+# watcher as a worker reads (fleet-worker), the test's own setup and MONITOR as the admin
+ADMIN = {"password": ADMIN_PASSWORD}
+CLIENT = {"username": "fleet-client", "password": ROLE_PASSWORDS["fleet-client"]}
+WORKER = {"username": "fleet-worker", "password": ROLE_PASSWORDS["fleet-worker"]}
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ def cluster(redis_cluster: RedisClusterRig) -> Cluster:
 
 @pytest.fixture
 def rc(cluster: Cluster) -> Iterator[redis.RedisCluster]:
-    client = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+    client = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0], **ADMIN)
     client.sadd(keys.TIERS, "chat")  # (the fixture emptied the cluster)
     yield client
     client.close()
@@ -66,7 +72,7 @@ def test_the_cluster_spreads_the_users_over_the_masters(rc: redis.RedisCluster) 
 async def _watch(port: int, stop: asyncio.Event, seen: Counter[str], overtaken: list[str]) -> None:
     """Read the ready stream like a worker; a notification whose turn is not in the inbox yet
     is recorded in ``overtaken``."""
-    r = aioredis.RedisCluster(host="127.0.0.1", port=port)
+    r = aioredis.RedisCluster(host="127.0.0.1", port=port, **WORKER)
     last = "0-0"
     try:
         while True:
@@ -99,7 +105,7 @@ class Monitor:
                         for p, e in zip(ports, self.started, strict=True)]
 
     def _run(self, port: int, started: threading.Event) -> None:
-        with redis.Redis(host="127.0.0.1", port=port).monitor() as m:
+        with redis.Redis(host="127.0.0.1", port=port, **ADMIN).monitor() as m:
             started.set()
             for cmd in m.listen():
                 words = cmd["command"].split(" ")
@@ -122,7 +128,7 @@ class Monitor:
 
     def __exit__(self, *exc: object) -> None:
         for port in self.ports:
-            redis.Redis(host="127.0.0.1", port=port).echo(self.STOP)
+            redis.Redis(host="127.0.0.1", port=port, **ADMIN).echo(self.STOP)
         for t in self.threads:
             t.join(10)
 
@@ -152,7 +158,7 @@ def test_async_submits_of_300_users_x_3_turns_never_notify_before_the_inbox(
         seen: Counter[str] = Counter()
         overtaken: list[str] = []
         watcher = asyncio.create_task(_watch(cluster.ports[1], stop, seen, overtaken))
-        client = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]))
+        client = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0], **CLIENT))
         turn_ids: dict[str, list[str]] = {}
 
         async def user(u: str) -> None:
@@ -192,8 +198,8 @@ def test_submit_many_batches_on_both_clients_write_every_inbox_entry_then_every_
         overtaken: list[str] = []
         watcher = asyncio.create_task(_watch(cluster.ports[2], stop, seen, overtaken))
         turn_ids: dict[str, list[str]] = {u: [] for u in users}
-        aclient = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[1]))
-        sync = Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[2]))
+        aclient = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[1], **CLIENT))
+        sync = Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[2], **CLIENT))
         try:
             for _ in range(2):
                 for turn in await aclient.submit_many([(u, "a") for u in users]):
@@ -225,11 +231,12 @@ def test_a_refused_inbox_entry_is_raised_and_gets_no_notification_on_a_real_clus
     batch = [("alice", "1"), ("bob", "2"), ("carol", "3")]
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         if flavour == "sync":
-            with Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])) as f:
+            with Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0], **CLIENT)) as f:
                 f.submit_many(batch)
         else:
             async def run() -> None:
-                a = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]))
+                a = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0],
+                                                            **CLIENT))
                 try:
                     await a.submit_many(batch)
                 finally:
@@ -246,11 +253,12 @@ def test_a_refused_notification_leaves_the_turn_queued_and_raises_submit_not_not
     rc.set(keys.ready("chat"), "not a stream")  # every notification is refused
     with pytest.raises(SubmitNotNotified) as caught:
         if flavour == "sync":
-            with Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])) as f:
+            with Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0], **CLIENT)) as f:
                 f.submit("alice", "hi", turn_id="t-1")
         else:
             async def run() -> None:
-                a = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]))
+                a = AsyncFleet(client=aioredis.RedisCluster(host="127.0.0.1", port=cluster.ports[0],
+                                                            **CLIENT))
                 try:
                     await a.submit("alice", "hi", turn_id="t-1")
                 finally:

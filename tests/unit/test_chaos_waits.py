@@ -50,7 +50,8 @@ async def test_a_turn_behind_a_lost_one_is_timed_by_its_own_reply() -> None:
     seed = next(s for s in range(100) if random.Random(s).choice((1, 1, 2, 3)) > 1)
     first = random.Random(seed).choice((1, 1, 2, 3))  # the turns of the first batch
     rng = random.Random(seed)
-    loop = asyncio.create_task(chaos.user_loop(fleet, "u1", log, stop, rng, grace_s=0.0))  # type: ignore[arg-type]
+    loop = asyncio.create_task(chaos.user_loop(fleet, fleet.r, "u1", log, stop, rng,  # type: ignore[arg-type]
+                                               grace_s=0.0))
     behind = [f"u1-{n}" for n in range(1, first)]
     assert behind
     try:  # polled one after the other, they would be looked at only once the lost one's poll ends
