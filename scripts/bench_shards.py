@@ -55,12 +55,12 @@ def masters_stats(r: redis.RedisCluster) -> dict[str, tuple[float, Commands]]:
     """Per master (``host:port``): the CPU seconds it has used so far and its commandstats."""
     out = {}
     for node in r.get_primaries():  # type: ignore[no-untyped-call]
-        with redis.Redis(host=node.host, port=node.port) as c:
-            cpu = c.info("cpu")
-            stats = c.info("commandstats")
-            cmds = {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
-                    for name, v in stats.items()}
-            out[f"{node.host}:{node.port}"] = (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), cmds)
+        c = r.get_redis_connection(node)  # the node's client, with the cluster's credentials
+        cpu = c.info("cpu")
+        stats = c.info("commandstats")
+        cmds = {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+                for name, v in stats.items()}
+        out[f"{node.host}:{node.port}"] = (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), cmds)
     return out
 
 

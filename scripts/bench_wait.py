@@ -130,8 +130,8 @@ def wait_calls(r: redis.RedisCluster) -> int:
     with the setting it says."""
     total = 0
     for node in r.get_primaries():  # type: ignore[no-untyped-call]
-        with redis.Redis(host=node.host, port=node.port) as c:
-            total += int(c.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+        c = r.get_redis_connection(node)  # the node's client, with the cluster's credentials
+        total += int(c.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
     return total
 
 
