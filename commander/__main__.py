@@ -7,7 +7,9 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 
@@ -24,6 +26,7 @@ from stores.roles import process_url
 
 log = logging.getLogger("fleet.commander")
 _BACKOFF = Backoff(base=0.1, cap=5.0)  # waiting for a Redis away at start, as the loop waits
+T = TypeVar("T")
 
 
 def add_arguments(p: argparse.ArgumentParser, *, redis_url: bool = False) -> None:
@@ -82,20 +85,13 @@ def _serve(metrics: Metrics, port: int, commander: Commander, settings: Commande
              host, port, host, port)
 
 
-def _connect(url: str, stop: threading.Event) -> redis.Redis | None:
-    """The commander's client; None on a usage error (logged) or a stop before it connected.
-
-    A cluster client connects at once (it must learn the slots): a cluster that is away at
-    start is waited for here, with the loop's backoff, as an outage is waited for in the loop.
-    """
+def _until_redis_answers(step: Callable[[], T], stop: threading.Event) -> T | None:
+    """``step``'s result, retried with the loop's backoff while Redis is away at start (a
+    SIGTERM interrupts the wait); None on a stop first."""
     failures = 0
     while not stop.is_set():
         try:
-            # few client retries: an outage reaches the loop, whose own backoff a SIGTERM interrupts
-            return connect_sync(url, retries=3, socket_timeout=10)
-        except ClusterModeError as exc:
-            log.error("%s", exc)
-            return None
+            return step()
         except TRANSIENT as exc:
             failures += 1
             delay = _BACKOFF.compute(failures)
@@ -104,19 +100,24 @@ def _connect(url: str, stop: threading.Event) -> redis.Redis | None:
     return None
 
 
+def _connect(url: str, stop: threading.Event) -> redis.Redis | None:
+    """The commander's client; None on a usage error (logged) or a stop before it connected.
+
+    A cluster client connects at once (it must learn the slots): a cluster that is away at
+    start is waited for here, with the loop's backoff, as an outage is waited for in the loop.
+    """
+    try:
+        # few client retries: an outage reaches the loop, whose own backoff a SIGTERM interrupts
+        return _until_redis_answers(lambda: connect_sync(url, retries=3, socket_timeout=10), stop)
+    except ClusterModeError as exc:
+        log.error("%s", exc)
+        return None
+
+
 def _library_ready(r: redis.Redis, stop: threading.Event) -> bool:
     """Wait for this version's functions library (``functions.wait_for_library``), and for a
     Redis away at start as :func:`_connect` does; False on a stop first."""
-    failures = 0
-    while not stop.is_set():
-        try:
-            return functions.wait_for_library(r, stop)
-        except TRANSIENT as exc:
-            failures += 1
-            delay = _BACKOFF.compute(failures)
-            log.warning("Redis unavailable at start (%s); retrying in %.1fs", exc, delay)
-            stop.wait(delay)
-    return False
+    return bool(_until_redis_answers(lambda: functions.wait_for_library(r, stop), stop))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -131,26 +131,24 @@ RQ_SELECTOR = ("(~rq:* &rq:* +@read +@write +@keyspace +@transaction +@pubsub -@
 _SUBMIT = ("xadd", "zadd", "blpop", "get", "exists", "hgetall", "smembers", "xinfo|groups",
            "multi", "exec", "discard", "wait")
 
+# What a worker and the commander send (a worker serves turns and reports; the commander also
+# takes over a dead worker's streams, so it needs the same stream and lane commands).
+_SERVING = ("get", "set", "mget", "incr", "del", "exists", "pexpire", "pttl", "hget", "hset", "hmget",
+            "hgetall", "hvals", "hdel", "hexists", "hincrby", "rpush", "lrange", "ltrim", "lrem", "sadd",
+            "srem", "smembers", "sismember", "zadd", "zcount", "zscore", "zrevrange", "zrange", "zrem",
+            "zremrangebyscore", "zremrangebyrank", "zscan", "xadd", "xread", "xreadgroup", "xack",
+            "xautoclaim", "xclaim", "xpending", "xrange", "xrevrange", "xlen", "xtrim", "xdel",
+            "xgroup|create", "xgroup|delconsumer", "xinfo|groups", "xinfo|consumers",
+            "multi", "exec", "discard", "watch", "unwatch", "wait", "scan")
+
 ROLES: tuple[Role, ...] = (
     Role("fleet-client", "the Python client, the raw protocol, fleet submit / chat / ask",
          _SUBMIT, (*_SUBMIT_WRITES, *_SUBMIT_READS)),
     Role("fleet-worker", "workers (fleet worker, started by the commander)",
-         ("get", "set", "mget", "incr", "del", "exists", "pexpire", "pttl", "hget", "hset", "hmget",
-          "hgetall", "hvals", "hdel", "hexists", "hincrby", "rpush", "lrange", "ltrim", "lrem", "sadd",
-          "srem", "smembers", "sismember", "zadd", "zcount", "zscore", "zrevrange", "zrange", "zrem",
-          "zremrangebyscore", "zremrangebyrank", "zscan", "xadd", "xread", "xreadgroup", "xack",
-          "xautoclaim", "xclaim", "xpending", "xrange", "xrevrange", "xlen", "xtrim", "xdel",
-          "xgroup|create", "xgroup|delconsumer", "xinfo|groups", "xinfo|consumers",
-          "multi", "exec", "discard", "watch", "unwatch", "wait", "scan"),
+         _SERVING,
          _WORKER_KEYS, rq=True),
     Role("fleet-commander", "the commander (fleet commander, fleet up)",
-         ("get", "set", "mget", "incr", "del", "exists", "pexpire", "pttl", "hget", "hset", "hmget",
-          "hgetall", "hvals", "hdel", "hexists", "hincrby", "rpush", "lrange", "ltrim", "lrem", "sadd",
-          "srem", "smembers", "sismember", "zadd", "zcount", "zscore", "zrevrange", "zrange", "zrem",
-          "zremrangebyscore", "zremrangebyrank", "zscan", "xadd", "xread", "xreadgroup", "xack",
-          "xautoclaim", "xclaim", "xpending", "xrange", "xrevrange", "xlen", "xtrim", "xdel",
-          "xgroup|create", "xgroup|delconsumer", "xinfo|groups", "xinfo|consumers",
-          "multi", "exec", "discard", "watch", "unwatch", "wait", "scan"),
+         _SERVING,
          _ALL_FLEET, rq=True),
     Role("fleet-relay", "the relay (fleet relay): deferred jobs into RQ",
          ("get", "hgetall", "hmget", "hset", "hdel", "smembers", "scan", "zscan", "zscore", "zrange",
