@@ -127,6 +127,7 @@ def test_a_worker_started_before_the_install_says_so_once_and_serves_after_it(
         assert not r.exists(keys.heartbeat("w-wait"))  # it waits before it joins
         version = version_of(fleet_cli(as_admin(fleet_env), "install"))
         assert f"needs version {version}" in line
+        write_policy(r, "chat", TurnsPolicy())  # the tier by its policy, not by the worker still joining
         reply = Fleet(redis_server.url).submit("alice", "hi").result(20)  # type: ignore[attr-defined]
         assert reply.ok, reply
         assert len(waiting_lines(log)) == 1  # one line, however often it looked again
