@@ -150,8 +150,31 @@ SIGTERM_BEFORE_THE_LOOP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("script", [SIGTERM_BEFORE_RQ_HANDLERS, SIGTERM_BEFORE_THE_LOOP],
-                         ids=["before-rqs-handler", "before-rqs-loop"])
+# ... and one whose scheduler process loses the worker's first SIGTERM. CPython clears the
+# signals a child received before its fork hooks ran, and one that arrives between the hook and
+# the scheduler's own handler finds no handler to run: in CI the scheduler started after the
+# worker's teardown had signalled it, and RQ's join waited for ever. (The child here drops the
+# first SIGTERM, then works as RQ's scheduler does.)
+SCHEDULER_LOSES_THE_FIRST_SIGTERM = SIGTERM_BEFORE_RQ_HANDLERS.replace("rq-early", "rq-deaf").replace(
+    "base = rq_worker", textwrap.dedent("""\
+    import rq.scheduler
+
+    work = rq.scheduler.RQScheduler.work
+
+    def deaf_to_the_first_sigterm(self):
+        dropped = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: dropped.append(signum))
+        while not dropped:
+            signal.pause()
+        work(self)
+
+    rq.scheduler.RQScheduler.work = deaf_to_the_first_sigterm
+    base = rq_worker"""), 1)
+
+
+@pytest.mark.parametrize("script", [SIGTERM_BEFORE_RQ_HANDLERS, SIGTERM_BEFORE_THE_LOOP,
+                                    SCHEDULER_LOSES_THE_FIRST_SIGTERM],
+                         ids=["before-rqs-handler", "before-rqs-loop", "scheduler-loses-a-sigterm"])
 def test_a_sigterm_while_rq_starts_stops_the_worker_cleanly(script: str, fleet_env: dict[str, str],
                                                              r: redis.Redis, tmp_path: Path) -> None:
     ended = run_worker_script(script, fleet_env, tmp_path / "rq.log")

@@ -19,7 +19,9 @@
     before the loop's ``try``, skipping the teardown;
   - a forked child (the scheduler process) gets the default stop signals, not the held ones,
     so a SIGTERM sent to it before it installs its own ends it; and a scheduler process that
-    outlives ``work()`` anyway is stopped (``end_scheduler``): RQ's join would wait for ever;
+    outlives ``work()`` anyway is stopped (``end_scheduler``); the scheduler is signalled until it
+    ends, then killed (``FleetWorker.stop_scheduler``): RQ's one SIGTERM can be lost, and its
+    join would then wait for ever;
   - the pub/sub thread is told to stop *before* the UNSUBSCRIBE whose reply wakes it, so
     stopping it never waits for its 60 s poll (RQ stops it after, and redis-py 8's ``stop()``
     waits for it).
@@ -36,6 +38,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import logging
 import os
@@ -65,7 +68,8 @@ from worker import jobs
 log = logging.getLogger("fleet.rq")
 POD_NAME_ENV = "FLEET_WORKER_POD_NAME"  # the pod's name (Kubernetes' downward API), as a chat worker's
 MAINTENANCE_INTERVAL_S = 30  # RQ's registry cleanup (RQ's default: 10 minutes)
-SCHEDULER_STOP_S = 5.0  # a scheduler process left running gets this long after SIGTERM, then SIGKILL
+SCHEDULER_STOP_S = 5.0  # a scheduler process being stopped gets this long, then SIGKILL
+SCHEDULER_SIGNAL_EVERY_S = 0.2  # ... and a SIGTERM this often until then
 PUBSUB_JOIN_S = 2.0  # how long a shutdown waits for the pub/sub thread once it was told to stop
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _BACKOFF = Backoff(base=0.05, cap=2.0)  # a Redis error under the dequeue: waits up to 2 s, then again
@@ -138,6 +142,30 @@ class FleetWorker(SimpleWorker):
         for sig in STOP_SIGNALS:  # a second signal is a cold shutdown, as in RQ
             signal.signal(sig, self.request_force_stop)
         self._stop_requested = True
+
+    def stop_scheduler(self) -> None:
+        """RQ's teardown of the scheduler process, bounded: SIGTERM again until it ends (CPython
+        drops a signal the forked child receives before its fork hook runs, and one that arrives
+        between the hook and the scheduler's own handler finds none to run: RQ's one SIGTERM and
+        unbounded join then waited for ever), SIGKILL after ``SCHEDULER_STOP_S``; the locks it
+        holds are released (a killed one cannot)."""
+        proc = self.scheduler._process if self.scheduler is not None else None
+        if proc is None or proc.pid is None:
+            return
+        deadline = time.monotonic() + SCHEDULER_STOP_S
+        while proc.is_alive() and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            proc.join(SCHEDULER_SIGNAL_EVERY_S)
+        if proc.is_alive():
+            log.warning("rq-worker: its scheduler process ignored SIGTERM for %.0f s: killing it",
+                        SCHEDULER_STOP_S)
+            proc.kill()
+            proc.join()
+        try:
+            self.scheduler.release_locks()  # only the locks still under its name
+        except redis.RedisError as e:  # they expire on their own (RQ's lock TTL)
+            log.warning("rq-worker: could not release its scheduler's locks: %s", e)
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None,
                                      max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
@@ -265,11 +293,7 @@ def end_scheduler(w: FleetWorker) -> None:
     proc = getattr(w.scheduler, "_process", None)
     if proc is not None and proc.is_alive():
         log.warning("rq-worker: its scheduler process outlived the worker's loop: stopping it")
-        proc.terminate()
-        proc.join(SCHEDULER_STOP_S)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        w.stop_scheduler()
 
 
 def reap_predecessor(conn: redis.Redis, pod: str, queues: list[str]) -> None:
