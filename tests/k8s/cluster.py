@@ -16,8 +16,10 @@ What a tick does, in the controllers' order:
   with room (``capacity`` pods per node, terminating ones included until they are gone), else
   ``PodScheduled=False``, reason ``Unschedulable``.
 - **kubelet**: a scheduled pod's container is started (the pod is Running, not ready until its
-  readiness probe answers 200; one without a probe, ``fleet rq-worker``'s, is Ready while it
-  runs); a container that exits while its pod is not terminating is restarted (restartPolicy
+  readiness probe answers 200, and not ready again only after the probe's ``failureThreshold``
+  failures in a row, 3 unless the container says, as a kubelet counts them (a single slow answer
+  on a loaded machine does not flip it); one without a probe, ``fleet rq-worker``'s, is Ready
+  while it runs); a container that exits while its pod is not terminating is restarted (restartPolicy
   Always: at once the first time, then after 10 s, 20 s, ... as CrashLoopBackOff); graceful
   deletion sends SIGTERM, then SIGKILL to the container's process group after
   ``terminationGracePeriodSeconds``; the pod object goes when its container has exited (at once
@@ -62,6 +64,7 @@ class Container:
     kill_at: float | None = None  # monotonic: SIGKILL then (terminating)
     restart_at: float = 0.0  # monotonic: not restarted before
     killed: bool = False
+    probe_failures: int = 0  # the readiness probe's failures in a row
 
 
 @dataclass(frozen=True)
@@ -259,7 +262,7 @@ class Cluster:
     def _start_container(self, pod: dict[str, Any], box: Container) -> None:
         name, (container,) = pod["metadata"]["name"], pod["spec"]["containers"]
         probed = "readinessProbe" in container  # else Ready while it runs, as a kubelet has it
-        box.port = free_port() if probed else 0
+        box.port, box.probe_failures = (free_port() if probed else 0), 0
         health = {"FLEET_WORKER_HEALTH_PORT": str(box.port), "FLEET_WORKER_HEALTH_HOST": "127.0.0.1"}
         declared = container.get("env") or []
         env = {**self.pod_env, **{e["name"]: e["value"] for e in declared if "value" in e},
@@ -285,9 +288,16 @@ class Cluster:
         self.ended[name] = Ended(code, box.killed, statuses[0]["restartCount"] if statuses else 0)
 
     def set_ready(self, name: str, ready: bool) -> None:
-        """A readiness probe's answer (200 or not) for a pod whose container runs."""
-        pod = self.pods.get(name)
-        if pod is None or _ready(pod) == ready:
+        """A readiness probe's answer (200 or not) for a pod whose container runs: Ready at the
+        first success, not Ready at the ``failureThreshold``-th failure in a row."""
+        pod, box = self.pods.get(name), self.containers.get(name)
+        if pod is None or box is None:
+            return
+        box.probe_failures = 0 if ready else box.probe_failures + 1
+        (container,) = pod["spec"]["containers"]
+        if not ready and box.probe_failures < container["readinessProbe"].get("failureThreshold", 3):
+            return
+        if _ready(pod) == ready:
             return
         _condition(pod, "Ready", "True" if ready else "False")
         for cs in pod["status"]["containerStatuses"]:
