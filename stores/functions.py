@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import logging
 import os
 import re
@@ -32,6 +31,7 @@ import redis
 from redis.exceptions import ResponseError
 
 from stores import cluster
+from stores.roundtrips import Op, Single, is_async, operation
 
 log = logging.getLogger("fleet.library")
 
@@ -123,20 +123,12 @@ def _found(res: Any) -> str | None:
     return (res.decode(errors="replace") if isinstance(res, bytes) else str(res))[:64]
 
 
-def library_state(r: redis.Redis) -> tuple[str, str | None]:
-    """``(state, version found)`` on a blocking client (see :func:`state_of`)."""
+@operation
+def library_state() -> Op[tuple[str, str | None]]:
+    """``(state, version found)`` (see :func:`state_of`): ``FCALL_RO fleet_version``, on either
+    kind of client."""
     try:
-        res = r.fcall_ro("fleet_version", 0)
-    except ResponseError as exc:
-        res = exc
-    found = _found(res)
-    return state_of(found), found
-
-
-async def library_state_async(r: Any) -> tuple[str, str | None]:
-    """:func:`library_state` on an asyncio client."""
-    try:
-        res = await r.fcall_ro("fleet_version", 0)
+        res = yield Single(lambda r: r.fcall_ro("fleet_version", 0))
     except ResponseError as exc:
         res = exc
     found = _found(res)
@@ -202,7 +194,7 @@ def wait_for_library(r: redis.Redis, stop: threading.Event | None = None) -> boo
 
 async def wait_for_library_async(r: Any) -> None:
     """:func:`wait_for_library` on an asyncio client."""
-    while (found := await library_state_async(r))[0] != "ok":
+    while (found := await library_state(r))[0] != "ok":
         _Said.missing(found[1])
         await asyncio.sleep(CHECK_EVERY_S)
     _Said.back()
@@ -218,12 +210,13 @@ class Function:
     def __init__(self, r: Any, op: str) -> None:
         self.r = r
         self.op = op
+        self._async_client = is_async(r)
 
     def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None) -> Any:
         cmd = command(self.op, keys, args)
         if client is not None:
             return client.execute_command(*cmd)
-        if inspect.iscoroutinefunction(self.r.execute_command):
+        if self._async_client:
             return self._async(cmd)
         while True:
             try:

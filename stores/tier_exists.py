@@ -17,7 +17,7 @@ from protocol import keys
 from protocol.codec import CodecError, as_str, decode
 from protocol.ids import InvalidId
 from protocol.models import WorkerInfo
-from stores.roundtrips import Op, Pipelined, operation
+from stores.roundtrips import Op, Pipelined, Single, operation
 
 
 def queue_tier_probe(pipe: Any, tier: str) -> None:
@@ -66,11 +66,10 @@ def tier_exists(tier: str) -> Op[bool]:
     has_policy, tiers = yield from read_tier_probe.steps(tier)
     if tier_defined(tier, has_policy, tiers):
         return True
-    [registry] = yield Pipelined(lambda pipe: pipe.hgetall(keys.WORKERS), raise_on_error=False)
-    if isinstance(registry, NoPermissionError):
+    try:
+        registry = yield Single(lambda r: r.hgetall(keys.WORKERS))
+    except NoPermissionError:
         return False
-    if isinstance(registry, Exception):
-        raise registry
     beats = heartbeats_of(tier, registry)
     if not beats:
         return False

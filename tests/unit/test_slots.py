@@ -557,10 +557,9 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.functions.missing_line": "a line of text",
     "stores.functions.LibraryMissing": "an error",
     "stores.functions.library_state": "FCALL_RO of a keyless function (any node)",
-    "stores.functions.library_state_async": "FCALL_RO of a keyless function (any node)",
     "stores.functions.wait_for_library": "library_state, again until it is ok",
     "stores.functions.interrupt_waits": "sets an event",
-    "stores.functions.wait_for_library_async": "library_state_async, again until it is ok",
+    "stores.functions.wait_for_library_async": "library_state, again until it is ok",
     "stores.functions.resend_missing": "sends what its caller gives it (driven through UserStore)",
     "stores.batch.ScriptBatcher.call": "queues a call: its pipeline is sent by a task of its own, which "
                                        "the recorder sees unattributed (driven through UserStore, acks)",
