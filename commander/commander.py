@@ -46,6 +46,7 @@ from commander.tier_policies import TierPolicies, TierPolicy
 from protocol.groups import split_pool
 from protocol.models import WorkerInfo
 from protocol.policy import RqPolicy, TurnsPolicy
+from stores.bad_state import BadState
 from stores.cluster import is_cluster
 from stores.policies import list_tiers
 from stores.redis_errors import RedisErrors
@@ -56,6 +57,7 @@ ADOPT_EVERY_S = 10.0  # look for workers started apart (`fleet worker` on this h
 EXIT_CHECK_S = 0.05  # while waiting for the next pass, look for exited workers this often
 _BACKOFF = Backoff(base=0.1, cap=5.0)  # Redis away: a wait in [0, 0.2 s], doubling up to [0, 5 s]
 Registry = Mapping[str, tuple[WorkerInfo, bool]]
+_NOT_A_TIERS: tuple[type[Exception], ...] = (Deposed, *TRANSIENT)  # a whole pass's, not one tier's
 
 
 class Commander:
@@ -70,14 +72,16 @@ class Commander:
         self.clock, self.monotonic = clock, monotonic
         # every Redis error of the loop: each kind logged once until it clears, counted in /metrics
         self.redis_errors = RedisErrors(log, counted=metrics.redis_error if metrics is not None else None)
+        # every bad entry of shared state met: each warned about once, counted in /metrics
+        self.bad = BadState(log, counted=metrics.state_error if metrics is not None else None)
         self.leadership = Leadership(r, settings.commander_id, settings.lease_ttl_ms, monotonic)
         self.ledger = LedgerWriter(self.leadership, clock)
         self.presence = Presence(r, runtime, self.leadership, metrics=metrics, clock=clock,
-                                 stop_workers_on_exit=settings.stop_workers_on_exit)
+                                 stop_workers_on_exit=settings.stop_workers_on_exit, bad=self.bad)
         self.outages = Outages(settings.interval_s, monotonic)
-        self.observer = Observer(r, errors=self.redis_errors)
-        self.policies = TierPolicies(r, self.ledger, metrics)
-        self.states = DecideStates(r)
+        self.observer = Observer(r, errors=self.redis_errors, bad=self.bad)
+        self.policies = TierPolicies(r, self.ledger, metrics, self.bad)
+        self.states = DecideStates(r, self.bad)
         self.dead = DeadWorkers(r, settings, self.ledger, self.outages, metrics, clock, monotonic,
                                 self.redis_errors)
         self.actor = Actor(r, runtime, self.leadership, self.ledger, metrics=metrics, clock=clock,
@@ -86,9 +90,9 @@ class Commander:
         self.failover = FailoverRecovery(r, self.ledger, self.redis_errors)
         self.rq = RqTiers(RqReader(rq if rq is not None else None if is_cluster(r) else r), self.ledger)
         self.weights = Weights(r, self.ledger, self.observer.evaluator)
-        self.pools = Pools(r, self.weights)
+        self.pools = Pools(r, self.weights, self.bad)
         self.group_checks = GroupChecks(r, runtime, self.ledger)
-        self.removed_pools = RemovedPools(r, runtime, self.ledger, self.actor, metrics, monotonic)
+        self.removed_pools = RemovedPools(r, runtime, self.ledger, self.actor, metrics, monotonic, self.bad)
         self.board = Board()  # the last pass, published for the monitor (commander.monitor)
         self.publisher = Publisher(r, self.board, self.observer, self.leadership, metrics,
                                    settings.interval_s)
@@ -104,8 +108,10 @@ class Commander:
     def run(self, stop: threading.Event) -> int:
         """Campaign, lead, step down on ``stop``. Returns the exit code. Any Redis error (BUSY,
         NOPERM, READONLY, LOADING, ...) is logged once per kind, backed off and retried; a leader
-        that cannot renew its lease within its TTL is a standby (``Leadership.renew``)."""
-        failures = 0
+        that cannot renew its lease within its TTL is a standby (``Leadership.renew``). Any other
+        error of a pass (a value no reader checked) is counted, backed off and retried too: the
+        loop never dies of data."""
+        failures = broken = 0
         while not stop.is_set():
             try:
                 if self.leading or self.campaign():
@@ -114,13 +120,17 @@ class Commander:
                 else:
                     stop.wait(self.settings.standby_poll_s)
                 self.presence.register()
-                failures = 0
+                failures = broken = 0
                 self.redis_errors.answered("pass")
             except TRANSIENT as exc:
                 failures += 1
                 self.outages.interrupted()  # the next pass that succeeds ends an outage
                 self.redis_errors.failed("pass", exc)  # (acting on nothing until Redis answers)
                 stop.wait(_BACKOFF.compute(failures))
+            except Exception as exc:
+                broken += 1
+                self.bad.note("pass", "pass", type(exc).__name__, exc, exc_info=exc)
+                stop.wait(_BACKOFF.compute(broken))
         self.presence.leave(redis_away=failures > 0)
         return 0
 
@@ -166,7 +176,8 @@ class Commander:
             tiers = self._tiers(handles, registry)
             self.dead.take_over(registry, handles, tiers)
             self.observer.read_reports()
-            policies = {t: self.policies.read(t, registry) for t in tiers}
+            policies = self._policies(tiers, registry)
+            tiers = [t for t in tiers if t in policies]
             self.failover.recover({t: p.read.policy.ready_shards for t, p in policies.items()
                                    if isinstance(p.read.policy, TurnsPolicy)})
             windows = {t: p.read.policy.scale_rules().scaling.active_window_s for t, p in policies.items()}
@@ -179,12 +190,29 @@ class Commander:
                     raise
                 except TRANSIENT as exc:  # one tier's failure must not stop the others
                     self.redis_errors.failed(f"tier {tier}", exc)
-                except Exception:
-                    log.exception("tier %s: pass failed; the next pass retries", tier)
+                except Exception as exc:
+                    self._tier_failed(tier, exc)
             self.weights.guard({split_pool(t)[0] for t in tiers if split_pool(t)[1]}, now)
             self.board.publish(now, registry, self.observer.evaluator)
         except Deposed:
             log.warning("deposed during a pass: acting on nothing more")
+
+    def _policies(self, tiers: list[str], registry: Registry) -> dict[str, TierPolicy]:
+        """Each tier's policy for this pass; a tier whose read raised is left out of it."""
+        out = {}
+        for tier in tiers:
+            try:
+                out[tier] = self.policies.read(tier, registry)
+            except _NOT_A_TIERS:
+                raise
+            except Exception as exc:
+                self._tier_failed(tier, exc)
+        return out
+
+    def _tier_failed(self, tier: str, exc: Exception) -> None:
+        """One tier's pass raised (a value no reader checked): warned about once per tier and
+        kind of error, counted; the other tiers go on, and the next pass retries it."""
+        self.bad.note("tier_pass", tier, type(exc).__name__, f"the next pass retries: {exc}", exc_info=exc)
 
     def _reap(self) -> None:
         """Exited workers: an RQ worker's job goes back to RQ; any other that did not drain is
@@ -207,7 +235,8 @@ class Commander:
         those with live workers, each grouped tier as its pools (``commander.rollouts``)."""
         live = {h.tier for h in handles if h.state is not Lifecycle.EXITED}
         live |= {info.tier for info, alive in registry.values() if alive}
-        names = self.pools.to_judge(set(list_tiers(self.r)) | set(self.settings.always_tiers) | live, live)
+        known = set(list_tiers(self.r, self.bad)) | set(self.settings.always_tiers)
+        names = self.pools.to_judge(known | live, live)
         self._known |= names
         return sorted(names)
 

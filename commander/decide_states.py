@@ -7,22 +7,22 @@ written back whenever a pass changes it.
 
 from __future__ import annotations
 
-import logging
-
 import redis
+from redis.exceptions import ResponseError
 
 from commander.tierstate import TierState
+from protocol import keys
+from stores.bad_state import DEFAULT, BadState, reject_wrong_type
 from stores.decide_state import read_decide_state, write_decide_state
 
-log = logging.getLogger("fleet.commander")
 STATE_TTL_S = 86_400  # a tier judged by no leader for a day starts afresh
 
 
 class DecideStates:
     """Each tier's ``TierState``: read back at the first pass of a leadership, saved on change."""
 
-    def __init__(self, r: redis.Redis) -> None:
-        self._r = r
+    def __init__(self, r: redis.Redis, bad: BadState = DEFAULT) -> None:
+        self._r, self._bad = r, bad
         self._states: dict[str, TierState] = {}
 
     def get(self, tier: str) -> TierState:
@@ -45,6 +45,7 @@ class DecideStates:
         try:
             body = read_decide_state(self._r, tier)
             return TierState() if body is None else TierState.from_body(body)
-        except (ValueError, KeyError, TypeError):
-            log.warning("tier %s: unreadable saved decide state, starting afresh", tier)
+        except (ValueError, KeyError, TypeError, ResponseError) as exc:  # (its pass starts afresh)
+            why = reject_wrong_type(exc) if isinstance(exc, ResponseError) else f"{type(exc).__name__}: {exc}"
+            self._bad.note("decide_state", keys.decide_state(tier), "", why)
             return TierState()

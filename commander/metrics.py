@@ -33,6 +33,7 @@ fleet_unproven_processes_total         counter    -                processes lef
 fleet_commander_redis_errors_total     counter    kind             errors Redis answered this commander
 fleet_worker_redis_errors_total        counter    tier, kind       errors Redis answered the tier's workers
 fleet_policy_rejected                  gauge      tier             1 while the tier's policy key is rejected
+fleet_state_errors_total               counter    kind             bad entries of shared state met and skipped
 fleet_turns_total                      counter    tier, result     turns committed: ok|error|dup|stale
 fleet_turn_retries_total               counter    tier             handler calls of an attempt after the first
 fleet_dead_letters_total               counter    tier             entries written to the dead letters
@@ -168,6 +169,10 @@ class Metrics:
                                     "Errors Redis answered this commander, by kind (stores.redis_errors): "
                                     "each logged once, backed off, retried.",
                                     ["kind"], registry=reg)
+        self.state_errors = Counter("fleet_state_errors",
+                                    "Bad entries of shared state this commander met and skipped, by kind "
+                                    "(stores.bad_state): each warned about once, counted every time.",
+                                    ["kind"], registry=reg)
         self.turns = TurnCollector()
         reg.register(self.turns)
         self._workers: dict[str, set[str]] = {}
@@ -236,6 +241,10 @@ class Metrics:
     def redis_error(self, kind: RedisErrorKind) -> None:
         """One error Redis answered this commander (its loop, or its monitor's reads)."""
         self.redis_errors.labels(kind).inc()
+
+    def state_error(self, kind: str) -> None:
+        """One bad entry of shared state met (``stores.bad_state.BadKind``), or a pass that raised."""
+        self.state_errors.labels(kind).inc()
 
     def policy_rejected(self, tier: str, rejected: bool) -> None:
         """Whether the tier's policy key is currently rejected (the last good one runs)."""

@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import redis
 
 from commander.decide_inputs import TierSignals
 from commander.evaluator import Evaluator
 from commander.turn_metrics import TurnTotals
+from protocol import keys
 from protocol.codec import CodecError, decode
 from protocol.models import OccupancyReport, WorkerInfo
 from stores.backlog import live_ids, read_tier_load, unserved_by_tier
+from stores.bad_state import BadState, reject_wrong_type
 from stores.redis_errors import RedisErrors
 from stores.registry import read_registry
+from stores.replies import Row
 from stores.reports import last_pressure_id, newest_reports, reports_after, wait_pressure
 
 log = logging.getLogger("fleet.commander")
@@ -30,9 +33,11 @@ class Observer:
     """Keeps the evaluator fed and the stream positions of one commander."""
 
     def __init__(self, r: redis.Redis, evaluator: Evaluator | None = None,
-                 unserved_ms: int | None = None, errors: RedisErrors | None = None) -> None:
+                 unserved_ms: int | None = None, errors: RedisErrors | None = None,
+                 bad: BadState | None = None) -> None:
         self.r = r
         self.errors = errors or RedisErrors(log)  # the commander's, which counts them
+        self.bad = bad or BadState(log)  # the commander's, which counts them
         self.evaluator = evaluator or Evaluator()
         # a live worker's pending notification idle this long is no job's: it is backlog (by
         # default two renews of the tier's slowest live worker, from this pass's registry)
@@ -52,23 +57,31 @@ class Observer:
             return self._warm_up()
         n = 0
         while True:
-            rows = reports_after(self.r, self.reports_from, REPORT_BATCH)
+            rows = self._reports(lambda: reports_after(self.r, self.reports_from or "0-0", REPORT_BATCH))
             for rid, fields in rows:
                 self.reports_from = rid
-                n += self._add(fields)
+                n += self._add(rid, fields)
             if len(rows) < REPORT_BATCH:
                 return n
 
     def _warm_up(self) -> int:
-        rows = newest_reports(self.r, WARM_REPORTS)
+        rows = self._reports(lambda: newest_reports(self.r, WARM_REPORTS))
         self.reports_from = rows[0][0] if rows else "0-0"
-        return sum(self._add(fields) for _rid, fields in reversed(rows))
+        return sum(self._add(rid, fields) for rid, fields in reversed(rows))
 
-    def _add(self, fields: dict[bytes, bytes]) -> int:
+    def _reports(self, read: Callable[[], list[Row]]) -> list[Row]:
+        """``read``'s rows; none if the reports' key is of another type (told to ``bad``)."""
+        try:
+            return read()
+        except redis.ResponseError as exc:
+            self.bad.note("report", keys.REPORTS, "", reject_wrong_type(exc))
+            return []
+
+    def _add(self, rid: str, fields: dict[bytes, bytes]) -> int:
         try:
             report = decode(OccupancyReport, fields.get(b"m", b""))
         except CodecError as exc:
-            log.warning("ignored a bad occupancy report: %s", exc)
+            self.bad.note("report", keys.REPORTS, rid, exc)
             return 0
         self.turns.add(report)
         return int(self.evaluator.add(report))
@@ -76,9 +89,7 @@ class Observer:
     # --- registry ----------------------------------------------------------------------
     def registry(self) -> dict[str, tuple[WorkerInfo, bool]]:
         """Registered workers and whether their heartbeat is alive."""
-        reg = read_registry(self.r)
-        for wid in reg.unreadable:
-            log.warning("ignored a bad registry entry for %s", wid)
+        reg = read_registry(self.r, self.bad)
         self._live = live_ids(reg.workers)
         self._workers = reg.workers
         return reg.workers

@@ -10,11 +10,14 @@ import socket
 from collections.abc import Callable
 
 import redis
+from redis.exceptions import ResponseError
 
 from commander.leadership import Leadership
 from commander.metrics import Metrics
 from commander.runtime import Runtime
+from protocol import keys
 from protocol.models import CommanderInfo
+from stores.bad_state import DEFAULT, BadState, reject_wrong_type
 from stores.commanders import deregister_commander, forget_commanders, register_commander
 from stores.retry import TRANSIENT
 
@@ -27,8 +30,8 @@ class Presence:
 
     def __init__(self, r: redis.Redis, runtime: Runtime, leadership: Leadership, *,
                  stop_workers_on_exit: bool, metrics: Metrics | None,
-                 clock: Callable[[], float]) -> None:
-        self._r, self._runtime, self._leadership = r, runtime, leadership
+                 clock: Callable[[], float], bad: BadState = DEFAULT) -> None:
+        self._r, self._runtime, self._leadership, self._bad = r, runtime, leadership, bad
         self._stop_workers = stop_workers_on_exit
         self._metrics, self._clock = metrics, clock
         self._started = clock()
@@ -41,9 +44,12 @@ class Presence:
                              host=socket.gethostname(), started=self._started,
                              role="leader" if leading else "standby", epoch=self._leadership.epoch or 0,
                              metrics=self._metrics.address if self._metrics else "", seen=self._clock())
-        register_commander(self._r, info)
-        if leading:
-            forget_commanders(self._r, self._clock() - FORGET_COMMANDER_S)
+        try:
+            register_commander(self._r, info)
+            if leading:
+                forget_commanders(self._r, self._clock() - FORGET_COMMANDER_S, self._bad)
+        except ResponseError as exc:  # the registry holds another type: no entry, the loop goes on
+            self._bad.note("commander", keys.COMMANDERS, "", reject_wrong_type(exc))
 
     def leave(self, redis_away: bool = False) -> None:
         """Stop the workers if asked (fleet down), give up the lease, leave the registry. With

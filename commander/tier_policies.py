@@ -17,9 +17,11 @@ import redis
 from commander.ledger_writer import LedgerWriter
 from commander.metrics import Metrics
 from commander.rollouts.pools import pool_policy
+from protocol import keys
 from protocol.groups import split_pool
 from protocol.models import WorkerInfo
 from protocol.policy import Policy
+from stores.bad_state import DEFAULT, BadState
 from stores.policies import PolicyRead, read_policy
 
 log = logging.getLogger("fleet.commander")
@@ -37,8 +39,9 @@ class TierPolicy:
 class TierPolicies:
     """Reads each tier's policy and remembers the verdict last ledgered and the policy in force."""
 
-    def __init__(self, r: redis.Redis, ledger: LedgerWriter, metrics: Metrics | None) -> None:
-        self._r, self._ledger, self._metrics = r, ledger, metrics
+    def __init__(self, r: redis.Redis, ledger: LedgerWriter, metrics: Metrics | None,
+                 bad: BadState = DEFAULT) -> None:
+        self._r, self._ledger, self._metrics, self._bad = r, ledger, metrics, bad
         self._verdicts: dict[str, tuple[str, str | None]] = {}  # tier -> (source, error) ledgered
         self._in_force: dict[str, Policy] = {}
 
@@ -58,6 +61,8 @@ class TierPolicies:
             why = (f"no live worker of tier {tier} has handler {read.missing_handler!r} "
                    f"(they have: {', '.join(known)}; install it where they run)")
         self._note_verdict(tier, read, why)
+        if read.error is not None:  # the key is garbage, of another type, or not a valid policy
+            self._bad.note("policy", keys.policy(base), group, read.error)
         read, removed = pool_policy(tier, read)
         self._in_force[tier] = read.policy
         if self._metrics is not None:

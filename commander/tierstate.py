@@ -6,6 +6,7 @@ the same windows, measurements and pending recycles instead of starting afresh.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,12 +49,27 @@ class TierState:
     def from_body(cls, body: dict[str, Any]) -> TierState:
         """Read ``to_body``'s data (fields missing from an older body start empty).
 
-        Raises ``ValueError``, ``KeyError`` or ``TypeError`` on a malformed body."""
+        Raises ``ValueError``, ``KeyError`` or ``TypeError`` on a malformed body (a body is
+        data read from Redis: every field is checked here, none reaches ``decide`` unchecked)."""
+        if not isinstance(body, dict):
+            raise TypeError(f"a decide state is a JSON object, not {type(body).__name__}")
         return cls(history=tuple((float(t), int(d)) for t, d in body["history"]),
-                   last_scale_up=body.get("last_scale_up"), last_scale_down=body.get("last_scale_down"),
+                   last_scale_up=_time(body.get("last_scale_up")),
+                   last_scale_down=_time(body.get("last_scale_down")),
                    changes=tuple((float(t), int(d)) for t, d in body.get("changes", ())),
                    starts=tuple((str(w), float(s)) for w, s in body.get("starts", ())),
-                   failures=int(body.get("failures", 0)), failed_at=body.get("failed_at"),
+                   failures=int(body.get("failures", 0)), failed_at=_time(body.get("failed_at")),
                    recycling=tuple((str(w), float(t), str(p)) for w, t, p in body.get("recycling", ())),
                    steps=tuple((float(t), int(n)) for t, n in body.get("steps", ())),
-                   queued_since=body.get("queued_since"))
+                   queued_since=_time(body.get("queued_since")))
+
+
+def _time(value: Any) -> float | None:
+    """An optional time of a body: a number or null (a string or a list is refused, not parsed)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"a time is a number or null, not {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"a time is a finite number, not {value}")
+    return float(value)

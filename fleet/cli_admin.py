@@ -146,10 +146,19 @@ def _status_text(snap: dict[str, Any]) -> str:
         state = "alive" if w["alive"] else "no heartbeat"
         lines.append(f"{w['worker']:<24}{w['tier']:<10}{w['pid']:>8}  {w['host'][:15]:<16}"
                      f"{w['age_s']:>7.0f}s  {state}")
+    if snap.get("bad_state"):
+        lines += ["", "BAD STATE (skipped; counted in the commander's fleet_state_errors_total)"]
+        lines += [f"  {_bad_line(e)}" for e in snap["bad_state"]]
     if snap.get("events"):
         lines += ["", "LAST EVENTS"]
         lines += [f"  {_event_line(e)}" for e in snap["events"]]
     return "\n".join(lines)
+
+
+def _bad_line(e: dict[str, Any]) -> str:
+    """A bad entry of shared state: its kind, key (and member) and why it was skipped."""
+    member = f" {e['member']!r}" if e.get("member") else ""
+    return f"{e['kind']:<12} {e['key']}{member}: {e['reason']}"
 
 
 def _rq_text(t: dict[str, Any]) -> str:

@@ -9,11 +9,13 @@ from typing import Any
 
 import redis
 
+from protocol import keys
 from protocol.codec import as_str
 from protocol.groups import pool_name, split_pool
 from protocol.models import WorkerInfo
 from protocol.policy import RqPolicy, TurnsPolicy
 from stores.backlog import TierBacklog, active_users, live_ids, read_backlog, unserved_by_tier
+from stores.bad_state import DEFAULT, BadState
 from stores.cluster import is_cluster
 from stores.connection import connect_rq
 from stores.deadletters import dead_letter_count, newest_dead_letters
@@ -53,14 +55,18 @@ def workers(r: redis.Redis, reg: Registry | None = None) -> list[dict[str, Any]]
 
 
 def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any]:
-    """Everything ``fleet status`` shows, as plain data."""
-    tiers = with_group_pools(r, sorted(set(list_tiers(r)) | {"chat"}))  # chat, chat.blue, chat.green
-    reg = read_registry(r)
+    """Everything ``fleet status`` shows, as plain data; ``bad_state``: the bad entries of shared
+    state met while reading it (kind, key, member, reason), skipped."""
+    bad = BadState()
+    tiers = with_group_pools(r, sorted(set(list_tiers(r, bad)) | {"chat"}))  # chat, chat.blue, chat.green
+    reg = read_registry(r, bad)
     ws = workers(r, reg)
     backlogs = read_backlog(r, tiers, live_ids(reg.workers), unserved_by_tier(reg.workers, tiers))
-    out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r)}
+    out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r, bad=bad)}
     for tier in tiers:
         read = read_pool_policy(r, tier, handlers)
+        if read.error is not None:
+            bad.note("policy", keys.policy(split_pool(tier)[0]), split_pool(tier)[1], read.error)
         turns = read.policy if isinstance(read.policy, TurnsPolicy) else None
         window = read.policy.scale_rules().scaling.active_window_s
         error, by = policy_verdict(r, *split_pool(tier), read.error)
@@ -81,6 +87,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
         if isinstance(read.policy, RqPolicy):
             out["tiers"][tier].update(rq_status(r, tier, read.policy))
     _add_groups(r, out["tiers"])
+    out["bad_state"] = [entry.as_json() for entry in bad.entries]
     return out
 
 
@@ -138,14 +145,14 @@ def policy_verdict(r: redis.Redis, tier: str, group: str,
     return None, None
 
 
-def control_plane(r: redis.Redis, events: int = 5) -> dict[str, Any]:
+def control_plane(r: redis.Redis, events: int = 5, bad: BadState = DEFAULT) -> dict[str, Any]:
     """The commanders (leader and standbys), the lease holder, the leader's monitor page
     (``monitor_url``: ``http://host:port/``, None when it serves none) and the last ledger events."""
     from stores.commanders import read_commanders
     from stores.ledger import event_json, read_events
 
     leader = lease_holder(r)  # the lease says who leads; an entry's role is what it last said
-    commanders = read_commanders(r)
+    commanders = read_commanders(r, bad=bad)
     who = (leader or "").rpartition("|")[0]
     monitor = next((c.get("monitor_url") for c in commanders
                     if c.get("commander") == who and c.get("monitor_url")), None)

@@ -11,32 +11,44 @@ import time
 from typing import Any
 
 import redis
+from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode, encode
 from protocol.models import CommanderInfo
+from stores.bad_state import DEFAULT, BadState, reject_wrong_type
 from stores.replies import hash_reply
 
 STALE_S = 15.0  # several standby polls and leader passes: a live commander is never this late
 
 
-def commander_entries(r: redis.Redis) -> list[tuple[str, CommanderInfo | CodecError]]:
-    """Every entry by commander id: decoded, or the error that kept it from decoding."""
+def commander_entries(r: redis.Redis,
+                      bad: BadState = DEFAULT) -> list[tuple[str, CommanderInfo | CodecError]]:
+    """Every entry by commander id: decoded, or the error that kept it from decoding (also told
+    to ``bad``, as is a key of another type: no entries)."""
+    try:
+        entries = hash_reply(r.hgetall(keys.COMMANDERS))
+    except ResponseError as exc:
+        bad.note("commander", keys.COMMANDERS, "", reject_wrong_type(exc))
+        return []
     out: list[tuple[str, CommanderInfo | CodecError]] = []
-    for cid, blob in hash_reply(r.hgetall(keys.COMMANDERS)).items():
+    for name, blob in entries.items():
+        cid = as_str(name, errors="replace")
         try:
-            out.append((as_str(cid), decode(CommanderInfo, blob)))
+            out.append((cid, decode(CommanderInfo, blob)))
         except CodecError as exc:
-            out.append((as_str(cid), exc))
+            bad.note("commander", keys.COMMANDERS, cid, exc)
+            out.append((cid, exc))
     return out
 
 
-def read_commanders(r: redis.Redis, now: float | None = None) -> list[dict[str, Any]]:
+def read_commanders(r: redis.Redis, now: float | None = None,
+                    bad: BadState = DEFAULT) -> list[dict[str, Any]]:
     """Every entry with ``alive`` (seen within ``STALE_S``), ``seen_ago_s`` and the URLs of its
     ``/metrics`` and monitor page (``metrics_url``, ``monitor_url``: one address serves both)."""
     now = time.time() if now is None else now
     out = []
-    for cid, entry in commander_entries(r):
+    for cid, entry in commander_entries(r, bad):
         if isinstance(entry, CodecError):
             out.append({"commander": cid, "role": "unreadable entry", "alive": False})
             continue
@@ -60,8 +72,8 @@ def deregister_commander(r: redis.Redis, commander_id: str) -> None:
     r.hdel(keys.COMMANDERS, commander_id)
 
 
-def forget_commanders(r: redis.Redis, before: float) -> int:
+def forget_commanders(r: redis.Redis, before: float, bad: BadState = DEFAULT) -> int:
     """Remove the entries of commanders last seen before ``before`` (the leader does this)."""
-    gone = [cid for cid, entry in commander_entries(r)
+    gone = [cid for cid, entry in commander_entries(r, bad)
             if not isinstance(entry, CodecError) and entry.seen and entry.seen < before]
     return int(r.hdel(keys.COMMANDERS, *gone)) if gone else 0

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import as_str
 from protocol.groups import pool_name, split_pool, validate_group, validate_pool
 from protocol.ids import InvalidId, validate_tier
 from protocol.policy import TurnsPolicy
+from stores.bad_state import DEFAULT, BadState, reject_wrong_type
 from stores.policies import PolicyRead, read_policy
 from stores.roundtrips import Op, Single, operation
 
@@ -41,18 +44,38 @@ def user_pins(r: redis.Redis, user: str) -> dict[str, str]:
     return {as_str(k): as_str(v) for k, v in r.hgetall(keys.pins(user)).items()}
 
 
-async def read_pin_async(r: aioredis.Redis, user: str, tier: str) -> str | None:
-    """``user``'s pin on ``tier``, or None."""
-    raw = await r.hget(keys.pins(user), tier)
-    return None if raw is None else as_str(raw)
+def _pin(user: str, tier: str, raw: Any, bad: BadState) -> str | None:
+    """A pin as read (its reply, or the error of a pins key of another type): the group, or None
+    when there is none or it is bad (told to ``bad``)."""
+    if raw is None:
+        return None
+    try:
+        if isinstance(raw, Exception):
+            raise InvalidId(reject_wrong_type(raw))
+        return validate_group(as_str(raw, errors="replace"))
+    except InvalidId as exc:
+        bad.note("pin", keys.pins(user), tier, exc)
+        return None
 
 
-def read_pins(r: redis.Redis, users: list[str], tier: str) -> dict[str, str | None]:
-    """Each of ``users``' pin on ``tier`` (None: none), in one round trip."""
+async def read_pin_async(r: aioredis.Redis, user: str, tier: str, bad: BadState = DEFAULT) -> str | None:
+    """``user``'s pin on ``tier``, or None (also when it is bad: told to ``bad``)."""
+    raw: Any
+    try:
+        raw = await r.hget(keys.pins(user), tier)
+    except ResponseError as exc:
+        raw = exc
+    return _pin(user, tier, raw, bad)
+
+
+def read_pins(r: redis.Redis, users: list[str], tier: str, bad: BadState = DEFAULT) -> dict[str, str | None]:
+    """Each of ``users``' pin on ``tier`` (None: none, or a bad one: told to ``bad``), in one
+    round trip."""
     pipe = r.pipeline(transaction=False)
     for user in users:
         pipe.hget(keys.pins(user), tier)
-    return {u: None if raw is None else as_str(raw) for u, raw in zip(users, pipe.execute(), strict=True)}
+    replies = pipe.execute(raise_on_error=False)
+    return {u: _pin(u, tier, raw, bad) for u, raw in zip(users, replies, strict=True)}
 
 
 def remember_pools(r: redis.Redis, tier: str, pools: Iterable[str]) -> None:
@@ -62,14 +85,20 @@ def remember_pools(r: redis.Redis, tier: str, pools: Iterable[str]) -> None:
         r.sadd(keys.pools(tier), *pools)
 
 
-def known_pools(r: redis.Redis, tier: str) -> set[str]:
-    """The pools the tier's users have been served on and that are not forgotten yet."""
+def known_pools(r: redis.Redis, tier: str, bad: BadState = DEFAULT) -> set[str]:
+    """The pools the tier's users have been served on and that are not forgotten yet (a member
+    that is no pool, or a key of another type, is told to ``bad``: never a key)."""
+    try:
+        members = r.smembers(keys.pools(tier))
+    except ResponseError as exc:
+        bad.note("pool", keys.pools(tier), "", reject_wrong_type(exc))
+        return set()
     out = set()
-    for raw in r.smembers(keys.pools(tier)):
+    for raw in members:
         try:
-            out.add(validate_pool(as_str(raw)))
-        except InvalidId:  # (not written by Fleet: ignored, never a key)
-            continue
+            out.add(validate_pool(as_str(raw, errors="replace")))
+        except InvalidId as exc:
+            bad.note("pool", keys.pools(tier), raw, exc)
     return out
 
 
@@ -81,8 +110,12 @@ def forget_pool(r: redis.Redis, tier: str, pool: str) -> None:
 @operation
 def rejected_groups(tier: str) -> Op[dict[str, str]]:
     """The tier's rejected groups: group -> reason."""
-    raw = yield Single(lambda r: r.hgetall(keys.groups_rejected(tier)))
-    return {as_str(k): as_str(v) for k, v in raw.items()}
+    try:
+        raw = yield Single(lambda r: r.hgetall(keys.groups_rejected(tier)))
+    except ResponseError as exc:  # a key of another type: no group is known rejected
+        DEFAULT.note("pool", keys.groups_rejected(tier), "", reject_wrong_type(exc))
+        return {}
+    return {as_str(k, errors="replace"): as_str(v, errors="replace") for k, v in raw.items()}
 
 
 def reject_group(r: redis.Redis, tier: str, group: str, reason: str) -> None:

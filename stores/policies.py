@@ -23,12 +23,13 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import NoPermissionError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from protocol import keys
 from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_tier
 from protocol.policy import Policy, PolicyError, TurnsPolicy, parse_policy
+from stores.bad_state import DEFAULT, BadState, reject_wrong_type
 from stores.roundtrips import Op, Pipelined, operation
 
 
@@ -43,18 +44,21 @@ class PolicyRead:
     missing_handler: str | None = None  # the key is valid but names a handler this reader lacks
 
 
-def _resolve(tier: str, raw: bytes | None, goods: Iterable[bytes | None], handlers: Iterable[str] | None,
-             group: str | None = None) -> PolicyRead:
+def _resolve(tier: str, raw: bytes | Exception | None, goods: Iterable[bytes | None],
+             handlers: Iterable[str] | None, group: str | None = None) -> PolicyRead:
     """The policy in force; ``handlers`` are checked against ``group``'s handler (the reader's).
-    ``goods``: the last good copies to fall back on, the reader's group's first."""
+    ``raw``: the key, or the error reading it (a key of another type); ``goods``: the last good
+    copies to fall back on, the reader's group's first."""
     if raw is None:
         return PolicyRead(tier, TurnsPolicy(), "default")
     missing = None
     try:
+        if isinstance(raw, Exception):
+            raise PolicyError(f"the key cannot be read as a policy: {reject_wrong_type(raw)}")
         return PolicyRead(tier, parse_policy(raw, handlers, group), "key")
     except PolicyError as exc:
         error = str(exc)
-        if handlers is not None:
+        if handlers is not None and not isinstance(raw, Exception):
             with contextlib.suppress(PolicyError):  # valid but for the handler: say which
                 found = parse_policy(raw)
                 missing = found.group_handler(group) if isinstance(found, TurnsPolicy) else None
@@ -83,13 +87,16 @@ class _Writes:
 
 
 def _plan_writes(read: PolicyRead, raw: bytes | None, goods: tuple[bytes | None, bytes | None],
-                 status: list[bytes | None], reader: str, group: str | None) -> _Writes:
+                 status: list[bytes | None] | Exception, reader: str, group: str | None) -> _Writes:
     """The key, once this reader accepts it, becomes the last good copy: the tier's (its
     structure: what submit and the commander read) and, for a group's worker, its group's."""
     accepted = read.source == "key"
     good, group_good = goods
     writes = _Writes(raw if accepted and raw != good else None,
                      raw if accepted and group and raw != group_good else None)
+    if isinstance(status, Exception):  # the status key is of another type: not written over
+        reject_wrong_type(status)
+        return writes
     if tuple(status) == _verdict(read):
         return writes
     return replace(writes, status={"ok": "0" if read.error else "1", "error": read.error or "",
@@ -104,6 +111,15 @@ def _queue_reads(pipe: Any, tier: str, group: str | None) -> None:
     if group:  # (a tier's own reader has no copy of its own: no second read of the tier's)
         pipe.get(keys.policy_good(tier, group))
     pipe.hmget(keys.policy_status(tier, group or ""), ["source", "error"])
+
+
+def _readable(reply: Any) -> Any:
+    """A reply of a key read with the others, None if it was of another type; another error
+    (Redis refusing, away) is raised."""
+    if isinstance(reply, Exception):
+        reject_wrong_type(reply)
+        return None
+    return reply
 
 
 def _unpack(replies: list[Any], group: str | None) -> tuple[Any, Any, Any, Any]:
@@ -135,11 +151,12 @@ def read_policy(tier: str, handlers: Iterable[str] | None = None, *, record: boo
     """Read and validate a tier's policy; with ``record``, note a changed verdict and copy an
     accepted key to the last good one (for the tier's own processes). ``handlers`` are checked
     against the handler of ``group`` (the reader's pool)."""
-    replies = yield Pipelined(lambda pipe: _queue_reads(pipe, tier, group))
+    replies = yield Pipelined(lambda pipe: _queue_reads(pipe, tier, group), raise_on_error=False)
     raw, good, group_good, status = _unpack(replies, group)
+    good, group_good = _readable(good), _readable(group_good)  # (a copy of another type: none)
     read = _resolve(tier, raw, _goods(good, group_good, group), handlers, group)
     if record:
-        writes = _plan_writes(read, raw, (good, group_good), status, reader, group)
+        writes = _plan_writes(read, _readable(raw), (good, group_good), status, reader, group)
         if writes != _Writes():
             with contextlib.suppress(NoPermissionError):  # a read-only user cannot record it
                 yield Pipelined(lambda pipe: _queue_writes(pipe, tier, group, writes))
@@ -149,7 +166,12 @@ def read_policy(tier: str, handlers: Iterable[str] | None = None, *, record: boo
 def read_policy_status(r: redis.Redis, tier: str, group: str = "") -> dict[str, str]:
     """What the tier's processes (a group's workers: ``group``) last recorded about its key:
     ok, error, source, by, ts."""
-    return {as_str(k): as_str(v) for k, v in r.hgetall(keys.policy_status(tier, group)).items()}
+    try:
+        raw = r.hgetall(keys.policy_status(tier, group))
+    except ResponseError as exc:
+        reject_wrong_type(exc)
+        return {}
+    return {as_str(k, errors="replace"): as_str(v, errors="replace") for k, v in raw.items()}
 
 
 def _queue_policy_write(pipe: Any, tier: str, policy: Policy) -> None:
@@ -189,12 +211,23 @@ def read_good_policy(r: redis.Redis, tier: str) -> Any:
     return r.get(keys.policy_good(tier))
 
 
-def list_tiers(r: redis.Redis) -> list[str]:
-    """Tiers known to the fleet: registered ones, and any with a policy key (even a raw ``SET``)."""
-    names = {t.decode() if isinstance(t, bytes) else t for t in r.smembers(keys.TIERS)}
+def list_tiers(r: redis.Redis, bad: BadState = DEFAULT) -> list[str]:
+    """Tiers known to the fleet: registered ones, and any with a policy key (even a raw ``SET``).
+    A member of ``fleet:tiers`` no tier can have, or the set of another type, is told to ``bad``."""
+    names = set()
+    try:
+        members = r.smembers(keys.TIERS)
+    except ResponseError as exc:
+        bad.note("tier", keys.TIERS, "", reject_wrong_type(exc))
+        members = set()
+    for member in members:
+        try:
+            names.add(validate_tier(as_str(member, errors="replace")))
+        except InvalidId as exc:
+            bad.note("tier", keys.TIERS, member, exc)
     prefix = keys.POLICY_PREFIX + "{"
     for key in r.scan_iter(match=prefix + "*}", count=500):
-        name = (key.decode() if isinstance(key, bytes) else key)[len(prefix):-1]
+        name = as_str(key, errors="replace")[len(prefix):-1]
         if name:
             try:
                 names.add(validate_tier(name))

@@ -2,7 +2,8 @@
 
 A registered worker whose heartbeat key has expired is dead: it is returned with
 ``alive=False`` (callers decide whether to show it or ignore it). An entry that does not
-decode is skipped and named in ``unreadable``.
+decode, or whose ids are not valid, is skipped, named in ``unreadable`` and told to a
+``stores.bad_state.BadState``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import redis
+from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode
+from protocol.groups import validate_pool
+from protocol.ids import InvalidId, validate_token
 from protocol.models import WorkerInfo
+from stores.bad_state import DEFAULT, BadState, reject_wrong_type
 from stores.replies import hash_reply
 
 
@@ -32,27 +37,46 @@ class Registry:
                 if alive and (tier is None or info.tier == tier)]
 
 
-def read_entries(r: redis.Redis) -> tuple[list[WorkerInfo], list[str]]:
-    """Every registry entry that decodes, and the ids of those that do not (one HGETALL)."""
-    infos, bad = [], []
-    for wid, blob in hash_reply(r.hgetall(keys.WORKERS)).items():
+def _entry(wid: str, blob: bytes) -> WorkerInfo:
+    """A registry entry decoded and checked: its ids are valid (they name keys, and its tier a
+    pool) and its field is its own worker id. Raises ``CodecError`` or ``InvalidId``."""
+    info = decode(WorkerInfo, blob)
+    validate_token(info.worker, "worker id")
+    validate_pool(info.tier)
+    if info.worker != wid:
+        raise InvalidId(f"the field names worker {wid!r}, the entry {info.worker[:40]!r}")
+    return info
+
+
+def read_entries(r: redis.Redis, bad: BadState = DEFAULT) -> tuple[list[WorkerInfo], list[str]]:
+    """Every registry entry that decodes and whose ids are valid, and the ids of those that are
+    not (told to ``bad``, as is a registry of another type), in one HGETALL."""
+    try:
+        entries = hash_reply(r.hgetall(keys.WORKERS))
+    except ResponseError as exc:
+        bad.note("registry", keys.WORKERS, "", reject_wrong_type(exc))
+        return [], []
+    infos, unreadable = [], []
+    for name, blob in entries.items():
+        wid = as_str(name, errors="replace")
         try:
-            infos.append(decode(WorkerInfo, blob))
-        except CodecError:
-            bad.append(as_str(wid, errors="replace"))
-    return infos, bad
+            infos.append(_entry(wid, blob))
+        except (CodecError, InvalidId) as exc:
+            bad.note("registry", keys.WORKERS, wid, exc)
+            unreadable.append(wid)
+    return infos, unreadable
 
 
-def read_registry(r: redis.Redis) -> Registry:
-    """The registry with every worker's liveness, in two round trips."""
-    infos, bad = read_entries(r)
+def read_registry(r: redis.Redis, bad: BadState = DEFAULT) -> Registry:
+    """The registry with every worker's liveness, in two round trips (bad entries: ``bad``)."""
+    infos, unreadable = read_entries(r, bad)
     if not infos:
-        return Registry(unreadable=tuple(bad))
+        return Registry(unreadable=tuple(unreadable))
     pipe = r.pipeline(transaction=False)
     for info in infos:
         pipe.exists(keys.heartbeat(info.worker))
     alive = pipe.execute()
-    return Registry({i.worker: (i, bool(a)) for i, a in zip(infos, alive, strict=True)}, tuple(bad))
+    return Registry({i.worker: (i, bool(a)) for i, a in zip(infos, alive, strict=True)}, tuple(unreadable))
 
 
 def registered_and_beating(r: redis.Redis, worker_ids: Sequence[str]) -> list[bool]:

@@ -10,10 +10,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import redis
+from redis.exceptions import ResponseError
 
 from commander.rollouts.weights import Weights
+from protocol import keys
 from protocol.groups import pool_name, split_pool
+from protocol.ids import InvalidId
 from protocol.policy import TurnsPolicy
+from stores.bad_state import DEFAULT, BadState, reject_wrong_type
 from stores.group_assignment import known_pools, remember_pools
 from stores.policies import PolicyRead, read_policy
 
@@ -34,25 +38,37 @@ class Pools:
     """Expands the tiers to judge into their pools, and shows each grouped tier's weights to
     ``weights`` (a change is a rollout)."""
 
-    def __init__(self, r: redis.Redis, weights: Weights) -> None:
-        self._r, self._weights = r, weights
+    def __init__(self, r: redis.Redis, weights: Weights, bad: BadState = DEFAULT) -> None:
+        self._r, self._weights, self._bad = r, weights, bad
 
     def to_judge(self, names: set[str], live: set[str]) -> set[str]:
         """``names`` with each grouped tier replaced by its pools (``live``: the tiers and pools
-        with live workers)."""
+        with live workers). A name that is no tier or pool is told to ``bad``, and left out."""
         out: set[str] = set()
         for name in names:
-            tier, group = split_pool(name)
+            try:
+                tier, group = split_pool(name)
+            except InvalidId as exc:
+                self._bad.note("tier", name, "", exc)
+                continue
             if group:
                 out.add(name)
                 continue
-            policy = read_policy(self._r, tier).policy  # (structure only: the handlers are the pools')
-            self._weights.note(tier, policy)
-            pools = {pool_name(tier, g.name) for g in policy.rollout.groups} or {tier}
-            known = known_pools(self._r, tier)
-            if not pools <= known:
-                remember_pools(self._r, tier, pools - known)
-            out |= pools | known  # a removed pool stays until nothing queued on it is left
+            pools = self._pools(tier)
+            out |= pools
             if tier in live:
                 out.add(tier)
         return out
+
+    def _pools(self, tier: str) -> set[str]:
+        """The tier's pools to judge: its groups' (or itself), and those it had."""
+        policy = read_policy(self._r, tier).policy  # (structure only: the handlers are the pools')
+        self._weights.note(tier, policy)
+        pools = {pool_name(tier, g.name) for g in policy.rollout.groups} or {tier}
+        known = known_pools(self._r, tier, self._bad)
+        if not pools <= known:
+            try:
+                remember_pools(self._r, tier, pools - known)
+            except ResponseError as exc:  # the set is of another type: judged, not remembered
+                self._bad.note("pool", keys.pools(tier), "", reject_wrong_type(exc))
+        return pools | known  # a removed pool stays until nothing queued on it is left

@@ -20,6 +20,7 @@ from protocol.groups import assign, pool_name, split_pool
 from protocol.keys import ready_shard
 from protocol.models import WorkerInfo
 from protocol.policy import Policy, TurnsPolicy
+from stores.bad_state import DEFAULT, BadState
 from stores.group_assignment import forget_pool, read_pins, rejected_groups
 from stores.policies import read_policy
 from stores.renotify import active_since, active_users, notify_on, unserved_newest
@@ -33,8 +34,8 @@ class RemovedPools:
     """Drains the removed pools and moves their queued users, each once."""
 
     def __init__(self, r: redis.Redis, runtime: Runtime, ledger: LedgerWriter, actor: Actor,
-                 metrics: Metrics | None, monotonic: Callable[[], float]) -> None:
-        self._r, self._runtime, self._ledger, self._actor = r, runtime, ledger, actor
+                 metrics: Metrics | None, monotonic: Callable[[], float], bad: BadState = DEFAULT) -> None:
+        self._r, self._runtime, self._ledger, self._actor, self._bad = r, runtime, ledger, actor, bad
         self._metrics, self._monotonic = metrics, monotonic
         self._drained: set[str] = set()  # workers of removed pools already told to drain
         self._moved: dict[str, dict[str, str]] = {}  # pool -> user -> the newest turn notified elsewhere
@@ -75,7 +76,7 @@ class RemovedPools:
             newest = unserved_newest(self._r, users)
             left += len(newest)
             fresh = [u for u, entry in newest.items() if done.get(u) != entry]
-            pins = read_pins(self._r, fresh, tier) if groups else {}
+            pins = read_pins(self._r, fresh, tier, self._bad) if groups else {}
             placed = {u: (pool_name(tier, assign(u, policy.rollout.weights(), pins.get(u), rejected))
                           if groups else tier, ready_shard(u, shards)) for u in fresh}
             notify_on(self._r, placed, now)

@@ -118,12 +118,10 @@ class Adoption:
 
     def _registry(self) -> list[WorkerInfo]:
         try:
-            infos, unreadable = read_entries(self.r)
+            infos, _unreadable = read_entries(self.r)  # (each warned about once: stores.bad_state)
         except TRANSIENT as exc:
             log.warning("registry not readable, adopting from run records only: %s", exc)
             return []
-        for worker_id in unreadable:
-            log.warning("registry entry %r does not decode", worker_id)
         return infos
 
     def _rq_registry(self) -> list[RqEntry]:
