@@ -89,6 +89,15 @@ def wrong_type(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and "WRONGTYPE" in str(exc)[:64]
 
 
+def readable(reply: Any, empty: Any = None) -> Any:
+    """A reply of a pipeline run with ``raise_on_error=False``: ``empty`` if the key was of
+    another type (``WRONGTYPE``); another error (Redis refusing, away) is raised."""
+    if isinstance(reply, Exception):
+        reject_wrong_type(reply)
+        return empty
+    return reply
+
+
 def reject_wrong_type(exc: BaseException) -> str:
     """Why a key of the wrong type is skipped; raises ``exc`` again if it is another error."""
     if not wrong_type(exc):

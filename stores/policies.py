@@ -29,7 +29,7 @@ from protocol import keys
 from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_tier
 from protocol.policy import Policy, PolicyError, TurnsPolicy, parse_policy
-from stores.bad_state import DEFAULT, BadState, reject_wrong_type
+from stores.bad_state import DEFAULT, BadState, readable, reject_wrong_type
 from stores.roundtrips import Op, Pipelined, operation
 
 
@@ -113,15 +113,6 @@ def _queue_reads(pipe: Any, tier: str, group: str | None) -> None:
     pipe.hmget(keys.policy_status(tier, group or ""), ["source", "error"])
 
 
-def _readable(reply: Any) -> Any:
-    """A reply of a key read with the others, None if it was of another type; another error
-    (Redis refusing, away) is raised."""
-    if isinstance(reply, Exception):
-        reject_wrong_type(reply)
-        return None
-    return reply
-
-
 def _unpack(replies: list[Any], group: str | None) -> tuple[Any, Any, Any, Any]:
     """(key, the tier's good copy, the group's good copy or None, status) from ``_queue_reads``."""
     if group:
@@ -153,10 +144,10 @@ def read_policy(tier: str, handlers: Iterable[str] | None = None, *, record: boo
     against the handler of ``group`` (the reader's pool)."""
     replies = yield Pipelined(lambda pipe: _queue_reads(pipe, tier, group), raise_on_error=False)
     raw, good, group_good, status = _unpack(replies, group)
-    good, group_good = _readable(good), _readable(group_good)  # (a copy of another type: none)
+    good, group_good = readable(good), readable(group_good)  # (a copy of another type: none)
     read = _resolve(tier, raw, _goods(good, group_good, group), handlers, group)
     if record:
-        writes = _plan_writes(read, _readable(raw), (good, group_good), status, reader, group)
+        writes = _plan_writes(read, readable(raw), (good, group_good), status, reader, group)
         if writes != _Writes():
             with contextlib.suppress(NoPermissionError):  # a read-only user cannot record it
                 yield Pipelined(lambda pipe: _queue_writes(pipe, tier, group, writes))

@@ -19,6 +19,7 @@ from protocol.groups import assign, pool_name, validate_group
 from protocol.ids import InvalidId
 from protocol.policy import MAX_REPLICA_ACK_TIMEOUT_MS, MAX_REPLICA_ACKS
 from protocol.policy_legacy import flat_view
+from stores.bad_state import readable
 from stores.replicas import ReplicaWait
 from stores.roundtrips import Op, Pipelined, operation
 
@@ -74,7 +75,7 @@ def submit_options_of(raw: Any, good: Any, rejected: Iterable[Any] = ()) -> Subm
     acks = _int_in(fields, "replica_acks", 0, 0, MAX_REPLICA_ACKS)
     timeout_ms = _int_in(fields, "replica_ack_timeout_ms", 100, 1, MAX_REPLICA_ACK_TIMEOUT_MS)
     return SubmitOptions(shards, ReplicaWait(acks, timeout_ms) if acks else None, _groups_of(fields),
-                         frozenset(as_str(g) for g in rejected))
+                         frozenset(as_str(g, errors="replace") for g in rejected))
 
 
 def _groups_of(fields: dict[str, Any]) -> tuple[tuple[str, float], ...]:
@@ -113,5 +114,6 @@ def ready_shards_of(raw: Any, good: Any) -> int:
 @operation
 def read_submit_options(tier: str) -> Op[SubmitOptions]:
     """The tier's :class:`SubmitOptions`, in one round trip."""
-    replies = yield Pipelined(lambda pipe: queue_options_probe(pipe, tier))
-    return submit_options_of(*replies)
+    raw, good, rejected = yield Pipelined(lambda pipe: queue_options_probe(pipe, tier), raise_on_error=False)
+    # a key of another type reads as absent: the submit goes on with the defaults
+    return submit_options_of(readable(raw), readable(good), readable(rejected, {}))

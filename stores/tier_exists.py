@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from redis.exceptions import NoPermissionError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from protocol import keys
 from protocol.codec import CodecError, as_str, decode
 from protocol.ids import InvalidId
 from protocol.models import WorkerInfo
+from stores.bad_state import readable, reject_wrong_type
 from stores.roundtrips import Op, Pipelined, Single, operation
 
 
@@ -54,8 +55,8 @@ def queue_any_beating(pipe: Any, beats: list[str]) -> None:
 @operation
 def read_tier_probe(tier: str) -> Op[list[Any]]:
     """``[has_policy, tiers]`` of :func:`queue_tier_probe`, in one round trip."""
-    replies: list[Any] = yield Pipelined(lambda pipe: queue_tier_probe(pipe, tier))
-    return replies
+    has_policy, tiers = yield Pipelined(lambda pipe: queue_tier_probe(pipe, tier), raise_on_error=False)
+    return [readable(has_policy), readable(tiers, set())]  # (a tier set of another type: empty)
 
 
 @operation
@@ -69,6 +70,9 @@ def tier_exists(tier: str) -> Op[bool]:
     try:
         registry = yield Single(lambda r: r.hgetall(keys.WORKERS))
     except NoPermissionError:
+        return False
+    except ResponseError as exc:  # a registry of another type: no worker is known
+        reject_wrong_type(exc)
         return False
     beats = heartbeats_of(tier, registry)
     if not beats:
