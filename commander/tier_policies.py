@@ -61,7 +61,7 @@ class TierPolicies:
             why = (f"no live worker of tier {tier} has handler {read.missing_handler!r} "
                    f"(they have: {', '.join(known)}; install it where they run)")
         self._note_verdict(tier, read, why)
-        if read.error is not None:  # the key is garbage, of another type, or not a valid policy
+        if read.error is not None and read.missing_handler is None:  # garbage, another type, invalid
             self._bad.note("policy", keys.policy(base), group, read.error)
         read, removed = pool_policy(tier, read)
         self._in_force[tier] = read.policy

@@ -65,7 +65,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
     out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r, bad=bad)}
     for tier in tiers:
         read = read_pool_policy(r, tier, handlers)
-        if read.error is not None:
+        if read.error is not None and read.missing_handler is None:  # (not a handler missing here)
             bad.note("policy", keys.policy(split_pool(tier)[0]), split_pool(tier)[1], read.error)
         turns = read.policy if isinstance(read.policy, TurnsPolicy) else None
         window = read.policy.scale_rules().scaling.active_window_s

@@ -281,3 +281,25 @@ def test_status_names_the_bad_entries_and_shows_the_good_tiers(r) -> None:
     assert {("tier", keys.TIERS, "Bad Tier!"), ("registry", keys.WORKERS, "bad id!"),
             ("commander", keys.COMMANDERS, "c9"), ("policy", keys.policy("other"), "")} <= found
     assert all(e["reason"] for e in snap["bad_state"])
+
+
+def test_a_policy_naming_a_handler_no_live_worker_has_is_rejected_but_is_no_bad_entry(r) -> None:
+    """A valid key naming a handler the live workers lack is a rejection (ledgered, a gauge), not
+    bad state; a key that is no policy is both."""
+    from commander.tier_policies import TierPolicies
+
+    write_policy(r, "chat", turns_policy(handler="nope"))
+    registry = {"w1": (WorkerInfo(worker="w1", tier="chat", pid=1, host="h", started=1.0,
+                                  handlers=["echo"]), True)}
+    bad = BadState()
+    policies = TierPolicies(r, ledger=_NoLedger(), metrics=None, bad=bad)
+    assert policies.read("chat", registry).rejected
+    assert bad.entries == []
+    r.set(keys.policy("chat"), "{not json")
+    assert policies.read("chat", registry).rejected
+    assert kinds(bad) == [("policy", keys.policy("chat"), "")]
+
+
+class _NoLedger:
+    def record(self, *_args: object, **_kwargs: object) -> None:
+        return None
