@@ -91,7 +91,7 @@ class Commander:
         self.rq = RqTiers(RqReader(rq if rq is not None else None if is_cluster(r) else r), self.ledger)
         self.weights = Weights(r, self.ledger, self.observer.evaluator)
         self.pools = Pools(r, self.weights, self.bad)
-        self.group_checks = GroupChecks(r, runtime, self.ledger)
+        self.group_checks = GroupChecks(r, runtime, self.ledger, self.bad)
         self.removed_pools = RemovedPools(r, runtime, self.ledger, self.actor, metrics, monotonic, self.bad)
         self.board = Board()  # the last pass, published for the monitor (commander.monitor)
         self.publisher = Publisher(r, self.board, self.observer, self.leadership, metrics,

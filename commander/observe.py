@@ -45,6 +45,7 @@ class Observer:
         self.reports_from: str | None = None  # last report id read
         self.pressure_from: dict[str, str] = {}  # tier -> last pressure id read
         self.pressure_pending: dict[str, int] = {}  # tier -> events read, not yet judged
+        self.bad_pressure: set[str] = set()  # tiers whose pressure key is of another type (this pass)
         self._live: frozenset[str] | None = None  # live worker ids of this pass's registry read
         self._workers: dict[str, tuple[WorkerInfo, bool]] = {}  # ... and the entries
         self.turns = TurnTotals()  # the tiers' turn counts, from every report read
@@ -52,7 +53,8 @@ class Observer:
     # --- reports -----------------------------------------------------------------------
     def read_reports(self) -> int:
         """Feed every new occupancy report to the evaluator (and its turn counts to ``turns``);
-        return how many the evaluator kept."""
+        return how many the evaluator kept. (A new pass: pressure keys found bad are looked at again.)"""
+        self.bad_pressure.clear()
         if self.reports_from is None:
             return self._warm_up()
         n = 0
@@ -135,18 +137,42 @@ class Observer:
 
         ``stores.reports.wait_pressure`` picks how: one blocking read over every tier on one
         node; on a Cluster, where the tiers' streams are in different slots, a blocking read of
-        the only tier, or a poll of each tier's stream every ``CLUSTER_POLL_MS``."""
+        the only tier, or a poll of each tier's stream every ``CLUSTER_POLL_MS``.
+
+        A tier whose pressure key is of another type is told to ``bad`` and left out of the
+        waits until the next pass (:meth:`read_reports`) looks again."""
         after = {}
         for tier in tiers:
-            if tier not in self.pressure_from:
-                self.pressure_from[tier] = last_pressure_id(self.r, tier)
+            if tier in self.bad_pressure:
+                continue
+            try:
+                if tier not in self.pressure_from:
+                    self.pressure_from[tier] = last_pressure_id(self.r, tier)
+            except redis.ResponseError as exc:
+                self._bad_pressure(tier, exc)
+                continue
             after[tier] = self.pressure_from[tier]
         if not after:
             time.sleep(block_ms / 1000)
             return 0
+        try:
+            found = wait_pressure(self.r, after, 10_000, block_ms)
+        except redis.ResponseError as exc:
+            reject_wrong_type(exc)
+            for tier in after:  # which of them: each one read alone
+                try:
+                    last_pressure_id(self.r, tier)
+                except redis.ResponseError as one:
+                    self._bad_pressure(tier, one)
+            return 0
         total = 0
-        for tier, rows in wait_pressure(self.r, after, 10_000, block_ms).items():
+        for tier, rows in found.items():
             self.pressure_from[tier] = rows[-1][0]
             self.pressure_pending[tier] = self.pressure_pending.get(tier, 0) + len(rows)
             total += len(rows)
         return total
+
+    def _bad_pressure(self, tier: str, exc: redis.ResponseError) -> None:
+        self.bad.note("pressure", keys.pressure(tier), "", reject_wrong_type(exc))
+        self.bad_pressure.add(tier)
+        self.pressure_from.pop(tier, None)  # read afresh once it is a stream again

@@ -69,3 +69,19 @@ def test_a_bad_tier_member_and_registry_entry_stop_nothing(r, redis_server, flee
     finally:
         r.srem(keys.TIERS, "Bad Tier!")  # (the fixtures' teardown reads the registry itself)
         r.hdel(keys.WORKERS, "ghost", "garbage")
+
+
+def test_a_pressure_stream_turned_into_another_type_is_skipped_by_the_blocking_read(r) -> None:
+    """The commander's wait reads every tier's pressure stream in one XREAD: one key of another
+    type fails it all on a real Redis; that tier is left out, the others are still read."""
+    from commander.observe import Observer
+    from stores.bad_state import BadState
+
+    bad = BadState()
+    observer = Observer(r, bad=bad)
+    assert observer.wait_for_pressure(["alpha", "beta"], 10) == 0  # (where each stream is now)
+    r.set(keys.pressure("alpha"), "x")
+    r.xadd(keys.pressure("beta"), {"n": 1})
+    assert observer.wait_for_pressure(["alpha", "beta"], 10) == 0
+    assert [(e.kind, e.key) for e in bad.entries] == [("pressure", keys.pressure("alpha"))]
+    assert observer.wait_for_pressure(["alpha", "beta"], 10) == 1  # beta's event, alpha left out

@@ -37,7 +37,8 @@ pytestmark = pytest.mark.integration
 # every key the commander's pass and `fleet status` read as shared state
 KEYS = (keys.TIERS, keys.WORKERS, keys.COMMANDERS, keys.REPORTS, keys.policy("chat"),
         keys.policy_good("chat"), keys.policy_status("chat", ""), keys.pools("chat"),
-        keys.groups_rejected("chat"), keys.pins("alice"), keys.decide_state("chat"))
+        keys.groups_rejected("chat"), keys.pins("alice"), keys.decide_state("chat"),
+        keys.pressure("chat"))
 
 # values that almost make sense: a valid entry of another kind, a bad id, JSON of the wrong shape
 NEAR = [
@@ -94,6 +95,8 @@ def _read_everything(r: redis.Redis, url: str) -> None:
     observer = Observer(r, bad=bad)
     observer.read_reports()  # the newest (XREVRANGE) ...
     observer.read_reports()  # ... then those after (XREAD)
+    observer.wait_for_pressure(["chat", "other"], 1)
+    observer.wait_for_pressure(["chat", "other"], 1)
     snapshot(r)
 
     async def pin() -> None:

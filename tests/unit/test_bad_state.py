@@ -303,3 +303,30 @@ def test_a_policy_naming_a_handler_no_live_worker_has_is_rejected_but_is_no_bad_
 class _NoLedger:
     def record(self, *_args: object, **_kwargs: object) -> None:
         return None
+
+
+def test_a_pressure_key_of_the_wrong_type_leaves_the_other_tiers_waited_on(r) -> None:
+    bad = BadState()
+    observer = Observer(r, bad=bad)
+    r.set(keys.pressure("alpha"), "x")
+    r.xadd(keys.pressure("beta"), {"n": 1})  # (before the first wait: not counted, as before)
+    assert observer.wait_for_pressure(["alpha", "beta"], 10) == 0
+    assert kinds(bad) == [("pressure", keys.pressure("alpha"), "")]
+    assert observer.wait_for_pressure(["alpha", "beta"], 10) == 0  # alpha skipped until the next pass
+    assert len(bad.entries) == 1 and "alpha" in observer.bad_pressure
+    observer.read_reports()  # a new pass looks again
+    assert observer.bad_pressure == set()
+
+
+def test_a_group_verdict_on_a_rejected_key_of_the_wrong_type_still_holds_the_pool_back(r) -> None:
+    from commander.rollouts.rejection import GroupChecks
+
+    r.set(keys.groups_rejected("chat"), "x")
+    runtime = RecordingRuntime()
+    runtime.broken["chat.green"] = "no interpreter"
+    bad = BadState()
+    checks = GroupChecks(r, runtime, _NoLedger(), bad)
+    assert checks.rejected("chat.green") == "no interpreter"
+    runtime.broken.clear()
+    assert checks.rejected("chat.green") is None
+    assert kinds(bad) == [("pool", keys.groups_rejected("chat"), "")]
