@@ -28,8 +28,9 @@ REMEMBERED = 1024  # entries kept (warned about) at most: random garbage cannot 
 
 @dataclass(frozen=True)
 class BadEntry:
-    """One bad entry: its kind, its key, the member (hash field, set member, stream entry id;
-    empty for the whole key) and why it was skipped."""
+    """One bad entry: its kind, its key (for ``tier_pass`` the tier, for ``pass`` "pass"), the
+    member (hash field, set member, stream entry id, the error's type; empty for the whole key)
+    and why it was skipped."""
 
     kind: BadKind
     key: str
