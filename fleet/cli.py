@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_policy_commands(sub)
     add_group_commands(sub, Parser)
     add_handler_commands(sub, Parser)
+    from fleet.cli_handlers import add_handlers_command
+
+    add_handlers_command(sub)
     _add_observe_commands(sub)
     _add_run_commands(sub)
     from fleet.cli_jobs import add_job_commands

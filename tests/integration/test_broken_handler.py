@@ -63,7 +63,7 @@ def test_status_top_and_policy_go_on_and_handlers_names_the_error(broken_env, tm
 def test_a_worker_serves_and_refuses_a_policy_naming_the_broken_handler(broken_env, tmp_path, r,
                                                                       processes) -> None:
     write_policy(r, "chat", TurnsPolicy(handler="echo"))
-    worker = processes.start("worker", [sys.executable, "-m", "worker", "--tier", "chat",
+    worker = processes.start("worker", ["-m", "worker", "--tier", "chat",
                                         "--worker-id", "w1"], broken_env, cwd=tmp_path)
     wait_until(lambda: live_workers(r, "chat"), 20, "the worker to register")
     assert worker.alive()
