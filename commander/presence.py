@@ -40,7 +40,8 @@ class Presence:
         info = CommanderInfo(commander=self._leadership.commander_id, pid=os.getpid(),
                              host=socket.gethostname(), started=self._started,
                              role="leader" if leading else "standby", epoch=self._leadership.epoch or 0,
-                             metrics=self._metrics.address if self._metrics else "", seen=self._clock())
+                             metrics=self._metrics.address if self._metrics else "", seen=self._clock(),
+                             crash_loop=self._runtime.crash_loop() if leading else {})
         register_commander(self._r, info)
         if leading:
             forget_commanders(self._r, self._clock() - FORGET_COMMANDER_S)

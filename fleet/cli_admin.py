@@ -142,6 +142,9 @@ def _status_text(snap: dict[str, Any]) -> str:
     lines = [_commander_line(snap)]
     lines += [f"handler {name} unavailable ({', '.join(u['where'])}): {u['error']} (`fleet handlers`)"
               for name, u in snap.get("handlers_unavailable", {}).items()]
+    leader = (snap.get("leader") or "").rpartition("|")[0]
+    lines += [f"tier {pool} CRASH LOOP: {why}" for c in snap.get("commanders", [])
+              if c.get("commander") == leader for pool, why in (c.get("crash_loop") or {}).items()]
     lines.append("")
     lines += [f"{'TIER':<12}{'WORKERS':>8}{'MIN':>5}{'MAX':>5}{'BACKLOG':>9}{'PENDING':>9}"
              f"{'ACTIVE':>8}{'DEAD':>6}  POLICY"]

@@ -239,6 +239,13 @@ class CommanderInfo(_Model):
     epoch: int = 0
     metrics: str = ""  # the address of its /metrics, if served
     seen: float = 0.0  # when it last wrote this entry (every pass, or every standby poll)
+    crash_loop: dict[str, str] = {}  # pools whose workers keep exiting at start -> the last error
+
+    @model_serializer(mode="wrap")
+    def _without_empty_loops(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``crash_loop`` stays off the wire when empty: readers that predate it still decode."""
+        body: dict[str, Any] = handler(self)
+        return {k: v for k, v in body.items() if not (k == "crash_loop" and not v)}
 
 
 RENEW_INTERVAL_S = 1.5  # the workers' default seconds between renewals (lanes, claims, heartbeat)

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from protocol import keys
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.conftest import ROOT
-from tests.helpers import fleet_cli, live_workers, wait_until
+from tests.helpers import fleet_cli, ledger, live_workers, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -93,3 +94,22 @@ def test_the_fleet_command_imports_nothing_of_the_broken_package(tmp_path) -> No
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert "broken" in out.stdout and "echo" in out.stdout
+
+
+def test_a_worker_that_exits_at_start_is_backed_off_and_its_error_shown(fleet_env, tmp_path, r,
+                                                                         processes) -> None:
+    """Every worker of the tier exits at start (a setting it cannot parse): the commander starts
+    them again after 1 s, 2 s, 4 s ..., not in a tight loop, and the ledger and ``fleet status``
+    say why in the worker's own words."""
+    env = dict(fleet_env, FLEET_WORKER_BATCH="many")
+    write_policy(r, "chat", TurnsPolicy(min_workers=1))
+    started = time.monotonic()
+    processes.commander(env)
+    wait_until(lambda: [e for e in ledger(r, "chat", "refused") if "crash-loop back-off" in e.reason
+                        and "3 in a row" in e.reason], 30, "the third back-off in the ledger")
+    elapsed = time.monotonic() - started
+    exits = ledger(r, "chat", "worker-exited")
+    assert 3 <= len(exits) <= 4 and elapsed >= 3.0, (len(exits), elapsed)  # after 1 s and 2 s waits
+    assert all("batch: Input should be a valid integer" in e.reason for e in exits), exits[0].reason
+    status = fleet_cli(fleet_env, "status", cwd=tmp_path).stdout
+    assert "tier chat CRASH LOOP" in status and "batch: Input should be" in status, status
