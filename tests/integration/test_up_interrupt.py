@@ -1,0 +1,128 @@
+"""``fleet up`` interrupted (SIGINT, as Ctrl-C sends it) at chosen moments: what the run started
+is stopped, it says so in one line and exits 130, and no process of its FLEET_HOME is left. One
+redis-server per data folder: a server left running that no state file names is found by the
+next ``fleet up`` (which starts no second one) and stopped by ``fleet down``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.helpers import fleet_argv, fleet_cli, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def of_home(home: Path) -> list[psutil.Process]:
+    """Live processes started for this FLEET_HOME (redis-server, commander, template, workers,
+    relay all carry it in their environment)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("FLEET_HOME") == str(home) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture
+def up_env(fleet_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
+    """``fleet up``'s environment with its own redis-server under FLEET_HOME; every process of
+    that home still alive after the test is killed by pid."""
+    env = dict(fleet_env)
+    del env["REDIS_URL"]
+    home = Path(env["FLEET_HOME"])
+    yield env
+    for proc in of_home(home):
+        proc.kill()
+
+
+def state(home: Path) -> dict[str, Any]:
+    try:
+        return json.loads((home / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def interrupt_up(env: dict[str, str], cwd: Path, when: Callable[[], object],
+                 what: str) -> subprocess.CompletedProcess[str]:
+    """Start ``fleet up``, wait for ``when``, send SIGINT; its outcome."""
+    proc = subprocess.Popen(fleet_argv("up"), env=env, cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: when() or proc.poll() is not None, 60, what)
+        assert proc.poll() is None, f"fleet up ended before {what}: {proc.communicate()}"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def assert_stopped_everything(done: subprocess.CompletedProcess[str], home: Path) -> None:
+    assert done.returncode == 130, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert "interrupted" in done.stderr
+    assert of_home(home) == []
+    assert not (home / "state.json").exists()
+
+
+@pytest.mark.parametrize("moment", ["redis", "commander", "worker"])
+def test_an_interrupted_up_stops_what_it_started(up_env, tmp_path, moment: str) -> None:
+    home = Path(up_env["FLEET_HOME"])
+    when = {"redis": lambda: (state(home).get("redis") or {}).get("pid"),
+            "commander": lambda: (state(home).get("commander") or {}).get("pid"),
+            "worker": lambda: list((home / "run").glob("*.json")) if (home / "run").is_dir() else []}[moment]
+    done = interrupt_up(up_env, tmp_path, when, f"the {moment} to be recorded")
+    assert_stopped_everything(done, home)
+    assert "stopped" in done.stderr and ("redis-server" in done.stderr)
+    again = fleet_cli(up_env, "up", cwd=tmp_path)  # a clean start after it
+    try:
+        assert again.returncode == 0, again.stderr
+    finally:
+        assert fleet_cli(up_env, "down", cwd=tmp_path).returncode == 0
+    assert of_home(home) == []
+
+
+def test_an_interrupt_before_anything_started_is_one_line(up_env, tmp_path) -> None:
+    home = Path(up_env["FLEET_HOME"])
+    done = interrupt_up(up_env, tmp_path, lambda: True, "the start")
+    # (-SIGINT: the interpreter had not installed its handler yet)
+    assert done.returncode in (130, -signal.SIGINT) and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") <= 1
+    assert of_home(home) == []
+
+
+def test_one_redis_per_data_folder_and_down_stops_one_no_state_names(up_env, tmp_path) -> None:
+    home = Path(up_env["FLEET_HOME"])
+    up = fleet_cli(up_env, "up", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    server = state(home)["redis"]["pid"]
+    stopped = fleet_cli(up_env, "down", cwd=tmp_path)
+    assert stopped.returncode == 0
+    up = fleet_cli(up_env, "up", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    server = state(home)["redis"]["pid"]
+    commander = state(home)["commander"]["pid"]
+    os.kill(commander, signal.SIGKILL)  # ... and its record lost: a server nobody names
+    (home / "state.json").unlink()
+    second = fleet_cli(up_env, "up", cwd=tmp_path)
+    assert second.returncode == 1 and second.stderr.count("\n") == 1, second.stderr
+    assert f"pid {server}" in second.stderr and "fleet down" in second.stderr
+    servers = [p for p in of_home(home) if p.name().startswith("redis-server")]
+    assert [p.pid for p in servers] == [server]  # no second one on the same folder
+    down = fleet_cli(up_env, "down", cwd=tmp_path)
+    assert down.returncode == 0, down.stderr
+    assert f"redis-server pid {server}" in down.stdout
+    wait_until(lambda: of_home(home) == [], 30, "every process of the home to stop")
