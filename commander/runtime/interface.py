@@ -42,7 +42,7 @@ class WorkerHandle:
     drained: bool = False  # exited by itself with code 0 after a drain: it left no work behind
     pending_since: float | None = None  # unix time it began to wait for a place to run (a Pending pod)
     pending_why: str = ""  # ... and why, as the scheduler or the kubelet says
-    error: str = ""  # an exit nobody asked for: the last line of its log (process), if known
+    error: str = ""  # a failed exit nobody asked for: the last line of its log (process), if known
 
     @property
     def live(self) -> bool:

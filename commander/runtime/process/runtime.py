@@ -210,14 +210,15 @@ class ProcessRuntime(Runtime):
         return self.workers.any_exited()
 
     def reap(self) -> Handles:
-        """Collect exits, kill overdue drains and stuck starts, note registrations; an exit
-        nobody asked for carries the last line of the worker's log (``error``), and counts
-        toward its pool's crash loop when it came soon after the start."""
+        """Collect exits, kill overdue drains and stuck starts, note registrations; a failed exit
+        nobody asked for carries the last line of the worker's log (``error``), and any exit
+        nobody asked for counts toward its pool's crash loop when it came soon after the start."""
         exited = self.workers.reap()
         now = time.time()
         for handle in exited:
             if handle.retire_reason in (None, START_TIMEOUT):
-                handle.error = last_line(self.log_dir / f"{handle.worker_id}.log")
+                if handle.exit_code != 0:
+                    handle.error = last_line(self.log_dir / f"{handle.worker_id}.log")
                 self._judge_exit(handle, now)
         if self.crash_loops.loops():
             for handle in self.workers.handles():
@@ -233,7 +234,7 @@ class ProcessRuntime(Runtime):
         how = ("did not register in time" if handle.retire_reason == START_TIMEOUT else
                "was killed" if handle.killed else f"exited with code {handle.exit_code}")
         self.crash_loops.failed(handle.tier, handle.started, f"worker {handle.worker_id} {how}"
-                                + (f": {handle.error}" if handle.error else ""))
+                                + (f", its log ends: {handle.error}" if handle.error else ""))
 
     def adopt(self) -> Handles:
         """Track live local workers from run records and the registry; drop dead records."""
