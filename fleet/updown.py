@@ -35,6 +35,7 @@ from fleet import local
 from fleet.teardown import (  # WORKER_STOP_S re-exported: it was defined here
     WORKER_STOP_S,
     _commanders,
+    _live_records,
     _still_alive,
     _stop_commander,
     _stop_recorded_workers,
@@ -197,6 +198,7 @@ def _bring_up(args: argparse.Namespace) -> dict[str, Any]:
     if state and _alive(state.get("commander")):
         return {**_describe(state), "status": "already-up"}
     resumed = bool(state and _redis_reusable(state, args))
+    found = _left_running(state) if state and resumed else []
     if state and not resumed:
         _teardown(state, DOWN_TIMEOUT_S)  # a previous setup whose Redis is gone too
         local.clear_state()
@@ -230,7 +232,15 @@ def _bring_up(args: argparse.Namespace) -> dict[str, Any]:
     metrics = _wait_for_metrics(r, state["commander"]["pid"], deadline)
     state = local.update_state(metrics_url=f"http://{metrics}/metrics" if metrics else None,
                                monitor_url=f"http://{metrics}/" if metrics else None)
-    return {**_describe(state), "status": "up", "resumed": resumed, "workers": workers}
+    return {**_describe(state), "status": "up", "resumed": resumed, "found": found, "workers": workers}
+
+
+def _left_running(state: dict[str, Any]) -> list[str]:
+    """What an earlier ``fleet up`` left running (its commander gone): reused by this one."""
+    found = [f"{_part_name(state, name)} pid {state[name]['pid']}" for name in ("redis", "relay")
+             if _alive(state.get(name))]
+    workers = len(_live_records())
+    return found + ([f"{workers} worker(s)"] if workers else [])
 
 
 def _urls_env(url: str, args: argparse.Namespace) -> dict[str, str]:
@@ -366,6 +376,8 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     print(headline[status] + (" (commander restarted, workers adopted)"
                               if result.get("resumed") else ""))
     print(f"  state       {result['home']}")
+    if result.get("found"):
+        print(f"  found       {', '.join(result['found'])}, left by an earlier `fleet up`: reused")
     print(f"  redis       {result['url']} ({_redis_text(result['redis'])})")
     print(f"  commander   pid {result['commander']['pid']} (log {result['commander']['log']})")
     relay = result.get("relay")

@@ -127,3 +127,32 @@ def test_one_redis_per_data_folder_and_down_stops_one_no_state_names(up_env, tmp
     assert down.returncode == 0, down.stderr
     assert f"redis-server pid {server}" in down.stdout
     wait_until(lambda: of_home(home) == [], 30, "every process of the home to stop")
+
+
+def test_a_second_up_reports_what_an_earlier_one_left_and_an_interrupt_keeps_it(up_env, tmp_path) -> None:
+    """The commander of an earlier ``fleet up`` is gone (SIGKILL), its Redis runs: the next
+    ``fleet up`` says what it found and reuses it; interrupted, that run stops only its own
+    commander and says the earlier Redis still runs; ``fleet down`` stops that."""
+    home = Path(up_env["FLEET_HOME"])
+    assert fleet_cli(up_env, "up", cwd=tmp_path).returncode == 0
+    first = state(home)
+    os.kill(first["commander"]["pid"], signal.SIGKILL)
+    wait_until(lambda: not psutil.pid_exists(first["commander"]["pid"])
+               or psutil.Process(first["commander"]["pid"]).status() == psutil.STATUS_ZOMBIE, 10,
+               "the commander to die")
+    again = fleet_cli(up_env, "up", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"found       redis-server pid {first['redis']['pid']}" in again.stdout, again.stdout
+    second = state(home)
+    os.kill(second["commander"]["pid"], signal.SIGKILL)
+    def third() -> bool:
+        return state(home).get("commander", {}).get("pid") not in (None, second["commander"]["pid"])
+
+    done = interrupt_up(up_env, tmp_path, third, "a third commander")
+    assert done.returncode == 130 and done.stderr.count("\n") == 1, done.stderr
+    assert "stopped what this run started: commander pid" in done.stderr
+    assert "still running: the Redis of the earlier setup" in done.stderr
+    assert psutil.pid_exists(first["redis"]["pid"])
+    down = fleet_cli(up_env, "down", cwd=tmp_path)
+    assert down.returncode == 0, down.stderr
+    wait_until(lambda: of_home(home) == [], 30, "every process of the home to stop")
