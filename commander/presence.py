@@ -43,7 +43,8 @@ class Presence:
         info = CommanderInfo(commander=self._leadership.commander_id, pid=os.getpid(),
                              host=socket.gethostname(), started=self._started,
                              role="leader" if leading else "standby", epoch=self._leadership.epoch or 0,
-                             metrics=self._metrics.address if self._metrics else "", seen=self._clock())
+                             metrics=self._metrics.address if self._metrics else "", seen=self._clock(),
+                             crash_loop=self._runtime.crash_loop() if leading else {})
         try:
             register_commander(self._r, info)
             if leading:

@@ -58,8 +58,12 @@ class TierPolicies:
         read = read_policy(self._r, base, known or None, group=group or None)
         why = read.error
         if read.missing_handler is not None:
+            name = read.missing_handler
+            load_error = next((info.handler_errors[name] for info, alive in registry.values()
+                               if alive and info.tier == tier and name in info.handler_errors), None)
             why = (f"no live worker of tier {tier} has handler {read.missing_handler!r} "
-                   f"(they have: {', '.join(known)}; install it where they run)")
+                   + (f"(it cannot be loaded there: {load_error})" if load_error else
+                      f"(they have: {', '.join(known)}; install it where they run)"))
         self._note_verdict(tier, read, why)
         if read.error is not None and read.missing_handler is None:  # garbage, another type, invalid
             self._bad.note("policy", keys.policy(base), group, read.error)

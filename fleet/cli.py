@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_policy_commands(sub)
     add_group_commands(sub, Parser)
     add_handler_commands(sub, Parser)
+    from fleet.cli_handlers import add_handlers_command
+
+    add_handlers_command(sub)
     _add_observe_commands(sub)
     _add_run_commands(sub)
     from fleet.cli_jobs import add_job_commands
@@ -314,7 +317,8 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; a closed stdout (``fleet status | head -1``) ends it quietly with exit 0."""
+    """Run one command; a closed stdout (``fleet status | head -1``) ends it quietly with exit 0,
+    Ctrl-C with exit 130 and no traceback."""
     try:
         code = _run(argv)
         sys.stdout.flush()  # here, not at exit, so a closed pipe is caught below
@@ -322,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return 0
+    except KeyboardInterrupt:  # while the command's modules were still loading
+        print("fleet: interrupted", file=sys.stderr)
+        return 130
 
 
 def _run(argv: list[str] | None) -> int:

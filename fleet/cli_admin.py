@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from typing import Any, cast
 
 import redis
@@ -120,13 +121,31 @@ def cmd_policy_edit(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from fleet.status import snapshot
 
-    snap = snapshot(cli_client(args), known_handlers())
+    here = known_handlers()
+    snap = snapshot(cli_client(args), list(here))
+    snap["handlers_unavailable"] = _unavailable(here.unavailable, snap["workers"])
     print_result(snap, args.json, _status_text)
     return 0
 
 
+def _unavailable(here: Mapping[str, str], workers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Handlers whose entry point failed to load, here or on a live worker: name -> the first
+    error seen and where (``here``, worker ids); ``fleet handlers`` shows every detail."""
+    out: dict[str, dict[str, Any]] = {n: {"error": e, "where": ["here"]} for n, e in here.items()}
+    for w in workers:
+        for name, error in (w.get("handler_errors") or {}).items() if w.get("alive") else ():
+            out.setdefault(name, {"error": error, "where": []})["where"].append(w["worker"])
+    return out
+
+
 def _status_text(snap: dict[str, Any]) -> str:
-    lines = [_commander_line(snap), ""]
+    lines = [_commander_line(snap)]
+    lines += [f"handler {name} unavailable ({', '.join(u['where'])}): {u['error']} (`fleet handlers`)"
+              for name, u in snap.get("handlers_unavailable", {}).items()]
+    leader = (snap.get("leader") or "").rpartition("|")[0]
+    lines += [f"tier {pool} CRASH LOOP: {why}" for c in snap.get("commanders", [])
+              if c.get("commander") == leader for pool, why in (c.get("crash_loop") or {}).items()]
+    lines.append("")
     lines += [f"{'TIER':<12}{'WORKERS':>8}{'MIN':>5}{'MAX':>5}{'BACKLOG':>9}{'PENDING':>9}"
              f"{'ACTIVE':>8}{'DEAD':>6}  POLICY"]
     for tier, t in snap["tiers"].items():

@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import redis
 from redis.exceptions import RedisClusterException
 
 from stores.connection import ClusterModeError, NoFleetFound, connect_sync, ping, redact_url, resolve_url
 from stores.roles import ADMIN, PasswordsFileError, as_role, password_env
+
+if TYPE_CHECKING:
+    from protocol.policy import KnownHandlers
 
 EXIT_ERROR_REPLY = 1
 EXIT_USAGE = 2
@@ -57,10 +60,11 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
 
 
-def known_handlers() -> list[str]:
-    from worker.handlers import registered_names
+def known_handlers() -> KnownHandlers:
+    """The handlers that load here, and why each unavailable one does not (a policy check says it)."""
+    from worker.handlers import known
 
-    return registered_names()
+    return known()
 
 
 # The commands that submit turns and read replies connect as ``fleet-client``; ``fleet install``

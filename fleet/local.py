@@ -7,6 +7,11 @@ a new one in the current directory. It holds
 ``redis/`` (the append-only file of the local redis-server), ``logs/`` and ``run/`` (the
 process runtime's spawn records). Pids are always checked together with their creation time
 so that a reused pid is never reported alive or signalled.
+
+A process is recorded in ``state.json`` as it is started: Ctrl-C (SIGINT) is held back from
+the spawn until the record is written. One Redis per data folder: ``redis/server.lock`` is
+locked (``flock``) by ``fleet up`` and handed to the server it starts, which holds it for as
+long as it runs, so a server that no state names is still found (:func:`data_dir_holders`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,8 +156,24 @@ def wait_gone(pid: int, create_time: float | None, timeout: float) -> bool:
     return True
 
 
-def spawn_detached(argv: list[str], log_name: str, env: dict[str, str] | None = None) -> int:
-    """Start a process in its own session, output appended to ``logs/<log_name>``.
+@contextlib.contextmanager
+def interrupt_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back while a process is started and recorded: it arrives, as a
+    KeyboardInterrupt, once the block ends, never between the start and its record."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def spawn_detached(argv: list[str], log_name: str, env: dict[str, str] | None = None,
+                   keep_fd: int | None = None) -> int:
+    """Start a process in its own session, output appended to ``logs/<log_name>``, with no
+    signal blocked (whatever ``interrupt_held`` blocks here); ``keep_fd`` is inherited.
 
     ``posix_spawn`` rather than ``Popen``: nothing here will wait for it, and a dropped Popen
     of a running child warns. ``pid_alive`` collects it if it exits while we still run.
@@ -164,11 +186,16 @@ def spawn_detached(argv: list[str], log_name: str, env: dict[str, str] | None = 
         (os.POSIX_SPAWN_OPEN, 1, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
         (os.POSIX_SPAWN_DUP2, 1, 2),
     ]
+    if keep_fd is not None:
+        os.set_inheritable(keep_fd, True)
     try:
         return os.posix_spawnp(argv[0], argv, env or child_env(), file_actions=actions,
-                               setsid=True)
+                               setsid=True, setsigmask=())
     except OSError as exc:
         raise LocalRedisError(f"cannot start {argv[0]}: {exc}") from exc
+    finally:
+        if keep_fd is not None:
+            os.set_inheritable(keep_fd, False)
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -185,7 +212,8 @@ def free_port() -> int:
 
 
 def start_local_redis(timeout: float = 10.0, appendfsync: str = "always") -> tuple[str, int]:
-    """Start a local Redis on a free loopback port; record it in ``state.json``; (url, pid).
+    """Start a local Redis on a free loopback port, recorded in ``state.json`` as it starts;
+    (url, pid). Raises ``LocalRedisError`` if one already runs on the data folder.
 
     A real ``redis-server`` (append-only file under ``.fleet/redis``, fsynced per write by
     default: an accepted turn survives a crash, as the chaos run proves) when it is on PATH,
@@ -198,22 +226,66 @@ def start_local_redis(timeout: float = 10.0, appendfsync: str = "always") -> tup
     last_error = "no attempt"
     for _ in range(3):  # the free port may be taken between probe and bind
         port = free_port()
-        if binary:
-            pid, kind = _spawn_redis_server(binary, port, appendfsync), "redis-server"
-        else:
-            pid, kind = _spawn_embedded(port), "embedded"
         url = f"redis://127.0.0.1:{port}/0"
         if binary:  # the client role's URL (`fleet env`): each Fleet process and command swaps in its own
             url = as_role(url, "fleet-client")
-        record = process_record(pid)
+        where = {"dir": str(redis_dir()), "appendfsync": appendfsync} if binary else {}
+        lock = _claim_data_dir()
+        try:
+            with interrupt_held():
+                if binary:
+                    pid, kind = _spawn_redis_server(binary, port, appendfsync, lock), "redis-server"
+                else:
+                    pid, kind = _spawn_embedded(port, lock), "embedded"
+                record = process_record(pid)
+                update_state(url=url, redis={**record, "kind": kind, "port": port, **where})
+        finally:
+            os.close(lock)  # the server holds it now
         ok, last_error = _wait_ping(own_url(url), record, timeout)
         if ok:
-            where = {"dir": str(fleet_home() / "redis"), "appendfsync": appendfsync} if binary else {}
-            update_state(url=url, redis={**record, "kind": kind, "port": port, **where})
             return url, pid
         terminate(pid, record["create_time"], 2.0)
+        update_state(redis=None)
     log = logs_dir() / "redis.log"
     raise LocalRedisError(f"local Redis did not start: {last_error} (see {log})")
+
+
+LOCK_FILE = "server.lock"
+
+
+def redis_dir() -> Path:
+    """The local Redis's data folder (its append-only file, its ACL file, its lock)."""
+    return fleet_home() / "redis"
+
+
+def _claim_data_dir() -> int:
+    """Lock the data folder for a new server (the fd to hand it); ``LocalRedisError`` naming
+    the server that holds it already."""
+    data = redis_dir()
+    data.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        held = ", ".join(f"{p.name()} pid {p.pid}" for p in data_dir_holders()) or "a process"
+        raise LocalRedisError(f"a Redis already runs on {data} ({held}) that no fleet state names "
+                              f"(an earlier `fleet up` did not finish): `fleet down` stops it") from None
+    return fd
+
+
+def data_dir_holders() -> list[psutil.Process]:
+    """The live processes that hold the data folder's lock open: the server a `fleet up`
+    started (and, for a moment, the children it forks to write its files)."""
+    path = str(redis_dir() / LOCK_FILE)
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and any(f.path == path for f in proc.open_files()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
 
 
 def stop_local_redis(timeout: float = 10.0) -> bool:
@@ -246,7 +318,7 @@ def own_url(url: str) -> str:
     return as_role(url, ADMIN) if role_password(ADMIN) else as_role(url, "fleet-operator")
 
 
-def _spawn_redis_server(binary: str, port: int, appendfsync: str) -> int:
+def _spawn_redis_server(binary: str, port: int, appendfsync: str, lock: int) -> int:
     """A redis-server running Fleet's ACL roles (``fleet acl``): the passwords in
     ``acl-passwords`` (generated, 0600), the ACL file beside its data (0600), the default user
     the admin; each process ``fleet up`` starts connects as its role, and the URL recorded
@@ -259,12 +331,12 @@ def _spawn_redis_server(binary: str, port: int, appendfsync: str) -> int:
     write_secret(aclfile, acl_file(passwords, default=passwords[ADMIN], shared_with_rq=True))
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
             "--appendfsync", appendfsync, "--dir", str(data), "--daemonize", "no", "--aclfile", str(aclfile)]
-    return spawn_detached(argv, "redis.log")
+    return spawn_detached(argv, "redis.log", keep_fd=lock)
 
 
-def _spawn_embedded(port: int) -> int:
+def _spawn_embedded(port: int, lock: int) -> int:
     code = f"from fleet.local import serve_embedded; serve_embedded({port})"
-    return spawn_detached([sys.executable, "-c", code], "redis.log")
+    return spawn_detached([sys.executable, "-c", code], "redis.log", keep_fd=lock)
 
 
 def _wait_ping(url: str, record: dict[str, Any], timeout: float) -> tuple[bool, str]:

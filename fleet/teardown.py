@@ -143,6 +143,20 @@ def _stop_recorded_workers(timeout: float) -> int:
     return len(records)
 
 
+def stop_unnamed_redis(timeout: float = 10.0) -> list[str]:
+    """Stop the servers that hold the local Redis's data folder though no state names them (a
+    ``fleet up`` that did not finish): SIGTERM (it writes its append-only file), then SIGKILL."""
+    stopped = []
+    for proc in local.data_dir_holders():
+        try:
+            name, created = proc.name(), proc.create_time()
+        except psutil.Error:
+            continue
+        local.terminate(proc.pid, created, timeout)
+        stopped.append(f"{name} pid {proc.pid}")
+    return stopped
+
+
 def _forget_commander_entry(url: str, sup: dict[str, Any]) -> None:
     """A killed commander could not unregister from an external Redis: do it for it."""
     try:

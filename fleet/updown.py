@@ -11,6 +11,10 @@ is installed, whatever the tiers' policies say now: a handler may start deferrin
 tier appear, by a policy edit at any time after ``up``, and an idle relay costs one process
 blocked on a stream read plus a sweep every few seconds. Without the extra there is no relay
 (and no ``ctx.defer`` to relay): ``up`` says so.
+
+``up`` records each process in the state file as it starts it. Ctrl-C at any moment stops what
+that run started (a second Ctrl-C cannot cut the cleanup short) and says so in one line, exit
+130; a Redis a run left that no state names is refused by the next ``up`` and stopped by ``down``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -30,9 +35,12 @@ from fleet import local
 from fleet.teardown import (  # WORKER_STOP_S re-exported: it was defined here
     WORKER_STOP_S,
     _commanders,
+    _live_records,
     _still_alive,
+    _stop_commander,
     _stop_recorded_workers,
     _teardown,
+    stop_unnamed_redis,
 )
 from stores import functions
 from stores.connection import connect_sync, ping, redact_url
@@ -44,8 +52,15 @@ UP_TIMEOUT_S = 30.0
 DOWN_TIMEOUT_S = 60.0
 
 
+EXIT_INTERRUPTED = 130
+
+
 class FleetError(RuntimeError):
     """A failure of ``up``/``down``, told in one line."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C during ``up``: what the run started is stopped; the message says what."""
 
 
 # --- argparse ------------------------------------------------------------------------------
@@ -116,6 +131,13 @@ def _run(name: str, fn: Any, args: argparse.Namespace) -> int:
     try:
         with local.state_lock():
             result = fn(args)
+    except Interrupted as exc:
+        print(f"fleet {name}: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before up started anything (or during down: run it again)
+        print(f"fleet {name}: interrupted" + ("; nothing was started" if name == "up" else
+                                              f"; `fleet {name}` again finishes it"), file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (FleetError, local.LocalRedisError, redis.RedisError, OSError, ValueError) as exc:
         print(f"fleet {name}: {_one_line(exc)}", file=sys.stderr)
         return 1
@@ -131,10 +153,52 @@ def _one_line(exc: BaseException) -> str:
 
 # --- up --------------------------------------------------------------------------------------
 def _up(args: argparse.Namespace) -> dict[str, Any]:
+    """Bring the fleet up; on Ctrl-C, stop what this run started (``Interrupted`` says what)."""
+    before = local.read_state() or {}
+    try:
+        return _bring_up(args)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup runs to its end
+        raise Interrupted(_undo(before)) from None
+
+
+def _undo(before: dict[str, Any]) -> str:
+    """Stop the processes this run started (those the state names that ``before`` did not),
+    with the workers its commander started; the message says what was stopped and what is left."""
+    now = local.read_state() or {}
+    new = [name for name in ("redis", "commander", "relay")
+           if (now.get(name) or {}).get("pid") and now.get(name) != before.get(name)]
+    if not new:
+        return "interrupted; nothing was started"
+    stopped = [f"{_part_name(now, name)} pid {now[name]['pid']}" for name in new]
+    if "redis" in new or not before.get("url") or now.get("url") != before.get("url"):
+        result = _teardown(now, DOWN_TIMEOUT_S)
+        local.clear_state()
+        left = _still_alive(now)
+    else:  # a resumed setup: its Redis (and the state naming it) stays as it was
+        result = {"workers_stopped": 0}
+        if "commander" in new and _stop_commander(now["commander"], DOWN_TIMEOUT_S):
+            result["workers_stopped"] = _stop_recorded_workers(WORKER_STOP_S)
+        if "relay" in new:
+            local.terminate(now["relay"]["pid"], now["relay"].get("create_time"), WORKER_STOP_S)
+        local.update_state(commander=before.get("commander"), relay=before.get("relay"))
+        left = [f"the Redis of the earlier setup ({redact_url(now.get('url', ''))}): `fleet down` stops it"]
+    workers = result.get("workers_running") or result.get("workers_stopped") or 0
+    stopped += [f"{workers} worker(s)"] if workers else []
+    return (f"interrupted; stopped what this run started: {', '.join(stopped)}"
+            + (f"; still running: {'; '.join(left)}" if left else ""))
+
+
+def _part_name(state: dict[str, Any], name: str) -> str:
+    return str((state.get("redis") or {}).get("kind", "redis")) if name == "redis" else name
+
+
+def _bring_up(args: argparse.Namespace) -> dict[str, Any]:
     state = local.read_state()
     if state and _alive(state.get("commander")):
         return {**_describe(state), "status": "already-up"}
     resumed = bool(state and _redis_reusable(state, args))
+    found = _left_running(state) if state and resumed else []
     if state and not resumed:
         _teardown(state, DOWN_TIMEOUT_S)  # a previous setup whose Redis is gone too
         local.clear_state()
@@ -154,19 +218,29 @@ def _up(args: argparse.Namespace) -> dict[str, Any]:
         raise FleetError(f"cannot use Redis at {redact_url(url)}: {_one_line(exc)}") from exc
     # a resumed commander adopts the workers its predecessor left (run records, registry)
     env = local.child_env(_urls_env(url, args))
-    pid = local.spawn_detached([sys.executable, "-m", "commander", "--stop-workers-on-exit",
-                                "--metrics-port", "0", "--log-dir", str(local.logs_dir())],
-                               "commander.log", env)
-    state = local.update_state(url=url, commander=local.process_record(pid), started=time.time(),
-                               home=str(local.fleet_home()))
-    state = local.update_state(relay=_start_relay(state, env))
+    with local.interrupt_held():
+        pid = local.spawn_detached([sys.executable, "-m", "commander", "--stop-workers-on-exit",
+                                    "--metrics-port", "0", "--log-dir", str(local.logs_dir())],
+                                   "commander.log", env)
+        state = local.update_state(url=url, commander=local.process_record(pid), started=time.time(),
+                                   home=str(local.fleet_home()))
+    with local.interrupt_held():
+        state = local.update_state(relay=_start_relay(state, env))
     deadline = time.monotonic() + getattr(args, "timeout", UP_TIMEOUT_S)
     workers = _wait_for_workers(r, state, min_workers, deadline)
     _check_relay(state)
     metrics = _wait_for_metrics(r, state["commander"]["pid"], deadline)
     state = local.update_state(metrics_url=f"http://{metrics}/metrics" if metrics else None,
                                monitor_url=f"http://{metrics}/" if metrics else None)
-    return {**_describe(state), "status": "up", "resumed": resumed, "workers": workers}
+    return {**_describe(state), "status": "up", "resumed": resumed, "found": found, "workers": workers}
+
+
+def _left_running(state: dict[str, Any]) -> list[str]:
+    """What an earlier ``fleet up`` left running (its commander gone): reused by this one."""
+    found = [f"{_part_name(state, name)} pid {state[name]['pid']}" for name in ("redis", "relay")
+             if _alive(state.get(name))]
+    workers = len(_live_records())
+    return found + ([f"{workers} worker(s)"] if workers else [])
 
 
 def _urls_env(url: str, args: argparse.Namespace) -> dict[str, str]:
@@ -256,8 +330,10 @@ def _down(args: argparse.Namespace) -> dict[str, Any]:
     state = local.read_state()
     if not state:
         leftovers = _stop_recorded_workers(WORKER_STOP_S)
-        return {"status": "not-up", "workers_stopped": leftovers}
+        return {"status": "not-up", "workers_stopped": leftovers, "servers_stopped": stop_unnamed_redis()}
     result = _teardown(state, getattr(args, "timeout", DOWN_TIMEOUT_S))
+    result["others_stopped"] = [*result.get("others_stopped", []),
+                                *(f"{line}, which no fleet state named" for line in stop_unnamed_redis())]
     alive = _still_alive(state)
     if alive:
         raise FleetError(f"still running after fleet down: {', '.join(alive)}; run it again")
@@ -293,11 +369,15 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     if status == "not-up":
         stray = result["workers_stopped"]
         print("fleet is not up" + (f" (stopped {stray} stray workers)" if stray else ""))
+        for line in result.get("servers_stopped") or []:
+            print(f"  stopped {line}, which no fleet state named (a `fleet up` that did not finish)")
         return
     headline = {"up": "fleet is up", "already-up": "fleet is already up", "down": "fleet is down"}
     print(headline[status] + (" (commander restarted, workers adopted)"
                               if result.get("resumed") else ""))
     print(f"  state       {result['home']}")
+    if result.get("found"):
+        print(f"  found       {', '.join(result['found'])}, left by an earlier `fleet up`: reused")
     print(f"  redis       {result['url']} ({_redis_text(result['redis'])})")
     print(f"  commander   pid {result['commander']['pid']} (log {result['commander']['log']})")
     relay = result.get("relay")

@@ -239,6 +239,13 @@ class CommanderInfo(_Model):
     epoch: int = 0
     metrics: str = ""  # the address of its /metrics, if served
     seen: float = 0.0  # when it last wrote this entry (every pass, or every standby poll)
+    crash_loop: dict[str, str] = {}  # pools whose workers keep exiting at start -> the last error
+
+    @model_serializer(mode="wrap")
+    def _without_empty_loops(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``crash_loop`` stays off the wire when empty: readers that predate it still decode."""
+        body: dict[str, Any] = handler(self)
+        return {k: v for k, v in body.items() if not (k == "crash_loop" and not v)}
 
 
 RENEW_INTERVAL_S = 1.5  # the workers' default seconds between renewals (lanes, claims, heartbeat)
@@ -254,13 +261,16 @@ class WorkerInfo(_Model):
     started: float
     runtime: str = "process"
     handlers: list[str] = []  # the handler names it can load (policy set warns if none has one)
+    handler_errors: dict[str, str] = {}  # handlers whose entry point failed to load: name -> error
     renew_interval_s: float = RENEW_INTERVAL_S  # how often it claims its jobs' notifications again
     pod: str | None = None  # in Kubernetes: its pod's name (the worker id, unless one was given)
     node: str | None = None  # ... and the node it runs on (also its ``host``)
 
     @model_serializer(mode="wrap")
     def _without_placement(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``pod`` and ``node`` stay off the wire when unset: a process worker's entry is the
-        same as before they existed, so readers that predate them still decode it."""
+        """``pod`` and ``node`` stay off the wire when unset, and ``handler_errors`` when empty: a
+        process worker's entry is the same as before they existed, so readers that predate them
+        still decode it."""
         body: dict[str, Any] = handler(self)
-        return {k: v for k, v in body.items() if not (k in ("pod", "node") and v is None)}
+        return {k: v for k, v in body.items()
+                if not (k in ("pod", "node") and v is None) and not (k == "handler_errors" and not v)}

@@ -499,6 +499,19 @@ def _kind_of(raw: Mapping[str, Any]) -> type[TurnsPolicy] | type[RqPolicy]:
     return model
 
 
+@dataclass(frozen=True)
+class KnownHandlers:
+    """The handler names a reader can load (iterated like any ``handlers``), and why each
+    handler it cannot is unavailable (its entry point failed to import): a policy naming one is
+    refused with that error."""
+
+    names: Iterable[str]
+    unavailable: Mapping[str, str]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+
 def parse_policy(raw: str | bytes | Mapping[str, Any], handlers: Iterable[str] | None = None,
                  group: str | None = None) -> TurnsPolicy | RqPolicy:
     """Validate a policy from JSON (or a mapping), in either layout; check the handler against
@@ -526,6 +539,9 @@ def parse_policy(raw: str | bytes | Mapping[str, Any], handlers: Iterable[str] |
         name = policy.group_handler(group)
         if name not in known:
             where = f"group {group}: handler" if group and policy.rollout.groups else "handler"
+            why = handlers.unavailable.get(name) if isinstance(handlers, KnownHandlers) else None
+            if why is not None:
+                raise PolicyError(f"{where}: {name!r} cannot be loaded here: {why}")
             raise PolicyError(f"{where}: {name!r} is not registered (known: {', '.join(known)})")
     return policy
 

@@ -71,6 +71,7 @@ class Worker:
         self._stopping = asyncio.Event()  # set once the jobs are done: the loops end
         self._drained = asyncio.Event()  # set by drain(): ends a start still retrying
         self._started = 0.0
+        self._unavailable: dict[str, str] = {}  # handlers that failed to load, as last logged
         self._read_turn = 0  # on a Cluster, the shard whose read blocks next (worker_ops.read_ready)
         self.tier_policy = TierPolicy(self.r, settings, register=self._register, applied=self._applied)
         self.redis_errors = RedisErrors(log)  # every loop's: each kind logged once, counted in the reports
@@ -178,9 +179,14 @@ class Worker:
         return False
 
     async def _register(self) -> None:
+        unavailable = handlers.unavailable()
+        for name, error in unavailable.items():
+            if self._unavailable.get(name) != error:  # once per handler and error
+                log.warning("handler %r cannot be loaded: %s; it is unavailable on this worker", name, error)
+        self._unavailable = unavailable
         info = WorkerInfo(worker=self.worker_id, tier=self.pool, pid=os.getpid(),
                           host=self.settings.host, started=self._started,
-                          handlers=handlers.registered_names(),
+                          handlers=handlers.registered_names(), handler_errors=unavailable,
                           renew_interval_s=self.settings.renew_interval_s, **self.settings.placement)
         await worker_ops.register_worker(self.r, info, self.settings.heartbeat_ttl_ms)
 

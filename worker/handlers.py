@@ -26,11 +26,13 @@ from typing import Any
 from protocol.codec import encode
 from protocol.deferral import MAX_DEFERRAL_BYTES, MAX_DEFERRALS, Deferral
 from protocol.models import HandlerResult, Turn
+from protocol.policy import KnownHandlers
 from stores.turns import ContextPack
 from worker import jobs
 
 Handler = Callable[["TurnContext"], "HandlerResult | str | Awaitable[HandlerResult | str]"]
 _REGISTRY: dict[str, Handler] = {}
+_UNAVAILABLE: dict[str, str] = {}  # entry points that failed to load: name -> the error
 log = logging.getLogger("fleet.worker")
 
 
@@ -96,14 +98,24 @@ def register(name: str) -> Callable[[Handler], Handler]:
 
 @cache
 def _load_entry_points() -> None:
+    """Import each ``fleet.handlers`` entry point on its own: one that fails to import (or to
+    resolve) makes that handler unavailable, with its error, and never stops the others."""
     for ep in entry_points(group="fleet.handlers"):
-        _REGISTRY.setdefault(ep.name, ep.load())
+        if ep.name in _REGISTRY:
+            continue
+        try:
+            _REGISTRY[ep.name] = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any failure of third-party code at import
+            error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]} (entry point {ep.value})"
+            _UNAVAILABLE[ep.name] = error
+        else:
+            _UNAVAILABLE.pop(ep.name, None)
 
 
 def rescan() -> list[str]:
-    """Look for ``fleet.handlers`` entry points again: a package installed since this process
-    started (``pip install`` into the fleet's environment) becomes usable without a restart.
-    Handlers already loaded stay as they are."""
+    """Look for ``fleet.handlers`` entry points again: a package installed (or repaired) since
+    this process started (``pip install`` into the fleet's environment) becomes usable without
+    a restart. Handlers already loaded stay as they are."""
     importlib.invalidate_caches()
     _load_entry_points.cache_clear()
     return registered_names()
@@ -113,6 +125,17 @@ def registered_names() -> list[str]:
     """Every handler name a policy may use."""
     _load_entry_points()
     return sorted(_REGISTRY)
+
+
+def unavailable() -> dict[str, str]:
+    """The handlers whose entry point failed to load here: name -> the error (one line)."""
+    _load_entry_points()
+    return {name: error for name, error in sorted(_UNAVAILABLE.items()) if name not in _REGISTRY}
+
+
+def known() -> KnownHandlers:
+    """The handlers a policy may name here, and why each unavailable one is (policy checks)."""
+    return KnownHandlers(registered_names(), unavailable())
 
 
 def get(name: str) -> Handler:

@@ -87,7 +87,7 @@ class TierPolicy:
         """The tier's policy, read for this worker's handlers; when it names one missing here,
         the installed handlers are looked for again (at most every ``handler_rescan_s``)."""
         s = self.settings
-        read = await read_policy(self.r, s.tier, handlers.registered_names(), record=True,
+        read = await read_policy(self.r, s.tier, handlers.known(), record=True,
                                        reader=f"worker {s.worker_id}", group=s.group or None)
         name = read.missing_handler
         every = s.handler_rescan_s
@@ -98,7 +98,7 @@ class TierPolicy:
             return read
         log.info("handler %r found (installed since this worker started)", name)
         await self._register()  # the registry says which handlers this worker has
-        return await read_policy(self.r, s.tier, handlers.registered_names(), record=True,
+        return await read_policy(self.r, s.tier, handlers.known(), record=True,
                                        reader=f"worker {s.worker_id}", group=s.group or None)
 
     async def pool_of(self, user: str, tier: str) -> str:

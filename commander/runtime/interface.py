@@ -42,6 +42,7 @@ class WorkerHandle:
     drained: bool = False  # exited by itself with code 0 after a drain: it left no work behind
     pending_since: float | None = None  # unix time it began to wait for a place to run (a Pending pod)
     pending_why: str = ""  # ... and why, as the scheduler or the kubelet says
+    error: str = ""  # a failed exit nobody asked for: the last line of its log (process), if known
 
     @property
     def live(self) -> bool:
@@ -140,6 +141,12 @@ class Runtime(ABC):
     def notes(self) -> Notes:
         """What it did since the last call that the ledger should say (and forget them)."""
         return []
+
+    def crash_loop(self) -> dict[str, str]:
+        """The pools whose workers keep exiting at start (pool -> one line: how often, the last
+        error), which this runtime starts again only after a growing back-off; ``fleet status``
+        shows them. Runtimes whose platform backs off itself (a kubelet) answer none."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - most runtimes hold nothing to release
         """Release clients and helpers (the workers keep running)."""

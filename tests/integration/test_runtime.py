@@ -298,3 +298,42 @@ def test_up_down_arguments_do_not_clobber_global_options() -> None:
     assert args.redis_url == "redis://x" and args.json and args.timeout == 30.0
     args = p.parse_args(["down", "--json"])
     assert args.json and args.redis_url is None
+
+
+# --- crash-loop back-off ----------------------------------------------------------------------
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_workers_that_exit_at_start_are_started_again_with_growing_delays(make_runtime, tmp_path) -> None:
+    """A worker that exits before it ever registers: the pool's next start waits 1 s, 2 s, 4 s
+    (the runtime's back-off clock is the test's), and each wait says the exit code and the last
+    line of the worker's log; the commander's ledger gets the same line from ``refusal``."""
+    from commander.runtime import Refused
+    from commander.runtime.process.crashloop import CrashLoops
+
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nprint('starting', flush=True)\n"
+                      "sys.exit('RuntimeError: cannot import the handler')\n")
+    clock = _Clock()
+    rt = make_runtime(command=lambda tier, wid: [sys.executable, str(script)],
+                      crash_loops=CrashLoops(clock=clock))
+    waits = []
+    for n in range(1, 4):
+        assert rt.refusal("chat") is None
+        [wid] = rt.spawn("chat")
+        gone = reap_until_exited(rt, wid)
+        assert gone.exit_code == 1 and gone.error == "RuntimeError: cannot import the handler"
+        why = rt.refusal("chat")
+        assert why is not None and f"{n} in a row" in why
+        assert "code 1, its log ends: RuntimeError: cannot import" in why
+        with pytest.raises(Refused):
+            rt.spawn("chat")
+        waits.append(rt.crash_loops.waiting_s("chat"))
+        clock.now += waits[-1]
+    assert waits == [1.0, 2.0, 4.0]
+    assert "3 in a row" in rt.crash_loops.loops()["chat"]

@@ -17,7 +17,7 @@ import pytest
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import HandlerResult, WorkerInfo
-from protocol.policy import Policy, TurnsPolicy, parse_policy
+from protocol.policy import Policy, PolicyError, TurnsPolicy, parse_policy
 from stores.policies import read_policy, read_policy_status, write_policy
 from worker import handlers
 from worker.app import Worker
@@ -150,3 +150,25 @@ def test_each_groups_workers_keep_their_own_verdict_and_last_good_copy() -> None
     assert read_policy_status(r, "chat", "green")["ok"] == "1"
     read_policy(r, "chat", green_has, record=True, reader="green", group="green")
     assert read_policy_status(r, "chat", "blue")["ok"] == "0"  # not overwritten by green
+
+
+def test_an_entry_point_that_fails_to_import_is_one_handler_unavailable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each entry point loads on its own: the broken one is unavailable with its error, the
+    others load, and a policy naming the broken one is refused with that error."""
+    installed = [EntryPoint("broken", "no_such_module_here.handlers:answer", "fleet.handlers"),
+                 EntryPoint("answer", f"{__name__}:answer", "fleet.handlers")]
+    monkeypatch.setattr(handlers, "entry_points", lambda group: list(installed))
+    monkeypatch.setattr(handlers, "_REGISTRY", dict(handlers._REGISTRY))
+    monkeypatch.setattr(handlers, "_UNAVAILABLE", {})
+    assert "answer" in handlers.rescan() and "broken" not in handlers.registered_names()
+    error = handlers.unavailable()["broken"]
+    assert error.startswith("ModuleNotFoundError: No module named 'no_such_module_here'")
+    with pytest.raises(PolicyError, match="'broken' cannot be loaded here: ModuleNotFoundError"):
+        parse_policy({"handler": "broken"}, handlers.known())
+    assert parse_policy({"handler": "answer"}, handlers.known()).handler == "answer"
+    r = fakeredis.FakeRedis()
+    write_policy(r, "chat", TurnsPolicy(handler="broken"))
+    read = read_policy(r, "chat", handlers.known(), record=True, reader="worker w1")
+    assert read.source == "default" and read.missing_handler == "broken"
+    assert "cannot be loaded here" in read_policy_status(r, "chat")["error"]

@@ -9,7 +9,9 @@ the registry. The runtime is a short loop over three collaborators, each owning 
   registrations, run records and registry cleanup;
 - ``adoption`` (``adoption.py``): finds the live workers a previous commander left, and only
   those that carry this host's spawn proof (``proof.py``): any other process a record or a
-  registry entry names is left alone, warned about once and noted for the ledger.
+  registry entry names is left alone, warned about once and noted for the ledger;
+- ``crash_loops`` (``crashloop.py``): a pool whose workers keep exiting at start waits longer
+  before each next start (1 s, 2 s, 4 s, ... 5 min), and says why (``refusal``, ``crash_loop``).
 
 A group's interpreter is never read from its policy: the group names a runtime
 (``Group.runtime``) and the commander's ``group_runtimes`` say which interpreter that is
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -28,14 +31,24 @@ import redis
 from redis.exceptions import RedisClusterException, RedisError
 
 from commander.group_runtimes import GroupRuntime, resolve
-from commander.runtime.interface import Handles, Notes, Refused, Runtime, RuntimeNote, WorkerIds
+from commander.runtime.interface import (
+    Handles,
+    Lifecycle,
+    Notes,
+    Refused,
+    Runtime,
+    RuntimeNote,
+    WorkerHandle,
+    WorkerIds,
+)
 from commander.runtime.process.adoption import Adoption, Found
+from commander.runtime.process.crashloop import CrashLoops
 from commander.runtime.process.fork_client import TemplateSpawner
 from commander.runtime.process.interpreters import CHECK_TIMEOUT_S, PENDING, GroupRejected
 from commander.runtime.process.launch import worker_command
 from commander.runtime.process.proof import load_secret
 from commander.runtime.process.spawner import CommandBuilder, Spawner, SpawnMode
-from commander.runtime.process.workers import LocalWorkers
+from commander.runtime.process.workers import START_TIMEOUT, LocalWorkers
 from protocol.groups import split_pool, validate_pool
 from protocol.policy import PolicyError, TurnsPolicy, parse_policy
 from protocol.policy_controls import Controls
@@ -65,13 +78,15 @@ class ProcessRuntime(Runtime):
         rq_url: str | None = None,
         group_runtimes: Mapping[str, GroupRuntime] | None = None,
         check_timeout_s: float = CHECK_TIMEOUT_S,
+        crash_loops: CrashLoops | None = None,
     ) -> None:
         """``spawn_mode="fork"`` applies to the real worker only (the default ``command``);
         ``template`` replaces the fork template built from ``url`` and ``log_dir`` (tests);
         ``rq_url``: RQ's Redis (RQ workers' registry, and their ``FLEET_RQ_URL``), else Fleet's
         own; ``drain_timeout``: a tier's, else its policy's ``drain_timeout_s``;
         ``group_runtimes``: the runtimes a group may name (the commander's setting);
-        ``check_timeout_s``: how long a group interpreter's check may run."""
+        ``check_timeout_s``: how long a group interpreter's check may run; ``crash_loops``:
+        the back-off of pools whose workers exit at start (its clock: the tests')."""
         url = resolve_url(url)
         log_dir = Path(log_dir).resolve()
         run_dir = Path(run_dir).resolve() if run_dir else log_dir.parent / "run"
@@ -84,6 +99,7 @@ class ProcessRuntime(Runtime):
         self.adoption = Adoption(self.name, socket.gethostname(), run_dir, self.r, self.rq, secret)
         self.spawner = Spawner(url, log_dir, secret=secret, command=command, spawn_mode=spawn_mode,
                                template=template, rq_url=rq_url, check_timeout_s=check_timeout_s)
+        self.crash_loops = crash_loops or CrashLoops()
         self._notes: Notes = []
         self._unproven: set[tuple[str, int]] = set()  # (worker id, pid) reported as not ours
 
@@ -115,7 +131,7 @@ class ProcessRuntime(Runtime):
         """Start ``n`` workers of ``tier`` (or of a group's pool ``<tier>.<group>``, run by the
         group's interpreter); raise ``SpawnError`` if one cannot start, ``GroupRejected`` if the
         group's interpreter is missing or cannot load its handler, ``Refused`` while its check
-        is in progress."""
+        is in progress or while its workers' crash-loop back-off waits."""
         validate_pool(tier)
         if n < 0:
             raise ValueError(f"cannot spawn {n} workers")
@@ -126,6 +142,8 @@ class ProcessRuntime(Runtime):
                 raise Refused(f"group pool {tier}: {PENDING}")
             if why is not None:
                 raise GroupRejected(why)
+            if (waiting := self.crash_loops.refusal(tier)) is not None:
+                raise Refused(f"pool {tier}: {waiting}")
         ids = []
         for _ in range(n):
             tracked = self.spawner.start(tier, python)
@@ -141,9 +159,16 @@ class ProcessRuntime(Runtime):
 
     def refusal(self, tier: str) -> str | None:
         """Why workers of the pool ``tier`` may not start now: its interpreter's check is in
-        progress (a verdict comes within the check's timeout), or None."""
+        progress (a verdict comes within the check's timeout), or its workers keep exiting at
+        start and the back-off waits; or None."""
         why = self._group_interpreter(tier)[1]
-        return f"group pool {tier}: {PENDING}" if why == PENDING else None
+        if why == PENDING:
+            return f"group pool {tier}: {PENDING}"
+        return self.crash_loops.refusal(tier)
+
+    def crash_loop(self) -> dict[str, str]:
+        """The pools whose workers keep exiting at start: pool -> the count and the last error."""
+        return self.crash_loops.loops()
 
     def _group_interpreter(self, pool: str) -> tuple[str | None, str | None]:
         """The interpreter of ``pool``'s group (None: this one), and why it cannot run the
@@ -185,8 +210,31 @@ class ProcessRuntime(Runtime):
         return self.workers.any_exited()
 
     def reap(self) -> Handles:
-        """Collect exits, kill overdue drains and stuck starts, note registrations."""
-        return self.workers.reap()
+        """Collect exits, kill overdue drains and stuck starts, note registrations; a failed exit
+        nobody asked for carries the last line of the worker's log (``error``), and any exit
+        nobody asked for counts toward its pool's crash loop when it came soon after the start."""
+        exited = self.workers.reap()
+        now = time.time()
+        for handle in exited:
+            if handle.retire_reason in (None, START_TIMEOUT):
+                if handle.exit_code != 0:
+                    handle.error = last_line(self.log_dir / f"{handle.worker_id}.log")
+                self._judge_exit(handle, now)
+        if self.crash_loops.loops():
+            for handle in self.workers.handles():
+                if handle.state is Lifecycle.RUNNING and now - handle.started >= self.crash_loops.healthy_s:
+                    self.crash_loops.healthy(handle.tier, handle.started)
+        return exited
+
+    def _judge_exit(self, handle: WorkerHandle, now: float) -> None:
+        """A failure at start: an unasked exit within ``healthy_s`` of the start, or a start that
+        never registered in time."""
+        if handle.retire_reason != START_TIMEOUT and now - handle.started >= self.crash_loops.healthy_s:
+            return
+        how = ("did not register in time" if handle.retire_reason == START_TIMEOUT else
+               "was killed" if handle.killed else f"exited with code {handle.exit_code}")
+        self.crash_loops.failed(handle.tier, handle.started, f"worker {handle.worker_id} {how}"
+                                + (f", its log ends: {handle.error}" if handle.error else ""))
 
     def adopt(self) -> Handles:
         """Track live local workers from run records and the registry; drop dead records."""
@@ -220,3 +268,16 @@ class ProcessRuntime(Runtime):
         """The processes found since the last call that could not be proven ours."""
         notes, self._notes = self._notes, []
         return notes
+
+
+def last_line(log: Path, tail_bytes: int = 4096) -> str:
+    """The last non-blank line of a worker's log (a traceback's ends with the error), at most
+    300 characters; "" when there is none or it cannot be read."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - tail_bytes))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""

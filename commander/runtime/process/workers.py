@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 KILL_WAIT_S = 5.0  # how long stop_all waits for a SIGKILLed process to vanish
 EXIT_REPORT_WAIT_S = 0.2  # how long to wait for the template's report of a forked worker's exit
 CONTROL_MAXLEN = 64
+START_TIMEOUT = "start timeout"  # the retire reason of a worker killed for not registering in time
 
 
 @dataclass
@@ -184,7 +185,7 @@ class LocalWorkers:
                 and now - tracked.start_mono > self.start_timeout_s:
             log.warning("worker %s did not register within %.0fs: SIGKILL", handle.worker_id,
                         self.start_timeout_s)
-            handle.retire_reason = "start timeout"
+            handle.retire_reason = START_TIMEOUT
             self._kill(tracked)
 
     # --- drain and stop ------------------------------------------------------------------
