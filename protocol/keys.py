@@ -220,6 +220,11 @@ def dead(tier: str) -> str:
     return _t(tier, "dead")
 
 
+def dead_bytes(tier: str) -> str:
+    """Counter of the bytes the tier's dead letters hold (``dead_trim.lua`` keeps it)."""
+    return _t(tier, "dead-bytes")
+
+
 def pressure(tier: str) -> str:
     """Stream of pressure events: a submit found no free slot in the tier."""
     return _t(tier, "pressure")

@@ -546,6 +546,8 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.live_ids": "a set of ids",
     "stores.cluster.is_cluster": "an isinstance test",
     "stores.erase.Erased": "a value",
+    "stores.deadletters.entry_bytes": "arithmetic",
+    "stores.deadletters.trim_call": "builds a command (dead_letter_async sends it)",
     "stores.erase.who": "the OS user and host",
     "stores.erase.connection_user": "reads the client's connection settings",
     "stores.renotify.cluster_epoch": "CLUSTER INFO, a Cluster only: tests/cluster/test_failover_recovery",
