@@ -166,6 +166,7 @@ class Commander:
             tiers = self._tiers(handles, registry)
             self.dead.take_over(registry, handles, tiers)
             self.observer.read_reports()
+            self.observer.evaluator.forget_absent({*registry, *(h.worker_id for h in handles)}, now)
             policies = {t: self.policies.read(t, registry) for t in tiers}
             self.failover.recover({t: p.read.policy.ready_shards for t, p in policies.items()
                                    if isinstance(p.read.policy, TurnsPolicy)})
