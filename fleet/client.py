@@ -150,7 +150,7 @@ class _ClientCore:
     def delete_user(user: str, role: str) -> Op[Erased]:
         """Erase every key of ``user``, fenced against a turn in flight, and record who did it
         in the ledger (``stores.erase``)."""
-        return (yield from delete_user.steps(validate_user_id(user), who(), role))
+        return (yield from delete_user.steps(validate_user_id(user), who(), role, time.time()))
 
     def _ensure_tier(self, tier: str, create: bool) -> Op[None]:
         if tier in self.tiers:

@@ -129,7 +129,7 @@ RQ_SELECTOR = ("(~rq:* &rq:* +@read +@write +@keyspace +@transaction +@pubsub -@
                "+evalsha +script|load +script|exists)")
 
 _SUBMIT = ("xadd", "zadd", "blpop", "get", "exists", "hgetall", "smembers", "xinfo|groups",
-           "multi", "exec", "discard", "wait")
+           "multi", "exec", "discard", "wait", "pexpire")  # pexpire: an inbox's retention
 
 # What a worker and the commander send (a worker serves turns and reports; the commander also
 # takes over a dead worker's streams, so it needs the same stream and lane commands).
@@ -139,7 +139,8 @@ _SERVING = ("get", "set", "mget", "incr", "del", "exists", "pexpire", "pttl", "h
             "zremrangebyscore", "zremrangebyrank", "zscan", "xadd", "xread", "xreadgroup", "xack",
             "xautoclaim", "xclaim", "xpending", "xrange", "xrevrange", "xlen", "xtrim", "xdel",
             "xgroup|create", "xgroup|delconsumer", "xinfo|groups", "xinfo|consumers",
-            "multi", "exec", "discard", "watch", "unwatch", "wait", "scan")
+            "multi", "exec", "discard", "watch", "unwatch", "wait", "scan",
+            "persist")  # persist: a commit after the tier's retention was turned off
 
 ROLES: tuple[Role, ...] = (
     Role("fleet-client", "the Python client, the raw protocol, fleet submit / chat / ask",

@@ -153,6 +153,11 @@ class Durability(BaseModel):
     replica_ack_timeout_ms: int = Field(100, description=f"the longest a WAIT holds the user's lane: 1 "
                                         f".. {MAX_REPLICA_ACK_TIMEOUT_MS} ms")
 
+    @property
+    def retention_ms(self) -> int:
+        """``retention_days`` in milliseconds (0: kept until erased)."""
+        return round(self.retention_days * 86_400_000)
+
     @field_validator("replica_acks")
     @classmethod
     def _replica_acks(cls, v: int) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import getpass
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,9 +83,9 @@ def _ledger_event(user: str, erased: int, by: str, role: str, now: float) -> Led
 
 
 @operation
-def delete_user(user: str, by: str, role: str = "") -> Op[Erased]:
+def delete_user(user: str, by: str, role: str, now: float) -> Op[Erased]:
     """Erase every key of ``user`` (see the module docstring) and record it in the ledger as
-    done by ``by`` (an OS user, :func:`who`) connected as ``role`` (the Redis user)."""
+    done by ``by`` (an OS user, :func:`who`) connected as ``role`` (the Redis user) at ``now``."""
     user = validate_user_id(user)
     prefix = keys.user_prefix(user)
     found = [as_str(k) for k in (yield Single(lambda r: _scan(r, prefix + "*")))]
@@ -98,7 +97,6 @@ def delete_user(user: str, by: str, role: str = "") -> Op[Erased]:
     if late:
         again, _ = yield _delete(late, prefix)
         count += int(again)
-    now = time.time()
     event = _ledger_event(user, count, by, role, now)
     fields = {"m": encode(event), "tier": ERASE_TIER}
     entry = yield Single(lambda r: r.xadd(keys.EVENTS, fields, maxlen=EVENTS_MAXLEN, approximate=True))

@@ -497,7 +497,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     renotify.unserved_users(r, list(USERS))
     renotify.renotify_unserved(r, tier, shards=3, batch=1)
     registry.forget_workers(r, list(WORKERS))
-    erase.delete_user(r, USERS[0], "op@host", "fleet-operator")  # a user with data in every key
+    erase.delete_user(r, USERS[0], "op@host", "fleet-operator", time.time())  # a user with data in every key
     Functions(r)
     await drive_groups(r, ar)
 
