@@ -108,8 +108,8 @@ def cmd_user_delete(args: argparse.Namespace) -> int:
                        "user, for good", EXIT_USAGE)
     r = cli_client(args)
     done = delete_user(r, args.erase, who(), connection_user(r), time.time())
-    print_result(done.to_json(), args.json, lambda _: f"user {done.user} erased: {done.keys} key(s) "
-                 f"removed; recorded in the ledger as {done.ledger_id}")
+    print_result(done.to_json(), args.json, lambda _: f"user {done.user} erased: {done.keys} key(s) and "
+                 f"{done.dead_letters} dead letter(s) removed; recorded in the ledger as {done.ledger_id}")
     return 0
 
 

@@ -9,11 +9,13 @@ import json
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from fleet.client import AsyncFleet, Fleet, TurnTimeout
 from protocol import keys
 from protocol.policy import TurnsPolicy
 from stores import functions
+from stores.deadletters import dead_letter_async, entry_bytes
 from stores.group_assignment import pin_group
 from stores.ledger import read_events
 from tests.helpers import fleet_cli
@@ -51,6 +53,9 @@ def test_delete_user_erases_every_key_and_records_who_in_the_ledger(r, redis_ser
     client = Fleet(redis_server.role_url("fleet-client"))
     give_every_key(r, client, "ann")
     give_every_key(r, client, "bob")
+    for user in ("ann", "bob", "ann"):  # dead letters carry the user's turns too
+        asyncio.run(dead_letter(redis_server.url, user))
+    dead_before = int(r.get(keys.dead_bytes("chat")))
     left = user_keys_left(r, "ann")
     assert {keys.inbox("ann"), keys.state("ann"), keys.session("ann"), keys.done("ann"), keys.usage("ann"),
             keys.profile("ann"), keys.memory("ann"), keys.outbox("ann"), keys.pins("ann"),
@@ -69,6 +74,9 @@ def test_delete_user_erases_every_key_and_records_who_in_the_ledger(r, redis_ser
     assert user_keys_left(r, "ann") == []
     assert erased.keys == len(left)
     assert user_keys_left(r, "bob")  # nobody else's
+    assert [f[b"user"] for _, f in r.xrange(keys.dead("chat"))] == [b"bob"] and erased.dead_letters == 2
+    assert int(r.get(keys.dead_bytes("chat"))) == sum(entry_bytes(f) for _, f in r.xrange(keys.dead("chat")))
+    assert int(r.get(keys.dead_bytes("chat"))) < dead_before
     [entry] = erasures(r)
     assert entry["user"] == "ann" and entry["role"] == "fleet-operator" and entry["keys"] == len(left)
     assert "@" in str(entry["by"])
@@ -98,6 +106,15 @@ def test_fleet_user_delete_cli(r, redis_server, start_worker, fleet_env, tmp_pat
     assert json.loads(out.stdout)["user"] == "cal"
     assert user_keys_left(r, "cal") == []
     assert [e["user"] for e in erasures(r)][-1] == "cal"
+
+
+async def dead_letter(url: str, user: str) -> None:
+    ar = aioredis.Redis.from_url(url)
+    try:
+        await dead_letter_async(ar, "chat", user=user, entry="1-0", turn_id="t-dead", reason="boom",
+                                worker="w", fields={b"text": f"secret of {user}".encode()})
+    finally:
+        await ar.aclose()
 
 
 SLOW_MS = 4000
