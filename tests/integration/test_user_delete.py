@@ -13,6 +13,8 @@ import redis.asyncio as aioredis
 
 from fleet.client import AsyncFleet, Fleet, TurnTimeout
 from protocol import keys
+from protocol.codec import decode
+from protocol.models import SessionEntry
 from protocol.policy import TurnsPolicy
 from stores import functions
 from stores.deadletters import dead_letter_async, entry_bytes
@@ -139,3 +141,9 @@ def test_a_turn_in_flight_writes_nothing_back_after_the_erasure(r, redis_server,
         slow.result(1)
     assert client.submit("eve", "still served").result(10).text  # the fleet serves the others
     assert user_keys_left(r, "dan") == []
+
+    # dan comes back: a new, empty user, whose session holds none of the erased turns
+    assert client.submit("dan", "new start").result(15).ok
+    session = [decode(SessionEntry, raw).text for raw in r.lrange(keys.session("dan"), 0, -1)]
+    assert session == ["new start"]
+    assert not r.exists(keys.reply("dan", slow.turn_id))
