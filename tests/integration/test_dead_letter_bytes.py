@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 
 from protocol import keys
+from stores.connection import connect_async
 from stores.deadletters import dead_letter_async, entry_bytes, purge_dead_letters
 
 pytestmark = pytest.mark.integration
@@ -19,7 +19,7 @@ BIG = b"x" * 10_000
 
 def write(url: str, n: int, max_bytes: int, first: int = 0) -> None:
     async def go() -> None:
-        ar = aioredis.Redis.from_url(url)
+        ar = connect_async(url)
         try:
             for i in range(first, first + n):
                 await dead_letter_async(ar, "chat", user=f"u{i}", entry=f"{i + 1}-0", turn_id=f"t{i}",

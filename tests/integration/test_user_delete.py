@@ -9,7 +9,6 @@ import json
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 
 from fleet.client import AsyncFleet, Fleet, TurnTimeout
 from protocol import keys
@@ -17,6 +16,7 @@ from protocol.codec import decode
 from protocol.models import SessionEntry
 from protocol.policy import TurnsPolicy
 from stores import functions
+from stores.connection import connect_async
 from stores.deadletters import dead_letter_async, entry_bytes
 from stores.group_assignment import pin_group
 from stores.ledger import read_events
@@ -111,7 +111,7 @@ def test_fleet_user_delete_cli(r, redis_server, start_worker, fleet_env, tmp_pat
 
 
 async def dead_letter(url: str, user: str) -> None:
-    ar = aioredis.Redis.from_url(url)
+    ar = connect_async(url)
     try:
         await dead_letter_async(ar, "chat", user=user, entry="1-0", turn_id="t-dead", reason="boom",
                                 worker="w", fields={b"text": f"secret of {user}".encode()})
