@@ -4,6 +4,7 @@ last turn (set again at each submit and commit), against a real redis-server and
 from __future__ import annotations
 
 import pytest
+import redis
 
 from fleet.client import Fleet
 from protocol import keys
@@ -21,10 +22,16 @@ def policy(days: float) -> str:
     return TurnsPolicy(handler="echo", durability=Durability(retention_days=days)).to_json()
 
 
+@pytest.mark.acl_denials  # the client's PEXPIRE of a tier's stream is refused, as it must be
 def test_an_inbox_expires_after_its_submit_when_no_worker_serves_it(r, redis_server):
     r.set(keys.policy("chat"), policy(RETENTION_DAYS))
-    Fleet(redis_server.role_url("fleet-client")).submit("ivy", "anyone?")
+    client = Fleet(redis_server.role_url("fleet-client"))
+    client.submit("ivy", "anyone?")
     assert 0 < r.pttl(keys.inbox("ivy")) <= RETENTION_DAYS * DAY_MS
+    # the client role may expire an inbox, and nothing else it writes (the tier's ready stream)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        client.r.pexpire(keys.ready("chat"), 1)
+    assert r.pttl(keys.ready("chat")) == -1
 
 
 def test_every_key_of_the_user_expires_after_the_last_commit_and_no_longer_once_retention_is_off(
