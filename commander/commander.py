@@ -176,6 +176,7 @@ class Commander:
             tiers = self._tiers(handles, registry)
             self.dead.take_over(registry, handles, tiers)
             self.observer.read_reports()
+            self.observer.evaluator.forget_absent({*registry, *(h.worker_id for h in handles)}, now)
             policies = self._policies(tiers, registry)
             tiers = [t for t in tiers if t in policies]
             self.failover.recover({t: p.read.policy.ready_shards for t, p in policies.items()

@@ -11,7 +11,7 @@ Pure: no clock, no I/O. Time comes in only through ``report.ts`` or a ``now`` ar
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from protocol.models import OccupancyReport
@@ -20,6 +20,8 @@ from protocol.policy import ScaleRules
 WINDOW_ROWS = 60
 AVERAGE_ROWS = 6
 RATE_SPAN_S = 60.0
+# a worker neither registered nor run by the commander, unreported this long, is forgotten
+FORGET_ABSENT_S = 600.0
 _MB = 1024 * 1024
 
 
@@ -198,6 +200,18 @@ class Evaluator:
         """Drop a worker's window (it exited or was declared dead)."""
         self._rows.pop(worker, None)
         self._ready_at.pop(worker, None)
+
+    def forget_absent(self, present: Collection[str], now: float,
+                      after_s: float = FORGET_ABSENT_S) -> list[str]:
+        """Drop the windows of workers not in ``present`` (the registry's and the runtime's ids)
+        whose newest report is more than ``after_s`` old at ``now``: workers that ended without
+        being reaped by this commander (another host's, a pod, one whose entry was removed).
+        Returns the workers forgotten."""
+        gone = [w for w, rows in self._rows.items()
+                if w not in present and (not rows or now - rows[-1].ts > after_s)]
+        for worker in gone:
+            self.forget(worker)
+        return gone
 
     def ready_at(self, worker: str) -> float | None:
         """The ``ts`` of the worker's first report as ready (its start cost ends there), or None."""

@@ -69,7 +69,7 @@ def roles_table() -> str:
         scripting = SCRIPTING.split() if role.scripting else []
         granted = (*(f"+{c}" for c in (*CONNECTION, *role.commands)), *scripting)
         commands = " ".join(f"`{c}`".replace("|", "\\|") for c in granted)
-        keys = " ".join(f"`{k.render()}`" for k in role.keys)
+        keys = " ".join([*(f"`{k.render()}`" for k in role.keys), *(f"`{x}`" for x in role.selectors)])
         rq = " (with `--rq`: RQ's rights on `rq:*`)" if role.rq else ""
         rows.append(f"| `{role.name}` | {role.used_by} | {commands} | {keys}{rq} |")
     return "\n".join(rows) + "\n"

@@ -1,21 +1,28 @@
-"""``fleet user U`` (one user as the monitor's user page shows it) and ``fleet dead-letters retry``
-/ ``purge`` (the listing stays in ``fleet.cli_admin``)."""
+"""``fleet user U`` (one user as the monitor's user page shows it), ``fleet user delete U`` (erase
+every key of the user) and ``fleet dead-letters retry`` / ``purge`` (the listing stays in
+``fleet.cli_admin``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
 from fleet.cli_base import EXIT_USAGE, CliError, cli_client, count_arg, print_result
 from stores.deadletters import Retried, purge_dead_letters, retry_dead_letters
+from stores.erase import connection_user, delete_user, who
 from stores.users import UserView, inspect_user
 
 
 def add_user_command(sub: Any) -> None:
-    """``fleet user U [--json] [--tier T ...] [--session N]``."""
-    u = sub.add_parser("user", help="one user: lane, inbox, session, pending, usage, dead letters")
-    u.add_argument("user", help="the user id")
+    """``fleet user U [--json] [--tier T ...] [--session N]``, and ``fleet user delete U --yes``."""
+    u = sub.add_parser("user", help="one user: lane, inbox, session, pending, usage, dead letters; "
+                       "`fleet user delete U --yes` erases every key of the user",
+                       usage="fleet user U [options] | fleet user delete U --yes [--json]")
+    u.add_argument("user", help="the user id (or `delete`, then the user id to erase)")
+    u.add_argument("erase", nargs="?", metavar="U", help=argparse.SUPPRESS)
+    u.add_argument("--yes", action="store_true", help="with `delete`: erase without asking")
     u.add_argument("--tier", action="append", default=None,
                    help="look at this tier only (repeatable; default: every tier)")
     u.add_argument("--session", type=count_arg, default=10,
@@ -84,9 +91,34 @@ def cmd_dead_letter_purge(args: argparse.Namespace) -> int:
 
 
 def cmd_user(args: argparse.Namespace) -> int:
+    if args.erase is not None:
+        if args.user != "delete":
+            raise CliError(f"unexpected argument {args.erase!r}: `fleet user U` shows a user, "
+                           "`fleet user delete U --yes` erases one", EXIT_USAGE)
+        return cmd_user_delete(args)
     view = inspect_user(cli_client(args), args.user, tiers=args.tier, session_n=args.session)
     print_result(view.to_json(), args.json, lambda _: user_text(view, time.time()))
     return 0
+
+
+def cmd_user_delete(args: argparse.Namespace) -> int:
+    """Erase every key of a user, fenced against a turn in flight; recorded in the ledger."""
+    if not args.yes and not _confirmed(args.erase):
+        raise CliError(f"not erased: `fleet user delete {args.erase} --yes` erases every key of the "
+                       "user, for good", EXIT_USAGE)
+    r = cli_client(args)
+    done = delete_user(r, args.erase, who(), connection_user(r), time.time())
+    print_result(done.to_json(), args.json, lambda _: f"user {done.user} erased: {done.keys} key(s) and "
+                 f"{done.dead_letters} dead letter(s) removed; recorded in the ledger as {done.ledger_id}")
+    return 0
+
+
+def _confirmed(user: str) -> bool:
+    """Whether the person at the terminal typed the user id back (False without a terminal)."""
+    if not sys.stdin.isatty():
+        return False
+    answer = input(f"erase every key of user {user}, for good? type the user id to confirm: ")
+    return answer.strip() == user
 
 
 def user_text(v: UserView, now: float) -> str:

@@ -29,6 +29,7 @@ from protocol.policy import TurnsPolicy
 from stores.backlog import no_free_slot
 from stores.cluster import is_cluster
 from stores.connection import connect_async, connect_sync
+from stores.erase import Erased, connection_user, delete_user, who
 from stores.policies import write_policy
 from stores.replicas import ReplicaAcks
 from stores.roles import process_url
@@ -44,7 +45,7 @@ from stores.submit import (
 from stores.submit_options import OPTIONS_TTL_S, SubmitOptions, read_submit_options, split_by_pool
 from stores.tier_exists import tier_exists
 
-__all__ = ["AsyncFleet", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeout", "TurnTooLarge",
+__all__ = ["AsyncFleet", "Erased", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeout", "TurnTooLarge",
            "UnknownTier"]
 
 DEFAULT_MAX_TURN_BYTES = 64 * 1024
@@ -145,6 +146,12 @@ class _ClientCore:
             raise TurnTimeout(f"no reply to turn {turn_id} of {user} within {timeout:g}s{hint}")
         return decode(Reply, raw, max_bytes=max_bytes)
 
+    @staticmethod
+    def delete_user(user: str, role: str) -> Op[Erased]:
+        """Erase every key of ``user``, fenced against a turn in flight, and record who did it
+        in the ledger (``stores.erase``)."""
+        return (yield from delete_user.steps(validate_user_id(user), who(), role, time.time()))
+
     def _ensure_tier(self, tier: str, create: bool) -> Op[None]:
         if tier in self.tiers:
             return
@@ -236,6 +243,14 @@ class Fleet:
         deadline = time.monotonic() + timeout
         return [h.result(max(0.01, deadline - time.monotonic())) for h in handles]
 
+    def delete_user(self, user: str) -> Erased:
+        """Erase every key of ``user`` (inbox, lane, state, session, memory, profile, usage,
+        done-set, outbox, pins, pending replies), fenced against a turn in flight: nothing of a
+        turn being served is written back. Recorded in the ledger (who, when, the user id).
+        Needs the ``fleet-operator`` role's credentials: ``Fleet(operator_url)``; on the client
+        role Redis refuses it (``NoPermissionError``) and nothing is erased."""
+        return run(self.r, self._core.delete_user(user, connection_user(self.r)))
+
     def _wait(self, user: str, turn_id: str, timeout: float) -> Reply:
         return run(self.r, self._core.reply(user, turn_id, timeout, self.max_reply_bytes,
                                             " (is a worker running for its tier? `fleet status`)"))
@@ -293,6 +308,10 @@ class AsyncFleet:
         """Submit and wait."""
         turn = await self.submit(user, text, tier, meta, create_tier=create_tier)
         return await self.wait(user, turn.turn_id, timeout)
+
+    async def delete_user(self, user: str) -> Erased:
+        """``Fleet.delete_user`` on asyncio (the ``fleet-operator`` role's credentials)."""
+        return await arun(self.r, self._core.delete_user(user, connection_user(self.r)))
 
     async def aclose(self) -> None:
         await self.r.aclose()

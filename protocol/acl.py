@@ -79,6 +79,7 @@ class Role:
     channels: tuple[str, ...] = ()
     scripting: bool = True
     rq: bool = False  # uses RQ: RQ's rights on its own keys (a selector) on a node shared with RQ
+    selectors: tuple[str, ...] = ()  # rights on some keys only: ``(~<pattern> +<command> ...)``
 
     def rules(self, shared_with_rq: bool = False) -> str:
         """The ACL rules after ``user <name> on <password>`` (no password); ``shared_with_rq``:
@@ -87,7 +88,7 @@ class Role:
         parts = ["resetkeys", "resetchannels", channels, "-@all",
                  *(f"+{c}" for c in (*CONNECTION, *self.commands)),
                  SCRIPTING if self.scripting else "",
-                 *(k.render() for k in self.keys),
+                 *(k.render() for k in self.keys), *self.selectors,
                  RQ_SELECTOR if self.rq and shared_with_rq else ""]
         return " ".join(p for p in parts if p)
 
@@ -130,6 +131,9 @@ RQ_SELECTOR = ("(~rq:* &rq:* +@read +@write +@keyspace +@transaction +@pubsub -@
 
 _SUBMIT = ("xadd", "zadd", "blpop", "get", "exists", "hgetall", "smembers", "xinfo|groups",
            "multi", "exec", "discard", "wait")
+# A submit sets the tier's retention on the inbox it writes: PEXPIRE on inboxes only (a selector),
+# never on the tier's streams and sets the client may write to.
+INBOX_EXPIRY_SELECTOR = f"(~{pattern(keys.inbox, USER)} +pexpire)"
 
 # What a worker and the commander send (a worker serves turns and reports; the commander also
 # takes over a dead worker's streams, so it needs the same stream and lane commands).
@@ -139,11 +143,12 @@ _SERVING = ("get", "set", "mget", "incr", "del", "exists", "pexpire", "pttl", "h
             "zremrangebyscore", "zremrangebyrank", "zscan", "xadd", "xread", "xreadgroup", "xack",
             "xautoclaim", "xclaim", "xpending", "xrange", "xrevrange", "xlen", "xtrim", "xdel",
             "xgroup|create", "xgroup|delconsumer", "xinfo|groups", "xinfo|consumers",
-            "multi", "exec", "discard", "watch", "unwatch", "wait", "scan")
+            "multi", "exec", "discard", "watch", "unwatch", "wait", "scan",
+            "persist")  # persist: a commit after the tier's retention was turned off
 
 ROLES: tuple[Role, ...] = (
     Role("fleet-client", "the Python client, the raw protocol, fleet submit / chat / ask",
-         _SUBMIT, (*_SUBMIT_WRITES, *_SUBMIT_READS)),
+         _SUBMIT, (*_SUBMIT_WRITES, *_SUBMIT_READS), selectors=(INBOX_EXPIRY_SELECTOR,)),
     Role("fleet-worker", "workers (fleet worker, started by the commander)",
          _SERVING,
          _WORKER_KEYS, rq=True),

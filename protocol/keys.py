@@ -123,6 +123,18 @@ def reply(user: str, turn_id: str) -> str:
     return _u(user, f"reply:{validate_token(turn_id, 'turn id')}")
 
 
+def user_prefix(user: str) -> str:
+    """What every key of ``user`` starts with: ``fleet:u:{U}:``."""
+    return _u(user, "")
+
+
+def user_key_names(user: str) -> tuple[str, ...]:
+    """Every per-user key of ``user`` with a fixed name (the reply lists are named by turn id:
+    find them by :func:`user_prefix`)."""
+    return (inbox(user), lane(user), fence(user), state(user), session(user), profile(user),
+            memory(user), done(user), usage(user), outbox(user), pins(user))
+
+
 @dataclass(frozen=True)
 class UserKeys:
     """Every per-user key of one user, built once: the hot path asks for them every turn, and
@@ -206,6 +218,11 @@ def active(tier: str) -> str:
 def dead(tier: str) -> str:
     """Dead-letter stream: turns that could not be served, with the reason."""
     return _t(tier, "dead")
+
+
+def dead_bytes(tier: str) -> str:
+    """Counter of the bytes the tier's dead letters hold (``dead_trim.lua`` keeps it)."""
+    return _t(tier, "dead-bytes")
 
 
 def pressure(tier: str) -> str:

@@ -219,7 +219,9 @@ class LedgerEvent(_Model):
                     "deployment-created", "deployment-deleted", "deployment-kept",
                     # process: a live process a run record or a registry entry names does not
                     # carry this host's spawn proof: not adopted, never signalled
-                    "unproven-process"]
+                    "unproven-process",
+                    # an operator erased a user's data (`fleet user delete`): who and which user
+                    "user-deleted"]
     from_count: int = 0
     to_count: int = 0
     victims: list[str] = Field(default_factory=list)

@@ -136,15 +136,27 @@ class Scaling(BaseModel):
 
 
 class Durability(BaseModel):
-    """The WAIT after a turn's writes, against asynchronous replication: after the submit, the
-    lane acquire and the turn commit, wait until ``replica_acks`` replicas have the write, or
-    ``replica_ack_timeout_ms``."""
+    """What the tier's writes keep, and for how long. The WAIT after a turn's writes, against
+    asynchronous replication: after the submit, the lane acquire and the turn commit, wait until
+    ``replica_acks`` replicas have the write, or ``replica_ack_timeout_ms``. How long an idle
+    user's data is kept (``retention_days``), and how much the dead letters may hold."""
 
     model_config = FROZEN
+    retention_days: float = Field(0.0, ge=0, le=36_500, description="expire a user's keys this many "
+                                  "days after the user's last turn (each commit and submit sets the "
+                                  "expiry again); 0: kept until erased (`fleet user delete`)")
+    dead_letter_max_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=1 << 40, description="the "
+                                       "oldest dead letters are trimmed while the tier's hold more "
+                                       "bytes than this (and more than 100,000 entries)")
     replica_acks: int = Field(0, description=f"replicas that must have each write: 0 (no WAIT is sent) "
                               f".. {MAX_REPLICA_ACKS}")
     replica_ack_timeout_ms: int = Field(100, description=f"the longest a WAIT holds the user's lane: 1 "
                                         f".. {MAX_REPLICA_ACK_TIMEOUT_MS} ms")
+
+    @property
+    def retention_ms(self) -> int:
+        """``retention_days`` in milliseconds (0: kept until erased)."""
+        return round(self.retention_days * 86_400_000)
 
     @field_validator("replica_acks")
     @classmethod

@@ -12,6 +12,7 @@ entry without ``turn`` cannot be retried.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -29,12 +30,14 @@ from protocol.codec import CodecError, as_str, decode, encode
 from protocol.ids import InvalidId, validate_tier, validate_token, validate_user_id
 from protocol.models import Turn
 from stores.cluster import is_cluster
+from stores.functions import Function, command
 from stores.replies import Row, raw_rows
 from stores.submit import submit_turns
 from stores.submit_options import read_submit_options
 from stores.tier_exists import read_tier_probe, tier_defined
 
 DEAD_MAXLEN = 100_000
+DEAD_MAX_BYTES = 64 * 1024 * 1024  # a tier's dead letters, by default (its policy's dead_letter_max_bytes)
 DEAD_FIELD_BYTES = 2048
 # The whole entry is kept up to this size: the worker's default max_turn_bytes (64 KiB of
 # values) plus room for the field names. A larger one was rejected for its size anyway.
@@ -44,6 +47,7 @@ RETRY_BATCH = 100  # turns per submit round trip of a retry
 NOT_KEPT = "cannot retry: the turn's text was not kept"
 
 Fields = Mapping[bytes, bytes]
+log = logging.getLogger("fleet.deadletters")
 
 
 def dead_letter_count(r: redis.Redis, tier: str) -> int:
@@ -57,13 +61,41 @@ def newest_dead_letters(r: redis.Redis, tier: str, count: int) -> list[Row]:
 
 
 async def dead_letter_async(r: aioredis.Redis, tier: str, *, user: str, entry: str, turn_id: str,
-                            reason: str, worker: str, fields: Fields) -> None:
+                            reason: str, worker: str, fields: Fields,
+                            max_bytes: int = DEAD_MAX_BYTES) -> None:
     """Append a turn that could not be served to the tier's dead letters, with the reason and
-    its fields (each cut to ``DEAD_FIELD_BYTES``), kept to about ``DEAD_MAXLEN`` entries; an
-    inbox entry (``entry`` set) of up to ``DEAD_TURN_BYTES`` is kept whole, for a retry."""
-    await r.xadd(keys.dead(tier), dead_letter_fields(user=user, entry=entry, turn_id=turn_id, reason=reason,
-                                                     worker=worker, fields=fields, now=time.time()),
-                 maxlen=DEAD_MAXLEN, approximate=True)
+    its fields (each cut to ``DEAD_FIELD_BYTES``); an inbox entry (``entry`` set) of up to
+    ``DEAD_TURN_BYTES`` is kept whole, for a retry. The oldest are trimmed while the tier keeps
+    more than ``DEAD_MAXLEN`` entries or ``max_bytes`` bytes (:func:`trim_call`)."""
+    out = dead_letter_fields(user=user, entry=entry, turn_id=turn_id, reason=reason, worker=worker,
+                             fields=fields, now=time.time())
+    async with r.pipeline(transaction=True) as pipe:  # one slot: the tier's
+        pipe.xadd(keys.dead(tier), out)
+        pipe.execute_command(*trim_call(tier, entry_bytes(out), max_bytes))
+        added, trimmed = await pipe.execute(raise_on_error=False)
+    if isinstance(added, Exception):
+        raise added
+    if isinstance(trimmed, Exception):  # the dead letter is kept; the next one trims
+        log.warning("the dead letters of %s were not trimmed: %s", tier, trimmed)
+
+
+def entry_bytes(fields: Mapping[Any, Any]) -> int:
+    """The bytes of a stream entry as ``dead_trim.lua`` counts them: its names' and values' lengths."""
+    return sum(len(_as_bytes(k)) + len(_as_bytes(v)) for k, v in fields.items())
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def trim_call(tier: str, added: int, max_bytes: int = DEAD_MAX_BYTES) -> tuple[Any, ...]:
+    """The ``FCALL`` of ``dead_trim.lua``: count ``added`` bytes in (negative: out), then trim the
+    oldest dead letters to ``DEAD_MAXLEN`` entries and ``max_bytes`` bytes."""
+    return command("dead_trim", _trim_keys(tier), [added, DEAD_MAXLEN, max_bytes])
+
+
+def _trim_keys(tier: str) -> list[str]:
+    return [keys.dead(tier), keys.dead_bytes(tier)]
 
 
 def dead_letter_fields(*, user: str, entry: str, turn_id: str, reason: str, worker: str,
@@ -310,6 +342,12 @@ def purge_dead_letters(r: redis.Redis, tier: str, ids: list[str] | None) -> int:
     """Delete ``tier``'s dead letters ``ids`` (None: all of them); how many were removed."""
     validate_tier(tier)
     if ids is None:
-        return int(r.xtrim(keys.dead(tier), maxlen=0, approximate=False))
-    wanted = list(dict.fromkeys(validate_dead_letter_id(i) for i in ids))
-    return int(r.xdel(keys.dead(tier), *wanted)) if wanted else 0
+        removed = int(r.xtrim(keys.dead(tier), maxlen=0, approximate=False))
+        r.delete(keys.dead_bytes(tier))
+        return removed
+    rows = [(i, f) for i, f in _rows_by_id(r, tier, ids) if f is not None]
+    removed = int(r.xdel(keys.dead(tier), *(i for i, _ in rows))) if rows else 0
+    if removed:  # their bytes out of the count (the trim call trims nothing more than it would)
+        Function(r, "dead_trim")(keys=_trim_keys(tier),
+                                 args=[-sum(entry_bytes(f) for _, f in rows), DEAD_MAXLEN, DEAD_MAX_BYTES])
+    return removed

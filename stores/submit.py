@@ -83,7 +83,8 @@ def queue_notify(pipe: Any, turn: Turn, shards: int = 1) -> None:
 
 
 # --- one node: one script, one round trip --------------------------------------------------
-def submit_call(built: list[tuple[Turn, bytes]], tier: str, shards: int = 1) -> Command:
+def submit_call(built: list[tuple[Turn, bytes]], tier: str, shards: int = 1,
+                retention_ms: int = 0) -> Command:
     """The ``FCALL`` of ``turn_submit.lua`` for ``built`` (every inbox entry and notification,
     then the active marks, in one atomic call)."""
     ks = [keys.active(tier)] + [keys.inbox(t.user) for t, _ in built] + [
@@ -91,6 +92,8 @@ def submit_call(built: list[tuple[Turn, bytes]], tier: str, shards: int = 1) -> 
     args: list[Any] = [len(built)]
     for turn, payload in built:
         args += [turn.user, turn.ts, turn.turn_id, turn.tier, payload]
+    if retention_ms > 0:
+        args.append(retention_ms)
     return functions.command("turn_submit", ks, args)
 
 
@@ -112,7 +115,7 @@ def queue_round_trip(pipe: Any, built: list[tuple[Turn, bytes]], tier: str,
     read after it means no worker could take it. A client sends it at most once per
     ``PRESSURE_CHECK_S`` per tier (``fleet.client``): no ``XINFO`` on every submit; a burst the
     check misses is seen by the commander's next pass (its backlog), at most 0.5 s later."""
-    pipe.execute_command(*submit_call(built, tier, opts.shards))
+    pipe.execute_command(*submit_call(built, tier, opts.shards, opts.retention_ms))
     if opts.wait is not None:
         pipe.wait(opts.wait.replicas, opts.wait.timeout_ms)
     if pressure is not None and built:
@@ -233,6 +236,9 @@ def submit_ordered(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptio
     except Exception as exc:  # RedisClusterException is no RedisError: whatever it is, unnotified
         raise SubmitNotNotified(written, exc) from exc
     read = notified(results, written, refused, gauges)
+    if opts.retention_ms > 0:  # the tier's retention: each inbox expires after its last submit
+        yield Pipelined(lambda pipe: [pipe.pexpire(keys.inbox(t.user), opts.retention_ms) for t in written],
+                        raise_on_error=False)
     return Submitted(read) if wait is None else Submitted(read, replicas.fewest(acked1 + acked2))
 
 

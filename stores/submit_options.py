@@ -35,6 +35,7 @@ class SubmitOptions:
     wait: ReplicaWait | None = None
     groups: tuple[tuple[str, float], ...] = ()  # the tier's groups and weights (protocol.groups)
     rejected: frozenset[str] = frozenset()  # groups the commander rejected: weight 0 at submit
+    retention_ms: int = 0  # an inbox expires this long after its last submit (0: never)
 
 
 def queue_options_probe(pipe: Any, tier: str) -> None:
@@ -75,7 +76,16 @@ def submit_options_of(raw: Any, good: Any, rejected: Iterable[Any] = ()) -> Subm
     acks = _int_in(fields, "replica_acks", 0, 0, MAX_REPLICA_ACKS)
     timeout_ms = _int_in(fields, "replica_ack_timeout_ms", 100, 1, MAX_REPLICA_ACK_TIMEOUT_MS)
     return SubmitOptions(shards, ReplicaWait(acks, timeout_ms) if acks else None, _groups_of(fields),
-                         frozenset(as_str(g, errors="replace") for g in rejected))
+                         frozenset(as_str(g, errors="replace") for g in rejected), _retention_ms(fields))
+
+
+def _retention_ms(fields: dict[str, Any]) -> int:
+    """``retention_days`` in ms; 0 (none) unless it is a number in the policy's bounds."""
+    durability = fields.get("durability")
+    days = durability.get("retention_days", 0) if isinstance(durability, dict) else 0
+    if isinstance(days, bool) or not isinstance(days, (int, float)) or not 0 <= days <= 36_500:
+        return 0
+    return round(days * 86_400_000)
 
 
 def _groups_of(fields: dict[str, Any]) -> tuple[tuple[str, float], ...]:

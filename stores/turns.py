@@ -159,6 +159,9 @@ class UserStore:
         # WAIT after the lane acquire and the turn commit (the worker sets it from the tier's
         # policy, ``ReplicaWait.of``); None: no WAIT is sent, the commands of a store without it
         self.replica_wait: replicas.ReplicaWait | None = None
+        # the user's keys expire this long after each commit (the tier's policy,
+        # ``retention_ms``); 0: they are kept
+        self.retention_ms = 0
 
     async def acquire(self, user: str) -> Lease | Busy | Idle:
         """Take the lane with the first turn after the cursor and its context pack, learn who
@@ -218,7 +221,7 @@ class UserStore:
         same (counted in ``acks`` and logged, never an error)."""
         k = keys.user_keys(lease.user)
         keys_ = [k.lane, k.state, k.inbox, k.session, k.done, k.reply(reply_key_turn), k.usage,
-                 k.profile, k.memory, k.outbox]
+                 k.profile, k.memory, k.outbox, k.fence, keys.pins(lease.user)]
         cfg = self.cfg
         usage = {counter: int(n) for counter, n in w.usage.items() if n}  # a zero adds nothing
         args: list[Any] = [lease.owner, entry, w.turn_id, w.session_entry, cfg.session_max, w.reply,
@@ -233,6 +236,7 @@ class UserStore:
             args += [counter, n]
         for job, payload in w.deferrals:
             args += [job, payload]
+        args.append(self.retention_ms)
         try:
             res = await self._call(self.scripts.turn_commit, keys_, args, "commit")
         except ResponseError as exc:

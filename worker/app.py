@@ -196,6 +196,7 @@ class Worker:
     def _applied(self, policy: TurnsPolicy) -> None:
         """A new policy runs here: the replicas a write waits for, maybe more slots."""
         self.store.replica_wait = ReplicaWait.of(policy)  # WAIT after acquire and commit
+        self.store.retention_ms = policy.durability.retention_ms  # the user's keys expire after
         self.jobs.slot_freed.set()
 
     async def _stop_background(self, tasks: list[asyncio.Task[None]]) -> None:

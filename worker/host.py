@@ -152,7 +152,8 @@ class Host:
     async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str, fields: Fields) -> None:
         """Record a turn that could not be served, with the reason, on the tier's dead letters."""
         await dead_letter_async(self.r, self.tier, user=user, entry=entry, turn_id=turn_id, reason=reason,
-                                worker=self.worker_id, fields=fields)
+                                worker=self.worker_id, fields=fields,
+                                max_bytes=self.policy.durability.dead_letter_max_bytes)
         self.tally.dead_letters += 1
         log.warning("dead-lettered turn %s of %s: %s", turn_id, user, reason)
 

@@ -14,6 +14,8 @@
 -- KEYS[8]  fleet:u:{U}:profile  hash
 -- KEYS[9]  fleet:u:{U}:memory   zset of msgpack MemoryItem by score
 -- KEYS[10] fleet:u:{U}:outbox   stream of deferred jobs (fields job, d) the relay moves to RQ
+-- KEYS[11] fleet:u:{U}:fence    (retention only)
+-- KEYS[12] fleet:u:{U}:pins     (retention only)
 -- ARGV[1]  "<worker>|<token>"
 -- ARGV[2]  inbox entry id of the turn: must be the first entry after the cursor
 -- ARGV[3]  turn id to remember as answered ('' = none)
@@ -30,6 +32,9 @@
 -- ARGV[17] D: number of deferral (job id, msgpack Deferral) pairs that follow
 -- ARGV[18 ..] the P profile pairs, then the M memory pairs, then the Q usage pairs, then the
 --          D deferral pairs (each one XADDed to the outbox: written with the turn or not at all)
+-- ARGV[last] optional, after the pairs: the retention in ms (an integer); > 0: every key of the user but the
+--          lane and the reply expires that long after this commit; 0: none expires (an expiry
+--          an earlier commit set is removed)
 --
 -- Returns {result, released, next}:
 --   result  'ok'; 'stale' if the entry is not the next one after the cursor (already done:
@@ -76,7 +81,8 @@ end
 
 -- check every argument before the first write: a script that fails halfway is not undone
 local np, nm, nu, nd = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
-if not (np and nm and nu and nd) or #ARGV ~= 17 + 2 * (np + nm + nu + nd) then
+local pairs_end = 17 + 2 * ((np or 0) + (nm or 0) + (nu or 0) + (nd or 0))
+if not (np and nm and nu and nd) or (#ARGV ~= pairs_end and #ARGV ~= pairs_end + 1) then
   return redis.error_reply('BADARGS pair counts do not match the arguments')
 end
 local first_mem, first_use = 18 + 2 * np, 18 + 2 * (np + nm)
@@ -124,7 +130,16 @@ end
 for i = first_use, first_def - 1, 2 do
   redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1])
 end
-for i = first_def, #ARGV, 2 do
+for i = first_def, pairs_end, 2 do
   redis.call('XADD', KEYS[10], '*', 'job', ARGV[i], 'd', ARGV[i + 1])
+end
+
+-- retention: the user's keys expire ARGV[pairs_end + 1] ms after the user's last commit
+local retention = tonumber(ARGV[pairs_end + 1] or '0') or 0
+local kept = {KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]}
+if retention > 0 then
+  for _, key in ipairs(kept) do redis.call('PEXPIRE', key, ARGV[pairs_end + 1]) end
+elseif #KEYS >= 12 and redis.call('PTTL', KEYS[2]) >= 0 then  -- retention turned off: keep them
+  for _, key in ipairs(kept) do redis.call('PERSIST', key) end
 end
 return finish('ok', ARGV[2])

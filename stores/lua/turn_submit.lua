@@ -16,12 +16,14 @@
 --          Turn); the entry is written as fields m (payload), turn_id and tier: the plain
 --          fields let the scripts that read the inbox see the turn id and tier without
 --          decoding msgpack (include/next_turn.lua)
+-- ARGV[last] optional, after the turns: the tier's retention in ms (an integer); > 0: each
+--          inbox written expires that long after this submit
 --
 -- Returns the inbox entry ids, in order. A write that fails while the script runs (a key of the
 -- wrong type, out of memory) leaves the writes before it, as a failing command inside EXEC did
 -- (the ones after it are not made: the script stops there).
 local n = tonumber(ARGV[1])
-if not n or #KEYS ~= 1 + 2 * n or #ARGV ~= 1 + 5 * n then
+if not n or #KEYS ~= 1 + 2 * n or (#ARGV ~= 1 + 5 * n and #ARGV ~= 2 + 5 * n) then
   return redis.error_reply('BADARGS turn count does not match the keys and arguments')
 end
 -- A script is not rolled back: a write the caller's ACL refuses would fail halfway, after the
@@ -32,6 +34,7 @@ if redis.acl_check_cmd then
   for i = 1, n do
     checks[#checks + 1] = {'XADD', KEYS[1 + i], '*', 'm', 'x'}
     checks[#checks + 1] = {'XADD', KEYS[1 + n + i], '*', 'user', 'u'}
+    if #ARGV == 2 + 5 * n then checks[#checks + 1] = {'PEXPIRE', KEYS[1 + i], '1'} end
   end
   for _, c in ipairs(checks) do
     if not redis.acl_check_cmd((table.unpack or unpack)(c)) then
@@ -50,5 +53,10 @@ end
 for i = 1, n do
   local at = 2 + 5 * (i - 1)
   redis.call('ZADD', KEYS[1], ARGV[at + 1], ARGV[at])
+end
+
+-- retention: each inbox expires ARGV[2 + 5n] ms after its last submit (a commit sets it again)
+if (tonumber(ARGV[2 + 5 * n] or '0') or 0) > 0 then
+  for i = 1, n do redis.call('PEXPIRE', KEYS[1 + i], ARGV[2 + 5 * n]) end
 end
 return ids

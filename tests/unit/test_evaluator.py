@@ -6,6 +6,7 @@ import pytest
 
 from commander.evaluator import (
     AVERAGE_ROWS,
+    FORGET_ABSENT_S,
     WINDOW_ROWS,
     Evaluator,
     Occupancy,
@@ -151,3 +152,16 @@ def test_evaluator_end_to_end() -> None:
 @pytest.mark.parametrize(("mb", "expected"), [(None, None), (256.0, 256.0 * MB)])
 def test_memory_limit_from_policy(mb: float | None, expected: float | None) -> None:
     assert memory_limit_bytes(turns_policy(memory_limit_mb=mb).scale_rules()) == expected
+
+
+def test_workers_absent_from_the_registry_and_the_runtime_are_forgotten_after_a_bound() -> None:
+    ev = Evaluator()
+    for worker in ("kept", "registered", "gone"):
+        ev.add(report(100.0, worker=worker))
+    ev.add(report(1000.0, worker="kept"))  # still reporting, though no one lists it
+    present = {"registered"}
+    assert ev.forget_absent(present, now=100.0 + FORGET_ABSENT_S) == []  # not past the bound yet
+    assert ev.forget_absent(present, now=101.0 + FORGET_ABSENT_S) == ["gone"]
+    assert sorted(ev.workers()) == ["kept", "registered"] and ev.window("gone") == ()
+    assert ev.forget_absent(set(), now=1001.0 + FORGET_ABSENT_S) == ["kept", "registered"]
+    assert ev.workers() == []
