@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -171,6 +172,17 @@ class Writes:
     # the turn's deferred jobs as (job id, msgpack Deferral): one outbox entry each, written by
     # the commit (never by a 'dup' or 'stale' one); after an 'ok' commit the relay is told
     deferrals: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def without(self, roles: Collection[str]) -> Writes:
+        """These writes less those to the keys of ``roles`` (as :class:`WrongType` names them):
+        what a rejection can still write when some of the user's keys hold the wrong type."""
+        return replace(self, turn_id="" if "done" in roles else self.turn_id,
+                       session_entry=b"" if "session" in roles else self.session_entry,
+                       reply=b"" if "reply" in roles else self.reply,
+                       profile={} if "profile" in roles else self.profile,
+                       memories=[] if "memory" in roles else self.memories,
+                       usage={} if "usage" in roles else self.usage,
+                       deferrals=[] if "outbox" in roles else self.deferrals)
 
 
 class UserStore:

@@ -156,6 +156,22 @@ class Host:
         self.tally.dead_letters += 1
         log.warning("dead-lettered turn %s of %s: %s", turn_id, user, reason)
 
+    async def give_up(self, user: str, deliveries: dict[str, int], error: str) -> None:
+        """Notifications of ``user`` at the delivery limit whose job failed again (``deliveries``:
+        id -> times delivered): dead-letter each with the ``error``, then ack them, so a poison
+        notification does not pin the ready stream. Redis away: they stay pending, and come back."""
+        limit = self.policy.max_deliveries
+        try:
+            for nid, n in deliveries.items():
+                reason = (f"notification {nid} delivered {n} times (max_deliveries {limit}); "
+                          f"last error: {error}")
+                await self.dead_letter(user, "", "", reason, {b"user": user.encode()})
+            await self.ack(list(deliveries))
+            self.tally.delivery_limit += len(deliveries)
+            self.redis_errors.answered("give up")
+        except TRANSIENT as exc:
+            self.redis_errors.failed("give up", exc)
+
     async def hand_back(self, nid: str, user: str) -> None:
         """A draining worker returns a notification: a fresh one for others, then the ack."""
         try:

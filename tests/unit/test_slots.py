@@ -605,6 +605,8 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.ledger.NotLeading": "an exception",
     "stores.takeover.Takeover": "a value",
     "stores.turns.Fenced": "an exception",
+    "stores.turns.UserDataError": "an exception",
+    "stores.turns.WrongType": "a value",
     "stores.turns.StoreConfig": "a value",
     "stores.turns.Lease": "a value",
     "stores.turns.Busy": "a value",
