@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from protocol.groups import split_pool
 from protocol.policy import TurnsPolicy
 from stores import worker_ops
-from stores.deadletters import dead_letter_async
+from stores.deadletters import DeadKind, dead_letter_async
 from stores.policies import tier_defined_async
 from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT
@@ -149,10 +149,11 @@ class Host:
         """Whether a policy defines ``tier``: a turn for one that does not is dead-lettered."""
         return await tier_defined_async(self.r, tier)
 
-    async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str, fields: Fields) -> None:
+    async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str, fields: Fields,
+                          kind: DeadKind) -> None:
         """Record a turn that could not be served, with the reason, on the tier's dead letters."""
         await dead_letter_async(self.r, self.tier, user=user, entry=entry, turn_id=turn_id, reason=reason,
-                                worker=self.worker_id, fields=fields)
+                                worker=self.worker_id, fields=fields, kind=kind)
         self.tally.dead_letters += 1
         log.warning("dead-lettered turn %s of %s: %s", turn_id, user, reason)
 
@@ -165,7 +166,7 @@ class Host:
             for nid, n in deliveries.items():
                 reason = (f"notification {nid} delivered {n} times (max_deliveries {limit}); "
                           f"last error: {error}")
-                await self.dead_letter(user, "", "", reason, {b"user": user.encode()})
+                await self.dead_letter(user, "", "", reason, {b"user": user.encode()}, "delivery_limit")
             await self.ack(list(deliveries))
             self.tally.delivery_limit += len(deliveries)
             self.redis_errors.answered("give up")
@@ -185,7 +186,8 @@ class Host:
         """A notification that names no valid user: dead-letter it (nobody to reply to), ack it."""
         raw_user = fields.get(b"user", b"")[:100].decode(errors="replace")
         try:
-            await self.dead_letter(raw_user, "", "", f"bad notification {nid}: {reason}", fields)
+            await self.dead_letter(raw_user, "", "", f"bad notification {nid}: {reason}", fields,
+                                   "bad_notification")
             await self.ack([nid])
             self.redis_errors.answered("reject notification")
         except TRANSIENT as exc:  # it stays pending: reclaimed once idle, and rejected again

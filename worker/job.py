@@ -34,6 +34,7 @@ from typing import Protocol
 from protocol.codec import CodecError, encode
 from protocol.models import HandlerResult, Reply, SessionEntry, Turn
 from protocol.policy import TurnsPolicy
+from stores.deadletters import DeadKind
 from stores.memory import new_member
 from stores.redis_errors import RedisErrors, error_kind
 from stores.retry import TRANSIENT, Backoff
@@ -77,7 +78,7 @@ class JobHost(Protocol):
     async def pool_of(self, user: str, tier: str) -> str: ...
     async def tier_defined(self, tier: str) -> bool: ...
     async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str,
-                          fields: Fields) -> None: ...
+                          fields: Fields, kind: DeadKind) -> None: ...
     async def give_up(self, user: str, deliveries: dict[str, int], error: str) -> None: ...
     def job_done(self, job: UserJob) -> None: ...
     def trace_handler(self, event: str, ctx: handlers.TurnContext) -> None: ...
@@ -323,8 +324,8 @@ class UserJob:
             return await self._attempts(lease, nxt, turn)
         except UserDataError as exc:
             return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt,
-                                      f"the user's data cannot be used: {exc}", attempts=0,
-                                      submitted=turn.ts, unusable=exc.roles)
+                                      f"the user's data cannot be used: {exc}", "user_data",
+                                      attempts=0, submitted=turn.ts, unusable=exc.roles)
 
     async def _attempts(self, lease: Lease, nxt: NextTurn, turn: Turn) -> Done:
         """Run the handler on ``turn`` up to ``max_attempts`` times and commit its answer (or its
@@ -341,7 +342,7 @@ class UserJob:
                 return await self._commit(lease, entry, turn.turn_id, Writes(), "dup")
             if pulled.attempts > self.host.policy.max_attempts:
                 reason = f"failed {pulled.attempts - 1} attempts; last: {last_error}"
-                return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt, reason,
+                return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt, reason, "attempts",
                                           attempts=pulled.attempts - 1, submitted=turn.ts)
             try:
                 result, deferred = await self._call_handler(lease, turn, pulled)
@@ -370,12 +371,13 @@ class UserJob:
                 log.exception("turn %s of %s could not be decoded", entry, self.user)
             reason = str(exc) if isinstance(exc, CodecError) else f"{type(exc).__name__}: {str(exc)[:200]}"
             reply_to, fmt = reply_route(entry, fields)  # only for a rejected turn: it re-reads the payload
-            return await self._reject(lease, nxt, reply_to, fmt, f"bad turn: {reason}", attempts=0)
+            return await self._reject(lease, nxt, reply_to, fmt, f"bad turn: {reason}", "bad_turn",
+                                      attempts=0)
         if turn.tier != self.host.tier:
             if not await self.host.tier_defined(turn.tier):  # no worker will ever serve it
                 return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt,
                                           f"tier {turn.tier!r} has no policy: no worker serves it",
-                                          attempts=0, submitted=turn.ts)
+                                          "no_policy", attempts=0, submitted=turn.ts)
             raise OtherTier(await self.host.pool_of(self.user, turn.tier))
         pool = await self.host.pool_of(self.user, turn.tier)  # a user moving group: the next turn is
         if pool != self.host.pool:  # the new group's (the attempt the acquire counted is taken back)
@@ -432,12 +434,12 @@ class UserJob:
         )
 
     async def _reject(self, lease: Lease, nxt: NextTurn, reply_to: str, fmt: str, reason: str,
-                      attempts: int, submitted: float | None = None,
+                      kind: DeadKind, attempts: int, submitted: float | None = None,
                       unusable: frozenset[str] = frozenset()) -> Done:
         """Dead-letter a turn with its reason and tell the user; the lane moves on. The keys of
         ``unusable`` (and any the commit finds of the wrong type) are left unwritten: a rejection
         needs only the cursor and the inbox (else ``Unanswerable``)."""
-        await self.host.dead_letter(self.user, nxt.entry, reply_to, reason, nxt.fields)
+        await self.host.dead_letter(self.user, nxt.entry, reply_to, reason, nxt.fields, kind)
         reply = Reply(turn_id=reply_to, user=self.user, ok=False, error=reason,
                       worker=self.host.worker_id, ts=time.time(), attempts=attempts)
         writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt),

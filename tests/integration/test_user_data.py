@@ -7,8 +7,12 @@ from __future__ import annotations
 import pytest
 import redis
 
+from fleet.cli_admin import _status_text
 from fleet.client import Fleet
+from fleet.status import snapshot
 from protocol import keys
+from protocol.codec import decode
+from protocol.models import OccupancyReport
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
@@ -18,6 +22,15 @@ pytestmark = pytest.mark.integration
 
 WRONG = {"session": ("list", keys.session), "memory": ("zset", keys.memory), "done": ("zset", keys.done),
          "usage": ("hash", keys.usage), "reply": ("list", lambda user: keys.reply(user, "m-1"))}
+
+
+def worker_stats(r: redis.Redis, worker: str) -> int | None:
+    """The delivery-limit count of the worker's newest report (None before its first)."""
+    for _id, fields in r.xrevrange(keys.REPORTS, count=50):
+        report = decode(OccupancyReport, fields[b"m"])
+        if report.worker == worker:
+            return report.turn_stats.delivery_limit
+    return None
 
 
 @pytest.mark.parametrize("role", WRONG)
@@ -34,6 +47,7 @@ def test_a_wrong_type_key_gets_an_error_reply_and_a_dead_letter_and_deleting_it_
     dead = wait_until(lambda: [d for d in dead_letters(r) if d["user"] == "mallory"], 15,
                       "mallory's dead letter")
     assert len(dead) == 1 and reason in dead[0]["reason"] and dead[0]["kept"] == "True"
+    assert dead[0]["kind"] == "user_data"
     if role != "reply":  # (its own reply key is the bad one: the dead letter is the answer)
         reply = first.result(5)
         assert not reply.ok and reason in (reply.error or "")
@@ -50,7 +64,7 @@ def test_a_wrong_type_key_gets_an_error_reply_and_a_dead_letter_and_deleting_it_
 def test_a_poison_notification_is_dead_lettered_at_the_delivery_limit_and_acked(
         r: redis.Redis, redis_server, start_worker, key_of) -> None:
     write_policy(r, "chat", TurnsPolicy(max_deliveries=3))
-    start_worker()
+    w = start_worker()
     fleet = Fleet(redis_server.role_url("fleet-client"))
     ready = keys.ready("chat")
     r.set(key_of("mallory"), "garbage")
@@ -59,11 +73,15 @@ def test_a_poison_notification_is_dead_lettered_at_the_delivery_limit_and_acked(
 
     dead = wait_until(lambda: [d for d in dead_letters(r) if d["user"] == "mallory"], 30,
                       "the poison notification's dead letter")
-    assert len(dead) == 1
+    assert len(dead) == 1 and dead[0]["kind"] == "delivery_limit"
     assert f"notification {poison} delivered 3 times" in dead[0]["reason"]
     assert f"WRONGTYPE {key_of('mallory')} holds a string" in dead[0]["reason"]  # its last error
     wait_until(lambda: r.xpending(ready, keys.GROUP)["pending"] == 0, 10, "the poison notification's ack")
     assert fleet.submit("alice", "still here").result(10).ok
+    status = snapshot(r)
+    assert status["tiers"]["chat"]["dead_letter_kinds"] == {"delivery_limit": 1}
+    assert "dead: 1 delivery_limit" in _status_text(status)
+    wait_until(lambda: worker_stats(r, w.worker_id) == 1, 20, "the worker's report counting it")
 
     r.delete(key_of("mallory"))
     mended = fleet.submit("mallory", "mended").result(10)
