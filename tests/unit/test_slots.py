@@ -469,6 +469,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         users.inspect_user(r, user, tiers=list(TIERS), session_n=5)
     users.active_users(r, tier)
     deadletters.dead_letter_rows(r, tier, 10, USERS[0])
+    deadletters.dead_letter_kinds(r, tier)
     await deadletters.dead_letter_async(ar, tier, user=USERS[1], entry="2-0", turn_id="t-2", reason="x",
                                         worker=wid, fields={b"text": b"hi", b"tier": b"gpu"})
     retried = deadletters.retry_dead_letters(r, tier, None)  # a turn of chat and one of gpu
