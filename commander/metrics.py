@@ -38,6 +38,7 @@ fleet_turns_total                      counter    tier, result     turns committ
 fleet_turn_retries_total               counter    tier             handler calls of an attempt after the first
 fleet_dead_letters_total               counter    tier             entries written to the dead letters
 fleet_fenced_total                     counter    tier             lanes lost to another worker (fencing)
+fleet_delivery_limit_total             counter    tier             poison notifications dead-lettered
 fleet_turn_queue_wait_seconds          histogram  tier             submit -> first attempt's handler start
 fleet_turn_handler_seconds             histogram  tier             each handler call
 fleet_turn_latency_seconds             histogram  tier             submit -> commit of the reply

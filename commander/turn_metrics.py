@@ -128,6 +128,7 @@ _COUNTERS = (  # (metric, TurnStats field, help)
     ("fleet_turn_retries", "retries", "Handler calls of a turn's attempt after the first."),
     ("fleet_dead_letters", "dead_letters", "Entries the tier's workers wrote to its dead letters."),
     ("fleet_fenced", "fenced", "Lanes the tier's workers lost to another (a fenced write or a lost lease)."),
+    ("fleet_delivery_limit", "delivery_limit", "Notifications dead-lettered and acked at max_deliveries."),
 )
 _HISTOGRAMS = (
     ("fleet_turn_queue_wait_seconds", "queue_wait", "Submit to the handler start of a turn's first attempt."),

@@ -155,7 +155,7 @@ def _status_text(snap: dict[str, Any]) -> str:
             policy += f", {t['ready_shards']} ready shards"
         if t.get("kind") == "rq":
             policy += _rq_text(t)
-        policy += _group_note(t)
+        policy += _group_note(t) + _dead_note(t)
         lines.append(f"{tier:<12}{t['workers_alive']:>8}{t['min_workers']:>5}{t['max_workers']:>5}"
                      f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}"
                      f"  {policy}")
@@ -186,6 +186,12 @@ def _rq_text(t: dict[str, Any]) -> str:
         return f", rq: {t['rq_error']}"
     queues = ",".join(q["name"] for q in t.get("queues", []))
     return f", rq on {queues}: {t['failed_jobs']} failed, oldest queued {t['oldest_job_age_s']:.0f}s"
+
+
+def _dead_note(t: dict[str, Any]) -> str:
+    """A tier's newest dead letters by kind (``delivery_limit``, ``user_data``, ...), if any."""
+    kinds = t.get("dead_letter_kinds") or {}
+    return ", dead: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) if kinds else ""
 
 
 def _group_note(t: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from stores.backlog import TierBacklog, active_users, live_ids, read_backlog, un
 from stores.bad_state import DEFAULT, BadState
 from stores.cluster import is_cluster
 from stores.connection import connect_rq
-from stores.deadletters import dead_letter_count, newest_dead_letters
+from stores.deadletters import dead_letter_count, dead_letter_kinds, newest_dead_letters
 from stores.group_assignment import read_pool_policy, rejected_groups, with_group_pools
 from stores.leader_lease import lease_holder
 from stores.policies import list_tiers, read_policy, read_policy_status
@@ -81,6 +81,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
             "workers_alive": sum(1 for w in ws if w["tier"] == tier and w["alive"]),
             **backlog_json(backlogs[tier]),
             "dead_letters": dead_letter_count(r, tier),
+            "dead_letter_kinds": dead_letter_kinds(r, tier),  # of the newest KIND_SCAN
             "active_users": active_users(r, tier, time.time() - window),
             "kind": read.policy.kind,
         }

@@ -137,7 +137,7 @@ INBOX_EXPIRY_SELECTOR = f"(~{pattern(keys.inbox, USER)} +pexpire)"
 
 # What a worker and the commander send (a worker serves turns and reports; the commander also
 # takes over a dead worker's streams, so it needs the same stream and lane commands).
-_SERVING = ("get", "set", "mget", "incr", "del", "exists", "pexpire", "pttl", "hget", "hset", "hmget",
+_SERVING = ("get", "set", "mget", "incr", "del", "exists", "type", "pexpire", "pttl", "hget", "hset", "hmget",
             "hgetall", "hvals", "hdel", "hexists", "hincrby", "rpush", "lrange", "ltrim", "lrem", "sadd",
             "srem", "smembers", "sismember", "zadd", "zcount", "zscore", "zrevrange", "zrange", "zrem",
             "zremrangebyscore", "zremrangebyrank", "zscan", "xadd", "xread", "xreadgroup", "xack",

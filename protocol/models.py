@@ -137,10 +137,11 @@ class TurnStats(_Model):
     answered already, ``stale`` a commit that found the entry committed. ``retries``: handler
     calls of an attempt after the first; ``dead_letters``: entries it wrote to the dead
     letters (turns and bad notifications); ``fenced``: lanes it lost to another worker (a
-    fenced write, or a renewal that found the lane gone). Histograms: ``queue_wait`` submit to
-    the first attempt's handler start, ``handler`` every handler call, ``latency`` submit to
-    the commit of the reply. ``redis_errors``: the errors Redis answered it, by kind (every
-    loop's, not only its turns').
+    fenced write, or a renewal that found the lane gone); ``delivery_limit``: notifications it
+    dead-lettered and acked at the tier's ``max_deliveries`` (among its ``dead_letters``).
+    Histograms: ``queue_wait`` submit to the first attempt's handler start, ``handler`` every
+    handler call, ``latency`` submit to the commit of the reply. ``redis_errors``: the errors
+    Redis answered it, by kind (every loop's, not only its turns').
     """
 
     ok: NonNegativeInt = 0
@@ -150,6 +151,7 @@ class TurnStats(_Model):
     retries: NonNegativeInt = 0
     dead_letters: NonNegativeInt = 0
     fenced: NonNegativeInt = 0
+    delivery_limit: NonNegativeInt = 0
     queue_wait: TurnHistogram = TurnHistogram()
     handler: TurnHistogram = TurnHistogram()
     latency: TurnHistogram = TurnHistogram()
@@ -165,7 +167,7 @@ class TurnStats(_Model):
 
 
 TURN_RESULTS = ("ok", "error", "dup", "stale")  # the result fields of TurnStats
-TURN_COUNTERS = ("retries", "dead_letters", "fenced")  # its other counters
+TURN_COUNTERS = ("retries", "dead_letters", "fenced", "delivery_limit")  # its other counters
 TURN_HISTOGRAMS = ("queue_wait", "handler", "latency")  # and its histograms
 
 

@@ -195,6 +195,9 @@ class TurnsPolicy(BaseModel):
     concurrency: PositiveInt = Field(8, le=1024, description="users served at once by one worker")
     max_attempts: PositiveInt = Field(3, le=100, description="handler attempts (crashes included) "
                                       "before a turn is dead-lettered")
+    max_deliveries: PositiveInt = Field(5, le=100, description="deliveries of a notification (the first "
+                                        "and each reclaim) before one whose serving fails again is "
+                                        "dead-lettered with its error and acked")
     min_workers: MinWorkers = 1
     max_workers: MaxWorkers = 8
     ready_shards: PositiveInt = Field(1, le=64, description="the tier's ready stream spread over this "

@@ -3,6 +3,7 @@
 
 The worker appends them (``Worker.dead_letter`` calls :func:`dead_letter_async`). An entry holds
 ``user``, ``entry`` (the inbox entry id, '' for a bad notification), ``turn_id``, ``reason``,
+``kind`` (what the reason is about, :data:`DeadKind`),
 ``worker``, ``ts``, ``size``, ``payload`` (a JSON preview of the fields, each cut to
 ``DEAD_FIELD_BYTES``) and ``turn``: the inbox entry's own fields, whole, as a msgpack map, when
 they fit in ``DEAD_TURN_BYTES`` (a turn the worker accepts does): what a retry re-enqueues. An
@@ -48,6 +49,13 @@ NOT_KEPT = "cannot retry: the turn's text was not kept"
 
 Fields = Mapping[bytes, bytes]
 log = logging.getLogger("fleet.deadletters")
+# What a dead letter is about: a turn that does not decode, one for a tier no policy defines, one
+# whose handler failed max_attempts times, one whose user's keys hold the wrong type, a
+# notification that names no valid user, one that hit the delivery limit (``other``: an entry
+# written without a kind)
+DeadKind = Literal["bad_turn", "no_policy", "attempts", "user_data", "bad_notification",
+                   "delivery_limit", "other"]
+KIND_SCAN = 1_000  # the newest dead letters of a tier counted by kind (fleet status)
 
 
 def dead_letter_count(r: redis.Redis, tier: str) -> int:
@@ -61,14 +69,14 @@ def newest_dead_letters(r: redis.Redis, tier: str, count: int) -> list[Row]:
 
 
 async def dead_letter_async(r: aioredis.Redis, tier: str, *, user: str, entry: str, turn_id: str,
-                            reason: str, worker: str, fields: Fields,
+                            reason: str, worker: str, fields: Fields, kind: DeadKind = "other",
                             max_bytes: int = DEAD_MAX_BYTES) -> None:
     """Append a turn that could not be served to the tier's dead letters, with the reason and
     its fields (each cut to ``DEAD_FIELD_BYTES``); an inbox entry (``entry`` set) of up to
     ``DEAD_TURN_BYTES`` is kept whole, for a retry. The oldest are trimmed while the tier keeps
     more than ``DEAD_MAXLEN`` entries or ``max_bytes`` bytes (:func:`trim_call`)."""
     out = dead_letter_fields(user=user, entry=entry, turn_id=turn_id, reason=reason, worker=worker,
-                             fields=fields, now=time.time())
+                             fields=fields, now=time.time(), kind=kind)
     async with r.pipeline(transaction=True) as pipe:  # one slot: the tier's
         pipe.xadd(keys.dead(tier), out)
         pipe.execute_command(*trim_call(tier, entry_bytes(out), max_bytes))
@@ -99,12 +107,12 @@ def _trim_keys(tier: str) -> list[str]:
 
 
 def dead_letter_fields(*, user: str, entry: str, turn_id: str, reason: str, worker: str,
-                       fields: Fields, now: float) -> dict[FieldT, EncodableT]:
+                       fields: Fields, now: float, kind: DeadKind = "other") -> dict[FieldT, EncodableT]:
     """The fields of one dead-letter entry (pure: what :func:`dead_letter_async` writes)."""
     payload = {as_str(k)[:64]: v[:DEAD_FIELD_BYTES].decode(errors="replace") for k, v in fields.items()}
     size = sum(len(k) + len(v) for k, v in fields.items())
     out: dict[FieldT, EncodableT] = {
-        "user": user, "entry": entry, "turn_id": turn_id, "reason": reason,
+        "user": user, "entry": entry, "turn_id": turn_id, "reason": reason, "kind": kind,
         "worker": worker, "ts": f"{now:.3f}", "size": str(size),
         "payload": json.dumps(payload)[: 4 * DEAD_FIELD_BYTES]}
     if entry and size <= DEAD_TURN_BYTES:
@@ -123,6 +131,7 @@ class DeadLetterRow:
     entry: str
     turn_id: str
     reason: str
+    kind: str  # a DeadKind, as written (``other`` when missing)
     worker: str
     ts: float
     size: int
@@ -146,9 +155,19 @@ def parse_dead_letter(tier: str, entry_id: str, fields: Fields) -> DeadLetterRow
             return 0.0
 
     return DeadLetterRow(id=entry_id, tier=tier, user=text(b"user"), entry=text(b"entry"),
-                         turn_id=text(b"turn_id"), reason=text(b"reason"), worker=text(b"worker"),
+                         turn_id=text(b"turn_id"), reason=text(b"reason"), kind=text(b"kind") or "other",
+                         worker=text(b"worker"),
                          ts=number(b"ts"), size=int(number(b"size")), payload=text(b"payload"),
                          retriable=b"turn" in fields)
+
+
+def dead_letter_kinds(r: redis.Redis, tier: str, scan: int = KIND_SCAN) -> dict[str, int]:
+    """How many of the tier's newest ``scan`` dead letters are of each kind."""
+    out: dict[str, int] = {}
+    for _id, fields in newest_dead_letters(r, tier, scan):
+        kind = as_str(fields.get(b"kind", b"other"), errors="replace")[:32] or "other"
+        out[kind] = out.get(kind, 0) + 1
+    return out
 
 
 def dead_letter_rows(r: redis.Redis, tier: str, count: int, user: str | None = None) -> list[DeadLetterRow]:

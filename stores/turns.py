@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -32,6 +33,34 @@ log = logging.getLogger("fleet.worker")
 
 class Fenced(Exception):
     """The lane was lost (lease expired and taken over): stop serving this user."""
+
+
+@dataclass(frozen=True)
+class WrongType:
+    """A key of the user's that holds another type than the scripts need: ``role`` is its part
+    (``session``, ``reply``, ...; see ``include/key_types.lua``)."""
+
+    role: str
+    key: str
+    found: str
+    wanted: str
+
+    def __str__(self) -> str:
+        return f"{self.key} holds a {self.found}, not a {self.wanted}"
+
+
+class UserDataError(Exception):
+    """The user's data cannot be used: keys that hold the wrong type (nothing was written). The
+    turn is answered with an error and dead-lettered; the user's later turns are served once the
+    keys are repaired or deleted."""
+
+    def __init__(self, user: str, wrong: tuple[WrongType, ...]) -> None:
+        super().__init__("; ".join(str(w) for w in wrong))
+        self.user, self.wrong = user, wrong
+
+    @property
+    def roles(self) -> frozenset[str]:
+        return frozenset(w.role for w in self.wrong)
 
 
 @dataclass(frozen=True)
@@ -81,7 +110,8 @@ class Idle:
 @dataclass(frozen=True)
 class Committed:
     """What a commit did: ``result`` 'ok', 'dup' or 'stale' (see ``turn_commit.lua``); then the
-    lane was ``released`` (nothing waited), or kept with the ``next`` turn to serve."""
+    lane was ``released`` (nothing waited), or kept with the ``next`` turn to serve. (A key of
+    the wrong type raises :class:`UserDataError` instead: nothing was written.)"""
 
     result: str
     released: bool
@@ -143,6 +173,17 @@ class Writes:
     # the commit (never by a 'dup' or 'stale' one); after an 'ok' commit the relay is told
     deferrals: list[tuple[str, bytes]] = field(default_factory=list)
 
+    def without(self, roles: Collection[str]) -> Writes:
+        """These writes less those to the keys of ``roles`` (as :class:`WrongType` names them):
+        what a rejection can still write when some of the user's keys hold the wrong type."""
+        return replace(self, turn_id="" if "done" in roles else self.turn_id,
+                       session_entry=b"" if "session" in roles else self.session_entry,
+                       reply=b"" if "reply" in roles else self.reply,
+                       profile={} if "profile" in roles else self.profile,
+                       memories=[] if "memory" in roles else self.memories,
+                       usage={} if "usage" in roles else self.usage,
+                       deferrals=[] if "outbox" in roles else self.deferrals)
+
 
 class UserStore:
     """Per-user operations for one worker, on one asyncio client."""
@@ -190,7 +231,8 @@ class UserStore:
 
     async def pull(self, user: str, turn_id: str, entry: str) -> Pulled:
         """The context pack, the duplicate check and the attempt count, in one round trip: for a
-        retry, and for an entry the scripts could not read them for (:class:`NextTurn`)."""
+        retry, and for an entry the scripts could not read them for (:class:`NextTurn`).
+        Raises :class:`UserDataError` if a key holds the wrong type."""
         k = keys.user_keys(user)
         pipe = self.r.pipeline(transaction=False)
         pipe.lrange(k.session, -self.cfg.context_turns, -1)
@@ -198,13 +240,33 @@ class UserStore:
         pipe.zrevrange(k.memory, 0, self.cfg.memory_k - 1)
         pipe.zscore(k.done, turn_id)
         pipe.hincrby(k.state, f"att:{entry}", 1)
-        session_raw, profile_raw, memories_raw, seen, attempts = await pipe.execute()
+        replies = await pipe.execute(raise_on_error=False)
+        if any(isinstance(x, Exception) for x in replies):
+            await self._raise_wrong_types(user, replies)
+        session_raw, profile_raw, memories_raw, seen, attempts = replies
         pack = ContextPack(
             session_raw=session_raw,
             profile={as_str(k): as_str(v) for k, v in profile_raw.items()},
             memories=parse_members(memories_raw),
         )
         return Pulled(pack, seen is not None, int(attempts))
+
+    async def _raise_wrong_types(self, user: str, replies: list[Any]) -> None:
+        """Raise what failed in :meth:`pull`'s replies: :class:`UserDataError` naming the keys
+        of the wrong type (their types read in one more round trip), else the first error."""
+        k = keys.user_keys(user)
+        parts = (("session", k.session, "list"), ("profile", k.profile, "hash"),
+                 ("memory", k.memory, "zset"), ("done", k.done, "zset"), ("state", k.state, "hash"))
+        failed = [part for part, res in zip(parts, replies, strict=True)
+                  if isinstance(res, ResponseError) and str(res).startswith("WRONGTYPE")]
+        if not failed:
+            raise next(x for x in replies if isinstance(x, Exception))
+        pipe = self.r.pipeline(transaction=False)
+        for _role, key, _wanted in failed:
+            pipe.type(key)
+        found = await pipe.execute()
+        raise UserDataError(user, tuple(WrongType(role, key, as_str(t), wanted)
+                                        for (role, key, wanted), t in zip(failed, found, strict=True)))
 
     async def uncount(self, user: str, entry: str) -> None:
         """Take back the attempt an acquire counted for a turn handed over unserved (a user moving
@@ -243,6 +305,9 @@ class UserStore:
             if str(exc).startswith("FENCED"):
                 raise Fenced(lease.user) from None
             raise
+        if as_str(res[0]) == "wrongtype":
+            flat = [as_str(x) for x in res[3]]
+            raise UserDataError(lease.user, tuple(WrongType(*flat[i:i + 4]) for i in range(0, len(flat), 4)))
         committed = Committed(as_str(res[0]), int(res[1]) == 1, _next_turn(res[2]))
         if w.deferrals and committed.result == "ok":  # only a turn that deferred pays this
             await self.notify_relay(lease.user)

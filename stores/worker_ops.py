@@ -151,15 +151,27 @@ async def read_ready(r: aioredis.Redis, tier: str, worker_id: str, count: int, b
                                                block=min(block_ms, CLUSTER_SHARD_BLOCK_MS)))
 
 
+Claimed = list[tuple[str, dict[bytes, bytes] | None, int]]  # (name, fields, times delivered)
+
+
 async def reclaim_idle(r: aioredis.Redis, tier: str, worker_id: str, min_idle_ms: int, start_id: str,
-                       count: int, shard: int = 0) -> tuple[str, list[tuple[str, dict[bytes, bytes] | None]]]:
+                       count: int, shard: int = 0) -> tuple[str, Claimed]:
     """One XAUTOCLAIM of ready shard ``shard`` from ``start_id``: the next cursor ("0-0" =
     wrapped) and the claimed entries, named as :func:`nid_of` (fields ``None`` or empty for one
-    trimmed away under its consumer)."""
-    nxt, claimed, *_deleted = await r.xautoclaim(keys.ready(tier, shard), keys.GROUP, worker_id,
-                                                 min_idle_ms, start_id=start_id, count=count)
+    trimmed away under its consumer), each with the times it was delivered (this claim
+    included; read by one more round trip when any was claimed)."""
+    ready = keys.ready(tier, shard)
+    nxt, claimed, *_deleted = await r.xautoclaim(ready, keys.GROUP, worker_id, min_idle_ms,
+                                                 start_id=start_id, count=count)
     rows = cast("list[tuple[bytes, dict[bytes, bytes] | None]]", claimed)
-    return as_str(nxt), [(nid_of(shard, as_str(nid)), fields) for nid, fields in rows]
+    deliveries = [1] * len(rows)
+    if rows:
+        pipe = r.pipeline(transaction=False)
+        for nid, _fields in rows:
+            pipe.xpending_range(ready, keys.GROUP, nid, nid, 1)
+        deliveries = [int(p[0]["times_delivered"]) if p else 1 for p in await pipe.execute()]
+    return as_str(nxt), [(nid_of(shard, as_str(nid)), fields, n)
+                         for (nid, fields), n in zip(rows, deliveries, strict=True)]
 
 
 async def ack_notifications(scripts: Functions, tier: str, worker_id: str, nids: Sequence[str],

@@ -273,8 +273,9 @@ class Worker:
         await asyncio.sleep(BACKOFF.compute(failures + 1))
         return failures + 1
 
-    def dispatch(self, nid: str, fields: Fields | None, reclaimed: bool) -> None:
-        """Hand a notification to its user's job, starting one if needed."""
+    def dispatch(self, nid: str, fields: Fields | None, reclaimed: bool, deliveries: int = 1) -> None:
+        """Hand a notification to its user's job, starting one if needed; ``deliveries``: the
+        times it was delivered, this one included (the job's delivery limit)."""
         try:
             user = notification_user(fields or {})
         except CodecError as exc:
@@ -288,10 +289,10 @@ class Worker:
         if job is None:
             job = UserJob(self.host, user)
             self.jobs.add(job)
-            job.attach(nid, reclaimed)
+            job.attach(nid, reclaimed, deliveries)
             self.jobs.spawn(job.run())
         else:
-            job.attach(nid, reclaimed)
+            job.attach(nid, reclaimed, deliveries)
 
     async def _reclaim(self) -> None:
         await self.reclaim.pass_once(self.tier_policy.shards)

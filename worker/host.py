@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from protocol.groups import split_pool
 from protocol.policy import TurnsPolicy
 from stores import worker_ops
-from stores.deadletters import dead_letter_async
+from stores.deadletters import DeadKind, dead_letter_async
 from stores.policies import tier_defined_async
 from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT
@@ -149,13 +149,30 @@ class Host:
         """Whether a policy defines ``tier``: a turn for one that does not is dead-lettered."""
         return await tier_defined_async(self.r, tier)
 
-    async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str, fields: Fields) -> None:
+    async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str, fields: Fields,
+                          kind: DeadKind) -> None:
         """Record a turn that could not be served, with the reason, on the tier's dead letters."""
         await dead_letter_async(self.r, self.tier, user=user, entry=entry, turn_id=turn_id, reason=reason,
-                                worker=self.worker_id, fields=fields,
+                                worker=self.worker_id, fields=fields, kind=kind,
                                 max_bytes=self.policy.durability.dead_letter_max_bytes)
         self.tally.dead_letters += 1
         log.warning("dead-lettered turn %s of %s: %s", turn_id, user, reason)
+
+    async def give_up(self, user: str, deliveries: dict[str, int], error: str) -> None:
+        """Notifications of ``user`` at the delivery limit whose job failed again (``deliveries``:
+        id -> times delivered): dead-letter each with the ``error``, then ack them, so a poison
+        notification does not pin the ready stream. Redis away: they stay pending, and come back."""
+        limit = self.policy.max_deliveries
+        try:
+            for nid, n in deliveries.items():
+                reason = (f"notification {nid} delivered {n} times (max_deliveries {limit}); "
+                          f"last error: {error}")
+                await self.dead_letter(user, "", "", reason, {b"user": user.encode()}, "delivery_limit")
+            await self.ack(list(deliveries))
+            self.tally.delivery_limit += len(deliveries)
+            self.redis_errors.answered("give up")
+        except TRANSIENT as exc:
+            self.redis_errors.failed("give up", exc)
 
     async def hand_back(self, nid: str, user: str) -> None:
         """A draining worker returns a notification: a fresh one for others, then the ack."""
@@ -170,7 +187,8 @@ class Host:
         """A notification that names no valid user: dead-letter it (nobody to reply to), ack it."""
         raw_user = fields.get(b"user", b"")[:100].decode(errors="replace")
         try:
-            await self.dead_letter(raw_user, "", "", f"bad notification {nid}: {reason}", fields)
+            await self.dead_letter(raw_user, "", "", f"bad notification {nid}: {reason}", fields,
+                                   "bad_notification")
             await self.ack([nid])
             self.redis_errors.answered("reject notification")
         except TRANSIENT as exc:  # it stays pending: reclaimed once idle, and rejected again

@@ -10,6 +10,15 @@ The ack rule: a notification is acked only when its acker has seen, under the us
 nothing left after the cursor, or when another pending notification for the user still carries
 that duty (the lane holder's own). Reclaimed notifications may be a dead holder's own, so they
 are never acked on a busy lane: they stay pending and come back.
+
+Its one exception, the delivery limit: a notification delivered ``max_deliveries`` times (its
+first delivery and each reclaim) whose job fails again, for anything but Redis being away, is
+dead-lettered with that error and acked. A poison notification (a user whose keys cannot be
+used) must not pin the ready stream; the user's turns left in the inbox are served at the
+user's next submit.
+
+A turn that cannot be served because of its user's data (a key of the wrong type) is answered
+with an error and dead-lettered, like a turn that does not decode: the lane moves on.
 """
 
 from __future__ import annotations
@@ -25,10 +34,11 @@ from typing import Protocol
 from protocol.codec import CodecError, encode
 from protocol.models import HandlerResult, Reply, SessionEntry, Turn
 from protocol.policy import TurnsPolicy
+from stores.deadletters import DeadKind
 from stores.memory import new_member
-from stores.redis_errors import RedisErrors
+from stores.redis_errors import RedisErrors, error_kind
 from stores.retry import TRANSIENT, Backoff
-from stores.turns import Busy, Fenced, Lease, NextTurn, Pulled, UserStore, Writes
+from stores.turns import Busy, Fenced, Lease, NextTurn, Pulled, UserDataError, UserStore, Writes
 from worker import handlers
 from worker.intake import Fields, decode_entry, reply_route
 from worker.settings import WorkerSettings
@@ -37,6 +47,9 @@ from worker.tally import Result, TurnTally
 log = logging.getLogger("fleet.worker")
 _RETRY_BACKOFF = Backoff(base=0.2, cap=5.0)  # between a failed handler call and its retry
 Deferred = list[tuple[str, bytes]]  # a turn's deferrals: (job id, msgpack Deferral)
+# what a rejection may leave unwritten when its key holds the wrong type (see Writes.without):
+# the cursor (state) and the inbox it cannot do without
+_REJECTION_SPARES = frozenset({"done", "reply", "usage"})
 
 
 class JobHost(Protocol):
@@ -65,7 +78,8 @@ class JobHost(Protocol):
     async def pool_of(self, user: str, tier: str) -> str: ...
     async def tier_defined(self, tier: str) -> bool: ...
     async def dead_letter(self, user: str, entry: str, turn_id: str, reason: str,
-                          fields: Fields) -> None: ...
+                          fields: Fields, kind: DeadKind) -> None: ...
+    async def give_up(self, user: str, deliveries: dict[str, int], error: str) -> None: ...
     def job_done(self, job: UserJob) -> None: ...
     def trace_handler(self, event: str, ctx: handlers.TurnContext) -> None: ...
     def protect(self, seconds: float) -> float: ...
@@ -79,6 +93,12 @@ class Done:
     released: bool
     next: NextTurn | None
     covered: int
+
+
+class Unanswerable(Exception):
+    """A turn not even its rejection can be committed for: a key the commit cannot do without
+    (the user's state or inbox) holds the wrong type. Its notification stays pending, up to the
+    delivery limit."""
 
 
 class OtherTier(Exception):
@@ -134,6 +154,7 @@ class UserJob:
         self.user = user
         self.fresh: list[str] = []  # notification ids read as new deliveries
         self.reclaimed: list[str] = []  # notification ids taken over from idle consumers
+        self.deliveries: dict[str, int] = {}  # notification id -> its deliveries (reclaims count)
         self.handed: list[str] = []  # notification ids a hand-over acks
         self.lease: Lease | None = None
         self.deadline = LaneDeadline(host.settings.lane_ttl_ms / 1000, self._expired)
@@ -143,9 +164,11 @@ class UserJob:
         self.task: asyncio.Task[None] | None = None
         self._lost = False  # lane_lost() cancelled the task: take the lane again
 
-    def attach(self, nid: str, reclaimed: bool) -> None:
-        """Give this job the duty of a notification for its user."""
+    def attach(self, nid: str, reclaimed: bool, deliveries: int = 1) -> None:
+        """Give this job the duty of a notification for its user, delivered ``deliveries`` times
+        by now (this one included)."""
         (self.reclaimed if reclaimed else self.fresh).append(nid)
+        self.deliveries[nid] = deliveries
 
     @property
     def nids(self) -> list[str]:
@@ -154,7 +177,7 @@ class UserJob:
     # --- the lane ------------------------------------------------------------------------
     async def run(self) -> None:
         """Serve the user until its lane is let go; every failure is logged and left for a
-        retry (the notification stays pending), never raised.
+        retry (the notification stays pending), never raised; up to the delivery limit.
 
         A lane lost midway (the commit was fenced, or the lane's deadline or a renewal found it
         gone and stopped the turn in progress) sends the job back to take the lane again: it
@@ -167,14 +190,30 @@ class UserJob:
             self.host.redis_errors.answered("serve")
         except asyncio.CancelledError:
             raise
-        except TRANSIENT as exc:  # Redis away or erring: its notification stays pending for a retry
-            self.host.redis_errors.failed("serve", exc)
-        except Exception:
-            log.exception("serving %s failed; its notification stays pending for a retry", self.user)
+        except Exception as exc:  # noqa: BLE001 - any failure: the notification's retry, or its limit
+            await self._failed(exc)
         finally:
             self.lease = None
             self.deadline.cancel()
             self.host.job_done(self)
+
+    async def _failed(self, exc: Exception) -> None:
+        """Serving failed: its notifications stay pending for a retry, but those at their last
+        delivery (``max_deliveries``) are dead-lettered with the error and acked, unless Redis
+        is away or refusing (an error that mends: they wait for it)."""
+        if isinstance(exc, TRANSIENT):  # counted; each kind logged once until it clears
+            self.host.redis_errors.failed("serve", exc)
+        if isinstance(exc, TRANSIENT) and error_kind(exc) != "other":
+            return  # Redis away, loading, refusing...: not the notification's fault
+        limit = self.host.policy.max_deliveries
+        last = {nid: n for nid, n in self.deliveries.items() if n >= limit and nid in self.nids}
+        if last:
+            await self.host.give_up(self.user, last, f"{type(exc).__name__}: {exc}"[:500])
+            return
+        delivered = max((self.deliveries.get(nid, 1) for nid in self.nids), default=1)
+        log.warning("serving %s failed (%s: %s); its notification stays pending for a retry (delivered "
+                    "%d of at most %d times)", self.user, type(exc).__name__, str(exc)[:300], delivered,
+                    limit, exc_info=not isinstance(exc, (TRANSIENT, Unanswerable)))
 
     async def _take_and_serve(self) -> bool:
         """Take the lane and serve it until it is let go, then ack the notifications that
@@ -281,6 +320,16 @@ class UserJob:
         turn = await self._admit(lease, nxt)
         if isinstance(turn, Done):
             return turn
+        try:
+            return await self._attempts(lease, nxt, turn)
+        except UserDataError as exc:
+            return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt,
+                                      f"the user's data cannot be used: {exc}", "user_data",
+                                      attempts=0, submitted=turn.ts, unusable=exc.roles)
+
+    async def _attempts(self, lease: Lease, nxt: NextTurn, turn: Turn) -> Done:
+        """Run the handler on ``turn`` up to ``max_attempts`` times and commit its answer (or its
+        rejection); ``UserDataError`` raised if a key of the user's holds the wrong type."""
         entry = nxt.entry
         # the scripts' pack is for the entry's turn_id field: used if that is the decoded turn's
         pulled = nxt.pulled if nxt.pulled is not None and nxt.turn_id == turn.turn_id else None
@@ -293,7 +342,7 @@ class UserJob:
                 return await self._commit(lease, entry, turn.turn_id, Writes(), "dup")
             if pulled.attempts > self.host.policy.max_attempts:
                 reason = f"failed {pulled.attempts - 1} attempts; last: {last_error}"
-                return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt, reason,
+                return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt, reason, "attempts",
                                           attempts=pulled.attempts - 1, submitted=turn.ts)
             try:
                 result, deferred = await self._call_handler(lease, turn, pulled)
@@ -322,12 +371,13 @@ class UserJob:
                 log.exception("turn %s of %s could not be decoded", entry, self.user)
             reason = str(exc) if isinstance(exc, CodecError) else f"{type(exc).__name__}: {str(exc)[:200]}"
             reply_to, fmt = reply_route(entry, fields)  # only for a rejected turn: it re-reads the payload
-            return await self._reject(lease, nxt, reply_to, fmt, f"bad turn: {reason}", attempts=0)
+            return await self._reject(lease, nxt, reply_to, fmt, f"bad turn: {reason}", "bad_turn",
+                                      attempts=0)
         if turn.tier != self.host.tier:
             if not await self.host.tier_defined(turn.tier):  # no worker will ever serve it
                 return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt,
                                           f"tier {turn.tier!r} has no policy: no worker serves it",
-                                          attempts=0, submitted=turn.ts)
+                                          "no_policy", attempts=0, submitted=turn.ts)
             raise OtherTier(await self.host.pool_of(self.user, turn.tier))
         pool = await self.host.pool_of(self.user, turn.tier)  # a user moving group: the next turn is
         if pool != self.host.pool:  # the new group's (the attempt the acquire counted is taken back)
@@ -384,14 +434,24 @@ class UserJob:
         )
 
     async def _reject(self, lease: Lease, nxt: NextTurn, reply_to: str, fmt: str, reason: str,
-                      attempts: int, submitted: float | None = None) -> Done:
-        """Dead-letter a turn with its reason and tell the user; the lane moves on."""
-        await self.host.dead_letter(self.user, nxt.entry, reply_to, reason, nxt.fields)
+                      kind: DeadKind, attempts: int, submitted: float | None = None,
+                      unusable: frozenset[str] = frozenset()) -> Done:
+        """Dead-letter a turn with its reason and tell the user; the lane moves on. The keys of
+        ``unusable`` (and any the commit finds of the wrong type) are left unwritten: a rejection
+        needs only the cursor and the inbox (else ``Unanswerable``)."""
+        await self.host.dead_letter(self.user, nxt.entry, reply_to, reason, nxt.fields, kind)
         reply = Reply(turn_id=reply_to, user=self.user, ok=False, error=reason,
                       worker=self.host.worker_id, ts=time.time(), attempts=attempts)
         writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt),
                         usage={"errors": 1, "handler_ms": round(self.turn_handler_s * 1000)})
-        return await self._commit(lease, nxt.entry, reply_to, writes, "error", submitted)
+        while True:
+            try:
+                return await self._commit(lease, nxt.entry, reply_to, writes.without(unusable), "error",
+                                          submitted)
+            except UserDataError as exc:
+                if not exc.roles <= _REJECTION_SPARES or exc.roles <= unusable:
+                    raise Unanswerable(f"turn {nxt.entry} of {self.user} cannot be answered: {exc}") from exc
+                unusable |= exc.roles
 
     async def _commit(self, lease: Lease, entry: str, reply_to: str, writes: Writes, result: Result,
                       submitted: float | None = None) -> Done:

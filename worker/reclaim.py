@@ -24,7 +24,7 @@ class Reclaim:
     and never reach an idle one further on. Its cursor "0-0" back means it wrapped."""
 
     def __init__(self, r: aioredis.Redis, settings: WorkerSettings, free: Callable[[], int],
-                 dispatch: Callable[[str, Fields, bool], None],
+                 dispatch: Callable[[str, Fields, bool, int], None],
                  ack: Callable[[list[str]], Awaitable[None]]) -> None:
         self.r = r
         self.settings = settings
@@ -42,9 +42,10 @@ class Reclaim:
             self._from[shard], claimed = await worker_ops.reclaim_idle(
                 self.r, self.settings.pool, self.settings.worker_id, self.settings.reclaim_idle_ms,
                 start_id=self._from.get(shard, "0-0"), count=free, shard=shard)
-            for nid, fields in claimed:
+            for nid, fields, deliveries in claimed:
                 if fields:
-                    log.info("reclaimed notification %s (%s)", nid, fields.get(b"user"))
-                    self.dispatch(nid, fields, True)
+                    log.info("reclaimed notification %s (%s), delivery %d", nid, fields.get(b"user"),
+                             deliveries)
+                    self.dispatch(nid, fields, True, deliveries)
                 else:  # trimmed away under its consumer: nothing left to do
                     await self.ack([nid])

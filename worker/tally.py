@@ -45,6 +45,7 @@ class TurnTally:
         self.results: dict[Result, int] = {"ok": 0, "error": 0, "dup": 0, "stale": 0}
         self.retries = 0
         self.dead_letters = 0
+        self.delivery_limit = 0  # notifications dead-lettered and acked at max_deliveries
         self.fenced = 0
         self.durations: dict[Duration, _Histogram] = {
             "queue_wait": _Histogram(), "handler": _Histogram(), "latency": _Histogram()}
@@ -71,5 +72,6 @@ class TurnTally:
         res, h = self.results, self.durations
         return TurnStats(ok=res["ok"], error=res["error"], dup=res["dup"], stale=res["stale"],
                          retries=self.retries, dead_letters=self.dead_letters, fenced=self.fenced,
+                         delivery_limit=self.delivery_limit,
                          queue_wait=h["queue_wait"].frozen(), handler=h["handler"].frozen(),
                          latency=h["latency"].frozen(), redis_errors=dict(self.redis_errors))

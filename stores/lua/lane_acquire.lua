@@ -23,18 +23,35 @@
 --         {2}                       the lane was free (or the caller's own) and nothing waits
 --                                   after the cursor: it is left free (the caller's own is
 --                                   deleted), as if taken, found empty and released at once.
+-- An error 'WRONGTYPE <key> holds a <type>, not a <type>' if the lane, the fence, the state or
+-- the inbox holds another type, 'BADLANE' if the lane holds no "<worker>|<token>", or 'BADFENCE'
+-- if the fence is no integer: nothing written.
 local K = {state = KEYS[3], inbox = KEYS[4], session = KEYS[5], profile = KEYS[6],
            memory = KEYS[7], done = KEYS[8]}
+-- @include key_types
 -- @include next_turn
 
+local wrong = wrong_types({{'lane', KEYS[1], 'string'}, {'fence', KEYS[2], 'string'},
+                           {'state', KEYS[3], 'hash'}, {'inbox', KEYS[4], 'stream'}})
+if #wrong > 0 then
+  return redis.error_reply('WRONGTYPE ' .. wrong[2] .. ' holds a ' .. wrong[3] .. ', not a ' .. wrong[4])
+end
 local held = redis.call('GET', KEYS[1])
 local token
 if held then
   local owner, current = string.match(held, '^(.*)|(%d+)$')
+  if not owner then  -- no worker's: nobody would ever release it
+    return redis.error_reply('BADLANE ' .. KEYS[1] .. ' holds no "<worker>|<token>"')
+  end
   if owner ~= ARGV[1] then
     return {0, held, redis.call('PTTL', KEYS[1])}
   end
   token = current
+else  -- INCR fails on a fence that is no integer: known before the first write
+  local fence = redis.call('GET', KEYS[2])
+  if fence and not string.match(fence, '^%d+$') then
+    return redis.error_reply('BADFENCE ' .. KEYS[2] .. ' holds no integer')
+  end
 end
 local cursor = redis.call('HGET', KEYS[3], 'cursor')
 local nxt = next_turn(K, cursor, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))

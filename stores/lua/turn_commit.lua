@@ -47,9 +47,15 @@
 --   next    {} when released, else the first turn after the cursor with its context, as
 --           include/next_turn says (after a commit a failover lost, that is the lost turn
 --           again: the worker serves on from Redis's cursor, never from its own).
+-- Or {'wrongtype', 0, {}, wrong}: a key the commit needs holds another type, as
+-- include/key_types lists them (role, key, found, wanted); nothing written, the lane kept.
 -- An error 'FENCED ...' if the caller no longer holds the lane (nothing written).
+--
+-- Every key is checked and every argument validated before the first write: Redis does not
+-- undo a script that fails halfway, and a turn is consumed only together with its answer.
 local K = {state = KEYS[2], inbox = KEYS[3], session = KEYS[4], profile = KEYS[8],
            memory = KEYS[9], done = KEYS[5]}
+-- @include key_types
 -- @include next_turn
 
 local function finish(result, cursor)
@@ -63,6 +69,12 @@ end
 
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED lane lost')
+end
+local checks = {{'state', KEYS[2], 'hash'}, {'inbox', KEYS[3], 'stream'}}
+if ARGV[3] ~= '' then checks[#checks + 1] = {'done', KEYS[5], 'zset'} end
+local wrong = wrong_types(checks)
+if #wrong > 0 then
+  return {'wrongtype', 0, {}, wrong}
 end
 local cursor = redis.call('HGET', KEYS[2], 'cursor')
 local start = '-'
@@ -79,7 +91,7 @@ if ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3]) then
   return finish('dup', ARGV[2])
 end
 
--- check every argument before the first write: a script that fails halfway is not undone
+-- every argument, then every key it writes, checked before the first write
 local np, nm, nu, nd = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
 local pairs_end = 17 + 2 * ((np or 0) + (nm or 0) + (nu or 0) + (nd or 0))
 if not (np and nm and nu and nd) or (#ARGV ~= pairs_end and #ARGV ~= pairs_end + 1) then
@@ -92,6 +104,17 @@ for i = first_mem, first_mem + 2 * nm - 1, 2 do
 end
 for i = first_use, first_use + 2 * nu - 1, 2 do
   if not tonumber(ARGV[i + 1]) then return redis.error_reply('BADARGS usage increment') end
+end
+checks = {}
+if ARGV[4] ~= '' then checks[#checks + 1] = {'session', KEYS[4], 'list'} end
+if ARGV[6] ~= '' then checks[#checks + 1] = {'reply', KEYS[6], 'list'} end
+if np > 0 then checks[#checks + 1] = {'profile', KEYS[8], 'hash'} end
+if nm > 0 then checks[#checks + 1] = {'memory', KEYS[9], 'zset'} end
+if nu > 0 then checks[#checks + 1] = {'usage', KEYS[7], 'hash'} end
+if nd > 0 then checks[#checks + 1] = {'outbox', KEYS[10], 'stream'} end
+wrong = wrong_types(checks)
+if #wrong > 0 then
+  return {'wrongtype', 0, {}, wrong}
 end
 
 redis.call('HSET', KEYS[2], 'cursor', ARGV[2])

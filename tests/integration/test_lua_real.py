@@ -168,3 +168,86 @@ async def test_the_hot_path_scripts_on_the_real_server(r: redis.Redis, redis_ser
         assert await Functions(client).notification_ack(keys=[ready], args=[keys.GROUP, "w1", *ids]) == 2
     finally:
         await client.aclose()
+
+
+# --- a key of the user's holding the wrong type ------------------------------------------------
+# Redis does not undo a script that fails halfway: the scripts check every key they need before
+# their first write, so a wrong-type key leaves the turn in the inbox, answered by nothing yet.
+WRONG_TYPE = {"session": keys.session(U), "done": keys.done(U), "reply": keys.reply(U, "t1"),
+              "usage": keys.usage(U), "profile": keys.profile(U), "memory": keys.memory(U),
+              "outbox": keys.outbox(U)}
+EVERY_WRITE = Writes(turn_id="t1", session_entry=b"s", reply=b"r", profile={"name": "A"},
+                     memories=[new_member("m", 0.5, 1.0)], usage={"turns": 1}, deferrals=[("job-1", b"p")])
+
+
+@pytest.mark.parametrize("role", WRONG_TYPE)
+async def test_a_wrong_type_key_fails_the_commit_before_its_first_write(
+        r: redis.Redis, store: UserStore, role: str) -> None:
+    entry = r.xadd(keys.inbox(U), {"text": "a", "turn_id": "t1"}).decode()
+    lease = await _lease(store)
+    r.delete(WRONG_TYPE[role])
+    r.set(WRONG_TYPE[role], "garbage")
+    before = snapshot(r)
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - its kind is asserted below
+        await store.commit(lease, entry, "t1", EVERY_WRITE, 1)
+    assert snapshot(r) == before  # the cursor, the inbox and every other key as they were
+    from stores.turns import UserDataError
+    assert isinstance(raised.value, UserDataError)
+    assert [(w.role, w.found) for w in raised.value.wrong] == [(role, "string")]
+    assert f"{WRONG_TYPE[role]} holds a string" in str(raised.value)
+    r.delete(WRONG_TYPE[role])
+    assert (await store.commit(lease, entry, "t1", EVERY_WRITE, 1)).result == "ok"
+
+
+async def test_a_wrong_type_context_key_hands_the_next_turn_back_without_its_pack(
+        r: redis.Redis, store: UserStore) -> None:
+    """The commit's release reads the next turn's context after its writes: a wrong-type key
+    there must not fail the commit that was written; the worker reads the pack itself."""
+    e1 = r.xadd(keys.inbox(U), {"text": "a", "turn_id": "t1"}).decode()
+    e2 = r.xadd(keys.inbox(U), {"text": "b", "turn_id": "t2"}).decode()
+    lease = await _lease(store)
+    r.set(keys.session(U), "garbage")
+    done = await store.commit(lease, e1, "t1", Writes(turn_id="t1", reply=b"r"), 1)
+    assert (done.result, done.released) == ("ok", False)
+    assert done.next is not None and (done.next.entry, done.next.pulled) == (e2, None)
+    from stores.turns import UserDataError
+    with pytest.raises(UserDataError, match="session holds a string, not a list"):
+        await store.pull(U, "t2", e2)
+
+
+@pytest.mark.parametrize("role", ["session", "profile", "memory", "done"])
+async def test_the_acquire_hands_a_turn_over_whose_context_has_a_wrong_type_key(
+        r: redis.Redis, store: UserStore, role: str) -> None:
+    entry = r.xadd(keys.inbox(U), {"text": "a", "turn_id": "t1"}).decode()
+    r.set(WRONG_TYPE[role], "garbage")
+    lease = await _lease(store)
+    assert lease.next is not None and (lease.next.entry, lease.next.pulled) == (entry, None)
+
+
+@pytest.mark.parametrize(("key", "found"), [(keys.fence(U), "hash"), (keys.lane(U), "hash"),
+                                            (keys.state(U), "string"), (keys.inbox(U), "string")])
+async def test_the_acquire_writes_nothing_when_a_key_it_needs_has_the_wrong_type(
+        r: redis.Redis, store: UserStore, key: str, found: str) -> None:
+    if key != keys.inbox(U):
+        r.xadd(keys.inbox(U), {"text": "a", "turn_id": "t1"})
+    if found == "hash":
+        r.hset(key, "x", "y")
+    else:
+        r.set(key, "x")
+    before = snapshot(r)
+    with pytest.raises(ResponseError) as raised:
+        await store.acquire(U)
+    assert snapshot(r) == before
+    assert f"WRONGTYPE {key} holds a {found}" in str(raised.value)
+
+
+@pytest.mark.parametrize(("key", "value", "error"), [(keys.fence(U), "x", "BADFENCE"),
+                                                     (keys.lane(U), "nobody", "BADLANE")])
+async def test_the_acquire_writes_nothing_when_the_lane_or_fence_is_garbage(
+        r: redis.Redis, store: UserStore, key: str, value: str, error: str) -> None:
+    r.xadd(keys.inbox(U), {"text": "a", "turn_id": "t1"})
+    r.set(key, value)
+    before = snapshot(r)
+    with pytest.raises(ResponseError, match=error):
+        await store.acquire(U)
+    assert snapshot(r) == before

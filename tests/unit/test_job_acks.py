@@ -12,12 +12,14 @@ flight, so a turn could wait with no lane and no pending notification.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 
 import fakeredis
 
 from protocol import keys
 from stores.functions import Functions
+from stores.redis_errors import RedisErrors
 from stores.turns import Busy, Lease
 from worker.app import Worker
 from worker.job import UserJob
@@ -30,6 +32,7 @@ class Host:
     """The part of a job's host (``worker.job.JobHost``) a job touches on the busy path."""
 
     settings: WorkerSettings = field(default_factory=lambda: WorkerSettings(worker_id="w1"))
+    redis_errors: RedisErrors = field(default_factory=lambda: RedisErrors(logging.getLogger("test")))
     job: UserJob | None = None
     acked: list[list[str]] = field(default_factory=list)
     asked: int = 0

@@ -36,7 +36,7 @@ async def test_reclaim_reaches_an_idle_notification_behind_a_head_of_busy_ones()
     # a reclaimed notification whose lane is busy stays pending under us, unacked: dispatch
     # only records it (a Busy acquire leaves it exactly so)
     reclaim = Reclaim(r, WorkerSettings(worker_id="w1", reclaim_idle_ms=IDLE_MS, renew_interval_s=0.04),
-                      free=lambda: 4, dispatch=lambda nid, fields, reclaimed: dispatched.append(nid), ack=ack)
+                      free=lambda: 4, dispatch=lambda nid, *_: dispatched.append(nid), ack=ack)
 
     for _ in range(8):  # 4 slots a pass: 12 busy ones, then the starved one, by pass 4
         await asyncio.sleep(IDLE_MS / 1000 + 0.02)

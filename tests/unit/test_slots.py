@@ -476,6 +476,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         users.inspect_user(r, user, tiers=list(TIERS), session_n=5)
     users.active_users(r, tier)
     deadletters.dead_letter_rows(r, tier, 10, USERS[0])
+    deadletters.dead_letter_kinds(r, tier)
     await deadletters.dead_letter_async(ar, tier, user=USERS[1], entry="2-0", turn_id="t-2", reason="x",
                                         worker=wid, fields={b"text": b"hi", b"tier": b"gpu"})
     retried = deadletters.retry_dead_letters(r, tier, None)  # a turn of chat and one of gpu
@@ -618,6 +619,8 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.ledger.NotLeading": "an exception",
     "stores.takeover.Takeover": "a value",
     "stores.turns.Fenced": "an exception",
+    "stores.turns.UserDataError": "an exception",
+    "stores.turns.WrongType": "a value",
     "stores.turns.StoreConfig": "a value",
     "stores.turns.Lease": "a value",
     "stores.turns.Busy": "a value",

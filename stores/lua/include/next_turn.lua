@@ -10,8 +10,10 @@
 -- turn id and is for ``tier``:
 --   {session tail, profile (flat), top memories, 1 if the turn id was answered before else 0,
 --    the attempt count with this one (att:<entry> incremented), the turn id it was read for}
--- or {} when it cannot tell (a binary entry written before the plain turn_id/tier fields, or
--- a turn of another tier: the worker then reads the pack itself, or hands the user over).
+-- or {} when it cannot tell (a binary entry written before the plain turn_id/tier fields, a
+-- turn of another tier, or a context key of the wrong type: the worker then reads the pack
+-- itself, and rejects the turn if it cannot, or hands the user over).
+-- Needs include/key_types before it.
 local function next_turn(K, cursor, tier, context_turns, memory_k)
   local start = '-'
   if cursor and cursor ~= '' then start = '(' .. cursor end
@@ -36,6 +38,10 @@ local function next_turn(K, cursor, tier, context_turns, memory_k)
     entry_tier = entry_tier or tier
   end
   if not turn_id or entry_tier ~= tier then
+    return {entry, fields, {}}
+  end
+  if #wrong_types({{'session', K.session, 'list'}, {'profile', K.profile, 'hash'},
+                   {'memory', K.memory, 'zset'}, {'done', K.done, 'zset'}}) > 0 then
     return {entry, fields, {}}
   end
   local answered = 0
