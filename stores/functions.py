@@ -38,7 +38,8 @@ log = logging.getLogger("fleet.library")
 LIBRARY = "fleet"
 NAMES = ("lane_acquire", "lease_renew", "lease_drop", "turn_commit", "leader_acquire",
          "ledger_append", "lane_clear", "consumer_drop", "notification_ack",
-         "notification_ack_covered", "notification_touch", "turn_submit", "submit_pressure")
+         "notification_ack_covered", "notification_touch", "turn_submit", "submit_pressure",
+         "attempt_count")
 INSTALL_COMMAND = "fleet install"
 CHECK_EVERY_S = float(os.environ.get("FLEET_LIBRARY_CHECK_S", "3"))  # how often a process
 # waiting for the library looks again
@@ -253,6 +254,7 @@ class Functions:
     notification_touch: Function
     turn_submit: Function
     submit_pressure: Function
+    attempt_count: Function
 
     def __init__(self, r: Any) -> None:
         for name in NAMES:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,13 +190,22 @@ class UserStore:
         """The context pack, the duplicate check and the attempt count, in one round trip: for a
         retry, and for an entry the scripts could not read them for (:class:`NextTurn`)."""
         k = keys.user_keys(user)
-        pipe = self.r.pipeline(transaction=False)
-        pipe.lrange(k.session, -self.cfg.context_turns, -1)
-        pipe.hgetall(k.profile)
-        pipe.zrevrange(k.memory, 0, self.cfg.memory_k - 1)
-        pipe.zscore(k.done, turn_id)
-        pipe.hincrby(k.state, f"att:{entry}", 1)
-        session_raw, profile_raw, memories_raw, seen, attempts = await pipe.execute()
+        count = functions.command("attempt_count", [k.state], [entry, uuid.uuid4().hex[:16], "count"])
+        while True:  # (the nonce is the retry's own: a re-sent pipeline does not count it again)
+            pipe = self.r.pipeline(transaction=False)
+            pipe.lrange(k.session, -self.cfg.context_turns, -1)
+            pipe.hgetall(k.profile)
+            pipe.zrevrange(k.memory, 0, self.cfg.memory_k - 1)
+            pipe.zscore(k.done, turn_id)
+            pipe.execute_command(*count)
+            replies = await pipe.execute(raise_on_error=False)
+            if not functions.is_missing(replies[-1]):
+                break
+            await functions.wait_for_library_async(self.r)
+        for res in replies:
+            if isinstance(res, Exception):
+                raise res
+        session_raw, profile_raw, memories_raw, seen, attempts = replies
         pack = ContextPack(
             session_raw=session_raw,
             profile={as_str(k): as_str(v) for k, v in profile_raw.items()},
@@ -203,10 +213,12 @@ class UserStore:
         )
         return Pulled(pack, seen is not None, int(attempts))
 
-    async def uncount(self, user: str, entry: str) -> None:
-        """Take back the attempt an acquire counted for a turn handed over unserved (a user moving
-        group): a hand-over is no attempt, however often a rollout's transition bounces it."""
-        await self.r.hincrby(keys.user_keys(user).state, f"att:{entry}", -1)
+    async def uncount(self, user: str, entry: str, lease: Lease) -> None:
+        """Take back the attempt ``lease``'s acquire counted for a turn handed over unserved (a
+        user moving group): a hand-over is no attempt, however often a rollout's transition
+        bounces it (taken back once, however often the call is sent)."""
+        token = lease.owner.rpartition("|")[2]
+        await self.scripts.attempt_count(keys=[keys.user_keys(user).state], args=[entry, token, "uncount"])
 
     async def commit(self, lease: Lease, entry: str, reply_key_turn: str, w: Writes,
                      now_ms: int) -> Committed:
