@@ -34,7 +34,7 @@ from stores.cluster import is_cluster
 from stores.functions import Function, command
 from stores.replies import Row, raw_rows
 from stores.submit import submit_turns
-from stores.submit_options import read_submit_options
+from stores.submit_options import read_submit_options, split_by_pool
 from stores.tier_exists import read_tier_probe, tier_defined
 
 DEAD_MAXLEN = 100_000
@@ -307,9 +307,11 @@ def _retry_rows(r: redis.Redis, tier: str, rows: list[tuple[str, Fields | None]]
 
 
 def _resubmit(r: redis.Redis, tier: str, batch: list[tuple[str, Turn]]) -> list[Retried]:
-    """Submit a batch's turns in order (one round trip per run of turns of one target tier),
-    then delete the dead letters of those submitted. A turn of another tier that no policy
-    defines any more is not submitted (nothing would serve it there): not retriable, and kept."""
+    """Submit a batch's turns in order (one round trip per run of turns of one target tier and
+    pool: on a tier with groups, each user's turn goes to the pool of the user's group, as a
+    client's submit does), then delete the dead letters of those submitted. A turn of another
+    tier that no policy defines any more is not submitted (nothing would serve it there): not
+    retriable, and kept."""
     out: list[Retried] = []
     done: list[str] = []
     for target, run in groupby(batch, key=lambda item: item[1].tier):
@@ -318,10 +320,11 @@ def _resubmit(r: redis.Redis, tier: str, batch: list[tuple[str, Turn]]) -> list[
             out += [Retried(i, "not_retriable", f"cannot retry: the turn's tier {target!r} is not defined",
                             t.user, tier=target) for i, t in items]
             continue
-        submit_turns(r, [(t, encode(t)) for _i, t in items], target, read_submit_options(r, target),
-                     cluster=is_cluster(r))
-        out += [Retried(i, "retried", user=t.user, turn_id=t.turn_id, tier=t.tier) for i, t in items]
-        done += [i for i, _t in items]
+        opts = read_submit_options(r, target)
+        for pool, part in split_by_pool(target, [(t, encode(t), i) for i, t in items], opts):
+            submit_turns(r, [(t, payload) for t, payload, _i in part], pool, opts, cluster=is_cluster(r))
+            out += [Retried(i, "retried", user=t.user, turn_id=t.turn_id, tier=t.tier) for t, _p, i in part]
+            done += [i for _t, _p, i in part]
     if done:
         r.xdel(keys.dead(tier), *done)
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -234,13 +235,18 @@ class UserStore:
         retry, and for an entry the scripts could not read them for (:class:`NextTurn`).
         Raises :class:`UserDataError` if a key holds the wrong type."""
         k = keys.user_keys(user)
-        pipe = self.r.pipeline(transaction=False)
-        pipe.lrange(k.session, -self.cfg.context_turns, -1)
-        pipe.hgetall(k.profile)
-        pipe.zrevrange(k.memory, 0, self.cfg.memory_k - 1)
-        pipe.zscore(k.done, turn_id)
-        pipe.hincrby(k.state, f"att:{entry}", 1)
-        replies = await pipe.execute(raise_on_error=False)
+        count = functions.command("attempt_count", [k.state, k.inbox], [entry, uuid.uuid4().hex[:16], "count"])
+        while True:  # (the nonce is the retry's own: a re-sent pipeline does not count it again)
+            pipe = self.r.pipeline(transaction=False)
+            pipe.lrange(k.session, -self.cfg.context_turns, -1)
+            pipe.hgetall(k.profile)
+            pipe.zrevrange(k.memory, 0, self.cfg.memory_k - 1)
+            pipe.zscore(k.done, turn_id)
+            pipe.execute_command(*count)
+            replies = await pipe.execute(raise_on_error=False)
+            if not functions.is_missing(replies[-1]):
+                break
+            await functions.wait_for_library_async(self.r)
         if any(isinstance(x, Exception) for x in replies):
             await self._raise_wrong_types(user, replies)
         session_raw, profile_raw, memories_raw, seen, attempts = replies
@@ -268,10 +274,13 @@ class UserStore:
         raise UserDataError(user, tuple(WrongType(role, key, as_str(t), wanted)
                                         for (role, key, wanted), t in zip(failed, found, strict=True)))
 
-    async def uncount(self, user: str, entry: str) -> None:
-        """Take back the attempt an acquire counted for a turn handed over unserved (a user moving
-        group): a hand-over is no attempt, however often a rollout's transition bounces it."""
-        await self.r.hincrby(keys.user_keys(user).state, f"att:{entry}", -1)
+    async def uncount(self, user: str, entry: str, lease: Lease) -> None:
+        """Take back the attempt ``lease``'s acquire counted for a turn handed over unserved (a
+        user moving group): a hand-over is no attempt, however often a rollout's transition
+        bounces it (taken back once, however often the call is sent)."""
+        token = lease.owner.rpartition("|")[2]
+        k = keys.user_keys(user)
+        await self.scripts.attempt_count(keys=[k.state, k.inbox], args=[entry, token, "uncount"])
 
     async def commit(self, lease: Lease, entry: str, reply_key_turn: str, w: Writes,
                      now_ms: int) -> Committed:

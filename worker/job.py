@@ -303,7 +303,7 @@ class UserJob:
         should it come back to this very worker, it must start a new job, not be acked here.
         """
         if uncount is not None:  # (under the lane: no other worker counts this entry meanwhile)
-            await self.host.store.uncount(self.user, uncount)
+            await self.host.store.uncount(self.user, uncount, lease)
         if not await self.host.store.drop(lease):
             raise Fenced(self.user)
         self.lease = None

@@ -1,7 +1,8 @@
 -- lane_acquire: take a user's lane (lease) if it is free and a turn waits, with a new fencing
 -- token, and hand back the first turn after the cursor with its context pack (one round trip
 -- for the lane, the turn, the session, the profile, the memories, the duplicate check and
--- the attempt count).
+-- the attempt count: counted once per lease, so an acquire sent again after a lost reply, which
+-- finds the lane its own, counts nothing more).
 --
 -- KEYS[1]  fleet:u:{U}:lane     string "<worker>|<token>" with a PX TTL
 -- KEYS[2]  fleet:u:{U}:fence    counter of fencing tokens
@@ -52,9 +53,11 @@ else  -- INCR fails on a fence that is no integer: known before the first write
   if fence and not string.match(fence, '^%d+$') then
     return redis.error_reply('BADFENCE ' .. KEYS[2] .. ' holds no integer')
   end
+  -- the token the lane gets if a turn waits (the INCR below): it counts the attempt
+  token = tostring((tonumber(fence) or 0) + 1)
 end
 local cursor = redis.call('HGET', KEYS[3], 'cursor')
-local nxt = next_turn(K, cursor, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))
+local nxt = next_turn(K, cursor, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), token)
 if #nxt == 0 then
   if held then redis.call('DEL', KEYS[1]) end
   return {2}
@@ -62,7 +65,6 @@ end
 if held then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else
-  token = tostring(redis.call('INCR', KEYS[2]))
-  redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], ARGV[1] .. '|' .. redis.call('INCR', KEYS[2]), 'PX', ARGV[2])
 end
 return {1, token, cursor or '', nxt}

@@ -59,7 +59,8 @@ local K = {state = KEYS[2], inbox = KEYS[3], session = KEYS[4], profile = KEYS[8
 -- @include next_turn
 
 local function finish(result, cursor)
-  local nxt = next_turn(K, cursor, ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]))
+  local token = string.match(ARGV[1], '|(%d+)$')
+  local nxt = next_turn(K, cursor, ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]), token)
   if #nxt == 0 then
     redis.call('DEL', KEYS[1])
     return {result, 1, {}}

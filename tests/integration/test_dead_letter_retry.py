@@ -10,9 +10,10 @@ import redis
 
 from fleet.client import Fleet
 from protocol import keys
-from protocol.codec import decode
-from protocol.models import Reply, SessionEntry
-from protocol.policy import TurnsPolicy
+from protocol.codec import decode, encode
+from protocol.groups import Group
+from protocol.models import Reply, SessionEntry, Turn
+from protocol.policy import TurnsPolicy, turns_policy
 from stores import deadletters
 from stores.deadletters import dead_letter_rows, purge_dead_letters, retry_dead_letters
 from stores.policies import write_policy
@@ -113,3 +114,18 @@ def test_old_entries_cannot_be_retried_and_purge_removes(r, fleet_env, tmp_path)
     assert out.returncode == 0 and json.loads(out.stdout)["removed"] == 2, out
     assert r.xlen(keys.dead("chat")) == 0
     assert purge_dead_letters(r, "chat", None) == 0
+
+
+def test_a_retry_on_a_tier_with_groups_goes_to_the_pool_of_the_users_group(r):
+    # every user's group is green (weight 100): its pool, chat.green, is what its workers read
+    groups = (Group(name="blue", weight=0), Group(name="green", weight=100))
+    write_policy(r, "chat", turns_policy(groups=groups))
+    kept = {b"m": encode(Turn(turn_id="t1", user="dora", tier="chat", text="again", ts=1.0))}
+    r.xadd(keys.dead("chat"), deadletters.dead_letter_fields(user="dora", entry="5-0", turn_id="t1",
+                                                             reason="boom", worker="w", fields=kept, now=2.0))
+    (row,) = dead_letter_rows(r, "chat", 10)
+    (done,) = retry_dead_letters(r, "chat", [row.id])
+    assert (done.outcome, done.user, done.turn_id) == ("retried", "dora", "t1.r1")
+    assert r.xlen(keys.ready("chat.green")) == 1  # the notification: where green's workers read
+    assert not r.exists(keys.ready("chat")) and not r.exists(keys.ready("chat.blue"))
+    assert r.xlen(keys.inbox("dora")) == 1

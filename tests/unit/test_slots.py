@@ -454,7 +454,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         entries = await store.read_inbox(user, "", 10)
         entry = entries[0][0]
         await store.pull(user, "t-1", entry)
-        await store.uncount(user, entry)
+        await store.uncount(user, entry, res)
         await store.commit(res, entry, "t-1", Writes(turn_id="t-1", session_entry=b"s", reply=b"r",
                                                       profile={"k": "v"}, memories=[(b"m", 1.0)],
                                                       usage={"turns": 1}, deferrals=[("j-0", b"d")]),

@@ -3,18 +3,44 @@
 -- turn_commit), so the two read it the same way. It builds no key names: the caller passes
 -- its own KEYS.
 --
--- next_turn(K, cursor, tier, context_turns, memory_k) where K holds the user's keys
+-- count_attempt(state, entry, id): the entry's attempt count with this one, counted once per
+-- ``id`` (the lane's fencing token for the attempt a lease starts with, a fresh nonce for each
+-- retry): a call sent again after its reply was lost (a connection drop: redis-py re-sends the
+-- command, or the whole pipeline) finds its own id and counts nothing. The field att:<entry>
+-- holds "<count>|<id>" (a bare count is read as one counted by no id).
+local function count_attempt(state, entry, id)
+  local field = 'att:' .. entry
+  local held = redis.call('HGET', state, field)
+  local n, last = 0, nil
+  if held then
+    local count, by = string.match(held, '^(%d+)|(.*)$')
+    if count then
+      n, last = tonumber(count), by
+    else
+      n = tonumber(held) or 0
+    end
+  end
+  if last == id then
+    return n
+  end
+  n = n + 1
+  redis.call('HSET', state, field, n .. '|' .. id)
+  return n
+end
+
+-- next_turn(K, cursor, tier, context_turns, memory_k, token) where K holds the user's keys
 --   K.state K.inbox K.session K.profile K.memory K.done
+-- and ``token`` is the fencing token of the lane the caller holds (or takes).
 -- Returns {} when nothing follows the cursor, else {entry, fields, context}: the first inbox
 -- entry after the cursor, its fields as stored, and its context pack when the entry names a
 -- turn id and is for ``tier``:
 --   {session tail, profile (flat), top memories, 1 if the turn id was answered before else 0,
---    the attempt count with this one (att:<entry> incremented), the turn id it was read for}
+--    the attempt count with this one (count_attempt, once per lease), the turn id it was read for}
 -- or {} when it cannot tell (a binary entry written before the plain turn_id/tier fields, a
 -- turn of another tier, or a context key of the wrong type: the worker then reads the pack
 -- itself, and rejects the turn if it cannot, or hands the user over).
 -- Needs include/key_types before it.
-local function next_turn(K, cursor, tier, context_turns, memory_k)
+local function next_turn(K, cursor, tier, context_turns, memory_k, token)
   local start = '-'
   if cursor and cursor ~= '' then start = '(' .. cursor end
   local rows = redis.call('XRANGE', K.inbox, start, '+', 'COUNT', 1)
@@ -51,7 +77,7 @@ local function next_turn(K, cursor, tier, context_turns, memory_k)
     redis.call('HGETALL', K.profile),
     redis.call('ZREVRANGE', K.memory, 0, memory_k - 1),
     answered,
-    redis.call('HINCRBY', K.state, 'att:' .. entry, 1),
+    count_attempt(K.state, entry, token),
     turn_id,
   }
   return {entry, fields, context}
