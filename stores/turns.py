@@ -235,8 +235,9 @@ class UserStore:
         retry, and for an entry the scripts could not read them for (:class:`NextTurn`).
         Raises :class:`UserDataError` if a key holds the wrong type."""
         k = keys.user_keys(user)
-        count = functions.command("attempt_count", [k.state, k.inbox], [entry, uuid.uuid4().hex[:16], "count"])
-        while True:  # (the nonce is the retry's own: a re-sent pipeline does not count it again)
+        nonce = uuid.uuid4().hex[:16]  # this retry's own: a re-sent pipeline does not count it again
+        count = functions.command("attempt_count", [k.state, k.inbox], [entry, nonce, "count"])
+        while True:
             pipe = self.r.pipeline(transaction=False)
             pipe.lrange(k.session, -self.cfg.context_turns, -1)
             pipe.hgetall(k.profile)
