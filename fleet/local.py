@@ -227,14 +227,15 @@ def start_local_redis(timeout: float = 10.0, appendfsync: str = "always") -> tup
     for _ in range(3):  # the free port may be taken between probe and bind
         port = free_port()
         url = f"redis://127.0.0.1:{port}/0"
-        if binary:  # the client role's URL (`fleet env`): each Fleet process and command swaps in its own
-            url = as_role(url, "fleet-client")
         where = {"dir": str(redis_dir()), "appendfsync": appendfsync} if binary else {}
         lock = _claim_data_dir()
         try:
             with interrupt_held():
                 if binary:
                     pid, kind = _spawn_redis_server(binary, port, appendfsync, lock), "redis-server"
+                    # the client role's URL (`fleet env`; its password made with the server's
+                    # ACL just now): each Fleet process and command swaps in its own role
+                    url = as_role(url, "fleet-client")
                 else:
                     pid, kind = _spawn_embedded(port, lock), "embedded"
                 record = process_record(pid)
