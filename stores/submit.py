@@ -68,17 +68,18 @@ def queue_inbox(pipe: Any, turn: Turn, payload: bytes) -> None:
 NOTIFY_COMMANDS = 2  # per turn: the notification and the active mark
 
 
-def notify_commands(turn: Turn, shards: int = 1) -> list[tuple[str, Command]]:
-    """What wakes a worker and counts the user: the notification on the user's shard of the
-    tier's ``shards`` ready streams (``keys.ready_shard``), the user in the tier's active set
-    (tier-wide, the tier's slot); each with its key."""
-    ready = keys.ready(turn.tier, keys.ready_shard(turn.user, shards))
-    active = keys.active(turn.tier)
+def notify_commands(turn: Turn, pool: str, shards: int = 1) -> list[tuple[str, Command]]:
+    """What wakes a worker of ``pool`` (the turn's tier, or the pool of its user's group) and
+    counts the user: the notification on the user's shard of the pool's ``shards`` ready
+    streams (``keys.ready_shard``), the user in the pool's active set (the pool's slot); each
+    with its key."""
+    ready = keys.ready(pool, keys.ready_shard(turn.user, shards))
+    active = keys.active(pool)
     return [(ready, ("XADD", ready, "*", "user", turn.user)), (active, ("ZADD", active, turn.ts, turn.user))]
 
 
-def queue_notify(pipe: Any, turn: Turn, shards: int = 1) -> None:
-    for _key, cmd in notify_commands(turn, shards):
+def queue_notify(pipe: Any, turn: Turn, pool: str, shards: int = 1) -> None:
+    for _key, cmd in notify_commands(turn, pool, shards):
         pipe.execute_command(*cmd)
 
 
@@ -228,7 +229,7 @@ def submit_ordered(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptio
 
             results = yield Pipelined(notify, raise_on_error=False)
         else:
-            results, acked2 = yield from replicas.on_node(_notifications(written, opts.shards), wait)
+            results, acked2 = yield from replicas.on_node(_notifications(written, tier, opts.shards), wait)
             if gauges:
                 shard = _last_shard(written, opts.shards)
                 results += (yield Pipelined(lambda pipe: queue_submit_gauges(pipe, tier, shard),
@@ -242,8 +243,8 @@ def submit_ordered(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptio
     return Submitted(read) if wait is None else Submitted(read, replicas.fewest(acked1 + acked2))
 
 
-def _notifications(written: list[Turn], shards: int) -> list[tuple[str, Command]]:
-    return [cmd for turn in written for cmd in notify_commands(turn, shards)]
+def _notifications(written: list[Turn], pool: str, shards: int) -> list[tuple[str, Command]]:
+    return [cmd for turn in written for cmd in notify_commands(turn, pool, shards)]
 
 
 def _last_shard(written: list[Turn], shards: int) -> int:
@@ -263,7 +264,7 @@ def queue_notifications(pipe: Any, written: list[Turn], tier: str, shards: int =
     (when this submit checks for pressure: at most every ``PRESSURE_CHECK_S``, see
     :func:`queue_round_trip`)."""
     for turn in written:
-        queue_notify(pipe, turn, shards)
+        queue_notify(pipe, turn, tier, shards)
     if gauges:
         queue_submit_gauges(pipe, tier, _last_shard(written, shards))
 

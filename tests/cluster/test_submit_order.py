@@ -28,8 +28,11 @@ import redis.asyncio as aioredis
 from fleet.client import AsyncFleet, Fleet, SubmitNotNotified
 from protocol import keys
 from protocol.codec import as_str, decode
+from protocol.groups import Group
 from protocol.models import Turn
+from protocol.policy import turns_policy
 from stores.cluster import is_cluster
+from stores.policies import write_policy
 from tests.cluster.conftest import RedisClusterRig
 from tests.conftest import ADMIN_PASSWORD, ROLE_PASSWORDS
 
@@ -268,3 +271,15 @@ def test_a_refused_notification_leaves_the_turn_queued_and_raises_submit_not_not
     assert isinstance(caught.value.__cause__, redis.ResponseError)
     rows = rc.xrange(keys.inbox("alice"))
     assert [decode(Turn, f[b"m"]).turn_id for _, f in rows] == ["t-1"]  # queued, for the next notification
+
+
+def test_a_submit_to_a_tier_with_groups_notifies_the_pool_of_the_users_group(
+        rc: redis.RedisCluster, cluster: Cluster) -> None:
+    # every user's group is green: its pool, chat.green, is what green's workers read
+    groups = (Group(name="blue", weight=0), Group(name="green", weight=100))
+    write_policy(rc, "chat", turns_policy(groups=groups))
+    client = Fleet(client=redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0], **CLIENT))
+    client.submit_many([("dora", "one"), ("eli", "two")])
+    assert rc.xlen(keys.ready("chat.green")) == 2 and rc.zcard(keys.active("chat.green")) == 2
+    assert not rc.exists(keys.ready("chat")) and not rc.exists(keys.active("chat"))
+    client.close()
