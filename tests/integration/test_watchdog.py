@@ -1,0 +1,75 @@
+"""A worker whose event loop is blocked (a blocking call in an async handler) exits on its
+watchdog, and the commander replaces it and hands its user on.
+
+The worker runs with 30 s leases and a 30 s reclaim idle rule and is its tier's only worker
+(``max_workers`` 1), so neither a lease's expiry, a reclaim nor another worker can explain the
+user's turn answered within seconds: only the watchdog's exit, and the commander's takeover and
+respawn after it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fleet.client import Fleet
+from protocol import keys
+from protocol.models import EXIT_STUCK
+from protocol.policy import turns_policy
+from stores.policies import write_policy
+from tests.helpers import Processes, ledger, live_workers, running, wait_until
+
+pytestmark = pytest.mark.integration
+
+LEASE_S = 30.0
+STUCK_AFTER_S = 3.0
+ENV = {
+    "FLEET_WORKER_LANE_TTL_MS": str(int(LEASE_S * 1000)),
+    "FLEET_WORKER_RECLAIM_IDLE_MS": str(int(LEASE_S * 1000)),
+    "FLEET_WORKER_RECLAIM_INTERVAL_S": "0.3",
+    "FLEET_WORKER_STUCK_AFTER_S": str(STUCK_AFTER_S),
+}
+
+
+def policy(**options: float) -> bytes:
+    return turns_policy(handler="sleep", handler_options={"sleep_ms": 50, **options}, concurrency=2,
+                        min_workers=1, max_workers=1, report_interval_s=0.3)
+
+
+def test_a_worker_with_a_blocked_loop_exits_and_is_replaced(r, redis_server, start_commander,
+                                                           processes: Processes):
+    write_policy(r, "chat", policy(block_loop_ms=10 * LEASE_S * 1000))
+    start_commander(env=ENV)
+    (stuck,) = wait_until(lambda: live_workers(r, "chat"), 30, "the tier's worker")
+    fleet = Fleet(redis_server.role_url("fleet-client"))
+    first = fleet.submit("alice", "first")
+
+    # in the handler: the lane is taken and the attempt counted, then the loop blocks
+    wait_until(lambda: any(k.startswith(b"att:") for k in r.hkeys(keys.state("alice"))), 15, "the handler")
+    blocked_at = time.monotonic()
+    write_policy(r, "chat", policy())  # the replacement runs the same handler without the block
+
+    wait_until(lambda: not running(stuck.pid), STUCK_AFTER_S + 10, "the stuck worker to exit", every=0.02)
+    exited = time.monotonic() - blocked_at
+    reply = first.result(timeout=LEASE_S)
+    answered = time.monotonic() - blocked_at
+    second = fleet.submit("alice", "second").result(timeout=LEASE_S)
+    next_turn = time.monotonic() - blocked_at
+    print(f"\nblocked loop: the worker exited {exited:.2f}s after the block (stuck_after_s "
+          f"{STUCK_AFTER_S:g}), its turn was answered by the replacement at {answered:.2f}s and "
+          f"the user's next turn at {next_turn:.2f}s (lease {LEASE_S:.0f} s)")
+
+    # (the loop's last turn may precede the block by a bump's interval, and the block our look)
+    assert STUCK_AFTER_S - 1 <= exited < STUCK_AFTER_S + 3
+    assert reply.ok and reply.text == "slept: first" and reply.worker != stuck.worker
+    assert reply.attempts == 2  # re-run from the cursor by the replacement
+    assert second.ok and second.text == "slept: second"
+    assert answered < LEASE_S / 2, f"answered {answered:.1f}s after the block: that is the lease"
+    (event,) = [e for e in ledger(r, "chat", "worker-exited") if e.victims == [stuck.worker]]
+    assert f"code {EXIT_STUCK} (its event loop was stuck)" in event.reason
+    assert event.why["takeover"]["users"] == 1
+    worker_log = (processes.dir / "logs" / f"{stuck.worker}.log").read_text()
+    (line,) = [line for line in worker_log.splitlines() if "event loop stuck for" in line]
+    assert f"exiting with code {EXIT_STUCK}" in line and "in sleep" in line  # where: the handler
+    fleet.close()
