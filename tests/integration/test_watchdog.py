@@ -9,6 +9,8 @@ respawn after it.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -72,4 +74,36 @@ def test_a_worker_with_a_blocked_loop_exits_and_is_replaced(r, redis_server, sta
     worker_log = (processes.dir / "logs" / f"{stuck.worker}.log").read_text()
     (line,) = [line for line in worker_log.splitlines() if "event loop stuck for" in line]
     assert f"exiting with code {EXIT_STUCK}" in line and "in sleep" in line  # where: the handler
+    fleet.close()
+
+
+HUNG_AFTER_S = 2.0
+
+
+def test_a_stopped_worker_is_killed_and_replaced(r, redis_server, start_commander):
+    """A worker whose process lives but whose heartbeat is gone (SIGSTOP: its watchdog is stopped
+    with it) holds the only slot until the commander kills it, by the pid it started."""
+    write_policy(r, "chat", policy())
+    start_commander(env={**ENV, "FLEET_WORKER_HEARTBEAT_TTL_MS": "1000",
+                         "FLEET_COMMANDER_HUNG_AFTER_S": str(HUNG_AFTER_S)})
+    (stopped,) = wait_until(lambda: live_workers(r, "chat"), 30, "the tier's worker")
+    fleet = Fleet(redis_server.role_url("fleet-client"))
+    assert fleet.submit("alice", "first").result(timeout=15).worker == stopped.worker
+    os.kill(stopped.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        wait_until(lambda: not running(stopped.pid), 30, "the stopped worker to be killed", every=0.02)
+        killed = time.monotonic() - stopped_at
+        reply = fleet.submit("alice", "second").result(timeout=LEASE_S)
+        answered = time.monotonic() - stopped_at
+    finally:
+        if running(stopped.pid):
+            os.kill(stopped.pid, signal.SIGCONT)
+    print(f"\nSIGSTOP: killed {killed:.2f}s after the stop (heartbeat TTL 1 s, hung_after_s "
+          f"{HUNG_AFTER_S:g}), the user's next turn answered by the replacement at {answered:.2f}s")
+
+    assert reply.ok and reply.text == "slept: second" and reply.worker != stopped.worker
+    assert killed < 1 + HUNG_AFTER_S + 3
+    (event,) = [e for e in ledger(r, "chat", "worker-exited") if e.victims == [stopped.worker]]
+    assert "was killed" in event.reason and "heartbeat missing for" in event.reason
     fleet.close()
