@@ -66,8 +66,17 @@ class Watchdog:
         self._handle = loop.call_later(BEAT_S, bump)
 
     def run(self) -> None:
-        """The thread: look every ``poll_s`` until stopped, or until the loop is found stuck."""
+        """The thread: look every ``poll_s`` until stopped, or until the loop is found stuck. A
+        look that comes over ``stuck_after_s / 2`` after the previous one means this thread did
+        not run either: the whole process was paused (SIGSTOP), or its loop held the GIL; the
+        loop gets a fresh ``stuck_after_s`` (what holds the GIL for ever, the commander's
+        ``hung_after_s`` ends)."""
+        looked = self._clock()
         while not self._stop.wait(self.poll_s):
+            now = self._clock()
+            if now - looked > self.stuck_after_s / 2:
+                self.last = now
+            looked = now
             if self.check():
                 return
 

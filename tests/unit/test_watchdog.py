@@ -22,6 +22,15 @@ class Clock:
         return self.now
 
 
+def advance(clock: Clock, seconds: float, step: float = 1.0) -> None:
+    """Move the clock on in small steps, as time goes: the watchdog's thread (polling every
+    10 ms) would take a gap of over half of ``stuck_after_s`` between two looks for a pause."""
+    while seconds > 0:
+        clock.now += min(step, seconds)
+        seconds -= step
+        time.sleep(0.02)
+
+
 class Exits:
     """Stands in for ``os._exit``: records the code, and lets a test wait for it."""
 
@@ -57,24 +66,46 @@ def test_stuck_past_stuck_after_s_exits_with_its_code(since_beat: float, stuck: 
 def test_the_thread_exits_once_with_one_line_naming_the_time_and_the_place(
         caplog: pytest.LogCaptureFixture) -> None:
     """The thread itself, on the injected clock: the loop's thread (here: this one) stops
-    beating at 100 s; at 131 s the thread logs the stuck time and this test's frame, and exits."""
+    beating at 100 s; at 130 s the thread logs the stuck time and this test's frame, and exits."""
     clock, exits = Clock(), Exits()
     dog = Watchdog(30.0, clock=clock, exit=exits, poll_s=0.01)
     thread = threading.Thread(target=dog.run, daemon=True)
     with caplog.at_level(logging.CRITICAL, logger="fleet.worker"):
         thread.start()
-        clock.now += 29.0
-        time.sleep(0.05)  # (several polls of the thread: none finds it stuck yet)
+        advance(clock, 29.0)
         assert not exits.called.is_set()
-        clock.now += 2.0
+        advance(clock, 2.0)
         assert exits.called.wait(5.0), "the watchdog did not fire"
         thread.join(5.0)
     assert not thread.is_alive()  # it ends after firing: one exit, one line
     assert exits.codes == [EXIT_STUCK]
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "event loop stuck for 31.0s (stuck_after_s 30)" in line
+    assert "event loop stuck for 30.0s (stuck_after_s 30)" in line  # (the first look at 30 s)
     assert f"exiting with code {EXIT_STUCK}" in line
     assert "test_watchdog.py" in line and "in test_the_thread_exits_once" in line
+
+
+def test_a_paused_process_is_not_a_stuck_loop() -> None:
+    """The thread did not run either for over half of ``stuck_after_s`` (the process was
+    SIGSTOPped): the loop gets a fresh ``stuck_after_s`` from the resume, then is judged."""
+    clock, exits = Clock(), Exits()
+    dog = Watchdog(30.0, clock=clock, exit=exits, poll_s=0.01)
+    thread = threading.Thread(target=dog.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.03)
+        clock.now += 100.0  # a pause of the whole process
+        deadline = time.monotonic() + 5.0
+        while dog.last < clock.now and time.monotonic() < deadline:  # the thread's next look
+            time.sleep(0.01)
+        assert dog.last == clock.now and not exits.called.is_set()
+        advance(clock, 29.0)
+        assert not exits.called.is_set()
+        advance(clock, 2.0)
+        assert exits.called.wait(5.0), "the watchdog did not fire after the resume"
+    finally:
+        dog.stop()
+    assert exits.codes == [EXIT_STUCK]
 
 
 def test_stopped_it_never_fires() -> None:
