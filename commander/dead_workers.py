@@ -55,7 +55,7 @@ class DeadWorkers:
 
     def exited(self, handle: WorkerHandle) -> None:
         """A worker of ours ended without draining (crashed, killed, or ended unseen)."""
-        how = "was killed" if handle.killed else f"exited ({exit_meaning(handle.exit_code)})"
+        how = "was killed" if handle.killed else f"exited with {exit_meaning(handle.exit_code)}"
         how += f" ({handle.retire_reason})" if handle.retire_reason else ""
         how += f", its log ends: {handle.error}" if handle.error else ""
         self._dead[handle.worker_id] = _Dead(handle.tier, f"worker {handle.worker_id} {how}",

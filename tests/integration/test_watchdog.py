@@ -58,9 +58,12 @@ def test_a_worker_with_a_blocked_loop_exits_and_is_replaced(r, redis_server, sta
     answered = time.monotonic() - blocked_at
     second = fleet.submit("alice", "second").result(timeout=LEASE_S)
     next_turn = time.monotonic() - blocked_at
+    # (the replacement waits 1 s more here: a worker that exits within 10 s of its start counts
+    # toward its pool's crash loop, commander.runtime.process.crashloop)
     print(f"\nblocked loop: the worker exited {exited:.2f}s after the block (stuck_after_s "
-          f"{STUCK_AFTER_S:g}), its turn was answered by the replacement at {answered:.2f}s and "
-          f"the user's next turn at {next_turn:.2f}s (lease {LEASE_S:.0f} s)")
+          f"{STUCK_AFTER_S:g}), its turn was answered by the replacement at {answered:.2f}s "
+          f"({answered - exited:.2f}s after the exit) and the user's next turn at "
+          f"{next_turn:.2f}s (lease {LEASE_S:.0f} s)")
 
     # (the loop's last turn may precede the block by a bump's interval, and the block our look)
     assert STUCK_AFTER_S - 1 <= exited < STUCK_AFTER_S + 3
