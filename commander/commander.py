@@ -11,6 +11,7 @@ its first append. Errors are caught per tier, per dead worker and per pass; the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -25,6 +26,7 @@ from commander.decide import decide
 from commander.decide_inputs import TierSignals, snapshot, tier_rates, worker_views
 from commander.decide_states import DecideStates
 from commander.failover import FailoverRecovery
+from commander.hung_workers import HungWorkers
 from commander.leadership import Deposed, Leadership
 from commander.ledger_writer import LedgerWriter
 from commander.metrics import Metrics
@@ -39,7 +41,7 @@ from commander.rollouts.removed import RemovedPools
 from commander.rollouts.weights import Weights
 from commander.rq.reader import RqReader
 from commander.rq.tiers import RqTiers
-from commander.runtime import Lifecycle, Runtime, WorkerHandle
+from commander.runtime import Lifecycle, Runtime, UnknownWorker, WorkerHandle
 from commander.runtime_watch import RuntimeWatch
 from commander.settings import CommanderSettings
 from commander.tier_policies import TierPolicies, TierPolicy
@@ -84,6 +86,7 @@ class Commander:
         self.states = DecideStates(r, self.bad)
         self.dead = DeadWorkers(r, settings, self.ledger, self.outages, metrics, clock, monotonic,
                                 self.redis_errors)
+        self.hung = HungWorkers(settings.hung_after_s, clock, lambda: self.outages.trusted_since)
         self.actor = Actor(r, runtime, self.leadership, self.ledger, metrics=metrics, clock=clock,
                            max_total_workers=settings.max_total_workers)
         self.watch = RuntimeWatch(runtime, self.ledger, metrics)
@@ -175,6 +178,7 @@ class Commander:
             handles = self.runtime.list()
             tiers = self._tiers(handles, registry)
             self.dead.take_over(registry, handles, tiers)
+            self._retire_hung(registry, handles)
             self.observer.read_reports()
             self.observer.evaluator.forget_absent({*registry, *(h.worker_id for h in handles)}, now)
             policies = self._policies(tiers, registry)
@@ -226,6 +230,16 @@ class Commander:
                 else:
                     self.dead.exited(handle)
             self.observer.evaluator.forget(handle.worker_id)
+
+    def _retire_hung(self, registry: Registry, handles: list[WorkerHandle]) -> None:
+        """Kill the workers of ours whose process runs with no heartbeat (``HungWorkers``): the
+        next reap ends the process the runtime started, and their users are taken over."""
+        for handle, missing_s in self.hung.judge(registry, handles):
+            reason = f"heartbeat missing for {missing_s:.0f}s while its process runs: stopped or hung"
+            log.warning("worker %s (tier %s, pid %d): %s: killing it", handle.worker_id, handle.tier,
+                        handle.pid, reason)
+            with contextlib.suppress(UnknownWorker):  # (gone meanwhile: reaped as any exit)
+                self.runtime.retire(handle.worker_id, reason, drain_timeout_s=0)
 
     def _adopt(self) -> None:
         self.runtime.adopt()  # a predecessor's workers, and workers started apart on this host

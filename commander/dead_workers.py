@@ -21,7 +21,7 @@ from commander.metrics import Metrics
 from commander.outages import Outages
 from commander.runtime import WorkerHandle
 from commander.settings import CommanderSettings
-from protocol.models import WorkerInfo
+from protocol.models import WorkerInfo, exit_meaning
 from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT
 from stores.takeover import Takeover, sweep, take_over
@@ -55,7 +55,8 @@ class DeadWorkers:
 
     def exited(self, handle: WorkerHandle) -> None:
         """A worker of ours ended without draining (crashed, killed, or ended unseen)."""
-        how = "was killed" if handle.killed else f"exited (code {handle.exit_code})"
+        how = "was killed" if handle.killed else f"exited with {exit_meaning(handle.exit_code)}"
+        how += f" ({handle.retire_reason})" if handle.retire_reason else ""
         how += f", its log ends: {handle.error}" if handle.error else ""
         self._dead[handle.worker_id] = _Dead(handle.tier, f"worker {handle.worker_id} {how}",
                                              unasked=handle.retire_reason is None)

@@ -71,6 +71,10 @@ class CommanderSettings(BaseSettings):
                                      "leadership, a missing heartbeat counts as a dead worker only "
                                      "once Redis has been reachable this long (live workers beat "
                                      "again within their renew interval)")
+    hung_after_s: float = Field(90.0, ge=1, le=86_400, description="a worker of ours whose process "
+                                "runs but whose heartbeat has been missing this long (stopped, or "
+                                "hung where its own watchdog, stuck_after_s, cannot end it) is killed "
+                                "and replaced")
     max_total_workers: int = Field(64, ge=1, le=100_000, description="cap over every tier: a policy "
                                    "writer cannot make this host start more processes than this")
     runtime: Literal["process", "kubernetes"] = Field(

@@ -253,6 +253,16 @@ class CommanderInfo(_Model):
 
 
 RENEW_INTERVAL_S = 1.5  # the workers' default seconds between renewals (lanes, claims, heartbeat)
+EXIT_STUCK = 70  # a worker's exit code when its event loop was stuck (``worker.watchdog``)
+
+
+def exit_meaning(code: int | None) -> str:
+    """How a worker's exit code reads in a log line or a ledger entry: "code 70 (its event loop
+    was stuck)", "code 1"; "an unknown code" for None."""
+    if code is None:
+        return "an unknown code"
+    return f"code {code} (its event loop was stuck)" if code == EXIT_STUCK else f"code {code}"
+
 
 
 class WorkerInfo(_Model):

@@ -12,6 +12,7 @@ from protocol.flags import Parser, add_flags, settings_from_flags
 from stores.roles import process_url
 from worker.app import Worker
 from worker.settings import WorkerSettings
+from worker.watchdog import Watchdog
 
 
 def add_arguments(p: argparse.ArgumentParser, *, tier_required: bool = False,
@@ -53,7 +54,12 @@ def run(args: argparse.Namespace) -> int:
 
         serve = Pod(worker).run
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-        code = runner.run(serve())
+        watchdog = Watchdog(settings.stuck_after_s)  # a loop stuck this long ends the process
+        watchdog.start(runner.get_loop())
+        try:
+            code = runner.run(serve())
+        finally:
+            watchdog.stop()
     print(f"{settings.worker_id}: {worker.store.batcher.stats.summary()}", file=sys.stderr)  # (bench_peers)
     return code
 

@@ -241,10 +241,13 @@ async def sleep(ctx: TurnContext) -> HandlerResult:
     """A stand-in model call: ``sleep_ms`` of waiting and ``cpu_ms`` of CPU burn.
 
     ``fail_attempts`` = N makes the first N attempts of a turn raise (to test retries and
-    the dead-letter path).
+    the dead-letter path); ``block_loop_ms`` blocks the worker's event loop that long first (a
+    blocking call in an async handler: the worker's watchdog ends a loop stuck past
+    ``stuck_after_s``).
     """
     if ctx.attempt <= int(ctx.option("fail_attempts", 0)):
         raise HandlerError(f"injected failure on attempt {ctx.attempt}")
+    time.sleep(float(ctx.option("block_loop_ms", 0.0)) / 1000)
     await _burn(float(ctx.option("cpu_ms", 0.0)) / 1000)
     await asyncio.sleep(float(ctx.option("sleep_ms", 100.0)) / 1000)
     return HandlerResult(text=f"slept: {ctx.turn.text}")

@@ -52,6 +52,9 @@ class WorkerSettings(BaseSettings):
     handler_rescan_s: float = Field(30.0, gt=0, description="a policy names a handler this worker "
                                     "lacks: look for newly installed ones (entry points) this often")
     heartbeat_ttl_ms: int = Field(5000, ge=500, description="the heartbeat key's TTL")
+    stuck_after_s: float = Field(30.0, ge=1, description="the worker exits (code 70) when its event "
+                                 "loop has not turned this long (a blocking call in an async "
+                                 "handler): its heartbeat stops, the commander replaces it")
     max_turn_bytes: int = Field(64 * 1024, ge=256, description="a larger encoded turn is dead-lettered")
     max_reply_bytes: int = Field(256 * 1024, ge=256, description="a larger reply is a handler failure")
     handler_timeout_s: float = Field(300.0, gt=0, description="an async handler running longer fails")
@@ -93,6 +96,8 @@ class WorkerSettings(BaseSettings):
             raise ValueError("reclaim_idle_ms must exceed two renew intervals, or live owners get robbed")
         if self.lane_ttl_ms <= self.renew_interval_s * 1000 * 2:
             raise ValueError("lane_ttl_ms must exceed two renew intervals")
+        if self.stuck_after_s <= self.renew_interval_s * 2:
+            raise ValueError("stuck_after_s must exceed two renew intervals")
         return self
 
     @property

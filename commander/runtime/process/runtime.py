@@ -50,6 +50,7 @@ from commander.runtime.process.proof import load_secret
 from commander.runtime.process.spawner import CommandBuilder, Spawner, SpawnMode
 from commander.runtime.process.workers import START_TIMEOUT, LocalWorkers
 from protocol.groups import split_pool, validate_pool
+from protocol.models import exit_meaning
 from protocol.policy import PolicyError, TurnsPolicy, parse_policy
 from protocol.policy_controls import Controls
 from stores.connection import connect_rq, connect_sync, resolve_url
@@ -232,7 +233,7 @@ class ProcessRuntime(Runtime):
         if handle.retire_reason != START_TIMEOUT and now - handle.started >= self.crash_loops.healthy_s:
             return
         how = ("did not register in time" if handle.retire_reason == START_TIMEOUT else
-               "was killed" if handle.killed else f"exited with code {handle.exit_code}")
+               "was killed" if handle.killed else f"exited with {exit_meaning(handle.exit_code)}")
         self.crash_loops.failed(handle.tier, handle.started, f"worker {handle.worker_id} {how}"
                                 + (f", its log ends: {handle.error}" if handle.error else ""))
 

@@ -27,7 +27,7 @@ from commander.runtime.interface import Handles, Lifecycle, UnknownWorker, Worke
 from commander.runtime.process.fork_client import TemplateSpawner
 from commander.runtime.process.identity import leads_group, poll_foreign
 from commander.runtime.process.run_records import drop_record, write_record
-from protocol.models import Control
+from protocol.models import Control, exit_meaning
 from stores.control import send_control
 from stores.registry import forget_workers, registered_and_beating, rq_registered
 from stores.retry import TRANSIENT
@@ -166,7 +166,7 @@ class LocalWorkers:
         # a clean drain acked or handed on all it had; any other end (a crash, SIGKILL, an
         # unknown exit status) leaves its users to the commander's takeover
         handle.drained = prior is Lifecycle.DRAINING and not handle.killed and code == 0
-        how = "was killed" if handle.killed else f"exited with code {code}"
+        how = "was killed" if handle.killed else f"exited with {exit_meaning(code)}"
         if prior is Lifecycle.DRAINING and not handle.killed:
             log.info("worker %s (tier %s) drained and %s", handle.worker_id, handle.tier, how)
         else:
