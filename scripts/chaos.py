@@ -32,6 +32,11 @@ the kill to FAILOVER_AFTER_S after the promotion; those are reported as "across 
 and so must liveness: a turn whose inbox entry survived but that was never answered
 ("stranded") fails the run, failover or not. A lost turn whose inbox entry is gone lost its
 submit to the failover (the master acknowledged it, then died before its replica had it).
+
+``--hostile`` (with any mode): bad tier members and registry entries, users' keys of the wrong
+type and poison notifications written during the load (scripts/chaos_hostile.py); each turn and
+notification must be answered (an error reply or a dead letter) and no Fleet process may exit
+on its own, while the load's users' invariants hold as without them.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import chaos_check
+import chaos_hostile
 import cluster_rig
 import psutil
 import redis
@@ -62,7 +68,7 @@ import redis.asyncio as aioredis
 from benchlib import ROOT, OneLineParser, free_port
 from chaos_check import Injected, MasterKill, TraceTail, UserLog
 
-from fleet.client import AsyncFleet
+from fleet.client import AsyncFleet, Fleet
 from protocol import keys
 from protocol.acl import ROLE_NAMES, acl_file
 from protocol.codec import CodecError, decode, encode
@@ -87,6 +93,7 @@ DRAIN_OBEYED_S = 15.0  # a worker told to drain shows it by then (past a pause, 
 CLUSTER_NODE_TIMEOUT_MS = 2000  # --cluster: a master silent this long is failed over
 MASTER_PAUSE_S = (0.4, 1.2)  # a master pause: well short of the node timeout (no failover)
 REPLY_GRACE_S = 60.0  # --cluster: a client stops waiting for a reply this long after the load ends
+HOSTILE_GRACE_S = 60.0  # --hostile: the injections still unanswered when the load ends get this long
 
 
 def parse_args(argv: list[str] | None = None):
@@ -106,6 +113,10 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--replica-acks", type=int, default=None,
                    help="set the tier policy's replica_acks (WAIT after the submit, the lane acquire "
                         "and the commit)")
+    p.add_argument("--hostile", action="store_true",
+                   help="also inject bad tier members, bad registry entries, users' keys of the wrong type "
+                        "and poison notifications during the load (scripts/chaos_hostile.py): each must be "
+                        "answered, and no Fleet process may exit")
     p.add_argument("--policy-json", default=None,
                    help='extra tier policy fields as JSON, by name, e.g. \'{"replica_acks": 1}\' (validated)')
     args = p.parse_args(argv)
@@ -151,6 +162,7 @@ class Cluster:
     spared: cluster_rig.ClusterNode | None = None  # the node of ``url``: never killed (see start_rig)
     commander: subprocess.Popen[bytes] | None = None
     commanders_started: int = 0
+    commander_exits: list[str] = field(default_factory=list)  # exits of a commander chaos did not kill
     pids_seen: set[int] = field(default_factory=set)
     passwords: dict[str, str] = field(
         default_factory=lambda: {role: secrets.token_hex(16) for role in ROLE_NAMES})
@@ -254,6 +266,12 @@ class Cluster:
             env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.pids_seen.add(self.commander.pid)
+
+    def note_commander_exit(self) -> None:
+        """Record the commander's exit if it exited (called just before chaos kills or stops it)."""
+        if self.commander is not None and self.commander.poll() is not None:
+            self.commander_exits.append(f"commander chaos-{self.commanders_started} exited "
+                                        f"(code {self.commander.returncode})")
 
     def stop(self) -> None:
         if self.commander and self.commander.poll() is None:
@@ -394,6 +412,7 @@ class Faults:
 
     def commander_kill(self, r: redis.Redis) -> None:
         assert self.cluster.commander is not None
+        self.cluster.note_commander_exit()
         self.cluster.commander.kill()
         self.cluster.commander.wait()
         time.sleep(self.rng.uniform(0.2, 1.5))
@@ -708,12 +727,14 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
     progress = threading.Thread(target=_progress, args=(faults, stop, seconds), daemon=True)
     progress.start()
     grace = REPLY_GRACE_S if cluster.cluster else 300.0
+    hostile = start_hostile(cluster, args.seed, seconds, stop) if args.hostile else None
     logs, load_ended = asyncio.run(run_load(cluster.role_url("fleet-client"), cluster.role_url(ADMIN),
                                             args.users, seconds, args.seed, grace))
     stop.set()
     injector.join(timeout=120)
     sampler.join(timeout=5)
     r = cluster.client()
+    hostile_result = finish_hostile(r, hostile, faults) if hostile is not None else None
     detail: dict[str, list[Any]] = {}
     result, answers = chaos_check.check(r, logs, detail)
     epochs_ok, epochs = chaos_check.check_epochs(r)
@@ -724,6 +745,7 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
     inboxes = {user: chaos_check.inbox_turns(r, user) for user, _t in detail.get("lost", [])}
     r.close()
     denials = cluster.acl_denials()
+    cluster.note_commander_exit()
     cluster.stop()  # the workers drain: every handler still open writes its exit
     time.sleep(0.5)
     left = orphans(cluster)
@@ -744,6 +766,10 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
                    "faults_before_max": faults.before(sampler.max_at),
                    "orphans": len(left), "acl_denials": denials, "seconds": seconds, "users": args.users})
     result["invariants_failed"] = chaos_check.failures(result, epochs_ok)
+    if hostile_result is not None:
+        hostile_result = chaos_hostile.with_exits(hostile_result, cluster.commander_exits)
+        result["hostile"] = hostile_result
+        result["invariants_failed"] += [f"hostile: {f}" for f in hostile_result["failed"]]
     if cluster.cluster:
         split = chaos_check.failover_split(inboxes, logs, faults.master_kills, detail, epochs_ok)
         result.update({"cluster": True, "seed": args.seed, "failover": split,
@@ -759,9 +785,40 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
         result["invariants_failed"], result["expected_across_failover"] = chaos_check.cluster_failures(
             result, split, epochs_ok)
     chaos_check.table(result)
+    if "hostile" in result:
+        chaos_hostile.table(result["hostile"])
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 1 if result["invariants_failed"] or result["quota_missed"] else 0
+
+
+def start_hostile(cluster: Cluster, seed: int, seconds: float,
+                  stop: threading.Event) -> tuple[chaos_hostile.Injector, threading.Thread]:
+    """Start writing the hostile injections of ``seed`` (admin client; turns as the client's role)."""
+    mode = "yes" if cluster.cluster else "no"
+    fleet = Fleet(client=connect_sync(cluster.role_url("fleet-client"), retries=12, cluster=mode))
+    injector = chaos_hostile.Injector(chaos_hostile.plan(seed, seconds), cluster.client(), fleet)
+    thread = threading.Thread(target=injector.run, args=(stop, time.monotonic()), daemon=True)
+    print(f"chaos: --hostile, {len(injector.injections)} injections planned", file=sys.stderr, flush=True)
+    thread.start()
+    return injector, thread
+
+
+def finish_hostile(r: redis.Redis, hostile: tuple[chaos_hostile.Injector, threading.Thread],
+                   faults: Faults) -> dict[str, Any]:
+    """Wait (``HOSTILE_GRACE_S`` at most) for every injection's answer, remove the bad state
+    entries, and read the hostile section (the commander's own exits are added at the end)."""
+    injector, thread = hostile
+    thread.join(timeout=120)
+    answers = chaos_hostile.wait_answered(
+        lambda: chaos_hostile.outcomes(r, injector.done, injector.turns), HOSTILE_GRACE_S)
+    chaos_hostile.clean_up(r)
+    exits = chaos_hostile.worker_exits(chaos_hostile.ledger_events(r))
+    injector.r.close()
+    injector.fleet.close()
+    return chaos_hostile.section(injector.injections, injector.done, answers,
+                                 chaos_hostile.unexpected_exits(exits, faults.killed), injector.errors,
+                                 exits_read=len(exits))
 
 
 def keep(cluster: Cluster, dest: Path, ledger: list[str], sampler: Sampler, faults: Faults) -> None:

@@ -47,6 +47,32 @@ def test_chaos_quick_holds_every_invariant(tmp_path):
         assert line in run.stdout, run.stdout
 
 
+@pytest.mark.smoke
+def test_chaos_quick_hostile_answers_every_injection_and_holds_the_invariants(tmp_path):
+    """Bad tier members, bad registry entries, users' keys of the wrong type and poison
+    notifications written during the load: each turn and notification answered, no Fleet
+    process exited, and the load's users' invariants hold as without them."""
+    out = tmp_path / "chaos.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "chaos.py"), "--quick", "--hostile",
+                          "--seed", "3", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = json.loads(out.read_text()) if out.exists() else {}
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert result["invariants_failed"] == []
+    assert result["lost"] == 0 and result["duplicated"] == 0 and result["out_of_order_users"] == 0
+    assert result["submitted"] > 0 and result["answered"] == result["submitted"]
+    hostile = result["hostile"]
+    assert hostile["failed"] == [] and hostile["injected"] == hostile["planned"] > 0, hostile
+    turns, notes = hostile["turns"], hostile["notifications"]
+    assert turns["injected"] > 0 and turns["unanswered"] == 0 and turns["ok_reply"] == 0, turns
+    assert turns["error_reply"] + turns["dead_lettered"] >= turns["injected"], turns
+    assert notes["injected"] > 0 and notes["dead_lettered"] == notes["injected"], notes
+    assert hostile["state_entries"] > 0 and hostile["process_exits"] == []
+    for line in ("hostile: turns of users with a wrong-type key", "hostile: poison notifications",
+                 "HOSTILE: every injection answered, no process exited", "INVARIANTS: all hold"):
+        assert line in run.stdout, run.stdout
+
+
 def test_exclusivity_check_tells_fenced_overlaps_from_violations(tmp_path, monkeypatch):
     """The I3 check on a hand-made trace: a paused worker overlapped by its successor is
     fenced (the successor committed the turn), two committed overlapping turns are a violation,
