@@ -8,6 +8,11 @@ and sends the turns with ``stores.submit``: one script call on one node, inbox e
 their notifications on Redis Cluster. Both classes run the same :class:`_ClientCore`, whose
 operations yield their round trips: ``Fleet`` sends them on a blocking client, ``AsyncFleet``
 on an asyncio one (``stores.roundtrips``).
+
+A submit that meets a transient error (Redis away, a Cluster failover: :func:`transient`) is
+sent again, with the same turn ids, for up to ``retry_s`` (10 s): a turn id is answered once
+however often it was submitted, so the caller sees an error only when the outcome stays unknown
+after that. A reply wait cut by a lost connection waits on until its own timeout.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError
+from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_delay
 
 from protocol.codec import decode, encode
 from protocol.ids import validate_tier, validate_user_id
@@ -28,10 +35,12 @@ from protocol.models import MAX_TEXT_CHARS, Reply, Turn
 from protocol.policy import TurnsPolicy
 from stores.backlog import no_free_slot
 from stores.cluster import is_cluster
-from stores.connection import connect_async, connect_sync
+from stores.connection import HandshakeTimeout, NoFleetFound, connect_async, connect_sync
 from stores.erase import Erased, connection_user, delete_user, who
 from stores.policies import write_policy
+from stores.redis_errors import error_kind
 from stores.replicas import ReplicaAcks
+from stores.retry import TRANSIENT, Backoff
 from stores.roles import process_url
 from stores.roundtrips import Op, arun, run
 from stores.submit import (
@@ -52,6 +61,29 @@ DEFAULT_MAX_TURN_BYTES = 64 * 1024
 DEFAULT_MAX_REPLY_BYTES = 1024 * 1024
 UNREPLICATED_KEEP = 10_000  # turn ids of submits whose WAIT came back short, newest kept
 Built = list[tuple[Turn, bytes]]  # turns with their encoded payloads
+RETRY_S = 10.0  # how long a submit rides out Redis away or a Cluster failover, by default
+_RETRY_BACKOFF = Backoff(base=0.05, cap=1.0)
+# the errors a submit sent again may outlast: the network, Redis restarting or refusing writes
+# for a while, a Cluster between two topologies (not a refusal by the ACL, a bad argument, ...)
+_RETRIED = frozenset({"connection", "timeout", "loading", "busy", "readonly", "masterdown", "tryagain",
+                      "clusterdown", "moved"})
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a submit (or a reply wait) that failed with ``exc`` is sent again: a transient
+    error, not a final one (refused credentials, no Redis named, a port that speaks no TLS)."""
+    if isinstance(exc, SubmitNotNotified):  # queued, unannounced: sent again if what failed was transient
+        return exc.__cause__ is not None and transient(exc.__cause__)
+    if isinstance(exc, (AuthenticationError, NoFleetFound, HandshakeTimeout)):
+        return False
+    return isinstance(exc, TRANSIENT) and error_kind(exc) in _RETRIED
+
+
+def _retrying(seconds: float) -> dict[str, Any]:
+    """tenacity's options for a submit's or a wait's retries over ``seconds``: capped, jittered
+    waits; the last error raised as it is once the time is up."""
+    return {"retry": retry_if_exception(transient), "wait": _RETRY_BACKOFF.wait,
+            "stop": stop_after_delay(seconds), "reraise": True}
 
 
 class TurnTimeout(TimeoutError):
@@ -204,11 +236,15 @@ class Fleet:
 
     def __init__(self, url: str | None = None, *, client: redis.Redis | None = None,
                  max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
-                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, retry_s: float = RETRY_S) -> None:
+        """``retry_s``: how long a submit is sent again, with the same turn ids, while Redis is
+        away or a Cluster fails over (a turn id is answered once however often it is submitted);
+        0 sends it once. The error is raised once that time is up, or at once if it is final."""
         self.r = client or connect_sync(url or process_url(None, "fleet-client"))
         self._core = _ClientCore(is_cluster(self.r))
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
+        self.retry_s = retry_s
         self.acks = self._core.acks  # the submits' WAITs (a tier's replica_acks)
         self.unreplicated = self._core.unreplicated  # turn ids of short WAITs
 
@@ -235,7 +271,9 @@ class Fleet:
         """
         built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes)
         if built:
-            run(self.r, self._core.submit(built, create_tier))
+            for attempt in Retrying(**_retrying(self.retry_s)):
+                with attempt:
+                    run(self.r, self._core.submit(built, create_tier))
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
 
     def results(self, handles: Iterable[TurnHandle], timeout: float = 30.0) -> list[Reply]:
@@ -252,8 +290,13 @@ class Fleet:
         return run(self.r, self._core.delete_user(user, connection_user(self.r)))
 
     def _wait(self, user: str, turn_id: str, timeout: float) -> Reply:
-        return run(self.r, self._core.reply(user, turn_id, timeout, self.max_reply_bytes,
-                                            " (is a worker running for its tier? `fleet status`)"))
+        deadline = time.monotonic() + timeout
+        for attempt in Retrying(**_retrying(timeout)):
+            with attempt:
+                left = max(0.01, deadline - time.monotonic())
+                return run(self.r, self._core.reply(user, turn_id, left, self.max_reply_bytes,
+                                                    " (is a worker running for its tier? `fleet status`)"))
+        raise AssertionError("unreachable: tenacity returns or raises")
 
     def close(self) -> None:
         self.r.close()
@@ -270,11 +313,13 @@ class AsyncFleet:
 
     def __init__(self, url: str | None = None, *, client: aioredis.Redis | None = None,
                  max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES,
-                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, retry_s: float = RETRY_S) -> None:
+        """As ``Fleet``'s."""
         self.r = client or connect_async(url or process_url(None, "fleet-client"))
         self._core = _ClientCore(is_cluster(self.r))
         self.max_turn_bytes = max_turn_bytes
         self.max_reply_bytes = max_reply_bytes
+        self.retry_s = retry_s
         self.acks = self._core.acks  # the submits' WAITs (a tier's replica_acks)
         self.unreplicated = self._core.unreplicated  # turn ids of short WAITs
 
@@ -296,12 +341,19 @@ class AsyncFleet:
         round trip; on Redis Cluster every inbox entry, then every notification)."""
         built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes)
         if built:
-            await arun(self.r, self._core.submit(built, create_tier))
+            async for attempt in AsyncRetrying(**_retrying(self.retry_s)):
+                with attempt:
+                    await arun(self.r, self._core.submit(built, create_tier))
         return [t for t, _ in built]
 
     async def wait(self, user: str, turn_id: str, timeout: float = 30.0) -> Reply:
         """The reply of a submitted turn; ``TurnTimeout`` if none in time."""
-        return await arun(self.r, self._core.reply(user, turn_id, timeout, self.max_reply_bytes))
+        deadline = time.monotonic() + timeout
+        async for attempt in AsyncRetrying(**_retrying(timeout)):
+            with attempt:
+                left = max(0.01, deadline - time.monotonic())
+                return await arun(self.r, self._core.reply(user, turn_id, left, self.max_reply_bytes))
+        raise AssertionError("unreachable: tenacity returns or raises")
 
     async def ask(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
                   meta: Mapping[str, Any] | None = None, *, create_tier: bool = False) -> Reply:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,8 @@ import redis.asyncio as aioredis
 
 from fleet.client import AsyncFleet, Fleet, UnknownTier
 from protocol import keys
+from protocol.codec import decode, encode
+from protocol.models import Reply, Turn
 from protocol.policy import TurnsPolicy, turns_policy
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy
@@ -88,7 +91,7 @@ def landed(r: redis.Redis, user: str) -> tuple[int, int]:
 # --- a lost connection ----------------------------------------------------------------------
 def test_a_connection_lost_after_the_inbox_xadd_lands_nothing(chat, redis_server) -> None:
     client = Fleet(client=connect_sync(redis_server.role_url("fleet-client"), retries=0,
-                                       connection_class=CuttingConnection))
+                                       connection_class=CuttingConnection), retry_s=0)
     client.submit("warm", "up")  # the tier check is done: the next round trip is the submit alone
     Cut.armed = True
     with pytest.raises(redis.ConnectionError):
@@ -113,7 +116,7 @@ def test_a_retried_submit_lands_once(chat, redis_server) -> None:
 def test_async_a_connection_lost_mid_submit_lands_nothing_and_a_retry_lands_once(chat, redis_server) -> None:
     async def run() -> None:
         lost = AsyncFleet(client=connect_async(redis_server.role_url("fleet-client"), retries=0,
-                                               connection_class=AsyncCuttingConnection))
+                                               connection_class=AsyncCuttingConnection), retry_s=0)
         await lost.submit("warm", "up")
         Cut.armed = True
         with pytest.raises(redis.ConnectionError):
@@ -129,6 +132,82 @@ def test_async_a_connection_lost_mid_submit_lands_nothing_and_a_retry_lands_once
 
     asyncio.run(run())
     assert landed(chat, "carol") == (1, 2)
+
+
+# --- the client's own retries: the same turn ids, sent again ---------------------------------
+def test_the_client_sends_a_lost_submit_again_and_it_lands_once(chat, redis_server) -> None:
+    # (the connection's own retries off: as when a failover outlasts them)
+    client = Fleet(client=connect_sync(redis_server.role_url("fleet-client"), retries=0,
+                                       connection_class=CuttingConnection))
+    client.submit("warm", "up")
+    Cut.armed = True
+    handle = client.submit("dora", "hi")
+    assert not Cut.armed  # lost once, sent again by the client
+    assert landed(chat, "dora") == (1, 2)
+    assert handle.turn_id
+
+
+def test_a_submit_whose_reply_was_lost_is_sent_again_with_the_same_turn_id(chat, redis_server,
+                                                                           monkeypatch) -> None:
+    client = Fleet(client=connect_sync(redis_server.role_url("fleet-client"), retries=0))
+    client.submit("warm", "up")
+    execute = redis.client.Pipeline.execute
+    lost: list[bool] = []
+
+    def applied_then_lost(self: Any, *args: Any, **kwargs: Any) -> Any:
+        replies = execute(self, *args, **kwargs)
+        if not lost:
+            lost.append(True)
+            raise redis.exceptions.ClusterDownError("the reply was lost in a failover (test)")
+        return replies
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", applied_then_lost)
+    handle = client.submit("erin", "hi")
+    monkeypatch.undo()
+    assert lost
+    copies = chat.xrange(keys.inbox("erin"))
+    assert len(copies) == 2  # the outcome was unknown: sent again, under the same turn id, which a
+    turn_ids = {decode(Turn, fields[b"m"]).turn_id for _id, fields in copies}  # worker answers once
+    assert turn_ids == {handle.turn_id}
+
+
+def test_a_reply_wait_cut_by_a_lost_connection_waits_on(chat, redis_server, monkeypatch) -> None:
+    client = Fleet(client=connect_sync(redis_server.role_url("fleet-client"), retries=0))
+    handle = client.submit("gil", "hi")
+    reply = Reply(turn_id=handle.turn_id, user="gil", ok=True, text="hello")
+    chat.rpush(keys.reply("gil", handle.turn_id), encode(reply))
+    blpop = redis.Redis.blpop
+    cut: list[bool] = []
+
+    def cut_once(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not cut:
+            cut.append(True)
+            raise redis.ConnectionError("connection lost during the wait (test)")
+        return blpop(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "blpop", cut_once)
+    assert handle.result(5).text == "hello" and cut
+
+
+@pytest.mark.acl_denials  # the wrong password, in ACL LOG
+def test_a_final_error_is_raised_at_once_and_a_transient_one_when_the_time_is_up(chat, redis_server,
+                                                                                 monkeypatch) -> None:
+    refused = Fleet(redis_server.url.replace("://", "://fleet-client:wrong@"), retry_s=30)
+    started = time.monotonic()
+    with pytest.raises(redis.AuthenticationError):
+        refused.submit("fay", "hi")
+    assert time.monotonic() - started < 5  # not retried for 30 s
+
+    def down(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise redis.exceptions.ClusterDownError("CLUSTERDOWN (test)")
+
+    client = Fleet(client=connect_sync(redis_server.role_url("fleet-client")), retry_s=0.5)
+    client.submit("warm", "up")
+    monkeypatch.setattr(redis.client.Pipeline, "execute", down)
+    started = time.monotonic()
+    with pytest.raises(redis.exceptions.ClusterDownError):
+        client.submit("fay", "hi")
+    assert 0.4 < time.monotonic() - started < 5
 
 
 # --- refused and failing commands -------------------------------------------------------------

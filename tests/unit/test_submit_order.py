@@ -164,17 +164,19 @@ PROBES = set(TIER_PROBE + OPTIONS_PROBE)
 
 
 def submit(mode: str, fake_cluster: bool = True, users: list[str] = USERS,
-           setup: Callable[[FakeClient], None] = lambda c: None) -> tuple[FakeClient, Callable[[], Any]]:
-    """A fake of ``mode`` ("sync"/"async", "many"/"one") and the call that submits on it."""
+           setup: Callable[[FakeClient], None] = lambda c: None,
+           retry_s: float = 0) -> tuple[FakeClient, Callable[[], Any]]:
+    """A fake of ``mode`` ("sync"/"async", "many"/"one") and the call that submits on it (sent
+    once unless ``retry_s``: what one submit's round trips do)."""
     sync = mode.startswith("sync")
     fake = (FakeClient if sync else AsyncFakeClient)(fake_cluster)
     setup(fake)
     many = mode.endswith("many")
     turns = [(u, f"turn {i}") for i, u in enumerate(users if many else users[:1])]
     if sync:
-        client = Fleet(client=fake)  # type: ignore[arg-type]
+        client = Fleet(client=fake, retry_s=retry_s)  # type: ignore[arg-type]
         return fake, lambda: client.submit_many(turns) if many else client.submit(*turns[0])
-    aclient = AsyncFleet(client=fake)  # type: ignore[arg-type]
+    aclient = AsyncFleet(client=fake, retry_s=retry_s)  # type: ignore[arg-type]
     if many:
         return fake, lambda: asyncio.run(aclient.submit_many(turns))
     return fake, lambda: asyncio.run(aclient.submit(*turns[0]))
@@ -270,6 +272,17 @@ def test_notifications_lost_after_the_inbox_raise_submit_not_notified_naming_the
     assert isinstance(caught.value.__cause__, redis.ConnectionError)
     assert isinstance(caught.value, redis.RedisError) and "same turn_id" in str(caught.value)
     assert len(fake.trips) == 2  # no pressure, nothing else
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_client_sends_a_submit_whose_notifications_were_lost_again(mode: str) -> None:
+    def drop_second(fake: FakeClient) -> None:
+        fake.drop_trip = 1
+
+    fake, call = submit(mode, setup=drop_second, retry_s=5)
+    call()  # no error: the whole submit was sent again, with the same turn ids
+    turns = len(USERS) if mode.endswith("many") else 1
+    assert len(fake.trips) == 4 and sent(fake).count(NOTIFY[0]) == 2 * turns
 
 
 @pytest.mark.parametrize("mode", MODES)
