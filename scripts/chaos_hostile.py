@@ -50,7 +50,7 @@ BAD_USER_IDS = ("Bad User! 0", "no/such:user")  # notifications naming no valid 
 START_S = 5.0  # no injection before the fleet settled
 ANSWER_ROOM_S = 20.0  # nor in the last seconds of the load: room for a delivery limit to be reached
 DEAD_SCAN = 20_000  # dead letters of the tier read to find the injections' own
-_EXIT = re.compile(r"^worker (\S+) exited \(code (-?\d+)\)")
+_EXIT = re.compile(r"^worker (\S+) exited (?:with )?\(?code (-?\d+)")
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,10 @@ MODULES = (
     "stores.policies", "stores.commanders", "stores.worker_ops", "stores.deadletters", "stores.reports",
     "stores.redis_errors",
     "fleet.client",
-    # deferred jobs' code: run by RQ workers, never in a simulation; listed so that
-    # a clock read there would follow the seed if it ever were
-    "worker.jobs", "stores.jobctx",
+    # deferred jobs' code (run by RQ workers) and the worker's watchdog thread (started by
+    # `fleet worker`'s main): never in a simulation; listed so that a clock read there would
+    # follow the seed if it ever were
+    "worker.jobs", "stores.jobctx", "worker.watchdog",
 )
 
 
