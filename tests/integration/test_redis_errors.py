@@ -25,6 +25,7 @@ from protocol.models import OccupancyReport
 from protocol.policy import TurnsPolicy
 from stores import outbox
 from stores.policies import write_policy
+from stores.tier_exists import tier_exists
 from tests.conftest import ADMIN_PASSWORD, RedisServer, free_port, start_on_free_port
 from tests.fault_proxy import FaultProxy
 from tests.helpers import Processes, fleet_argv, leads, passes, wait_until
@@ -85,6 +86,8 @@ def _once_and_counted(started, admin: redis.Redis, wid: str, kind: str) -> None:
 
 def _serves(url: str, user: str = "u1") -> None:
     with Fleet(url) as fleet:
+        # the tier is known by its worker's heartbeat, which the fault may have let expire
+        wait_until(lambda: tier_exists(fleet.r, "chat"), 20, "the worker's heartbeat back")
         assert fleet.submit(user, "hello").result(30).ok
 
 
