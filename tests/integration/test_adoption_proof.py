@@ -110,7 +110,8 @@ def test_the_commander_ledgers_and_counts_a_process_it_cannot_prove(
     try:
         (event,) = wait_until(lambda: ledger(r, "chat", "unproven-process"), 20, "the process ledgered")
         assert event.victims == [FORGED] and f"pid {bystander.pid}" in event.reason
-        assert sample(metrics, "fleet_unproven_processes_total") == 1.0
+        # (counted after the ledger append, on the commander's thread: wait for it, too)
+        wait_until(lambda: sample(metrics, "fleet_unproven_processes_total") == 1.0, 5, "the process counted")
         passes(r, 10, "c-proof")  # 2 s of passes: well past the 0.3 s deadline of an adopted worker
         assert bystander.poll() is None and not [h for h in runtime.list() if h.worker_id == FORGED]
         assert len(ledger(r, "chat", "unproven-process")) == 1
