@@ -53,6 +53,11 @@ class TurnContext:
     protector: Callable[[float], float] | None = None  # the worker's, behind ``protect``
     # what ``defer`` asked for in this attempt, encoded: committed with the turn's reply
     deferred: list[tuple[str, bytes]] = field(default_factory=list)
+    deadline: float | None = None  # unix seconds after which nobody waits for the reply (None: no limit)
+    # the worker's transport of streamed text (None: emitted text is only kept in ``emitted``)
+    emitter: Callable[[str], None] | None = None
+    emitted: list[str] = field(default_factory=list)  # the text emitted in this attempt, in order
+    cancel_flag: threading.Event = field(default_factory=threading.Event)  # set once the turn is cancelled
 
     def defer(self, name: str, *args: Any, queue: str | None = None, delay: float | None = None,
               **kwargs: Any) -> str:
@@ -73,6 +78,20 @@ class TurnContext:
             raise ValueError(f"deferral {name!r} is {len(payload)} bytes, over {MAX_DEFERRAL_BYTES}")
         self.deferred.append((d.job_id, payload))
         return d.job_id
+
+    def emit(self, text: str) -> None:
+        """Stream ``text`` to the turn's readers now, ahead of the reply (which the handler still
+        returns). Safe from a sync handler's thread."""
+        if text:
+            self.emitted.append(text)
+            if self.emitter is not None:
+                self.emitter(text)
+
+    @property
+    def cancelled(self) -> bool:
+        """The turn was cancelled (stopped by its user): a sync handler should return soon; an
+        async one is cancelled outright (``asyncio.CancelledError`` inside it)."""
+        return self.cancel_flag.is_set()
 
     def protect(self, seconds: float) -> float:
         """Ask that this worker not be retired by scale-in for ``seconds`` (capped by the policy's
