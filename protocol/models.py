@@ -13,6 +13,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from protocol.ids import validate_tier, validate_token, validate_user_id
@@ -44,12 +45,18 @@ class Turn(_Model):
     _tier = field_validator("tier")(lambda v: validate_tier(v))
 
 
+ReplyStatus = Literal["ok", "error", "cancelled", "expired"]
+
+
 class Reply(_Model):
-    """What the submitter gets back: exactly one per accepted turn (ok or error)."""
+    """What the submitter gets back: exactly one per accepted turn. ``status`` says how it ended:
+    answered (``ok``), failed (``error``), stopped by its user (``cancelled``) or reached after
+    its deadline (``expired``); ``ok`` is true for the first only."""
 
     turn_id: str
     user: str
     ok: bool
+    status: ReplyStatus = "ok"
     text: str = ""
     error: str | None = None
     worker: str = ""
@@ -57,15 +64,25 @@ class Reply(_Model):
     attempts: int = 1
     context: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _status_of_ok(cls, data: Any) -> Any:
+        # a reply that does not say its status (older workers', and failures built without one)
+        if isinstance(data, dict) and "status" not in data:
+            return {**data, "status": "ok" if data.get("ok") else "error"}
+        return data
+
 
 class SessionEntry(_Model):
-    """One answered turn as the session keeps it."""
+    """One answered turn as the session keeps it; ``cut`` if its reply was stopped midway (what
+    was streamed by then)."""
 
     turn_id: str
     entry: str  # inbox stream id: the order of submission
     text: str
     reply: str
     ts: float
+    cut: bool = False
 
 
 class MemoryItem(_Model):
