@@ -12,6 +12,7 @@ worker deserialize (run) arbitrary code, and their one function is ``worker.jobs
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +30,11 @@ from protocol import keys
 from protocol.codec import as_str
 from protocol.deferral import JOB_ENTRY, RESULT_TTL_S, Deferral
 from stores.replies import bytes_list
+
+# Fleet's RQ workers' TTL: an idle one heartbeats every RQ_WORKER_TTL_S - 15 s (RQ's dequeue
+# timeout; RQ's default TTL, 420 s, would leave a killed worker counted for 7 minutes)
+RQ_WORKER_TTL_S = 30
+LIVE_WITHIN_S = RQ_WORKER_TTL_S  # an idle worker not heard from for this long is not live
 
 
 def queue(conn: redis.Redis, name: str) -> Queue:
@@ -102,13 +108,23 @@ class RqWorker:
     birth: float | None = None  # when it registered (epoch seconds)
 
 
-def workers(conn: redis.Redis, queue_name: str | None = None) -> list[RqWorker]:
-    """The RQ workers registered (of one queue's, if named)."""
+def workers(conn: redis.Redis, queue_name: str | None = None, now: float | None = None) -> list[RqWorker]:
+    """The live RQ workers registered (of one queue's, if named).
+
+    A killed worker cannot deregister, and its entry lingers until its key expires. One that is
+    not busy is live only while its last heartbeat is within ``LIVE_WITHIN_S`` of ``now`` (an
+    idle Fleet RQ worker heartbeats every ``RQ_WORKER_TTL_S - 15`` seconds, RQ's dequeue
+    timeout); a busy one runs its job in its own process (no heartbeat meanwhile) and is live
+    while its entry is, which RQ keeps for the job's timeout."""
     q = queue(conn, queue_name) if queue_name else None
+    now = time.time() if now is None else now
     out = []
     for w in Worker.all(connection=conn, queue=q, serializer=JSONSerializer):
+        state, beat = w.get_state(), w.last_heartbeat
+        if state != "busy" and (beat is None or now - beat.timestamp() > LIVE_WITHIN_S):
+            continue
         born = w.birth_date.timestamp() if w.birth_date is not None else None
-        out.append(RqWorker(w.name, tuple(w.queue_names()), w.get_state(), w.get_current_job_id(), born))
+        out.append(RqWorker(w.name, tuple(w.queue_names()), state, w.get_current_job_id(), born))
     return out
 
 

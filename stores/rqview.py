@@ -21,7 +21,7 @@ def tier_view(r: redis.Redis, queues: Sequence[str], now: float) -> dict[str, An
     """The tier on ``queues``: ``workers_alive``, ``backlog`` (queued), ``pending`` (started),
     ``failed_jobs``, ``oldest_job_age_s``, per queue ``queues`` and its ``rq_workers``."""
     stats = [rqjobs.queue_stats(r, q, now) for q in queues]
-    seen = {w.name: w for q in queues for w in rqjobs.workers(r, q)}
+    seen = {w.name: w for q in queues for w in rqjobs.workers(r, q, now)}
     rows = [{"worker": w.name, "state": w.state, "job": w.job, "queues": list(w.queues),
              "age_s": None if w.birth is None else round(max(0.0, now - w.birth), 1)}
             for _, w in sorted(seen.items())]

@@ -48,7 +48,7 @@ class RqReader:
         stats = [rqjobs.queue_stats(self.r, q, now) for q in policy.rq_queues(tier)]
         seen: dict[str, RqWorkerSeen] = {}
         for q in policy.rq_queues(tier):
-            for w in rqjobs.workers(self.r, q):
+            for w in rqjobs.workers(self.r, q, now):
                 seen[w.name] = RqWorkerSeen(w.name, w.state, w.job)
         read = RqTierRead(queued=sum(s.queued for s in stats), started=sum(s.started for s in stats),
                           failed=sum(s.failed for s in stats), scheduled=sum(s.scheduled for s in stats),

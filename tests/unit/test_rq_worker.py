@@ -4,11 +4,15 @@ traceback, a requeue runs it again, and a job pulls its user's context as a turn
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+
 import fakeredis
 import pytest
 from rq import Queue
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
+from rq.utils import utcformat
 
 from protocol import keys
 from protocol.codec import encode
@@ -202,3 +206,21 @@ def test_a_redis_error_in_rqs_suspension_check_or_maintenance_does_not_end_the_l
     run(r)
     assert r.llen(f"rq:queue:{Q}") == 0  # the job was taken all the same
     assert caplog.text.count("Redis error NOPERM ") == 1, caplog.text
+
+
+def test_a_worker_that_stopped_heartbeating_is_not_counted_though_its_entry_lingers() -> None:
+    """A killed RQ worker cannot deregister; its entry stays in RQ's worker registry until its
+    key expires. It is not a live worker for ``fleet status`` or the commander once its last
+    heartbeat is older than the worker TTL (a busy one is judged by its job's TTL instead)."""
+    r = fakeredis.FakeRedis()
+    live, dead = rq_worker.build(r, [Q], "rq-live"), rq_worker.build(r, [Q], "rq-dead")
+    live.register_birth()
+    dead.register_birth()
+    assert live.worker_ttl == rqjobs.RQ_WORKER_TTL_S
+    now = time.time()
+    assert sorted(w.name for w in rqjobs.workers(r, Q, now)) == ["rq-dead", "rq-live"]
+    later = now + rqjobs.RQ_WORKER_TTL_S + 1  # ...and only the live one heartbeat since
+    live.heartbeat()
+    r.hset(live.key, "last_heartbeat", utcformat(datetime.fromtimestamp(later, UTC)))
+    assert [w.name for w in rqjobs.workers(r, Q, later)] == ["rq-live"]
+    assert r.exists(dead.key)  # (its entry lingers: only its liveness is judged)

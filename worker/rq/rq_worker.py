@@ -242,7 +242,7 @@ def build(conn: redis.Redis, queues: list[str], name: str | None = None) -> Flee
     """A worker on ``queues`` (Fleet's serializer, allowlist and maintenance interval)."""
     return FleetWorker(queues, name=name or f"rq-{uuid.uuid4().hex[:8]}", connection=conn,
                        job_class=FleetJob, serializer=JSONSerializer,
-                       maintenance_interval=MAINTENANCE_INTERVAL_S)
+                       maintenance_interval=MAINTENANCE_INTERVAL_S, worker_ttl=rqjobs.RQ_WORKER_TTL_S)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
