@@ -59,7 +59,9 @@ def occupancy_proposal(fleet: TierWorkers, policy: ScaleRules) -> int:
     """Up by one when no ready worker admits; else the ledger's floor (never above current).
 
     Holds while workers are starting (they are the answer already) or when nothing is
-    measured, and asks for 0 when every worker is measured and idle.
+    measured, and asks for 0 when every worker is measured and idle. On a queue-driven tier (rq:
+    one job per worker) a full worker is no trouble until a job waits, which the backlog and
+    pressure signals see: it holds instead of asking for one more.
     """
     ready = len(fleet.ready)
     if fleet.starting or not fleet.fresh:
@@ -67,7 +69,7 @@ def occupancy_proposal(fleet: TierWorkers, policy: ScaleRules) -> int:
     if all(w.idle for w in fleet.ready):
         return 0
     if not any_admits(fleet, policy):
-        return ready + 1
+        return ready if policy.queue_driven else ready + 1
     return ledger_floor(ready, ledger_load(fleet.ready, fleet.reception, policy), policy)
 
 

@@ -363,7 +363,7 @@ class RqPolicy(BaseModel):
         """What ``decide`` judges the tier by: one job per worker, and no turns-only signal."""
         scaling = Scaling.model_validate({**{name: getattr(self.scaling, name) for name in
                                              RqScaling.model_fields}, "users_per_instance": None})
-        return ScaleRules(self.min_workers, self.max_workers, 1, scaling, self.controls)
+        return ScaleRules(self.min_workers, self.max_workers, 1, scaling, self.controls, queue_driven=True)
 
     def to_json(self) -> str:
         """Canonical JSON, as stored in the policy key."""
@@ -384,6 +384,9 @@ class ScaleRules:
     concurrency: int  # slots per worker: an rq worker runs one job at a time
     scaling: Scaling
     controls: Controls
+    # the queue is the only trouble signal (an rq tier): a worker busy with its one job asks
+    # for no other while nothing waits
+    queue_driven: bool = False
 
 
 def as_turns(policy: TurnsPolicy | RqPolicy) -> TurnsPolicy:

@@ -77,6 +77,17 @@ def test_queue_depth_drives_the_count(queued: int, running: int, busy: int, spaw
     assert all(r.action == "reclaim-idle" for r in plan.retire)
 
 
+@pytest.mark.parametrize("since_step", [1.0, 30.0], ids=["within-a-burst", "later"])
+def test_one_job_on_its_one_worker_asks_for_no_more(since_step: float) -> None:
+    """The job that started the tier runs on its worker, nothing is queued: the busy worker
+    admits no more (one job per worker), which is no trouble while no job waits. Seen: one
+    re-queued job scaled a tier 0 -> 1 -> 3, the busy worker asking for one more and the
+    burst rule doubling it."""
+    state = TierState(steps=((NOW - since_step, 1),))
+    plan = judge([handle(0)], [RqWorkerSeen("rq-0", "busy", "j")], queued=0, state=state)
+    assert (plan.spawn, len(plan.retire)) == (0, 0), plan.reason
+
+
 def test_the_floor_keeps_warm_workers() -> None:
     plan = judge([handle(0), handle(1)], [RqWorkerSeen("rq-0", "idle"), RqWorkerSeen("rq-1", "idle")], 0,
                  policy(min_workers=1))
