@@ -12,7 +12,6 @@ worker deserialize (run) arbitrary code, and their one function is ``worker.jobs
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -117,7 +116,7 @@ def workers(conn: redis.Redis, queue_name: str | None = None, now: float | None 
     timeout); a busy one runs its job in its own process (no heartbeat meanwhile) and is live
     while its entry is, which RQ keeps for the job's timeout."""
     q = queue(conn, queue_name) if queue_name else None
-    now = time.time() if now is None else now
+    now = now if now is not None else datetime.now(UTC).timestamp()
     out = []
     for w in Worker.all(connection=conn, queue=q, serializer=JSONSerializer):
         state, beat = w.get_state(), w.last_heartbeat
