@@ -171,8 +171,10 @@ def _failure(exc: openai.APIError, call: Call, streaming: bool) -> str:
     if isinstance(exc, openai.APITimeoutError):
         what = f"did not answer within {call.timeout_s:g} s"
     elif isinstance(exc, openai.APIStatusError):
-        detail = " ".join(str(exc.message).split())[:200]
-        what = f"answered {exc.status_code}: {detail}"
+        body = exc.body
+        detail = body.get("message") if isinstance(body, dict) else body  # the server's own words
+        detail = " ".join(str(detail or "").split())[:200]
+        what = f"answered {exc.status_code}" + (f": {detail}" if detail else "")
     elif streaming:
         what = "closed the connection mid-stream"
     else:
