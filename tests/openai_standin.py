@@ -9,6 +9,8 @@ picks how it behaves:
 - ``slow``: the same, ``SLOW_CHUNK_S`` between words;
 - ``stall``: sends the headers, then nothing;
 - ``broken``: sends two chunks, then drops the connection;
+- ``dropped``: sends the headers, then drops the connection;
+- ``failing``: sends two chunks, then an error event (``data: {"error": {...}}``) and ends;
 - ``busy``: answers 429 to its first request, then as ``normal``;
 - ``down``: answers 500 to every request.
 
@@ -109,10 +111,18 @@ class StandIn:
             await response.prepare(http)
             if model == "stall":
                 await asyncio.sleep(STALL_S)
+            if model == "dropped":
+                assert http.transport is not None
+                http.transport.close()
+                return response
             for i, word in enumerate(words):
                 if model == "broken" and i == 2:
                     assert http.transport is not None
                     http.transport.close()  # mid-stream: no terminating chunk, no [DONE]
+                    return response
+                if model == "failing" and i == 2:
+                    await response.write(sse({"error": {"message": "out of memory", "type": "server_error"}}))
+                    await response.write_eof()
                     return response
                 if model == "slow" and i > 0:
                     await asyncio.sleep(SLOW_CHUNK_S)

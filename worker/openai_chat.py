@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 try:
@@ -126,6 +126,14 @@ class Call:
 SAMPLING: dict[str, type[int] | type[float]] = {"max_tokens": int, "temperature": float}
 
 
+@dataclass
+class Progress:
+    """How far a call got: the pieces of the reply so far, and whether the stream was opened."""
+
+    parts: list[str] = field(default_factory=list)
+    opened: bool = False
+
+
 async def openai_chat(ctx: TurnContext) -> HandlerResult:
     """Answer the turn with a streamed chat completion: each delta goes to ``ctx.emit`` and the
     whole text is the reply. Fails the turn (``HandlerError``, a message fit for the user) on a
@@ -136,47 +144,54 @@ async def openai_chat(ctx: TurnContext) -> HandlerResult:
     if remaining is not None and remaining <= 0:
         raise HandlerError("the turn's deadline passed before the model was called")
     key = api_key()
-    parts: list[str] = []
+    progress = Progress()
     try:
         async with asyncio.timeout(remaining):  # the deadline bounds the call as a whole
-            await _stream(ctx, call, client(call.base_url, key), remaining, parts)
+            await _stream(ctx, call, client(call.base_url, key), remaining, progress)
     except TimeoutError:
         raise HandlerError(f"the model server at {call.base_url} did not finish before the turn's "
-                           f"deadline ({len(parts)} chunks streamed)") from None
+                           f"deadline ({len(progress.parts)} chunks streamed)") from None
     except openai.APIError as exc:
-        raise HandlerError(_failure(exc, call, bool(parts)).replace(key, "***")) from None
-    return HandlerResult(text="".join(parts))
+        raise HandlerError(_failure(exc, call, progress.opened).replace(key, "***")) from None
+    return HandlerResult(text="".join(progress.parts))
 
 
 async def _stream(ctx: TurnContext, call: Call, chat: openai.AsyncOpenAI, remaining: float | None,
-                  parts: list[str]) -> None:
-    """Stream the completion into ``parts`` and ``ctx.emit``; the HTTP stream is closed however
+                  progress: Progress) -> None:
+    """Stream the completion into ``progress`` and ``ctx.emit``; the HTTP stream is closed however
     this ends (cancelled included)."""
     messages = build_messages(ctx.pack, ctx.turn.text, call.system_prompt)
     stream = await chat.with_options(max_retries=call.max_retries).chat.completions.create(
         model=call.model, messages=cast(list[ChatCompletionMessageParam], messages), stream=True,
         timeout=call.timeout_s if remaining is None else min(call.timeout_s, remaining), **call.sampling)
+    progress.opened = True
     async with stream:
         async for chunk in stream:
             for choice in chunk.choices:
                 if choice.delta.content:
-                    parts.append(choice.delta.content)
+                    progress.parts.append(choice.delta.content)
                     ctx.emit(choice.delta.content)
             if ctx.cancelled:  # stopped: the stream is closed, the text so far is the reply
                 return
 
 
-def _failure(exc: openai.APIError, call: Call, streaming: bool) -> str:
-    """One line for the user: what went wrong, without the client's traceback or the key."""
+def _failure(exc: openai.APIError, call: Call, opened: bool) -> str:
+    """One line for the user: what went wrong, in the server's words where it gave some, without
+    the client's traceback or the key."""
     if isinstance(exc, openai.APITimeoutError):
         what = f"did not answer within {call.timeout_s:g} s"
     elif isinstance(exc, openai.APIStatusError):
         body = exc.body
-        detail = body.get("message") if isinstance(body, dict) else body  # the server's own words
-        detail = " ".join(str(detail or "").split())[:200]
+        detail = _one_line(body.get("message") if isinstance(body, dict) else body)
         what = f"answered {exc.status_code}" + (f": {detail}" if detail else "")
-    elif streaming:
+    elif isinstance(exc, openai.APIConnectionError):
+        if not opened:
+            return f"could not reach the model server at {call.base_url}"
         what = "closed the connection mid-stream"
-    else:
-        return f"could not reach the model server at {call.base_url}"
+    else:  # an error event in the stream
+        what = f"failed mid-stream: {_one_line(exc.message)}"
     return f"the model server at {call.base_url} {what}"
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text or "").split())[:200]

@@ -165,6 +165,19 @@ async def test_a_connection_dropped_mid_stream_fails_the_turn(server: StandIn) -
     assert KEY not in str(info.value)
 
 
+async def test_an_error_event_mid_stream_fails_the_turn_with_the_servers_words(server: StandIn) -> None:
+    ctx = context(server, "a b c d", model="failing")
+    with pytest.raises(HandlerError) as info:
+        await openai_chat.openai_chat(ctx)
+    assert str(info.value) == f"the model server at {server.url} failed mid-stream: out of memory"
+    assert ctx.emitted == ["echo:", " a"]
+
+
+async def test_a_connection_dropped_before_the_first_chunk_is_a_drop_not_unreachable(server: StandIn) -> None:
+    with pytest.raises(HandlerError, match="closed the connection mid-stream"):
+        await openai_chat.openai_chat(context(server, model="dropped"))
+
+
 async def test_a_429_is_retried_by_the_client(server: StandIn) -> None:
     result = await openai_chat.openai_chat(context(server, "hi", model="busy", max_retries=2))
     assert result.text == "echo: hi"
