@@ -101,7 +101,8 @@ class StandIn:
         if model == "down" or (model == "busy" and self._seen[model] == 1):
             status = 500 if model == "down" else 429
             # retry-after-ms: the client's retries come at once (its own backoff is 0.5 s and up)
-            return web.json_response({"error": {"message": f"stand-in {model}", "type": "server_error"}},
+            message = f"stand-in {model}" + (": none of it works" if model == "down" else "")
+            return web.json_response({"error": {"message": message, "type": "server_error"}},
                                      status=status, headers={"retry-after-ms": "10"})
         words = reply_words(request.messages)
         if not body.get("stream"):

@@ -152,7 +152,8 @@ async def openai_chat(ctx: TurnContext) -> HandlerResult:
         raise HandlerError(f"the model server at {call.base_url} did not finish before the turn's "
                            f"deadline ({len(progress.parts)} chunks streamed)") from None
     except openai.APIError as exc:
-        raise HandlerError(_failure(exc, call, progress.opened).replace(key, "***")) from None
+        message = _failure(exc, call, progress.opened)
+        raise HandlerError(message.replace(key, "***") if key != NO_KEY else message) from None
     return HandlerResult(text="".join(progress.parts))
 
 

@@ -190,8 +190,15 @@ async def test_a_server_error_is_retried_then_fails_the_turn_cleanly(server: Sta
         await openai_chat.openai_chat(context(server, model="down", max_retries=2))
     assert len(server.requests_for("down")) - before == 3  # the first and 2 retries
     message = str(info.value)
-    assert message.endswith("answered 500: stand-in down"), message
+    assert message.endswith("answered 500: stand-in down: none of it works"), message
     assert "Traceback" not in message and KEY not in message and "\n" not in message
+
+
+async def test_without_a_key_nothing_of_the_message_is_taken_for_one(
+        server: StandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEET_OPENAI_API_KEY")
+    with pytest.raises(HandlerError, match="answered 500: stand-in down: none of it works$"):
+        await openai_chat.openai_chat(context(server, model="down"))
 
 
 async def test_an_unreachable_server_fails_the_turn_cleanly() -> None:
