@@ -45,6 +45,11 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
                                   "`_WORKER`, `_COMMANDER`, `_RELAY`, `_OPERATOR` of the others): a "
                                   "process or command connects as its role when its password is known "
                                   "(else from `fleet acl`'s passwords file); `fleet acl` uses them"),
+    "FLEET_OPENAI_BASE_URL": ("workers running `openai_chat`", "the model server's API root when the "
+                              "tier's `handler_options` name no `base_url` (guide/openai.md)"),
+    "FLEET_OPENAI_MODEL": ("workers running `openai_chat`", "the model when the options name none"),
+    "FLEET_OPENAI_API_KEY": ("workers running `openai_chat`", "the model server's API key (else "
+                             "`OPENAI_API_KEY`; never read from a policy or a turn)"),
     "FLEET_ACL_PASSWORD_ADMIN": ("CLI", "the admin's (Redis's default user's) password in the ACL file "
                                  "`fleet acl` and `fleet up` write; default: generated"),
 }
