@@ -35,7 +35,8 @@ def handlers_report(args: argparse.Namespace) -> dict[str, Any]:
     from stores.registry import read_registry
 
     here = known_handlers()
-    data: dict[str, Any] = {"here": {"available": list(here.names), "unavailable": dict(here.unavailable)},
+    data: dict[str, Any] = {"here": {"available": list(here.names), "unavailable": dict(here.unavailable),
+                                     "not_installed": dict(here.not_installed)},
                             "tiers": {}, "tiers_error": None}
     try:
         data["tiers"] = tier_handlers(read_registry(cli_client(args)).live())
@@ -58,6 +59,7 @@ def _text(data: dict[str, Any]) -> str:
 def _block(title: str, row: dict[str, Any]) -> str:
     lines = [f"{title}:", f"  available: {', '.join(row['available']) or 'none'}"]
     lines += [f"  UNAVAILABLE {name}: {error}" for name, error in row["unavailable"].items()]
+    lines += [f"  not installed {name}: {why}" for name, why in row.get("not_installed", {}).items()]
     return "\n".join(lines)
 
 

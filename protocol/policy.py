@@ -22,7 +22,7 @@ import re
 import types
 import typing
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -520,11 +520,12 @@ def _kind_of(raw: Mapping[str, Any]) -> type[TurnsPolicy] | type[RqPolicy]:
 @dataclass(frozen=True)
 class KnownHandlers:
     """The handler names a reader can load (iterated like any ``handlers``), and why each
-    handler it cannot is unavailable (its entry point failed to import): a policy naming one is
-    refused with that error."""
+    handler it cannot is unavailable (its entry point failed to import) or not installed (an
+    optional handler whose extra is missing): a policy naming one is refused with that error."""
 
     names: Iterable[str]
     unavailable: Mapping[str, str]
+    not_installed: Mapping[str, str] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
@@ -557,7 +558,8 @@ def parse_policy(raw: str | bytes | Mapping[str, Any], handlers: Iterable[str] |
         name = policy.group_handler(group)
         if name not in known:
             where = f"group {group}: handler" if group and policy.rollout.groups else "handler"
-            why = handlers.unavailable.get(name) if isinstance(handlers, KnownHandlers) else None
+            why = (handlers.unavailable.get(name) or handlers.not_installed.get(name)
+                   if isinstance(handlers, KnownHandlers) else None)
             if why is not None:
                 raise PolicyError(f"{where}: {name!r} cannot be loaded here: {why}")
             raise PolicyError(f"{where}: {name!r} is not registered (known: {', '.join(known)})")

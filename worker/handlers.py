@@ -33,11 +33,18 @@ from worker import jobs
 Handler = Callable[["TurnContext"], "HandlerResult | str | Awaitable[HandlerResult | str]"]
 _REGISTRY: dict[str, Handler] = {}
 _UNAVAILABLE: dict[str, str] = {}  # entry points that failed to load: name -> the error
+_NOT_INSTALLED: dict[str, str] = {}  # optional handlers whose extra is missing: name -> what to install
 log = logging.getLogger("fleet.worker")
 
 
 class HandlerError(Exception):
     """Raised by a handler to fail a turn with a message fit for the user."""
+
+
+class NotInstalled(ImportError):
+    """Raised at import by an optional handler's module whose extra is not installed (e.g.
+    ``openai_chat`` without ``fleet[openai]``): the handler is listed as not installed, with the
+    message, and not warned about as a broken one."""
 
 
 @dataclass(frozen=True)
@@ -124,11 +131,14 @@ def _load_entry_points() -> None:
             continue
         try:
             _REGISTRY[ep.name] = ep.load()
+        except NotInstalled as exc:
+            _NOT_INSTALLED[ep.name] = " ".join(str(exc).split())[:300]
         except Exception as exc:  # noqa: BLE001 - any failure of third-party code at import
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]} (entry point {ep.value})"
             _UNAVAILABLE[ep.name] = error
         else:
             _UNAVAILABLE.pop(ep.name, None)
+            _NOT_INSTALLED.pop(ep.name, None)
 
 
 def rescan() -> list[str]:
@@ -152,9 +162,15 @@ def unavailable() -> dict[str, str]:
     return {name: error for name, error in sorted(_UNAVAILABLE.items()) if name not in _REGISTRY}
 
 
+def not_installed() -> dict[str, str]:
+    """The optional handlers whose extra is not installed here: name -> what to install."""
+    _load_entry_points()
+    return {name: why for name, why in sorted(_NOT_INSTALLED.items()) if name not in _REGISTRY}
+
+
 def known() -> KnownHandlers:
-    """The handlers a policy may name here, and why each unavailable one is (policy checks)."""
-    return KnownHandlers(registered_names(), unavailable())
+    """The handlers a policy may name here, and why each other one is not (policy checks)."""
+    return KnownHandlers(registered_names(), unavailable(), not_installed())
 
 
 def get(name: str) -> Handler:

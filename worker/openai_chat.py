@@ -28,11 +28,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from worker.handlers import NotInstalled
+
 try:
     import openai
-except ImportError as exc:  # the core install: the handler is listed as unavailable, with this
-    raise ImportError("the openai_chat handler needs the openai client: pip install 'fleet[openai]' "
-                      f"({exc})") from None
+except ImportError as exc:  # the core install: the handler is listed as not installed, with this
+    raise NotInstalled("the openai_chat handler needs the openai client: pip install 'fleet[openai]' "
+                       f"({exc})") from None
 
 from openai.types.chat import ChatCompletionMessageParam
 

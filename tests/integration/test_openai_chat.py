@@ -81,4 +81,8 @@ def test_without_the_openai_client_fleet_handlers_says_what_to_install(fleet_env
     assert "openai_chat" in listed.stdout and "pip install 'fleet[openai]'" in listed.stdout, listed.stdout
     data = json.loads(fleet_cli(env, "handlers", "--json", cwd=tmp_path).stdout)
     assert "echo" in data["here"]["available"] and "openai_chat" not in data["here"]["available"]
-    assert "pip install 'fleet[openai]'" in data["here"]["unavailable"]["openai_chat"]
+    assert "pip install 'fleet[openai]'" in data["here"]["not_installed"]["openai_chat"]
+    assert "openai_chat" not in data["here"]["unavailable"]  # (not broken: fleet status says nothing)
+    status = fleet_cli(env, "status", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert "handler openai_chat unavailable" not in status.stdout, status.stdout

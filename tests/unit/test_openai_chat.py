@@ -264,18 +264,22 @@ async def test_the_cancel_flag_stops_reading_and_closes_the_stream(server: Stand
 # --- without the extra ----------------------------------------------------------------------------
 
 
-def test_without_the_openai_client_the_handler_is_unavailable_with_the_extra_to_install(
+def test_without_the_openai_client_the_handler_is_not_installed_with_the_extra_to_install(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not installed, not broken: listed with what to install, never warned about as unavailable."""
     monkeypatch.setitem(sys.modules, "openai", None)  # `import openai` fails as when not installed
     monkeypatch.delitem(sys.modules, "worker.openai_chat")
     monkeypatch.setattr(handlers, "_REGISTRY", {k: v for k, v in handlers._REGISTRY.items()
                                                 if k != "openai_chat"})
     monkeypatch.setattr(handlers, "_UNAVAILABLE", {})
+    monkeypatch.setattr(handlers, "_NOT_INSTALLED", {})
     handlers.rescan()
     try:
         assert "openai_chat" not in handlers.registered_names()
-        error = handlers.unavailable()["openai_chat"]
-        assert "pip install 'fleet[openai]'" in error and "\n" not in error, error
+        assert "openai_chat" not in handlers.unavailable()
+        why = handlers.not_installed()["openai_chat"]
+        assert "pip install 'fleet[openai]'" in why and "\n" not in why, why
+        assert handlers.known().not_installed["openai_chat"] == why  # a policy naming it is refused with it
     finally:
         handlers._load_entry_points.cache_clear()
 
