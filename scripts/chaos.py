@@ -117,6 +117,10 @@ def parse_args(argv: list[str] | None = None):
                    help="also inject bad tier members, bad registry entries, users' keys of the wrong type "
                         "and poison notifications during the load (scripts/chaos_hostile.py): each must be "
                         "answered, and no Fleet process may exit")
+    p.add_argument("--pause-s", default=None, metavar="LOW,HIGH",
+                   help=f"how long a worker pause lasts, drawn in [LOW, HIGH] (default {PAUSE_S[0]},"
+                        f"{PAUSE_S[1]}: past the lane TTL, short of the heartbeat TTL; e.g. 15,18 for "
+                        f"pauses past the heartbeat, which the commander's takeover answers too)")
     p.add_argument("--policy-json", default=None,
                    help='extra tier policy fields as JSON, by name, e.g. \'{"replica_acks": 1}\' (validated)')
     args = p.parse_args(argv)
@@ -126,6 +130,13 @@ def parse_args(argv: list[str] | None = None):
         p.error(str(exc).replace("\n", " "))
     if args.quick:
         args.minutes = 1.0
+    try:
+        low, high = (float(x) for x in args.pause_s.split(",")) if args.pause_s else PAUSE_S
+    except ValueError:
+        p.error(f"--pause-s takes LOW,HIGH in seconds, not {args.pause_s!r}")
+    if not 0 < low <= high:
+        p.error("--pause-s: 0 < LOW <= HIGH")
+    args.pause_s = (low, high)
     if args.minutes <= 0 or args.users < 1:
         p.error("--minutes and --users must be positive")
     if args.lagging_replica and not args.cluster:
@@ -307,8 +318,10 @@ class Faults:
     CLUSTER_QUOTA = {"master-kill": 4, "master-pause": 3}  # per 5 minutes, as QUOTA
 
     def __init__(self, cluster: Cluster, seconds: float, every: float | None, rng: random.Random,
-                 trace: TraceTail) -> None:
+                 trace: TraceTail, pause_s: tuple[float, float] = PAUSE_S) -> None:
         self.cluster, self.rng, self.trace = cluster, rng, trace
+        self.pause_s = pause_s
+        self.TAKES_S = {**self.TAKES_S, "worker-pause": sum(pause_s) / 2}
         if cluster.cluster:
             self.QUOTA = {self.CLUSTER.get(k, k): n for k, n in self.QUOTA.items()} | self.CLUSTER_QUOTA
             self.WEIGHTS = {self.CLUSTER.get(k, k): n for k, n in self.WEIGHTS.items()}
@@ -404,7 +417,7 @@ class Faults:
         stopped = time.time()
         self.victims[self.timeline[-1][0]] = victim.worker
         try:
-            time.sleep(self.rng.uniform(*PAUSE_S))
+            time.sleep(self.rng.uniform(*self.pause_s))
         finally:
             with contextlib.suppress(ProcessLookupError):  # (killed meanwhile by its commander)
                 os.kill(victim.pid, signal.SIGCONT)
@@ -715,7 +728,7 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
     write_policy(r, "chat", policy)
     cluster.start_commander()
     stop = threading.Event()
-    faults = Faults(cluster, seconds, args.every, rng, TraceTail(cluster.trace))
+    faults = Faults(cluster, seconds, args.every, rng, TraceTail(cluster.trace), args.pause_s)
     faults.lag_s = args.lagging_replica
     sampler = Sampler(cluster, stop, faults.drained)
     injector = threading.Thread(target=faults.run, args=(stop, r), daemon=True)
