@@ -63,6 +63,7 @@ class JobSpec:
 
 
 _REGISTRY: dict[str, JobSpec] = {}
+_UNAVAILABLE: dict[str, str] = {}  # entry points that failed to load: name -> the error
 _FLEET: list[redis.Redis] = []  # Fleet's own Redis when RQ has a node of its own (use_fleet_redis)
 
 
@@ -89,13 +90,22 @@ def job(name: str, queue: str = DEFAULT_QUEUE, retry_max: int = 0,
 
 @cache
 def _load_entry_points() -> None:
-    """Import each ``fleet.jobs`` entry point (``name = "pkg.module:function"``): a function
-    decorated with :func:`job` registers itself with its options; a plain one is registered
-    under the entry point's name with the defaults."""
+    """Import each ``fleet.jobs`` entry point (``name = "pkg.module:function"``) on its own: a
+    function decorated with :func:`job` registers itself with its options; a plain one is
+    registered under the entry point's name with the defaults. One that fails to import (or
+    names no valid job) makes that job unavailable, with its error, and never stops the others."""
     for ep in entry_points(group="fleet.jobs"):
-        fn = ep.load()
-        if ep.name not in _REGISTRY:
-            _REGISTRY[validate_job_name(ep.name)] = JobSpec(ep.name, fn)
+        try:
+            fn = ep.load()
+            if ep.name not in _REGISTRY:
+                _REGISTRY[validate_job_name(ep.name)] = JobSpec(ep.name, fn)
+        except Exception as exc:  # noqa: BLE001 - any failure of third-party code at import
+            error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]} (entry point {ep.value})"
+            if _UNAVAILABLE.get(ep.name) != error:
+                log.warning("job %r cannot be loaded: %s; it is unavailable here", ep.name, error)
+            _UNAVAILABLE[ep.name] = error
+        else:
+            _UNAVAILABLE.pop(ep.name, None)
 
 
 def names() -> list[str]:
@@ -104,12 +114,20 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def unavailable() -> dict[str, str]:
+    """The jobs whose entry point failed to load here: name -> the error (one line)."""
+    _load_entry_points()
+    return {name: error for name, error in sorted(_UNAVAILABLE.items()) if name not in _REGISTRY}
+
+
 def get(name: str) -> JobSpec:
-    """The job registered as ``name`` (KeyError with the known names if none)."""
+    """The job registered as ``name`` (KeyError with the known names, or its load error, if none)."""
     _load_entry_points()
     try:
         return _REGISTRY[name]
     except KeyError:
+        if name in _UNAVAILABLE:
+            raise KeyError(f"job {name!r} could not be loaded: {_UNAVAILABLE[name]}") from None
         raise KeyError(f"no job registered as {name!r} (known: {', '.join(sorted(_REGISTRY)) or 'none'})") \
             from None
 
