@@ -139,6 +139,7 @@ async def overview(request: web.Request) -> web.Response:
                          _redis(m))
     policies = read.get("data") or {}
     out["tiers"] = [views.tier_json(seen.tiers[t], dead.get(t), seen.tiers, policies) for t in names]
+    out["problems"] = views.problems_json(seen, commanders.get("data") or {})
     out["dead_letters_error"] = counts.get("error")
     out["pass_age_s"] = round(max(0.0, now - seen.ts), 2)
     return _json(out)

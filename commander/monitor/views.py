@@ -190,6 +190,26 @@ def worker_json(view: WorkerView, tier: str, window: Sequence[OccupancyReport],
     return row
 
 
+def problems_json(seen: Seen, commanders: Mapping[str, Any]) -> list[dict[str, str]]:
+    """What the overview shows above the tiers: the leader's crash-looping pools (a worker that
+    keeps exiting at start, with its last error) and the handlers live workers cannot load."""
+    out = []
+    leader = str(commanders.get("leader") or "").rpartition("|")[0]
+    for c in commanders.get("list") or []:
+        if c.get("commander") == leader:
+            out += [{"kind": "crash-loop", "where": str(pool), "text": f"tier {pool} crash loop: {why}"}
+                    for pool, why in sorted((c.get("crash_loop") or {}).items())]
+    broken: dict[str, tuple[str, list[str]]] = {}
+    for worker, (info, alive) in sorted(seen.registry.items()):
+        for name, error in sorted(info.handler_errors.items()) if alive else ():
+            broken.setdefault(name, (error, []))[1].append(worker)
+    out += [{"kind": "handler-unavailable", "where": name,
+             "text": f"handler {name} unavailable on {len(ws)} worker{'s' if len(ws) != 1 else ''} "
+                     f"({', '.join(ws[:3])}{', ...' if len(ws) > 3 else ''}): {error}"}
+            for name, (error, ws) in sorted(broken.items())]
+    return out
+
+
 def workers_json(seen: Seen, now: float, tier: str | None = None,
                  memo: RowMemo | None = None) -> list[dict[str, Any]]:
     """Every worker of the last pass (of ``tier`` if given), by tier then id."""

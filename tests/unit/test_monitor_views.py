@@ -156,6 +156,25 @@ def test_workers_json_filters_by_tier_and_takes_the_registry() -> None:
     assert [(w["worker"], w["pid"], len(w["history"])) for w in only] == [("a", 1, 1)]
 
 
+def test_problems_are_the_leaders_crash_loops_and_the_handlers_live_workers_cannot_load() -> None:
+    board = Board()
+    info = lambda w, errors: WorkerInfo(worker=w, tier="chat", pid=1, host="h", started=0,  # noqa: E731
+                                        handler_errors=errors)
+    board.publish(NOW, {"a": (info("a", {"bot": "ImportError: no module x"}), True),
+                        "b": (info("b", {"bot": "ImportError: no module x"}), True),
+                        "c": (info("c", {"old": "gone"}), False)}, Evaluator())  # (a dead worker's)
+    assert board.seen is not None
+    commanders = {"leader": "c1|7",
+                  "list": [{"commander": "c1", "crash_loop": {"chat": "exited with code 1: boom"}},
+                           {"commander": "c2", "crash_loop": {"chat": "a standby's"}}]}
+    assert views.problems_json(board.seen, commanders) == [
+        {"kind": "crash-loop", "where": "chat", "text": "tier chat crash loop: exited with code 1: boom"},
+        {"kind": "handler-unavailable", "where": "bot",
+         "text": "handler bot unavailable on 2 workers (a, b): ImportError: no module x"}]
+    # the commanders not read: the handlers are still shown
+    assert [p["kind"] for p in views.problems_json(board.seen, {})] == ["handler-unavailable"]
+
+
 # --- the board and the chart ------------------------------------------------------------
 def test_board_samples_every_few_seconds_keeps_an_hour_and_publishes_generations() -> None:
     board = Board(sample_every_s=5.0, keep_s=60.0)

@@ -252,6 +252,8 @@ async function refreshRq(tiers) {  // asked for only when a tier is of kind rq
 }
 async function refreshOverview(ov) {
   const [wres] = await Promise.all([api("workers"), refreshCharts(ov.tiers || []), refreshRq(ov.tiers || [])]);
+  $("#problems").replaceChildren(...(ov.problems || []).map((p) =>
+    h("div", { class: `problem ${p.kind}`, "data-kind": p.kind }, p.text)));
   const tiers = $("#tiers");
   if (ov.tiers_error) tiers.replaceChildren(h("div", { class: "tier error" }, ov.tiers_error));
   else tiers.replaceChildren(...ov.tiers.map(tierPanel));
