@@ -162,6 +162,8 @@ class Rollout(BaseModel):
                                "judged by `guard`")
     guard: RolloutGuard | None = Field(None, description="the automatic abort of a failing canary; null: "
                                        "none")
+    epoch: int = Field(0, ge=0, description="the weights' version: +1 at each change of the weights "
+                       "(written by `write_policy`); a user's group is chosen once per epoch")
 
     @model_validator(mode="after")
     def _as_a_whole(self) -> Rollout:
@@ -226,6 +228,30 @@ def assign(user: str, weights: Sequence[tuple[str, float]], pin: str | None = No
         if point < edge and weight > 0:
             return name
     return next(name for name, w in reversed(live) if w > 0)  # (rounding at the very top)
+
+
+GroupRecord = tuple[str, int]  # a user's group and the epoch of the weights it was chosen by
+
+
+def settle(user: str, weights: Sequence[tuple[str, float]], epoch: int, pin: str | None,
+           unavailable: frozenset[str], record: GroupRecord | None) -> tuple[str, GroupRecord | None]:
+    """The group of ``user``'s next turn by one reader's view (``weights`` of ``epoch``), and the
+    record of it kept for the user (a new one when it differs from ``record``).
+
+    The user keeps its recorded group while the record is of this epoch or a newer one (a reader
+    with an older view follows it, even to a group it does not know yet); it is chosen again
+    (:func:`assign`) only by a newer epoch, or when its group is gone or unavailable. So a weight
+    change moves a user at most once, at a turn boundary, however the readers' views of it are
+    interleaved. A pin wins over both, and leaves the record as it is."""
+    names = {name for name, _ in weights}
+    if pin is not None and pin in names and pin not in unavailable:
+        return pin, record
+    if record is not None:
+        group, at = record
+        if group not in unavailable and (at > epoch or (at == epoch and group in names)):
+            return group, record
+    group = assign(user, weights, None, unavailable)
+    return group, (group, epoch)
 
 
 def rollout_weights(weights: Sequence[tuple[str, float]], group: str, percent: float,

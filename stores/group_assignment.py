@@ -20,10 +20,11 @@ from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import as_str
-from protocol.groups import pool_name, split_pool, validate_group, validate_pool
+from protocol.groups import GroupRecord, pool_name, split_pool, validate_group, validate_pool
 from protocol.ids import InvalidId, validate_tier
 from protocol.policy import TurnsPolicy
 from stores.bad_state import DEFAULT, BadState, reject_wrong_type
+from stores.functions import Functions
 from stores.policies import PolicyRead, read_policy
 from stores.roundtrips import Op, Single, operation
 
@@ -40,8 +41,56 @@ def unpin_group(r: redis.Redis, user: str, tier: str) -> bool:
 
 
 def user_pins(r: redis.Redis, user: str) -> dict[str, str]:
-    """Every pin of ``user``: tier -> group."""
-    return {as_str(k): as_str(v) for k, v in r.hgetall(keys.pins(user)).items()}
+    """Every pin of ``user``: tier -> group (not the groups recorded for it: ``record_field``)."""
+    return {as_str(k): as_str(v) for k, v in r.hgetall(keys.pins(user)).items()
+            if not as_str(k).startswith(RECORD_MARK)}
+
+
+# --- the group recorded for a user: chosen once per epoch of the weights (protocol.groups.settle)
+RECORD_MARK = "@"  # a record's field in the pins hash is "@<tier>" (no tier name holds an "@")
+
+
+def record_field(tier: str) -> str:
+    return f"{RECORD_MARK}{tier}"
+
+
+def _record(user: str, tier: str, raw: Any, bad: BadState) -> GroupRecord | None:
+    """A record as read ("<group>|<epoch>"), or None when there is none or it is bad (told to ``bad``)."""
+    if raw is None or isinstance(raw, Exception):
+        return None  # (a pins key of another type is told by the pin's reading)
+    text = as_str(raw, errors="replace")
+    group, _, epoch = text.rpartition("|")
+    try:
+        if not epoch.isdigit() or len(epoch) > 12:
+            raise InvalidId(f"not <group>|<epoch>: {text[:60]!r}")
+        return validate_group(group), int(epoch)
+    except InvalidId as exc:
+        bad.note("pin", keys.pins(user), record_field(tier), exc)
+        return None
+
+
+async def read_pin_and_record(r: aioredis.Redis, user: str, tier: str,
+                              bad: BadState = DEFAULT) -> tuple[str | None, GroupRecord | None, Any]:
+    """``user``'s pin on ``tier``, the group recorded for it (None: none, or bad: told to
+    ``bad``), and the record's raw value (what ``record_group`` compares with), in one round trip."""
+    raw: list[Any]
+    try:
+        raw = await r.hmget(keys.pins(user), [tier, record_field(tier)])
+    except ResponseError as exc:
+        raw = [exc, None]
+    return _pin(user, tier, raw[0], bad), _record(user, tier, raw[1], bad), raw[1]
+
+
+async def record_group(r: aioredis.Redis, user: str, tier: str, read: Any, new: GroupRecord,
+                       bad: BadState = DEFAULT) -> GroupRecord:
+    """Record ``new`` for ``user`` on ``tier`` if the record is still ``read`` (as
+    ``read_pin_and_record`` gave it); the record in force (``new`` if the key cannot hold one)."""
+    found = await Functions(r).group_record(
+        keys=[keys.pins(user)], args=[record_field(tier), as_str(read) if read is not None else "",
+                                      f"{new[0]}|{new[1]}"])
+    if not found:  # the key holds another type (nothing written), or the record went meanwhile
+        return new
+    return _record(user, tier, found, bad) or new
 
 
 def _pin(user: str, tier: str, raw: Any, bad: BadState) -> str | None:
@@ -56,16 +105,6 @@ def _pin(user: str, tier: str, raw: Any, bad: BadState) -> str | None:
     except InvalidId as exc:
         bad.note("pin", keys.pins(user), tier, exc)
         return None
-
-
-async def read_pin_async(r: aioredis.Redis, user: str, tier: str, bad: BadState = DEFAULT) -> str | None:
-    """``user``'s pin on ``tier``, or None (also when it is bad: told to ``bad``)."""
-    raw: Any
-    try:
-        raw = await r.hget(keys.pins(user), tier)
-    except ResponseError as exc:
-        raw = exc
-    return _pin(user, tier, raw, bad)
 
 
 def read_pins(r: redis.Redis, users: list[str], tier: str, bad: BadState = DEFAULT) -> dict[str, str | None]:

@@ -30,7 +30,7 @@ from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_tier
 from protocol.policy import Policy, PolicyError, TurnsPolicy, parse_policy
 from stores.bad_state import DEFAULT, BadState, readable, reject_wrong_type
-from stores.roundtrips import Op, Pipelined, operation
+from stores.roundtrips import Op, Pipelined, Single, operation
 
 
 @dataclass(frozen=True)
@@ -180,8 +180,35 @@ def _queue_policy_write(pipe: Any, tier: str, policy: Policy) -> None:
 
 @operation
 def write_policy(tier: str, policy: Policy) -> Op[None]:
-    """Store a validated policy as the tier's key (its workers make it the last good copy)."""
+    """Store a validated policy as the tier's key (its workers make it the last good copy).
+
+    Its ``rollout.epoch`` never goes back, and goes up by one when the groups' weights change
+    (``protocol.groups.settle``: a user's group is chosen once per epoch): whoever writes a
+    policy need not know the epoch."""
+    try:
+        raw = yield Single(lambda r: r.get(keys.policy(tier)))
+    except ResponseError:  # a key of another type: overwritten, as it always was
+        raw = None
+    policy = with_epoch(policy, raw)
     yield Pipelined(lambda pipe: _queue_policy_write(pipe, tier, policy))
+
+
+def with_epoch(policy: Policy, stored: Any) -> Policy:
+    """``policy`` with the epoch it takes over ``stored`` (the raw key; garbage counts as none)."""
+    if not isinstance(policy, TurnsPolicy):
+        return policy
+    try:
+        before = parse_policy(stored) if stored is not None else None
+    except PolicyError:
+        before = None
+    if not isinstance(before, TurnsPolicy):
+        return policy
+    epoch = max(policy.rollout.epoch, before.rollout.epoch)
+    if policy.rollout.weights() != before.rollout.weights() and policy.rollout.epoch <= before.rollout.epoch:
+        epoch = before.rollout.epoch + 1
+    if epoch == policy.rollout.epoch:
+        return policy
+    return policy.model_copy(update={"rollout": policy.rollout.model_copy(update={"epoch": epoch})})
 
 
 def has_policy_key(r: redis.Redis, tier: str) -> bool:

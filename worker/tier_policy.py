@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from protocol.groups import assign, pool_name
+from protocol.groups import pool_name, settle
 from protocol.policy import TurnsPolicy, as_turns
 from stores import worker_ops
-from stores.group_assignment import read_pin_async, rejected_groups
+from stores.group_assignment import read_pin_and_record, record_group, rejected_groups
 from stores.policies import PolicyRead, read_policy
 from worker import handlers
 from worker.settings import WorkerSettings
@@ -103,8 +103,10 @@ class TierPolicy:
 
     async def pool_of(self, user: str, tier: str) -> str:
         """The pool that serves ``user``'s next turn of ``tier``: the tier's own, or the group
-        the user is pinned to or hashed into (``protocol.groups.assign``). This worker's tier is
-        judged by the policy it refreshes; another tier's policy is read now."""
+        the user is pinned to, or recorded in for the weights' epoch (``protocol.groups.settle``:
+        chosen once per epoch, so a change of the weights seen at other moments by other workers
+        moves a user once). This worker's tier is judged by the policy it refreshes; another
+        tier's policy is read now."""
         if tier == self.settings.tier:
             if self.whole is None:  # (no policy applied here yet: never hand users to nowhere)
                 return self.settings.pool
@@ -115,5 +117,8 @@ class TierPolicy:
             rejected = frozenset(await rejected_groups(self.r, tier)) if groups else frozenset()
         if not policy.rollout.groups:
             return tier
-        pin = await read_pin_async(self.r, user, tier)
-        return pool_name(tier, assign(user, policy.rollout.weights(), pin, rejected))
+        pin, record, raw = await read_pin_and_record(self.r, user, tier)
+        group, settled = settle(user, policy.rollout.weights(), policy.rollout.epoch, pin, rejected, record)
+        if settled is not None and settled != record:  # chosen again: by newer weights, or none yet
+            group = (await record_group(self.r, user, tier, raw, settled))[0]  # (another's, if it won)
+        return pool_name(tier, group)

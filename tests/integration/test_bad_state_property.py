@@ -27,7 +27,7 @@ from protocol.models import CommanderInfo, WorkerInfo
 from protocol.policy import turns_policy
 from stores.bad_state import BadState
 from stores.commanders import read_commanders
-from stores.group_assignment import known_pools, read_pin_async, read_pins, rejected_groups
+from stores.group_assignment import known_pools, read_pin_and_record, read_pins, rejected_groups
 from stores.policies import list_tiers, read_policy, read_policy_status
 from stores.registry import read_registry
 from tests.unit.commander_helpers import RecordingRuntime, leading
@@ -102,7 +102,7 @@ def _read_everything(r: redis.Redis, url: str) -> None:
     async def pin() -> None:
         aio = aioredis.Redis.from_url(url)
         try:
-            await read_pin_async(aio, "alice", "chat")
+            await read_pin_and_record(aio, "alice", "chat")
         finally:
             await aio.aclose()
 

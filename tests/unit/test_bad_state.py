@@ -20,7 +20,7 @@ from protocol.models import CommanderInfo, WorkerInfo
 from protocol.policy import turns_policy
 from stores.bad_state import BadState
 from stores.commanders import commander_entries, read_commanders
-from stores.group_assignment import known_pools, read_pin_async, read_pins, rejected_groups
+from stores.group_assignment import known_pools, read_pin_and_record, read_pins, rejected_groups
 from stores.policies import list_tiers, read_policy, read_policy_status, write_policy
 from stores.registry import read_registry
 from tests.unit.commander_helpers import RecordingRuntime, leading
@@ -156,7 +156,7 @@ def test_pins_of_the_wrong_type_or_no_group_read_as_none(r) -> None:
 
     async def read_async() -> list[str | None]:
         aio = fakeredis.FakeAsyncRedis(server=r.connection_pool.connection_kwargs["server"])
-        return [await read_pin_async(aio, u, "chat") for u in ("ann", "bob", "cat")]
+        return [(await read_pin_and_record(aio, u, "chat"))[0] for u in ("ann", "bob", "cat")]
 
     assert asyncio.run(read_async()) == [None, None, "blue"]
 
