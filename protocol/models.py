@@ -39,6 +39,9 @@ class Turn(_Model):
     ts: float = Field(description="submit time, unix seconds")
     meta: dict[str, Any] = Field(default_factory=dict)
     reply_fmt: Literal["msgpack", "json"] = "msgpack"
+    # streamed: what the handler emits goes to the turn's reply stream (keys.stream), closed by an
+    # 'end' entry written with the reply, so a reader of the stream alone learns the turn ended
+    stream: bool = False
 
     _turn_id = field_validator("turn_id")(lambda v: validate_token(v, "turn id"))
     _user = field_validator("user")(lambda v: validate_user_id(v))
