@@ -351,6 +351,8 @@ class UserJob:
             try:
                 result, deferred = await self._call_handler(lease, turn, pulled, writer)
             except asyncio.CancelledError:
+                if writer is not None:  # (the lane was lost, or the worker stops: no more flushes)
+                    writer.abandon()
                 raise
             except Exception as exc:  # the handler's failure: retried, then dead-lettered
                 if writer is not None:

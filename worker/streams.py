@@ -128,11 +128,15 @@ class StreamWriter:
         self.pending = []
         self.flusher.forget(self)
 
+    def abandon(self) -> None:
+        """End the attempt without waiting: nothing more is flushed (its turn was stopped)."""
+        self.closed = True
+        self.flusher.forget(self)
+
     async def close(self) -> None:
         """End the attempt (it failed): nothing more is written, once a flush in flight is done
         (the next attempt's 'restart' must come after it)."""
-        self.closed = True
-        self.flusher.forget(self)
+        self.abandon()
         if self._inflight is not None:
             await asyncio.shield(self._inflight)
 
