@@ -292,3 +292,32 @@ def test_fleet_chat_streams_each_reply(r: redis.Redis, fleet_env: dict[str, str]
     out = fleet_cli(fleet_env, "chat", "--user", "max", cwd=tmp_path, stdin="hello there\nand again\n\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout == "hello there\nand again\n"
+
+
+# --- the monitor's user page (stores.users.inspect_user) ------------------------------------
+async def test_the_user_view_shows_the_turn_in_progress_and_its_text_so_far(
+        r: redis.Redis, fleet: AsyncFleet, start_worker: Callable[..., WorkerProc]) -> None:
+    from stores.users import inspect_user
+
+    policy(r, delay_ms=300)
+    start_worker()
+    stream = fleet.stream("nina", "one two three four", timeout=20)
+    items: list[Any] = []
+    async for item in stream:
+        if not items:
+            for _ in range(100):  # the first flush may hold only the first word
+                view = inspect_user(r, "nina")
+                if view.in_progress is not None and " " in view.in_progress.streamed:
+                    break
+                await asyncio.sleep(0.05)
+            assert view.in_progress is not None
+            assert (view.in_progress.turn_id, view.in_progress.text) == (stream.turn_id, "one two three four")
+            assert view.in_progress.attempt == 1
+            assert "one two three four".startswith(view.in_progress.streamed)
+            assert view.to_json()["in_progress"]["turn_id"] == stream.turn_id  # (the monitor's JSON)
+        items.append(item)
+    for _ in range(100):
+        if inspect_user(r, "nina").lane_holder is None:
+            break
+        await asyncio.sleep(0.05)
+    assert inspect_user(r, "nina").in_progress is None

@@ -552,6 +552,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.cluster.is_cluster": "an isinstance test",
     "stores.erase.Erased": "a value",
     "stores.turns.StreamTail": "a value",
+    "stores.users.TurnInProgress": "a value",
     "stores.bad_state.BadEntry.as_json": "a value",
     "stores.bad_state.BadState.note": "logs and counts a bad entry",
     "stores.bad_state.shown": "formats a value",
