@@ -321,3 +321,16 @@ async def test_the_user_view_shows_the_turn_in_progress_and_its_text_so_far(
             break
         await asyncio.sleep(0.05)
     assert inspect_user(r, "nina").in_progress is None
+
+
+async def test_erasing_a_user_erases_its_reply_streams(r: redis.Redis, redis_server: RedisServer,
+                                                       fleet: AsyncFleet,
+                                                       start_worker: Callable[..., WorkerProc]) -> None:
+    policy(r, delay_ms=5)
+    start_worker()
+    stream = fleet.stream("olga", "forget me")
+    await collect(stream.__aiter__())
+    assert r.exists(keys.stream("olga", stream.turn_id))
+    with Fleet(client=connect_sync(redis_server.role_url("fleet-operator"))) as operator:
+        operator.delete_user("olga")
+    assert r.keys(f"{keys.user_prefix('olga')}*") == []
