@@ -168,23 +168,31 @@ class _StreamRead:
         self.attempt = 0  # the attempt whose text is being read
         self.ended = False  # the 'end' entry was read
         self.skipped = 0  # entries that were not Fleet's (warned about, not shown)
+        self.got: list[StreamItem] = []  # read, not handed to the caller yet
+        self.raw: Any = None  # the reply, once taken from its list
 
     def step(self, block_s: float, left_s: float) -> Op[list[StreamItem]]:
         """Read on for up to ``block_s`` seconds; the items read (ending with the ``Reply``
         once it came). ``TurnTimeout`` if the stream ended but the reply is not there within
-        ``left_s`` (another reader took it)."""
-        rows, raw = yield from read_stream.steps(self.user, self.turn_id, self.after, round(block_s * 1000))
-        items = self._items(rows)
-        if raw is None and self.ended:  # written with the end: someone else has taken it
-            raw = yield from wait_reply.steps(self.user, self.turn_id, left_s)
+        ``left_s`` (another reader took it). A step that failed midway is sent again as it
+        stands: what it read and the reply it took are kept for it."""
+        if self.raw is None:
+            block_ms = round(block_s * 1000)
+            rows, raw = yield from read_stream.steps(self.user, self.turn_id, self.after, block_ms)
+            self.got += self._items(rows)
+            if raw is None and self.ended:  # written with the end: someone else has taken it
+                raw = yield from wait_reply.steps(self.user, self.turn_id, left_s)
+                if raw is None:
+                    raise TurnTimeout(f"turn {self.turn_id} of {self.user} ended, but its reply was taken "
+                                      f"by another reader")
             if raw is None:
-                raise TurnTimeout(f"turn {self.turn_id} of {self.user} ended, but its reply was taken "
-                                  f"by another reader")
-        if raw is None:
-            return items
+                items, self.got = self.got, []
+                return items
+            self.raw = raw
         if not self.ended:  # the entries written with the reply (or none: a turn not streamed)
-            items += self._items((yield from read_stream_rest.steps(self.user, self.turn_id, self.after)))
-        return [*items, decode(Reply, raw, max_bytes=self.max_reply_bytes)]
+            self.got += self._items((yield from read_stream_rest.steps(self.user, self.turn_id, self.after)))
+        items, self.got = [*self.got, decode(Reply, self.raw, max_bytes=self.max_reply_bytes)], []
+        return items
 
     def _items(self, rows: list[tuple[str, dict[bytes, bytes]]]) -> list[StreamItem]:
         items: list[StreamItem] = []
