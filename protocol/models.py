@@ -44,6 +44,15 @@ class Turn(_Model):
     stream: bool = False
 
     _turn_id = field_validator("turn_id")(lambda v: validate_token(v, "turn id"))
+
+    @model_serializer(mode="wrap")
+    def _plain_turn_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A turn not streamed is encoded without ``stream``: its bytes are what they were before
+        streams (as cheap, and readable by a worker that does not know the field)."""
+        body: dict[str, Any] = handler(self)
+        if not self.stream:
+            body.pop("stream", None)
+        return body
     _user = field_validator("user")(lambda v: validate_user_id(v))
     _tier = field_validator("tier")(lambda v: validate_tier(v))
 
