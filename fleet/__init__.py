@@ -3,12 +3,14 @@
 from fleet.client import (
     AsyncFleet,
     Fleet,
+    Restart,
     SubmitNotNotified,
     TurnHandle,
+    TurnStream,
     TurnTimeout,
     TurnTooLarge,
     UnknownTier,
 )
 
-__all__ = ["AsyncFleet", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeout", "TurnTooLarge",
-           "UnknownTier"]
+__all__ = ["AsyncFleet", "Fleet", "Restart", "SubmitNotNotified", "TurnHandle", "TurnStream", "TurnTimeout",
+           "TurnTooLarge", "UnknownTier"]

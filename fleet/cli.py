@@ -40,7 +40,7 @@ from fleet.cli_base import (
     seconds_arg,
 )
 from fleet.cli_groups import add_group_commands
-from fleet.client import UnknownTier
+from fleet.client import Fleet, Restart, UnknownTier
 from fleet.handler_template import add_handler_commands
 from protocol.ids import InvalidId
 from protocol.models import MAX_TEXT_CHARS, Reply
@@ -63,15 +63,44 @@ def _unknown_tier(exc: UnknownTier) -> CliError:
                     f"to create it with the default policy)", EXIT_USAGE)
 
 
+def _streamed(client: Fleet, user: str, text: str, tier: str, timeout: float,
+              meta: dict[str, Any] | None, create_tier: bool, show: bool = True) -> Reply:
+    """Submit a streamed turn and print its text as it comes (unless ``show`` is off); its reply.
+    A restart starts a new line (the text after it replaces what was shown); a reply whose text
+    is not what was shown (an error, a handler that streams nothing) is printed whole."""
+    shown = ""
+    for item in client.stream(user, text, tier=tier, timeout=timeout, meta=meta, create_tier=create_tier):
+        if isinstance(item, Reply):
+            if show:
+                print("" if item.ok and shown and shown == item.text else
+                      ("\n" if shown else "") + _reply_line(item), flush=True)
+            return item
+        if not show:
+            continue
+        if isinstance(item, Restart):
+            print(f"\n[attempt {item.attempt}, from the start]", file=sys.stderr, flush=True)
+            shown = ""
+        else:
+            print(item, end="", flush=True)
+            shown += item
+    raise AssertionError("unreachable: a stream ends with its reply or raises")
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
-    from fleet.client import Fleet, TurnTimeout, TurnTooLarge
+    from fleet.client import TurnTimeout, TurnTooLarge
 
     meta = json_object_arg(args.meta, "--meta") if args.meta else None
     client = Fleet(client=cli_client(args))
     try:
-        handle = client.submit(args.user, " ".join(args.text), tier=args.tier, meta=meta,
-                               create_tier=args.create_tier)
-        reply = handle.result(args.timeout)
+        if args.stream:
+            reply = _streamed(client, args.user, " ".join(args.text), args.tier, args.timeout, meta,
+                              args.create_tier, show=not args.json)
+            if not args.json:
+                return 0 if reply.ok else EXIT_ERROR_REPLY
+        else:
+            handle = client.submit(args.user, " ".join(args.text), tier=args.tier, meta=meta,
+                                   create_tier=args.create_tier)
+            reply = handle.result(args.timeout)
     except TurnTooLarge as exc:
         raise CliError(f"{exc}; nothing was submitted", EXIT_USAGE) from None
     except UnknownTier as exc:
@@ -84,7 +113,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from fleet.client import Fleet, TurnTimeout, TurnTooLarge
+    from fleet.client import TurnTimeout, TurnTooLarge
 
     client = Fleet(client=cli_client(args))
     interactive = sys.stdin.isatty()
@@ -97,9 +126,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not line or not line.strip():
             return 0
         try:
-            reply = client.submit(args.user, line.rstrip("\n"), tier=args.tier,
-                                  create_tier=args.create_tier).result(args.timeout)
-            print(_reply_line(reply), flush=True)
+            _streamed(client, args.user, line.rstrip("\n"), args.tier, args.timeout, None, args.create_tier)
         except TurnTooLarge as exc:  # that line only: the chat goes on
             print(f"fleet chat: {exc}; not sent", file=sys.stderr, flush=True)
         except UnknownTier as exc:
@@ -180,12 +207,14 @@ def _add_turn_commands(sub: _Sub[Any]) -> None:
     s.add_argument("--timeout", type=seconds_arg(0.01), default=30.0,
                    help="seconds to wait for the reply; exit 3 if none (default: 30)")
     s.add_argument("--json", action="store_true", help="print the whole reply as JSON")
+    s.add_argument("--stream", action="store_true",
+                   help="print the reply's text as the handler streams it (with --json: only the reply)")
     s.add_argument("--create-tier", action="store_true",
                    help="create the tier (its default policy) if it does not exist")
     s.add_argument("text", nargs="+", help=f"the turn's text (at most {MAX_TEXT_CHARS} characters)")
     s.set_defaults(func=cmd_submit)
 
-    c = sub.add_parser("chat", help="interactive chat as a user (one turn per line)")
+    c = sub.add_parser("chat", help="chat as a user: one turn per line of stdin, each reply streamed")
     c.add_argument("--user", required=True, help="user id: 1-64 of A-Z a-z 0-9 _ . @ + -")
     c.add_argument("--tier", default="chat", help="tier to serve the turns (default: chat)")
     c.add_argument("--timeout", type=seconds_arg(0.01), default=60.0,

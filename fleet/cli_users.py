@@ -132,7 +132,12 @@ def user_text(v: UserView, now: float) -> str:
     usage = ", ".join(f"{k}={n}" for k, n in sorted(v.usage.items())) or "none"
     lines = [f"user {v.user}", f"  lane     {lane}", f"  cursor   {v.cursor or '(none)'}",
              f"  inbox    {inbox} turn(s) queued after the cursor", f"  pending  notification in: {pending}",
-             f"  usage    {usage}", f"  session  last {len(v.session)}:"]
+             f"  usage    {usage}"]
+    if v.in_progress is not None:
+        t = v.in_progress
+        lines.append(f"  serving  {t.turn_id or t.entry} (attempt {t.attempt})  > {_cut(t.text)}"
+                     + (f"  < so far: {_cut(t.streamed)}" if t.streamed else ""))
+    lines.append(f"  session  last {len(v.session)}:")
     lines += [f"    {_ago(now - e.ts):>8}  {e.turn_id}  > {_cut(e.text)}  < {_cut(e.reply)}"
               for e in v.session]
     lines.append(f"  dead letters ({len(v.dead_letters)}):")

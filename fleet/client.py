@@ -9,6 +9,9 @@ their notifications on Redis Cluster. Both classes run the same :class:`_ClientC
 operations yield their round trips: ``Fleet`` sends them on a blocking client, ``AsyncFleet``
 on an asyncio one (``stores.roundtrips``).
 
+``stream`` submits a streamed turn and reads its reply stream (:class:`TurnStream`): the text
+as the handler emits it, a :class:`Restart` when an attempt starts over, then the ``Reply``.
+
 A submit that meets a transient error (Redis away, a Cluster failover: :func:`transient`) is
 sent again, with the same turn ids, for up to ``retry_s`` (10 s): a turn id is answered once
 however often it was submitted, so the caller sees an error only when the outcome stays unknown
@@ -17,10 +20,11 @@ after that. A reply wait cut by a lost connection waits on until its own timeout
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +33,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError
 from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_delay
 
-from protocol.codec import decode, encode
+from protocol.codec import as_str, decode, encode
 from protocol.ids import validate_tier, validate_user_id
 from protocol.models import MAX_TEXT_CHARS, Reply, Turn
 from protocol.policy import TurnsPolicy
@@ -48,19 +52,24 @@ from stores.submit import (
     SubmitNotNotified,
     Submitted,
     post_pressure,
+    read_stream,
+    read_stream_rest,
     submit_turns,
     wait_reply,
 )
 from stores.submit_options import OPTIONS_TTL_S, SubmitOptions, read_submit_options, split_by_pool
 from stores.tier_exists import tier_exists
 
-__all__ = ["AsyncFleet", "Erased", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeout", "TurnTooLarge",
-           "UnknownTier"]
+__all__ = ["AsyncFleet", "Erased", "Fleet", "Restart", "SubmitNotNotified", "TurnHandle", "TurnStream",
+           "TurnTimeout", "TurnTooLarge", "UnknownTier"]
+
+log = logging.getLogger("fleet.client")
 
 DEFAULT_MAX_TURN_BYTES = 64 * 1024
 DEFAULT_MAX_REPLY_BYTES = 1024 * 1024
 UNREPLICATED_KEEP = 10_000  # turn ids of submits whose WAIT came back short, newest kept
 Built = list[tuple[Turn, bytes]]  # turns with their encoded payloads
+STREAM_POLL_S = 1.0  # a stream read blocks at most this long before it looks for the reply again
 RETRY_S = 10.0  # how long a submit rides out Redis away or a Cluster failover, by default
 _RETRY_BACKOFF = Backoff(base=0.05, cap=1.0)
 # the errors a submit sent again may outlast: the network, Redis restarting or refusing writes
@@ -124,17 +133,158 @@ class TurnHandle:
 
 
 def _build_turn(user: str, text: str, tier: str, meta: Mapping[str, Any] | None,
-                turn_id: str | None, max_bytes: int) -> tuple[Turn, bytes]:
+                turn_id: str | None, max_bytes: int, stream: bool = False) -> tuple[Turn, bytes]:
     if len(text) > MAX_TEXT_CHARS:  # checked here, not by pydantic: a documented error, not a ValidationError
         raise TurnTooLarge(f"turn text of {len(text)} characters is over the limit of "
                            f"{MAX_TEXT_CHARS} characters")
     turn = Turn(turn_id=turn_id or uuid.uuid4().hex, user=validate_user_id(user),
-                tier=validate_tier(tier), text=text, ts=time.time(), meta=dict(meta or {}))
+                tier=validate_tier(tier), text=text, ts=time.time(), meta=dict(meta or {}), stream=stream)
     payload = encode(turn)
     if len(payload) > max_bytes:
         raise TurnTooLarge(f"turn of {len(payload)} bytes (encoded, with its meta) is over the limit "
                            f"of {max_bytes} bytes")
     return turn, payload
+
+
+@dataclass(frozen=True)
+class Restart:
+    """The turn's text starts over (a new attempt, or the same one sent again whole): drop what
+    was shown of it so far; the text that follows replaces it."""
+
+    attempt: int
+
+
+StreamItem = str | Restart | Reply  # what a TurnStream yields
+
+
+class _StreamRead:
+    """The reading of one streamed turn, sans I/O: :meth:`step` is one round trip (the stream's
+    new entries, and the reply if it is there) and what it yields to the caller. The reply is
+    read from the reply list, as ``wait`` reads it: taken once."""
+
+    def __init__(self, user: str, turn_id: str, max_reply_bytes: int) -> None:
+        self.user, self.turn_id, self.max_reply_bytes = user, turn_id, max_reply_bytes
+        self.after = "0-0"  # the last entry read
+        self.attempt = 0  # the attempt whose text is being read
+        self.ended = False  # the 'end' entry was read
+        self.skipped = 0  # entries that were not Fleet's (warned about, not shown)
+        self.got: list[StreamItem] = []  # read, not handed to the caller yet
+        self.raw: Any = None  # the reply, once taken from its list
+
+    def step(self, block_s: float, left_s: float) -> Op[list[StreamItem]]:
+        """Read on for up to ``block_s`` seconds; the items read (ending with the ``Reply``
+        once it came). ``TurnTimeout`` if the stream ended but the reply is not there within
+        ``left_s`` (another reader took it). A step that failed midway is sent again as it
+        stands: what it read and the reply it took are kept for it."""
+        if self.raw is None:
+            block_ms = round(block_s * 1000)
+            rows, raw = yield from read_stream.steps(self.user, self.turn_id, self.after, block_ms)
+            self.got += self._items(rows)
+            if raw is None and self.ended:  # written with the end: someone else has taken it
+                raw = yield from wait_reply.steps(self.user, self.turn_id, left_s)
+                if raw is None:
+                    raise TurnTimeout(f"turn {self.turn_id} of {self.user} ended, but its reply was taken "
+                                      f"by another reader")
+            if raw is None:
+                items, self.got = self.got, []
+                return items
+            self.raw = raw
+        if not self.ended:  # the entries written with the reply (or none: a turn not streamed)
+            self.got += self._items((yield from read_stream_rest.steps(self.user, self.turn_id, self.after)))
+        items, self.got = [*self.got, decode(Reply, self.raw, max_bytes=self.max_reply_bytes)], []
+        return items
+
+    def _items(self, rows: list[tuple[str, dict[bytes, bytes]]]) -> list[StreamItem]:
+        items: list[StreamItem] = []
+        for entry, fields in rows:
+            self.after = entry
+            try:
+                items += self._item(fields)
+            except (KeyError, ValueError) as exc:  # not an entry a worker wrote
+                self.skipped += 1
+                log.warning("entry %s of the stream of turn %s skipped: %s", entry, self.turn_id, exc)
+        return items
+
+    def _item(self, fields: dict[bytes, bytes]) -> list[StreamItem]:
+        kind = fields[b"k"]
+        if kind == b"end":
+            self.ended = True
+            return []
+        attempt = int(fields[b"a"])
+        if kind == b"restart":
+            self.attempt = max(self.attempt, attempt)
+            return [Restart(attempt)]
+        if kind != b"chunk":
+            raise ValueError(f"unknown kind {as_str(kind)[:40]!r}")
+        text = fields[b"t"].decode()
+        if attempt < self.attempt:  # (a fenced-out worker cannot write one: never shown)
+            raise ValueError(f"a chunk of attempt {attempt} after attempt {self.attempt}'s")
+        restart: list[StreamItem] = [Restart(attempt)] if self.attempt and attempt > self.attempt else []
+        self.attempt = attempt
+        return [*restart, text]
+
+
+class TurnStream:
+    """A streamed turn: iterate it (``async for`` on an ``AsyncFleet``'s, ``for`` on a
+    ``Fleet``'s) for its text as the handler emits it (``str`` pieces), a :class:`Restart`
+    whenever the text starts over (drop what you showed of it), and last the ``Reply`` (the one
+    a non-streaming ``wait`` would get: its ``text`` is the whole answer).
+
+    ``turn_id`` is known at once; the turn is submitted when the iteration starts. The whole
+    iteration ends within ``timeout`` seconds, or raises ``TurnTimeout`` (the turn stays queued
+    and may still be answered). The reply is then in ``reply`` too."""
+
+    def __init__(self, client: Fleet | AsyncFleet, built: Built, timeout: float, create_tier: bool) -> None:
+        self._client, self._built, self.timeout, self._create_tier = client, built, timeout, create_tier
+        self.turn = built[0][0]
+        self._read = _StreamRead(self.turn.user, self.turn.turn_id, client.max_reply_bytes)
+        self.reply: Reply | None = None
+
+    @property
+    def turn_id(self) -> str:
+        return self.turn.turn_id
+
+    def _next(self, deadline: float) -> tuple[float, float]:
+        """How long the next read may block, and how long is left; ``TurnTimeout`` once over."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TurnTimeout(f"no reply to turn {self.turn_id} of {self.turn.user} within {self.timeout:g}s")
+        return min(left, STREAM_POLL_S), left
+
+    def _seen(self, items: list[StreamItem]) -> bool:
+        last = items[-1] if items else None
+        if isinstance(last, Reply):
+            self.reply = last
+        return self.reply is not None
+
+    def __iter__(self) -> Iterator[StreamItem]:
+        client = self._client
+        if not isinstance(client, Fleet):
+            raise TypeError("a stream of an AsyncFleet is read with `async for`")
+        deadline = time.monotonic() + self.timeout
+        client._send(self._built, self._create_tier)
+        while self.reply is None:
+            block, left = self._next(deadline)
+            for attempt in Retrying(**_retrying(left)):
+                with attempt:
+                    items = run(client.r, self._read.step(block, left))
+            self._seen(items)
+            yield from items
+
+    async def __aiter__(self) -> AsyncIterator[StreamItem]:
+        client = self._client
+        if not isinstance(client, AsyncFleet):
+            raise TypeError("a stream of a Fleet is read with `for`")
+        deadline = time.monotonic() + self.timeout
+        await client._send(self._built, self._create_tier)
+        while self.reply is None:
+            block, left = self._next(deadline)
+            async for attempt in AsyncRetrying(**_retrying(left)):
+                with attempt:
+                    items = await arun(client.r, self._read.step(block, left))
+            self._seen(items)
+            for item in items:
+                yield item
 
 
 class _ClientCore:
@@ -271,10 +421,24 @@ class Fleet:
         """
         built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes)
         if built:
-            for attempt in Retrying(**_retrying(self.retry_s)):
-                with attempt:
-                    run(self.r, self._core.submit(built, create_tier))
+            self._send(built, create_tier)
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
+
+    def stream(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
+               meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
+               create_tier: bool = False) -> TurnStream:
+        """A streamed turn: ``for item in fleet.stream("alice", "hi")`` yields the text as the
+        handler emits it, a :class:`Restart` when it starts over, then the ``Reply``
+        (:class:`TurnStream`). Raises ``InvalidId`` / ``TurnTooLarge`` at once; the turn is
+        submitted when the iteration starts."""
+        built = [_build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes, stream=True)]
+        return TurnStream(self, built, timeout, create_tier)
+
+    def _send(self, built: Built, create_tier: bool) -> None:
+        """Submit ``built``, sent again on a transient error for up to ``retry_s``."""
+        for attempt in Retrying(**_retrying(self.retry_s)):
+            with attempt:
+                run(self.r, self._core.submit(built, create_tier))
 
     def results(self, handles: Iterable[TurnHandle], timeout: float = 30.0) -> list[Reply]:
         """Wait for every handle, sharing one deadline."""
@@ -341,10 +505,21 @@ class AsyncFleet:
         round trip; on Redis Cluster every inbox entry, then every notification)."""
         built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes)
         if built:
-            async for attempt in AsyncRetrying(**_retrying(self.retry_s)):
-                with attempt:
-                    await arun(self.r, self._core.submit(built, create_tier))
+            await self._send(built, create_tier)
         return [t for t, _ in built]
+
+    def stream(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
+               meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
+               create_tier: bool = False) -> TurnStream:
+        """``Fleet.stream`` on asyncio: ``async for item in fleet.stream("alice", "hi")``."""
+        built = [_build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes, stream=True)]
+        return TurnStream(self, built, timeout, create_tier)
+
+    async def _send(self, built: Built, create_tier: bool) -> None:
+        """``Fleet._send`` on asyncio."""
+        async for attempt in AsyncRetrying(**_retrying(self.retry_s)):
+            with attempt:
+                await arun(self.r, self._core.submit(built, create_tier))
 
     async def wait(self, user: str, turn_id: str, timeout: float = 30.0) -> Reply:
         """The reply of a submitted turn; ``TurnTimeout`` if none in time."""

@@ -111,7 +111,7 @@ _SUBMIT_WRITES = (rw(pattern(keys.inbox, USER)), rw(pattern(keys.ready, TIER)),
                   rw(pattern(keys.reply, USER, TOKEN)), rw(pattern(keys.starting, TIER)))
 _SUBMIT_READS = (ro(pattern(keys.policy, TIER)), ro(pattern(keys.policy_good, TIER)),
                  ro(pattern(keys.groups_rejected, TIER)), ro(keys.TIERS),
-                 ro(pattern(keys.pins, USER)))
+                 ro(pattern(keys.pins, USER)), ro(pattern(keys.stream, USER, TOKEN)))
 _ALL_FLEET = (rw(f"{keys.PREFIX}:*"), rw(keys.LEADER), rw(keys.EPOCH))
 # A worker serves any user (every user's keys) from its tiers' streams and sets, keeps its own
 # keys and its registry entry, reports, and records its verdict on a policy (the last good copy
@@ -129,7 +129,7 @@ RQ_SELECTOR = ("(~rq:* &rq:* +@read +@write +@keyspace +@transaction +@pubsub -@
                "-scan +info +time +client|setname +client|info +client|list "
                "+evalsha +script|load +script|exists)")
 
-_SUBMIT = ("xadd", "zadd", "blpop", "get", "exists", "hgetall", "smembers", "xinfo|groups",
+_SUBMIT = ("xadd", "zadd", "blpop", "lpop", "xread", "get", "exists", "hgetall", "smembers", "xinfo|groups",
            "multi", "exec", "discard", "wait")
 # A submit sets the tier's retention on the inbox it writes: PEXPIRE on inboxes only (a selector),
 # never on the tier's streams and sets the client may write to.

@@ -123,14 +123,20 @@ def reply(user: str, turn_id: str) -> str:
     return _u(user, f"reply:{validate_token(turn_id, 'turn id')}")
 
 
+def stream(user: str, turn_id: str) -> str:
+    """Stream of a turn's streamed reply: ``k=chunk``/``k=restart`` entries tagged with the
+    attempt, closed by ``k=end`` (docs/guide/protocol.md). Expires with the reply."""
+    return _u(user, f"stream:{validate_token(turn_id, 'turn id')}")
+
+
 def user_prefix(user: str) -> str:
     """What every key of ``user`` starts with: ``fleet:u:{U}:``."""
     return _u(user, "")
 
 
 def user_key_names(user: str) -> tuple[str, ...]:
-    """Every per-user key of ``user`` with a fixed name (the reply lists are named by turn id:
-    find them by :func:`user_prefix`)."""
+    """Every per-user key of ``user`` with a fixed name (the reply lists and reply streams are
+    named by turn id: find them by :func:`user_prefix`)."""
     return (inbox(user), lane(user), fence(user), state(user), session(user), profile(user),
             memory(user), done(user), usage(user), outbox(user), pins(user))
 
@@ -155,6 +161,10 @@ class UserKeys:
     def reply(self, turn_id: str) -> str:
         """:func:`reply` of this user."""
         return f"{PREFIX}:u:{{{self.user}}}:reply:{validate_token(turn_id, 'turn id')}"
+
+    def stream(self, turn_id: str) -> str:
+        """:func:`stream` of this user."""
+        return f"{PREFIX}:u:{{{self.user}}}:stream:{validate_token(turn_id, 'turn id')}"
 
 
 @lru_cache(maxsize=16_384)

@@ -39,8 +39,20 @@ class Turn(_Model):
     ts: float = Field(description="submit time, unix seconds")
     meta: dict[str, Any] = Field(default_factory=dict)
     reply_fmt: Literal["msgpack", "json"] = "msgpack"
+    # streamed: what the handler emits goes to the turn's reply stream (keys.stream), closed by an
+    # 'end' entry written with the reply, so a reader of the stream alone learns the turn ended
+    stream: bool = False
 
     _turn_id = field_validator("turn_id")(lambda v: validate_token(v, "turn id"))
+
+    @model_serializer(mode="wrap")
+    def _plain_turn_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A turn not streamed is encoded without ``stream``: its bytes are what they were before
+        streams (as cheap, and readable by a worker that does not know the field)."""
+        body: dict[str, Any] = handler(self)
+        if not self.stream:
+            body.pop("stream", None)
+        return body
     _user = field_validator("user")(lambda v: validate_user_id(v))
     _tier = field_validator("tier")(lambda v: validate_tier(v))
 

@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--concurrency", type=int)
     p.add_argument("--ready-shards", type=int, help="the tier's ready_shards (drawn: 1-3, sometimes "
                    "changed mid-run)")
+    p.add_argument("--streamed", action="store_true", help="submit every turn as streamed: the checks "
+                   "also read each turn's reply stream (chunks fenced, restarts, the end)")
     p.add_argument("--faults", type=int, default=3, help="at most this many faults per schedule")
     p.add_argument("--replay", help="a schedule file (or its JSON) to run once, exactly")
     p.add_argument("--no-shrink", action="store_true", help="report a violation as found")
@@ -66,8 +68,8 @@ def parse_args(argv: list[str] | None = None):
 
 def workload(args, seed: int) -> Workload:
     drawn = Workload.draw(random.Random(seed))
-    fixed = {k: getattr(args, k) for k in ("workers", "users", "turns", "concurrency", "ready_shards")
-             if getattr(args, k)}
+    fixed = {k: getattr(args, k) for k in ("workers", "users", "turns", "concurrency", "ready_shards",
+                                           "streamed") if getattr(args, k)}
     return replace(drawn, **fixed)
 
 

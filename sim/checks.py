@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import fakeredis
 
 from protocol import keys
-from protocol.codec import CodecError, decode
+from protocol.codec import CodecError, as_str, decode
 from protocol.models import Reply, SessionEntry
 from sim.clock import EPOCH
 from sim.world import GHOST, WORKER_TIMING, Call, Record, Submitted
-from stores.replies import bytes_list
+from stores.replies import bytes_list, raw_rows
 from worker.app import DEREGISTER_UNSTARTED_S
 
 # SIGTERM -> stopped, for a worker that serves nothing yet: its start cancelled, then at most
@@ -74,12 +74,42 @@ def check(r: fakeredis.FakeRedis, record: Record, *, bound_s: float, stop_bound_
     out += _i1(record, replies)
     out += _i2(r, record, replies)
     out += _i3(record)
+    out += [v for s in record.turns if s.tier != GHOST for v in _stream(r, s, replies[(s.user, s.turn)])]
     out += _liveness(record, replies, bound_s, end)
     out += _stops(record, stop_bound_s, end)
     out += _zombies(record, zombie_bound_s, end)
     out += [Violation("liveness", f"turn {turn} waited {s:.2f}s with nobody serving its user while a "
                                   f"worker had a free slot (bound {starve_bound_s}s)")
             for turn, s in record.starved.items() if s > starve_bound_s]
+    return out
+
+
+def _stream(r: fakeredis.FakeRedis, sub: Submitted, replies: list[Reply]) -> list[Violation]:
+    """A streamed turn's reply stream (empty for a turn not streamed): each chunk is of the
+    attempt the last ``restart`` started (1 before any), so none comes from a worker that lost
+    the lane; one ``end``, last, once the turn is answered, with its reply's status; and the text
+    after the last ``restart`` is the ok reply's."""
+    rows = [(entry, {as_str(k): as_str(v) for k, v in fields.items()})
+            for entry, fields in raw_rows(r.xrange(keys.stream(sub.user, sub.turn)))]
+    out, attempt, text, ends = [], 1, "", 0
+    for entry, f in rows:
+        if ends:
+            out.append(Violation("stream", f"turn {sub.turn}: entry {as_str(entry)} {f} after its end"))
+        if f.get("k") == "restart":
+            attempt, text = max(attempt, int(f["a"])), ""
+        elif f.get("k") == "chunk":
+            if int(f["a"]) != attempt:
+                out.append(Violation("stream", f"turn {sub.turn}: a chunk of attempt {f['a']} ({f['t']}) "
+                                               f"where attempt {attempt}'s text goes"))
+            text += f["t"]
+        elif f.get("k") == "end":
+            ends += 1
+    ok = [rep for rep in replies if rep.ok]
+    if rows and replies and ends != 1:
+        out.append(Violation("stream", f"turn {sub.turn} is answered and its stream has {ends} ends"))
+    if rows and ok and text != ok[0].text:
+        out.append(Violation("stream", f"turn {sub.turn}: the stream's text {text!r} is not the reply's "
+                                       f"{ok[0].text!r}"))
     return out
 
 

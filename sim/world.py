@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from redis.exceptions import RedisError
 
-from fleet.client import AsyncFleet
+from fleet.client import AsyncFleet, _build_turn
 from protocol import keys
 from protocol.codec import as_str
 from protocol.models import HandlerResult
@@ -58,6 +58,7 @@ class Workload:
     ready_shards: int = 1  # the tier's ready shards (Policy.ready_shards) at the start
     reshard_at_s: float | None = None  # at this virtual time the policy's count changes
     reshard_to: int = 1  # ... to this many
+    streamed: bool = False  # the turns are submitted as streamed (never drawn: a seed's schedule stays)
 
     @classmethod
     def draw(cls, rng: random.Random) -> Workload:
@@ -140,11 +141,15 @@ async def sim_handler(ctx: handlers.TurnContext) -> HandlerResult:
     world.record.calls.append(call)
     world.saw_handler("enter", call)
     try:
+        if ctx.turn.stream:  # text that names its writer: the checker tells whose chunks it reads
+            ctx.emit(f"<{ctx.lease} a{ctx.attempt}>")
         await asyncio.sleep(float(ctx.option("sleep_ms", 5)) / 1000)
+        if ctx.turn.stream:
+            ctx.emit(f"<{ctx.lease} a{ctx.attempt} end>")
     finally:
         call.exit = loop.time()
         world.saw_handler("exit", call)
-    return HandlerResult(text=f"done {ctx.turn.turn_id}")
+    return HandlerResult(text="".join(ctx.emitted) if ctx.turn.stream else f"done {ctx.turn.turn_id}")
 
 
 class World:
@@ -424,6 +429,10 @@ class World:
             try:
                 if sub.tier == GHOST:
                     await self._submit_raw(client, sub)
+                elif self.workload.streamed:  # (the client's submit of a streamed turn: TurnStream's)
+                    turn = _build_turn(sub.user, f"text {sub.turn}", sub.tier, {"sleep_ms": sleep_ms},
+                                       sub.turn, client.max_turn_bytes, stream=True)
+                    await client._send([turn], False)
                 else:
                     await client.submit(sub.user, f"text {sub.turn}", tier=sub.tier,
                                         meta={"sleep_ms": sleep_ms}, turn_id=sub.turn)

@@ -3,12 +3,13 @@ in the ledger that says who erased which user id, and when (never the data). The
 in the tiers' dead letters are deleted too.
 
 The keys with fixed names (``keys.user_key_names``) and whatever else a ``SCAN`` finds under the
-user's prefix (the reply lists, named by turn id) go in one call of ``user_delete.lua``. The lane
-is erased in that same step, so a worker serving a turn of the user then finds its lane gone
-when it commits: its write is fenced, nothing of the turn is written back, and with the inbox
-gone nothing is left to retry. A reply list a commit wrote between the ``SCAN`` and the call is
-found by its turn id in the done-set the call read, and erased by a second call (a commit
-after the first call is fenced: no later write is possible).
+user's prefix (the reply lists and reply streams, named by turn id) go in one call of
+``user_delete.lua``. The lane is erased in that same step, so a worker serving a turn of the
+user then finds its lane gone when it commits: its write is fenced, nothing of the turn is
+written back, and with the inbox gone nothing is left to retry. A reply list (or reply stream)
+a commit wrote between the ``SCAN`` and the call is found by its turn id in the done-set the
+call read, and erased by a second call (a commit after the first call is fenced: no later write
+is possible).
 
 The call checks that the caller's ACL may ``DEL`` each key: the ``fleet-operator`` role may;
 the ``fleet-client`` role, which can write an inbox but delete nothing, cannot.
@@ -151,8 +152,8 @@ def delete_user(user: str, by: str, role: str, now: float) -> Op[Erased]:
     found = [as_str(k) for k in (yield Single(lambda r: _scan(r, prefix + "*")))]
     first = list(dict.fromkeys([*keys.user_key_names(user), *found]))
     erased, ids = yield _delete(first, prefix)
-    late = [k for k in (keys.reply(user, as_str(i)) for i in ids if _is_token(as_str(i)))
-            if k not in first]
+    late = [k for i in ids if _is_token(as_str(i))
+            for k in (keys.reply(user, as_str(i)), keys.stream(user, as_str(i))) if k not in first]
     count = int(erased)
     if late:
         again, _ = yield _delete(late, prefix)

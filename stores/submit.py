@@ -26,6 +26,7 @@ from protocol.models import Turn
 from stores import functions, replicas
 from stores.backlog import queue_submit_gauges
 from stores.replicas import Command
+from stores.replies import Row, raw_streams, rows
 from stores.roundtrips import Op, Pipelined, Single, operation
 from stores.submit_options import SubmitOptions
 
@@ -314,3 +315,26 @@ def wait_reply(user: str, turn_id: str, timeout: float) -> Op[Any]:
     """The raw reply of a turn (``BLPOP`` up to ``timeout`` s), or None if none came."""
     got = yield Single(lambda r: r.blpop([keys.reply(user, turn_id)], timeout=max(timeout, 0.01)))
     return None if got is None else got[1]
+
+
+@operation
+def read_stream(user: str, turn_id: str, after: str, block_ms: int) -> Op[tuple[list[Row], Any]]:
+    """A streamed turn's entries after ``after`` (``XREAD BLOCK`` up to ``block_ms``, at least 1)
+    and, in the same round trip, its reply if it is there (``LPOP``: taken, as ``BLPOP`` takes
+    it). The reply is written with the stream's ``end`` entry, so a reply found with no ``end``
+    read yet means entries are left to read (:func:`read_stream_rest`), or that the turn was
+    answered without one (a turn that never decoded as a streamed one)."""
+    stream, reply = keys.stream(user, turn_id), keys.reply(user, turn_id)
+
+    def queue(pipe: Any) -> None:
+        pipe.xread({stream: after}, block=max(1, block_ms))
+        pipe.lpop(reply)
+
+    got, raw = yield Pipelined(queue)
+    return [row for _name, entries in raw_streams(got) for row in rows(entries)], raw
+
+
+@operation
+def read_stream_rest(user: str, turn_id: str, after: str) -> Op[list[Row]]:
+    """A streamed turn's entries after ``after``, without waiting."""
+    return rows((yield Single(lambda r: r.xrange(keys.stream(user, turn_id), min=f"({after}", max="+"))))

@@ -161,6 +161,18 @@ class Pulled:
 
 
 @dataclass(frozen=True)
+class StreamTail:
+    """What a streamed turn's commit writes to its reply stream with the reply: a ``restart``
+    entry first if ``restart``, the ``text`` not flushed yet (a ``chunk`` of ``attempt``), and
+    the ``end`` entry with ``status`` (``include/stream_write.lua``)."""
+
+    attempt: int
+    status: str
+    text: str = ""
+    restart: bool = False
+
+
+@dataclass(frozen=True)
 class Writes:
     """Everything one turn writes back, applied atomically with the cursor advance."""
 
@@ -173,6 +185,7 @@ class Writes:
     # the turn's deferred jobs as (job id, msgpack Deferral): one outbox entry each, written by
     # the commit (never by a 'dup' or 'stale' one); after an 'ok' commit the relay is told
     deferrals: list[tuple[str, bytes]] = field(default_factory=list)
+    stream: StreamTail | None = None  # a streamed turn's last text and the end of its stream
 
     def without(self, roles: Collection[str]) -> Writes:
         """These writes less those to the keys of ``roles`` (as :class:`WrongType` names them):
@@ -183,7 +196,8 @@ class Writes:
                        profile={} if "profile" in roles else self.profile,
                        memories=[] if "memory" in roles else self.memories,
                        usage={} if "usage" in roles else self.usage,
-                       deferrals=[] if "outbox" in roles else self.deferrals)
+                       deferrals=[] if "outbox" in roles else self.deferrals,
+                       stream=None if "stream" in roles else self.stream)
 
 
 class UserStore:
@@ -309,6 +323,10 @@ class UserStore:
         for job, payload in w.deferrals:
             args += [job, payload]
         args.append(self.retention_ms)
+        if w.stream is not None:  # a streamed turn: its tail and the end, written with the reply
+            keys_.append(k.stream(reply_key_turn))
+            tail = w.stream
+            args += [tail.attempt, "1" if tail.restart else "0", tail.text, tail.status]
         try:
             res = await self._call(self.scripts.turn_commit, keys_, args, "commit")
         except ResponseError as exc:
@@ -322,6 +340,19 @@ class UserStore:
         if w.deferrals and committed.result == "ok":  # only a turn that deferred pays this
             await self.notify_relay(lease.user)
         return committed
+
+    async def append_stream(self, lease: Lease, entry: str, turn_id: str, attempt: int, text: str,
+                            restart: bool = False) -> str:
+        """Flush streamed text of ``turn_id`` (inbox ``entry``) to its reply stream, fenced by
+        ``lease`` (``stream_append.lua``): 'ok', or what kept it from being written ('fenced',
+        'done', 'wrongtype'). On one node it rides the loop pass's round trip with the other
+        jobs' calls (``stores.batch``): the flushes of many turns go out together."""
+        k = keys.user_keys(lease.user)
+        keys_ = [k.lane, k.state, k.inbox, k.stream(turn_id)]
+        args = [lease.owner, entry, attempt, "1" if restart else "0", text, self.cfg.reply_ttl_ms]
+        if cluster.is_cluster(self.r):  # (a preview: no WAIT for replicas, whatever the tier asks)
+            return as_str(await self.scripts.stream_append(keys=keys_, args=args))
+        return as_str(await self.batcher.call(self.scripts.stream_append, keys_, args))
 
     async def notify_relay(self, user: str) -> None:
         """Tell the relay that ``user``'s outbox holds entries (after the commit that wrote them:

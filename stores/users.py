@@ -11,7 +11,9 @@ Every read is bounded, and says where its bound may hide something:
   each one read by id) and the ``UNDELIVERED_SCAN`` first entries after the group's
   last-delivered id are checked for the user; a tier where either bound was reached is listed
   in ``pending_partial`` (a notification further on would not be seen);
-- dead letters: the newest ``DEAD_SCAN`` of each tier are read and the user's kept.
+- dead letters: the newest ``DEAD_SCAN`` of each tier are read and the user's kept;
+- the turn in progress (the lane held): the first inbox entry after the cursor, its attempt, and
+  what its reply stream holds of the text so far (the ``STREAM_SCAN`` first entries).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from typing import Any, cast
 import redis
 
 from protocol import keys
-from protocol.codec import as_str, decode_valid
+from protocol.codec import CodecError, as_str, decode, decode_valid
 from protocol.ids import validate_tier, validate_user_id
-from protocol.models import SessionEntry
+from protocol.models import SessionEntry, Turn
 from stores.backlog import existing_shards, workers_group
 from stores.deadletters import DeadLetterRow, dead_letter_rows
 from stores.policies import list_tiers
@@ -34,7 +36,22 @@ INBOX_SCAN = 1_000
 PENDING_SCAN = 1_000
 UNDELIVERED_SCAN = 1_000
 DEAD_SCAN = 1_000
+STREAM_SCAN = 1_000
+TURN_PEEK_BYTES = 1024 * 1024  # an inbox entry larger than this is not decoded for its text
 USAGE_FIELDS = ("turns", "errors", "chars_in", "chars_out", "handler_ms")
+
+
+@dataclass(frozen=True)
+class TurnInProgress:
+    """The turn a worker serves now: its inbox ``entry``, ``turn_id`` and ``text`` (as its entry
+    holds them; '' when they do not decode), its ``attempt`` (0 if not counted yet), and the text
+    its reply stream holds so far (after the last restart; '' for a turn not streamed)."""
+
+    entry: str
+    turn_id: str
+    text: str
+    attempt: int
+    streamed: str
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,7 @@ class UserView:
     usage: dict[str, int]  # the per-user counters of keys.usage
     dead_letters: list[DeadLetterRow]  # the user's, among the newest DEAD_SCAN of each tier
     tiers: list[str] = field(default_factory=list)  # the tiers looked at
+    in_progress: TurnInProgress | None = None  # the turn being served (the lane held), if any
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -70,12 +88,14 @@ def inspect_user(r: redis.Redis, user: str, *, tiers: list[str] | None = None,
     tiers = sorted(set(list_tiers(r)) | {"chat"}) if tiers is None else [validate_tier(t) for t in tiers]
     lane, ttl, cursor, session, usage, length = _user_keys(r, user, max(0, session_n))
     holder, token = lane_parts(lane)
-    after, exact = _inbox_after(r, user, cursor, length)
+    after, exact, first = _inbox_after(r, user, cursor, length)
     pending, partial = _pending(r, user, tiers)
     dead = [row for tier in tiers for row in dead_letter_rows(r, tier, DEAD_SCAN, user)]
+    current = _in_progress(r, user, *first) if holder and first is not None else None
     return UserView(user=user, lane_holder=holder, lane_token=token, lane_ttl_ms=max(0, ttl) if holder else 0,
                     cursor=cursor, inbox_after_cursor=after, inbox_exact=exact, session=session,
-                    pending=pending, pending_partial=partial, usage=usage, dead_letters=dead, tiers=tiers)
+                    pending=pending, pending_partial=partial, usage=usage, dead_letters=dead, tiers=tiers,
+                    in_progress=current)
 
 
 def lane_parts(raw: Any) -> tuple[str | None, int | None]:
@@ -113,11 +133,46 @@ def _user_keys(r: redis.Redis, user: str, session_n: int) -> tuple[Any, int, str
     return lane, int(ttl), as_str(cursor) if cursor else "", entries, counters(usage), int(length)
 
 
-def _inbox_after(r: redis.Redis, user: str, cursor: str, length: int) -> tuple[int, bool]:
+def _inbox_after(r: redis.Redis, user: str, cursor: str,
+                 length: int) -> tuple[int, bool, tuple[str, dict[bytes, bytes]] | None]:
+    """The count of turns after the cursor, whether it is exact, and the first of them."""
     if length == 0:
-        return 0, True
+        return 0, True, None
     got = raw_rows(r.xrange(keys.inbox(user), f"({cursor}" if cursor else "-", "+", count=INBOX_SCAN + 1))
-    return (len(got), True) if len(got) <= INBOX_SCAN else (length, False)
+    first = (as_str(got[0][0]), got[0][1]) if got else None
+    return (len(got), True, first) if len(got) <= INBOX_SCAN else (length, False, first)
+
+
+def _in_progress(r: redis.Redis, user: str, entry: str, fields: dict[bytes, bytes]) -> TurnInProgress:
+    """The turn of inbox ``entry``: its id and text, its attempt count, its stream's text so far."""
+    turn_id, text = _turn_of(entry, fields)
+    attempt = r.hget(keys.state(user), f"att:{entry}")
+    count = as_str(attempt, errors="replace").partition("|")[0] if attempt else "0"
+    streamed = ""
+    if turn_id:
+        for _id, f in raw_rows(r.xrange(keys.stream(user, turn_id), count=STREAM_SCAN)):
+            kind = f.get(b"k")
+            if kind == b"restart":
+                streamed = ""
+            elif kind == b"chunk":
+                streamed += as_str(f.get(b"t", b""), errors="replace")
+    return TurnInProgress(entry, turn_id, text, int(count) if count.isdigit() else 0, streamed)
+
+
+def _turn_of(entry: str, fields: dict[bytes, bytes]) -> tuple[str, str]:
+    """An inbox entry's turn id and text, in either form ('' for what does not decode)."""
+    if b"m" in fields:
+        try:
+            turn = decode(Turn, fields[b"m"], max_bytes=TURN_PEEK_BYTES)
+        except CodecError:
+            return as_str(fields.get(b"turn_id", b""), errors="replace"), ""
+        return turn.turn_id, turn.text
+    turn_id = as_str(fields.get(b"turn_id", entry.encode()), errors="replace")
+    try:
+        keys.stream("x", turn_id)
+    except ValueError:  # no turn id a key can name
+        turn_id = ""
+    return turn_id, as_str(fields.get(b"text", b""), errors="replace")
 
 
 def _pending(r: redis.Redis, user: str, tiers: list[str]) -> tuple[list[str], list[str]]:

@@ -1,10 +1,11 @@
 """The handler registry: a policy names a handler, and may only pick a registered name.
 
 A handler receives a ``TurnContext`` and returns a ``HandlerResult`` (or a plain string),
-directly or as an awaitable. Sync handlers run in a thread so they never stall the worker's
-lease renewals. Third-party handlers register through the ``fleet.handlers`` entry-point
-group (``name = "package.module:function"``), installed code only: nothing in Redis can
-name an import path.
+directly or as an awaitable; or it is an async generator of text chunks, each streamed as it
+comes (``ctx.emit``), whose reply is their concatenation. Sync handlers run in a thread so
+they never stall the worker's lease renewals. Third-party handlers register through the
+``fleet.handlers`` entry-point group (``name = "package.module:function"``), installed code
+only: nothing in Redis can name an import path.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import cache
@@ -30,7 +31,8 @@ from protocol.policy import KnownHandlers
 from stores.turns import ContextPack
 from worker import jobs
 
-Handler = Callable[["TurnContext"], "HandlerResult | str | Awaitable[HandlerResult | str]"]
+Handler = Callable[["TurnContext"],
+                   "HandlerResult | str | Awaitable[HandlerResult | str] | AsyncIterator[str]"]
 _REGISTRY: dict[str, Handler] = {}
 _UNAVAILABLE: dict[str, str] = {}  # entry points that failed to load: name -> the error
 _NOT_INSTALLED: dict[str, str] = {}  # optional handlers whose extra is missing: name -> what to install
@@ -185,8 +187,12 @@ async def call(handler: Handler, ctx: TurnContext, timeout_s: float,
 
     A sync handler runs on ``executor`` (the worker's own pool, as large as its
     concurrency), and its timeout counts from the moment a thread starts it, not from
-    when it was queued for one.
+    when it was queued for one. An async generator's chunks are emitted as they come, and its
+    reply is the text it emitted (all of it, ``ctx.emitted``).
     """
+    if inspect.isasyncgenfunction(handler):
+        await asyncio.wait_for(_stream(handler(ctx), ctx), timeout_s)
+        return HandlerResult(text="".join(ctx.emitted))
     if inspect.iscoroutinefunction(handler):
         result = await asyncio.wait_for(handler(ctx), timeout_s)
     else:
@@ -198,6 +204,14 @@ async def call(handler: Handler, ctx: TurnContext, timeout_s: float,
     if not isinstance(result, HandlerResult):
         raise HandlerError(f"handler returned {type(result).__name__}, not HandlerResult or str")
     return result
+
+
+async def _stream(chunks: AsyncIterator[str], ctx: TurnContext) -> None:
+    """Emit each chunk of an async generator handler as it comes."""
+    async for chunk in chunks:
+        if not isinstance(chunk, str):
+            raise HandlerError(f"handler yielded {type(chunk).__name__}, not str")
+        ctx.emit(chunk)
 
 
 async def _in_thread(handler: Handler, ctx: TurnContext, timeout_s: float, executor: Executor | None) -> Any:
@@ -258,6 +272,21 @@ async def _echo(ctx: TurnContext) -> HandlerResult:
         memories=[(f"said: {text[:200]}", importance)],
         profile={"last_text": text[:200]},
     )
+
+
+@register("echo_stream")
+async def echo_stream(ctx: TurnContext) -> AsyncIterator[str]:
+    """The user's text back, streamed word by word (each word after the first with the space
+    before it), handler option ``delay_ms`` (default 20) between words: for demos and tests.
+    ``fail_attempts`` = N makes the first N attempts fail once they have streamed the text (a
+    retry restarts the stream)."""
+    delay_s = float(ctx.option("delay_ms", 20)) / 1000
+    for i, word in enumerate(ctx.turn.text.split(" ")):
+        if i:
+            await asyncio.sleep(delay_s)
+        yield word if i == 0 else f" {word}"
+    if ctx.attempt <= int(ctx.option("fail_attempts", 0)):
+        raise HandlerError(f"injected failure on attempt {ctx.attempt}, after its text")
 
 
 @register("noop")

@@ -25,6 +25,7 @@ from worker import handlers
 from worker.intake import Fields
 from worker.job import UserJob
 from worker.settings import WorkerSettings
+from worker.streams import StreamFlusher
 from worker.tally import TurnTally
 from worker.tier_policy import TierPolicy
 
@@ -85,6 +86,7 @@ class Host:
         self.settings = settings
         self.worker_id, self.tier, self.pool = settings.worker_id, settings.tier, settings.pool
         self.store = store
+        self.streams = StreamFlusher(store, settings.stream_flush_ms / 1000)  # streamed turns' flushes
         self.tier_policy = tier_policy
         self.jobs = jobs
         self.tally = tally

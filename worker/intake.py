@@ -5,8 +5,8 @@ A turn arrives in the user's inbox in one of two forms:
   copies of its ``turn_id`` and ``tier`` (the worker's scripts read them; an entry with ``m``
   alone is served the same, its pack read by the worker instead);
 - plain: fields ``text`` and optionally ``turn_id`` (default: the inbox entry id), ``tier``
-  (default: the tier of the worker that reads it) and ``meta`` (a JSON object), which any
-  Redis client can write. Replies to plain turns are JSON.
+  (default: the tier of the worker that reads it), ``meta`` (a JSON object) and ``stream``
+  (``1``: a streamed turn), which any Redis client can write. Replies to plain turns are JSON.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def _plain(user: str, tier: str, entry: str, fields: Fields) -> Turn:
     tier = fields.get(b"tier", tier.encode()).decode(errors="replace")
     ts = entry.split("-", 1)[0]
     body = {"turn_id": turn_id, "user": user, "tier": tier, "text": text,
-            "ts": int(ts) / 1000 if ts.isascii() and ts.isdigit() else 0.0, "meta": meta, "reply_fmt": "json"}
+            "ts": int(ts) / 1000 if ts.isascii() and ts.isdigit() else 0.0, "meta": meta, "reply_fmt": "json",
+            "stream": fields.get(b"stream", b"0") in (b"1", b"true")}
     return validate(Turn, body)
 
 

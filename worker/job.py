@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from protocol.codec import CodecError, encode
@@ -38,10 +38,11 @@ from stores.deadletters import DeadKind
 from stores.memory import new_member
 from stores.redis_errors import RedisErrors, error_kind
 from stores.retry import TRANSIENT, Backoff
-from stores.turns import Busy, Fenced, Lease, NextTurn, Pulled, UserDataError, UserStore, Writes
+from stores.turns import Busy, Fenced, Lease, NextTurn, Pulled, StreamTail, UserDataError, UserStore, Writes
 from worker import handlers
 from worker.intake import Fields, decode_entry, reply_route
 from worker.settings import WorkerSettings
+from worker.streams import StreamFlusher, StreamWriter
 from worker.tally import Result, TurnTally
 
 log = logging.getLogger("fleet.worker")
@@ -49,7 +50,7 @@ _RETRY_BACKOFF = Backoff(base=0.2, cap=5.0)  # between a failed handler call and
 Deferred = list[tuple[str, bytes]]  # a turn's deferrals: (job id, msgpack Deferral)
 # what a rejection may leave unwritten when its key holds the wrong type (see Writes.without):
 # the cursor (state) and the inbox it cannot do without
-_REJECTION_SPARES = frozenset({"done", "reply", "usage"})
+_REJECTION_SPARES = frozenset({"done", "reply", "usage", "stream"})
 
 
 class JobHost(Protocol):
@@ -62,6 +63,7 @@ class JobHost(Protocol):
     store: UserStore
     tally: TurnTally  # its turn counts since it started
     redis_errors: RedisErrors  # the worker's Redis errors: each kind logged once, all counted
+    streams: StreamFlusher  # streamed turns' text, flushed to their reply streams
 
     @property
     def draining(self) -> bool: ...  # the worker hands its users on instead of serving more turns
@@ -325,7 +327,7 @@ class UserJob:
         except UserDataError as exc:
             return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt,
                                       f"the user's data cannot be used: {exc}", "user_data",
-                                      attempts=0, submitted=turn.ts, unusable=exc.roles)
+                                      attempts=0, submitted=turn.ts, unusable=exc.roles, stream=turn.stream)
 
     async def _attempts(self, lease: Lease, nxt: NextTurn, turn: Turn) -> Done:
         """Run the handler on ``turn`` up to ``max_attempts`` times and commit its answer (or its
@@ -343,12 +345,18 @@ class UserJob:
             if pulled.attempts > self.host.policy.max_attempts:
                 reason = f"failed {pulled.attempts - 1} attempts; last: {last_error}"
                 return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt, reason, "attempts",
-                                          attempts=pulled.attempts - 1, submitted=turn.ts)
+                                          attempts=pulled.attempts - 1, submitted=turn.ts, stream=turn.stream)
+            writer = (self.host.streams.writer(lease, entry, turn.turn_id, pulled.attempts,
+                                               self.host.settings.max_reply_bytes) if turn.stream else None)
             try:
-                result, deferred = await self._call_handler(lease, turn, pulled)
+                result, deferred = await self._call_handler(lease, turn, pulled, writer)
             except asyncio.CancelledError:
+                if writer is not None:  # (the lane was lost, or the worker stops: no more flushes)
+                    writer.abandon()
                 raise
             except Exception as exc:  # the handler's failure: retried, then dead-lettered
+                if writer is not None:
+                    await writer.close()
                 last_error = f"{type(exc).__name__}: {exc}"[:500]
                 self.host.tally.errors += 1
                 log.warning("turn %s of %s, attempt %d: %s", turn.turn_id, self.user,
@@ -357,6 +365,8 @@ class UserJob:
                 pulled = None
                 continue
             writes = self._answer(entry, turn, pulled, result, deferred)
+            if writer is not None:  # the text not flushed yet and the stream's end, with the reply
+                writes = replace(writes, stream=await writer.tail("ok"))
             return await self._commit(lease, entry, turn.turn_id, writes, "ok", turn.ts)
 
     async def _admit(self, lease: Lease, nxt: NextTurn) -> Turn | Done:
@@ -377,19 +387,22 @@ class UserJob:
             if not await self.host.tier_defined(turn.tier):  # no worker will ever serve it
                 return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt,
                                           f"tier {turn.tier!r} has no policy: no worker serves it",
-                                          "no_policy", attempts=0, submitted=turn.ts)
+                                          "no_policy", attempts=0, submitted=turn.ts, stream=turn.stream)
             raise OtherTier(await self.host.pool_of(self.user, turn.tier))
         pool = await self.host.pool_of(self.user, turn.tier)  # a user moving group: the next turn is
         if pool != self.host.pool:  # the new group's (the attempt the acquire counted is taken back)
             raise OtherTier(pool, entry if nxt.pulled is not None else None)
         return turn
 
-    async def _call_handler(self, lease: Lease, turn: Turn, pulled: Pulled) -> tuple[HandlerResult, Deferred]:
+    async def _call_handler(self, lease: Lease, turn: Turn, pulled: Pulled,
+                            writer: StreamWriter | None = None) -> tuple[HandlerResult, Deferred]:
         """Run the tier's handler on the turn: its result and what it deferred (this attempt's
-        only: a failed attempt's deferrals go with it). Its exceptions are the caller's to count."""
+        only: a failed attempt's deferrals go with it); what it emits goes to ``writer`` (a
+        streamed turn's). Its exceptions are the caller's to count."""
         host = self.host
         ctx = handlers.TurnContext(turn, pulled.pack, dict(host.policy.handler_options),
-                                   host.worker_id, pulled.attempts, lease.owner, host.protect)
+                                   host.worker_id, pulled.attempts, lease.owner, host.protect,
+                                   emitter=writer.emit if writer is not None else None)
         if pulled.attempts == 1:  # (a turn's first attempt is pulled once, whichever worker it is)
             host.tally.observe("queue_wait", time.time() - turn.ts)
         else:
@@ -435,15 +448,17 @@ class UserJob:
 
     async def _reject(self, lease: Lease, nxt: NextTurn, reply_to: str, fmt: str, reason: str,
                       kind: DeadKind, attempts: int, submitted: float | None = None,
-                      unusable: frozenset[str] = frozenset()) -> Done:
+                      unusable: frozenset[str] = frozenset(), stream: bool = False) -> Done:
         """Dead-letter a turn with its reason and tell the user; the lane moves on. The keys of
         ``unusable`` (and any the commit finds of the wrong type) are left unwritten: a rejection
-        needs only the cursor and the inbox (else ``Unanswerable``)."""
+        needs only the cursor and the inbox (else ``Unanswerable``). A streamed turn's stream
+        gets its end (after a 'restart' if attempts may have streamed text: it is no answer)."""
         await self.host.dead_letter(self.user, nxt.entry, reply_to, reason, nxt.fields, kind)
         reply = Reply(turn_id=reply_to, user=self.user, ok=False, error=reason,
                       worker=self.host.worker_id, ts=time.time(), attempts=attempts)
         writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt),
-                        usage={"errors": 1, "handler_ms": round(self.turn_handler_s * 1000)})
+                        usage={"errors": 1, "handler_ms": round(self.turn_handler_s * 1000)},
+                        stream=StreamTail(attempts, "error", restart=attempts > 0) if stream else None)
         while True:
             try:
                 return await self._commit(lease, nxt.entry, reply_to, writes.without(unusable), "error",

@@ -61,7 +61,10 @@ class WorkerSettings(BaseSettings):
     session_max: int = Field(200, ge=1, description="turns kept in a user's session")
     context_turns: int = Field(20, ge=0, description="the newest session turns given to the handler")
     memory_k: int = Field(5, ge=0, description="memories given to the handler")
-    reply_ttl_s: int = Field(3600, ge=1, description="seconds a reply waits for its reader")
+    reply_ttl_s: int = Field(3600, ge=1, description="seconds a reply (and a streamed turn's reply "
+                             "stream) waits for its reader")
+    stream_flush_ms: int = Field(20, ge=0, le=10_000, description="a streamed turn's emitted text is "
+                                 "written to its reply stream this often (every turn's in one round trip)")
     handler_trace: str | None = Field(
         None, description="append a JSON line per handler entry and exit here (exclusivity checks)")
     # Kubernetes (the downward API: metadata.name, spec.nodeName); see docs/guide/kubernetes.md

@@ -16,6 +16,7 @@
 -- KEYS[10] fleet:u:{U}:outbox   stream of deferred jobs (fields job, d) the relay moves to RQ
 -- KEYS[11] fleet:u:{U}:fence    (retention only)
 -- KEYS[12] fleet:u:{U}:pins     (retention only)
+-- KEYS[13] fleet:u:{U}:stream:<turn_id>  optional: the turn's reply stream (a streamed turn)
 -- ARGV[1]  "<worker>|<token>"
 -- ARGV[2]  inbox entry id of the turn: must be the first entry after the cursor
 -- ARGV[3]  turn id to remember as answered ('' = none)
@@ -35,6 +36,10 @@
 -- ARGV[last] optional, after the pairs: the retention in ms (an integer); > 0: every key of the user but the
 --          lane and the reply expires that long after this commit; 0: none expires (an expiry
 --          an earlier commit set is removed)
+-- ARGV[last+1 .. last+4] optional, after the retention (with KEYS[13]): a streamed turn's tail,
+--          written to its reply stream with the reply (include/stream_write): the attempt, '1' to
+--          write a 'restart' entry first (else '0'), the text not flushed yet ('' = none), and
+--          the end status (ok, error, cancelled, expired): the 'end' entry that closes the stream
 --
 -- Returns {result, released, next}:
 --   result  'ok'; 'stale' if the entry is not the next one after the cursor (already done:
@@ -57,6 +62,7 @@ local K = {state = KEYS[2], inbox = KEYS[3], session = KEYS[4], profile = KEYS[8
            memory = KEYS[9], done = KEYS[5]}
 -- @include key_types
 -- @include next_turn
+-- @include stream_write
 
 local function finish(result, cursor)
   local token = string.match(ARGV[1], '|(%d+)$')
@@ -95,8 +101,12 @@ end
 -- every argument, then every key it writes, checked before the first write
 local np, nm, nu, nd = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
 local pairs_end = 17 + 2 * ((np or 0) + (nm or 0) + (nu or 0) + (nd or 0))
-if not (np and nm and nu and nd) or (#ARGV ~= pairs_end and #ARGV ~= pairs_end + 1) then
+local streamed = #ARGV == pairs_end + 5
+if not (np and nm and nu and nd) or (#ARGV ~= pairs_end and #ARGV ~= pairs_end + 1 and not streamed) then
   return redis.error_reply('BADARGS pair counts do not match the arguments')
+end
+if streamed and (#KEYS < 13 or not tonumber(ARGV[pairs_end + 2]) or ARGV[pairs_end + 5] == '') then
+  return redis.error_reply('BADARGS a streamed tail needs its stream key, an attempt and a status')
 end
 local first_mem, first_use = 18 + 2 * np, 18 + 2 * (np + nm)
 local first_def = 18 + 2 * (np + nm + nu)
@@ -113,6 +123,7 @@ if np > 0 then checks[#checks + 1] = {'profile', KEYS[8], 'hash'} end
 if nm > 0 then checks[#checks + 1] = {'memory', KEYS[9], 'zset'} end
 if nu > 0 then checks[#checks + 1] = {'usage', KEYS[7], 'hash'} end
 if nd > 0 then checks[#checks + 1] = {'outbox', KEYS[10], 'stream'} end
+if streamed then checks[#checks + 1] = {'stream', KEYS[13], 'stream'} end
 wrong = wrong_types(checks)
 if #wrong > 0 then
   return {'wrongtype', 0, {}, wrong}
@@ -141,6 +152,10 @@ end
 if ARGV[6] ~= '' then
   redis.call('RPUSH', KEYS[6], ARGV[6])
   redis.call('PEXPIRE', KEYS[6], ARGV[7])
+end
+if streamed then  -- after the reply: a reader that sees 'end' finds the reply there
+  stream_write(KEYS[13], ARGV[pairs_end + 2], ARGV[pairs_end + 3], ARGV[pairs_end + 4],
+               ARGV[pairs_end + 5], ARGV[7])
 end
 for i = 18, first_mem - 1, 2 do
   redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 1])

@@ -16,10 +16,10 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from fleet.client import AsyncFleet
+from fleet.client import AsyncFleet, Restart
 from protocol import keys
 from protocol.codec import decode
-from protocol.models import SessionEntry
+from protocol.models import Reply, SessionEntry
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 from stores.registry import read_registry
@@ -109,6 +109,36 @@ def test_turns_of_users_on_every_master_are_all_answered_in_order(
     assert len(masters) == 3  # the users' keys live on every master
 
     answered_in_order(redis_cluster.role_url("fleet-client"), rc, names, turns)
+
+
+def test_streamed_turns_on_a_cluster(redis_cluster: RedisClusterRig, rc: redis.Redis,
+                                     start_workers: Callable[[int], object]) -> None:
+    """Streamed replies on every master: the chunks, a retried attempt's restart, the reply."""
+    write_policy(rc, "chat", TurnsPolicy(handler="echo_stream", handler_options={"delay_ms": 30}))
+    start_workers(1)
+    names = [f"s{i}" for i in range(6)]
+    assert len({redis_cluster.master_of_slot(key_slot(keys.inbox(u).encode())).port for u in names}) == 3
+
+    async def run() -> list[list[object]]:
+        fleet = AsyncFleet(redis_cluster.role_url("fleet-client"))
+
+        async def one(user: str) -> list[object]:
+            meta = {"fail_attempts": 1} if user == "s0" else None
+            return [item async for item in fleet.stream(user, f"hello {user} there", timeout=30, meta=meta)]
+
+        try:
+            return await asyncio.gather(*(one(u) for u in names))
+        finally:
+            await fleet.aclose()
+
+    for user, items in zip(names, asyncio.run(run()), strict=True):
+        reply = items[-1]
+        assert isinstance(reply, Reply) and reply.ok and reply.text == f"hello {user} there", user
+        after = items[max((i for i, x in enumerate(items) if isinstance(x, Restart)), default=-1) + 1:-1]
+        assert "".join(str(x) for x in after) == reply.text, user
+        assert any(isinstance(x, Restart) for x in items) == (user == "s0"), user
+        last = rc.xrevrange(keys.stream(user, reply.turn_id), count=1)
+        assert last[0][1] == {b"k": b"end", b"status": b"ok"}, user
 
 
 def test_the_cli_submits_and_shows_status_on_a_cluster(

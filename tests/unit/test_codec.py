@@ -196,3 +196,14 @@ def test_turn_fields_are_validated_in_the_codec(body: dict[str, Any], field: str
 def test_model_constraints_are_codec_errors(model: type[BaseModel], body: dict[str, Any]) -> None:
     with pytest.raises(CodecError):
         decode(model, _packed({"v": 1, **body}))
+
+
+def test_a_turn_not_streamed_encodes_as_before_streams() -> None:
+    import msgpack
+
+    from protocol.models import Turn
+
+    plain = Turn(turn_id="t", user="u", text="x", ts=1.0)
+    streamed = Turn(turn_id="t", user="u", text="x", ts=1.0, stream=True)
+    assert "stream" not in msgpack.unpackb(encode(plain))  # a worker without the field reads it
+    assert decode(Turn, encode(streamed)).stream and not decode(Turn, encode(plain)).stream

@@ -45,6 +45,7 @@ PER_USER: dict[str, Callable[[str], str]] = {
     "done": keys.done,
     "usage": keys.usage,
     "reply": lambda u: keys.reply(u, "turn-1"),
+    "stream": lambda u: keys.stream(u, "turn-1"),
 }
 PER_TIER_TAGGED: dict[str, Callable[[str], str]] = {
     "ready": keys.ready,
@@ -95,6 +96,12 @@ def test_all_per_user_keys_of_one_user_share_a_slot(user: str) -> None:
 def test_per_user_keys_are_distinct() -> None:
     built = [build("alice") for build in PER_USER.values()]
     assert len(set(built)) == len(built)
+
+
+def test_stream_key_names_the_turn_in_the_users_slot() -> None:
+    assert keys.stream("alice", "t-1") == "fleet:u:{alice}:stream:t-1"
+    assert keys.user_keys("alice").stream("t-1") == keys.stream("alice", "t-1")
+    assert key_slot(keys.stream("alice", "t-1")) == key_slot(keys.inbox("alice"))
 
 
 def test_reply_key_names_the_turn() -> None:

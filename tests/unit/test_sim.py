@@ -260,3 +260,31 @@ def test_a_controlled_schedule_says_when_its_moment_never_came_and_raises_what_i
     with pytest.raises(ValueError, match="unknown fault"):
         scenario.run()
     assert scenario.unfired() == ["never (0 of 1)"]
+
+
+# --- streamed turns ----------------------------------------------------------------------------
+STREAMED = Workload(workers=2, users=3, turns=3, concurrency=2, ghosts=False, streamed=True)
+# found by the planted bug below: a lane lost to a pause or an expiry mid-turn, its turn retried
+STREAM_SEEDS = [31, 45, 83, 99]
+UNFENCED_FLUSH = ("if redis.call('GET', KEYS[1]) ~= ARGV[1] then\n  return 'fenced'",
+                  "if false then\n  return 'fenced'")
+
+
+def streamed(seed: int) -> Schedule:
+    return Schedule(seed=seed, workload=STREAMED, max_faults=3, fault_rate=0.003)
+
+
+@pytest.mark.parametrize("seed", [*STREAM_SEEDS, *range(1, 9)])
+def test_streamed_turns_hold_under_faults(seed: int) -> None:
+    """Each stream's chunks are of the attempt its last restart began, it ends once with its
+    reply, and its text after the last restart is the reply's (``checks._stream``)."""
+    got = run(streamed(seed))
+    assert got.ok, [str(v) for v in got.violations]
+
+
+def test_a_flush_that_is_not_fenced_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush written without the lane: the worker that lost it adds its old attempt's text
+    after the new attempt's restart."""
+    plant(monkeypatch, "stream_append", UNFENCED_FLUSH)
+    kinds = {v.kind for seed in STREAM_SEEDS for v in run(streamed(seed)).violations}
+    assert "stream" in kinds

@@ -81,7 +81,7 @@ from stores import (
     worker_ops,
 )
 from stores.functions import NAMES, Functions, function_name, source
-from stores.turns import Lease, StoreConfig, UserStore, Writes
+from stores.turns import Lease, StoreConfig, StreamTail, UserStore, Writes
 
 STORES_DIR = Path(stores.__file__).resolve().parent
 USERS = ("alice", "bob.7", "c+d@x")
@@ -150,7 +150,7 @@ SINGLE_KEY = {  # key = args[1]; each name here was checked to take one key
     "SADD", "SREM", "SMEMBERS", "SISMEMBER", "SCARD",
     "ZADD", "ZSCAN", "ZREM", "ZCOUNT", "ZCARD", "ZSCORE", "ZRANGE", "ZREVRANGE", "ZREMRANGEBYSCORE",
     "ZREMRANGEBYRANK",
-    "LPUSH", "RPUSH", "LRANGE", "LLEN", "LTRIM",
+    "LPUSH", "RPUSH", "LPOP", "LRANGE", "LLEN", "LTRIM",
     "XADD", "XRANGE", "XREVRANGE", "XLEN", "XTRIM", "XDEL", "XACK", "XCLAIM", "XAUTOCLAIM",
     "XPENDING", "XGROUP CREATE", "XGROUP DESTROY", "XGROUP DELCONSUMER", "XGROUP CREATECONSUMER",
     "XGROUP SETID", "XINFO GROUPS", "XINFO CONSUMERS", "XINFO STREAM",
@@ -327,6 +327,8 @@ def drive_sync(r: redis.Redis) -> None:
     tier_exists.tier_exists(r, "solo")  # no policy: its workers' heartbeats are read
     r.rpush(keys.reply(USERS[0], "t-x"), b"r")
     submit.wait_reply(r, USERS[0], "t-x", 0.01)
+    submit.read_stream(r, USERS[0], "t-x", "0-0", 1)
+    submit.read_stream_rest(r, USERS[0], "t-x", "0-0")
     # registry
     registry.read_entries(r)
     registry.read_registry(r)
@@ -455,9 +457,11 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         entry = entries[0][0]
         await store.pull(user, "t-1", entry)
         await store.uncount(user, entry, res)
+        await store.append_stream(res, entry, "t-1", 1, "chunk")
         await store.commit(res, entry, "t-1", Writes(turn_id="t-1", session_entry=b"s", reply=b"r",
                                                       profile={"k": "v"}, memories=[(b"m", 1.0)],
-                                                      usage={"turns": 1}, deferrals=[("j-0", b"d")]),
+                                                      usage={"turns": 1}, deferrals=[("j-0", b"d")],
+                                                      stream=StreamTail(1, "ok", "rest")),
                            int(time.time() * 1000))
     await store.acquire("nobody")  # nothing waits: the lane is not taken
     await store.renew(leases)
@@ -550,6 +554,8 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.live_ids": "a set of ids",
     "stores.cluster.is_cluster": "an isinstance test",
     "stores.erase.Erased": "a value",
+    "stores.turns.StreamTail": "a value",
+    "stores.users.TurnInProgress": "a value",
     "stores.bad_state.BadEntry.as_json": "a value",
     "stores.bad_state.BadState.note": "logs and counts a bad entry",
     "stores.bad_state.shown": "formats a value",

@@ -1,0 +1,136 @@
+"""The worker's stream writers: flushed by one timer for all turns, resent whole after a flush
+whose outcome is unknown, and handing the rest to the commit."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from stores.turns import Lease, StreamTail
+from worker.streams import StreamFlusher, StreamWriter
+
+
+class FakeStore:
+    """``UserStore.append_stream``: records each call (with the loop pass it was made in)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, str, bool, int]] = []
+        self.fail: list[BaseException] = []
+        self.answer = "ok"
+        self.gate: asyncio.Event | None = None
+
+    async def append_stream(self, lease: Lease, entry: str, turn_id: str, attempt: int, text: str,
+                            restart: bool = False) -> str:
+        self.calls.append((turn_id, attempt, text, restart, id(asyncio.current_task())))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise self.fail.pop(0)
+        return self.answer
+
+
+def writer(store: FakeStore, turn: str = "t1", attempt: int = 1, flush_s: float = 0.01,
+           flusher: StreamFlusher | None = None) -> StreamWriter:
+    f = flusher or StreamFlusher(store, flush_s)  # type: ignore[arg-type]
+    return f.writer(Lease("alice", "w|1", ""), "1-0", turn, attempt, 1000)
+
+
+async def settle(store: FakeStore, calls: int) -> None:
+    for _ in range(200):
+        if len(store.calls) >= calls:
+            break
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.02)
+
+
+async def test_the_turns_buffers_are_flushed_together_each_interval() -> None:
+    store = FakeStore()
+    flusher = StreamFlusher(store, 0.02)  # type: ignore[arg-type]
+    a, b = writer(store, "a", flusher=flusher), writer(store, "b", flusher=flusher)
+    a.emit("one ")
+    a.emit("two")
+    b.emit("x")
+    await settle(store, 2)
+    assert sorted(c[:4] for c in store.calls) == [("a", 1, "one two", False), ("b", 1, "x", False)]
+    assert len(flusher._due) == 0
+
+
+async def test_a_later_attempt_starts_with_a_restart_once() -> None:
+    store = FakeStore()
+    w = writer(store, attempt=2)
+    w.emit("a")
+    await settle(store, 1)
+    w.emit("b")
+    await settle(store, 2)
+    assert [c[2:4] for c in store.calls] == [("a", True), ("b", False)]
+
+
+async def test_a_failed_flush_is_resent_whole_after_a_restart() -> None:
+    store = FakeStore()
+    w = writer(store)
+    w.emit("a")
+    await settle(store, 1)
+    store.fail.append(RedisConnectionError("lost"))
+    w.emit("b")
+    await settle(store, 3)
+    assert [c[2:4] for c in store.calls] == [("a", False), ("b", False), ("ab", True)]
+
+
+async def test_the_tail_waits_for_the_flush_in_flight_and_takes_the_rest() -> None:
+    store = FakeStore()
+    store.gate = asyncio.Event()
+    w = writer(store, flush_s=0.0)
+    w.emit("a")
+    await settle(store, 1)  # in flight, held
+    w.emit("b")
+    tail = asyncio.ensure_future(w.tail("ok"))
+    await asyncio.sleep(0.02)
+    assert not tail.done()
+    store.gate.set()
+    assert await tail == StreamTail(1, "ok", "b", False)
+    w.emit("late")  # after the attempt: dropped
+    await asyncio.sleep(0.03)
+    assert [c[2] for c in store.calls] == ["a"]
+
+
+@pytest.mark.parametrize("answer", ["fenced", "done", "wrongtype"])
+async def test_a_refused_flush_stops_the_stream(answer: str) -> None:
+    store = FakeStore()
+    store.answer = answer
+    w = writer(store, attempt=2)
+    w.emit("a")
+    await settle(store, 1)
+    w.emit("b")
+    await asyncio.sleep(0.05)
+    assert len(store.calls) == 1 and w.stopped == answer
+    assert await w.tail("ok") == StreamTail(2, "ok", "", True)
+
+
+async def test_emits_from_a_thread_arrive_in_order() -> None:
+    store = FakeStore()
+    w = writer(store, flush_s=0.05)
+
+    def emit_all() -> None:
+        for i in range(50):
+            w.emit(f"{i},")
+
+    thread = threading.Thread(target=emit_all)
+    thread.start()
+    await asyncio.to_thread(thread.join)
+    tail: Any = await w.tail("ok")
+    sent = "".join(c[2] for c in store.calls) + tail.text
+    assert sent == "".join(f"{i}," for i in range(50))
+
+
+async def test_text_over_the_limit_is_not_streamed() -> None:
+    store = FakeStore()
+    w = writer(store)
+    w.emit("x" * 999)
+    w.emit("yy")
+    assert w.stopped == "too long" and w.pending == []
+    await asyncio.sleep(0.03)
+    assert store.calls == []
