@@ -22,7 +22,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import redis
 import redis.asyncio as aioredis
@@ -34,6 +34,7 @@ from protocol.ids import validate_tier, validate_user_id
 from protocol.models import MAX_TEXT_CHARS, Reply, Turn
 from protocol.policy import TurnsPolicy
 from stores.backlog import no_free_slot
+from stores.cancel import Cancel, cancel_turn
 from stores.cluster import is_cluster
 from stores.connection import HandshakeTimeout, NoFleetFound, connect_async, connect_sync
 from stores.erase import Erased, connection_user, delete_user, who
@@ -54,7 +55,8 @@ from stores.submit import (
 from stores.submit_options import OPTIONS_TTL_S, SubmitOptions, read_submit_options, split_by_pool
 from stores.tier_exists import tier_exists
 
-__all__ = ["AsyncFleet", "Erased", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeout", "TurnTooLarge",
+__all__ = ["AsyncFleet", "Cancel", "Erased", "Fleet", "SubmitNotNotified", "TurnHandle", "TurnTimeout",
+           "TurnTooLarge",
            "UnknownTier"]
 
 DEFAULT_MAX_TURN_BYTES = 64 * 1024
@@ -123,13 +125,26 @@ class TurnHandle:
         return self._reply
 
 
+def deadline_of(deadline: float | None, timeout_s: float | None) -> float | None:
+    """A turn's deadline (unix seconds) from an absolute ``deadline`` or a ``timeout_s`` from now
+    (at most one of them); None: no limit."""
+    if deadline is not None and timeout_s is not None:
+        raise ValueError("give a turn a deadline or timeout_s, not both")
+    if timeout_s is not None:
+        if not 0 < timeout_s < float("inf"):
+            raise ValueError(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
+        return time.time() + timeout_s
+    return deadline
+
+
 def _build_turn(user: str, text: str, tier: str, meta: Mapping[str, Any] | None,
-                turn_id: str | None, max_bytes: int) -> tuple[Turn, bytes]:
+                turn_id: str | None, max_bytes: int, deadline: float | None = None) -> tuple[Turn, bytes]:
     if len(text) > MAX_TEXT_CHARS:  # checked here, not by pydantic: a documented error, not a ValidationError
         raise TurnTooLarge(f"turn text of {len(text)} characters is over the limit of "
                            f"{MAX_TEXT_CHARS} characters")
     turn = Turn(turn_id=turn_id or uuid.uuid4().hex, user=validate_user_id(user),
-                tier=validate_tier(tier), text=text, ts=time.time(), meta=dict(meta or {}))
+                tier=validate_tier(tier), text=text, ts=time.time(), meta=dict(meta or {}),
+                deadline=deadline)
     payload = encode(turn)
     if len(payload) > max_bytes:
         raise TurnTooLarge(f"turn of {len(payload)} bytes (encoded, with its meta) is over the limit "
@@ -152,9 +167,10 @@ class _ClientCore:
 
     @staticmethod
     def build(turns: Iterable[tuple[str, str]], tier: str, meta: Mapping[str, Any] | None,
-              turn_ids: list[str | None] | None, max_bytes: int) -> Built:
-        """The turns, validated and encoded; raises ``InvalidId`` / ``TurnTooLarge``."""
-        return [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None, max_bytes)
+              turn_ids: list[str | None] | None, max_bytes: int, deadline: float | None = None) -> Built:
+        """The turns, validated and encoded; raises ``InvalidId`` / ``TurnTooLarge`` (and
+        ``ValueError`` for a bad deadline)."""
+        return [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None, max_bytes, deadline)
                 for i, (u, t) in enumerate(turns)]
 
     def submit(self, built: Built, create_tier: bool) -> Op[None]:
@@ -254,22 +270,30 @@ class Fleet:
         self._core.options.clear()
 
     def submit(self, user: str, text: str, tier: str = "chat", meta: Mapping[str, Any] | None = None,
-               turn_id: str | None = None, *, create_tier: bool = False) -> TurnHandle:
+               turn_id: str | None = None, *, create_tier: bool = False, deadline: float | None = None,
+               timeout_s: float | None = None) -> TurnHandle:
         """Enqueue one turn; raises ``InvalidId`` / ``TurnTooLarge`` / ``UnknownTier`` before
-        writing anything."""
+        writing anything.
+
+        ``deadline`` (unix seconds) or ``timeout_s`` (seconds from now), at most one: a worker
+        that reaches the turn later answers it ``expired`` without running the handler, and a
+        running handler sees it as ``ctx.deadline``. Neither: no limit."""
         return self.submit_many([(user, text)], tier=tier, meta=meta, turn_ids=[turn_id],
-                                create_tier=create_tier)[0]
+                                create_tier=create_tier, deadline=deadline, timeout_s=timeout_s)[0]
 
     def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                     meta: Mapping[str, Any] | None = None,
                     turn_ids: list[str | None] | None = None, *,
-                    create_tier: bool = False) -> list[TurnHandle]:
+                    create_tier: bool = False, deadline: float | None = None,
+                    timeout_s: float | None = None) -> list[TurnHandle]:
         """Enqueue many ``(user, text)`` turns in one script call and round trip, in the given order
         (on Redis Cluster: every inbox entry, then every notification).
 
-        ``create_tier=True`` writes the default policy of a tier that does not exist yet.
+        ``create_tier=True`` writes the default policy of a tier that does not exist yet;
+        ``deadline`` / ``timeout_s`` as ``submit``'s, the same for every turn.
         """
-        built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes)
+        built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes,
+                                 deadline_of(deadline, timeout_s))
         if built:
             for attempt in Retrying(**_retrying(self.retry_s)):
                 with attempt:
@@ -280,6 +304,20 @@ class Fleet:
         """Wait for every handle, sharing one deadline."""
         deadline = time.monotonic() + timeout
         return [h.result(max(0.01, deadline - time.monotonic())) for h in handles]
+
+    def cancel(self, user: str, turn_id: str) -> Cancel:
+        """Stop ``user``'s turn ``turn_id``: a queued turn is answered ``cancelled`` without
+        running; a running one has its handler stopped (an async handler's task is cancelled, a
+        sync handler sees ``ctx.cancelled``) and is answered ``cancelled`` with what it had
+        streamed (in the session, marked ``cut``, when it streamed anything). The user's next
+        turn is served at once. Exactly one reply per turn: a turn answered already is left as
+        it is (``outcome`` ``answered``, with its reply's ``status`` if still unread), an unknown
+        id says so (``unknown``). ``str()`` of the result is a sentence for a person. Sent
+        again, like a submit, while Redis is away (a cancel recorded twice is one cancel)."""
+        for attempt in Retrying(**_retrying(self.retry_s)):
+            with attempt:
+                return cancel_turn(self.r, user, turn_id)
+        raise AssertionError("unreachable: tenacity returns or raises")
 
     def delete_user(self, user: str) -> Erased:
         """Erase every key of ``user`` (inbox, lane, state, session, memory, profile, usage,
@@ -329,17 +367,22 @@ class AsyncFleet:
 
     async def submit(self, user: str, text: str, tier: str = "chat",
                      meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
-                     create_tier: bool = False) -> Turn:
-        """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
-        return (await self.submit_many([(user, text)], tier, meta, [turn_id], create_tier=create_tier))[0]
+                     create_tier: bool = False, deadline: float | None = None,
+                     timeout_s: float | None = None) -> Turn:
+        """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs). ``deadline`` /
+        ``timeout_s`` as ``Fleet.submit``'s."""
+        return (await self.submit_many([(user, text)], tier, meta, [turn_id], create_tier=create_tier,
+                                        deadline=deadline, timeout_s=timeout_s))[0]
 
     async def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                           meta: Mapping[str, Any] | None = None,
                           turn_ids: list[str | None] | None = None, *,
-                          create_tier: bool = False) -> list[Turn]:
+                          create_tier: bool = False, deadline: float | None = None,
+                          timeout_s: float | None = None) -> list[Turn]:
         """``Fleet.submit_many`` on asyncio: the turns, in the given order (one script call and
         round trip; on Redis Cluster every inbox entry, then every notification)."""
-        built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes)
+        built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes,
+                                 deadline_of(deadline, timeout_s))
         if built:
             async for attempt in AsyncRetrying(**_retrying(self.retry_s)):
                 with attempt:
@@ -356,10 +399,23 @@ class AsyncFleet:
         raise AssertionError("unreachable: tenacity returns or raises")
 
     async def ask(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
-                  meta: Mapping[str, Any] | None = None, *, create_tier: bool = False) -> Reply:
-        """Submit and wait."""
-        turn = await self.submit(user, text, tier, meta, create_tier=create_tier)
+                  meta: Mapping[str, Any] | None = None, *, create_tier: bool = False,
+                  deadline: float | Literal["timeout"] | None = "timeout") -> Reply:
+        """Submit and wait up to ``timeout`` seconds. The turn's deadline is the end of that wait
+        (nobody reads a reply after it: a worker that reaches the turn later answers it
+        ``expired``), unless ``deadline`` gives one (unix seconds) or None (no limit)."""
+        if deadline == "timeout":
+            turn = await self.submit(user, text, tier, meta, create_tier=create_tier, timeout_s=timeout)
+        else:
+            turn = await self.submit(user, text, tier, meta, create_tier=create_tier, deadline=deadline)
         return await self.wait(user, turn.turn_id, timeout)
+
+    async def cancel(self, user: str, turn_id: str) -> Cancel:
+        """``Fleet.cancel`` on asyncio."""
+        async for attempt in AsyncRetrying(**_retrying(self.retry_s)):
+            with attempt:
+                return await cancel_turn(self.r, user, turn_id)
+        raise AssertionError("unreachable: tenacity returns or raises")
 
     async def delete_user(self, user: str) -> Erased:
         """``Fleet.delete_user`` on asyncio (the ``fleet-operator`` role's credentials)."""
