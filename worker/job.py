@@ -432,6 +432,10 @@ class UserJob:
             if ctx.cancelled and call.cancelled() and task is not None and not task.cancelling():
                 raise TurnCancelled(ctx.emitted) from None  # this handler's cancel, not the job's
             raise
+        except Exception:
+            if ctx.cancelled:  # (what a cancelled handler raises, its cleanup's error, is no failure)
+                raise TurnCancelled(ctx.emitted) from None
+            raise
         finally:
             self.running = None
             host.trace_handler("exit", ctx)

@@ -179,3 +179,36 @@ def test_a_worker_obeys_a_plain_or_encoded_cancel_and_ignores_a_bad_one() -> Non
     stream.obey({b"m": encode(Control(kind="cancel", ts=1.0, user="bob", turn_id="t3", entry="3-0"))})
     assert heard == [("alice", "t1", "1-0"), ("bob", "t2", "2-0")]
     assert drained == []
+
+
+@handlers.register("t_cancel_raises")
+async def _raises_when_cancelled(ctx: handlers.TurnContext) -> HandlerResult:
+    CALLS.append(ctx.turn.text)
+    ctx.emit("partial")
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        raise RuntimeError("cleanup failed") from None  # a handler whose cleanup raises
+    return HandlerResult(text="never")
+
+
+async def test_a_cancelled_handler_that_raises_is_answered_cancelled_not_retried() -> None:
+    CALLS.clear()
+    r = fakeredis.FakeAsyncRedis()
+    await write_policy(r, "chat", TurnsPolicy(handler="t_cancel_raises", max_attempts=5))
+    w = Worker(WorkerSettings(worker_id="w1", block_ms=50), r=r)
+    run = asyncio.ensure_future(w.run())
+    fleet = AsyncFleet(client=r)
+    try:
+        turn = await fleet.submit("alice", "hi")
+        while not CALLS:
+            await asyncio.sleep(0.01)
+        got = await fleet.cancel("alice", turn.turn_id)
+        assert (got.outcome, got.worker) == ("cancelled", "w1")
+        reply = await fleet.wait("alice", turn.turn_id, 5)
+        assert (reply.status, reply.text) == ("cancelled", "partial")
+        assert CALLS == ["hi"] and w.tally.stats().retries == 0
+    finally:
+        w.drain("test over")
+        await asyncio.wait({run}, timeout=10)
+        await r.aclose()
