@@ -166,7 +166,8 @@ class TurnCollector(Collector):
         with self._lock:
             tiers = sorted(self._tiers.items())
         turns = CounterMetricFamily("fleet_turns", "Turns the tier's workers committed, by result: ok, "
-                                    "error (dead-lettered), dup (answered before), stale (committed before).",
+                                    "error (dead-lettered), dup (answered before), stale (committed before), "
+                                    "expired (reached after its deadline), cancelled (stopped by its user).",
                                     labels=["tier", "result"])
         for tier, stats in tiers:
             for result in TURN_RESULTS:

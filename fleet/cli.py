@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+import time
+from typing import Any, Literal
 
 import redis
 from redis.connection import parse_url
@@ -54,7 +55,7 @@ __all__ = ["EXIT_ERROR_REPLY", "EXIT_TIMEOUT", "EXIT_USAGE", "CliError", "build_
 
 # --- submit / chat --------------------------------------------------------------------
 def _reply_line(reply: Reply) -> str:
-    return reply.text if reply.ok else f"error: {reply.error}"
+    return reply.text if reply.ok else f"{reply.status}: {reply.error}"
 
 
 def _unknown_tier(exc: UnknownTier) -> CliError:
@@ -64,12 +65,15 @@ def _unknown_tier(exc: UnknownTier) -> CliError:
 
 
 def _streamed(client: Fleet, user: str, text: str, tier: str, timeout: float,
-              meta: dict[str, Any] | None, create_tier: bool, show: bool = True) -> Reply:
+              meta: dict[str, Any] | None, create_tier: bool, show: bool = True,
+              deadline: float | Literal["timeout"] | None = "timeout") -> Reply:
     """Submit a streamed turn and print its text as it comes (unless ``show`` is off); its reply.
     A restart starts a new line (the text after it replaces what was shown); a reply whose text
-    is not what was shown (an error, a handler that streams nothing) is printed whole."""
+    is not what was shown (an error, a handler that streams nothing) is printed whole. Its
+    deadline as ``Fleet.stream``'s."""
     shown = ""
-    for item in client.stream(user, text, tier=tier, timeout=timeout, meta=meta, create_tier=create_tier):
+    for item in client.stream(user, text, tier=tier, timeout=timeout, meta=meta, create_tier=create_tier,
+                              deadline=deadline):
         if isinstance(item, Reply):
             if show:
                 print("" if item.ok and shown and shown == item.text else
@@ -92,14 +96,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
     meta = json_object_arg(args.meta, "--meta") if args.meta else None
     client = Fleet(client=cli_client(args))
     try:
+        deadline, timeout_s = _deadline_args(args)
         if args.stream:
+            due = deadline if timeout_s is None else time.time() + timeout_s
             reply = _streamed(client, args.user, " ".join(args.text), args.tier, args.timeout, meta,
-                              args.create_tier, show=not args.json)
+                              args.create_tier, show=not args.json, deadline=due)
             if not args.json:
                 return 0 if reply.ok else EXIT_ERROR_REPLY
         else:
             handle = client.submit(args.user, " ".join(args.text), tier=args.tier, meta=meta,
-                                   create_tier=args.create_tier)
+                                   create_tier=args.create_tier, deadline=deadline, timeout_s=timeout_s)
             reply = handle.result(args.timeout)
     except TurnTooLarge as exc:
         raise CliError(f"{exc}; nothing was submitted", EXIT_USAGE) from None
@@ -110,6 +116,29 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return EXIT_TIMEOUT
     print_result(reply.model_dump(), args.json, lambda _: _reply_line(reply))
     return 0 if reply.ok else EXIT_ERROR_REPLY
+
+
+def _deadline_args(args: argparse.Namespace) -> tuple[float | None, float | None]:
+    """The turn's ``(deadline, timeout_s)``: ``--deadline``, else none with ``--no-deadline``,
+    else the end of the wait (``--timeout``): nobody reads the reply after it."""
+    if args.deadline is not None:
+        return args.deadline, None
+    return None, None if args.no_deadline else args.timeout
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """``fleet cancel``: exit 0 when the turn was cancelled or was answered already (the line
+    says which), 1 when no such turn is known."""
+    from dataclasses import asdict
+
+    from fleet.client import Fleet
+
+    try:
+        got = Fleet(client=cli_client(args)).cancel(args.user, args.turn_id)
+    except ValueError as exc:  # an invalid id, keys of the wrong type
+        raise CliError(str(exc), EXIT_USAGE) from None
+    print_result(asdict(got), args.json, lambda _: str(got))
+    return 1 if got.outcome == "unknown" else 0
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -205,7 +234,12 @@ def _add_turn_commands(sub: _Sub[Any]) -> None:
     s.add_argument("--tier", default="chat", help="tier to serve the turn (default: chat)")
     s.add_argument("--meta", help="JSON object passed to the handler")
     s.add_argument("--timeout", type=seconds_arg(0.01), default=30.0,
-                   help="seconds to wait for the reply; exit 3 if none (default: 30)")
+                   help="seconds to wait for the reply; exit 3 if none (default: 30). Also the turn's "
+                        "deadline: a worker that reaches it later answers it expired")
+    s.add_argument("--deadline", type=seconds_arg(0.01), default=None, metavar="UNIX_SECONDS",
+                   help="the turn's deadline as a unix time, instead of the end of --timeout")
+    s.add_argument("--no-deadline", action="store_true",
+                   help="no deadline: the turn is served however late a worker reaches it")
     s.add_argument("--json", action="store_true", help="print the whole reply as JSON")
     s.add_argument("--stream", action="store_true",
                    help="print the reply's text as the handler streams it (with --json: only the reply)")
@@ -214,11 +248,18 @@ def _add_turn_commands(sub: _Sub[Any]) -> None:
     s.add_argument("text", nargs="+", help=f"the turn's text (at most {MAX_TEXT_CHARS} characters)")
     s.set_defaults(func=cmd_submit)
 
+    x = sub.add_parser("cancel", help="stop a user's turn: queued, it is never run; running, its handler "
+                                      "is stopped; answered cancelled either way")
+    x.add_argument("--user", required=True, help="the turn's user")
+    x.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    x.add_argument("turn_id", help="the turn's id (fleet submit --json prints it)")
+    x.set_defaults(func=cmd_cancel)
+
     c = sub.add_parser("chat", help="chat as a user: one turn per line of stdin, each reply streamed")
     c.add_argument("--user", required=True, help="user id: 1-64 of A-Z a-z 0-9 _ . @ + -")
     c.add_argument("--tier", default="chat", help="tier to serve the turns (default: chat)")
     c.add_argument("--timeout", type=seconds_arg(0.01), default=60.0,
-                   help="seconds to wait for each reply (default: 60)")
+                   help="seconds to wait for each reply, and its turn's deadline (default: 60)")
     c.add_argument("--create-tier", action="store_true",
                    help="create the tier (its default policy) if it does not exist")
     c.set_defaults(func=cmd_chat)

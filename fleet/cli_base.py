@@ -70,7 +70,7 @@ def known_handlers() -> KnownHandlers:
 # The commands that submit turns and read replies connect as ``fleet-client``; ``fleet install``
 # (FUNCTION LOAD, which no role may) as the admin; every other command (policies, rollouts,
 # pins, dead letters, users, jobs, and the readers status, top, events) as ``fleet-operator``.
-CLIENT_COMMANDS = frozenset({"submit", "chat"})
+CLIENT_COMMANDS = frozenset({"submit", "chat", "cancel"})
 ADMIN_COMMANDS = frozenset({"install"})
 
 

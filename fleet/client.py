@@ -26,7 +26,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import redis
 import redis.asyncio as aioredis
@@ -38,6 +38,7 @@ from protocol.ids import validate_tier, validate_user_id
 from protocol.models import MAX_TEXT_CHARS, Reply, Turn
 from protocol.policy import TurnsPolicy
 from stores.backlog import no_free_slot
+from stores.cancel import Cancel, cancel_turn
 from stores.cluster import is_cluster
 from stores.connection import HandshakeTimeout, NoFleetFound, connect_async, connect_sync
 from stores.erase import Erased, connection_user, delete_user, who
@@ -60,7 +61,7 @@ from stores.submit import (
 from stores.submit_options import OPTIONS_TTL_S, SubmitOptions, read_submit_options, split_by_pool
 from stores.tier_exists import tier_exists
 
-__all__ = ["AsyncFleet", "Erased", "Fleet", "Restart", "SubmitNotNotified", "TurnHandle", "TurnStream",
+__all__ = ["AsyncFleet", "Cancel", "Erased", "Fleet", "Restart", "SubmitNotNotified", "TurnHandle", "TurnStream",
            "TurnTimeout", "TurnTooLarge", "UnknownTier"]
 
 log = logging.getLogger("fleet.client")
@@ -132,13 +133,34 @@ class TurnHandle:
         return self._reply
 
 
+def deadline_of(deadline: float | None, timeout_s: float | None) -> float | None:
+    """A turn's deadline (unix seconds) from an absolute ``deadline`` or a ``timeout_s`` from now
+    (at most one of them); None: no limit."""
+    if deadline is not None and timeout_s is not None:
+        raise ValueError("give a turn a deadline or timeout_s, not both")
+    if timeout_s is not None:
+        if not 0 < timeout_s < float("inf"):
+            raise ValueError(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
+        return time.time() + timeout_s
+    return deadline
+
+
+def _streamed_turn(user: str, text: str, tier: str, meta: Mapping[str, Any] | None, turn_id: str | None,
+                   max_bytes: int, timeout: float, deadline: float | Literal["timeout"] | None) -> Built:
+    """A streamed turn, built: its deadline the end of ``timeout`` unless ``deadline`` says otherwise."""
+    due = deadline_of(None, timeout) if deadline == "timeout" else deadline
+    return [_build_turn(user, text, tier, meta, turn_id, max_bytes, stream=True, deadline=due)]
+
+
 def _build_turn(user: str, text: str, tier: str, meta: Mapping[str, Any] | None,
-                turn_id: str | None, max_bytes: int, stream: bool = False) -> tuple[Turn, bytes]:
+                turn_id: str | None, max_bytes: int, stream: bool = False,
+                deadline: float | None = None) -> tuple[Turn, bytes]:
     if len(text) > MAX_TEXT_CHARS:  # checked here, not by pydantic: a documented error, not a ValidationError
         raise TurnTooLarge(f"turn text of {len(text)} characters is over the limit of "
                            f"{MAX_TEXT_CHARS} characters")
     turn = Turn(turn_id=turn_id or uuid.uuid4().hex, user=validate_user_id(user),
-                tier=validate_tier(tier), text=text, ts=time.time(), meta=dict(meta or {}), stream=stream)
+                tier=validate_tier(tier), text=text, ts=time.time(), meta=dict(meta or {}), stream=stream,
+                deadline=deadline)
     payload = encode(turn)
     if len(payload) > max_bytes:
         raise TurnTooLarge(f"turn of {len(payload)} bytes (encoded, with its meta) is over the limit "
@@ -302,9 +324,11 @@ class _ClientCore:
 
     @staticmethod
     def build(turns: Iterable[tuple[str, str]], tier: str, meta: Mapping[str, Any] | None,
-              turn_ids: list[str | None] | None, max_bytes: int) -> Built:
-        """The turns, validated and encoded; raises ``InvalidId`` / ``TurnTooLarge``."""
-        return [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None, max_bytes)
+              turn_ids: list[str | None] | None, max_bytes: int, deadline: float | None = None) -> Built:
+        """The turns, validated and encoded; raises ``InvalidId`` / ``TurnTooLarge`` (and
+        ``ValueError`` for a bad deadline)."""
+        return [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None, max_bytes,
+                            deadline=deadline)
                 for i, (u, t) in enumerate(turns)]
 
     def submit(self, built: Built, create_tier: bool) -> Op[None]:
@@ -404,35 +428,44 @@ class Fleet:
         self._core.options.clear()
 
     def submit(self, user: str, text: str, tier: str = "chat", meta: Mapping[str, Any] | None = None,
-               turn_id: str | None = None, *, create_tier: bool = False) -> TurnHandle:
+               turn_id: str | None = None, *, create_tier: bool = False, deadline: float | None = None,
+               timeout_s: float | None = None) -> TurnHandle:
         """Enqueue one turn; raises ``InvalidId`` / ``TurnTooLarge`` / ``UnknownTier`` before
-        writing anything."""
+        writing anything.
+
+        ``deadline`` (unix seconds) or ``timeout_s`` (seconds from now), at most one: a worker
+        that reaches the turn later answers it ``expired`` without running the handler, and a
+        running handler sees it as ``ctx.deadline``. Neither: no limit."""
         return self.submit_many([(user, text)], tier=tier, meta=meta, turn_ids=[turn_id],
-                                create_tier=create_tier)[0]
+                                create_tier=create_tier, deadline=deadline, timeout_s=timeout_s)[0]
 
     def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                     meta: Mapping[str, Any] | None = None,
                     turn_ids: list[str | None] | None = None, *,
-                    create_tier: bool = False) -> list[TurnHandle]:
+                    create_tier: bool = False, deadline: float | None = None,
+                    timeout_s: float | None = None) -> list[TurnHandle]:
         """Enqueue many ``(user, text)`` turns in one script call and round trip, in the given order
         (on Redis Cluster: every inbox entry, then every notification).
 
-        ``create_tier=True`` writes the default policy of a tier that does not exist yet.
+        ``create_tier=True`` writes the default policy of a tier that does not exist yet;
+        ``deadline`` / ``timeout_s`` as ``submit``'s, the same for every turn.
         """
-        built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes)
+        built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes,
+                                 deadline_of(deadline, timeout_s))
         if built:
             self._send(built, create_tier)
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
 
     def stream(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
                meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
-               create_tier: bool = False) -> TurnStream:
+               create_tier: bool = False, deadline: float | Literal["timeout"] | None = "timeout") -> TurnStream:
         """A streamed turn: ``for item in fleet.stream("alice", "hi")`` yields the text as the
         handler emits it, a :class:`Restart` when it starts over, then the ``Reply``
         (:class:`TurnStream`). Raises ``InvalidId`` / ``TurnTooLarge`` at once; the turn is
-        submitted when the iteration starts."""
-        built = [_build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes, stream=True)]
-        return TurnStream(self, built, timeout, create_tier)
+        submitted when the iteration starts. Its deadline is the end of the ``timeout`` (as
+        ``ask``'s), unless ``deadline`` gives one (unix seconds) or None (no limit)."""
+        return TurnStream(self, _streamed_turn(user, text, tier, meta, turn_id, self.max_turn_bytes, timeout,
+                                               deadline), timeout, create_tier)
 
     def _send(self, built: Built, create_tier: bool) -> None:
         """Submit ``built``, sent again on a transient error for up to ``retry_s``."""
@@ -444,6 +477,20 @@ class Fleet:
         """Wait for every handle, sharing one deadline."""
         deadline = time.monotonic() + timeout
         return [h.result(max(0.01, deadline - time.monotonic())) for h in handles]
+
+    def cancel(self, user: str, turn_id: str) -> Cancel:
+        """Stop ``user``'s turn ``turn_id``: a queued turn is answered ``cancelled`` without
+        running; a running one has its handler stopped (an async handler's task is cancelled, a
+        sync handler sees ``ctx.cancelled``) and is answered ``cancelled`` with what it had
+        streamed (in the session, marked ``cut``, when it streamed anything). The user's next
+        turn is served at once. Exactly one reply per turn: a turn answered already is left as
+        it is (``outcome`` ``answered``, with its reply's ``status`` if still unread), an unknown
+        id says so (``unknown``). ``str()`` of the result is a sentence for a person. Sent
+        again, like a submit, while Redis is away (a cancel recorded twice is one cancel)."""
+        for attempt in Retrying(**_retrying(self.retry_s)):
+            with attempt:
+                return cancel_turn(self.r, user, turn_id)
+        raise AssertionError("unreachable: tenacity returns or raises")
 
     def delete_user(self, user: str) -> Erased:
         """Erase every key of ``user`` (inbox, lane, state, session, memory, profile, usage,
@@ -493,27 +540,32 @@ class AsyncFleet:
 
     async def submit(self, user: str, text: str, tier: str = "chat",
                      meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
-                     create_tier: bool = False) -> Turn:
-        """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs)."""
-        return (await self.submit_many([(user, text)], tier, meta, [turn_id], create_tier=create_tier))[0]
+                     create_tier: bool = False, deadline: float | None = None,
+                     timeout_s: float | None = None) -> Turn:
+        """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs). ``deadline`` /
+        ``timeout_s`` as ``Fleet.submit``'s."""
+        return (await self.submit_many([(user, text)], tier, meta, [turn_id], create_tier=create_tier,
+                                        deadline=deadline, timeout_s=timeout_s))[0]
 
     async def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                           meta: Mapping[str, Any] | None = None,
                           turn_ids: list[str | None] | None = None, *,
-                          create_tier: bool = False) -> list[Turn]:
+                          create_tier: bool = False, deadline: float | None = None,
+                          timeout_s: float | None = None) -> list[Turn]:
         """``Fleet.submit_many`` on asyncio: the turns, in the given order (one script call and
         round trip; on Redis Cluster every inbox entry, then every notification)."""
-        built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes)
+        built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes,
+                                 deadline_of(deadline, timeout_s))
         if built:
             await self._send(built, create_tier)
         return [t for t, _ in built]
 
     def stream(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
                meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
-               create_tier: bool = False) -> TurnStream:
+               create_tier: bool = False, deadline: float | Literal["timeout"] | None = "timeout") -> TurnStream:
         """``Fleet.stream`` on asyncio: ``async for item in fleet.stream("alice", "hi")``."""
-        built = [_build_turn(user, text, tier, meta, turn_id, self.max_turn_bytes, stream=True)]
-        return TurnStream(self, built, timeout, create_tier)
+        return TurnStream(self, _streamed_turn(user, text, tier, meta, turn_id, self.max_turn_bytes, timeout,
+                                               deadline), timeout, create_tier)
 
     async def _send(self, built: Built, create_tier: bool) -> None:
         """``Fleet._send`` on asyncio."""
@@ -531,10 +583,23 @@ class AsyncFleet:
         raise AssertionError("unreachable: tenacity returns or raises")
 
     async def ask(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
-                  meta: Mapping[str, Any] | None = None, *, create_tier: bool = False) -> Reply:
-        """Submit and wait."""
-        turn = await self.submit(user, text, tier, meta, create_tier=create_tier)
+                  meta: Mapping[str, Any] | None = None, *, create_tier: bool = False,
+                  deadline: float | Literal["timeout"] | None = "timeout") -> Reply:
+        """Submit and wait up to ``timeout`` seconds. The turn's deadline is the end of that wait
+        (nobody reads a reply after it: a worker that reaches the turn later answers it
+        ``expired``), unless ``deadline`` gives one (unix seconds) or None (no limit)."""
+        if deadline == "timeout":
+            turn = await self.submit(user, text, tier, meta, create_tier=create_tier, timeout_s=timeout)
+        else:
+            turn = await self.submit(user, text, tier, meta, create_tier=create_tier, deadline=deadline)
         return await self.wait(user, turn.turn_id, timeout)
+
+    async def cancel(self, user: str, turn_id: str) -> Cancel:
+        """``Fleet.cancel`` on asyncio."""
+        async for attempt in AsyncRetrying(**_retrying(self.retry_s)):
+            with attempt:
+                return await cancel_turn(self.r, user, turn_id)
+        raise AssertionError("unreachable: tenacity returns or raises")
 
     async def delete_user(self, user: str) -> Erased:
         """``Fleet.delete_user`` on asyncio (the ``fleet-operator`` role's credentials)."""

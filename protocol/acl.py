@@ -112,6 +112,11 @@ _SUBMIT_WRITES = (rw(pattern(keys.inbox, USER)), rw(pattern(keys.ready, TIER)),
 _SUBMIT_READS = (ro(pattern(keys.policy, TIER)), ro(pattern(keys.policy_good, TIER)),
                  ro(pattern(keys.groups_rejected, TIER)), ro(keys.TIERS),
                  ro(pattern(keys.pins, USER)), ro(pattern(keys.stream, USER, TOKEN)))
+# A cancel (``stores.cancel``): the turn_cancel function's keys (the state hash it records the
+# cancel in, the done-set it reads), the lane it reads for its holder, and that worker's cancels
+# stream, which it writes only (never its control stream: a client cannot drain a worker).
+_CANCEL_KEYS = (rw(pattern(keys.state, USER)), rw(pattern(keys.done, USER)), ro(pattern(keys.lane, USER)),
+                KeyRule(pattern(keys.cancels, WORKER), "W"))
 _ALL_FLEET = (rw(f"{keys.PREFIX}:*"), rw(keys.LEADER), rw(keys.EPOCH))
 # A worker serves any user (every user's keys) from its tiers' streams and sets, keeps its own
 # keys and its registry entry, reports, and records its verdict on a policy (the last good copy
@@ -130,7 +135,8 @@ RQ_SELECTOR = ("(~rq:* &rq:* +@read +@write +@keyspace +@transaction +@pubsub -@
                "+evalsha +script|load +script|exists)")
 
 _SUBMIT = ("xadd", "zadd", "blpop", "lpop", "xread", "get", "exists", "hgetall", "smembers", "xinfo|groups",
-           "multi", "exec", "discard", "wait")
+           "multi", "exec", "discard", "wait",
+           "type", "zscore", "lindex", "hget", "xrange", "hsetnx")  # (the last: the cancel function's)
 # A submit sets the tier's retention on the inbox it writes: PEXPIRE on inboxes only (a selector),
 # never on the tier's streams and sets the client may write to.
 INBOX_EXPIRY_SELECTOR = f"(~{pattern(keys.inbox, USER)} +pexpire)"
@@ -148,7 +154,7 @@ _SERVING = ("get", "set", "mget", "incr", "del", "exists", "type", "pexpire", "p
 
 ROLES: tuple[Role, ...] = (
     Role("fleet-client", "the Python client, the raw protocol, fleet submit / chat / ask",
-         _SUBMIT, (*_SUBMIT_WRITES, *_SUBMIT_READS), selectors=(INBOX_EXPIRY_SELECTOR,)),
+         _SUBMIT, (*_SUBMIT_WRITES, *_SUBMIT_READS, *_CANCEL_KEYS), selectors=(INBOX_EXPIRY_SELECTOR,)),
     Role("fleet-worker", "workers (fleet worker, started by the commander)",
          _SERVING,
          _WORKER_KEYS, rq=True),

@@ -79,7 +79,8 @@ def fence(user: str) -> str:
 
 
 def state(user: str) -> str:
-    """Hash: ``cursor`` (last inbox id done), ``att:<entry>`` attempt counters."""
+    """Hash: ``cursor`` (last inbox id done), ``att:<entry>`` attempt counters, ``cancel:<entry>``
+    the cancel of a turn not yet answered (``turn_cancel.lua``; its commit deletes it)."""
     return _u(user, "state")
 
 
@@ -304,3 +305,10 @@ def heartbeat(worker: str) -> str:
 def control(worker: str) -> str:
     """Stream of Control messages (drain) for one worker: ``fleet:w:{<id>}:control``."""
     return _w(worker, "control")
+
+
+def cancels(worker: str) -> str:
+    """Stream of cancel commands for one worker, written by clients (``Fleet.cancel``) to the
+    holder of a user's lane: ``fleet:w:{<id>}:cancels``. Apart from ``control``: a client may
+    write here, and a worker obeys nothing here but a cancel."""
+    return _w(worker, "cancels")

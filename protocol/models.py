@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,6 +21,7 @@ from protocol.ids import validate_tier, validate_token, validate_user_id
 from protocol.metrics_buckets import BUCKET_COUNT
 
 MAX_TEXT_CHARS = 32_000
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")  # a stream entry id
 
 
 WorkerState = Literal["starting", "ready", "draining"]  # a worker's state, as its reports say
@@ -42,19 +44,25 @@ class Turn(_Model):
     # streamed: what the handler emits goes to the turn's reply stream (keys.stream), closed by an
     # 'end' entry written with the reply, so a reader of the stream alone learns the turn ended
     stream: bool = False
+    # unix seconds after which nobody waits for the reply: a worker that reaches the turn later
+    # answers it ``expired`` without calling the handler (None: no limit)
+    deadline: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     _turn_id = field_validator("turn_id")(lambda v: validate_token(v, "turn id"))
+    _user = field_validator("user")(lambda v: validate_user_id(v))
+    _tier = field_validator("tier")(lambda v: validate_tier(v))
 
     @model_serializer(mode="wrap")
     def _plain_turn_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A turn not streamed is encoded without ``stream``: its bytes are what they were before
-        streams (as cheap, and readable by a worker that does not know the field)."""
+        """A turn not streamed and without a deadline is encoded without ``stream`` and
+        ``deadline``: its bytes are what they were before them (as cheap, and readable by a worker
+        that does not know the fields)."""
         body: dict[str, Any] = handler(self)
         if not self.stream:
             body.pop("stream", None)
+        if body.get("deadline", 0) is None:
+            del body["deadline"]
         return body
-    _user = field_validator("user")(lambda v: validate_user_id(v))
-    _tier = field_validator("tier")(lambda v: validate_tier(v))
 
 
 ReplyStatus = Literal["ok", "error", "cancelled", "expired"]
@@ -163,7 +171,9 @@ class TurnStats(_Model):
     """A worker's turn counts, cumulative since it started (they only grow while it lives).
 
     Results: ``ok`` answered, ``error`` answered with an error (dead-lettered), ``dup`` found
-    answered already, ``stale`` a commit that found the entry committed. ``retries``: handler
+    answered already, ``stale`` a commit that found the entry committed, ``expired`` answered
+    as reached after its deadline, ``cancelled`` answered as stopped by its user (neither
+    dead-lettered: both are normal ends of a turn). ``retries``: handler
     calls of an attempt after the first; ``dead_letters``: entries it wrote to the dead
     letters (turns and bad notifications); ``fenced``: lanes it lost to another worker (a
     fenced write, or a renewal that found the lane gone); ``delivery_limit``: notifications it
@@ -177,6 +187,8 @@ class TurnStats(_Model):
     error: NonNegativeInt = 0
     dup: NonNegativeInt = 0
     stale: NonNegativeInt = 0
+    expired: NonNegativeInt = 0
+    cancelled: NonNegativeInt = 0
     retries: NonNegativeInt = 0
     dead_letters: NonNegativeInt = 0
     fenced: NonNegativeInt = 0
@@ -195,7 +207,7 @@ class TurnStats(_Model):
         return {k: v for k, v in body.items() if getattr(self, k) != fields[k].default}
 
 
-TURN_RESULTS = ("ok", "error", "dup", "stale")  # the result fields of TurnStats
+TURN_RESULTS = ("ok", "error", "dup", "stale", "expired", "cancelled")  # the result fields of TurnStats
 TURN_COUNTERS = ("retries", "dead_letters", "fenced", "delivery_limit")  # its other counters
 TURN_HISTOGRAMS = ("queue_wait", "handler", "latency")  # and its histograms
 
@@ -220,11 +232,30 @@ class OccupancyReport(_Model):
 
 
 class Control(_Model):
-    """A command on a worker's control stream."""
+    """A command on a worker's control stream: ``drain`` (with its ``reason``), or ``cancel``
+    the turn ``turn_id`` of ``user`` (inbox entry ``entry``) if it runs there (``Fleet.cancel``)."""
 
-    kind: Literal["drain"]
+    kind: Literal["drain", "cancel"]
     ts: float
     reason: str = ""
+    user: str = ""
+    turn_id: str = ""
+    entry: str = ""
+
+    @model_validator(mode="after")
+    def _names_its_turn(self) -> Control:
+        if self.kind == "cancel":
+            validate_user_id(self.user)
+            validate_token(self.turn_id, "turn id")
+            if not _ENTRY_ID.fullmatch(self.entry):
+                raise ValueError(f"not a stream entry id: {self.entry[:40]!r}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The fields a command does not use stay off the wire: a drain reads as it always did."""
+        body: dict[str, Any] = handler(self)
+        return {k: v for k, v in body.items() if not (k in ("user", "turn_id", "entry") and not v)}
 
 
 class LedgerEvent(_Model):

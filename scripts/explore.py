@@ -4,7 +4,8 @@ how to replay it.
 Each schedule runs the real worker and client code on a simulated Redis (fakeredis with
 Fleet's Lua scripts) and a controlled event loop with virtual time (see sim/). Schedule i
 of a run has seed S+i; its workload is drawn from the seed unless --workers/--users/--turns/
---concurrency fix it. Strategies: random (uniform pick of the next ready callback), pct
+--concurrency fix it; --stop P makes clients cancel a share of their turns and give another
+share deadlines. Strategies: random (uniform pick of the next ready callback), pct
 (random task priorities with --depth priority changes: bounded preemptions), fifo (asyncio's
 own order; only latencies and faults vary), sweep (systematic, preemption bound 1: every
 single deviation from one FIFO run, in order).
@@ -48,6 +49,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--streamed", action="store_true", help="submit every turn as streamed: the checks "
                    "also read each turn's reply stream (chunks fenced, restarts, the end)")
     p.add_argument("--faults", type=int, default=3, help="at most this many faults per schedule")
+    p.add_argument("--stop", type=float, default=0.0, help="the share of the clients' turns they stop: "
+                   "half cancelled at a drawn moment, half given a drawn deadline (default: 0)")
     p.add_argument("--replay", help="a schedule file (or its JSON) to run once, exactly")
     p.add_argument("--no-shrink", action="store_true", help="report a violation as found")
     p.add_argument("--keep-going", action="store_true", help="count violations instead of stopping")
@@ -70,7 +73,7 @@ def workload(args, seed: int) -> Workload:
     drawn = Workload.draw(random.Random(seed))
     fixed = {k: getattr(args, k) for k in ("workers", "users", "turns", "concurrency", "ready_shards",
                                            "streamed") if getattr(args, k)}
-    return replace(drawn, **fixed)
+    return replace(drawn, **fixed, stop=args.stop)
 
 
 def schedules(args):

@@ -12,7 +12,11 @@
   free slot (the world samples that as it runs);
 - **stop**: a worker sent SIGTERM stops within ``stop_bound_s``;
 - **zombie**: a worker whose lane was lost stops the handler it runs under it within
-  ``zombie_bound_s`` (it learns of the loss at its next renewal), unless it was paused.
+  ``zombie_bound_s`` (it learns of the loss at its next renewal), unless it was paused;
+- **cancel**: a turn whose cancel was recorded is never answered ``ok`` (its one reply is
+  ``cancelled``), and only a cancelled turn is answered ``cancelled``;
+- **deadline**: no handler run of a turn starts after its deadline, and only a turn with a
+  deadline is answered ``expired``, after it.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ CONTEXT_TURNS = 20  # WorkerSettings.context_turns: how much of the session a ha
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # I1 | I2 | I3 | liveness | stop
+    kind: str  # I1 | I2 | I3 | liveness | stop | zombie | cancel | deadline
     detail: str
 
     def __str__(self) -> str:
@@ -75,6 +79,7 @@ def check(r: fakeredis.FakeRedis, record: Record, *, bound_s: float, stop_bound_
     out += _i2(r, record, replies)
     out += _i3(record)
     out += [v for s in record.turns if s.tier != GHOST for v in _stream(r, s, replies[(s.user, s.turn)])]
+    out += _ends(record, replies)
     out += _liveness(record, replies, bound_s, end)
     out += _stops(record, stop_bound_s, end)
     out += _zombies(record, zombie_bound_s, end)
@@ -149,6 +154,35 @@ def _i2(r: fakeredis.FakeRedis, record: Record, replies: Replies) -> list[Violat
     return out
 
 
+def _ends(record: Record, replies: Replies) -> list[Violation]:
+    """Stop and deadlines. A turn whose cancel was recorded is answered ``cancelled`` or not at
+    all, never ``ok``; a ``cancelled`` reply needs a cancel. No handler run of a turn starts
+    after its deadline; an ``expired`` reply needs a deadline, and comes after it."""
+    out = []
+    for sub in record.turns:
+        got = [rep.status for rep in replies[(sub.user, sub.turn)]]
+        if sub.cancelled == "cancelled" and any(status != "cancelled" for status in got):
+            out.append(Violation("cancel", f"turn {sub.turn} was cancelled and answered {got}"))
+        if sub.cancelled is None and "cancelled" in got:
+            out.append(Violation("cancel", f"turn {sub.turn} was answered cancelled and nobody cancelled it"))
+        deadline = sub.deadline
+        if deadline is None:
+            if "expired" in got:
+                out.append(Violation("deadline", f"turn {sub.turn} has no deadline and was answered expired"))
+            continue
+        late = [c.enter for c in record.calls
+                if c.user == sub.user and c.turn == sub.turn and c.enter > deadline]
+        if late:
+            out.append(Violation("deadline", f"turn {sub.turn}'s handler started at {late[0]:.3f}s, "
+                                             f"after its deadline {deadline:.3f}s"))
+        early = [rep.ts - EPOCH for rep in replies[(sub.user, sub.turn)]
+                 if rep.status == "expired" and rep.ts - EPOCH < deadline]
+        if early:
+            out.append(Violation("deadline", f"turn {sub.turn} was answered expired at {early[0]:.3f}s, "
+                                             f"before its deadline {deadline:.3f}s"))
+    return out
+
+
 def _committed(calls: list[Call], record: Record) -> list[Call]:
     """The handler runs whose result was written: the last run of each (lease, turn) whose
     write-back landed."""
@@ -162,7 +196,9 @@ def _committed(calls: list[Call], record: Record) -> list[Call]:
 def _context_seen(user: str, ok: list[str], record: Record) -> list[Violation]:
     out = []
     for call in _committed([c for c in record.calls if c.user == user], record):
-        before = ok[: ok.index(call.turn)] if call.turn in ok else []
+        if call.turn not in ok:  # answered another way (cancelled, an error): no context to judge
+            continue
+        before = ok[: ok.index(call.turn)]
         if call.seen != before[-CONTEXT_TURNS:]:
             out.append(Violation("I2", f"turn {call.turn} of {user} saw the session {call.seen}, "
                                        f"not the turns before it {before[-CONTEXT_TURNS:]}"))

@@ -24,7 +24,7 @@ MODULES = (
     "worker.app", "worker.host", "worker.job", "worker.renewal", "worker.tier_policy", "worker.handlers",
     "worker.sensor", "worker.pod",
     "stores.policies", "stores.commanders", "stores.worker_ops", "stores.deadletters", "stores.reports",
-    "stores.redis_errors",
+    "stores.redis_errors", "stores.cancel",
     "fleet.client",
     # deferred jobs' code (run by RQ workers) and the worker's watchdog thread (started by
     # `fleet worker`'s main): never in a simulation; listed so that a clock read there would

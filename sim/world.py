@@ -24,6 +24,7 @@ from protocol import keys
 from protocol.codec import as_str
 from protocol.models import HandlerResult
 from protocol.policy import Scaling, TurnsPolicy
+from sim.clock import EPOCH
 from sim.loop import NODE, SimLoop
 from sim.store import Network, Wire
 from stores.policies import write_policy
@@ -59,6 +60,9 @@ class Workload:
     reshard_at_s: float | None = None  # at this virtual time the policy's count changes
     reshard_to: int = 1  # ... to this many
     streamed: bool = False  # the turns are submitted as streamed (never drawn: a seed's schedule stays)
+    # the share of a drawn client's turns it stops: half of them cancelled at a drawn moment
+    # after they were accepted, half given a drawn deadline (0: none, and nothing drawn for it)
+    stop: float = 0.0
 
     @classmethod
     def draw(cls, rng: random.Random) -> Workload:
@@ -75,12 +79,16 @@ class Workload:
 @dataclass(frozen=True)
 class Planned:
     """A turn a planned client submits: its user, when (virtual seconds from the start), the
-    handler time it asks for, and its tier (``GHOST``: written raw, as any Redis client can)."""
+    handler time it asks for, and its tier (``GHOST``: written raw, as any Redis client can);
+    with ``timeout_s`` a deadline that long after its submit; with ``cancel_after_s`` the client
+    cancels it that long after it was accepted (before its next turn)."""
 
     user: str
     at_s: float = 0.0
     sleep_ms: int = 5
     tier: str = TIER
+    timeout_s: float | None = None
+    cancel_after_s: float | None = None
 
 
 @dataclass
@@ -105,6 +113,9 @@ class Submitted:
     index: int  # position in the user's submission order
     sleep_ms: int = 0  # the handler time it asks for
     accepted: float | None = None  # when the client learned it was accepted
+    deadline: float | None = None  # its deadline (virtual seconds), if it has one
+    # what the client's cancel found (Cancel.outcome; "sent" while unanswered), if it cancelled it
+    cancelled: str | None = None
 
 
 @dataclass
@@ -410,8 +421,15 @@ class World:
             await asyncio.sleep(self.rng.choice((0.0, 0.0, 0.001, 0.02, 0.3)))
             tier = GHOST if i == ghost_at else TIER
             sub = Submitted(user, f"{user}-t{i}", tier, i, self.rng.choice((1, 5, 20, 200, 1500)))
+            stop = tier == TIER and self.workload.stop > 0 and self.rng.random() < self.workload.stop
+            cancel = stop and self.rng.random() < 0.5
+            if stop and not cancel:
+                sub.deadline = self.loop.time() + self.rng.choice((0.01, 0.2, 1.0, 3.0))
             self.record.turns.append(sub)
             await self._submit(client, sub, sub.sleep_ms)
+            if cancel:
+                await asyncio.sleep(self.rng.choice((0.0, 0.001, 0.02, 0.3)))
+                await self._cancel(client, sub)
 
     async def _planned(self, user: str) -> None:
         """Submit ``user``'s planned turns, each at its time (after the one before it is accepted)."""
@@ -419,8 +437,32 @@ class World:
         for i, turn in enumerate(p for p in self.plan or [] if p.user == user):
             await asyncio.sleep(max(0.0, turn.at_s - self.loop.time()))
             sub = Submitted(user, f"{user}-t{i}", turn.tier, i, turn.sleep_ms)
+            if turn.timeout_s is not None:
+                sub.deadline = self.loop.time() + turn.timeout_s
             self.record.turns.append(sub)
             await self._submit(client, sub, sub.sleep_ms)
+            if turn.cancel_after_s is not None:
+                await asyncio.sleep(turn.cancel_after_s)
+                await self._cancel(client, sub)
+
+    def cancel(self, user: str, turn: str) -> None:
+        """A client cancels ``user``'s turn ``turn`` now (a scenario's action)."""
+        sub = next(s for s in self.record.turns if s.user == user and s.turn == turn)
+        client = AsyncFleet(client=self.net.client(retries=0))
+        self.loop.create_task(self._cancel(client, sub), context=self._in_node(f"c-{user}"))
+
+    async def _cancel(self, client: AsyncFleet, sub: Submitted) -> None:
+        """Cancel until Redis answers (a cancel sent again is the same cancel): ``sub.cancelled``
+        is "sent" until then (the cancel may have been recorded), then what it found."""
+        sub.cancelled = sub.cancelled or "sent"
+        failures = 0
+        while True:
+            try:
+                sub.cancelled = (await client.cancel(sub.user, sub.turn)).outcome
+                return
+            except RedisError:
+                failures += 1
+                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
 
     async def _submit(self, client: AsyncFleet, sub: Submitted, sleep_ms: int) -> None:
         """Submit until accepted, with the same turn id every time (the worker dedupes)."""
@@ -435,7 +477,8 @@ class World:
                     await client._send([turn], False)
                 else:
                     await client.submit(sub.user, f"text {sub.turn}", tier=sub.tier,
-                                        meta={"sleep_ms": sleep_ms}, turn_id=sub.turn)
+                                        meta={"sleep_ms": sleep_ms}, turn_id=sub.turn,
+                                        deadline=None if sub.deadline is None else EPOCH + sub.deadline)
                 sub.accepted = self.loop.time()
                 return
             except RedisError:

@@ -39,7 +39,7 @@ LIBRARY = "fleet"
 NAMES = ("lane_acquire", "lease_renew", "lease_drop", "turn_commit", "leader_acquire",
          "ledger_append", "lane_clear", "consumer_drop", "notification_ack",
          "notification_ack_covered", "notification_touch", "turn_submit", "submit_pressure",
-         "user_delete", "dead_trim", "attempt_count", "group_record", "stream_append")
+         "user_delete", "dead_trim", "attempt_count", "group_record", "stream_append", "turn_cancel")
 INSTALL_COMMAND = "fleet install"
 CHECK_EVERY_S = float(os.environ.get("FLEET_LIBRARY_CHECK_S", "3"))  # how often a process
 # waiting for the library looks again
@@ -259,6 +259,7 @@ class Functions:
     attempt_count: Function
     group_record: Function
     stream_append: Function
+    turn_cancel: Function
 
     def __init__(self, r: Any) -> None:
         for name in NAMES:

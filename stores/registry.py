@@ -103,7 +103,7 @@ def heartbeat_alive(r: redis.Redis, worker_id: str) -> bool:
 
 
 def forget_workers(r: redis.Redis, worker_ids: Sequence[str]) -> None:
-    """Remove what dead workers could not: registry entries, heartbeats, control streams.
+    """Remove what dead workers could not: registry entries, heartbeats, control and cancels streams.
 
     One round trip, one ``DEL`` per key: the workers' keys are in as many slots as there are
     workers, and redis-py's cluster pipeline routes each single-key command to its node (it
@@ -113,6 +113,7 @@ def forget_workers(r: redis.Redis, worker_ids: Sequence[str]) -> None:
     for w in worker_ids:
         pipe.delete(keys.heartbeat(w))
         pipe.delete(keys.control(w))
+        pipe.delete(keys.cancels(w))
     pipe.execute()
 
 

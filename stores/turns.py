@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 
 from protocol import keys
 from protocol.codec import as_str, decode_valid
-from protocol.models import MemoryItem, SessionEntry
+from protocol.models import MemoryItem, ReplyStatus, SessionEntry
 from stores import cluster, functions, replicas
 from stores.batch import ScriptBatcher
 from stores.memory import parse_members
@@ -110,7 +110,8 @@ class Idle:
 
 @dataclass(frozen=True)
 class Committed:
-    """What a commit did: ``result`` 'ok', 'dup' or 'stale' (see ``turn_commit.lua``); then the
+    """What a commit did: ``result`` 'ok', 'dup', 'stale' or 'cancelled' (the turn was cancelled
+    and these writes are not its cancelled answer: nothing written; see ``turn_commit.lua``); then the
     lane was ``released`` (nothing waited), or kept with the ``next`` turn to serve. (A key of
     the wrong type raises :class:`UserDataError` instead: nothing was written.)"""
 
@@ -158,16 +159,16 @@ class Pulled:
     pack: ContextPack
     answered: bool  # the turn id was answered before (a duplicate submit)
     attempts: int  # including this one
+    cancelled: bool = False  # its user cancelled it (turn_cancel.lua's record)
 
 
 @dataclass(frozen=True)
 class StreamTail:
     """What a streamed turn's commit writes to its reply stream with the reply: a ``restart``
     entry first if ``restart``, the ``text`` not flushed yet (a ``chunk`` of ``attempt``), and
-    the ``end`` entry with ``status`` (``include/stream_write.lua``)."""
+    the ``end`` entry with the turn's status (``Writes.status``; ``include/stream_write.lua``)."""
 
     attempt: int
-    status: str
     text: str = ""
     restart: bool = False
 
@@ -186,6 +187,9 @@ class Writes:
     # the commit (never by a 'dup' or 'stale' one); after an 'ok' commit the relay is told
     deferrals: list[tuple[str, bytes]] = field(default_factory=list)
     stream: StreamTail | None = None  # a streamed turn's last text and the end of its stream
+    # how the turn ended (its reply's status, and its stream's end): a cancelled turn is committed
+    # only as "cancelled"
+    status: ReplyStatus = "ok"
 
     def without(self, roles: Collection[str]) -> Writes:
         """These writes less those to the keys of ``roles`` (as :class:`WrongType` names them):
@@ -257,6 +261,7 @@ class UserStore:
             pipe.hgetall(k.profile)
             pipe.zrevrange(k.memory, 0, self.cfg.memory_k - 1)
             pipe.zscore(k.done, turn_id)
+            pipe.hexists(k.state, f"cancel:{entry}")
             pipe.execute_command(*count)
             replies = await pipe.execute(raise_on_error=False)
             if not functions.is_missing(replies[-1]):
@@ -264,20 +269,21 @@ class UserStore:
             await functions.wait_for_library_async(self.r)
         if any(isinstance(x, Exception) for x in replies):
             await self._raise_wrong_types(user, replies)
-        session_raw, profile_raw, memories_raw, seen, attempts = replies
+        session_raw, profile_raw, memories_raw, seen, cancelled, attempts = replies
         pack = ContextPack(
             session_raw=session_raw,
             profile={as_str(k): as_str(v) for k, v in profile_raw.items()},
             memories=parse_members(memories_raw),
         )
-        return Pulled(pack, seen is not None, int(attempts))
+        return Pulled(pack, seen is not None, int(attempts), bool(cancelled))
 
     async def _raise_wrong_types(self, user: str, replies: list[Any]) -> None:
         """Raise what failed in :meth:`pull`'s replies: :class:`UserDataError` naming the keys
         of the wrong type (their types read in one more round trip), else the first error."""
         k = keys.user_keys(user)
         parts = (("session", k.session, "list"), ("profile", k.profile, "hash"),
-                 ("memory", k.memory, "zset"), ("done", k.done, "zset"), ("state", k.state, "hash"))
+                 ("memory", k.memory, "zset"), ("done", k.done, "zset"), ("state", k.state, "hash"),
+                 ("state", k.state, "hash"))
         failed = [part for part, res in zip(parts, replies, strict=True)
                   if isinstance(res, ResponseError) and str(res).startswith("WRONGTYPE")]
         if not failed:
@@ -322,11 +328,11 @@ class UserStore:
             args += [counter, n]
         for job, payload in w.deferrals:
             args += [job, payload]
-        args.append(self.retention_ms)
+        args += [self.retention_ms, w.status]
         if w.stream is not None:  # a streamed turn: its tail and the end, written with the reply
             keys_.append(k.stream(reply_key_turn))
             tail = w.stream
-            args += [tail.attempt, "1" if tail.restart else "0", tail.text, tail.status]
+            args += [tail.attempt, "1" if tail.restart else "0", tail.text]
         try:
             res = await self._call(self.scripts.turn_commit, keys_, args, "commit")
         except ResponseError as exc:
@@ -440,10 +446,10 @@ def _next_turn(raw: Any) -> NextTurn | None:
     entry, flat, context = raw
     if not context:
         return NextTurn(as_str(entry), _pairs(flat))
-    session_raw, profile_flat, memories_raw, answered, attempts, turn_id = context
+    session_raw, profile_flat, memories_raw, answered, attempts, turn_id, cancelled = context
     pack = ContextPack(session_raw=session_raw,
                        profile={as_str(k): as_str(v) for k, v in zip(profile_flat[::2], profile_flat[1::2],
                                                                       strict=True)},
                        memories=parse_members(memories_raw))
-    return NextTurn(as_str(entry), _pairs(flat), Pulled(pack, int(answered) == 1, int(attempts)),
-                    as_str(turn_id))
+    return NextTurn(as_str(entry), _pairs(flat),
+                    Pulled(pack, int(answered) == 1, int(attempts), int(cancelled) == 1), as_str(turn_id))

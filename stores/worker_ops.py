@@ -108,6 +108,7 @@ async def deregister_worker(r: aioredis.Redis, tier: str, worker_id: str, shards
     pipe.hdel(keys.WORKERS, worker_id)
     pipe.delete(keys.heartbeat(worker_id))  # one DEL per key: a cluster pipeline refuses a
     pipe.delete(keys.control(worker_id))  # multi-key DEL (the two share the worker's slot)
+    pipe.delete(keys.cancels(worker_id))
     for ready in idle:
         pipe.xgroup_delconsumer(ready, keys.GROUP, worker_id)
     await pipe.execute()

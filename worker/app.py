@@ -88,7 +88,7 @@ class Worker:
         self.reclaim = Reclaim(self.r, settings, free=lambda: self.jobs.free(self.policy.concurrency),
                                dispatch=self.dispatch, ack=self.host.ack)
         self.control = ControlStream(self.r, self.worker_id, drain=lambda reason: self.drain(reason),
-                                     stop=self._stopping, errors=self.redis_errors)
+                                     stop=self._stopping, errors=self.redis_errors, cancel=self.cancel_turn)
 
     @property
     def policy(self) -> TurnsPolicy:
@@ -135,6 +135,13 @@ class Worker:
         await self._close()
         log.info("worker %s drained and stopped", self.worker_id)
         return 0
+
+    def cancel_turn(self, user: str, turn_id: str, entry: str) -> None:
+        """A cancel on the control stream: the job serving ``user`` here, if any, stops the turn
+        (``UserJob.cancel``); else nothing (the turn's record decides when it is reached)."""
+        job = self.jobs.get(user)
+        if job is not None:
+            job.cancel(turn_id, entry)
 
     def drain(self, reason: str = "") -> None:
         """Stop pulling, finish the users in flight, then exit."""

@@ -307,13 +307,18 @@ async def sleep(ctx: TurnContext) -> HandlerResult:
     ``fail_attempts`` = N makes the first N attempts of a turn raise (to test retries and
     the dead-letter path); ``block_loop_ms`` blocks the worker's event loop that long first (a
     blocking call in an async handler: the worker's watchdog ends a loop stuck past
-    ``stuck_after_s``).
+    ``stuck_after_s``). Like a model call bounded by the turn's deadline (``ctx.deadline``),
+    a sleep that would end after it fails at it instead (the turn is then answered ``expired``).
     """
     if ctx.attempt <= int(ctx.option("fail_attempts", 0)):
         raise HandlerError(f"injected failure on attempt {ctx.attempt}")
     time.sleep(float(ctx.option("block_loop_ms", 0.0)) / 1000)
     await _burn(float(ctx.option("cpu_ms", 0.0)) / 1000)
-    await asyncio.sleep(float(ctx.option("sleep_ms", 100.0)) / 1000)
+    wait = float(ctx.option("sleep_ms", 100.0)) / 1000
+    if ctx.deadline is not None and time.time() + wait > ctx.deadline:
+        await asyncio.sleep(max(0.0, ctx.deadline - time.time()))
+        raise HandlerError("the sleep ran into the turn's deadline")
+    await asyncio.sleep(wait)
     return HandlerResult(text=f"slept: {ctx.turn.text}")
 
 

@@ -5,8 +5,9 @@ A turn arrives in the user's inbox in one of two forms:
   copies of its ``turn_id`` and ``tier`` (the worker's scripts read them; an entry with ``m``
   alone is served the same, its pack read by the worker instead);
 - plain: fields ``text`` and optionally ``turn_id`` (default: the inbox entry id), ``tier``
-  (default: the tier of the worker that reads it), ``meta`` (a JSON object) and ``stream``
-  (``1``: a streamed turn), which any Redis client can write. Replies to plain turns are JSON.
+  (default: the tier of the worker that reads it), ``meta`` (a JSON object), ``stream`` (``1``:
+  a streamed turn) and ``deadline`` (unix seconds, a decimal number), which any Redis client can
+  write. Replies to plain turns are JSON.
 """
 
 from __future__ import annotations
@@ -97,7 +98,20 @@ def _plain(user: str, tier: str, entry: str, fields: Fields) -> Turn:
     body = {"turn_id": turn_id, "user": user, "tier": tier, "text": text,
             "ts": int(ts) / 1000 if ts.isascii() and ts.isdigit() else 0.0, "meta": meta, "reply_fmt": "json",
             "stream": fields.get(b"stream", b"0") in (b"1", b"true")}
+    if b"deadline" in fields:
+        body["deadline"] = _deadline(fields[b"deadline"])
     return validate(Turn, body)
+
+
+def _deadline(raw: bytes) -> float:
+    """A plain turn's ``deadline`` field: unix seconds, a positive finite decimal number."""
+    try:
+        deadline = float(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise CodecError("'deadline' is not a number (unix seconds)") from None
+    if not (0 < deadline < float("inf")):
+        raise CodecError("'deadline' must be a positive, finite unix time in seconds")
+    return deadline
 
 
 def notification_user(fields: Fields) -> str:

@@ -24,6 +24,7 @@ with an error and dead-lettered, like a turn that does not decode: the lane move
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -103,6 +104,15 @@ class Unanswerable(Exception):
     delivery limit."""
 
 
+class TurnCancelled(Exception):
+    """The turn's handler was stopped by its user's cancel (or returned after it): ``emitted``
+    is what it had streamed by then."""
+
+    def __init__(self, emitted: list[str]) -> None:
+        super().__init__("cancelled by its user")
+        self.emitted = emitted
+
+
 class OtherTier(Exception):
     """The user's next turn is for another pool (another tier, or another group of this one):
     hand the lane to its workers."""
@@ -165,6 +175,9 @@ class UserJob:
         self.turn_handler_s = 0.0  # the handler's time on the turn being served (its usage)
         self.task: asyncio.Task[None] | None = None
         self._lost = False  # lane_lost() cancelled the task: take the lane again
+        # the handler call in progress: (inbox entry, its context, the task running it)
+        self.running: tuple[str, handlers.TurnContext, asyncio.Future[HandlerResult]] | None = None
+        self.cancels: set[str] = set()  # inbox entries whose cancel this worker was told of
 
     def attach(self, nid: str, reclaimed: bool, deliveries: int = 1) -> None:
         """Give this job the duty of a notification for its user, delivered ``deliveries`` times
@@ -342,6 +355,11 @@ class UserJob:
             if pulled.answered:
                 log.info("turn %s of %s was answered before: skipped", turn.turn_id, self.user)
                 return await self._commit(lease, entry, turn.turn_id, Writes(), "dup")
+            if pulled.cancelled or entry in self.cancels:  # (a crashed attempt's retry too)
+                return await self._cancelled(lease, entry, turn, pulled.attempts - 1, [])
+            if turn.deadline is not None and time.time() >= turn.deadline:
+                tried = pulled.attempts - 1  # the attempts before this one (the handler is not called)
+                return await self._expire(lease, entry, turn, tried, last_error if tried else None)
             if pulled.attempts > self.host.policy.max_attempts:
                 reason = f"failed {pulled.attempts - 1} attempts; last: {last_error}"
                 return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt, reason, "attempts",
@@ -349,7 +367,9 @@ class UserJob:
             writer = (self.host.streams.writer(lease, entry, turn.turn_id, pulled.attempts,
                                                self.host.settings.max_reply_bytes) if turn.stream else None)
             try:
-                result, deferred = await self._call_handler(lease, turn, pulled, writer)
+                result, ctx = await self._call_handler(lease, entry, turn, pulled, writer)
+            except TurnCancelled as stop:
+                return await self._cancelled(lease, entry, turn, pulled.attempts, stop.emitted, writer)
             except asyncio.CancelledError:
                 if writer is not None:  # (the lane was lost, or the worker stops: no more flushes)
                     writer.abandon()
@@ -361,13 +381,16 @@ class UserJob:
                 self.host.tally.errors += 1
                 log.warning("turn %s of %s, attempt %d: %s", turn.turn_id, self.user,
                             pulled.attempts, last_error)
-                await asyncio.sleep(_RETRY_BACKOFF.compute(pulled.attempts))
+                await asyncio.sleep(_backoff(pulled.attempts, turn.deadline))
                 pulled = None
                 continue
-            writes = self._answer(entry, turn, pulled, result, deferred)
-            if writer is not None:  # the text not flushed yet and the stream's end, with the reply
-                writes = replace(writes, stream=await writer.tail("ok"))
-            return await self._commit(lease, entry, turn.turn_id, writes, "ok", turn.ts)
+            writes = self._answer(entry, turn, pulled, result, ctx.deferred)
+            # the text not flushed yet and the stream's end, with the reply (or with the cancelled
+            # reply, should the commit find the turn cancelled meanwhile)
+            tail = await writer.tail() if writer is not None else None
+            return await self._commit(lease, entry, turn.turn_id, replace(writes, stream=tail), "ok", turn.ts,
+                                      self._cancel_writes(entry, turn.turn_id, turn.reply_fmt, turn.text,
+                                                          pulled.attempts, ctx.emitted, tail))
 
     async def _admit(self, lease: Lease, nxt: NextTurn) -> Turn | Done:
         """The turn of ``nxt`` if this pool serves it; the ``Done`` of its rejection if it cannot
@@ -394,15 +417,16 @@ class UserJob:
             raise OtherTier(pool, entry if nxt.pulled is not None else None)
         return turn
 
-    async def _call_handler(self, lease: Lease, turn: Turn, pulled: Pulled,
-                            writer: StreamWriter | None = None) -> tuple[HandlerResult, Deferred]:
-        """Run the tier's handler on the turn: its result and what it deferred (this attempt's
-        only: a failed attempt's deferrals go with it); what it emits goes to ``writer`` (a
-        streamed turn's). Its exceptions are the caller's to count."""
+    async def _call_handler(self, lease: Lease, entry: str, turn: Turn, pulled: Pulled,
+                            writer: StreamWriter | None = None) -> tuple[HandlerResult, handlers.TurnContext]:
+        """Run the tier's handler on the turn: its result and its context (what it deferred and
+        emitted in this attempt only: a failed attempt's go with it); what it emits goes to
+        ``writer`` too (a streamed turn's). Its exceptions are the caller's to count;
+        ``TurnCancelled`` if its user cancelled it meanwhile (``cancel``)."""
         host = self.host
         ctx = handlers.TurnContext(turn, pulled.pack, dict(host.policy.handler_options),
                                    host.worker_id, pulled.attempts, lease.owner, host.protect,
-                                   emitter=writer.emit if writer is not None else None)
+                                   deadline=turn.deadline, emitter=writer.emit if writer is not None else None)
         if pulled.attempts == 1:  # (a turn's first attempt is pulled once, whichever worker it is)
             host.tally.observe("queue_wait", time.time() - turn.ts)
         else:
@@ -410,19 +434,51 @@ class UserJob:
         started = time.monotonic()
         self.busy_since = started
         host.trace_handler("enter", ctx)
+        call = asyncio.ensure_future(handlers.call(host.handler, ctx, host.settings.handler_timeout_s,
+                                                   host.executor))
+        self.running = (entry, ctx, call)
         try:
-            result = await handlers.call(host.handler, ctx, host.settings.handler_timeout_s, host.executor)
+            result = await call
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if ctx.cancelled and call.cancelled() and task is not None and not task.cancelling():
+                raise TurnCancelled(ctx.emitted) from None  # this handler's cancel, not the job's
+            raise
+        except Exception:
+            if ctx.cancelled:  # (what a cancelled handler raises, its cleanup's error, is no failure)
+                raise TurnCancelled(ctx.emitted) from None
+            raise
         finally:
+            self.running = None
             host.trace_handler("exit", ctx)
             self.busy_since = None
             took = time.monotonic() - started
             self.turn_handler_s += took
             host.tally.handler_seconds += took
             host.tally.observe("handler", took)
+        if ctx.cancelled:  # (a sync handler that returned after the cancel: its result is dropped)
+            raise TurnCancelled(ctx.emitted)
         limit = host.settings.max_reply_bytes
         if len(result.text.encode()) > limit:
             raise handlers.HandlerError(f"reply text is over the limit of {limit} bytes")
-        return result, ctx.deferred
+        return result, ctx
+
+    def cancel(self, turn_id: str, entry: str) -> None:
+        """The user cancelled turn ``turn_id`` (inbox entry ``entry``; the worker's control
+        stream says so): a handler running it is stopped now (an async one's task cancelled:
+        ``CancelledError`` inside it; a sync one sees ``ctx.cancelled`` and its result is
+        dropped), and it is not started if not running yet. The turn is then committed as
+        cancelled. (Without this word the commit finds the cancel's record all the same.)"""
+        self.cancels.add(entry)
+        running = self.running
+        if running is None or running[0] != entry or running[1].turn.turn_id != turn_id:
+            return
+        _entry, ctx, call = running
+        ctx.cancel_flag.set()
+        handler = self.host.handler
+        if inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler):
+            call.cancel()
+        log.info("turn %s of %s cancelled by its user while its handler ran", turn_id, self.user)
 
     def _answer(self, entry: str, turn: Turn, pulled: Pulled, result: HandlerResult,
                 deferred: Deferred) -> Writes:
@@ -446,6 +502,50 @@ class UserJob:
             deferrals=deferred,
         )
 
+    async def _expire(self, lease: Lease, entry: str, turn: Turn, attempts: int,
+                      last_error: str | None) -> Done:
+        """Answer a turn reached after its deadline ``expired``, without calling the handler (nobody
+        waits for its reply); committed like a rejection but not dead-lettered: a normal end."""
+        late = time.time() - (turn.deadline or 0.0)
+        reason = f"the turn's deadline passed {late:.3f}s before a worker could serve it"
+        if last_error is not None:
+            reason = f"the turn's deadline passed after {attempts} failed attempts; last: {last_error}"
+        log.info("turn %s of %s expired: %s", turn.turn_id, self.user, reason)
+        reply = Reply(turn_id=turn.turn_id, user=self.user, ok=False, status="expired", error=reason,
+                      worker=self.host.worker_id, ts=time.time(), attempts=attempts)
+        writes = Writes(turn_id=turn.turn_id, reply=_encode_reply(reply, turn.reply_fmt),
+                        usage={"expired": 1, "handler_ms": round(self.turn_handler_s * 1000)},
+                        stream=_stream_end(turn.stream, attempts), status="expired")
+        return await self._commit(lease, entry, turn.turn_id, writes, "expired", turn.ts,
+                                  self._cancel_writes(entry, turn.turn_id, turn.reply_fmt, turn.text,
+                                                      attempts, [], writes.stream))
+
+    async def _cancelled(self, lease: Lease, entry: str, turn: Turn, attempts: int,
+                         emitted: list[str], writer: StreamWriter | None = None) -> Done:
+        """Answer a turn its user cancelled: ``cancelled``, with what its handler had emitted (and
+        a streamed turn's stream ends: with the attempt's text not flushed yet, if it ran)."""
+        self.cancels.discard(entry)
+        tail = await writer.tail() if writer is not None else _stream_end(turn.stream, attempts)
+        writes = self._cancel_writes(entry, turn.turn_id, turn.reply_fmt, turn.text, attempts, emitted, tail)
+        return await self._commit(lease, entry, turn.turn_id, writes, "cancelled", turn.ts)
+
+    def _cancel_writes(self, entry: str, turn_id: str, fmt: str, turn_text: str | None, attempts: int,
+                       emitted: list[str], stream: StreamTail | None = None) -> Writes:
+        """The write-back of a cancelled turn: a ``cancelled`` reply holding what was emitted
+        (``emitted``, joined), and in the session, marked ``cut``, the turn with that partial
+        reply: only if something was emitted. A turn stopped before it said anything is as if
+        withdrawn: its text never reaches the model's context. No memories, profile or
+        deferrals: a cancelled handler's result is dropped."""
+        text, now = "".join(emitted), time.time()
+        reply = Reply(turn_id=turn_id, user=self.user, ok=False, status="cancelled", text=text,
+                      error="cancelled by its user", worker=self.host.worker_id, ts=now, attempts=attempts)
+        said = turn_text is not None and text != ""
+        session_entry = encode(SessionEntry(turn_id=turn_id, entry=entry, text=turn_text or "", reply=text,
+                                            ts=now, cut=True)) if said else b""
+        return Writes(turn_id=turn_id, session_entry=session_entry, reply=_encode_reply(reply, fmt),
+                      usage={"cancelled": 1, "chars_out": len(text),
+                             "handler_ms": round(self.turn_handler_s * 1000)}, status="cancelled", stream=stream)
+
     async def _reject(self, lease: Lease, nxt: NextTurn, reply_to: str, fmt: str, reason: str,
                       kind: DeadKind, attempts: int, submitted: float | None = None,
                       unusable: frozenset[str] = frozenset(), stream: bool = False) -> Done:
@@ -458,20 +558,23 @@ class UserJob:
                       worker=self.host.worker_id, ts=time.time(), attempts=attempts)
         writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt),
                         usage={"errors": 1, "handler_ms": round(self.turn_handler_s * 1000)},
-                        stream=StreamTail(attempts, "error", restart=attempts > 0) if stream else None)
+                        stream=_stream_end(stream, attempts), status="error")
+        cancelled = self._cancel_writes(nxt.entry, reply_to, fmt, None, attempts, [], writes.stream)
         while True:
             try:
                 return await self._commit(lease, nxt.entry, reply_to, writes.without(unusable), "error",
-                                          submitted)
+                                          submitted, cancelled.without(unusable))
             except UserDataError as exc:
                 if not exc.roles <= _REJECTION_SPARES or exc.roles <= unusable:
                     raise Unanswerable(f"turn {nxt.entry} of {self.user} cannot be answered: {exc}") from exc
                 unusable |= exc.roles
 
     async def _commit(self, lease: Lease, entry: str, reply_to: str, writes: Writes, result: Result,
-                      submitted: float | None = None) -> Done:
+                      submitted: float | None = None, cancelled: Writes | None = None) -> Done:
         """Commit the turn's writes (and release the lane if nothing waits) and count what the
         commit found (``result`` if it wrote them; with ``submitted``, the end-to-end latency too).
+        A turn its user cancelled before the commit is committed with its ``cancelled`` writes
+        instead (the commit refuses any other: exactly one reply, never ``ok``).
         The ids attached by now are the ones a release covers: one that comes during the call
         may be for a turn after what it saw."""
         covered = len(self.nids)
@@ -481,6 +584,12 @@ class UserJob:
         finally:
             self.committing = False
         res, tally = committed.result, self.host.tally
+        if res == "cancelled" and writes.status != "cancelled":
+            log.info("turn %s of %s was cancelled before its commit: answered cancelled", reply_to, self.user)
+            self.cancels.discard(entry)
+            return await self._commit(lease, entry, reply_to,
+                                      cancelled or Writes(turn_id=reply_to, status="cancelled"), "cancelled",
+                                      submitted)
         tally.served(result if res == "ok" else "dup" if res == "dup" else "stale")
         if res == "ok" and submitted is not None:
             tally.observe("latency", time.time() - submitted)
@@ -523,6 +632,19 @@ class UserJob:
         if self.task is not None and not self.task.done() and not self._lost:
             self._lost = True
             self.task.cancel()
+
+
+def _backoff(attempt: int, deadline: float | None) -> float:
+    """Seconds to wait before the retry of a failed ``attempt``: the backoff, cut at the turn's
+    ``deadline`` (the retry then finds it passed and answers ``expired``)."""
+    wait = _RETRY_BACKOFF.compute(attempt)
+    return wait if deadline is None else max(0.0, min(wait, deadline - time.time()))
+
+
+def _stream_end(streamed: bool, attempts: int) -> StreamTail | None:
+    """A streamed turn answered with no attempt streaming now: its stream's end alone, after a
+    'restart' if an attempt may have streamed text (it is not the answer)."""
+    return StreamTail(attempts, restart=attempts > 0) if streamed else None
 
 
 def _encode_reply(reply: Reply, fmt: str) -> bytes:

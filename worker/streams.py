@@ -140,11 +140,10 @@ class StreamWriter:
         if self._inflight is not None:
             await asyncio.shield(self._inflight)
 
-    async def tail(self, status: str) -> StreamTail:
-        """End the attempt: what its commit writes to the stream (the text not flushed yet and
-        the ``end`` entry with ``status``), once a flush in flight is done (the commit's entries
-        come after it)."""
+    async def tail(self) -> StreamTail:
+        """End the attempt: what its commit writes to the stream (the text not flushed yet, before
+        the ``end`` entry), once a flush in flight is done (the commit's entries come after it)."""
         await self.close()
         if self.stopped:  # (a lost lane fences the commit too; a key of the wrong type fails it)
-            return StreamTail(self.attempt, status, "", self.restart)
-        return StreamTail(self.attempt, status, "".join(self.pending), self.restart)
+            return StreamTail(self.attempt, "", self.restart)
+        return StreamTail(self.attempt, "".join(self.pending), self.restart)

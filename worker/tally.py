@@ -13,7 +13,7 @@ from typing import Literal
 from protocol.metrics_buckets import BUCKET_COUNT, bucket_of
 from protocol.models import Counters, RedisErrorKind, TurnHistogram, TurnStats
 
-Result = Literal["ok", "error", "dup", "stale"]
+Result = Literal["ok", "error", "dup", "stale", "expired", "cancelled"]
 Duration = Literal["queue_wait", "handler", "latency"]
 
 
@@ -42,7 +42,8 @@ class TurnTally:
         self.turns = 0  # turns served here (answered or rejected)
         self.errors = 0  # failed handler attempts and rejected turns
         self.handler_seconds = 0.0  # of handler calls that ended
-        self.results: dict[Result, int] = {"ok": 0, "error": 0, "dup": 0, "stale": 0}
+        self.results: dict[Result, int] = {"ok": 0, "error": 0, "dup": 0, "stale": 0, "expired": 0,
+                                           "cancelled": 0}
         self.retries = 0
         self.dead_letters = 0
         self.delivery_limit = 0  # notifications dead-lettered and acked at max_deliveries
@@ -71,6 +72,7 @@ class TurnTally:
         """The counts so far, for a report."""
         res, h = self.results, self.durations
         return TurnStats(ok=res["ok"], error=res["error"], dup=res["dup"], stale=res["stale"],
+                         expired=res["expired"], cancelled=res["cancelled"],
                          retries=self.retries, dead_letters=self.dead_letters, fenced=self.fenced,
                          delivery_limit=self.delivery_limit,
                          queue_wait=h["queue_wait"].frozen(), handler=h["handler"].frozen(),

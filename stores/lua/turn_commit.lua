@@ -5,7 +5,7 @@
 -- turn makes, so a turn re-run after a crash can never be written twice.
 --
 -- KEYS[1]  fleet:u:{U}:lane     must hold ARGV[1] (fencing)
--- KEYS[2]  fleet:u:{U}:state    "cursor", "att:<entry>"
+-- KEYS[2]  fleet:u:{U}:state    "cursor", "att:<entry>", "cancel:<entry>" (turn_cancel's record)
 -- KEYS[3]  fleet:u:{U}:inbox    the entry is deleted once done
 -- KEYS[4]  fleet:u:{U}:session  list of msgpack SessionEntry
 -- KEYS[5]  fleet:u:{U}:done     zset of answered turn ids (score = now ms)
@@ -36,17 +36,22 @@
 -- ARGV[last] optional, after the pairs: the retention in ms (an integer); > 0: every key of the user but the
 --          lane and the reply expires that long after this commit; 0: none expires (an expiry
 --          an earlier commit set is removed)
--- ARGV[last+1 .. last+4] optional, after the retention (with KEYS[13]): a streamed turn's tail,
+-- ARGV[last + 1] optional, after the retention: how the turn ended ('ok', 'error', 'expired',
+--          'cancelled'; absent: 'ok'). A turn its user cancelled (turn_cancel's record) is
+--          committed only as 'cancelled': any other answer is refused (below).
+-- ARGV[last+2 .. last+4] optional, after the status (with KEYS[13]): a streamed turn's tail,
 --          written to its reply stream with the reply (include/stream_write): the attempt, '1' to
---          write a 'restart' entry first (else '0'), the text not flushed yet ('' = none), and
---          the end status (ok, error, cancelled, expired): the 'end' entry that closes the stream
+--          write a 'restart' entry first (else '0') and the text not flushed yet ('' = none); the
+--          'end' entry that closes the stream carries the status
 --
 -- Returns {result, released, next}:
 --   result  'ok'; 'stale' if the entry is not the next one after the cursor (already done:
 --           nothing written); 'dup' if the turn id was answered before (a resubmitted turn):
 --           the cursor moves past the entry and nothing else is written, so a turn gets
 --           exactly one reply (and its deferrals one outbox entry each) however often it was
---           submitted;
+--           submitted; 'cancelled' if the turn was cancelled and these writes are not its
+--           cancelled answer: nothing written, the lane kept ({'cancelled', 0, {}}): the caller
+--           commits the turn's cancelled reply instead;
 --   released 1 if nothing waits after the cursor (as Redis has it): the lane is deleted; else 0
 --           and the lane is kept;
 --   next    {} when released, else the first turn after the cursor with its context, as
@@ -93,7 +98,7 @@ end
 
 if ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3]) then
   redis.call('HSET', KEYS[2], 'cursor', ARGV[2])
-  redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2])
+  redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2], 'cancel:' .. ARGV[2])
   redis.call('XDEL', KEYS[3], ARGV[2])
   return finish('dup', ARGV[2])
 end
@@ -102,11 +107,15 @@ end
 local np, nm, nu, nd = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
 local pairs_end = 17 + 2 * ((np or 0) + (nm or 0) + (nu or 0) + (nd or 0))
 local streamed = #ARGV == pairs_end + 5
-if not (np and nm and nu and nd) or (#ARGV ~= pairs_end and #ARGV ~= pairs_end + 1 and not streamed) then
+if not (np and nm and nu and nd) or (#ARGV < pairs_end or #ARGV > pairs_end + 2) and not streamed then
   return redis.error_reply('BADARGS pair counts do not match the arguments')
 end
-if streamed and (#KEYS < 13 or not tonumber(ARGV[pairs_end + 2]) or ARGV[pairs_end + 5] == '') then
-  return redis.error_reply('BADARGS a streamed tail needs its stream key, an attempt and a status')
+local status = ARGV[pairs_end + 2] or 'ok'
+if streamed and (#KEYS < 13 or not tonumber(ARGV[pairs_end + 3])) then
+  return redis.error_reply('BADARGS a streamed tail needs its stream key and an attempt')
+end
+if status ~= 'cancelled' and redis.call('HEXISTS', KEYS[2], 'cancel:' .. ARGV[2]) == 1 then
+  return {'cancelled', 0, {}}
 end
 local first_mem, first_use = 18 + 2 * np, 18 + 2 * (np + nm)
 local first_def = 18 + 2 * (np + nm + nu)
@@ -130,7 +139,7 @@ if #wrong > 0 then
 end
 
 redis.call('HSET', KEYS[2], 'cursor', ARGV[2])
-redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2])
+redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2], 'cancel:' .. ARGV[2])
 redis.call('XDEL', KEYS[3], ARGV[2])
 
 -- The session is cut back to its bound only once a push takes it past (RPUSH says its length):
@@ -154,8 +163,8 @@ if ARGV[6] ~= '' then
   redis.call('PEXPIRE', KEYS[6], ARGV[7])
 end
 if streamed then  -- after the reply: a reader that sees 'end' finds the reply there
-  stream_write(KEYS[13], ARGV[pairs_end + 2], ARGV[pairs_end + 3], ARGV[pairs_end + 4],
-               ARGV[pairs_end + 5], ARGV[7])
+  stream_write(KEYS[13], ARGV[pairs_end + 3], ARGV[pairs_end + 4], ARGV[pairs_end + 5], status,
+               ARGV[7])
 end
 for i = 18, first_mem - 1, 2 do
   redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 1])

@@ -105,11 +105,13 @@ def test_scan_is_refused_to_the_roles_that_list_no_keys(clients: dict[str, redis
 
 @pytest.mark.acl_denials
 def test_a_client_writes_no_policy_and_reads_no_registry(clients: dict[str, redis.Redis]) -> None:
+    """(It may read inboxes: the cancel function, which runs on its rights, reads them to find
+    the turn; and write a worker's cancels stream, not its control stream.)"""
     client = clients["fleet-client"]
     refused = [lambda: client.set(keys.policy("chat"), "{}"), lambda: client.hgetall(keys.WORKERS),
                lambda: client.hset(keys.pins("alice"), "chat", "canary"), lambda: client.get(keys.LEADER),
                lambda: client.xrange(keys.EVENTS), lambda: client.lrange(keys.session("alice"), 0, -1),
-               lambda: client.xrange(keys.inbox("alice")), lambda: client.delete(keys.dead("chat")),
+               lambda: client.delete(keys.dead("chat")), lambda: client.xread({keys.cancels("w-1"): "0-0"}),
                lambda: client.xadd(keys.control("w-1"), {"op": "drain"}),
                lambda: client.set(keys.heartbeat("w-1"), 1)]
     for call in refused:

@@ -205,7 +205,7 @@ async def test_the_flush_is_fenced_and_ends_with_the_commit(r: redis.Redis,
     assert 0 < r.pttl(keys.stream("ivy", "t1")) <= 60_000
     other = Lease("ivy", "w2|1", lease.cursor)
     assert await store.append_stream(other, entry, "t1", 2, "stolen") == "fenced"
-    w = Writes(turn_id="t1", reply=b"r", stream=StreamTail(2, "ok", "c"))
+    w = Writes(turn_id="t1", reply=b"r", stream=StreamTail(2, "c"))
     assert (await store.commit(lease, entry, "t1", w, 1)).result == "ok"
     assert entries(r, "ivy", "t1")[-2:] == [{"k": "chunk", "a": "2", "t": "c"}, {"k": "end", "status": "ok"}]
     r.set(keys.lane("ivy"), lease.owner)  # (the commit released it: as if still held)
@@ -225,7 +225,7 @@ async def test_a_stream_key_of_the_wrong_type_writes_nothing(r: redis.Redis,
     assert await store.append_stream(lease, entry, "t1", 1, "a") == "wrongtype"
     before = r.hgetall(keys.state("jo"))
     with pytest.raises(UserDataError, match="stream"):
-        await store.commit(lease, entry, "t1", Writes(turn_id="t1", reply=b"r", stream=StreamTail(1, "ok")),
+        await store.commit(lease, entry, "t1", Writes(turn_id="t1", reply=b"r", stream=StreamTail(1)),
                            1)
     assert r.hgetall(keys.state("jo")) == before and not r.exists(keys.reply("jo", "t1"))
     await client.aclose()

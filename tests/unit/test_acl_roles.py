@@ -63,8 +63,13 @@ def test_no_role_may_run_admin_or_arbitrary_code(name: str) -> None:
 def test_the_client_role_touches_only_the_documented_keys() -> None:
     client = role("fleet-client")
     writable = {k.glob for k in client.keys if k.access == ""}
+    # (state and done: the keys of the cancel function, which records a cancel in the state hash)
     assert writable == {"fleet:u:{*}:inbox", "fleet:{*}:ready", "fleet:{*}:active", "fleet:{*}:pressure",
-                        "fleet:u:{*}:reply:*", "fleet:{*}:starting"}
+                        "fleet:u:{*}:reply:*", "fleet:{*}:starting", "fleet:u:{*}:state", "fleet:u:{*}:done"}
+    # a cancel tells the lane's holder on its cancels stream (never its control stream): write
+    # only; the lane: read only
+    assert {k.glob: k.access for k in client.keys if ":w:" in k.glob or k.glob.endswith(":lane")} == {
+        "fleet:w:{*}:cancels": "W", "fleet:u:{*}:lane": "R"}
     assert not any(k.glob in (keys.WORKERS, f"{keys.PREFIX}:*") for k in client.keys)
     assert "scan" not in client.commands and "set" not in client.commands
 

@@ -57,6 +57,7 @@ from protocol.models import (
 from protocol.policy import TurnsPolicy
 from stores import (
     backlog,
+    cancel,
     cluster,
     commanders,
     control,
@@ -461,7 +462,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         await store.commit(res, entry, "t-1", Writes(turn_id="t-1", session_entry=b"s", reply=b"r",
                                                       profile={"k": "v"}, memories=[(b"m", 1.0)],
                                                       usage={"turns": 1}, deferrals=[("j-0", b"d")],
-                                                      stream=StreamTail(1, "ok", "rest")),
+                                                      stream=StreamTail(1, "rest")),
                            int(time.time() * 1000))
     await store.acquire("nobody")  # nothing waits: the lane is not taken
     await store.renew(leases)
@@ -499,6 +500,12 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
     renotify.write_recovered(r, 7)
     renotify.read_recovered(r)
     await submit.submit_turns(ar, [turn(USERS[0], tier, 90)], tier, cluster=cluster.is_cluster(ar))
+    # a cancel: its record (the user's slot), then the lane's holder told (the worker's slot)
+    r.set(keys.lane(USERS[0]), f"{WORKERS[0]}|7")
+    cursor = r.hget(keys.state(USERS[0]), "cursor")
+    (_entry, fields), = r.xrange(keys.inbox(USERS[0]), min=f"({cursor.decode()}" if cursor else "-", count=1)
+    assert cancel.cancel_turn(r, USERS[0], fields[b"turn_id"].decode()).worker == WORKERS[0]
+    await cancel.cancel_turn(ar, USERS[1], "no-such-turn")
     renotify.unserved_users(r, list(USERS))
     renotify.renotify_unserved(r, tier, shards=3, batch=1)
     registry.forget_workers(r, list(WORKERS))
@@ -556,6 +563,8 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.erase.Erased": "a value",
     "stores.turns.StreamTail": "a value",
     "stores.users.TurnInProgress": "a value",
+    "stores.cancel.Cancel": "a value",
+    "stores.cancel.CancelRefused": "an exception",
     "stores.bad_state.BadEntry.as_json": "a value",
     "stores.bad_state.BadState.note": "logs and counts a bad entry",
     "stores.bad_state.shown": "formats a value",

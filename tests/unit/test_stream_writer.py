@@ -87,11 +87,11 @@ async def test_the_tail_waits_for_the_flush_in_flight_and_takes_the_rest() -> No
     w.emit("a")
     await settle(store, 1)  # in flight, held
     w.emit("b")
-    tail = asyncio.ensure_future(w.tail("ok"))
+    tail = asyncio.ensure_future(w.tail())
     await asyncio.sleep(0.02)
     assert not tail.done()
     store.gate.set()
-    assert await tail == StreamTail(1, "ok", "b", False)
+    assert await tail == StreamTail(1, "b", False)
     w.emit("late")  # after the attempt: dropped
     await asyncio.sleep(0.03)
     assert [c[2] for c in store.calls] == ["a"]
@@ -107,7 +107,7 @@ async def test_a_refused_flush_stops_the_stream(answer: str) -> None:
     w.emit("b")
     await asyncio.sleep(0.05)
     assert len(store.calls) == 1 and w.stopped == answer
-    assert await w.tail("ok") == StreamTail(2, "ok", "", True)
+    assert await w.tail() == StreamTail(2, "", True)
 
 
 async def test_emits_from_a_thread_arrive_in_order() -> None:
@@ -121,7 +121,7 @@ async def test_emits_from_a_thread_arrive_in_order() -> None:
     thread = threading.Thread(target=emit_all)
     thread.start()
     await asyncio.to_thread(thread.join)
-    tail: Any = await w.tail("ok")
+    tail: Any = await w.tail()
     sent = "".join(c[2] for c in store.calls) + tail.text
     assert sent == "".join(f"{i}," for i in range(50))
 

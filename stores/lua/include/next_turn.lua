@@ -35,7 +35,8 @@ end
 -- entry after the cursor, its fields as stored, and its context pack when the entry names a
 -- turn id and is for ``tier``:
 --   {session tail, profile (flat), top memories, 1 if the turn id was answered before else 0,
---    the attempt count with this one (count_attempt, once per lease), the turn id it was read for}
+--    the attempt count with this one (count_attempt, once per lease), the turn id it was read for,
+--    1 if the turn was cancelled (turn_cancel's record "cancel:<entry>" in the state hash) else 0}
 -- or {} when it cannot tell (a binary entry written before the plain turn_id/tier fields, a
 -- turn of another tier, or a context key of the wrong type: the worker then reads the pack
 -- itself, and rejects the turn if it cannot, or hands the user over).
@@ -79,6 +80,7 @@ local function next_turn(K, cursor, tier, context_turns, memory_k, token)
     answered,
     count_attempt(K.state, entry, token),
     turn_id,
+    redis.call('HEXISTS', K.state, 'cancel:' .. entry),
   }
   return {entry, fields, context}
 end
