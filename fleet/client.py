@@ -61,8 +61,8 @@ from stores.submit import (
 from stores.submit_options import OPTIONS_TTL_S, SubmitOptions, read_submit_options, split_by_pool
 from stores.tier_exists import tier_exists
 
-__all__ = ["AsyncFleet", "Cancel", "Erased", "Fleet", "Restart", "SubmitNotNotified", "TurnHandle", "TurnStream",
-           "TurnTimeout", "TurnTooLarge", "UnknownTier"]
+__all__ = ["AsyncFleet", "Cancel", "Erased", "Fleet", "Restart", "SubmitNotNotified", "TurnHandle",
+           "TurnStream", "TurnTimeout", "TurnTooLarge", "UnknownTier"]
 
 log = logging.getLogger("fleet.client")
 
@@ -458,7 +458,8 @@ class Fleet:
 
     def stream(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
                meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
-               create_tier: bool = False, deadline: float | Literal["timeout"] | None = "timeout") -> TurnStream:
+               create_tier: bool = False,
+               deadline: float | Literal["timeout"] | None = "timeout") -> TurnStream:
         """A streamed turn: ``for item in fleet.stream("alice", "hi")`` yields the text as the
         handler emits it, a :class:`Restart` when it starts over, then the ``Reply``
         (:class:`TurnStream`). Raises ``InvalidId`` / ``TurnTooLarge`` at once; the turn is
@@ -562,7 +563,8 @@ class AsyncFleet:
 
     def stream(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
                meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
-               create_tier: bool = False, deadline: float | Literal["timeout"] | None = "timeout") -> TurnStream:
+               create_tier: bool = False,
+               deadline: float | Literal["timeout"] | None = "timeout") -> TurnStream:
         """``Fleet.stream`` on asyncio: ``async for item in fleet.stream("alice", "hi")``."""
         return TurnStream(self, _streamed_turn(user, text, tier, meta, turn_id, self.max_turn_bytes, timeout,
                                                deadline), timeout, create_tier)

@@ -355,7 +355,10 @@ class UserStore:
         jobs' calls (``stores.batch``): the flushes of many turns go out together."""
         k = keys.user_keys(lease.user)
         keys_ = [k.lane, k.state, k.inbox, k.stream(turn_id)]
-        args = [lease.owner, entry, attempt, "1" if restart else "0", text, self.cfg.reply_ttl_ms]
+        # the flush's id: a call re-sent whole (redis-py re-sends a pipeline after a dropped
+        # connection) finds its chunk written already, and writes nothing twice
+        args = [lease.owner, entry, attempt, "1" if restart else "0", text, self.cfg.reply_ttl_ms,
+                uuid.uuid4().hex[:16]]
         if cluster.is_cluster(self.r):  # (a preview: no WAIT for replicas, whatever the tier asks)
             return as_str(await self.scripts.stream_append(keys=keys_, args=args))
         return as_str(await self.batcher.call(self.scripts.stream_append, keys_, args))

@@ -426,7 +426,8 @@ class UserJob:
         host = self.host
         ctx = handlers.TurnContext(turn, pulled.pack, dict(host.policy.handler_options),
                                    host.worker_id, pulled.attempts, lease.owner, host.protect,
-                                   deadline=turn.deadline, emitter=writer.emit if writer is not None else None)
+                                   deadline=turn.deadline,
+                                   emitter=writer.emit if writer is not None else None)
         if pulled.attempts == 1:  # (a turn's first attempt is pulled once, whichever worker it is)
             host.tally.observe("queue_wait", time.time() - turn.ts)
         else:
@@ -544,7 +545,8 @@ class UserJob:
                                             ts=now, cut=True)) if said else b""
         return Writes(turn_id=turn_id, session_entry=session_entry, reply=_encode_reply(reply, fmt),
                       usage={"cancelled": 1, "chars_out": len(text),
-                             "handler_ms": round(self.turn_handler_s * 1000)}, status="cancelled", stream=stream)
+                             "handler_ms": round(self.turn_handler_s * 1000)},
+                      status="cancelled", stream=stream)
 
     async def _reject(self, lease: Lease, nxt: NextTurn, reply_to: str, fmt: str, reason: str,
                       kind: DeadKind, attempts: int, submitted: float | None = None,

@@ -14,6 +14,9 @@
 --          or a resend of the attempt's whole text after a flush whose outcome is unknown); '0': none
 -- ARGV[5]  the text ('' = none)
 -- ARGV[6]  the stream's TTL in ms (the reply's)
+-- ARGV[7]  the flush's id (unique per call the writer makes): a call sent again whole (a
+--          pipeline re-sent after a dropped connection) finds its chunk already the stream's
+--          last entry and writes nothing twice
 --
 -- Returns 'ok' (written), 'fenced' (the lane is not the caller's), 'done' (the turn is not the
 -- next after the cursor: committed, or not the caller's to serve) or 'wrongtype' (KEYS[4]
@@ -39,5 +42,14 @@ local first = redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', 1)
 if #first == 0 or first[1][1] ~= ARGV[2] then
   return 'done'
 end
-stream_write(KEYS[4], ARGV[3], ARGV[4], ARGV[5], '', ARGV[6])
+local last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)[1]
+if last then
+  local fields = last[2]
+  for i = 1, #fields - 1, 2 do
+    if fields[i] == 'f' and fields[i + 1] == ARGV[7] then
+      return 'ok'
+    end
+  end
+end
+stream_write(KEYS[4], ARGV[3], ARGV[4], ARGV[5], '', ARGV[6], ARGV[7])
 return 'ok'

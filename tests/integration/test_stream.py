@@ -20,8 +20,10 @@ import redis.asyncio as aioredis
 
 from fleet.client import AsyncFleet, Fleet, Restart, TurnTimeout
 from protocol import keys
+from protocol.codec import as_str
 from protocol.models import Reply
 from protocol.policy import TurnsPolicy
+from stores import functions
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy
 from stores.turns import Lease, StoreConfig, StreamTail, UserDataError, UserStore, Writes
@@ -46,7 +48,8 @@ async def fleet(redis_server: RedisServer) -> AsyncIterator[AsyncFleet]:
 
 
 def entries(r: redis.Redis, user: str, turn_id: str) -> list[dict[str, str]]:
-    return [{k.decode(): v.decode() for k, v in fields.items()}
+    """The stream's entries, without the flushes' ids (``f``: see the re-sent flush's test)."""
+    return [{k.decode(): v.decode() for k, v in fields.items() if k != b"f"}
             for _id, fields in r.xrange(keys.stream(user, turn_id))]
 
 
@@ -212,6 +215,19 @@ async def test_the_flush_is_fenced_and_ends_with_the_commit(r: redis.Redis,
     assert await store.append_stream(lease, entry, "t1", 2, "late") == "done"
     assert entries(r, "ivy", "t1")[-1] == {"k": "end", "status": "ok"}
     await client.aclose()
+
+
+def test_a_flush_sent_again_whole_is_written_once(r: redis.Redis) -> None:
+    """redis-py re-sends a pipeline after a dropped connection: a flush that ran before the drop
+    runs again. Named by its id, it finds its chunk the stream's last entry and writes nothing."""
+    entry = r.xadd(keys.inbox("kim"), {"text": "x", "turn_id": "t1"}).decode()
+    r.set(keys.lane("kim"), "w1|7")
+    k = keys.user_keys("kim")
+    call = functions.Functions(r).stream_append
+    args = ["w1|7", entry, 1, "0", "hello", 60_000]
+    for flush in ("f1", "f1", "f2"):  # f1 sent again whole, then the next flush
+        assert as_str(call(keys=[k.lane, k.state, k.inbox, k.stream("t1")], args=[*args, flush])) == "ok"
+    assert [e["t"] for e in entries(r, "kim", "t1")] == ["hello", "hello"]  # f1 once, f2 once
 
 
 async def test_a_stream_key_of_the_wrong_type_writes_nothing(r: redis.Redis,
