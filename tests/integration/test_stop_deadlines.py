@@ -69,7 +69,9 @@ def test_a_running_handler_is_bounded_by_its_deadline(serve: Callable[..., tuple
     reply = turn.result(15)
     assert reply.status == "expired" and "ran into the turn's deadline" in (reply.error or "")
     assert time.monotonic() - started < 10
-    assert handled(trace) == [turn.turn_id]
+    # its handler ran (a retry may start too, should the first call's timer fire a hair before
+    # the deadline: the retry then finds no time left and fails at once)
+    assert set(handled(trace)) == {turn.turn_id}
 
 
 def test_fleet_submit_sets_the_deadline_from_its_timeout(serve: Callable[..., tuple[Fleet, Path]],
