@@ -279,12 +279,15 @@ async def echo_stream(ctx: TurnContext) -> AsyncIterator[str]:
     """The user's text back, streamed word by word (each word after the first with the space
     before it), handler option ``delay_ms`` (default 20) between words: for demos and tests.
     ``fail_attempts`` = N makes the first N attempts fail once they have streamed the text (a
-    retry restarts the stream)."""
+    retry restarts the stream); ``stamp`` appends to each word the unix time it was emitted
+    (``word@1765000000.123456``: ``scripts/bench_stream`` measures emit -> client with it)."""
     delay_s = float(ctx.option("delay_ms", 20)) / 1000
+    stamp = bool(ctx.option("stamp", False))
     for i, word in enumerate(ctx.turn.text.split(" ")):
         if i:
             await asyncio.sleep(delay_s)
-        yield word if i == 0 else f" {word}"
+        text = f"{word}@{time.time():.6f}" if stamp else word
+        yield text if i == 0 else f" {text}"
     if ctx.attempt <= int(ctx.option("fail_attempts", 0)):
         raise HandlerError(f"injected failure on attempt {ctx.attempt}, after its text")
 

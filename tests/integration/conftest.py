@@ -21,6 +21,7 @@ from commander.runtime import Lifecycle, WorkerHandle
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import WorkerInfo
+from tests.browser_driver import Browser, ensure_browser
 from tests.helpers import Processes, Started, leads, no_process_left, wait_until  # wait_until: re-exported
 
 if TYPE_CHECKING:
@@ -225,3 +226,12 @@ def wait_workers_saw(runtime: ProcessRuntime, r: redis.Redis, text: str, what: s
         live = [wid for wid, (_info, alive) in read_registry(r).workers.items() if alive]
         return bool(live) and all(text in (runtime.log_dir / f"{w}.log").read_text() for w in live)
     wait_until(saw, timeout, what)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    """Debian's chromium, headless, through playwright-core (``tests.browser_driver``)."""
+    node, chromium = ensure_browser()
+    b = Browser(node, chromium, tmp_path / "browser.log")
+    yield b
+    b.close()

@@ -1,5 +1,5 @@
 // Drives Debian's chromium (headless, through playwright-core) for
-// tests/integration/test_monitor_browser.py: one JSON command per line on stdin, one JSON
+// the browser tests (tests/browser_driver.py): one JSON command per line on stdin, one JSON
 // answer per line on stdout ({"ok": true, ...} or {"ok": false, "error": "..."}).
 //
 //   FLEET_BROWSER_MODULES  the directory whose node_modules holds playwright-core
