@@ -2,8 +2,9 @@
 
 - **I1** every accepted turn has exactly one reply (ok or error); a turn for a tier that
   runs nowhere is answered with an error once a worker of the user's tier meets it;
-- **I2** per user, the session holds each ok turn exactly once, in submission order, and
-  the handler of each committed turn saw exactly the turns before it;
+- **I2** per user, the session holds each ok turn exactly once, in submission order (and a
+  cancelled turn that had streamed text at most once, marked cut, in its place), and the
+  handler of each committed turn saw exactly the turns before it;
 - **I3** no two workers inside a handler for one user at once, unless the later one's
   write was fenced (only one of two overlapping runs committed);
 - **liveness**: every accepted turn is answered within ``bound_s`` of virtual time after
@@ -140,17 +141,24 @@ def _i2(r: fakeredis.FakeRedis, record: Record, replies: Replies) -> list[Violat
     for sub in record.turns:
         by_user[sub.user].append(sub)
     for user, subs in by_user.items():
-        ok = [s.turn for s in sorted(subs, key=lambda s: s.index)
-              if any(rep.ok for rep in replies[(user, s.turn)])]
+        ordered = sorted(subs, key=lambda s: s.index)
+        ok = [s.turn for s in ordered if any(rep.ok for rep in replies[(user, s.turn)])]
         try:
-            stored = bytes_list(r.lrange(keys.session(user), 0, -1))
-            session = [decode(SessionEntry, e).turn_id for e in stored]
+            entries = [decode(SessionEntry, e) for e in bytes_list(r.lrange(keys.session(user), 0, -1))]
         except CodecError as exc:
             out.append(Violation("I2", f"session of {user} does not decode: {exc}"))
             continue
-        if session != ok:
+        session = [e.turn_id for e in entries]
+        if [e.turn_id for e in entries if not e.cut] != ok:
             out.append(Violation("I2", f"session of {user} is {session}, the ok turns in order are {ok}"))
-        out += _context_seen(user, ok, record)
+        # a cancelled turn that had streamed text is in it once, marked cut, in its place
+        for e in entries:
+            if e.cut and not any(rep.status == "cancelled" for rep in replies[(user, e.turn_id)]):
+                out.append(Violation("I2", f"turn {e.turn_id} of {user} is in the session as cut, "
+                                           f"and was not answered cancelled"))
+        if session != [s.turn for s in ordered if s.turn in session] or len(set(session)) != len(session):
+            out.append(Violation("I2", f"session of {user} is {session}: not once each, in submission order"))
+        out += _context_seen(user, session, ok, record)
     return out
 
 
@@ -193,12 +201,13 @@ def _committed(calls: list[Call], record: Record) -> list[Call]:
     return list(last.values())
 
 
-def _context_seen(user: str, ok: list[str], record: Record) -> list[Violation]:
+def _context_seen(user: str, session: list[str], ok: list[str], record: Record) -> list[Violation]:
+    """Each ok turn's handler saw the session's turns before it (cut ones included)."""
     out = []
     for call in _committed([c for c in record.calls if c.user == user], record):
         if call.turn not in ok:  # answered another way (cancelled, an error): no context to judge
             continue
-        before = ok[: ok.index(call.turn)]
+        before = session[: session.index(call.turn)]
         if call.seen != before[-CONTEXT_TURNS:]:
             out.append(Violation("I2", f"turn {call.turn} of {user} saw the session {call.seen}, "
                                        f"not the turns before it {before[-CONTEXT_TURNS:]}"))

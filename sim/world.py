@@ -467,18 +467,18 @@ class World:
     async def _submit(self, client: AsyncFleet, sub: Submitted, sleep_ms: int) -> None:
         """Submit until accepted, with the same turn id every time (the worker dedupes)."""
         failures = 0
+        deadline = None if sub.deadline is None else EPOCH + sub.deadline
         while True:
             try:
                 if sub.tier == GHOST:
                     await self._submit_raw(client, sub)
                 elif self.workload.streamed:  # (the client's submit of a streamed turn: TurnStream's)
                     turn = _build_turn(sub.user, f"text {sub.turn}", sub.tier, {"sleep_ms": sleep_ms},
-                                       sub.turn, client.max_turn_bytes, stream=True)
+                                       sub.turn, client.max_turn_bytes, stream=True, deadline=deadline)
                     await client._send([turn], False)
                 else:
                     await client.submit(sub.user, f"text {sub.turn}", tier=sub.tier,
-                                        meta={"sleep_ms": sleep_ms}, turn_id=sub.turn,
-                                        deadline=None if sub.deadline is None else EPOCH + sub.deadline)
+                                        meta={"sleep_ms": sleep_ms}, turn_id=sub.turn, deadline=deadline)
                 sub.accepted = self.loop.time()
                 return
             except RedisError:
