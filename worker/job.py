@@ -178,6 +178,7 @@ class UserJob:
         # the handler call in progress: (inbox entry, its context, the task running it)
         self.running: tuple[str, handlers.TurnContext, asyncio.Future[HandlerResult]] | None = None
         self.cancels: set[str] = set()  # inbox entries whose cancel this worker was told of
+        self.streamed: set[str] = set()  # inbox entries whose stream this job has written to
 
     def attach(self, nid: str, reclaimed: bool, deliveries: int = 1) -> None:
         """Give this job the duty of a notification for its user, delivered ``deliveries`` times
@@ -364,8 +365,7 @@ class UserJob:
                 reason = f"failed {pulled.attempts - 1} attempts; last: {last_error}"
                 return await self._reject(lease, nxt, turn.turn_id, turn.reply_fmt, reason, "attempts",
                                           attempts=pulled.attempts - 1, submitted=turn.ts, stream=turn.stream)
-            writer = (self.host.streams.writer(lease, entry, turn.turn_id, pulled.attempts,
-                                               self.host.settings.max_reply_bytes) if turn.stream else None)
+            writer = self._writer(lease, entry, turn, pulled.attempts)
             try:
                 result, ctx = await self._call_handler(lease, entry, turn, pulled, writer)
             except TurnCancelled as stop:
@@ -391,6 +391,18 @@ class UserJob:
             return await self._commit(lease, entry, turn.turn_id, replace(writes, stream=tail), "ok", turn.ts,
                                       self._cancel_writes(entry, turn.turn_id, turn.reply_fmt, turn.text,
                                                           pulled.attempts, ctx.emitted, tail))
+
+    def _writer(self, lease: Lease, entry: str, turn: Turn, attempt: int) -> StreamWriter | None:
+        """A streamed turn's writer for this run. Its first write is a restart when text of an
+        earlier run may be in the stream: an earlier attempt's, or this attempt's own run that the
+        lane's deadline stopped (the lane still ours, taken again under the same lease: the
+        attempt is not counted again)."""
+        if not turn.stream:
+            return None
+        rerun = attempt > 1 or entry in self.streamed
+        self.streamed.add(entry)
+        limit = self.host.settings.max_reply_bytes
+        return self.host.streams.writer(lease, entry, turn.turn_id, attempt, limit, rerun)
 
     async def _admit(self, lease: Lease, nxt: NextTurn) -> Turn | Done:
         """The turn of ``nxt`` if this pool serves it; the ``Done`` of its rejection if it cannot
@@ -645,8 +657,8 @@ def _backoff(attempt: int, deadline: float | None) -> float:
 
 def _stream_end(streamed: bool, attempts: int) -> StreamTail | None:
     """A streamed turn answered with no attempt streaming now: its stream's end alone, after a
-    'restart' if an attempt may have streamed text (it is not the answer)."""
-    return StreamTail(attempts, restart=attempts > 0) if streamed else None
+    'restart' (any text a run may have streamed is not the answer)."""
+    return StreamTail(attempts, restart=True) if streamed else None
 
 
 def _encode_reply(reply: Reply, fmt: str) -> bytes:

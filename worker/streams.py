@@ -35,9 +35,12 @@ class StreamFlusher:
         self._due: set[StreamWriter] = set()
         self._timer: asyncio.TimerHandle | None = None
 
-    def writer(self, lease: Lease, entry: str, turn_id: str, attempt: int, max_bytes: int) -> StreamWriter:
-        """A new writer for one attempt of a streamed turn (made on the worker's loop)."""
-        return StreamWriter(self, lease, entry, turn_id, attempt, max_bytes)
+    def writer(self, lease: Lease, entry: str, turn_id: str, attempt: int, max_bytes: int,
+               restart: bool) -> StreamWriter:
+        """A new writer for one attempt of a streamed turn (made on the worker's loop); with
+        ``restart``, its first write starts with a 'restart' entry (text of an earlier run may be
+        in the stream)."""
+        return StreamWriter(self, lease, entry, turn_id, attempt, max_bytes, restart)
 
     def due(self, writer: StreamWriter) -> None:
         self._due.add(writer)
@@ -59,11 +62,11 @@ class StreamWriter:
     handed to the commit by :meth:`tail`. ``emit`` is safe from any thread."""
 
     def __init__(self, flusher: StreamFlusher, lease: Lease, entry: str, turn_id: str, attempt: int,
-                 max_bytes: int) -> None:
+                 max_bytes: int, restart: bool) -> None:
         self.flusher, self.lease, self.entry, self.turn_id = flusher, lease, entry, turn_id
         self.attempt = attempt
         self.max_bytes = max_bytes  # the attempt's text beyond this is not streamed (the reply's limit)
-        self.restart = attempt > 1  # the attempt's first write starts with 'restart'
+        self.restart = restart  # the attempt's first write starts with 'restart'
         self.pending: list[str] = []  # emitted, not sent yet
         self.sent: list[str] = []  # written since the last 'restart' (or the stream's start)
         self.size = 0

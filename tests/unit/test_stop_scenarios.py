@@ -149,3 +149,13 @@ def test_drawn_schedules_with_cancels_find_a_commit_that_ignores_the_cancel(
     plant(monkeypatch, "turn_commit", IGNORES_THE_CANCEL)
     found = next((o for o in _stop_schedules(range(1, 120), max_faults=0) if o.violations), None)
     assert found is not None and {v.kind for v in found.violations} == {"cancel"}
+
+
+def test_a_streamed_turn_run_again_under_the_same_lease_starts_with_a_restart() -> None:
+    """Seed 52326 (scripts/explore --streamed --stop 0.5): a worker paused past its lane's
+    deadline stops its turn, takes the lane again under the same lease (nobody took it), and
+    runs the same attempt again: its text must follow a restart, or the reader shows it twice."""
+    seed = 52326
+    workload = replace(Workload.draw(random.Random(seed)), stop=0.5, streamed=True)
+    got = run(Schedule(seed=seed, workload=workload))
+    assert got.ok, [str(v) for v in got.violations]

@@ -36,7 +36,7 @@ class FakeStore:
 def writer(store: FakeStore, turn: str = "t1", attempt: int = 1, flush_s: float = 0.01,
            flusher: StreamFlusher | None = None) -> StreamWriter:
     f = flusher or StreamFlusher(store, flush_s)  # type: ignore[arg-type]
-    return f.writer(Lease("alice", "w|1", ""), "1-0", turn, attempt, 1000)
+    return f.writer(Lease("alice", "w|1", ""), "1-0", turn, attempt, 1000, restart=attempt > 1)
 
 
 async def settle(store: FakeStore, calls: int) -> None:
