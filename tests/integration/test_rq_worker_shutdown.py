@@ -96,8 +96,9 @@ class Ended:
 
 
 def run_worker_script(script: str, env: dict[str, str], log: Path, timeout: float = 20) -> Ended:
-    """Run a ``fleet rq-worker`` script that prints its scheduler's pid (``scheduler-pid N``);
-    its output goes to a file, not a pipe (an orphaned scheduler would hold a pipe open)."""
+    """Run a ``fleet rq-worker`` script that prints its scheduler's pid (``scheduler-pid N``, in
+    one write: the scheduler's own log lines share the file); its output goes to a file, not a
+    pipe (an orphaned scheduler would hold a pipe open)."""
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -124,7 +125,7 @@ SIGTERM_BEFORE_RQ_HANDLERS = textwrap.dedent("""
     def start_then_sigterm(self, *args, **kwargs):
         base(self, *args, **kwargs)
         assert self.scheduler is not None and self.scheduler._process is not None
-        print("scheduler-pid", self.scheduler._process.pid, flush=True)
+        os.write(1, b"scheduler-pid %d\n" % self.scheduler._process.pid)
         os.kill(os.getpid(), signal.SIGTERM)
 
     rq_worker.FleetWorker._start_scheduler = start_then_sigterm
@@ -142,7 +143,7 @@ SIGTERM_BEFORE_THE_LOOP = textwrap.dedent("""
 
     def install_then_sigterm(self):
         base(self)
-        print("scheduler-pid", self.scheduler._process.pid, flush=True)
+        os.write(1, b"scheduler-pid %d\n" % self.scheduler._process.pid)
         os.kill(os.getpid(), signal.SIGTERM)
 
     rq_worker.FleetWorker._install_signal_handlers = install_then_sigterm
@@ -214,7 +215,7 @@ FAILS_AFTER_THE_SCHEDULER_STARTED = textwrap.dedent("""
     from worker.rq import rq_worker
 
     def fail(self):
-        print("scheduler-pid", self.scheduler._process.pid, flush=True)
+        os.write(1, b"scheduler-pid %d\n" % self.scheduler._process.pid)
         raise RuntimeError("a failure while RQ starts")
 
     rq_worker.FleetWorker._install_signal_handlers = fail
