@@ -125,7 +125,7 @@ SIGTERM_BEFORE_RQ_HANDLERS = textwrap.dedent("""
     def start_then_sigterm(self, *args, **kwargs):
         base(self, *args, **kwargs)
         assert self.scheduler is not None and self.scheduler._process is not None
-        os.write(1, b"scheduler-pid %d\n" % self.scheduler._process.pid)
+        os.write(1, b"scheduler-pid %d\\n" % self.scheduler._process.pid)
         os.kill(os.getpid(), signal.SIGTERM)
 
     rq_worker.FleetWorker._start_scheduler = start_then_sigterm
@@ -143,7 +143,7 @@ SIGTERM_BEFORE_THE_LOOP = textwrap.dedent("""
 
     def install_then_sigterm(self):
         base(self)
-        os.write(1, b"scheduler-pid %d\n" % self.scheduler._process.pid)
+        os.write(1, b"scheduler-pid %d\\n" % self.scheduler._process.pid)
         os.kill(os.getpid(), signal.SIGTERM)
 
     rq_worker.FleetWorker._install_signal_handlers = install_then_sigterm
@@ -211,11 +211,11 @@ def test_a_sigterm_while_starting_exits_before_registering(fleet_env: dict[str, 
 
 # ... and one that fails while RQ starts, after its scheduler process was forked
 FAILS_AFTER_THE_SCHEDULER_STARTED = textwrap.dedent("""
-    import sys
+    import os, sys
     from worker.rq import rq_worker
 
     def fail(self):
-        os.write(1, b"scheduler-pid %d\n" % self.scheduler._process.pid)
+        os.write(1, b"scheduler-pid %d\\n" % self.scheduler._process.pid)
         raise RuntimeError("a failure while RQ starts")
 
     rq_worker.FleetWorker._install_signal_handlers = fail
