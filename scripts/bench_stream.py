@@ -7,7 +7,8 @@ On a private redis-server with real worker processes (the built-in ``echo_stream
    (``AsyncFleet.stream``), p50/p99, at half the load the workers sustain (a closed loop first
    finds that load: streamed turns per second with every slot busy);
 2. **Redis cost**: Redis CPU (``INFO`` CPU counters) and commands per turn of a streamed turn
-   of ``--chunks`` chunks against a plain turn of the same text (``echo``);
+   of ``--chunks`` chunks against the same turn read as a plain one (the same handler and
+   pacing: the chunks go into the reply, nothing is streamed);
 3. **stop**: ``AsyncFleet.cancel`` -> the handler cancelled (its exit in the worker's handler
    trace), and -> the ``cancelled`` reply at the client, p50/p99;
 4. **in flight**: how many streamed turns of a ~2 s model call one worker process holds at once
@@ -114,13 +115,21 @@ async def open_loop(fleet: AsyncFleet, rate: float, seconds: float, words: str) 
     return lags, n
 
 
-async def cost(fleet: AsyncFleet, r: redis.Redis, tier: str, words: str, turns: int) -> dict[str, float]:
-    """Redis CPU and commands per turn of ``turns`` turns of ``tier``, 20 users at a time."""
+async def cost(fleet: AsyncFleet, r: redis.Redis, words: str, turns: int, streamed: bool) -> dict[str, float]:
+    """Redis CPU and commands per turn of ``turns`` turns of the paced ``echo_stream`` (tier
+    ``costly``), 20 users at a time, read as streams or (``streamed`` false) as plain turns: the
+    same handler and the same pacing, so what Redis spends meanwhile on its own (its timers,
+    the workers' blocking reads) weighs on both alike."""
     sem = asyncio.Semaphore(20)
 
     async def one(i: int) -> None:
         async with sem:
-            await stream_turn(fleet, f"{tier}{i}", words, tier, None)
+            user = f"{'s' if streamed else 'p'}{i}"
+            if streamed:
+                await stream_turn(fleet, user, words, "costly", None)
+            else:
+                reply = await fleet.ask(user, words, tier="costly", timeout=120)
+                assert reply.ok, reply
 
     await one(-1)  # warm
     cpu0, cmds0 = redis_cost(r)
@@ -195,8 +204,8 @@ async def run(args: Any, url: str, trace: Path) -> dict[str, Any]:
               file=sys.stderr, flush=True)
         lags, n = await open_loop(fleet, rate / 2, args.seconds, words)
         print(f"bench_stream: half load, {n} turns, {len(lags)} chunks", file=sys.stderr, flush=True)
-        plain = await cost(fleet, r, "plain", text(args.chunks), args.cost_turns)
-        streamed = await cost(fleet, r, "costly", text(args.chunks), args.cost_turns)
+        plain = await cost(fleet, r, text(args.chunks), args.cost_turns, streamed=False)
+        streamed = await cost(fleet, r, text(args.chunks), args.cost_turns, streamed=True)
         print("bench_stream: Redis cost measured; stopping turns", file=sys.stderr, flush=True)
         stopped = await stop(fleet, trace, args.cancels)
         held = await hold(fleet, trace, args.hold, max(1, round(2000 / args.delay_ms)))
@@ -217,15 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         r = redis.Redis.from_url(url)
         write_policy(r, "stream", TurnsPolicy(handler="echo_stream", handler_options=options,
                                               concurrency=args.concurrency, min_workers=args.workers))
-        write_policy(r, "plain", TurnsPolicy(handler="echo", concurrency=20))
         paced = {"delay_ms": args.delay_ms}
         write_policy(r, "costly", TurnsPolicy(handler="echo_stream", handler_options=paced, concurrency=20))
         write_policy(r, "hold", TurnsPolicy(handler="echo_stream", handler_options=paced,
                                             concurrency=min(1024, args.hold)))
         trace = Path(tmp) / "trace.jsonl"
         env = {"FLEET_WORKER_HANDLER_TRACE": str(trace)}
-        with worker_processes(url, args.workers, "stream"), worker_processes(url, 1, "plain"), \
-                worker_processes(url, 1, "costly"), worker_processes(url, 1, "hold", extra_env=env):
+        with worker_processes(url, args.workers, "stream"), worker_processes(url, 1, "costly"), \
+                worker_processes(url, 1, "hold", extra_env=env):
             result = asyncio.run(run(args, url, trace))
     emit({"load_average_at_start": [round(x, 2) for x in load], **result}, args.json)
     return 0
