@@ -103,6 +103,18 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Flush:
+    """Streamed text of one attempt of ``turn_id`` on its way to the turn's reply stream,
+    fenced by ``lease``; ``restart`` writes a 'restart' entry first."""
+
+    lease: Lease
+    turn_id: str
+    attempt: int
+    text: str
+    restart: bool = False
+
+
+@dataclass(frozen=True)
 class Idle:
     """The lane was free (or ours) and nothing waited after the cursor: it was not taken (ours
     was given up), as if taken, found empty and released in one step."""
@@ -347,21 +359,33 @@ class UserStore:
             await self.notify_relay(lease.user)
         return committed
 
-    async def append_stream(self, lease: Lease, entry: str, turn_id: str, attempt: int, text: str,
-                            restart: bool = False) -> str:
-        """Flush streamed text of ``turn_id`` (inbox ``entry``) to its reply stream, fenced by
-        ``lease`` (``stream_append.lua``): 'ok', or what kept it from being written ('fenced',
-        'done', 'wrongtype'). On one node it rides the loop pass's round trip with the other
-        jobs' calls (``stores.batch``): the flushes of many turns go out together."""
-        k = keys.user_keys(lease.user)
-        keys_ = [k.lane, k.state, k.inbox, k.stream(turn_id)]
-        # the flush's id: a call re-sent whole (redis-py re-sends a pipeline after a dropped
-        # connection) finds its chunk written already, and writes nothing twice
-        args = [lease.owner, entry, attempt, "1" if restart else "0", text, self.cfg.reply_ttl_ms,
-                uuid.uuid4().hex[:16]]
+    async def append_streams(self, flushes: list[Flush]) -> list[str | Exception]:
+        """Write ``flushes`` (``stream_append.lua``), each fenced by its lease: per flush 'ok', or
+        what kept it from being written ('fenced', 'done', 'wrongtype'), or the error that left
+        its outcome unknown. On one node they are one script call, riding the loop pass's round
+        trip with the other jobs' calls (``stores.batch``); on a Cluster one call each (their
+        users are in other slots)."""
+        calls = []
+        for f in flushes:
+            # the flush's id: a call re-sent whole (redis-py re-sends a pipeline after a dropped
+            # connection) finds its chunk written already, and writes nothing twice
+            calls.append(([keys.lane(f.lease.user), keys.stream(f.lease.user, f.turn_id)],
+                          [f.lease.owner, f.attempt, "1" if f.restart else "0", f.text, self.cfg.reply_ttl_ms,
+                           uuid.uuid4().hex[:16]]))
         if cluster.is_cluster(self.r):  # (a preview: no WAIT for replicas, whatever the tier asks)
-            return as_str(await self.scripts.stream_append(keys=keys_, args=args))
-        return as_str(await self.batcher.call(self.scripts.stream_append, keys_, args))
+            out: list[str | Exception] = []
+            for k, a in calls:
+                try:
+                    out.append(as_str((await self.scripts.stream_append(keys=k, args=a))[0]))
+                except TRANSIENT as exc:
+                    out.append(exc)
+            return out
+        try:
+            got = await self.batcher.call(self.scripts.stream_append, [k for c in calls for k in c[0]],
+                                          [a for c in calls for a in c[1]])
+        except TRANSIENT as exc:
+            return [exc] * len(flushes)
+        return [as_str(g) for g in got]
 
     async def notify_relay(self, user: str) -> None:
         """Tell the relay that ``user``'s outbox holds entries (after the commit that wrote them:

@@ -86,7 +86,8 @@ class Host:
         self.settings = settings
         self.worker_id, self.tier, self.pool = settings.worker_id, settings.tier, settings.pool
         self.store = store
-        self.streams = StreamFlusher(store, settings.stream_flush_ms / 1000)  # streamed turns' flushes
+        self.streams = StreamFlusher(store, settings.stream_flush_ms / 1000,  # streamed turns' flushes
+                                     settings.stream_flush_max_ms / 1000)
         self.tier_policy = tier_policy
         self.jobs = jobs
         self.tally = tally

@@ -402,7 +402,7 @@ class UserJob:
         rerun = attempt > 1 or entry in self.streamed
         self.streamed.add(entry)
         limit = self.host.settings.max_reply_bytes
-        return self.host.streams.writer(lease, entry, turn.turn_id, attempt, limit, rerun)
+        return self.host.streams.writer(lease, turn.turn_id, attempt, limit, rerun)
 
     async def _admit(self, lease: Lease, nxt: NextTurn) -> Turn | Done:
         """The turn of ``nxt`` if this pool serves it; the ``Done`` of its rejection if it cannot

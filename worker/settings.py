@@ -64,7 +64,10 @@ class WorkerSettings(BaseSettings):
     reply_ttl_s: int = Field(3600, ge=1, description="seconds a reply (and a streamed turn's reply "
                              "stream) waits for its reader")
     stream_flush_ms: int = Field(20, ge=0, le=10_000, description="a streamed turn's emitted text is "
-                                 "written to its reply stream this often (every turn's in one round trip)")
+                                 "first written to its reply stream this soon (every turn's in one round "
+                                 "trip); each next write waits twice as long as the last")
+    stream_flush_max_ms: int = Field(100, ge=0, le=10_000, description="the longest wait between two "
+                                     "writes of a streamed turn's text (at least stream_flush_ms)")
     handler_trace: str | None = Field(
         None, description="append a JSON line per handler entry and exit here (exclusivity checks)")
     # Kubernetes (the downward API: metadata.name, spec.nodeName); see docs/guide/kubernetes.md

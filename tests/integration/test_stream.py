@@ -26,7 +26,7 @@ from protocol.policy import TurnsPolicy
 from stores import functions
 from stores.connection import connect_async, connect_sync
 from stores.policies import write_policy
-from stores.turns import Lease, StoreConfig, StreamTail, UserDataError, UserStore, Writes
+from stores.turns import Flush, Lease, StoreConfig, StreamTail, UserDataError, UserStore, Writes
 from tests.helpers import fleet_argv, fleet_cli, wait_until
 
 if TYPE_CHECKING:
@@ -90,6 +90,12 @@ async def test_chunks_arrive_while_the_handler_runs_then_the_reply_once(
     assert raw[-1] == {"k": "end", "status": "ok"}
     assert all(e == {"k": "chunk", "a": "1", "t": e["t"]} for e in raw[:-1])
     assert "".join(e["t"] for e in raw[:-1]) == reply.text
+
+
+async def flush(store: UserStore, lease: Lease, attempt: int, text: str,
+                restart: bool = False) -> str | Exception:
+    """One flush of turn t1's stream (``stream_append.lua``), as the worker's flusher sends it."""
+    return (await store.append_streams([Flush(lease, "t1", attempt, text, restart)]))[0]
 
 
 async def test_a_turn_whose_handler_never_emits_still_ends_with_its_reply_promptly(
@@ -201,18 +207,18 @@ async def test_the_flush_is_fenced_and_ends_with_the_commit(r: redis.Redis,
     entry = r.xadd(keys.inbox("ivy"), {"text": "x", "turn_id": "t1"}).decode()
     lease = await store.acquire("ivy")
     assert isinstance(lease, Lease)
-    assert await store.append_stream(lease, entry, "t1", 1, "a") == "ok"
-    assert await store.append_stream(lease, entry, "t1", 2, "b", restart=True) == "ok"
+    assert await flush(store, lease, 1, "a") == "ok"
+    assert await flush(store, lease, 2, "b", restart=True) == "ok"
     assert entries(r, "ivy", "t1") == [{"k": "chunk", "a": "1", "t": "a"}, {"k": "restart", "a": "2"},
                                        {"k": "chunk", "a": "2", "t": "b"}]
     assert 0 < r.pttl(keys.stream("ivy", "t1")) <= 60_000
     other = Lease("ivy", "w2|1", lease.cursor)
-    assert await store.append_stream(other, entry, "t1", 2, "stolen") == "fenced"
+    assert await flush(store, other, 2, "stolen") == "fenced"
     w = Writes(turn_id="t1", reply=b"r", stream=StreamTail(2, "c"))
     assert (await store.commit(lease, entry, "t1", w, 1)).result == "ok"
     assert entries(r, "ivy", "t1")[-2:] == [{"k": "chunk", "a": "2", "t": "c"}, {"k": "end", "status": "ok"}]
     r.set(keys.lane("ivy"), lease.owner)  # (the commit released it: as if still held)
-    assert await store.append_stream(lease, entry, "t1", 2, "late") == "done"
+    assert await flush(store, lease, 2, "late") == "done"
     assert entries(r, "ivy", "t1")[-1] == {"k": "end", "status": "ok"}
     await client.aclose()
 
@@ -220,13 +226,12 @@ async def test_the_flush_is_fenced_and_ends_with_the_commit(r: redis.Redis,
 def test_a_flush_sent_again_whole_is_written_once(r: redis.Redis) -> None:
     """redis-py re-sends a pipeline after a dropped connection: a flush that ran before the drop
     runs again. Named by its id, it finds its chunk the stream's last entry and writes nothing."""
-    entry = r.xadd(keys.inbox("kim"), {"text": "x", "turn_id": "t1"}).decode()
     r.set(keys.lane("kim"), "w1|7")
-    k = keys.user_keys("kim")
     call = functions.Functions(r).stream_append
-    args = ["w1|7", entry, 1, "0", "hello", 60_000]
-    for flush in ("f1", "f1", "f2"):  # f1 sent again whole, then the next flush
-        assert as_str(call(keys=[k.lane, k.state, k.inbox, k.stream("t1")], args=[*args, flush])) == "ok"
+    args = ["w1|7", 1, "0", "hello", 60_000]
+    for flush_id in ("f1", "f1", "f2"):  # f1 sent again whole, then the next flush
+        got = call(keys=[keys.lane("kim"), keys.stream("kim", "t1")], args=[*args, flush_id])
+        assert [as_str(g) for g in got] == ["ok"]
     assert [e["t"] for e in entries(r, "kim", "t1")] == ["hello", "hello"]  # f1 once, f2 once
 
 
@@ -238,13 +243,20 @@ async def test_a_stream_key_of_the_wrong_type_writes_nothing(r: redis.Redis,
     lease = await store.acquire("jo")
     assert isinstance(lease, Lease)
     r.set(keys.stream("jo", "t1"), "not a stream")
-    assert await store.append_stream(lease, entry, "t1", 1, "a") == "wrongtype"
+    assert await flush(store, lease, 1, "a") == "wrongtype"
     before = r.hgetall(keys.state("jo"))
     with pytest.raises(UserDataError, match="stream"):
         await store.commit(lease, entry, "t1", Writes(turn_id="t1", reply=b"r", stream=StreamTail(1)),
                            1)
     assert r.hgetall(keys.state("jo")) == before and not r.exists(keys.reply("jo", "t1"))
     await client.aclose()
+
+
+def test_a_flush_over_a_lane_of_the_wrong_type_is_fenced_and_writes_nothing(r: redis.Redis) -> None:
+    r.rpush(keys.lane("lee"), "w1|7")
+    call = functions.Functions(r).stream_append
+    got = call(keys=[keys.lane("lee"), keys.stream("lee", "t1")], args=["w1|7", 1, "0", "a", 60_000, "f1"])
+    assert [as_str(g) for g in got] == ["fenced"] and not r.exists(keys.stream("lee", "t1"))
 
 
 # --- a sync handler's emits ---------------------------------------------------------------

@@ -82,7 +82,7 @@ from stores import (
     worker_ops,
 )
 from stores.functions import NAMES, Functions, function_name, source
-from stores.turns import Lease, StoreConfig, StreamTail, UserStore, Writes
+from stores.turns import Flush, Lease, StoreConfig, StreamTail, UserStore, Writes
 
 STORES_DIR = Path(stores.__file__).resolve().parent
 USERS = ("alice", "bob.7", "c+d@x")
@@ -458,7 +458,7 @@ async def drive_async(ar: aioredis.Redis, r: redis.Redis) -> None:
         entry = entries[0][0]
         await store.pull(user, "t-1", entry)
         await store.uncount(user, entry, res)
-        await store.append_stream(res, entry, "t-1", 1, "chunk")
+        await store.append_streams([Flush(res, "t-1", 1, "chunk")])
         await store.commit(res, entry, "t-1", Writes(turn_id="t-1", session_entry=b"s", reply=b"r",
                                                       profile={"k": "v"}, memories=[(b"m", 1.0)],
                                                       usage={"turns": 1}, deferrals=[("j-0", b"d")],
@@ -547,6 +547,7 @@ def drive(r: redis.Redis, ar: aioredis.Redis) -> None:
 # --- coverage: what the drive must reach --------------------------------------------------------
 NOT_DRIVEN = {  # public callables of stores that send no command (or are not this test's to drive)
     "stores.roles": "the ACL roles' passwords and URLs: no Redis command",
+    "stores.turns.Flush": "a value",
     "stores.backlog.unserved_after_ms": "arithmetic",
     "stores.group_assignment.record_field": "a field's name",
     "stores.policies.with_epoch": "a policy's epoch from the key read by write_policy",

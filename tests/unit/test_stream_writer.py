@@ -10,33 +10,33 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from stores.turns import Lease, StreamTail
+from stores.turns import Flush, Lease, StreamTail
 from worker.streams import StreamFlusher, StreamWriter
 
 
 class FakeStore:
-    """``UserStore.append_stream``: records each call (with the loop pass it was made in)."""
+    """``UserStore.append_streams``: records each flush (with the call it came in)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, str, bool, int]] = []
-        self.fail: list[BaseException] = []
+        self.fail: list[Exception] = []
         self.answer = "ok"
         self.gate: asyncio.Event | None = None
 
-    async def append_stream(self, lease: Lease, entry: str, turn_id: str, attempt: int, text: str,
-                            restart: bool = False) -> str:
-        self.calls.append((turn_id, attempt, text, restart, id(asyncio.current_task())))
+    async def append_streams(self, flushes: list[Flush]) -> list[str | Exception]:
+        call = len(self.calls)
+        self.calls += [(f.turn_id, f.attempt, f.text, f.restart, call) for f in flushes]
         if self.gate is not None:
             await self.gate.wait()
         if self.fail:
-            raise self.fail.pop(0)
-        return self.answer
+            return [self.fail.pop(0)] * len(flushes)
+        return [self.answer] * len(flushes)
 
 
 def writer(store: FakeStore, turn: str = "t1", attempt: int = 1, flush_s: float = 0.01,
            flusher: StreamFlusher | None = None) -> StreamWriter:
     f = flusher or StreamFlusher(store, flush_s)  # type: ignore[arg-type]
-    return f.writer(Lease("alice", "w|1", ""), "1-0", turn, attempt, 1000, restart=attempt > 1)
+    return f.writer(Lease("alice", "w|1", ""), turn, attempt, 1000, restart=attempt > 1)
 
 
 async def settle(store: FakeStore, calls: int) -> None:
@@ -134,3 +134,39 @@ async def test_text_over_the_limit_is_not_streamed() -> None:
     assert w.stopped == "too long" and w.pending == []
     await asyncio.sleep(0.03)
     assert store.calls == []
+
+
+async def test_long_streams_flush_less_often_and_together() -> None:
+    """A stream's first flush comes at the first tick (its first words show at once); each next
+    one waits about twice as long as the last, up to ``max_s``, on the same grid for every
+    stream: the long streams of a worker flush in the same ticks (one round trip, one wake-up
+    of their readers)."""
+    store = FakeStore()
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    append = store.append_streams
+
+    async def timed(flushes: list[Flush]) -> list[str | Exception]:
+        for f in flushes:
+            times[f.turn_id].append(asyncio.get_running_loop().time())
+        return await append(flushes)
+
+    store.append_streams = timed  # type: ignore[method-assign]
+    flusher = StreamFlusher(store, 0.02, max_s=0.08)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    a = flusher.writer(Lease("alice", "w|1", ""), "a", 1, 10_000, restart=False)
+    b: StreamWriter | None = None
+    while loop.time() - start < 0.8:
+        if b is None and loop.time() - start > 0.03:
+            b = flusher.writer(Lease("bob", "w|1", ""), "b", 1, 10_000, restart=False)
+        for w in (a, b):
+            if w is not None:
+                w.emit("w ")
+        await asyncio.sleep(0.005)
+    assert times["a"][0] - start < 0.04
+    gaps = [y - x for x, y in zip(times["a"], times["a"][1:], strict=False)]
+    assert all(0.015 <= g <= 0.15 for g in gaps) and all(g >= 0.035 for g in gaps[3:]), gaps
+    assert 7 <= len(times["a"]) <= 13, gaps  # (one a tick: 40)
+    late_a = [t for t in times["a"] if t - start > 0.4]
+    late_b = [t for t in times["b"] if t - start > 0.4]
+    assert late_a and all(min(abs(t - u) for u in late_a) < 0.01 for t in late_b), (late_a, late_b)

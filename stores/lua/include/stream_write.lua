@@ -8,8 +8,8 @@
 --   'k' 'chunk' 'a' <attempt> 't' <text> ['f' <flush>]   text ~= '': the next piece of the
 --                                    attempt's text (a flush's, named by its id: see stream_append)
 --   'k' 'end' 'status' <status>      status ~= '': the turn is answered (closes the stream)
--- then the stream expires ttl_ms from now, as the reply list does. The caller has checked the
--- key's type (a stream, or none).
+-- then, unless ttl_ms is '', the stream expires ttl_ms from now, as the reply list does. The
+-- caller has checked the key's type (a stream, or none).
 local function stream_write(key, attempt, restart, text, status, ttl_ms, flush)
   if restart == '1' then
     redis.call('XADD', key, '*', 'k', 'restart', 'a', attempt)
@@ -22,7 +22,7 @@ local function stream_write(key, attempt, restart, text, status, ttl_ms, flush)
   if status ~= '' then
     redis.call('XADD', key, '*', 'k', 'end', 'status', status)
   end
-  if restart == '1' or text ~= '' or status ~= '' then
+  if ttl_ms ~= '' and (restart == '1' or text ~= '' or status ~= '') then
     redis.call('PEXPIRE', key, ttl_ms)
   end
 end
