@@ -33,6 +33,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError
 from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_delay
 
+from fleet.stream_hub import StreamHub
+from protocol import keys
 from protocol.codec import as_str, decode, encode
 from protocol.ids import validate_tier, validate_user_id
 from protocol.models import MAX_TEXT_CHARS, Reply, Turn
@@ -71,6 +73,7 @@ DEFAULT_MAX_REPLY_BYTES = 1024 * 1024
 UNREPLICATED_KEEP = 10_000  # turn ids of submits whose WAIT came back short, newest kept
 Built = list[tuple[Turn, bytes]]  # turns with their encoded payloads
 STREAM_POLL_S = 1.0  # a stream read blocks at most this long before it looks for the reply again
+STREAM_POLL_MIN_S = 0.001  # ... and then reads on its own that long (with the reply, if it is there)
 RETRY_S = 10.0  # how long a submit rides out Redis away or a Cluster failover, by default
 _RETRY_BACKOFF = Backoff(base=0.05, cap=1.0)
 # the errors a submit sent again may outlast: the network, Redis restarting or refusing writes
@@ -199,9 +202,11 @@ class _StreamRead:
         ``left_s`` (another reader took it). A step that failed midway is sent again as it
         stands: what it read and the reply it took are kept for it."""
         if self.raw is None:
-            block_ms = round(block_s * 1000)
-            rows, raw = yield from read_stream.steps(self.user, self.turn_id, self.after, block_ms)
-            self.got += self._items(rows)
+            raw = None
+            if not self.ended:  # (once it is, the reply is all there is left to read)
+                block_ms = round(block_s * 1000)
+                rows, raw = yield from read_stream.steps(self.user, self.turn_id, self.after, block_ms)
+                self.got += self._items(rows)
             if raw is None and self.ended:  # written with the end: someone else has taken it
                 raw = yield from wait_reply.steps(self.user, self.turn_id, left_s)
                 if raw is None:
@@ -215,6 +220,10 @@ class _StreamRead:
             self.got += self._items((yield from read_stream_rest.steps(self.user, self.turn_id, self.after)))
         items, self.got = [*self.got, decode(Reply, self.raw, max_bytes=self.max_reply_bytes)], []
         return items
+
+    def feed(self, rows: list[tuple[str, dict[bytes, bytes]]]) -> list[StreamItem]:
+        """The items of entries read for this stream by someone else (the client's hub)."""
+        return self._items(rows)
 
     def _items(self, rows: list[tuple[str, dict[bytes, bytes]]]) -> list[StreamItem]:
         items: list[StreamItem] = []
@@ -299,14 +308,31 @@ class TurnStream:
             raise TypeError("a stream of a Fleet is read with `for`")
         deadline = time.monotonic() + self.timeout
         await client._send(self._built, self._create_tier)
-        while self.reply is None:
-            block, left = self._next(deadline)
-            async for attempt in AsyncRetrying(**_retrying(left)):
-                with attempt:
-                    items = await arun(client.r, self._read.step(block, left))
-            self._seen(items)
-            for item in items:
-                yield item
+        key = keys.stream(self.turn.user, self.turn_id)
+        sub = client._hub.join(key, self._read.after) if client._hub is not None else None
+        try:
+            while self.reply is None:
+                block, left = self._next(deadline)
+                items: list[StreamItem] = []
+                if sub is not None and sub.covered and not self._read.ended:
+                    items = self._read.feed(await sub.take(block))  # what the hub read
+                    if items or not sub.covered or self._read.ended:
+                        self._seen(items)
+                        for item in items:
+                            yield item
+                        continue
+                    block = STREAM_POLL_MIN_S  # nothing for a while: is the reply there (no 'end')?
+                async for attempt in AsyncRetrying(**_retrying(left)):
+                    with attempt:
+                        items = await arun(client.r, self._read.step(block, left))
+                if sub is not None:
+                    sub.read_to(self._read.after)
+                self._seen(items)
+                for item in items:
+                    yield item
+        finally:
+            if client._hub is not None:
+                client._hub.leave(key)
 
 
 class _ClientCore:
@@ -534,6 +560,8 @@ class AsyncFleet:
         self.retry_s = retry_s
         self.acks = self._core.acks  # the submits' WAITs (a tier's replica_acks)
         self.unreplicated = self._core.unreplicated  # turn ids of short WAITs
+        # the streams read at once, in one XREAD (one node; on a Cluster each reads on its own)
+        self._hub = None if self._core.cluster else StreamHub(self.r)
 
     def reread_policies(self) -> None:
         """``Fleet.reread_policies``."""
@@ -608,4 +636,6 @@ class AsyncFleet:
         return await arun(self.r, self._core.delete_user(user, connection_user(self.r)))
 
     async def aclose(self) -> None:
+        if self._hub is not None:
+            await self._hub.close()
         await self.r.aclose()

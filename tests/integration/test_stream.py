@@ -98,6 +98,43 @@ async def flush(store: UserStore, lease: Lease, attempt: int, text: str,
     return (await store.append_streams([Flush(lease, "t1", attempt, text, restart)]))[0]
 
 
+def xreads(r: redis.Redis) -> int:
+    return int(r.info("commandstats").get("cmdstat_xread", {}).get("calls", 0))
+
+
+async def test_the_streams_a_client_reads_at_once_are_read_together(
+        r: redis.Redis, fleet: AsyncFleet, start_worker: Callable[..., WorkerProc]) -> None:
+    """Twelve streams of one AsyncFleet: the worker flushes them in the same ticks, and the
+    client's hub reads them with one XREAD, not one per stream per flush."""
+    write_policy(r, "chat", TurnsPolicy(handler="echo_stream", handler_options={"delay_ms": 25},
+                                        concurrency=16))
+    start_worker(env={"FLEET_WORKER_STREAM_FLUSH_MS": "50", "FLEET_WORKER_STREAM_FLUSH_MAX_MS": "50"})
+    words = " ".join(f"w{i}" for i in range(40))  # ~1 s: ~20 flushes a stream
+    await collect(fleet.stream("warm", "x", timeout=20))
+    before = xreads(r)
+    got = await asyncio.gather(*(collect(fleet.stream(f"u{i}", words, timeout=30)) for i in range(12)))
+    reads = xreads(r) - before
+    assert all(shown(items) == words == items[-1].text for items in got)
+    flushes = sum(len(entries(r, f"u{i}", items[-1].turn_id)) - 1 for i, items in enumerate(got))
+    assert flushes >= 12 * 10, flushes
+    assert reads < flushes / 3, (reads, flushes)  # one a stream per flush without the hub
+
+
+async def test_a_stream_key_of_the_wrong_type_does_not_hold_up_the_others(
+        r: redis.Redis, fleet: AsyncFleet, start_worker: Callable[..., WorkerProc]) -> None:
+    """A hostile key among the hub's fails its every read (WRONGTYPE): the other streams read
+    on their own meanwhile and get their text and reply."""
+    policy(r, delay_ms=50)
+    start_worker()
+    r.set(keys.stream("mallory", "bad-1"), "not a stream")
+    bad = asyncio.ensure_future(collect(fleet.stream("mallory", "a b c", turn_id="bad-1", timeout=10)))
+    good = await collect(fleet.stream("alice", "one two three four five", timeout=20))
+    assert shown(good) == "one two three four five" == good[-1].text
+    assert fleet._hub is not None and fleet._hub.failures > 0  # it did meet the bad key
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):  # (mallory's alone)
+        await bad
+
+
 async def test_a_turn_whose_handler_never_emits_still_ends_with_its_reply_promptly(
         r: redis.Redis, fleet: AsyncFleet, start_worker: Callable[..., WorkerProc]) -> None:
     policy(r, handler="echo")
