@@ -350,11 +350,12 @@ class _ClientCore:
 
     @staticmethod
     def build(turns: Iterable[tuple[str, str]], tier: str, meta: Mapping[str, Any] | None,
-              turn_ids: list[str | None] | None, max_bytes: int, deadline: float | None = None) -> Built:
+              turn_ids: list[str | None] | None, max_bytes: int, deadline: float | None = None,
+              stream: bool = False) -> Built:
         """The turns, validated and encoded; raises ``InvalidId`` / ``TurnTooLarge`` (and
         ``ValueError`` for a bad deadline)."""
         return [_build_turn(u, t, tier, meta, (turn_ids or [])[i] if turn_ids else None, max_bytes,
-                            deadline=deadline)
+                            stream=stream, deadline=deadline)
                 for i, (u, t) in enumerate(turns)]
 
     def submit(self, built: Built, create_tier: bool) -> Op[None]:
@@ -455,29 +456,32 @@ class Fleet:
 
     def submit(self, user: str, text: str, tier: str = "chat", meta: Mapping[str, Any] | None = None,
                turn_id: str | None = None, *, create_tier: bool = False, deadline: float | None = None,
-               timeout_s: float | None = None) -> TurnHandle:
+               timeout_s: float | None = None, stream: bool = False) -> TurnHandle:
         """Enqueue one turn; raises ``InvalidId`` / ``TurnTooLarge`` / ``UnknownTier`` before
         writing anything.
 
         ``deadline`` (unix seconds) or ``timeout_s`` (seconds from now), at most one: a worker
         that reaches the turn later answers it ``expired`` without running the handler, and a
-        running handler sees it as ``ctx.deadline``. Neither: no limit."""
+        running handler sees it as ``ctx.deadline``. Neither: no limit. ``stream=True`` submits
+        it as streamed: its text goes to its reply stream as the handler emits it, for any
+        reader (``stream`` submits and reads one; the raw protocol's ``XREAD``)."""
         return self.submit_many([(user, text)], tier=tier, meta=meta, turn_ids=[turn_id],
-                                create_tier=create_tier, deadline=deadline, timeout_s=timeout_s)[0]
+                                create_tier=create_tier, deadline=deadline, timeout_s=timeout_s,
+                                stream=stream)[0]
 
     def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                     meta: Mapping[str, Any] | None = None,
                     turn_ids: list[str | None] | None = None, *,
                     create_tier: bool = False, deadline: float | None = None,
-                    timeout_s: float | None = None) -> list[TurnHandle]:
+                    timeout_s: float | None = None, stream: bool = False) -> list[TurnHandle]:
         """Enqueue many ``(user, text)`` turns in one script call and round trip, in the given order
         (on Redis Cluster: every inbox entry, then every notification).
 
         ``create_tier=True`` writes the default policy of a tier that does not exist yet;
-        ``deadline`` / ``timeout_s`` as ``submit``'s, the same for every turn.
+        ``deadline`` / ``timeout_s`` / ``stream`` as ``submit``'s, the same for every turn.
         """
         built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes,
-                                 deadline_of(deadline, timeout_s))
+                                 deadline_of(deadline, timeout_s), stream)
         if built:
             self._send(built, create_tier)
         return [TurnHandle(self, t.user, t.tier, t.turn_id, t.ts) for t, _ in built]
@@ -570,21 +574,21 @@ class AsyncFleet:
     async def submit(self, user: str, text: str, tier: str = "chat",
                      meta: Mapping[str, Any] | None = None, turn_id: str | None = None, *,
                      create_tier: bool = False, deadline: float | None = None,
-                     timeout_s: float | None = None) -> Turn:
+                     timeout_s: float | None = None, stream: bool = False) -> Turn:
         """Enqueue one turn; returns it (its ``turn_id`` is what ``wait`` needs). ``deadline`` /
-        ``timeout_s`` as ``Fleet.submit``'s."""
+        ``timeout_s`` / ``stream`` as ``Fleet.submit``'s."""
         return (await self.submit_many([(user, text)], tier, meta, [turn_id], create_tier=create_tier,
-                                        deadline=deadline, timeout_s=timeout_s))[0]
+                                        deadline=deadline, timeout_s=timeout_s, stream=stream))[0]
 
     async def submit_many(self, turns: Iterable[tuple[str, str]], tier: str = "chat",
                           meta: Mapping[str, Any] | None = None,
                           turn_ids: list[str | None] | None = None, *,
                           create_tier: bool = False, deadline: float | None = None,
-                          timeout_s: float | None = None) -> list[Turn]:
+                          timeout_s: float | None = None, stream: bool = False) -> list[Turn]:
         """``Fleet.submit_many`` on asyncio: the turns, in the given order (one script call and
         round trip; on Redis Cluster every inbox entry, then every notification)."""
         built = self._core.build(turns, tier, meta, turn_ids, self.max_turn_bytes,
-                                 deadline_of(deadline, timeout_s))
+                                 deadline_of(deadline, timeout_s), stream)
         if built:
             await self._send(built, create_tier)
         return [t for t, _ in built]

@@ -163,6 +163,22 @@ async def test_a_streamed_handlers_reply_is_still_read_by_a_plain_wait(
     assert "".join(e.get("t", "") for e in raw) == "raw streamed"
 
 
+async def test_a_turn_submitted_as_streamed_is_read_by_anyone(r: redis.Redis, fleet: AsyncFleet,
+                                                             start_worker: Callable[..., WorkerProc]) -> None:
+    """``submit(stream=True)``: the text goes to the turn's reply stream for any reader (here
+    XRANGE), and ``wait`` still gets the reply."""
+    policy(r, delay_ms=10)
+    start_worker()
+    turn = await fleet.submit("gil", "a b c", stream=True)
+    reply = await fleet.wait("gil", turn.turn_id, timeout=20)
+    assert reply.ok and reply.text == "a b c"
+    raw = entries(r, "gil", turn.turn_id)
+    assert "".join(e.get("t", "") for e in raw) == "a b c" and raw[-1] == {"k": "end", "status": "ok"}
+    plain = await fleet.submit("gil", "d e")
+    assert (await fleet.wait("gil", plain.turn_id, timeout=20)).text == "d e"
+    assert not r.exists(keys.stream("gil", plain.turn_id))
+
+
 def test_the_blocking_client_streams_the_same(r: redis.Redis, redis_server: RedisServer,
                                               start_worker: Callable[..., WorkerProc]) -> None:
     policy(r, delay_ms=50)
