@@ -84,6 +84,14 @@ from stores.roles import ADMIN, password_env, with_credentials
 POLICY = turns_policy(handler="sleep", handler_options={"sleep_ms": 40}, concurrency=4, min_workers=2,
                       max_workers=6, target_backlog_per_worker=4, users_per_instance=None,
                       report_interval_s=0.5, scale_down_stabilization_s=5, drain_timeout_s=5, max_attempts=10)
+# --streamed: users of a second tier whose turns stream (the handler emits each word, 15 ms
+# apart) and are often stopped; its workers are among the faults' victims like chat's
+STREAM_TIER = "stream"
+STREAM_POLICY = turns_policy(handler="echo_stream", handler_options={"delay_ms": 15}, concurrency=4,
+                             min_workers=1, max_workers=3, target_backlog_per_worker=4,
+                             users_per_instance=None, report_interval_s=0.5, scale_down_stabilization_s=5,
+                             drain_timeout_s=5, max_attempts=10)
+CANCEL_SHARE = 0.3  # of the streamed turns, stopped 0-0.4 s after the submit (queued or running)
 WORKER_ENV = {"FLEET_WORKER_LANE_TTL_MS": "2000", "FLEET_WORKER_RENEW_INTERVAL_S": "0.4",
               "FLEET_WORKER_RECLAIM_IDLE_MS": "2000", "FLEET_WORKER_RECLAIM_INTERVAL_S": "0.5",
               "FLEET_WORKER_HOUSEKEEPING_INTERVAL_S": "2"}
@@ -101,6 +109,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--minutes", type=float, default=5.0, help="length of the faulty period")
     p.add_argument("--quick", action="store_true", help="60 s, for the test suite")
     p.add_argument("--users", type=int, default=30)
+    p.add_argument("--streamed", type=int, default=0, metavar="USERS",
+                   help=f"users on tier {STREAM_TIER!r} too: streamed turns, {CANCEL_SHARE:.0%}% of "
+                        "them stopped")
     p.add_argument("--every", type=float, default=None, help="seconds between faults (default: fits quotas)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, help="also write the results here")
@@ -511,7 +522,8 @@ async def user_loop(fleet: AsyncFleet, reader: aioredis.Redis, user: str, log: U
             log.sent.append(turn_id)
             log.sent_at[turn_id] = time.time()
             t0 = time.monotonic()
-            if await _submit(fleet, user, turn_id, rng.choice((10, 40, 120)), log):
+            if await _submit(fleet, user, turn_id, f"turn {turn_id}", log,
+                             meta={"sleep_ms": rng.choice((10, 40, 120))}):
                 batch.append((turn_id, t0))
             else:
                 log.uncertain.add(turn_id)
@@ -522,12 +534,55 @@ async def user_loop(fleet: AsyncFleet, reader: aioredis.Redis, user: str, log: U
         await asyncio.sleep(rng.uniform(0.0, 0.3))
 
 
-async def _submit(fleet: AsyncFleet, user: str, turn_id: str, sleep_ms: int, log: UserLog) -> bool:
+async def stream_user_loop(fleet: AsyncFleet, reader: aioredis.Redis, user: str, log: UserLog,
+                           stop: asyncio.Event, rng: random.Random, grace_s: float = 300.0) -> None:
+    """One user of the streamed tier: one or two streamed turns at once, of 3-12 words, each
+    stopped with probability ``CANCEL_SHARE`` 0-0.4 s after it was submitted (queued, or
+    running: its text half streamed). The replies are watched as ``user_loop``'s are; the
+    streams are checked afterwards (``chaos_check.check_streams``)."""
+    n = 0
+    while not stop.is_set():
+        batch = []
+        for _ in range(rng.choice((1, 1, 2))):
+            turn_id = f"{user}-{n}"
+            n += 1
+            text = " ".join(f"{turn_id}.{i}" for i in range(rng.randint(3, 12)))
+            log.sent.append(turn_id)
+            log.sent_at[turn_id] = time.time()
+            log.texts[turn_id] = text
+            t0 = time.monotonic()
+            if await _submit(fleet, user, turn_id, text, log, tier=STREAM_TIER, stream=True):
+                batch.append((turn_id, t0))
+            else:
+                log.uncertain.add(turn_id)
+        stops = [asyncio.create_task(_cancel(fleet, user, turn_id, rng.uniform(0.0, 0.4), log))
+                 for turn_id, _ in batch if rng.random() < CANCEL_SHARE]
+        await asyncio.gather(*stops, *(_await_reply(reader, user, turn_id, t0, log, stop, grace_s)
+                                       for turn_id, t0 in batch))
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
+
+
+async def _cancel(fleet: AsyncFleet, user: str, turn_id: str, after_s: float, log: UserLog) -> None:
+    """Stop the turn ``after_s`` from now (sent again on an error: a cancel is idempotent); what
+    the cancel answered is kept for the checks."""
+    await asyncio.sleep(after_s)
+    for attempt in range(40):
+        try:
+            log.cancels[turn_id] = (await fleet.cancel(user, turn_id)).outcome
+            return
+        except TRANSIENT as exc:
+            log.errors[f"cancel {type(exc).__name__}"] += 1
+            await asyncio.sleep(min(2.0, 0.05 * 2 ** attempt) * random.random())
+    log.cancels[turn_id] = "error"
+
+
+async def _submit(fleet: AsyncFleet, user: str, turn_id: str, text: str, log: UserLog,
+                  meta: dict[str, Any] | None = None, tier: str = "chat", stream: bool = False) -> bool:
     """Submit, and on an error submit the same turn id again: a resubmitted turn is deduplicated
     by the workers (answered once), so a client can retry without fear of doubles."""
     for attempt in range(40):
         try:
-            await fleet.submit(user, f"turn {turn_id}", turn_id=turn_id, meta={"sleep_ms": sleep_ms})
+            await fleet.submit(user, text, tier=tier, meta=meta, turn_id=turn_id, stream=stream)
             if turn_id in fleet.unreplicated:  # its WAIT (replica_acks) came back short
                 log.unreplicated.add(turn_id)
             return True
@@ -560,16 +615,18 @@ async def _await_reply(reader: aioredis.Redis, user: str, turn_id: str, t0: floa
 
 
 async def run_load(url: str, reader_url: str, users: int, seconds: float, seed: int,
-                   grace_s: float = 300.0) -> tuple[dict[str, UserLog], float]:
+                   grace_s: float = 300.0, streamed: int = 0) -> tuple[dict[str, UserLog], float]:
     """Every user's record, and when the load stopped submitting (unix time). The turns are
-    submitted with ``url`` (the client's role), their replies watched with ``reader_url``."""
+    submitted with ``url`` (the client's role), their replies watched with ``reader_url``;
+    ``streamed`` users (``s000``...) stream theirs on tier ``STREAM_TIER``."""
     fleet = AsyncFleet(client=connect_async(url, retries=12))  # rides out a Redis restart
     reader = connect_async(reader_url, retries=12)
     logs = {f"c{i:03d}": UserLog() for i in range(users)}
+    logs |= {f"s{i:03d}": UserLog(streamed=True) for i in range(streamed)}
     stop = asyncio.Event()
     rng = random.Random(seed)
-    tasks = [asyncio.create_task(user_loop(fleet, reader, u, log, stop, random.Random(rng.random()), grace_s))
-             for u, log in logs.items()]
+    tasks = [asyncio.create_task((stream_user_loop if log.streamed else user_loop)(
+        fleet, reader, u, log, stop, random.Random(rng.random()), grace_s)) for u, log in logs.items()]
     await asyncio.sleep(seconds)
     stop.set()
     ended = time.time()
@@ -611,10 +668,11 @@ class Sampler(threading.Thread):
         r = self.cluster.client(socket_timeout=2)
         while not self.stop.wait(0.5):
             try:
-                live = live_workers(r)
+                everyone = live_workers(r)
             except TRANSIENT:
                 continue
-            self.cluster.pids_seen.update(w.pid for w in live)
+            self.cluster.pids_seen.update(w.pid for w in everyone)
+            live = [w for w in everyone if w.tier == "chat"]  # (max_workers is chat's, not --streamed's)
             running = [w for w in live if _running(w.pid)]
             try:
                 capacity, labels = capacity_of(r, running, self.drained)
@@ -726,6 +784,8 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
         cluster.start_redis()
     r = cluster.client()
     write_policy(r, "chat", policy)
+    if args.streamed:
+        write_policy(r, STREAM_TIER, STREAM_POLICY)
     cluster.start_commander()
     stop = threading.Event()
     faults = Faults(cluster, seconds, args.every, rng, TraceTail(cluster.trace), args.pause_s)
@@ -733,8 +793,9 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
     sampler = Sampler(cluster, stop, faults.drained)
     injector = threading.Thread(target=faults.run, args=(stop, r), daemon=True)
     where = f"a 6-node Redis Cluster ({cluster.url} spared)" if cluster.cluster else "one redis-server"
-    print(f"chaos: {args.users} users for {seconds:.0f} s on {where}, {len(faults.plan)} faults planned "
-          f"every ~{faults.every:.1f} s", file=sys.stderr, flush=True)
+    streamed = f" (+{args.streamed} streaming on tier {STREAM_TIER!r})" if args.streamed else ""
+    print(f"chaos: {args.users} users{streamed} for {seconds:.0f} s on {where}, {len(faults.plan)} faults "
+          f"planned every ~{faults.every:.1f} s", file=sys.stderr, flush=True)
     sampler.start()
     injector.start()
     progress = threading.Thread(target=_progress, args=(faults, stop, seconds), daemon=True)
@@ -742,7 +803,7 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
     grace = REPLY_GRACE_S if cluster.cluster else 300.0
     hostile = start_hostile(cluster, args.seed, seconds, stop) if args.hostile else None
     logs, load_ended = asyncio.run(run_load(cluster.role_url("fleet-client"), cluster.role_url(ADMIN),
-                                            args.users, seconds, args.seed, grace))
+                                            args.users, seconds, args.seed, grace, args.streamed))
     stop.set()
     injector.join(timeout=120)
     sampler.join(timeout=5)
@@ -750,6 +811,8 @@ def _run(args: Any, cluster: Cluster, policy: TurnsPolicy, seconds: float, rng: 
     hostile_result = finish_hostile(r, hostile, faults) if hostile is not None else None
     detail: dict[str, list[Any]] = {}
     result, answers = chaos_check.check(r, logs, detail)
+    if args.streamed:
+        result["streams"] = chaos_check.check_streams(r, logs, detail)
     epochs_ok, epochs = chaos_check.check_epochs(r)
     ledger_near_max = _ledger_near(r, sampler.max_at) if sampler.max_seen > policy.max_workers else []
     ledger = _ledger_near(r, 0.0, before_s=0.0, after_s=float("inf"), count=None) if args.keep else []

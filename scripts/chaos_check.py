@@ -38,6 +38,9 @@ class UserLog:
     answered: dict[str, float] = field(default_factory=dict)  # turn id -> wait seconds
     errors: Counter[str] = field(default_factory=Counter)  # why submits failed
     unreplicated: set[str] = field(default_factory=set)  # submits whose WAIT came back short
+    streamed: bool = False  # a user of chaos --streamed: its turns stream, some are stopped
+    texts: dict[str, str] = field(default_factory=dict)  # turn id -> its text (streamed turns)
+    cancels: dict[str, str] = field(default_factory=dict)  # turn id -> what its cancel answered
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ def check(r: redis.Redis, logs: dict[str, UserLog],
     out of order (user, the first turn where its session differs)."""
     submitted = sum(len(v.sent) - len(v.uncertain) for v in logs.values())
     lost, duplicated, out_of_order, unseen_context = [], [], [], []
+    uncut: list[tuple[str, str]] = []  # a stopped turn's session entry not marked cut
     answers: Answers = {}
     for user, log in logs.items():
         session = [decode(SessionEntry, raw) for raw in r.lrange(keys.session(user), 0, -1)]
@@ -111,8 +115,10 @@ def check(r: redis.Redis, logs: dict[str, UserLog],
             pipe.lrange(keys.reply(user, t), 0, -1)
         replies_of = dict(zip(log.sent, pipe.execute(), strict=True))
         # what the user's history must be: every accepted turn, and a failed submit only if it
-        # was accepted after all (it has a reply); the session keeps the newest SESSION_MAX
-        expected = [t for t in log.sent if t not in log.uncertain or replies_of[t]]
+        # was accepted after all (it has a reply); the session keeps the newest SESSION_MAX. A
+        # stopped turn is in it only if it had said something (its entry marked cut)
+        stopped = _stopped(user, replies_of, session, answers, duplicated, uncut)
+        expected = [t for t in log.sent if (t not in log.uncertain or replies_of[t]) and stopped.get(t, "x")]
         if ids != expected[-len(ids):] or len(ids) != min(len(expected), SESSION_MAX):
             out_of_order.append(user)
             if detail is not None:
@@ -138,11 +144,84 @@ def check(r: redis.Redis, logs: dict[str, UserLog],
     result: dict[str, object] = {
         "submitted": submitted, "answered": len(answers), "lost": len(lost), "duplicated": len(duplicated),
         "out_of_order_users": len(out_of_order), "context_gaps": len(unseen_context),
+        "stopped_entries_not_cut": len(uncut),
         "uncertain_submits": sum(len(v.uncertain) for v in logs.values()),
         "submit_errors": dict(sum((v.errors for v in logs.values()), Counter())),
         "examples": {"lost": lost[:5], "duplicated": duplicated[:5], "out_of_order": out_of_order[:5],
-                     "context_gaps": unseen_context[:5]}}
+                     "context_gaps": unseen_context[:5], "stopped_entries_not_cut": uncut[:5]}}
     return result, answers
+
+
+def check_streams(r: redis.Redis, logs: dict[str, UserLog],
+                  detail: dict[str, list[Any]] | None = None) -> dict[str, object]:
+    """The streamed turns of ``chaos --streamed`` against their replies: each stream ends once,
+    with its reply's status; what a reader shows (the text after its last restart) is the
+    reply's text, or for a stopped turn the start of the turn's text; no chunk of an earlier
+    attempt follows a later attempt's restart (a fenced-out worker added nothing); a turn whose
+    cancel was recorded is answered ``cancelled``, and only such a turn is."""
+    bad: list[tuple[str, str, str]] = []
+    turns = cancelled = 0
+    outcomes: Counter[str] = Counter()
+    for user, log in logs.items():
+        if not log.streamed:
+            continue
+        outcomes.update(log.cancels.values())
+        for t in log.sent:
+            raw = r.lrange(keys.reply(user, t), 0, 0)
+            if not raw:
+                continue  # (I1 counts it)
+            turns += 1
+            rep = decode(Reply, raw[0])
+            cancelled += rep.status == "cancelled"
+            why = _stream_fault(r.xrange(keys.stream(user, t)), rep, log.texts.get(t, ""), log.cancels.get(t))
+            if why:
+                bad.append((user, t, why))
+                _note(detail, "streams", user, t)
+    return {"streamed_turns": turns, "cancelled": cancelled, "cancel_outcomes": dict(outcomes),
+            "violations": len(bad), "examples": bad[:5]}
+
+
+def _stream_fault(entries: list[Any], rep: Reply, text: str, cancel: str | None) -> str:
+    """What is wrong with one streamed turn's stream and reply ('' if nothing)."""
+    if cancel == "cancelled" and rep.status != "cancelled":
+        return f"its cancel was recorded, yet it was answered {rep.status}"
+    if rep.status == "cancelled" and cancel not in ("cancelled", "error"):
+        return f"answered cancelled, but its cancel answered {cancel}"
+    kinds = [fields.get(b"k") for _id, fields in entries]
+    if kinds.count(b"end") != 1 or kinds[-1] != b"end":
+        return f"{kinds.count(b'end')} 'end' entries, the last entry {kinds[-1] if kinds else None!r}"
+    end = entries[-1][1]
+    if end.get(b"status", b"").decode() != rep.status:
+        return f"the stream ended {end.get(b'status')!r}, the reply is {rep.status}"
+    shown, attempt = "", 0
+    for _id, fields in entries[:-1]:
+        a = int(fields.get(b"a", b"0"))
+        if fields.get(b"k") == b"restart":
+            shown, attempt = "", max(attempt, a)
+        elif a < attempt:
+            return f"a chunk of attempt {a} after attempt {attempt}'s restart"
+        else:
+            shown += fields.get(b"t", b"").decode()
+    if rep.status == "ok" and shown != rep.text:
+        return f"it shows {shown[:60]!r}, the reply is {rep.text[:60]!r}"
+    if rep.status == "cancelled" and not text.startswith(shown):
+        return f"a stopped turn shows {shown[:60]!r}, not the start of its text"
+    return ""
+
+
+def _stopped(user: str, replies_of: dict[str, list[bytes]], session: list[SessionEntry], answers: Answers,
+             duplicated: list[str], uncut: list[tuple[str, str]]) -> dict[str, str]:
+    """The user's turns answered ``cancelled``, with what each said. One that said nothing is
+    answered outside the session (counted here); one that said something has a session entry,
+    which must be marked cut (``uncut`` gets those that are not)."""
+    stopped = {t: decode(Reply, rs[0]).text for t, rs in replies_of.items()
+               if rs and decode(Reply, rs[0]).status == "cancelled"}
+    uncut.extend((user, e.turn_id) for e in session if e.turn_id in stopped and not e.cut)
+    for t in (t for t, said in stopped.items() if not said):
+        rep = decode(Reply, replies_of[t][0])
+        answers[(user, t)] = Answer(rep.worker, rep.ts)
+        duplicated += [t] if len(replies_of[t]) > 1 else []
+    return stopped
 
 
 def _note(detail: dict[str, list[Any]] | None, kind: str, user: str, turn: str) -> None:
@@ -431,6 +510,7 @@ def failures(res: dict[str, object], epochs_ok: bool) -> list[str]:
         fails.append("I2 sessions out of submission order")
     if res["context_gaps"]:
         fails.append("I3 a turn did not see every earlier turn of its user")
+    fails += _stream_failures(res)
     if res["i3_violations"]:
         fails.append("I3 two workers ran and committed turns of one user at the same time")
     if res["answered"] and not dict(res["trace"]).get("exit"):  # type: ignore[call-overload]
@@ -446,6 +526,16 @@ def failures(res: dict[str, object], epochs_ok: bool) -> list[str]:
     if int(res["max_live_workers"]) > int(res["max_workers"]):  # type: ignore[call-overload]
         fails.append(f"I6 more live workers than max_workers (double spawn): {res.get('workers_at_max')}; "
                      f"faults in the 30 s before: {res.get('faults_before_max')}")
+    return fails
+
+
+def _stream_failures(res: dict[str, object]) -> list[str]:
+    fails = []
+    if res.get("stopped_entries_not_cut"):
+        fails.append("a stopped turn's session entry not marked cut")
+    streams = res.get("streams")
+    if isinstance(streams, dict) and streams["violations"]:
+        fails.append(f"streamed turns: {streams['examples']}")
     return fails
 
 
@@ -481,6 +571,12 @@ def table(res: dict[str, object]) -> None:
                                                 f"({res.get('max_running_workers', '?')} with the draining)"),
              ("orphan processes after shutdown", res["orphans"]),
              ("ACL refusals of a Fleet role", len(res.get("acl_denials", [])))]
+    streams = res.get("streams")
+    if isinstance(streams, dict):
+        rows += [("streamed turns (cancelled)", f"{streams['streamed_turns']} ({streams['cancelled']})"),
+                 ("cancels: what they answered", streams["cancel_outcomes"]),
+                 ("streams at odds with their reply", streams["violations"]),
+                 ("stopped turns' session entries not cut", res.get("stopped_entries_not_cut", 0))]
     rows += _cluster_rows(res)
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

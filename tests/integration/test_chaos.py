@@ -21,9 +21,10 @@ KINDS = {"worker-kill", "drain-kill", "worker-pause", "commander-kill", "redis-r
 
 @pytest.mark.smoke
 def test_chaos_quick_holds_every_invariant(tmp_path):
+    """Chat users and users whose turns stream (``--streamed``), some of them stopped."""
     out = tmp_path / "chaos.json"
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "chaos.py"), "--quick", "--json", str(out)],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "chaos.py"), "--quick", "--streamed", "4",
+                          "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     result = json.loads(out.read_text()) if out.exists() else {}
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert result["invariants_failed"] == []
@@ -31,6 +32,10 @@ def test_chaos_quick_holds_every_invariant(tmp_path):
     assert result["context_gaps"] == 0
     assert result["orphans"] == 0
     assert result["submitted"] > 0 and result["answered"] == result["submitted"]
+    # streamed turns, some stopped: every stream as its reply says, every recorded cancel obeyed
+    streams = result["streams"]
+    assert streams["streamed_turns"] > 0 and streams["cancelled"] > 0 and streams["violations"] == 0, streams
+    assert result["stopped_entries_not_cut"] == 0
     # every kind of fault was injected at least once, and the scaled quotas were met
     assert set(result["faults"]) >= KINDS and set(result["quota"]) >= KINDS, result["faults"]
     assert result["quota_missed"] == []

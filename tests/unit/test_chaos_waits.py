@@ -39,7 +39,7 @@ class FakeFleet:
         self.r = Replies()
         self.unreplicated: set[str] = set()
 
-    async def submit(self, user: str, text: str, turn_id: str, meta: dict[str, Any]) -> str:
+    async def submit(self, user: str, text: str, turn_id: str, **_: Any) -> str:
         if not turn_id.endswith("-0"):  # every turn but the first is answered at once
             self.r.at[keys.reply(user, turn_id)] = time.monotonic()
         return turn_id
