@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 from bench_decide import bench as bench_decide
-from benchlib import OneLineParser, emit, redis_server
+from benchlib import MachineWatch, OneLineParser, emit, redis_server
 
 from commander.observe import Observer
 from protocol import keys
@@ -59,6 +59,7 @@ def ingest(url: str, workers: int, tiers: int, rounds: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     dec = bench_decide(workers=args.workers, tiers=args.tiers, repeats=5 if args.quick else 20)
     with redis_server() as url:
         ing = ingest(url, args.workers, args.tiers, args.rounds)
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.workers} workers x {args.tiers} tiers")
     print(f"report ingest: {ing['reports_per_s']:,} reports/s "
           f"({ing['reports']} reports in {ing['seconds']} s)")
-    emit(out, args.json)
+    emit(out, args.json, watch)
     return 0
 
 

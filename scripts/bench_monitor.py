@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from benchlib import OneLineParser, emit, free_port, redis_server
+from benchlib import MachineWatch, OneLineParser, emit, free_port, redis_server
 
 from commander.commander import Commander
 from commander.metrics import Metrics
@@ -199,6 +199,7 @@ def measure(url: str, workers: int, tiers: int, cycles: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     with redis_server() as url:
         out = measure(url, args.workers, args.tiers, args.cycles)
     print(f"monitor refresh at {out['workers']} workers x {out['tiers']} tiers: "
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{out['wall_ms_per_refresh']} ms wall), over {out['cycles']} refreshes")
     print(f"last call per endpoint (ms, server side): {out['last_handler_ms']}")
     print(f"publishing the board: {out['board_publish_ms']} ms per pass")
-    emit(out, args.json)
+    emit(out, args.json, watch)
     return 0
 
 

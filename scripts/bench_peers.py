@@ -58,6 +58,7 @@ import redis  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
 from benchlib import (  # noqa: E402
     ROOT,
+    MachineWatch,
     OneLineParser,
     emit,
     percentile,
@@ -762,20 +763,33 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace, url: str, log_dir: Path) -> dict[str, object]:
+def run(args: argparse.Namespace, url: str, log_dir: Path, watch: MachineWatch) -> dict[str, object]:
     r = redis.Redis.from_url(url)
     users = [f"u{i:05d}" for i in range(args.users)]
     by_run: list[dict[str, dict]] = []
+    invalid: dict[int, list[str]] = {}  # run -> why the machine was not quiet during it
     for i in range(args.runs):
-        by_run.append(one_run(args, url, log_dir, r, users, profile=args.profile if i == 0 else None))
-    systems = {name: summarized([run_[name] for run_ in by_run if "failed" not in run_[name]])
-               if any("failed" not in run_[name] for run_ in by_run) else by_run[0][name]
+        before = len(watch.phases)
+        by_run.append(one_run(args, url, log_dir, r, users, watch, i,
+                              profile=args.profile if i == 0 else None))
+        why = watch.invalid_because(watch.phases[before:])
+        if why:
+            invalid[i] = why
+            print(f"bench_peers: run {i} is INVALID, left out of the figures: {'; '.join(why)}",
+                  file=sys.stderr, flush=True)
+    # the figures and ratios are the valid runs' (all runs', said so, if none was valid)
+    kept = [run_ for i, run_ in enumerate(by_run) if i not in invalid] or by_run
+    systems = {name: summarized([run_[name] for run_ in kept if "failed" not in run_[name]])
+               if any("failed" not in run_[name] for run_ in kept) else kept[0][name]
                for name in args.systems}
     result: dict[str, object] = {
         "users": args.users, "workers": args.workers, "fleet_concurrency": args.concurrency,
         "phase_seconds": args.seconds, "cpus": os.cpu_count(), "runs": args.runs,
         "half_rate_per_s": systems["fleet"]["half_load"].get("rate_per_s"),
-        "seeded": {"session_turns": SEED_TURNS, "memories": SEED_MEMORIES}, "systems": systems}
+        "seeded": {"session_turns": SEED_TURNS, "memories": SEED_MEMORIES}, "systems": systems,
+        "invalid_runs": {str(i): why for i, why in invalid.items()},
+        "figures_from": "every run: none was valid" if len(invalid) == args.runs
+        else f"{args.runs - len(invalid)} valid runs of {args.runs}"}
     if args.profile is not None and args.profile.exists():
         result["fleet_profile"] = args.profile.read_text()
     if "celery" in args.systems and args.bursts:
@@ -788,7 +802,7 @@ def run(args: argparse.Namespace, url: str, log_dir: Path) -> dict[str, object]:
 
 
 def one_run(args: argparse.Namespace, url: str, log_dir: Path, r: redis.Redis, users: list[str],
-            profile: Path | None) -> dict[str, dict]:
+            watch: MachineWatch, index: int, profile: Path | None) -> dict[str, dict]:
     """Every system once, in turn; the peers' ratios against this run's Fleet."""
     systems: dict[str, dict] = {}
     half_rate: float | None = None
@@ -796,7 +810,7 @@ def one_run(args: argparse.Namespace, url: str, log_dir: Path, r: redis.Redis, u
         print(f"bench_peers: {name}", file=sys.stderr, flush=True)
         reset_and_seed(r, users)
         try:
-            with start_system(name, url, args, log_dir) as pids:
+            with start_system(name, url, args, log_dir) as pids, watch.phase(f"run {index}: {name}"):
                 systems[name] = _logged(log_dir, measure(name, url, pids, users, args, half_rate,
                                                          profile if name == "fleet" else None))
         except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, the run goes on
@@ -857,10 +871,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench_peers: {', '.join(args.systems)}; {args.workers} worker processes each, "
           f"{args.users} users, {args.seconds:g} s per phase, {os.cpu_count()} CPUs shared by everything",
           file=sys.stderr)
+    watch = MachineWatch()
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp, redis_server() as url:
-        result = run(args, url, Path(tmp))
+        result = run(args, url, Path(tmp), watch)
     print(table(result))
-    emit(result, args.json)
+    emit(result, args.json, watch)
     return 0
 
 

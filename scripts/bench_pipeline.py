@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import OneLineParser, emit, percentile, redis_server, worker_processes
+from benchlib import MachineWatch, OneLineParser, emit, percentile, redis_server, worker_processes
 
 from fleet.client import AsyncFleet
 from protocol.policy import TurnsPolicy
@@ -128,6 +128,7 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     with redis_server() as url:
         r = connect_sync(url)
         write_policy(r, "chat", TurnsPolicy(handler="echo", concurrency=args.concurrency))
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     sat, half = result["saturation"], result["half_load"]
     print(f"saturation: {sat['turns_per_s']:,} turns/s  p50 {sat['p50_ms']} ms  p99 {sat['p99_ms']} ms")
     print(f"half load ({half['rate_per_s']:,}/s): p50 {half['p50_ms']} ms  p99 {half['p99_ms']} ms")
-    emit(result, args.json)
+    emit(result, args.json, watch)
     return 0
 
 

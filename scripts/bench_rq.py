@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import redis
-from benchlib import ROOT, OneLineParser, emit, redis_server, stop_processes
+from benchlib import ROOT, MachineWatch, OneLineParser, emit, redis_server, stop_processes
 
 from protocol import keys
 from protocol.codec import encode
@@ -195,6 +195,7 @@ def plot(samples: list[tuple[float, int, int]], args: argparse.Namespace, path: 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     with redis_server() as url, tempfile.TemporaryDirectory(prefix="fleet-bench-rq-") as tmp:
         r = redis.Redis.from_url(url)
         result: dict[str, object] = {"relay": relay_phase(r, args.jobs),
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_processes([commander], timeout=30)
         result["load"] = os.getloadavg()[0]
-    emit(result, args.json)
+    emit(result, args.json, watch)
     return 0
 
 

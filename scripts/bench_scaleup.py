@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis
 from bench_decide import bench as bench_decide
-from benchlib import ROOT, OneLineParser, emit, percentile, redis_server
+from benchlib import ROOT, MachineWatch, OneLineParser, emit, percentile, redis_server
 
 from fleet.client import Fleet
 from protocol import keys
@@ -92,6 +92,7 @@ def trial(url: str, mode: str, workdir: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     results: dict[str, dict[str, float | int]] = {}
     with redis_server() as url, tempfile.TemporaryDirectory(prefix="fleet-scaleup-") as tmp:
         for mode in args.modes:
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pressure -> first turn by a new worker ({mode}): median {res['median_ms']} ms, "
               f"p95 {res['p95_ms']} ms over {res['trials']} trials")
     print(f"decide(): {json.dumps(dec)}")
-    emit(out, args.json)
+    emit(out, args.json, watch)
     return 0
 
 

@@ -29,7 +29,7 @@ from bench_wait import (
     one_round,
     private_cluster,
 )
-from benchlib import emit, percentile
+from benchlib import MachineWatch, emit, percentile
 
 from fleet.client import AsyncFleet
 from protocol.policy import TurnsPolicy
@@ -134,6 +134,7 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(private_cluster())
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-bench-shards-logs-")))
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     assert isinstance(ratio, dict)
     print(f"3 : 1  turns/s x{ratio['turns_per_s']}  ceiling x{ratio['ceiling_turns_per_s']}  "
           f"p50 x{ratio['p50_ms']}  p99 x{ratio['p99_ms']}")
-    emit(result, args.json)
+    emit(result, args.json, watch)
     return 0
 
 

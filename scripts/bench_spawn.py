@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import OneLineParser, emit, percentile, redis_server
+from benchlib import MachineWatch, OneLineParser, emit, percentile, redis_server
 
 from commander.runtime.process import ProcessRuntime
 from fleet.client import Fleet
@@ -116,6 +116,7 @@ def run_mode(url: str, mode: str, trials: int, log_dir: Path) -> dict[str, objec
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
     results = []
     with redis_server() as url, tempfile.TemporaryDirectory(prefix="fleet-bench-spawn-") as tmp:
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
               f"registered median {reg['median']} ms  p95 {reg['p95']} ms | "  # type: ignore[index]
               f"spawn() median {call['median']} ms")  # type: ignore[index]
     out = {"tier": TIER, "handler": "echo", "results": results}
-    emit(out, args.json)
+    emit(out, args.json, watch)
     return 0
 
 

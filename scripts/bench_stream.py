@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleet.client import AsyncFleet, Restart  # noqa: E402
 from protocol.models import Reply  # noqa: E402
 from protocol.policy import TurnsPolicy  # noqa: E402
-from scripts.benchlib import OneLineParser, emit, percentile, redis_server, worker_processes  # noqa: E402
+from scripts.benchlib import MachineWatch, OneLineParser, emit, percentile, redis_server, worker_processes  # noqa: E402
 from stores.policies import write_policy  # noqa: E402
 
 
@@ -193,19 +192,23 @@ def ms(values: list[float]) -> dict[str, float]:
             "p99": round(percentile(values, 99) * 1000, 1), "max": round(max(values, default=0.0) * 1000, 1)}
 
 
-async def run(args: Any, url: str, trace: Path) -> dict[str, Any]:
+async def run(args: Any, url: str, trace: Path, watch: MachineWatch) -> dict[str, Any]:
     r = redis.Redis.from_url(url)
     fleet = AsyncFleet(url)
     try:
         words = text(args.words)
         users = 2 * args.concurrency * args.workers
-        rate = await closed_loop(fleet, users, args.seconds, words)
+        with watch.phase("saturation"):
+            rate = await closed_loop(fleet, users, args.seconds, words)
         print(f"bench_stream: {rate:.0f} streamed turns/s with every slot busy ({users} users)",
               file=sys.stderr, flush=True)
-        lags, n = await open_loop(fleet, rate / 2, args.seconds, words)
+        with watch.phase("half load"):
+            lags, n = await open_loop(fleet, rate / 2, args.seconds, words)
         print(f"bench_stream: half load, {n} turns, {len(lags)} chunks", file=sys.stderr, flush=True)
-        plain = await cost(fleet, r, text(args.chunks), args.cost_turns, streamed=False)
-        streamed = await cost(fleet, r, text(args.chunks), args.cost_turns, streamed=True)
+        with watch.phase("Redis cost, plain"):
+            plain = await cost(fleet, r, text(args.chunks), args.cost_turns, streamed=False)
+        with watch.phase("Redis cost, streamed"):
+            streamed = await cost(fleet, r, text(args.chunks), args.cost_turns, streamed=True)
         print("bench_stream: Redis cost measured; stopping turns", file=sys.stderr, flush=True)
         stopped = await stop(fleet, trace, args.cancels)
         held = await hold(fleet, trace, args.hold, max(1, round(2000 / args.delay_ms)))
@@ -220,7 +223,7 @@ async def run(args: Any, url: str, trace: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    load = os.getloadavg()
+    watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     options = {"delay_ms": args.delay_ms, "stamp": True}
     with tempfile.TemporaryDirectory(prefix="fleet-bench-stream-") as tmp, redis_server() as url:
         r = redis.Redis.from_url(url)
@@ -234,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         env = {"FLEET_WORKER_HANDLER_TRACE": str(trace)}
         with worker_processes(url, args.workers, "stream"), worker_processes(url, 1, "costly"), \
                 worker_processes(url, 1, "hold", extra_env=env):
-            result = asyncio.run(run(args, url, trace))
-    emit({"load_average_at_start": [round(x, 2) for x in load], **result}, args.json)
+            result = asyncio.run(run(args, url, trace, watch))
+    emit(result, args.json, watch)
     return 0
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import cluster_rig
 import redis
-from benchlib import ROOT, OneLineParser, emit, percentile, stop_processes
+from benchlib import ROOT, MachineWatch, OneLineParser, emit, percentile, stop_processes
 
 from fleet.client import AsyncFleet
 from protocol.policy import turns_policy
@@ -193,6 +193,7 @@ def shortfalls_logged(log_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(private_cluster())
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-bench-wait-logs-")))
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     assert isinstance(ratio, dict)
     print(f"1 : 0  turns/s x{ratio['turns_per_s']}  p50 x{ratio['p50_ms']}  p99 x{ratio['p99_ms']}  "
           f"(WAITs short of their replica, logged: {result['wait_shortfalls_logged']})")
-    emit(result, args.json)
+    emit(result, args.json, watch)
     return 0
 
 

@@ -11,9 +11,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -116,8 +118,133 @@ def stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float = 20) ->
             child.wait(5)
 
 
-def emit(result: object, path: Path | None) -> None:
-    """Print the result as one JSON line (and write it, indented, to ``path`` if given)."""
+MAX_LOAD_AT_START = 1.5  # a run that starts above this load average is invalid
+MAX_OTHERS_SHARE = 0.10  # ... and one in which other processes used more than this of a core
+
+
+@dataclass
+class Phase:
+    """One phase of a benchmark as the machine saw it: how long it took and the CPU seconds
+    processes outside the benchmark used meanwhile."""
+
+    name: str
+    started: float
+    seconds: float = 0.0
+    others_cpu_s: float = 0.0
+    ended: bool = False
+
+    @property
+    def others_share(self) -> float:
+        """Of one core, what other processes used during the phase."""
+        return self.others_cpu_s / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> dict[str, object]:
+        return {"name": self.name, "seconds": round(self.seconds, 1),
+                "others_cpu_share_of_a_core": round(self.others_share, 3)}
+
+
+class MachineWatch:
+    """Whether the machine was quiet while a benchmark ran. On two cores anything else running
+    makes every figure meaningless, so each benchmark records the load average when it starts
+    and, every second, the CPU time that processes outside its own tree (itself and its
+    descendants: workers, redis-servers, peers) used, per phase. A run that started above a
+    load average of ``MAX_LOAD_AT_START``, or in one of whose phases others used more than
+    ``MAX_OTHERS_SHARE`` of a core, is invalid: its verdict says so, and the benchmark leaves it
+    out of ratios."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.load_at_start = os.getloadavg()
+        self.interval_s = interval_s
+        self.phases: list[Phase] = []
+        self._open: list[Phase] = [Phase("whole run", time.monotonic())]
+        self._seen = self._others()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="machine-watch", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _others() -> dict[tuple[int, float], float]:
+        """(pid, start time) -> CPU seconds so far, of every process outside this one's tree."""
+        me = psutil.Process()
+        mine = {me.pid} | {c.pid for c in me.children(recursive=True)}
+        out = {}
+        for proc in psutil.process_iter(["pid", "create_time", "cpu_times"]):
+            info = proc.info
+            if info["pid"] in mine or info["cpu_times"] is None:
+                continue
+            out[(info["pid"], info["create_time"])] = info["cpu_times"].user + info["cpu_times"].system
+        return out
+
+    def _sample(self) -> None:
+        now = self._others()
+        used = sum(cpu - self._seen.get(key, 0.0) for key, cpu in now.items())  # (new ones: all of theirs)
+        self._seen = now
+        with self._lock:
+            for phase in self._open:
+                phase.others_cpu_s += max(0.0, used)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with contextlib.suppress(psutil.Error):
+                self._sample()
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[Phase]:
+        """Watch the ``with`` block as a phase named ``name``."""
+        with contextlib.suppress(psutil.Error):
+            self._sample()  # what came before is not this phase's
+        phase = Phase(name, time.monotonic())
+        with self._lock:
+            self._open.append(phase)
+        try:
+            yield phase
+        finally:
+            with contextlib.suppress(psutil.Error):
+                self._sample()
+            with self._lock:
+                self._open.remove(phase)
+            phase.seconds, phase.ended = time.monotonic() - phase.started, True
+            self.phases.append(phase)
+
+    def invalid_because(self, phases: list[Phase] | None = None) -> list[str]:
+        """Why the run (or only ``phases`` of it) is invalid; [] if it is not."""
+        why = []
+        if self.load_at_start[0] > MAX_LOAD_AT_START:
+            why.append(f"load average {self.load_at_start[0]:.2f} at the start (over {MAX_LOAD_AT_START})")
+        for phase in self.phases if phases is None else phases:
+            if phase.others_share > MAX_OTHERS_SHARE:
+                why.append(f"other processes used {phase.others_share:.0%} of a core during {phase.name!r} "
+                           f"(over {MAX_OTHERS_SHARE:.0%})")
+        return why
+
+    def verdict(self) -> dict[str, object]:
+        """The machine's record of the run so far: the load at the start, each phase, and
+        whether the run is valid (and if not, why)."""
+        whole = self._open[0]
+        with contextlib.suppress(psutil.Error):
+            self._sample()
+        whole.seconds = time.monotonic() - whole.started
+        why = self.invalid_because([*self.phases, whole])
+        return {"load_average_at_start": [round(x, 2) for x in self.load_at_start],
+                "phases": [p.summary() for p in [*self.phases, whole]], "valid": not why,
+                "invalid_because": why}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def emit(result: object, path: Path | None, watch: MachineWatch | None = None) -> None:
+    """Print the result as one JSON line (and write it, indented, to ``path`` if given); with
+    ``watch``, the machine's verdict goes in it as ``machine``, and an invalid run says so on
+    stderr."""
+    if watch is not None and isinstance(result, dict):
+        result["machine"] = verdict = watch.verdict()
+        watch.close()
+        if not verdict["valid"]:
+            print("THIS RUN IS INVALID (the machine was not quiet): " + "; ".join(verdict["invalid_because"]),
+                  file=sys.stderr, flush=True)
     if path is not None:
         path.write_text(json.dumps(result, indent=2))
     print(json.dumps(result))

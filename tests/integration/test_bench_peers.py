@@ -54,6 +54,12 @@ def test_bench_peers_quick_every_system_answers_turns(tmp_path):
         if name != "fleet":
             assert set(s["ratios"]) == {"turns_per_s", "saturation_p50", "saturation_p99",
                                         "half_load_p50", "half_load_p99"}
+    # the machine's verdict (its values are the machine's, not asserted): each system of the run
+    # a phase, and the runs left out of the figures named with why
+    machine = result["machine"]
+    assert {p["name"] for p in machine["phases"]} >= {f"run 0: {name}" for name in systems}, machine
+    assert isinstance(machine["valid"], bool) and isinstance(result["invalid_runs"], dict)
+    assert machine["valid"] == (not machine["invalid_because"])
     auto = result["celery_autoscale"]
     assert len(auto["reactions_ms"]) + auto["missed"] == 2
     assert "fleet" in run.stdout and "celery --autoscale" in run.stdout  # the table

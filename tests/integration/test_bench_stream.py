@@ -28,3 +28,5 @@ def test_bench_stream_runs_every_phase(tmp_path: Path) -> None:
     assert got["streamed_turn_20_chunks"]["redis_commands_per_turn"] > 0
     assert got["stop"]["to_cancelled_reply_ms"]["n"] == 3
     assert got["hold"]["answered"] == 20 and got["hold"]["peak_in_flight"] >= 1
+    phases = {p["name"] for p in got["machine"]["phases"]}  # the machine's verdict, per phase
+    assert {"saturation", "half load", "Redis cost, plain", "Redis cost, streamed"} <= phases
