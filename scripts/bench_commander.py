@@ -1,9 +1,13 @@
-"""Commander scale: decide() over 1,000 workers in 20 tiers, and the report-ingest rate.
+"""Commander scale: a whole pass over a large fleet, decide() alone, and the report-ingest rate.
 
-decide(): one full pass (every tier once) over a synthetic fleet, median and p95
-(scripts/bench_decide.py). Ingest: 1,000 simulated workers' occupancy reports are written to
-a private redis-server, then read by the commander's Observer into its Evaluator, the path
-every pass takes; the figure is reports per second end to end (XREAD + decode + window).
+Pass: a simulated fleet on a private redis-server (``--workers`` registry entries with their
+heartbeats over ``--tiers`` tiers, each with its policy, and one occupancy report per worker
+between two passes, as a fleet reporting every second makes), served by a leading commander
+whose runtime runs none of them; each of ``--passes`` passes (after warm-up ones) is timed in
+the commander's CPU (its thread's), with the Redis commands it sent and the commander's
+resident memory after them. decide(): one full pass of the pure decision over a synthetic fleet,
+median and p95 (scripts/bench_decide.py). Ingest: the workers' reports written, then read by the
+commander's Observer into its Evaluator; reports per second end to end (XREAD + decode + window).
 """
 
 from __future__ import annotations
@@ -12,11 +16,15 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import redis
 from bench_decide import bench as bench_decide
-from benchlib import MachineWatch, OneLineParser, emit, redis_server
+from bench_monitor import Elsewhere, populate, write_reports
+from benchlib import MachineWatch, OneLineParser, emit, percentile, redis_server
 
+from commander.commander import Commander
 from commander.observe import Observer
+from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import Counters, OccupancyReport, Slots
@@ -27,13 +35,14 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--workers", type=int, default=1000)
     p.add_argument("--tiers", type=int, default=20)
     p.add_argument("--rounds", type=int, default=20, help="reports per worker in the ingest test")
+    p.add_argument("--passes", type=int, default=10, help="whole commander passes timed")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.quick:
-        args.rounds = 3
-    if min(args.workers, args.tiers, args.rounds) < 1:
-        p.error("--workers, --tiers and --rounds must be positive")
+        args.rounds, args.passes = 3, 3
+    if min(args.workers, args.tiers, args.rounds, args.passes) < 1:
+        p.error("--workers, --tiers, --rounds and --passes must be positive")
     return args
 
 
@@ -57,13 +66,52 @@ def ingest(url: str, workers: int, tiers: int, rounds: int) -> dict[str, float]:
     return {"reports": n, "seconds": round(elapsed, 3), "reports_per_s": round(n / elapsed)}
 
 
+def commands(r: redis.Redis) -> int:
+    return int(r.info("stats")["total_commands_processed"])
+
+
+def whole_pass(url: str, workers: int, tiers: int, passes: int) -> dict[str, object]:
+    """A leading commander's passes over the simulated fleet: CPU ms per pass (its thread's),
+    Redis commands per pass, its memory."""
+    r = redis.Redis.from_url(url)
+    r.flushall()
+    names = populate(r, workers, tiers, time.time())
+    settings = CommanderSettings(commander_id="bench", metrics_port=None, always_tiers=(),
+                                 lease_ttl_ms=600_000)
+    cmd = Commander(r, Elsewhere(), settings)
+    assert cmd.campaign()
+    cpu, sent = [], []
+    for i in range(passes + 2):  # two warm-up passes: the first reads the registry and policies cold
+        write_reports(r, names, workers, time.time(), rows=1)  # a second of reports, one per worker
+        before, start = commands(r), time.thread_time()
+        cmd.pass_once(time.time())
+        elapsed = time.thread_time() - start
+        if not cmd.leading:
+            raise SystemExit("bench_commander: the commander lost its lease")
+        if i >= 2:
+            cpu.append(elapsed * 1000)
+            sent.append(commands(r) - before - 1)  # (less the INFO that read the counter)
+    seen = cmd.board.seen
+    judged = len(seen.tiers) if seen is not None else 0
+    r.close()
+    return {"workers": workers, "tiers": tiers, "tiers_judged": judged, "passes": passes,
+            "cpu_ms_per_pass": {"median": round(percentile(cpu, 50), 1), "p95": round(percentile(cpu, 95), 1),
+                                "max": round(max(cpu), 1)},
+            "redis_commands_per_pass": round(sum(sent) / len(sent), 1),
+            "commander_rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     dec = bench_decide(workers=args.workers, tiers=args.tiers, repeats=5 if args.quick else 20)
     with redis_server() as url:
+        whole = whole_pass(url, args.workers, args.tiers, args.passes)
         ing = ingest(url, args.workers, args.tiers, args.rounds)
-    out = {"decide": dec, "ingest": ing}
+    out = {"pass": whole, "decide": dec, "ingest": ing}
+    print(f"a whole pass: {whole['cpu_ms_per_pass']['median']} ms of commander CPU median "  # type: ignore[index]
+          f"({whole['cpu_ms_per_pass']['p95']} ms p95), {whole['redis_commands_per_pass']} Redis commands, "  # type: ignore[index]
+          f"commander RSS {whole['commander_rss_mb']} MB, over {args.workers} workers x {args.tiers} tiers")
     print(f"decide(): {dec['median_ms']} ms median, {dec['p95_ms']} ms p95 per pass over "
           f"{args.workers} workers x {args.tiers} tiers")
     print(f"report ingest: {ing['reports_per_s']:,} reports/s "

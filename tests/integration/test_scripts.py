@@ -26,6 +26,19 @@ def test_bench_pipeline_quick(tmp_path):
     assert result["saturation"]["turns_per_s"] > 0
 
 
+def test_bench_commander_times_a_whole_pass(tmp_path):
+    """A leading commander's passes over a simulated fleet: CPU, Redis commands, memory."""
+    out = tmp_path / "commander.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_commander.py"), "--quick",
+                          "--workers", "200", "--tiers", "4", "--json", str(out)],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    whole = json.loads(out.read_text())["pass"]
+    assert whole["tiers_judged"] == 4 and whole["passes"] == 3, whole
+    assert whole["cpu_ms_per_pass"]["median"] > 0 and whole["redis_commands_per_pass"] > 0
+    assert whole["commander_rss_mb"] > 0 and "a whole pass:" in run.stdout
+
+
 def test_bench_pipeline_rejects_bad_arguments():
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_pipeline.py"), "--users", "0"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
