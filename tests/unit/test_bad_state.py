@@ -81,6 +81,19 @@ def test_a_registry_entry_that_fails_validation_is_skipped(r, field, blob, why) 
     assert reg.unreadable == (field,)
 
 
+def test_liveness_is_the_heartbeat_and_one_of_another_type_is_none(r, monkeypatch) -> None:
+    """Beating, expired, or a heartbeat key that is not a string (never a worker's): dead. The
+    heartbeats are read a thousand at a time: three reads here of two each."""
+    monkeypatch.setattr("stores.registry.HEARTBEATS_PER_MGET", 2)
+    for wid in ("w1", "w2", "w3", "w4", "w5"):
+        r.hset(keys.WORKERS, wid, info(wid))
+    r.set(keys.heartbeat("w1"), "1")
+    r.set(keys.heartbeat("w4"), "1")
+    r.hset(keys.heartbeat("w3"), "x", "1")
+    alive = {wid: a for wid, (_i, a) in read_registry(r, BadState()).workers.items()}
+    assert alive == {"w1": True, "w2": False, "w3": False, "w4": True, "w5": False}
+
+
 def test_a_registry_of_the_wrong_type_reads_empty(r) -> None:
     r.lpush(keys.WORKERS, "x")
     bad = BadState()
