@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import redis
 
-from commander.commander import Commander
+from commander.commander import Commander, tune_gc
 from commander.metrics import Metrics
 from commander.monitor.access import access_of, refusal
 from commander.runtime import ProcessRuntime, Runtime
@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.commander_id} %(message)s")
+    tune_gc()
     # the commander's own role (stores.roles); its workers get the worker URL
     url = process_url(settings.redis_url, "fleet-commander")
     worker_url = settings.worker_redis_url or resolve_url(settings.redis_url)

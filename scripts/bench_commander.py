@@ -22,7 +22,7 @@ from bench_decide import bench as bench_decide
 from bench_monitor import Elsewhere, populate, write_reports
 from benchlib import MachineWatch, OneLineParser, emit, percentile, redis_server
 
-from commander.commander import Commander
+from commander.commander import Commander, tune_gc
 from commander.observe import Observer
 from commander.settings import CommanderSettings
 from protocol import keys
@@ -78,11 +78,13 @@ def whole_pass(url: str, workers: int, tiers: int, passes: int) -> dict[str, obj
     names = populate(r, workers, tiers, time.time())
     settings = CommanderSettings(commander_id="bench", metrics_port=None, always_tiers=(),
                                  lease_ttl_ms=600_000)
+    tune_gc()  # as `fleet commander` does
     cmd = Commander(r, Elsewhere(), settings)
     assert cmd.campaign()
     cpu, sent = [], []
     for i in range(passes + 2):  # two warm-up passes: the first reads the registry and policies cold
-        write_reports(r, names, workers, time.time(), rows=1)  # a second of reports, one per worker
+        # a second of reports, one per worker, each with its turn counts grown by ten turns
+        write_reports(r, names, workers, time.time(), rows=1, turns=1000 + 10 * i)
         before, start = commands(r), time.thread_time()
         cmd.pass_once(time.time())
         elapsed = time.thread_time() - start

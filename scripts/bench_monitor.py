@@ -35,7 +35,15 @@ from commander.runtime import Handles, Runtime, UnknownWorker, WorkerIds
 from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import encode
-from protocol.models import Counters, OccupancyReport, Slots, WorkerInfo
+from protocol.models import (
+    BUCKET_COUNT,
+    Counters,
+    OccupancyReport,
+    Slots,
+    TurnHistogram,
+    TurnStats,
+    WorkerInfo,
+)
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
 
@@ -113,17 +121,30 @@ def populate(r: redis.Redis, workers: int, tiers: int, now: float) -> list[str]:
     return names
 
 
-def write_reports(r: redis.Redis, names: list[str], workers: int, now: float, rows: int = 60) -> None:
-    """``rows`` occupancy reports per worker, one a second up to ``now`` (60: a full window)."""
+def turn_stats(turns: int) -> TurnStats:
+    """A busy worker's cumulative turn counts after ``turns`` turns (histograms filled)."""
+    def histogram(scale: float) -> TurnHistogram:
+        counts = tuple((turns * (i + 1)) // 40 for i in range(BUCKET_COUNT))
+        return TurnHistogram(counts=counts, sum=turns * scale)
+
+    return TurnStats(ok=turns, error=turns // 100, dup=turns // 500, retries=turns // 50,
+                     queue_wait=histogram(0.002), handler=histogram(0.4), latency=histogram(0.41))
+
+
+def write_reports(r: redis.Redis, names: list[str], workers: int, now: float, rows: int = 60,
+                  turns: int | None = None) -> None:
+    """``rows`` occupancy reports per worker, one a second up to ``now`` (60: a full window);
+    with ``turns``, each carries its worker's turn counts, about ``turns`` and growing."""
     tiers = len(names)
     pipe = r.pipeline(transaction=False)
     for w in range(workers):
         tier, wid = names[w % tiers], f"{names[w % tiers]}-w{w:04d}"
         for k in range(rows):
+            stats = turn_stats(turns + 10 * k + w % 7) if turns is not None else TurnStats()
             rep = OccupancyReport(worker=wid, tier=tier, ts=now - rows + k + 1, state="ready", users=5,
                                   active_users=2, slots=Slots(busy=(w + k) % 9, total=8), cpu=0.3,
                                   rss=50_000_000, counters=Counters(turns=k * 10, handler_seconds=k * 1.5),
-                                  load=(0.5, 0.5, 0.5))
+                                  load=(0.5, 0.5, 0.5), turn_stats=stats)
             pipe.xadd(keys.REPORTS, {"m": encode(rep)})
         if w % 20 == 0:
             pipe.execute()
