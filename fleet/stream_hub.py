@@ -21,8 +21,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from stores.replies import Row, raw_streams, rows
+from stores.replies import Row, entry_id
 from stores.retry import TRANSIENT, Backoff
+from stores.submit import read_streams
 
 log = logging.getLogger("fleet.client")
 
@@ -31,12 +32,6 @@ log = logging.getLogger("fleet.client")
 # than a stream read on its own for longer
 HUB_BLOCK_MS = 100
 _BACKOFF = Backoff(base=0.05, cap=1.0)
-
-
-def entry_id(text: str) -> tuple[int, int]:
-    """A stream entry id, ordered as Redis orders them."""
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
 
 
 @dataclass(eq=False)
@@ -100,7 +95,7 @@ class StreamHub:
                 sub.covered = True
             try:
                 self.reads += 1
-                got = await self.r.xread({key: sub.after for key, sub in held.items()}, block=HUB_BLOCK_MS)
+                got = await read_streams(self.r, {key: sub.after for key, sub in held.items()}, HUB_BLOCK_MS)
             except TRANSIENT as exc:
                 failures += 1
                 self.failures += 1
@@ -112,12 +107,11 @@ class StreamHub:
                 await asyncio.sleep(_BACKOFF.compute(failures))
                 continue
             failures = 0
-            for name, entries in raw_streams(got):
-                key = name.decode() if isinstance(name, bytes) else str(name)
+            for key, entries in got.items():
                 reader = self.subs.get(key)
                 if reader is None:  # (it left meanwhile)
                     continue
-                new = [row for row in rows(entries) if entry_id(row[0]) > entry_id(reader.after)]
+                new = [row for row in entries if entry_id(row[0]) > entry_id(reader.after)]
                 if new:
                     reader.rows += new
                     reader.after = new[-1][0]

@@ -37,6 +37,7 @@ import redis
 from protocol import keys
 from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_user_id
+from stores.replies import entry_id
 
 BATCH = 500  # users checked per pipelined round trip
 
@@ -63,11 +64,6 @@ def write_recovered(r: redis.Redis, epoch: int) -> None:
     r.set(keys.RECOVERED, epoch)
 
 
-def _stream_id(raw: Any) -> tuple[int, int]:
-    ms, _, seq = as_str(raw).partition("-")
-    return int(ms), int(seq or 0)
-
-
 def unserved(cursor: Any, newest: Any) -> bool:
     """Whether an inbox holds a turn after the cursor, from ``HGET state cursor`` and the
     inbox's newest entry (``XREVRANGE + - COUNT 1``): a served entry is deleted by its commit,
@@ -76,7 +72,7 @@ def unserved(cursor: Any, newest: Any) -> bool:
         return False
     if not cursor:
         return True
-    return _stream_id(newest[0][0]) > _stream_id(cursor)
+    return entry_id(newest[0][0]) > entry_id(cursor)
 
 
 def unserved_users(r: redis.Redis, users: list[str]) -> list[str]:

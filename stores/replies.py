@@ -32,6 +32,12 @@ def raw_streams(reply: object) -> list[tuple[bytes, list[RawRow]]]:
     return cast("list[tuple[bytes, list[RawRow]]] | None", reply) or []
 
 
+def entry_id(raw: object) -> tuple[int, int]:
+    """A stream entry id (``ms-seq``, bytes or text) as a pair that orders as Redis orders ids."""
+    ms, _, seq = as_str(raw).partition("-")
+    return int(ms), int(seq or 0)
+
+
 def hash_reply(reply: object) -> dict[bytes, bytes]:
     """An HGETALL reply: field -> value, both bytes."""
     return cast("dict[bytes, bytes]", reply)

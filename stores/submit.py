@@ -22,6 +22,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from protocol import keys
+from protocol.codec import as_str
 from protocol.models import Turn
 from stores import functions, replicas
 from stores.backlog import queue_submit_gauges
@@ -332,6 +333,16 @@ def read_stream(user: str, turn_id: str, after: str, block_ms: int) -> Op[tuple[
 
     got, raw = yield Pipelined(queue)
     return [row for _name, entries in raw_streams(got) for row in rows(entries)], raw
+
+
+@operation
+def read_streams(after: Mapping[str, str], block_ms: int) -> Op[dict[str, list[Row]]]:
+    """Several reply streams' entries, each after its own ``after`` id, in one ``XREAD BLOCK``
+    (up to ``block_ms``, at least 1): stream key -> its new entries (streams with none are left
+    out). One node only: the keys are in their users' slots, which a Cluster refuses in one
+    read (there each stream reads on its own, :func:`read_stream`)."""
+    got = yield Single(lambda r: r.xread(dict(after), block=max(1, block_ms)))
+    return {as_str(name): rows(entries) for name, entries in raw_streams(got)}
 
 
 @operation

@@ -330,6 +330,8 @@ def drive_sync(r: redis.Redis) -> None:
     submit.wait_reply(r, USERS[0], "t-x", 0.01)
     submit.read_stream(r, USERS[0], "t-x", "0-0", 1)
     submit.read_stream_rest(r, USERS[0], "t-x", "0-0")
+    if not cluster.is_cluster(r):  # (the client's stream hub: one node only)
+        submit.read_streams(r, {keys.stream(u, "t-x"): "0-0" for u in USERS[:2]}, 1)
     # registry
     registry.read_entries(r)
     registry.read_registry(r)
@@ -695,6 +697,10 @@ SINGLE_NODE_EXCEPTIONS = {
         "the single-node worker writes every stream it flushes in a tick with one stream_append.lua "
         "call, through the group commit (each flush's lane and stream in its user's slot); on a "
         "Cluster one call per flush (stores/turns.py append_streams)",
+    ("stores.submit.read_streams", "command"):
+        "the single-node client reads every reply stream it streams in one XREAD (each stream in "
+        "its user's slot; fleet/stream_hub.py); on a Cluster each stream reads on its own "
+        "(stores/submit.py read_stream)",
     ("stores.reports.wait_pressure", "command"):
         "the single-node commander blocks on every tier's pressure stream in one XREAD (it wakes "
         "at the first event); on a Cluster it blocks on one tier or polls each stream on its own "
