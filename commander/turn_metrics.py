@@ -101,11 +101,18 @@ def combine(a: TurnStats, b: TurnStats, sign: int = 1) -> TurnStats:
     return _stats(tuple(map(op, _vector(a), _vector(b))), _errors(a.redis_errors, b.redis_errors, sign))
 
 
+def _step(last: tuple[Vector, Errors] | None, new: Vector, new_errors: Errors) -> tuple[Vector, Errors]:
+    """What a worker's newest counts add to its tier's total since ``last`` (None: first seen):
+    the whole count when first seen or counting afresh, else the increase."""
+    if last is None or _went_down(*last, new, new_errors):
+        return new, new_errors
+    return tuple(map(operator.sub, new, last[0])), _errors(new_errors, last[1], -1)
+
+
 def delta(last: TurnStats | None, new: TurnStats) -> TurnStats:
-    """What a worker's newest counts add to its tier's total since ``last`` (None: first seen)."""
-    if last is None or went_down(last, new):
-        return new
-    return combine(new, last, sign=-1)
+    """:func:`_step` on TurnStats."""
+    before = None if last is None else (_vector(last), last.redis_errors)
+    return _stats(*_step(before, _vector(new), new.redis_errors))
 
 
 class TurnTotals:
@@ -127,10 +134,7 @@ class TurnTotals:
             return False
         stats = report.turn_stats
         new, errors = _vector(stats), dict(stats.redis_errors)
-        if seen is None or _went_down(seen[1], seen[2], new, errors):
-            step, step_errors = new, errors  # first seen, or counting afresh: its whole count
-        else:
-            step, step_errors = tuple(map(operator.sub, new, seen[1])), _errors(errors, seen[2], -1)
+        step, step_errors = _step(None if seen is None else seen[1:], new, errors)
         self._seen[report.worker] = (report.ts, new, errors)
         total = self._totals.get(report.tier)
         self._totals[report.tier] = (step, step_errors) if total is None else \
