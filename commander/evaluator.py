@@ -5,14 +5,20 @@ Per worker it keeps a window of the last ``WINDOW_ROWS`` reports. Per row: ``cpu
 component is averaged over the last ``AVERAGE_ROWS`` rows, and occupancy is the **max** of the
 averages: the bottleneck answers "can it take more?". A worker with no rows reads 0.
 
+What occupancy and rates read of a report is derived once, when the report is kept (a
+:class:`Row`, beside the report): a commander asks for every worker's occupancy and rates each
+pass, and a pass over 10,000 workers cannot afford to walk their reports again.
+
 Pure: no clock, no I/O. Time comes in only through ``report.ts`` or a ``now`` argument.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from protocol.models import OccupancyReport
 from protocol.policy import ScaleRules
@@ -44,6 +50,24 @@ class Rates:
     errors_per_s: float
     handler_busy: float  # handler seconds per second: ~ busy slots on average
     span_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """What occupancy and rates read of one report (rows of a worker in time order): its
+    components but memory (which depends on the policy's limit: ``rss`` is kept), its counters,
+    and the number ``n`` of this row and ``segment`` of the first row since its counters last
+    went down (a rate never spans a reset)."""
+
+    ts: float
+    cpu: float | None
+    rss: int
+    slots: float | None
+    turns: int
+    errors: int
+    handler_seconds: float
+    n: int
+    segment: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,21 +127,43 @@ def row_slots(report: OccupancyReport, previous: OccupancyReport | None = None) 
     return min(averaged, 1.0)
 
 
+def derive(report: OccupancyReport, previous: OccupancyReport | None = None,
+           before: Row | None = None) -> Row:
+    """``report``'s row, given the report before it and that report's row (None: the first)."""
+    n = 0 if before is None else before.n + 1
+    reset = previous is None or before is None or _counters_dropped(report, previous)
+    segment = n if reset or before is None else before.segment
+    c = report.counters
+    return Row(report.ts, row_cpu(report), report.rss, row_slots(report, previous), c.turns, c.errors,
+               c.handler_seconds, n, segment)
+
+
+def rows_of(reports: Sequence[OccupancyReport]) -> list[Row]:
+    """The rows of a worker's reports (oldest first)."""
+    out: list[Row] = []
+    for i, report in enumerate(reports):
+        out.append(derive(report, reports[i - 1] if i else None, out[-1] if out else None))
+    return out
+
+
 def _mean(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
 
 
-def occupancy_of(rows: Sequence[OccupancyReport], limit_bytes: float | None) -> Occupancy:
-    """Average each component over the last ``AVERAGE_ROWS`` rows; occupancy is their max."""
-    window = list(rows)[-(AVERAGE_ROWS + 1):]
-    recent = window[-AVERAGE_ROWS:]
+def occupancy_of(reports: Sequence[OccupancyReport], limit_bytes: float | None) -> Occupancy:
+    """Average each component over the last ``AVERAGE_ROWS`` reports; occupancy is their max."""
+    return occupancy_of_rows(rows_of(list(reports)[-(AVERAGE_ROWS + 1):])[-AVERAGE_ROWS:], limit_bytes)
+
+
+def occupancy_of_rows(rows: Sequence[Row], limit_bytes: float | None) -> Occupancy:
+    """:func:`occupancy_of` on the last ``AVERAGE_ROWS`` of ``rows``."""
+    recent = list(islice(reversed(rows), AVERAGE_ROWS))  # (newest first: a mean has no order)
     if not recent:
         return Occupancy()
-    before = [None, *window[:-1]] if len(window) == len(recent) else window[:-1]
-    cpu = _mean(row_cpu(r) for r in recent)
-    memory = _mean(row_memory(r, limit_bytes) for r in recent)
-    slots = _mean(row_slots(r, p) for r, p in zip(recent, before, strict=True))
+    cpu = _mean(r.cpu for r in recent)
+    memory = None if not limit_bytes or limit_bytes <= 0 else _mean(r.rss / limit_bytes for r in recent)
+    slots = _mean(r.slots for r in recent)
     parts = [p for p in (cpu, memory, slots) if p is not None]
     return Occupancy(max(parts, default=0.0), cpu, memory, slots, len(recent))
 
@@ -127,28 +173,30 @@ def _counters_dropped(newer: OccupancyReport, older: OccupancyReport) -> bool:
     return a.turns < b.turns or a.errors < b.errors or a.handler_seconds < b.handler_seconds
 
 
-def rates_of(rows: Sequence[OccupancyReport], span_s: float = RATE_SPAN_S) -> Rates | None:
-    """Rates between the newest row and the oldest one within ``span_s`` (never across a reset).
+def rates_of(reports: Sequence[OccupancyReport], span_s: float = RATE_SPAN_S) -> Rates | None:
+    """Rates between the newest report and the oldest one within ``span_s`` (never across a
+    reset); None with fewer than two usable reports."""
+    return rates_of_rows(rows_of(reports), span_s)
 
-    None with fewer than two usable rows.
-    """
+
+def rates_of_rows(rows: Sequence[Row], span_s: float = RATE_SPAN_S) -> Rates | None:
+    """:func:`rates_of` on rows (in time order)."""
     if len(rows) < 2:
         return None
     newest = rows[-1]
-    older: OccupancyReport | None = None
-    for i in range(len(rows) - 2, -1, -1):
-        row = rows[i]
-        if newest.ts - row.ts > span_s or _counters_dropped(rows[i + 1], row):
-            break
-        older = row
-    if older is None or newest.ts <= older.ts:
+    first = max(newest.segment - rows[0].n, 0)  # the oldest row since the last reset
+    # the oldest row with newest.ts - row.ts <= span_s (as written: the same rounding)
+    at = bisect_left(rows, -span_s, first, len(rows) - 1, key=lambda r: -(newest.ts - r.ts))
+    if at >= len(rows) - 1:
+        return None
+    older = rows[at]
+    if newest.ts <= older.ts:
         return None
     dt = newest.ts - older.ts
-    new, old = newest.counters, older.counters
     return Rates(
-        turns_per_s=(new.turns - old.turns) / dt,
-        errors_per_s=(new.errors - old.errors) / dt,
-        handler_busy=(new.handler_seconds - old.handler_seconds) / dt,
+        turns_per_s=(newest.turns - older.turns) / dt,
+        errors_per_s=(newest.errors - older.errors) / dt,
+        handler_busy=(newest.handler_seconds - older.handler_seconds) / dt,
         span_s=dt,
     )
 
@@ -177,6 +225,7 @@ class Evaluator:
     def __init__(self, window: int = WINDOW_ROWS) -> None:
         self._window = window
         self._rows: dict[str, deque[OccupancyReport]] = {}
+        self._derived: dict[str, deque[Row]] = {}  # the rows' Row, in step with _rows
         self._ready_at: dict[str, float] = {}  # worker -> ts of its first report as ready
 
     def add(self, report: OccupancyReport) -> bool:
@@ -187,8 +236,12 @@ class Evaluator:
         rows = self._rows.get(report.worker)
         if rows is None:
             rows = self._rows[report.worker] = deque(maxlen=self._window)
+            derived = self._derived[report.worker] = deque(maxlen=self._window)
         elif rows and report.ts <= rows[-1].ts:
             return False
+        else:
+            derived = self._derived[report.worker]
+        derived.append(derive(report, rows[-1] if rows else None, derived[-1] if derived else None))
         rows.append(report)
         if report.state == "ready" and report.cpu is None:
             # a worker's very first report (its sensor has no cpu to give yet): the end of its
@@ -199,6 +252,7 @@ class Evaluator:
     def forget(self, worker: str) -> None:
         """Drop a worker's window (it exited or was declared dead)."""
         self._rows.pop(worker, None)
+        self._derived.pop(worker, None)
         self._ready_at.pop(worker, None)
 
     def forget_absent(self, present: Collection[str], now: float,
@@ -238,11 +292,11 @@ class Evaluator:
 
     def occupancy(self, worker: str, memory_limit_bytes: float | None = None) -> Occupancy:
         """The worker's occupancy; 0 with no rows."""
-        return occupancy_of(self._rows.get(worker, ()), memory_limit_bytes)
+        return occupancy_of_rows(self._derived.get(worker, ()), memory_limit_bytes)
 
     def rates(self, worker: str, span_s: float = RATE_SPAN_S) -> Rates | None:
         """Turn, error and handler-time rates from counter deltas; None with too few rows."""
-        return rates_of(self._rows.get(worker, ()), span_s)
+        return rates_of_rows(self._derived.get(worker, ()), span_s)
 
     def window(self, worker: str) -> tuple[OccupancyReport, ...]:
         """The worker's window of reports (oldest first), as an immutable copy."""

@@ -165,3 +165,26 @@ def test_workers_absent_from_the_registry_and_the_runtime_are_forgotten_after_a_
     assert sorted(ev.workers()) == ["kept", "registered"] and ev.window("gone") == ()
     assert ev.forget_absent(set(), now=1001.0 + FORGET_ABSENT_S) == ["kept", "registered"]
     assert ev.workers() == []
+
+
+def test_the_evaluators_kept_rows_read_as_its_reports_do() -> None:
+    """Occupancy and rates from the rows derived as each report is kept equal those computed
+    afresh from the worker's window of reports: past the window's length (the oldest rows
+    dropped), over counter resets, with and without a memory limit, at every step."""
+    import random
+
+    rnd = random.Random(5)
+    ev, ts, turns, handler = Evaluator(), 0.0, 0, 0.0
+    for step in range(3 * WINDOW_ROWS):
+        ts += rnd.choice((0.5, 1.0, 1.0, 7.0, 30.0))
+        if rnd.random() < 0.08:
+            turns, handler = 0, 0.0  # a restart under the same id: counting afresh
+        turns += rnd.randrange(0, 20)
+        handler += rnd.random() * 4
+        ev.add(report(ts, cpu=rnd.choice((None, rnd.random() * 1.5)), rss=rnd.randrange(0, 900) * MB,
+                      busy=rnd.randrange(0, 9), turns=turns, handler_s=handler))
+        window = ev.window("w1")
+        for limit in (None, 512.0 * MB):
+            assert ev.occupancy("w1", limit) == pytest.approx(occupancy_of(window, limit)), step
+        for span in (5.0, 60.0):
+            assert ev.rates("w1", span) == rates_of(window, span), (step, span)
