@@ -20,7 +20,7 @@ from protocol.models import OccupancyReport, WorkerInfo
 from stores.backlog import live_ids, read_tier_load, unserved_by_tier
 from stores.bad_state import BadState, reject_wrong_type
 from stores.redis_errors import RedisErrors
-from stores.registry import read_registry
+from stores.registry import Known, read_registry
 from stores.replies import Row
 from stores.reports import last_pressure_id, newest_reports, reports_after, wait_pressure
 
@@ -48,6 +48,7 @@ class Observer:
         self.bad_pressure: set[str] = set()  # tiers whose pressure key is of another type (this pass)
         self._live: frozenset[str] | None = None  # live worker ids of this pass's registry read
         self._workers: dict[str, tuple[WorkerInfo, bool]] = {}  # ... and the entries
+        self._known: Known = {}  # the registry's entries as last read, decoded (read_entries)
         self.turns = TurnTotals()  # the tiers' turn counts, from every report read
 
     # --- reports -----------------------------------------------------------------------
@@ -91,7 +92,7 @@ class Observer:
     # --- registry ----------------------------------------------------------------------
     def registry(self) -> dict[str, tuple[WorkerInfo, bool]]:
         """Registered workers and whether their heartbeat is alive."""
-        reg = read_registry(self.r, self.bad)
+        reg = read_registry(self.r, self.bad, self._known)
         self._live = live_ids(reg.workers)
         self._workers = reg.workers
         return reg.workers

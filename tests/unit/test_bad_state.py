@@ -18,6 +18,7 @@ from protocol import keys
 from protocol.codec import encode
 from protocol.models import CommanderInfo, WorkerInfo
 from protocol.policy import turns_policy
+from stores import registry
 from stores.bad_state import BadState
 from stores.commanders import commander_entries, read_commanders
 from stores.group_assignment import known_pools, read_pin_and_record, read_pins, rejected_groups
@@ -92,6 +93,30 @@ def test_liveness_is_the_heartbeat_and_one_of_another_type_is_none(r, monkeypatc
     r.hset(keys.heartbeat("w3"), "x", "1")
     alive = {wid: a for wid, (_i, a) in read_registry(r, BadState()).workers.items()}
     assert alive == {"w1": True, "w2": False, "w3": False, "w4": True, "w5": False}
+
+
+def test_a_registry_read_decodes_only_the_entries_that_changed(r, monkeypatch) -> None:
+    """With the entries of the last read (``known``), an entry whose bytes are unchanged is not
+    decoded again; a changed one is, and one turned bad is skipped and told every read (it is
+    never kept); ``known`` is left holding this read's good entries only."""
+    decoded: list[str] = []
+    real = registry._entry
+    monkeypatch.setattr(registry, "_entry", lambda wid, blob: decoded.append(wid) or real(wid, blob))
+    for wid in ("w1", "w2", "w3"):
+        r.hset(keys.WORKERS, wid, info(wid))
+    known: registry.Known = {}
+    assert sorted(read_registry(r, BadState(), known).workers) == ["w1", "w2", "w3"]
+    assert sorted(decoded) == ["w1", "w2", "w3"]
+    decoded.clear()
+    r.hset(keys.WORKERS, "w2", info("w2", tier="batch"))
+    r.hset(keys.WORKERS, "w3", b"\x00garbage")
+    for _ in range(2):
+        bad = BadState()
+        reg = read_registry(r, bad, known)
+        assert sorted(reg.workers) == ["w1", "w2"] and reg.workers["w2"][0].tier == "batch"
+        assert kinds(bad) == [("registry", keys.WORKERS, "w3")]
+    assert decoded == ["w2", "w3", "w3"]
+    assert sorted(k[0] for k in known) == [b"w1", b"w2"]
 
 
 def test_a_registry_of_the_wrong_type_reads_empty(r) -> None:
