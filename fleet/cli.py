@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import redis
@@ -289,9 +290,12 @@ def _add_observe_commands(sub: _Sub[Any]) -> None:
     from fleet.top import MIN_INTERVAL_S
 
     stt = sub.add_parser("status", help="tiers, workers, backlog",
-                         description="Tiers, workers, backlog. A worker's AGE is the time since "
-                                     "the worker started (as in `fleet top`).")
+                         description="Tiers, workers, backlog. Each tier counts its workers (WORKERS: "
+                                     "with a heartbeat, NO-HB: registered without one); the worker "
+                                     "list below is one page, by tier then id (--page, --tier, --all). A "
+                                     "worker's AGE is the time since the worker started (as in `fleet top`).")
     stt.add_argument("--json", action="store_true", help="print everything as one JSON object")
+    _worker_page_arguments(stt)
     stt.set_defaults(func=cmd_status)
 
     ins = sub.add_parser("install", help="load Fleet's functions library into Redis (an admin connection)",
@@ -330,6 +334,30 @@ def _add_observe_commands(sub: _Sub[Any]) -> None:
     tp.add_argument("--once", action="store_true", help="print one frame and exit")
     tp.add_argument("--tier", default=None, help="only this tier (default: every tier)")
     tp.set_defaults(func=cmd_top)
+
+
+def _worker_page_arguments(stt: argparse.ArgumentParser) -> None:
+    """Which page of the worker list ``fleet status`` shows (the tiers' counts cover every worker)."""
+    from fleet.status import MAX_PAGE_SIZE, PAGE_SIZE
+
+    stt.add_argument("--tier", default=None,
+                     help="list only this tier's (or a group's pool's) workers (default: every worker)")
+    stt.add_argument("--page", type=_page_arg(None), default=1,
+                     help="which page of the worker list, by tier then id (default: 1)")
+    stt.add_argument("--page-size", type=_page_arg(MAX_PAGE_SIZE), default=PAGE_SIZE,
+                     help=f"workers per page, at most {MAX_PAGE_SIZE} (default: {PAGE_SIZE})")
+    stt.add_argument("--all", action="store_true", help="list every worker, on one page (--page is ignored)")
+
+
+def _page_arg(cap: int | None) -> Callable[[str], int]:
+    """An argparse type: a whole number, 1 or more (at most ``cap``)."""
+    def parse(text: str) -> int:
+        value = count_arg(text)
+        if value < 1 or (cap is not None and value > cap):
+            raise argparse.ArgumentTypeError(f"must be from 1{f' to {cap}' if cap else ''}, got {value}")
+        return value
+
+    return parse
 
 
 def _add_run_commands(sub: _Sub[Any]) -> None:

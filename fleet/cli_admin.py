@@ -14,6 +14,7 @@ from typing import Any, cast
 import redis
 
 from fleet.cli_base import EXIT_USAGE, CliError, cli_client, known_handlers, print_result
+from fleet.status import PAGE_SIZE
 from protocol import keys
 from protocol.policy import (
     PolicyError,
@@ -119,34 +120,39 @@ def cmd_policy_edit(args: argparse.Namespace) -> int:
 
 # --- status / dead letters / worker ---------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
-    from fleet.status import snapshot
+    from fleet.status import WorkerPage, snapshot
 
     here = known_handlers()
-    snap = snapshot(cli_client(args), list(here))
-    snap["handlers_unavailable"] = _unavailable(here.unavailable, snap["workers"])
+    page = WorkerPage(tier=args.tier, page=args.page, size=None if args.all else args.page_size)
+    snap = snapshot(cli_client(args), list(here), page)
+    snap["handlers_unavailable"] = _unavailable(here.unavailable, snap.pop("handler_failures"))
     print_result(snap, args.json, _status_text)
     return 0
 
 
-def _unavailable(here: Mapping[str, str], workers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Handlers whose entry point failed to load, here or on a live worker: name -> the first
-    error seen and where (``here``, worker ids); ``fleet handlers`` shows every detail."""
-    out: dict[str, dict[str, Any]] = {n: {"error": e, "where": ["here"]} for n, e in here.items()}
-    for w in workers:
-        for name, error in (w.get("handler_errors") or {}).items() if w.get("alive") else ():
-            out.setdefault(name, {"error": error, "where": []})["where"].append(w["worker"])
+def _unavailable(here: Mapping[str, str],
+                 failures: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Handlers whose entry point failed to load, here or on live workers: name -> the first
+    error seen and where (``here``, the first worker ids; ``where_total``: on how many workers);
+    ``fleet handlers`` shows every detail."""
+    out: dict[str, dict[str, Any]] = {n: {"error": e, "where": ["here"], "where_total": 0}
+                                      for n, e in here.items()}
+    for name, f in failures.items():
+        got = out.setdefault(name, {"error": f["error"], "where": [], "where_total": 0})
+        got["where"] += f["where"]
+        got["where_total"] += f["where_total"]
     return out
 
 
 def _status_text(snap: dict[str, Any]) -> str:
     lines = [_commander_line(snap)]
-    lines += [f"handler {name} unavailable ({', '.join(u['where'])}): {u['error']} (`fleet handlers`)"
+    lines += [f"handler {name} unavailable ({_where(u)}): {u['error']} (`fleet handlers`)"
               for name, u in snap.get("handlers_unavailable", {}).items()]
     leader = (snap.get("leader") or "").rpartition("|")[0]
     lines += [f"tier {pool} CRASH LOOP: {why}" for c in snap.get("commanders", [])
               if c.get("commander") == leader for pool, why in (c.get("crash_loop") or {}).items()]
     lines.append("")
-    lines += [f"{'TIER':<12}{'WORKERS':>8}{'MIN':>5}{'MAX':>5}{'BACKLOG':>9}{'PENDING':>9}"
+    lines += [f"{'TIER':<12}{'WORKERS':>8}{'NO-HB':>6}{'MIN':>5}{'MAX':>5}{'BACKLOG':>9}{'PENDING':>9}"
              f"{'ACTIVE':>8}{'DEAD':>6}  POLICY"]
     for tier, t in snap["tiers"].items():
         by = f" by {t['policy_rejected_by']}" if t.get("policy_rejected_by") else ""
@@ -156,15 +162,17 @@ def _status_text(snap: dict[str, Any]) -> str:
         if t.get("kind") == "rq":
             policy += _rq_text(t)
         policy += _group_note(t) + _dead_note(t)
-        lines.append(f"{tier:<12}{t['workers_alive']:>8}{t['min_workers']:>5}{t['max_workers']:>5}"
+        lines.append(f"{tier:<12}{t['workers_alive']:>8}{t.get('workers_dead', 0):>6}"
+                     f"{t['min_workers']:>5}{t['max_workers']:>5}"
                      f"{t['backlog']:>9}{t['pending']:>9}{t['active_users']:>8}{t['dead_letters']:>6}"
                      f"  {policy}")
     lines.append("")
     lines.append(f"{'WORKER':<24}{'TIER':<10}{'PID':>8}  {'HOST':<16}{'AGE':>8}  STATE")
-    for w in sorted(snap["workers"], key=lambda w: (w["tier"], w["worker"])):
+    for w in snap["workers"]:  # (in the list's order: by tier, then id)
         state = "alive" if w["alive"] else "no heartbeat"
         lines.append(f"{w['worker']:<24}{w['tier']:<10}{w['pid']:>8}  {w['host'][:15]:<16}"
                      f"{w['age_s']:>7.0f}s  {state}")
+    lines += _page_lines(snap.get("workers_page"))
     if snap.get("bad_state"):
         lines += ["", "BAD STATE (skipped; counted in the commander's fleet_state_errors_total)"]
         lines += [f"  {_bad_line(e)}" for e in snap["bad_state"]]
@@ -172,6 +180,28 @@ def _status_text(snap: dict[str, Any]) -> str:
         lines += ["", "LAST EVENTS"]
         lines += [f"  {_event_line(e)}" for e in snap["events"]]
     return "\n".join(lines)
+
+
+def _where(u: Mapping[str, Any]) -> str:
+    """Where a handler is unavailable: here, the first workers, and how many more."""
+    more = u.get("where_total", 0) - (len(u["where"]) - ("here" in u["where"]))
+    return ", ".join(u["where"]) + (f" and {more} more workers" if more > 0 else "")
+
+
+def _page_lines(p: Mapping[str, Any] | None) -> list[str]:
+    """Under the worker list: which workers it shows, and how to see the others."""
+    if not p:
+        return []
+    of = f" (tier {p['tier']})" if p["tier"] else ""
+    if p["shown"] == p["total"]:
+        return [] if p["total"] else [f"  (no workers{of})"]
+    shown = f"workers {p['first']}-{p['first'] + p['shown'] - 1}" if p["shown"] else "no workers"
+    line = f"{shown} of {p['total']}{of} shown, by tier then id"
+    if p["page"] < p["pages"]:
+        tier = f" --tier {p['tier']}" if p["tier"] else ""
+        size = f" --page-size {p['page_size']}" if p["page_size"] != PAGE_SIZE else ""
+        line += f"; next: `fleet status{tier} --page {p['page'] + 1}{size}`"
+    return [line + f" (of {p['pages']} pages; --tier T: one tier's; --all: every worker)"]
 
 
 def _bad_line(e: dict[str, Any]) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -43,26 +45,94 @@ def tier_backlog(r: redis.Redis, tier: str, live: Collection[str] | None = None)
     return backlog_json(read_backlog(r, [tier], live)[tier])
 
 
+PAGE_SIZE = 100  # workers in one page of the list, by default
+MAX_PAGE_SIZE = 1_000  # and at most, unless every worker is asked for (``size=None``)
+SHOWN_WHERE = 10  # worker ids named per unavailable handler (the rest counted)
+
+
+@dataclass(frozen=True)
+class WorkerPage:
+    """Which workers the list shows: those of ``tier`` (a tier or a group's pool; None: every
+    worker, the unreadable entries too), page ``page`` (from 1) of ``size`` (None: all of them),
+    in the order by tier, then worker id."""
+
+    tier: str | None = None
+    page: int = 1
+    size: int | None = PAGE_SIZE
+
+
 def workers(r: redis.Redis, reg: Registry | None = None) -> list[dict[str, Any]]:
-    """Registered workers with liveness (heartbeat present); unreadable entries shown as such."""
+    """Every registered worker with liveness (heartbeat present); unreadable entries shown as such."""
     reg = read_registry(r) if reg is None else reg
-    now = time.time()
-    rows = [dict(info.model_dump(), alive=alive, age_s=round(now - info.started, 1))
-            for info, alive in reg.workers.values()]
-    rows += [dict(WorkerInfo(worker=wid, tier="?", pid=0, host="?", started=0).model_dump(),
-                  alive=False, age_s=0.0) for wid in reg.unreadable]
-    return rows
+    return worker_list(reg, WorkerPage(size=None), time.time())[0]
 
 
-def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any]:
+def _row(info: WorkerInfo, alive: bool, now: float) -> dict[str, Any]:
+    return dict(info.model_dump(), alive=alive, age_s=round(now - info.started, 1))
+
+
+def _unreadable_row(wid: str) -> dict[str, Any]:
+    info = WorkerInfo(worker=wid, tier="?", pid=0, host="?", started=0)
+    return dict(info.model_dump(), alive=False, age_s=0.0)
+
+
+def worker_list(reg: Registry, page: WorkerPage, now: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One page of the registry's workers as rows (only its rows are built), and where it is:
+    ``tier``, ``page``, ``page_size``, ``pages``, ``total`` (workers of the selection), ``first``
+    (the first row's place, from 1; 0 for an empty page) and ``shown``. An unreadable entry is a
+    row of tier ``?`` (listed without a tier filter)."""
+    order = sorted((info.tier, wid) for wid, (info, _alive) in reg.workers.items()
+                   if page.tier is None or info.tier == page.tier)
+    if page.tier is None:
+        order = sorted(order + [("?", wid) for wid in reg.unreadable])
+    size = page.size or max(1, len(order))
+    start = (page.page - 1) * size
+    rows = [_row(*reg.workers[wid], now) if wid in reg.workers else _unreadable_row(wid)
+            for _tier, wid in order[start:start + size]]
+    paging = {"tier": page.tier, "page": page.page, "page_size": page.size, "pages": -(-len(order) // size),
+              "total": len(order), "first": start + 1 if rows else 0, "shown": len(rows)}
+    return rows, paging
+
+
+def tier_counts(reg: Registry) -> dict[str, tuple[int, int]]:
+    """Each tier's (or pool's) registered workers: (with a heartbeat, without one)."""
+    alive: Counter[str] = Counter()
+    dead: Counter[str] = Counter()
+    for info, beating in reg.workers.values():
+        (alive if beating else dead)[info.tier] += 1
+    return {tier: (alive[tier], dead[tier]) for tier in alive.keys() | dead.keys()}
+
+
+def handler_failures(reg: Registry) -> dict[str, dict[str, Any]]:
+    """Handlers whose entry point failed to load on a live worker: name -> the first error seen,
+    ``where``: the first ``SHOWN_WHERE`` worker ids (by id), ``where_total``: how many workers."""
+    out: dict[str, dict[str, Any]] = {}
+    for wid in sorted(reg.workers):
+        info, alive = reg.workers[wid]
+        for name, error in info.handler_errors.items() if alive else ():
+            got = out.setdefault(name, {"error": error, "where": [], "where_total": 0})
+            got["where_total"] += 1
+            if len(got["where"]) < SHOWN_WHERE:
+                got["where"].append(wid)
+    return out
+
+
+def snapshot(r: redis.Redis, handlers: list[str] | None = None,
+             page: WorkerPage | None = None) -> dict[str, Any]:
     """Everything ``fleet status`` shows, as plain data; ``bad_state``: the bad entries of shared
-    state met while reading it (kind, key, member, reason), skipped."""
+    state met while reading it (kind, key, member, reason), skipped. Tiers carry their workers'
+    counts; ``workers`` is one page of the list (``page``; ``workers_page`` says which, and
+    ``workers_total`` how many the selection has), so the output's size does not grow with the
+    fleet unless every worker is asked for."""
     bad = BadState()
     tiers = with_group_pools(r, sorted(set(list_tiers(r, bad)) | {"chat"}))  # chat, chat.blue, chat.green
     reg = read_registry(r, bad)
-    ws = workers(r, reg)
+    ws, paging = worker_list(reg, page or WorkerPage(), time.time())
+    counts = tier_counts(reg)
     backlogs = read_backlog(r, tiers, live_ids(reg.workers), unserved_by_tier(reg.workers, tiers))
-    out: dict[str, Any] = {"tiers": {}, "workers": ws, **control_plane(r, bad=bad)}
+    out: dict[str, Any] = {"tiers": {}, "workers": ws, "workers_total": paging["total"],
+                           "workers_page": paging, "workers_unreadable": len(reg.unreadable),
+                           "handler_failures": handler_failures(reg), **control_plane(r, bad=bad)}
     for tier in tiers:
         read = read_pool_policy(r, tier, handlers)
         if read.error is not None and read.missing_handler is None:  # (not a handler missing here)
@@ -70,6 +140,7 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
         turns = read.policy if isinstance(read.policy, TurnsPolicy) else None
         window = read.policy.scale_rules().scaling.active_window_s
         error, by = policy_verdict(r, *split_pool(tier), read.error)
+        alive, dead = counts.get(tier, (0, 0))
         out["tiers"][tier] = {
             "policy_source": read.source,
             "policy_error": error,
@@ -78,7 +149,8 @@ def snapshot(r: redis.Redis, handlers: list[str] | None = None) -> dict[str, Any
             "max_workers": read.policy.max_workers,
             "handler": turns.handler if turns else None,  # (an rq tier runs RQ's jobs)
             "ready_shards": turns.ready_shards if turns else 1,
-            "workers_alive": sum(1 for w in ws if w["tier"] == tier and w["alive"]),
+            "workers_alive": alive,
+            "workers_dead": dead,  # registered, no heartbeat (gone; the commander forgets them)
             **backlog_json(backlogs[tier]),
             "dead_letters": dead_letter_count(r, tier),
             "dead_letter_kinds": dead_letter_kinds(r, tier),  # of the newest KIND_SCAN
