@@ -104,9 +104,12 @@ def combine(a: TurnStats, b: TurnStats, sign: int = 1) -> TurnStats:
 def _step(last: tuple[Vector, Errors] | None, new: Vector, new_errors: Errors) -> tuple[Vector, Errors]:
     """What a worker's newest counts add to its tier's total since ``last`` (None: first seen):
     the whole count when first seen or counting afresh, else the increase."""
-    if last is None or _went_down(*last, new, new_errors):
+    if last is None:
         return new, new_errors
-    return tuple(map(operator.sub, new, last[0])), _errors(new_errors, last[1], -1)
+    step = tuple(map(operator.sub, new, last[0]))
+    if min(step) < 0 or any(new_errors.get(k, 0) < n for k, n in last[1].items()):
+        return new, new_errors
+    return step, _errors(new_errors, last[1], -1)
 
 
 def delta(last: TurnStats | None, new: TurnStats) -> TurnStats:
@@ -137,9 +140,10 @@ class TurnTotals:
         step, step_errors = _step(None if seen is None else seen[1:], new, errors)
         self._seen[report.worker] = (report.ts, new, errors)
         total = self._totals.get(report.tier)
-        self._totals[report.tier] = (step, step_errors) if total is None else \
-            (tuple(map(operator.add, total[0], step)), _errors(total[1], step_errors, 1))
-        self._as_stats.pop(report.tier, None)
+        if total is None or any(step) or step_errors:  # (an idle worker's report adds nothing)
+            self._totals[report.tier] = (step, step_errors) if total is None else \
+                (tuple(map(operator.add, total[0], step)), _errors(total[1], step_errors, 1))
+            self._as_stats.pop(report.tier, None)
         self._prune(report.ts)
         return True
 
