@@ -34,6 +34,7 @@ from stores.retry import TRANSIENT
 
 log = logging.getLogger("fleet.monitor")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PAGES_CACHED = 16  # worker-list pages kept per pass (a few viewers, each on a page or two)
 
 
 @dataclass
@@ -47,7 +48,8 @@ class Monitor:
     clock: Callable[[], float] = time.time
     timings: dict[str, float] = field(default_factory=dict)  # endpoint -> seconds of its last call
     memo: views.RowMemo = field(default_factory=views.RowMemo)  # each report's history value, once
-    cache: dict[tuple[int, str | None], bytes] = field(default_factory=dict)  # (pass, tier) -> /workers
+    # (pass, tier, offset, limit) -> a /workers page (of this pass only, PAGES_CACHED at most)
+    cache: dict[tuple[int, str | None, int, int], bytes] = field(default_factory=dict)
     rq: redis.Redis | None = None  # RQ's Redis when it is not Fleet's (the commander's rq_url)
 
 
@@ -139,6 +141,7 @@ async def overview(request: web.Request) -> web.Response:
                          _redis(m))
     policies = read.get("data") or {}
     out["tiers"] = [views.tier_json(seen.tiers[t], dead.get(t), seen.tiers, policies) for t in names]
+    out["workers_total"] = sum(t["workers"] for t in out["tiers"])  # /api/workers pages through them
     out["problems"] = views.problems_json(seen, commanders.get("data") or {})
     out["dead_letters_error"] = counts.get("error")
     out["pass_age_s"] = round(max(0.0, now - seen.ts), 2)
@@ -146,18 +149,24 @@ async def overview(request: web.Request) -> web.Response:
 
 
 async def workers(request: web.Request) -> web.Response:
-    """Every worker of the last pass (``?tier=`` one tier's or pool's), with its occupancy history."""
+    """``?tier=T&offset=N&limit=K``: one page of the last pass's workers (of tier or pool T), by
+    tier then id, each with its occupancy history; ``total`` and ``next_offset`` page on."""
     m = request.app[MONITOR]
     tier = views.tier_param(request.query.get("tier"), pools=True)
+    offset = views.offset_param(request.query.get("offset"))
+    limit = views.count_param(request.query.get("limit"), views.WORKERS_PAGE, views.WORKERS_PAGE_MAX)
     seen = m.board.seen
     if seen is None:
-        return _json({"workers": [], **_no_pass(m)})
-    key = (seen.generation, tier)
+        return _json({"workers": [], "total": 0, "next_offset": None, **_no_pass(m)})
+    key = (seen.generation, tier, offset, limit)
     body = m.cache.get(key)
-    if body is None:  # once per pass, however many pages are open
+    if body is None:  # once per pass and page, however many pages are open
+        if m.cache and next(iter(m.cache))[0] != seen.generation:
+            m.cache.clear()
+        while len(m.cache) >= PAGES_CACHED:
+            del m.cache[next(iter(m.cache))]
         now = m.clock()
-        body = json.dumps({"now": now, "workers": views.workers_json(seen, now, tier, m.memo)}).encode()
-        m.cache.clear()
+        body = json.dumps({"now": now, **views.workers_page(seen, now, tier, offset, limit, m.memo)}).encode()
         m.cache[key] = body
     return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-store"})
 

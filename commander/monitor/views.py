@@ -33,6 +33,8 @@ from stores.ledger import CorruptEvent, Entry, event_json
 
 SCALE_ACTIONS = frozenset({"scale-up", "scale-down", "reclaim-idle", "consolidate", "recycle"})
 POPULATION_COLUMNS = ("user", "turns", "handler_ms", "chars_in", "chars_out", "errors", "last_active_ts")
+WORKERS_PAGE = 100  # workers in one page of the list, by default
+WORKERS_PAGE_MAX = 1_000  # and at most
 MAX_IDS = 1_000  # dead letters (or failed jobs) one retry, purge or requeue request may name
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # RQ's job ids: letters, digits, _ and -
 
@@ -92,6 +94,8 @@ def _counts(seen: TierSeen, dead_letters: int | None) -> dict[str, Any]:
     return {
         "tier": seen.tier,
         "ts": seen.ts,
+        "workers": len(workers),  # every state, as the worker list has them
+        "not_fresh": sum(1 for w in workers if not w.fresh),  # no recent report: occupancy unknown
         "ready": sum(1 for w in workers if w.state == "ready"),
         "starting": seen.starting,
         "draining": sum(1 for w in workers if w.state == "draining"),
@@ -210,19 +214,26 @@ def problems_json(seen: Seen, commanders: Mapping[str, Any]) -> list[dict[str, s
     return out
 
 
-def workers_json(seen: Seen, now: float, tier: str | None = None,
-                 memo: RowMemo | None = None) -> list[dict[str, Any]]:
-    """Every worker of the last pass (of ``tier`` if given), by tier then id."""
+def worker_order(seen: Seen, tier: str | None = None) -> list[tuple[TierSeen, WorkerView]]:
+    """The workers of the last pass (of ``tier`` if given), by tier then id: the list's order."""
+    return [(t, view) for name, t in sorted(seen.tiers.items()) if tier is None or name == tier
+            for view in sorted(t.snapshot.workers, key=lambda v: v.id)]
+
+
+def workers_page(seen: Seen, now: float, tier: str | None = None, offset: int = 0, limit: int = WORKERS_PAGE,
+                 memo: RowMemo | None = None) -> dict[str, Any]:
+    """One page of the worker list (``worker_order``): ``limit`` rows from ``offset``, with the
+    selection's ``total`` and ``next_offset`` (None on the last page). Only the page's rows are
+    built, so its cost and size do not grow with the fleet."""
+    order = worker_order(seen, tier)
     rows = []
-    for name in sorted(seen.tiers):
-        if tier is not None and name != tier:
-            continue
-        t = seen.tiers[name]
-        limit = memory_limit_bytes(t.policy.scale_rules())
-        for view in t.snapshot.workers:
-            info = seen.registry.get(view.id, (None, False))[0]
-            rows.append(worker_json(view, name, seen.windows.get(view.id, ()), info, limit, now, memo))
-    return rows
+    for t, view in order[offset:offset + limit]:
+        limit_bytes = memory_limit_bytes(t.policy.scale_rules())
+        info = seen.registry.get(view.id, (None, False))[0]
+        rows.append(worker_json(view, t.tier, seen.windows.get(view.id, ()), info, limit_bytes, now, memo))
+    after = offset + limit
+    return {"tier": tier, "offset": offset, "limit": limit, "total": len(order),
+            "next_offset": after if after < len(order) else None, "workers": rows}
 
 
 # --- the tier chart ---------------------------------------------------------------------
@@ -396,11 +407,20 @@ def queue_param(queue: str | None) -> str:
         raise BadRequest(str(exc)) from None
 
 
+def offset_param(value: str | None) -> int:
+    """A place in a list from the query string: a whole number, 0 or more (a 400 otherwise)."""
+    if value in (None, ""):
+        return 0
+    if not (value.isascii() and value.isdigit()):
+        raise BadRequest(f"offset must be a whole number, 0 or more, not {value[:20]!r}")
+    return int(value)
+
+
 def count_param(value: str | None, default: int, cap: int) -> int:
     """A positive count from the query string, capped."""
     if value in (None, ""):
         return default
-    if not value.isdigit() or int(value) <= 0:
+    if not (value.isascii() and value.isdigit()) or int(value) <= 0:
         raise BadRequest(f"count must be a positive integer, not {value[:20]!r}")
     return min(int(value), cap)
 

@@ -143,7 +143,7 @@ def test_a_worker_without_reports_has_an_empty_history_and_no_rates() -> None:
     assert got["history"] == [] and "turns_per_s" not in got and got["age_s"] is None
 
 
-def test_workers_json_filters_by_tier_and_takes_the_registry() -> None:
+def test_the_worker_list_filters_by_tier_and_takes_the_registry() -> None:
     board = Board()
     ev = Evaluator()
     ev.add(report("a", NOW))
@@ -151,9 +151,31 @@ def test_workers_json_filters_by_tier_and_takes_the_registry() -> None:
     board.tier(seen("batch", (WorkerView("b"),)))
     board.publish(NOW, {"a": (WorkerInfo(worker="a", tier="chat", pid=1, host="h", started=0), True)}, ev)
     assert board.seen is not None
-    assert [w["worker"] for w in views.workers_json(board.seen, NOW)] == ["b", "a"]  # by tier: batch first
-    only = views.workers_json(board.seen, NOW, "chat")
+    assert [w["worker"] for w in views.workers_page(board.seen, NOW)["workers"]] == ["b", "a"]  # batch first
+    only = views.workers_page(board.seen, NOW, "chat")["workers"]
     assert [(w["worker"], w["pid"], len(w["history"])) for w in only] == [("a", 1, 1)]
+
+
+@pytest.mark.parametrize(("tier", "offset", "limit", "want", "total", "next_offset"), [
+    (None, 0, 100, ["b1", "b2", "a1", "a2", "a3"], 5, None),
+    (None, 0, 2, ["b1", "b2"], 5, 2),
+    (None, 2, 2, ["a1", "a2"], 5, 4),
+    (None, 4, 2, ["a3"], 5, None),
+    (None, 9, 2, [], 5, None),
+    ("chat", 1, 1, ["a2"], 3, 2),
+    ("other", 0, 10, [], 0, None),
+], ids=["all", "first", "middle", "last", "past-the-end", "one-tier", "no-such-tier"])
+def test_the_worker_list_pages_by_tier_then_id(tier: str | None, offset: int, limit: int, want: list[str],
+                                               total: int, next_offset: int | None) -> None:
+    board = Board()
+    board.tier(seen("chat", (WorkerView("a3"), WorkerView("a1"), WorkerView("a2"))))
+    board.tier(seen("batch", (WorkerView("b2"), WorkerView("b1"))))
+    board.publish(NOW, {}, Evaluator())
+    assert board.seen is not None
+    page = views.workers_page(board.seen, NOW, tier, offset, limit)
+    assert [w["worker"] for w in page["workers"]] == want
+    assert (page["total"], page["next_offset"]) == (total, next_offset)
+    assert (page["offset"], page["limit"]) == (offset, limit)
 
 
 def test_problems_are_the_leaders_crash_loops_and_the_handlers_live_workers_cannot_load() -> None:
@@ -333,7 +355,14 @@ def test_count_param(value: str | None, want: int) -> None:
     assert views.count_param(value, 50, 1000) == want
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "ten"])
+def test_offset_param() -> None:
+    assert [views.offset_param(v) for v in (None, "", "0", "250")] == [0, 0, 0, 250]
+    for bad in ("-1", "1.5", "x", "²"):
+        with pytest.raises(views.BadRequest, match="offset"):
+            views.offset_param(bad)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "ten", "²"])
 def test_count_param_refuses(value: str) -> None:
     with pytest.raises(BadRequest, match="positive integer"):
         views.count_param(value, 50, 1000)

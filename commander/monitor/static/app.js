@@ -5,9 +5,10 @@
 
 const POLL_MS = 2000;      // tiers, workers and the open view
 const CHART_MS = 5000;     // the tier charts change slowly (a sample every 5 s): read less often
+const PAGE = 100;          // workers per page of the list (the API's default; at most 1,000)
 const SVGNS = "http://www.w3.org/2000/svg";
 const state = { view: "overview", user: null, tiers: [], charts: {}, chartAt: {}, sort: "turns",
-                timer: null, busy: false };
+                timer: null, busy: false, workerOffset: 0, workerNext: null };
 
 // --- small DOM helpers ---------------------------------------------------------------
 function h(tag, attrs, ...kids) {
@@ -250,8 +251,28 @@ async function refreshRq(tiers) {  // asked for only when a tier is of kind rq
   }));
   box.replaceChildren(...Object.entries(res.body.tiers).map(([tier, t]) => rqTier(tier, t, failed)));
 }
+// one page of the worker list (of the tier chosen); a page past the end (the fleet shrank) goes
+// back to the last one
+async function workerPage() {
+  const tier = $("#workers-tier").value;
+  const path = (offset) => `workers?offset=${offset}&limit=${PAGE}${tier ? `&tier=${encodeURIComponent(tier)}` : ""}`;
+  let res = await api(path(state.workerOffset));
+  if (res.status === 200 && !res.body.error && !res.body.workers.length && res.body.total > 0) {
+    state.workerOffset = Math.floor((res.body.total - 1) / PAGE) * PAGE;
+    res = await api(path(state.workerOffset));
+  }
+  return res;
+}
+function pageControls(body) {
+  const n = body ? body.workers.length : 0, total = body ? body.total : 0;
+  state.workerNext = body ? body.next_offset : null;
+  $("#workers-count").textContent = !body ? "" : n === total ? `(${total})`
+    : `(${n ? `${body.offset + 1}–${body.offset + n}` : "none"} of ${total})`;
+  $("#workers-prev").disabled = state.workerOffset === 0;
+  $("#workers-next").disabled = state.workerNext === null;
+}
 async function refreshOverview(ov) {
-  const [wres] = await Promise.all([api("workers"), refreshCharts(ov.tiers || []), refreshRq(ov.tiers || [])]);
+  const [wres] = await Promise.all([workerPage(), refreshCharts(ov.tiers || []), refreshRq(ov.tiers || [])]);
   $("#problems").replaceChildren(...(ov.problems || []).map((p) =>
     h("div", { class: `problem ${p.kind}`, "data-kind": p.kind }, p.text)));
   const tiers = $("#tiers");
@@ -262,9 +283,13 @@ async function refreshOverview(ov) {
   if (cm.error) fill(ctb, [errorRow(6, "commanders", cm.error)], 6, "");
   else fill(ctb, (cm.list || []).map(commanderRow), 6, "no commander registered");
   const tb = $("#workers tbody");
-  if (wres.status !== 200 || wres.body.error) { fill(tb, [errorRow(11, "workers", wres.body.error)], 11, ""); return; }
+  if (wres.status !== 200 || wres.body.error) {
+    fill(tb, [errorRow(11, "workers", wres.body.error)], 11, "");
+    pageControls(null);
+    return;
+  }
   fill(tb, wres.body.workers.map(workerRow), 11, "no workers");
-  $("#workers-count").textContent = `(${wres.body.workers.length})`;
+  pageControls(wres.body);
 }
 
 // --- population, user page, ledger, dead letters --------------------------------------
@@ -384,7 +409,12 @@ for (const th of document.querySelectorAll("#population th")) {
 }
 let typing;
 $("#population-q").addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(tick, 250); });
+$("#workers-tier").addEventListener("change", () => { state.workerOffset = 0; });  // (before the tick below)
 for (const sel of document.querySelectorAll(".tier-select")) sel.addEventListener("change", tick);
+$("#workers-prev").addEventListener("click", () => { state.workerOffset = Math.max(0, state.workerOffset - PAGE); tick(); });
+$("#workers-next").addEventListener("click", () => {
+  if (state.workerNext !== null) { state.workerOffset = state.workerNext; tick(); }
+});
 $("#dead-retry-all").addEventListener("click", () => deadAction("retry", $("#dead-tier").value, null));
 $("#dead-purge-all").addEventListener("click", () => deadAction("purge", $("#dead-tier").value, null));
 route();
