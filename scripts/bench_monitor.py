@@ -1,17 +1,20 @@
-"""The monitor's cost on the commander: CPU per page refresh at 200 workers.
+"""The monitor's cost on the commander: CPU and bytes per page refresh (200 workers by default).
 
-A private redis-server gets ``--workers`` registered workers (heartbeats, a full evaluator
-window of 60 occupancy reports each) over ``--tiers`` tiers, some ledger events and dead
+A private redis-server gets ``--workers`` registered workers (heartbeats, ``--rows`` occupancy
+reports each: 60, a full evaluator window) over ``--tiers`` tiers, some ledger events and dead
 letters. A real ``Commander`` (on a runtime that starts nothing: the workers are "elsewhere",
 in the registry) runs its passes, so its board holds what a leader's does; the monitor is
 served from this process on a loopback port, as the commander serves it. A client in another
 process then makes ``--cycles`` refreshes, each after two new reports per worker and a new
-pass (so nothing a refresh computed is reused by the next), of what the open page polls every 2 s
-(``/api/overview``, ``/api/workers``, and one ``/api/history`` per tier, which the page reads
-every 5 s: counted at every refresh, an upper bound). This process's CPU time over those
-requests, divided by the refreshes, is the commander's CPU per refresh (the commander's loop
-is not running meanwhile: nothing else spends CPU here). Also reported: each endpoint's
-server time (median), the bytes of one refresh, and what publishing the board costs a pass.
+pass (so nothing a refresh computed is reused by the next), of what the open page polls every
+2 s (``/api/overview``: per-tier counts; ``/api/workers``: its first page, 100 workers; and one
+``/api/history`` per tier, which the page reads every 5 s: counted at every refresh, an upper
+bound). Neither of the first two grows with the workers, only with the tiers: ``--workers
+10000 --tiers 50 --rows 2`` shows it at a large fleet's size without writing 600,000 reports.
+This process's CPU time over those requests, divided by the refreshes, is the commander's CPU
+per refresh (the commander's loop is not running meanwhile: nothing else spends CPU here).
+Also reported: each endpoint's server time (its last call), the bytes of one refresh, and what
+publishing the board costs a pass.
 """
 
 from __future__ import annotations
@@ -91,13 +94,15 @@ def parse_args(argv: list[str] | None = None) -> Any:
     p.add_argument("--workers", type=int, default=200)
     p.add_argument("--tiers", type=int, default=2)
     p.add_argument("--cycles", type=int, default=50, help="page refreshes timed")
+    p.add_argument("--rows", type=int, default=60,
+                   help="occupancy reports per worker before the refreshes (60: a full evaluator window)")
     p.add_argument("--quick", action="store_true", help="20 workers, 5 refreshes")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.quick:
         args.workers, args.cycles = min(args.workers, 20), 5
-    if min(args.workers, args.tiers, args.cycles) < 1:
-        p.error("--workers, --tiers and --cycles must be positive")
+    if min(args.workers, args.tiers, args.cycles, args.rows) < 1:
+        p.error("--workers, --tiers, --cycles and --rows must be positive")
     return args
 
 
@@ -151,8 +156,9 @@ def write_reports(r: redis.Redis, names: list[str], workers: int, now: float, ro
     pipe.execute()
 
 
-def commander(r: redis.Redis, names: list[str], workers: int) -> tuple[Commander, dict[str, float]]:
-    """A leading commander that read a full window of reports of every worker (written after
+def commander(r: redis.Redis, names: list[str], workers: int,
+              rows: int) -> tuple[Commander, dict[str, float]]:
+    """A leading commander that read ``rows`` reports of every worker (written after
     its first pass: a new leader warms up from the newest few thousand only); the board's
     publish cost."""
     # its passes are run by hand, apart (12,000 reports are written between the first two, and
@@ -163,7 +169,7 @@ def commander(r: redis.Redis, names: list[str], workers: int) -> tuple[Commander
     cmd = Commander(r, Elsewhere(), settings)
     assert cmd.campaign()
     cmd.pass_once(time.time())
-    write_reports(r, names, workers, time.time())
+    write_reports(r, names, workers, time.time(), rows=rows)
     for _ in range(2):
         cmd.pass_once(time.time())
     seen = cmd.board.seen
@@ -179,10 +185,10 @@ def commander(r: redis.Redis, names: list[str], workers: int) -> tuple[Commander
     return cmd, {"board_publish_ms": round(statistics.median(times) * 1000, 3)}
 
 
-def measure(url: str, workers: int, tiers: int, cycles: int) -> dict[str, Any]:
+def measure(url: str, workers: int, tiers: int, cycles: int, rows: int = 60) -> dict[str, Any]:
     r = redis.Redis.from_url(url)
     names = populate(r, workers, tiers, time.time())
-    cmd, publish = commander(r, names, workers)
+    cmd, publish = commander(r, names, workers, rows)
     monitor = Monitor(board=cmd.board, leading=lambda: cmd.leading, commander_id="bench",
                       r=redis.Redis.from_url(url))
     metrics = Metrics()
@@ -211,7 +217,9 @@ def measure(url: str, workers: int, tiers: int, cycles: int) -> dict[str, Any]:
         client.stdout.close()
         metrics.stop()
     sizes = json.loads(done)
-    return {"workers": workers, "tiers": tiers, "cycles": cycles, "requests_per_refresh": 2 + tiers,
+    return {"workers": workers, "tiers": tiers, "cycles": cycles, "rows": rows,
+            "requests_per_refresh": 2 + tiers,
+            "overview_and_page_bytes": sizes["/api/overview"] + sizes["/api/workers"],
             "cpu_ms_per_refresh": round(cpu / cycles * 1000, 2),
             "wall_ms_per_refresh": round(wall / cycles * 1000, 2),
             "bytes_per_refresh": sum(sizes.values()), "bytes": sizes,
@@ -222,11 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     with redis_server() as url:
-        out = measure(url, args.workers, args.tiers, args.cycles)
+        out = measure(url, args.workers, args.tiers, args.cycles, args.rows)
     print(f"monitor refresh at {out['workers']} workers x {out['tiers']} tiers: "
           f"{out['cpu_ms_per_refresh']} ms CPU on the commander per refresh "
           f"({out['requests_per_refresh']} requests, {out['bytes_per_refresh']:,} bytes; "
           f"{out['wall_ms_per_refresh']} ms wall), over {out['cycles']} refreshes")
+    print(f"overview + one page of workers: {out['overview_and_page_bytes']:,} bytes "
+          "(the rest: the tier charts)")
     print(f"last call per endpoint (ms, server side): {out['last_handler_ms']}")
     print(f"publishing the board: {out['board_publish_ms']} ms per pass")
     emit(out, args.json, watch)
