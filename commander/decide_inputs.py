@@ -7,7 +7,7 @@ and ``decide`` never counts it idle nor picks it for scale-in.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from commander.evaluator import Evaluator, memory_limit_bytes
@@ -59,6 +59,7 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
         if info.tier == tier and alive:
             by_id.setdefault(wid, None)
     limit = memory_limit_bytes(policy)
+    stale_s, interval_s = stale_after(policy), policy.scaling.report_interval_s
     views = []
     for wid, handle in sorted(by_id.items()):
         report = evaluator.latest(wid)
@@ -67,8 +68,7 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
         if report is None:
             views.append(WorkerView(id=wid, state=_state(handle, None), fresh=False, started=started))
             continue
-        fresh = (evaluator.is_fresh(wid, now, stale_after(policy))
-                 and report.ts - policy.scaling.report_interval_s >= trusted_since)
+        fresh = evaluator.is_fresh(wid, now, stale_s) and report.ts - interval_s >= trusted_since
         views.append(WorkerView(
             id=wid, state=_state(handle, report.state), occupancy=evaluator.occupancy(wid, limit).value,
             busy=report.slots.busy, total=report.slots.total, lanes=report.slots.busy, fresh=fresh,
@@ -83,7 +83,8 @@ def mark_reception(views: list[WorkerView]) -> tuple[WorkerView, ...]:
     if not ready:
         return tuple(views)
     first = min(ready, key=lambda v: (v.started, v.id)).id
-    return tuple(WorkerView(**{**_fields(v), "is_reception": v.id == first}) for v in views)
+    return tuple(v if v.is_reception == (v.id == first) else replace(v, is_reception=v.id == first)
+                 for v in views)
 
 
 def _fields(v: WorkerView) -> dict[str, Any]:
