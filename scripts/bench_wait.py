@@ -86,9 +86,14 @@ def private_cluster(masters: int = 3) -> Iterator[str]:
 
 
 @contextmanager
-def cluster_workers(url: str, n: int, log_dir: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    env = {**os.environ, "REDIS_URL": url, "PYTHONPATH": str(ROOT), "FLEET_WORKER_BLOCK_MS": "200",
-           "FLEET_WORKER_POLICY_REFRESH_S": str(REFRESH_S)}
+def cluster_workers(url: str, n: int, log_dir: Path,
+                    fast_refresh: bool = True) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``n`` workers of tier ``chat`` on ``url`` (a cluster's or a single node's), registered
+    before it yields. ``fast_refresh``: they reread the policy every ``REFRESH_S`` and block
+    200 ms on the ready stream, so a policy change applies at once; without, the workers'
+    defaults (what a deployment's Redis serves)."""
+    fast = {"FLEET_WORKER_BLOCK_MS": "200", "FLEET_WORKER_POLICY_REFRESH_S": str(REFRESH_S)}
+    env = {**os.environ, "REDIS_URL": url, "PYTHONPATH": str(ROOT), **(fast if fast_refresh else {})}
     env.pop("FLEET_REDIS_CLUSTER", None)  # detected
     procs: list[subprocess.Popen[bytes]] = []
     r = connect_sync(url)

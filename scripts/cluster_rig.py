@@ -1,6 +1,7 @@
 """A real Redis Cluster of ``redis-server`` processes on free loopback ports: 3 masters +
-3 replicas by default (``start_cluster``), every process started and stopped by pid; never
-the machine's 6379. A master can be SIGKILLed (``kill_master``), its replica's promotion
+3 replicas by default (``start_cluster``; any number of masters, fewer than 3 set up by hand),
+or one plain node with the same settings (``start_single``), every process started and stopped
+by pid; never the machine's 6379. A master can be SIGKILLed (``kill_master``), its replica's promotion
 awaited (``wait_promoted``) and the killed node started again (``heal``: it rejoins as a
 replica); a node can be paused (``pause``/``resume``, SIGSTOP/SIGCONT).
 
@@ -73,6 +74,7 @@ class ClusterNode:
     tls: Tls | None = None  # TLS only: clients, replication and the cluster bus
     aclfile: Path | None = None  # the roles' ACL file, the same for every node
     admin_password: str | None = None  # the default user's (the admin's) password in it
+    cluster: bool = True  # False: a plain redis-server with the same settings (``start_single``)
 
     @property
     def pid(self) -> int | None:
@@ -108,12 +110,12 @@ class ClusterNode:
                       "--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca),
                       "--tls-auth-clients", "no", "--tls-cluster", "yes", "--tls-replication", "yes"]
         args = [binary, *listen, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.workdir), "--cluster-enabled", "yes",
-                "--cluster-config-file", str(self.workdir / "nodes.conf"),
-                "--cluster-node-timeout", str(self.node_timeout_ms),
-                # a replica may take over however long it was cut off (tests kill at any time)
-                "--cluster-replica-validity-factor", "0",
-                "--logfile", str(self.workdir / "redis.log")]
+                "--dir", str(self.workdir), "--logfile", str(self.workdir / "redis.log")]
+        if self.cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.workdir / "nodes.conf"),
+                     "--cluster-node-timeout", str(self.node_timeout_ms),
+                     # a replica may take over however long it was cut off (tests kill at any time)
+                     "--cluster-replica-validity-factor", "0"]
         if self.aclfile is not None:
             args += ["--aclfile", str(self.aclfile)]
         if self.admin_password is not None:  # a replica syncs from its master as the admin
@@ -330,6 +332,61 @@ def install_library(rig: RedisClusterRig) -> None:
             client.close()
 
 
+def slot_ranges(masters: int) -> list[tuple[int, int]]:
+    """The slots of ``masters`` masters as ``redis-cli --cluster create`` deals them: contiguous
+    ranges of 16384 / ``masters`` slots (the remainder spread one each over the first ranges)."""
+    out, lo = [], 0
+    for i in range(masters):
+        size = 16384 // masters + (1 if i < 16384 % masters else 0)
+        out.append((lo, lo + size - 1))
+        lo += size
+    return out
+
+
+def _create_by_hand(masters: list[ClusterNode], replicas: list[ClusterNode], timeout: float = 30.0) -> None:
+    """A cluster of fewer than 3 masters (``redis-cli --cluster create`` refuses one): the
+    masters take even slot ranges, every node meets the first, and the replicas are dealt
+    round-robin to the masters once they know them."""
+    first = masters[0]
+    for node, (lo, hi) in zip(masters, slot_ranges(len(masters)), strict=True):
+        with node.client() as c:
+            c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+    for node in [*masters[1:], *replicas]:
+        with node.client() as c:
+            c.execute_command("CLUSTER", "MEET", "127.0.0.1", first.port, first.port + 10_000)
+    ids = []
+    for node in masters:
+        with node.client() as c:
+            ids.append(c.execute_command("CLUSTER", "MYID").decode())
+    for i, node in enumerate(replicas):
+        master_id = ids[i % len(ids)]
+        deadline = time.monotonic() + timeout
+        with node.client() as c:
+            while master_id not in c.execute_command("CLUSTER", "NODES").decode():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"node on port {node.port} never learnt of master {master_id}")
+                time.sleep(0.05)
+            c.execute_command("CLUSTER", "REPLICATE", master_id)
+
+
+def start_single(workdir: Path, admin_password: str | None = None) -> RedisClusterRig:
+    """One plain redis-server (no cluster) with the cluster nodes' settings, Fleet's library
+    installed, as a rig of one node (``url``, ``masters``, ``stop`` as for a cluster)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = cluster_port(set())
+    node = ClusterNode(port=port, workdir=workdir, admin_password=admin_password, cluster=False)
+    rig = RedisClusterRig(nodes=[node])
+    began = time.monotonic()
+    try:
+        node.start()
+        install_library(rig)
+    except BaseException:
+        rig.stop()
+        raise
+    rig.started_in_s = time.monotonic() - began
+    return rig
+
+
 def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
                   node_timeout_ms: int = NODE_TIMEOUT_MS, tls: Tls | None = None,
                   passwords: dict[str, str] | None = None,
@@ -359,14 +416,18 @@ def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
     try:
         for node in nodes:
             node.start()
-        cli = shutil.which("redis-cli")
-        assert cli
-        secure = [] if tls is None else ["--tls", "--cacert", str(tls.ca)]
-        # the password in the environment, not on the command line (ps shows that)
-        cli_env = {**os.environ, "REDISCLI_AUTH": admin_password} if admin_password is not None else None
-        subprocess.run([cli, *secure, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
-                        "--cluster-replicas", str(replicas_per_master), "--cluster-yes"],
-                       env=cli_env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+        if masters >= 3:
+            cli = shutil.which("redis-cli")
+            assert cli
+            secure = [] if tls is None else ["--tls", "--cacert", str(tls.ca)]
+            # the password in the environment, not on the command line (ps shows that)
+            cli_env = {**os.environ, "REDISCLI_AUTH": admin_password} if admin_password is not None else None
+            subprocess.run([cli, *secure, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
+                            "--cluster-replicas", str(replicas_per_master), "--cluster-yes"],
+                           env=cli_env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=60)
+        else:  # redis-cli --cluster create refuses fewer than 3 masters
+            _create_by_hand(nodes[:masters], nodes[masters:])
         deadline = time.monotonic() + 30
         while not (rig._all_ok() and len(rig.masters()) == masters
                    and all(rig._replica_linked(n) for n in rig.replicas())
