@@ -32,12 +32,18 @@ local K = {state = KEYS[3], inbox = KEYS[4], session = KEYS[5], profile = KEYS[6
 -- @include key_types
 -- @include next_turn
 
-local wrong = wrong_types({{'lane', KEYS[1], 'string'}, {'fence', KEYS[2], 'string'},
-                           {'state', KEYS[3], 'hash'}, {'inbox', KEYS[4], 'stream'}})
+-- the lane, the fence and the state are read before any write: their reads check their types;
+-- the inbox is read by next_turn, so it is checked here
+local held, fence = try('GET', KEYS[1]), try('GET', KEYS[2])
+local cursor = try('HGET', KEYS[3], 'cursor')
+local checks = {{'inbox', KEYS[4], 'stream'}}
+if held == nil or fence == nil or cursor == nil then
+  checks = {{'lane', KEYS[1], 'string'}, {'fence', KEYS[2], 'string'}, {'state', KEYS[3], 'hash'}, checks[1]}
+end
+local wrong = wrong_types(checks)
 if #wrong > 0 then
   return redis.error_reply('WRONGTYPE ' .. wrong[2] .. ' holds a ' .. wrong[3] .. ', not a ' .. wrong[4])
 end
-local held = redis.call('GET', KEYS[1])
 local token
 if held then
   local owner, current = string.match(held, '^(.*)|(%d+)$')
@@ -49,14 +55,12 @@ if held then
   end
   token = current
 else  -- INCR fails on a fence that is no integer: known before the first write
-  local fence = redis.call('GET', KEYS[2])
   if fence and not string.match(fence, '^%d+$') then
     return redis.error_reply('BADFENCE ' .. KEYS[2] .. ' holds no integer')
   end
   -- the token the lane gets if a turn waits (the INCR below): it counts the attempt
   token = tostring((tonumber(fence) or 0) + 1)
 end
-local cursor = redis.call('HGET', KEYS[3], 'cursor')
 local nxt = next_turn(K, cursor, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), token)
 if #nxt == 0 then
   if held then redis.call('DEL', KEYS[1]) end

@@ -82,21 +82,24 @@ end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED lane lost')
 end
+-- the state, the inbox and the answered ids are read before any write: their reads check their
+-- types (include/key_types), and a key of another type is named with every other one
 local checks = {{'state', KEYS[2], 'hash'}, {'inbox', KEYS[3], 'stream'}}
 if ARGV[3] ~= '' then checks[#checks + 1] = {'done', KEYS[5], 'zset'} end
-local wrong = wrong_types(checks)
-if #wrong > 0 then
-  return {'wrongtype', 0, {}, wrong}
-end
-local cursor = redis.call('HGET', KEYS[2], 'cursor')
+local cursor = try('HGET', KEYS[2], 'cursor')
 local start = '-'
 if cursor then start = '(' .. cursor end
-local first = redis.call('XRANGE', KEYS[3], start, '+', 'COUNT', 1)
+local first = try('XRANGE', KEYS[3], start, '+', 'COUNT', 1)
+local answered = false
+if ARGV[3] ~= '' then answered = try('ZSCORE', KEYS[5], ARGV[3]) end
+if cursor == nil or first == nil or answered == nil then
+  return {'wrongtype', 0, {}, wrong_types(checks)}
+end
 if #first == 0 or first[1][1] ~= ARGV[2] then
   return finish('stale', cursor)
 end
 
-if ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[5], ARGV[3]) then
+if answered then
   redis.call('HSET', KEYS[2], 'cursor', ARGV[2])
   redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2], 'cancel:' .. ARGV[2])
   redis.call('XDEL', KEYS[3], ARGV[2])
@@ -133,7 +136,7 @@ if nm > 0 then checks[#checks + 1] = {'memory', KEYS[9], 'zset'} end
 if nu > 0 then checks[#checks + 1] = {'usage', KEYS[7], 'hash'} end
 if nd > 0 then checks[#checks + 1] = {'outbox', KEYS[10], 'stream'} end
 if streamed then checks[#checks + 1] = {'stream', KEYS[13], 'stream'} end
-wrong = wrong_types(checks)
+local wrong = wrong_types(checks)
 if #wrong > 0 then
   return {'wrongtype', 0, {}, wrong}
 end

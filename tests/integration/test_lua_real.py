@@ -173,9 +173,9 @@ async def test_the_hot_path_scripts_on_the_real_server(r: redis.Redis, redis_ser
 # --- a key of the user's holding the wrong type ------------------------------------------------
 # Redis does not undo a script that fails halfway: the scripts check every key they need before
 # their first write, so a wrong-type key leaves the turn in the inbox, answered by nothing yet.
-WRONG_TYPE = {"session": keys.session(U), "done": keys.done(U), "reply": keys.reply(U, "t1"),
-              "usage": keys.usage(U), "profile": keys.profile(U), "memory": keys.memory(U),
-              "outbox": keys.outbox(U)}
+WRONG_TYPE = {"state": keys.state(U), "session": keys.session(U), "done": keys.done(U),
+              "reply": keys.reply(U, "t1"), "usage": keys.usage(U), "profile": keys.profile(U),
+              "memory": keys.memory(U), "outbox": keys.outbox(U)}
 EVERY_WRITE = Writes(turn_id="t1", session_entry=b"s", reply=b"r", profile={"name": "A"},
                      memories=[new_member("m", 0.5, 1.0)], usage={"turns": 1}, deferrals=[("job-1", b"p")])
 

@@ -40,7 +40,7 @@ end
 -- or {} when it cannot tell (a binary entry written before the plain turn_id/tier fields, a
 -- turn of another tier, or a context key of the wrong type: the worker then reads the pack
 -- itself, and rejects the turn if it cannot, or hands the user over).
--- Needs include/key_types before it.
+-- Needs include/key_types before it (try); the state and the inbox are the caller's to check.
 local function next_turn(K, cursor, tier, context_turns, memory_k, token)
   local start = '-'
   if cursor and cursor ~= '' then start = '(' .. cursor end
@@ -67,17 +67,19 @@ local function next_turn(K, cursor, tier, context_turns, memory_k, token)
   if not turn_id or entry_tier ~= tier then
     return {entry, fields, {}}
   end
-  if #wrong_types({{'session', K.session, 'list'}, {'profile', K.profile, 'hash'},
-                   {'memory', K.memory, 'zset'}, {'done', K.done, 'zset'}}) > 0 then
+  -- the context keys are only read here: each read checks its key's type (include/key_types)
+  local done = try('ZSCORE', K.done, turn_id)
+  local session = try('LRANGE', K.session, -context_turns, -1)
+  local profile = try('HGETALL', K.profile)
+  local memories = try('ZREVRANGE', K.memory, 0, memory_k - 1)
+  if done == nil or session == nil or profile == nil or memories == nil then
     return {entry, fields, {}}
   end
-  local answered = 0
-  if redis.call('ZSCORE', K.done, turn_id) then answered = 1 end
   local context = {
-    redis.call('LRANGE', K.session, -context_turns, -1),
-    redis.call('HGETALL', K.profile),
-    redis.call('ZREVRANGE', K.memory, 0, memory_k - 1),
-    answered,
+    session,
+    profile,
+    memories,
+    done and 1 or 0,
     count_attempt(K.state, entry, token),
     turn_id,
     redis.call('HEXISTS', K.state, 'cancel:' .. entry),
