@@ -420,7 +420,7 @@ class Costs:
         if turns <= 0:
             return {}
         calls = {k: n - self.redis_calls.get(k, 0) for k, n in after.redis_calls.items()}
-        top = sorted(((n, k) for k, n in calls.items() if n > 0), reverse=True)[:8]
+        top = sorted(((n, k) for k, n in calls.items() if n > 0), reverse=True)[:24]
         trips = (after.redis_reads - self.redis_reads) / turns
         client = (after.client_sends - self.client_sends) / turns
         worker_cpu, redis_cpu = after.worker_cpu - self.worker_cpu, after.redis_cpu - self.redis_cpu
