@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import cluster_rig
+import redis
 import shard_model
 from bench_wait import cluster_workers, one_round
 from benchlib import MachineWatch, OneLineParser, emit, percentile
@@ -134,17 +135,20 @@ class Sample:
     repl_out: int
     reads: int  # read events (a client's request or pipeline arriving): round trips, about
     writes: int  # write events (replies sent)
+    connections: int  # connections accepted
 
 
-def sample(node: cluster_rig.ClusterNode) -> Sample:
-    with node.client() as c:
-        info = c.execute_command("INFO", "cpu", "stats", "commandstats")
+def sample(c: redis.Redis) -> Sample:
+    """A master's counters, read down ``c``: one connection kept for the whole run, so the
+    bench's own connects are not counted as the setup's."""
+    info = c.execute_command("INFO", "cpu", "stats", "commandstats")
     cmds = {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
             for k, v in info.items() if k.startswith("cmdstat_")}
     return Sample(cpu_s=float(info["used_cpu_user"]) + float(info["used_cpu_sys"]), cmds=cmds,
                   net_in=int(info["total_net_input_bytes"]), net_out=int(info["total_net_output_bytes"]),
                   repl_out=int(info.get("total_net_repl_output_bytes", 0)),
-                  reads=int(info["total_reads_processed"]), writes=int(info["total_writes_processed"]))
+                  reads=int(info["total_reads_processed"]), writes=int(info["total_writes_processed"]),
+                  connections=int(info["total_connections_received"]))
 
 
 def commands_delta(before: Commands, after: Commands) -> Commands:
@@ -163,6 +167,7 @@ class Tally:
     repl_out: int = 0
     reads: int = 0
     writes: int = 0
+    connections: int = 0
 
     def add(self, before: Sample, after: Sample) -> None:
         self.cpu_s += after.cpu_s - before.cpu_s
@@ -171,6 +176,7 @@ class Tally:
         self.repl_out += after.repl_out - before.repl_out
         self.reads += after.reads - before.reads
         self.writes += after.writes - before.writes
+        self.connections += after.connections - before.connections
         for name, (calls, usec) in commands_delta(before.cmds, after.cmds).items():
             c0, u0 = self.cmds.get(name, (0, 0))
             self.cmds[name] = (c0 + calls, u0 + usec)
@@ -190,6 +196,7 @@ class Deployment:
     idle_us_per_s: dict[int, float] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
+    clients: dict[int, redis.Redis] = field(default_factory=dict)  # master port -> the bench's own
 
     def net_us_per_turn(self, port: int) -> float:
         """A master's CPU per turn less what it would have spent idle over the rounds."""
@@ -197,7 +204,10 @@ class Deployment:
         return (self.tallies[port].cpu_s * 1e6 - idle) / len(self.latencies)
 
     def samples(self) -> dict[int, Sample]:
-        return {n.port: sample(n) for n in self.masters}
+        for n in self.masters:
+            if n.port not in self.clients:
+                self.clients[n.port] = n.client()
+        return {port: sample(c) for port, c in self.clients.items()}
 
 
 Ranges = list[tuple[int, int]]
@@ -234,7 +244,12 @@ def deployed(setup: Setup, args: argparse.Namespace, workdir: Path) -> Iterator[
         logs = workdir / "logs"
         logs.mkdir()
         stack.enter_context(cluster_workers(rig.url, args.workers, logs, fast_refresh=False))
-        yield Deployment(setup=setup, rig=rig, masters=masters, ranges=ranges)
+        d = Deployment(setup=setup, rig=rig, masters=masters, ranges=ranges)
+        try:
+            yield d
+        finally:
+            for c in d.clients.values():
+                c.close()
 
 
 def round_users(rnd: int | str, n: int) -> list[str]:
@@ -334,12 +349,15 @@ def setup_result(d: Deployment) -> dict[str, object]:
             "replication_bytes_per_turn": per_turn(t.repl_out, turns, 0),
             "read_events_per_turn": per_turn(t.reads, turns, 2),
             "write_events_per_turn": per_turn(t.writes, turns, 2),
+            "connections_per_turn": per_turn(t.connections, turns, 3),
             "idle_cpu_us_per_s": round(d.idle_us_per_s.get(node.port, 0.0), 0),
             "top_commands": {name: {"calls_per_turn": per_turn(c, turns, 2),
                                     "us_per_turn": per_turn(u, turns)} for name, (c, u) in ranked}}
     cpu = [per_turn(d.tallies[n.port].cpu_s * 1e6, turns) for n in d.masters]
     total, hottest = sum(cpu), max(cpu)
-    net_ceiling = min((1e6 - d.idle_us_per_s.get(n.port, 0.0)) / d.net_us_per_turn(n.port) for n in d.masters)
+    nets = [(1e6 - d.idle_us_per_s.get(n.port, 0.0), d.net_us_per_turn(n.port)) for n in d.masters]
+    # (a master whose idle rate, times the rounds' time, exceeds what it spent has no net figure)
+    net_ceiling = min(free / net for free, net in nets) if all(net > 0 for _f, net in nets) else None
     return {"setup": d.setup.name, "describe": d.setup.describe(), "masters": len(d.masters),
             "ready_shards": d.setup.shards, "turns": turns, "turns_per_s": round(turns / d.elapsed_s, 1),
             "p50_ms": round(percentile(d.latencies, 50) * 1000, 2),
@@ -349,7 +367,7 @@ def setup_result(d: Deployment) -> dict[str, object]:
             "hottest_over_fair_share": round(hottest / (total / len(cpu)), 3) if total else None,
             "ceiling_turns_per_s": round(1e6 / hottest) if hottest else None,
             "total_cpu_net_of_idle_us_per_turn": round(sum(d.net_us_per_turn(n.port) for n in d.masters), 1),
-            "ceiling_net_of_idle_turns_per_s": round(net_ceiling)}
+            "ceiling_net_of_idle_turns_per_s": round(net_ceiling) if net_ceiling is not None else None}
 
 
 def command_diff(ds: list[Deployment],
@@ -396,7 +414,8 @@ def scaling(results: dict[str, dict[str, object]]) -> dict[str, object]:
     ceiling_ratio = big["ceiling_turns_per_s"] / node["ceiling_turns_per_s"]  # type: ignore[operator]
     total_ratio = big["total_cpu_us_per_turn"] / node["total_cpu_us_per_turn"]  # type: ignore[operator]
     share = big["hottest_over_fair_share"]
-    net_ceiling = big["ceiling_net_of_idle_turns_per_s"] / node["ceiling_net_of_idle_turns_per_s"]  # type: ignore[operator]
+    net_big, net_node = big["ceiling_net_of_idle_turns_per_s"], node["ceiling_net_of_idle_turns_per_s"]
+    net_ceiling = net_big / net_node if net_big and net_node else float("nan")  # type: ignore[operator]
     net_total = big["total_cpu_net_of_idle_us_per_turn"] / node["total_cpu_net_of_idle_us_per_turn"]  # type: ignore[operator]
     return {"compared": f"{big['setup']} : node", "ceiling_ratio": round(ceiling_ratio, 3),
             "total_cpu_ratio": round(total_ratio, 3), "hottest_over_fair_share": share,
@@ -534,6 +553,18 @@ def tables(result: dict[str, object]) -> str:
             continue
         cells = " | ".join(f"{row.get(s, 0.0):g}" for s in names)
         lines.append(f"| {name} | {cells} | {row.get(names[-1], 0.0) - row.get(base, 0.0):+.1f} |")
+    lines += ["", "| setup (all masters) | round trips/turn | outside commands µs/turn | µs per round trip "
+                  "| replication bytes/turn | connections/turn | idle µs/s |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in setups.items():
+        ms = list(r["per_master"].values())  # type: ignore[attr-defined]
+        trips = sum(m["read_events_per_turn"] for m in ms)
+        outside = diff["(outside commands)"][name]
+        per_trip = outside / trips if trips else float("nan")
+        lines.append(f"| {name} | {trips:.2f} | {outside:g} | {per_trip:.1f} "
+                     f"| {sum(m['replication_bytes_per_turn'] for m in ms):,.0f} "
+                     f"| {sum(m['connections_per_turn'] for m in ms):.3f} "
+                     f"| {sum(m['idle_cpu_us_per_s'] for m in ms):,.0f} |")
     model = result.get("model")
     if isinstance(model, dict):
         lines += ["", f"Model fitted on {model['fitted_on']} ({model['assumptions']}):", "",
@@ -560,9 +591,24 @@ def tables(result: dict[str, object]) -> str:
 
 # ---- the run -------------------------------------------------------------------------------
 
+def largest_cluster(ds: list[Deployment]) -> Deployment | None:
+    """The cluster of most masters (then most shards): what the model is checked against."""
+    clusters = [d for d in ds if d.setup.cluster and d.setup.masters > 1]
+    return max(clusters, key=lambda d: (d.setup.masters, d.setup.shards)) if clusters else None
+
+
+def model_source(ds: list[Deployment]) -> Deployment | None:
+    """The 1-master cluster the model is fitted on: one with as many replicas per master as
+    the largest cluster has, if there is one (``c1`` rather than ``c1r0`` beside ``c3``)."""
+    ones = [d for d in ds if d.setup.cluster and d.setup.masters == 1]
+    big = largest_cluster(ds)
+    same = [d for d in ones if big is not None and d.setup.replicas == big.setup.replicas]
+    return next(iter(same or ones), None)
+
+
 async def run(args: argparse.Namespace, ds: list[Deployment], tmp: Path) -> dict[str, object]:
     fleets = {d.setup.name: AsyncFleet(d.rig.url) for d in ds}
-    one = next((d for d in ds if d.setup.cluster and d.setup.masters == 1), None)
+    one = model_source(ds)
     seen: dict[str, shard_model.Attribution] = {}
     try:
         for d in ds:  # a warm-up each, not counted
@@ -589,8 +635,7 @@ async def run(args: argparse.Namespace, ds: list[Deployment], tmp: Path) -> dict
                               "command_diff": command_diff(ds, seen),
                               "command_calls_per_turn": command_calls(ds)}
     if one is not None:
-        clusters = [d for d in ds if d.setup.cluster and d.setup.masters > 1]
-        big = max(clusters, key=lambda d: (d.setup.masters, d.setup.shards)) if clusters else None
+        big = largest_cluster(ds)
         users = [u for rnd in range(args.rounds) for u in round_users(rnd, args.users)]
         out["model"] = model_result(one, seen[one.setup.name], big, users)
     else:
