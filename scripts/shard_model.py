@@ -28,6 +28,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from cluster_rig import slot_ranges  # how the rig deals slots, so a projection's masters are the rig's
 from redis.crc import key_slot
 
 SLOTS = 16384
@@ -193,16 +194,6 @@ def fit(attribution: Attribution, commandstats: Stats, cpu_us_per_turn: float) -
     all_calls = sum(calls.values()) or 1
     return [KeyCost(p, commands.get(p, 0.0), other * calls[p] / all_calls)
             for p in sorted(set(commands) | set(calls))]
-
-
-def slot_ranges(masters: int) -> list[tuple[int, int]]:
-    """Even contiguous slot ranges, one per master (the remainder one each to the first)."""
-    out, lo = [], 0
-    for i in range(masters):
-        size = SLOTS // masters + (1 if i < SLOTS % masters else 0)
-        out.append((lo, lo + size - 1))
-        lo += size
-    return out
 
 
 def master_of(key: str, ranges: Sequence[tuple[int, int]]) -> int:
