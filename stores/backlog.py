@@ -17,7 +17,7 @@ The rest, pending with a live worker and refreshed, is ``in_progress``: not back
 idle, whatever its last report said).
 
 A tier spread over ready shards (``Policy.ready_shards``) is counted per shard and summed:
-every shard whose stream exists (:func:`existing_shards`, one round trip of ``EXISTS``), not
+every shard whose stream exists (:func:`existing_shards`, a round trip or two of ``EXISTS``), not
 only the policy's count, since a tier that shrank may still hold notifications on the others.
 
 Per pass it is one pipelined round trip of ``XINFO GROUPS``, ``XINFO CONSUMERS``,
@@ -37,6 +37,7 @@ import redis
 from protocol import keys
 from protocol.codec import as_str
 from protocol.models import RENEW_INTERVAL_S, WorkerInfo
+from stores.cluster import is_cluster
 
 COMMANDS_PER_TIER = 4  # what queue_backlog adds to a pipeline for one tier
 STALE_LIMIT = 2_000  # idle pending entries read per tier and pass (beyond, held ones count as served)
@@ -124,20 +125,30 @@ def summed(parts: Iterable[TierBacklog]) -> TierBacklog:
 
 
 def existing_shards(r: redis.Redis, tiers: Iterable[str]) -> dict[str, list[int]]:
-    """Per tier, its ready shards to count: 0, and every higher one whose stream exists (one
-    round trip of ``EXISTS`` per possible shard and tier)."""
+    """Per tier, its ready shards to count: 0, and every higher one whose stream exists. On one
+    node one ``EXISTS`` over a tier's possible higher shards counts them, and only a tier that
+    has some is asked shard by shard (a second round trip); on a Cluster, where the shards are
+    in as many slots, one ``EXISTS`` per possible shard and tier (one round trip)."""
     tiers = list(tiers)
     high = range(1, keys.MAX_READY_SHARDS)
+    out = {tier: [0] for tier in tiers}
+    probe = tiers
+    if tiers and not is_cluster(r):
+        pipe = r.pipeline(transaction=False)
+        for tier in tiers:
+            pipe.exists(*(keys.ready(tier, k) for k in high))
+        counts = pipe.execute(raise_on_error=False)
+        probe = [tier for tier, n in zip(tiers, counts, strict=True) if isinstance(n, Exception) or int(n)]
+    if not probe:
+        return out
     pipe = r.pipeline(transaction=False)
-    for tier in tiers:
+    for tier in probe:
         for k in high:
             pipe.exists(keys.ready(tier, k))
-    res = pipe.execute(raise_on_error=False) if tiers else []
-    out = {}
-    for i, tier in enumerate(tiers):
+    res = pipe.execute(raise_on_error=False)
+    for i, tier in enumerate(probe):
         row = res[i * len(high): (i + 1) * len(high)]
-        out[tier] = [0] + [k for k, n in zip(high, row, strict=True)
-                           if not isinstance(n, Exception) and int(n)]
+        out[tier] += [k for k, n in zip(high, row, strict=True) if not isinstance(n, Exception) and int(n)]
     return out
 
 

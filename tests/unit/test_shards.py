@@ -149,3 +149,26 @@ def test_ack_covered_needs_the_holders_notification_on_the_same_shard() -> None:
         await ar.xreadgroup(keys.GROUP, "holder", {keys.ready("chat", 2): ">"})
         assert await worker_ops.ack_covered(Functions(ar), "chat", "me", "holder", "u", ours) == 1
     asyncio.run(go())
+
+
+def test_on_one_node_a_tier_without_higher_shards_costs_one_exists(r: fakeredis.FakeRedis,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commander counts 50 tiers' shards every pass: one EXISTS over a tier's 63 possible
+    higher shards, and shard by shard only for a tier that has some."""
+    import redis
+
+    sent: list[int] = []
+    execute = redis.client.Pipeline.execute
+
+    def counting(self: redis.client.Pipeline, *args: object, **kwargs: object) -> object:
+        sent.append(len(self.command_stack))
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", counting)
+    r.xadd(keys.ready("chat", 5), {"user": "a"})
+    tiers = [f"t{i}" for i in range(50)]
+    assert existing_shards(r, [*tiers, "chat"]) == {**{t: [0] for t in tiers}, "chat": [0, 5]}
+    assert sent == [51, keys.MAX_READY_SHARDS - 1]
+    sent.clear()
+    assert existing_shards(r, tiers) == {t: [0] for t in tiers}
+    assert sent == [50]

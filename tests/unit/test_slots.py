@@ -697,6 +697,10 @@ SINGLE_NODE_EXCEPTIONS = {
         "the single-node worker writes every stream it flushes in a tick with one stream_append.lua "
         "call, through the group commit (each flush's lane and stream in its user's slot); on a "
         "Cluster one call per flush (stores/turns.py append_streams)",
+    ("stores.backlog.existing_shards", "command"):
+        "the single-node commander counts a tier's 63 possible higher ready shards with one EXISTS "
+        "(each shard in its own slot), then asks shard by shard only where some exist; on a Cluster "
+        "one EXISTS per shard (stores/backlog.py existing_shards)",
     ("stores.submit.read_streams", "command"):
         "the single-node client reads every reply stream it streams in one XREAD (each stream in "
         "its user's slot; fleet/stream_hub.py); on a Cluster each stream reads on its own "
