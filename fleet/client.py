@@ -20,13 +20,14 @@ after that. A reply wait cut by a lost connection waits on until its own timeout
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -76,6 +77,7 @@ STREAM_POLL_S = 1.0  # a stream read blocks at most this long before it looks fo
 STREAM_POLL_MIN_S = 0.001  # ... and then reads on its own that long (with the reply, if it is there)
 RETRY_S = 10.0  # how long a submit rides out Redis away or a Cluster failover, by default
 _RETRY_BACKOFF = Backoff(base=0.05, cap=1.0)
+T = TypeVar("T")
 # the errors a submit sent again may outlast: the network, Redis restarting or refusing writes
 # for a while, a Cluster between two topologies (not a refusal by the ACL, a bad argument, ...)
 _RETRIED = frozenset({"connection", "timeout", "loading", "busy", "readonly", "masterdown", "tryagain",
@@ -97,6 +99,44 @@ def _retrying(seconds: float) -> dict[str, Any]:
     waits; the last error raised as it is once the time is up."""
     return {"retry": retry_if_exception(transient), "wait": _RETRY_BACKOFF.wait,
             "stop": stop_after_delay(seconds), "reraise": True}
+
+
+# A call of the client is tried once as it is, and only after a transient error under
+# tenacity's retries (after a first wait), until ``seconds`` from the first try are up: nearly
+# every call succeeds at once, and tenacity's retry state costs more CPU than a submit itself.
+def _first_failed(exc: Exception, seconds: float, start: float) -> float:
+    """The wait before the retries of a first try that raised ``exc`` (raised again if it is not
+    transient or the time is up)."""
+    left = seconds - (time.monotonic() - start)
+    if not transient(exc) or left <= 0:
+        raise exc
+    return min(_RETRY_BACKOFF.compute(1), left)
+
+
+def _retried(seconds: float, call: Callable[[], T]) -> T:
+    """``call()``, retried on a transient error for up to ``seconds`` (see above)."""
+    start = time.monotonic()
+    try:
+        return call()
+    except Exception as exc:  # raised again unless transient
+        time.sleep(_first_failed(exc, seconds, start))
+    for attempt in Retrying(**_retrying(max(0.0, seconds - (time.monotonic() - start)))):
+        with attempt:
+            return call()
+    raise AssertionError("unreachable: tenacity returns or raises")
+
+
+async def _aretried(seconds: float, call: Callable[[], Awaitable[T]]) -> T:
+    """:func:`_retried` on asyncio."""
+    start = time.monotonic()
+    try:
+        return await call()
+    except Exception as exc:  # raised again unless transient
+        await asyncio.sleep(_first_failed(exc, seconds, start))
+    async for attempt in AsyncRetrying(**_retrying(max(0.0, seconds - (time.monotonic() - start)))):
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable: tenacity returns or raises")
 
 
 class TurnTimeout(TimeoutError):
@@ -296,9 +336,10 @@ class TurnStream:
         client._send(self._built, self._create_tier)
         while self.reply is None:
             block, left = self._next(deadline)
-            for attempt in Retrying(**_retrying(left)):
-                with attempt:
-                    items = run(client.r, self._read.step(block, left))
+
+            def read(block_s: float = block, left_s: float = left) -> list[StreamItem]:
+                return run(client.r, self._read.step(block_s, left_s))
+            items = _retried(left, read)
             self._seen(items)
             yield from items
 
@@ -322,9 +363,10 @@ class TurnStream:
                             yield item
                         continue
                     block = STREAM_POLL_MIN_S  # nothing for a while: is the reply there (no 'end')?
-                async for attempt in AsyncRetrying(**_retrying(left)):
-                    with attempt:
-                        items = await arun(client.r, self._read.step(block, left))
+
+                async def read(block_s: float = block, left_s: float = left) -> list[StreamItem]:
+                    return await arun(client.r, self._read.step(block_s, left_s))
+                items = await _aretried(left, read)
                 if sub is not None:
                     sub.read_to(self._read.after)
                 self._seen(items)
@@ -500,9 +542,7 @@ class Fleet:
 
     def _send(self, built: Built, create_tier: bool) -> None:
         """Submit ``built``, sent again on a transient error for up to ``retry_s``."""
-        for attempt in Retrying(**_retrying(self.retry_s)):
-            with attempt:
-                run(self.r, self._core.submit(built, create_tier))
+        _retried(self.retry_s, lambda: run(self.r, self._core.submit(built, create_tier)))
 
     def results(self, handles: Iterable[TurnHandle], timeout: float = 30.0) -> list[Reply]:
         """Wait for every handle, sharing one deadline."""
@@ -518,10 +558,7 @@ class Fleet:
         it is (``outcome`` ``answered``, with its reply's ``status`` if still unread), an unknown
         id says so (``unknown``). ``str()`` of the result is a sentence for a person. Sent
         again, like a submit, while Redis is away (a cancel recorded twice is one cancel)."""
-        for attempt in Retrying(**_retrying(self.retry_s)):
-            with attempt:
-                return cancel_turn(self.r, user, turn_id)
-        raise AssertionError("unreachable: tenacity returns or raises")
+        return _retried(self.retry_s, lambda: cancel_turn(self.r, user, turn_id))
 
     def delete_user(self, user: str) -> Erased:
         """Erase every key of ``user`` (inbox, lane, state, session, memory, profile, usage,
@@ -533,12 +570,9 @@ class Fleet:
 
     def _wait(self, user: str, turn_id: str, timeout: float) -> Reply:
         deadline = time.monotonic() + timeout
-        for attempt in Retrying(**_retrying(timeout)):
-            with attempt:
-                left = max(0.01, deadline - time.monotonic())
-                return run(self.r, self._core.reply(user, turn_id, left, self.max_reply_bytes,
-                                                    " (is a worker running for its tier? `fleet status`)"))
-        raise AssertionError("unreachable: tenacity returns or raises")
+        return _retried(timeout, lambda: run(self.r, self._core.reply(
+            user, turn_id, max(0.01, deadline - time.monotonic()), self.max_reply_bytes,
+            " (is a worker running for its tier? `fleet status`)")))
 
     def close(self) -> None:
         self.r.close()
@@ -603,18 +637,13 @@ class AsyncFleet:
 
     async def _send(self, built: Built, create_tier: bool) -> None:
         """``Fleet._send`` on asyncio."""
-        async for attempt in AsyncRetrying(**_retrying(self.retry_s)):
-            with attempt:
-                await arun(self.r, self._core.submit(built, create_tier))
+        await _aretried(self.retry_s, lambda: arun(self.r, self._core.submit(built, create_tier)))
 
     async def wait(self, user: str, turn_id: str, timeout: float = 30.0) -> Reply:
         """The reply of a submitted turn; ``TurnTimeout`` if none in time."""
         deadline = time.monotonic() + timeout
-        async for attempt in AsyncRetrying(**_retrying(timeout)):
-            with attempt:
-                left = max(0.01, deadline - time.monotonic())
-                return await arun(self.r, self._core.reply(user, turn_id, left, self.max_reply_bytes))
-        raise AssertionError("unreachable: tenacity returns or raises")
+        return await _aretried(timeout, lambda: arun(self.r, self._core.reply(
+            user, turn_id, max(0.01, deadline - time.monotonic()), self.max_reply_bytes)))
 
     async def ask(self, user: str, text: str, tier: str = "chat", timeout: float = 30.0,
                   meta: Mapping[str, Any] | None = None, *, create_tier: bool = False,
@@ -630,10 +659,7 @@ class AsyncFleet:
 
     async def cancel(self, user: str, turn_id: str) -> Cancel:
         """``Fleet.cancel`` on asyncio."""
-        async for attempt in AsyncRetrying(**_retrying(self.retry_s)):
-            with attempt:
-                return await cancel_turn(self.r, user, turn_id)
-        raise AssertionError("unreachable: tenacity returns or raises")
+        return await _aretried(self.retry_s, lambda: cancel_turn(self.r, user, turn_id))
 
     async def delete_user(self, user: str) -> Erased:
         """``Fleet.delete_user`` on asyncio (the ``fleet-operator`` role's credentials)."""

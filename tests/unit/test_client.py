@@ -259,3 +259,57 @@ def test_async_fleet_finds_a_tier_by_a_live_worker_and_not_by_a_dead_one(server,
 
     asyncio.run(run())
     assert written(fake, "alice", "gpu") == (1, 1)
+
+
+def test_a_call_that_succeeds_at_once_builds_no_retry_state(fake, monkeypatch) -> None:
+    """tenacity's retry state costs more CPU than a submit: a call meets it only after a
+    transient error."""
+    def refused(**_kwargs: Any) -> Any:
+        raise AssertionError("tenacity's retry state built for a call that succeeded")
+
+    monkeypatch.setattr("fleet.client.Retrying", refused)
+    monkeypatch.setattr("fleet.client.AsyncRetrying", refused)
+    client = Fleet(client=fake)
+    handle = client.submit("alice", "hi", tier="gpu", create_tier=True)
+    assert fake.xlen(keys.inbox("alice")) == 1 and handle.turn_id
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "asyncio"])
+def test_a_call_is_retried_after_a_transient_error_and_not_after_another(monkeypatch,
+                                                                        asynchronous: bool) -> None:
+    import asyncio
+
+    import redis
+
+    from fleet import client as fleet_client
+
+    monkeypatch.setattr(fleet_client, "_RETRY_BACKOFF", fleet_client.Backoff(base=0.001, cap=0.002))
+
+    def flaky(errors: list[Exception]) -> Any:
+        calls: list[int] = []
+
+        def call() -> int:
+            calls.append(1)
+            if errors:
+                raise errors.pop(0)
+            return len(calls)
+        return call, calls
+
+    def retried(seconds: float, call: Any) -> Any:
+        if not asynchronous:
+            return fleet_client._retried(seconds, call)
+
+        async def acall() -> Any:
+            return call()
+        return asyncio.run(fleet_client._aretried(seconds, acall))
+
+    call, calls = flaky([redis.ConnectionError("reset"), redis.ConnectionError("reset")])
+    assert retried(5.0, call) == 3  # twice refused, then served
+    call, calls = flaky([ValueError("a bad argument")])
+    with pytest.raises(ValueError, match="a bad argument"):
+        retried(5.0, call)
+    assert len(calls) == 1  # not transient: raised at once
+    call, calls = flaky([redis.ConnectionError("reset")] * 5)
+    with pytest.raises(redis.ConnectionError):
+        retried(0.0, call)  # no time left after the first try
+    assert len(calls) == 1
