@@ -17,7 +17,10 @@ every call of its pipeline (redis-py retries the pipeline first, as it retries o
 Calls that found no function (no library, or another version's: nothing ran) wait for the
 library (``stores.functions``) and are sent again.
 
-Single node only: on a Cluster the callers run their calls one each (``stores.turns.UserStore``).
+On a Cluster the pipeline is redis-py's cluster pipeline: it sends each call to the master of
+its first key's slot, the calls for one master together (one round trip per master a pass
+reaches), and follows a ``MOVED`` as it does for one command. The scripts' keys are each in one
+slot (a user's, or a ready shard's), so every call runs whole on one master.
 """
 
 from __future__ import annotations

@@ -400,9 +400,9 @@ class UserStore:
                         "find the outbox", user, type(exc).__name__, exc)
 
     async def _call(self, script: functions.Function, keys_: list[str], args: list[Any], op: str) -> Any:
-        """A hot-path call: on one node without ``replica_wait``, queued with the other calls of
-        this loop pass (``stores.batch``: one round trip for all); else on its own."""
-        if self.replica_wait is None and not cluster.is_cluster(self.r):
+        """A hot-path call: without ``replica_wait``, queued with the other calls of this loop
+        pass (``stores.batch``: one round trip for all, per master on a Cluster); else on its own."""
+        if self.replica_wait is None:
             return await self.batcher.call(script, keys_, args)
         return await self._run(script, keys_, args, op)
 

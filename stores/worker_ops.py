@@ -178,13 +178,12 @@ async def reclaim_idle(r: aioredis.Redis, tier: str, worker_id: str, min_idle_ms
 async def ack_notifications(scripts: Functions, tier: str, worker_id: str, nids: Sequence[str],
                             batcher: ScriptBatcher | None = None) -> None:
     """Ack those of ``nids`` still pending under ``worker_id`` (``notification_ack.lua``, one
-    call per ready shard). With a ``batcher`` (one node), the call joins those of the same loop
-    pass, merged with other jobs' acks of the same shard: one call acks many users' ids."""
-    batched = batcher is not None and not cluster.is_cluster(batcher.r)
+    call per ready shard). With a ``batcher``, the call joins those of the same loop pass,
+    merged with other jobs' acks of the same shard: one call acks many users' ids."""
     calls = []
     for shard, ids in by_shard(nids).items():
         keys_, args = [keys.ready(tier, shard)], [keys.GROUP, worker_id, *ids]
-        if batched and batcher is not None:
+        if batcher is not None:
             calls.append(batcher.call(scripts.notification_ack, keys_, args, merge_from=2))
         else:
             await scripts.notification_ack(keys=keys_, args=args)

@@ -607,6 +607,8 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.batch.ScriptBatcher.call": "queues a call: its pipeline is sent by a task of its own, which "
                                        "the recorder sees unattributed (driven through UserStore, acks)",
     "stores.batch.BatchStats": "counters",
+    "stores.turns.UserStore.acquire": "its lane_acquire call goes through the group commit (one node and "
+                                      "Cluster): the recorder sees it unattributed, and checks it",
     "stores.submit.inbox_fields": "names fields",
     "stores.submit.submit_call": "names a command",
     "stores.submit.pressure_call": "names a command",
