@@ -227,11 +227,15 @@ def run(schedule: Schedule, scenario: Scenario | None = None) -> Outcome:
     chooser = _Recording(_chooser(schedule, loop_ref))
     loop = SimLoop(chooser)
     loop_ref.append(loop)
-    net = Network(loop, random.Random(f"{seed}:net"))
-    world = World(loop, net, schedule.workload, random.Random(f"{seed}:work"),
-                  plan=scenario.plan if scenario is not None else None)
-    if scenario is not None:
-        scenario.install(world)
+    try:
+        net = Network(loop, random.Random(f"{seed}:net"))
+        world = World(loop, net, schedule.workload, random.Random(f"{seed}:work"),
+                      plan=scenario.plan if scenario is not None else None)
+        if scenario is not None:
+            scenario.install(world)
+    except BaseException:
+        loop.close()  # (left open, its finalizer would warn wherever it is collected)
+        raise
     faults = _Faults(schedule, random.Random(f"{seed}:faults"))
     faults.world = world
     loop.before_step = faults.before_step
