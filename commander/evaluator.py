@@ -1,13 +1,14 @@
 """The evaluator: raw worker reports in, occupancy and rates out (what ``decide`` and the monitor read).
 
-Per worker it keeps a window of the last ``WINDOW_ROWS`` reports. Per row: ``cpu = min(cpu, 1)``,
+Per worker it keeps a window of the last ``WINDOW_ROWS`` rows, one per report. Per row: ``cpu = min(cpu, 1)``,
 ``memory = rss / memory_limit`` (only when a limit is set), ``slots = busy / total``. Each
 component is averaged over the last ``AVERAGE_ROWS`` rows, and occupancy is the **max** of the
 averages: the bottleneck answers "can it take more?". A worker with no rows reads 0.
 
-What occupancy and rates read of a report is derived once, when the report is kept (a
-:class:`Row`, beside the report): a commander asks for every worker's occupancy and rates each
-pass, and a pass over 10,000 workers cannot afford to walk their reports again.
+What occupancy, rates and the monitor read of a report is derived once, as it arrives (a
+:class:`Row`), and only the worker's newest report is kept whole: a commander asks for every
+worker's occupancy and rates each pass, and at 10,000 workers it can neither walk their reports
+again nor hold a minute of them (several kB each, decoded).
 
 Pure: no clock, no I/O. Time comes in only through ``report.ts`` or a ``now`` argument.
 """
@@ -19,6 +20,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from typing import NamedTuple
 
 from protocol.models import OccupancyReport
 from protocol.policy import ScaleRules
@@ -52,38 +54,26 @@ class Rates:
     span_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
-    """What occupancy and rates read of one report (rows of a worker in time order): its
-    components but memory (which depends on the policy's limit: ``rss`` is kept), its counters,
+class Row(NamedTuple):
+    """What occupancy, rates and the monitor read of one report (rows of a worker in time
+    order): its components but memory (which depends on the policy's limit: ``rss`` is kept),
+    the slots in use at the report's instant (the monitor's history), its counters, its users,
     and the number ``n`` of this row and ``segment`` of the first row since its counters last
-    went down (a rate never spans a reset)."""
+    went down (a rate never spans a reset). A tuple of plain numbers: a minute of rows for each
+    of 10,000 workers is 600,000 of them, which the garbage collector need not track."""
 
     ts: float
     cpu: float | None
     rss: int
-    slots: float | None
+    slots: float | None  # the slot use over the interval since the row before (row_slots)
+    instant: float | None  # busy / total at the report's instant
     turns: int
     errors: int
     handler_seconds: float
-    n: int
-    segment: int
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryPoint:
-    """One report as the monitor draws it: the row's own components, not averaged."""
-
-    ts: float
-    state: str
-    occupancy: float
-    cpu: float | None
-    memory: float | None
-    slots: float | None
-    busy: int
-    total: int
     users: int
     active_users: int
+    n: int
+    segment: int
 
 
 def memory_limit_bytes(policy: ScaleRules) -> float | None:
@@ -99,15 +89,15 @@ def row_cpu(report: OccupancyReport) -> float | None:
     return min(max(report.cpu, 0.0), 1.0)
 
 
-def row_memory(report: OccupancyReport, limit_bytes: float | None) -> float | None:
+def row_memory(row: Row, limit_bytes: float | None) -> float | None:
     """rss as a fraction of the limit; None when no limit is set."""
     if not limit_bytes or limit_bytes <= 0:
         return None
-    return report.rss / limit_bytes
+    return row.rss / limit_bytes
 
 
-def row_slots(report: OccupancyReport, previous: OccupancyReport | None = None) -> float | None:
-    """Slot use of a row: given the row before it, the time-averaged use over the interval
+def row_slots(report: OccupancyReport, before: Row | None = None) -> float | None:
+    """Slot use of a report: given the row before it, the time-averaged use over the interval
     (handler seconds / (seconds x slots)); else busy/total at the report instant.
 
     A report is an instant: a worker serving short turns is often caught between two of
@@ -118,31 +108,30 @@ def row_slots(report: OccupancyReport, previous: OccupancyReport | None = None) 
     if total <= 0:
         return None
     instant = report.slots.busy / total
-    if previous is None or _counters_dropped(report, previous):
+    if before is None or _counters_dropped(report, before):
         return instant
-    span = report.ts - previous.ts
+    span = report.ts - before.ts
     if span <= 0:
         return instant
-    averaged = (report.counters.handler_seconds - previous.counters.handler_seconds) / (span * total)
+    averaged = (report.counters.handler_seconds - before.handler_seconds) / (span * total)
     return min(averaged, 1.0)
 
 
-def derive(report: OccupancyReport, previous: OccupancyReport | None = None,
-           before: Row | None = None) -> Row:
-    """``report``'s row, given the report before it and that report's row (None: the first)."""
+def derive(report: OccupancyReport, before: Row | None = None) -> Row:
+    """``report``'s row, given the row of the report before it (None: the first)."""
     n = 0 if before is None else before.n + 1
-    reset = previous is None or before is None or _counters_dropped(report, previous)
-    segment = n if reset or before is None else before.segment
-    c = report.counters
-    return Row(report.ts, row_cpu(report), report.rss, row_slots(report, previous), c.turns, c.errors,
-               c.handler_seconds, n, segment)
+    segment = n if before is None or _counters_dropped(report, before) else before.segment
+    c, slots = report.counters, report.slots
+    return Row(report.ts, row_cpu(report), report.rss, row_slots(report, before),
+               slots.busy / slots.total if slots.total > 0 else None, c.turns, c.errors, c.handler_seconds,
+               report.users, report.active_users, n, segment)
 
 
 def rows_of(reports: Sequence[OccupancyReport]) -> list[Row]:
     """The rows of a worker's reports (oldest first)."""
     out: list[Row] = []
-    for i, report in enumerate(reports):
-        out.append(derive(report, reports[i - 1] if i else None, out[-1] if out else None))
+    for report in reports:
+        out.append(derive(report, out[-1] if out else None))
     return out
 
 
@@ -168,9 +157,9 @@ def occupancy_of_rows(rows: Sequence[Row], limit_bytes: float | None) -> Occupan
     return Occupancy(max(parts, default=0.0), cpu, memory, slots, len(recent))
 
 
-def _counters_dropped(newer: OccupancyReport, older: OccupancyReport) -> bool:
-    a, b = newer.counters, older.counters
-    return a.turns < b.turns or a.errors < b.errors or a.handler_seconds < b.handler_seconds
+def _counters_dropped(report: OccupancyReport, before: Row) -> bool:
+    c = report.counters
+    return c.turns < before.turns or c.errors < before.errors or c.handler_seconds < before.handler_seconds
 
 
 def rates_of(reports: Sequence[OccupancyReport], span_s: float = RATE_SPAN_S) -> Rates | None:
@@ -201,48 +190,28 @@ def rates_of_rows(rows: Sequence[Row], span_s: float = RATE_SPAN_S) -> Rates | N
     )
 
 
-def history_point(report: OccupancyReport, limit_bytes: float | None) -> HistoryPoint:
-    """One row's components, for the monitor's occupancy history."""
-    cpu, memory, slots = row_cpu(report), row_memory(report, limit_bytes), row_slots(report)
-    value = max((p for p in (cpu, memory, slots) if p is not None), default=0.0)
-    return HistoryPoint(
-        ts=report.ts,
-        state=report.state,
-        occupancy=value,
-        cpu=cpu,
-        memory=memory,
-        slots=slots,
-        busy=report.slots.busy,
-        total=report.slots.total,
-        users=report.users,
-        active_users=report.active_users,
-    )
-
-
 class Evaluator:
-    """Windows of recent reports per worker, and what they mean."""
+    """Windows of recent rows per worker, each worker's newest report, and what they mean."""
 
     def __init__(self, window: int = WINDOW_ROWS) -> None:
         self._window = window
-        self._rows: dict[str, deque[OccupancyReport]] = {}
-        self._derived: dict[str, deque[Row]] = {}  # the rows' Row, in step with _rows
+        self._rows: dict[str, deque[Row]] = {}
+        self._latest: dict[str, OccupancyReport] = {}  # worker -> its newest report
         self._ready_at: dict[str, float] = {}  # worker -> ts of its first report as ready
 
     def add(self, report: OccupancyReport) -> bool:
-        """Keep a report; False (ignored) when it is not newer than the worker's last one.
+        """Keep a report's row (and the report, until a newer one); False (ignored) when it is
+        not newer than the worker's last one.
 
         Reading the same stream entries twice (a commander restart) is therefore harmless.
         """
         rows = self._rows.get(report.worker)
         if rows is None:
             rows = self._rows[report.worker] = deque(maxlen=self._window)
-            derived = self._derived[report.worker] = deque(maxlen=self._window)
         elif rows and report.ts <= rows[-1].ts:
             return False
-        else:
-            derived = self._derived[report.worker]
-        derived.append(derive(report, rows[-1] if rows else None, derived[-1] if derived else None))
-        rows.append(report)
+        rows.append(derive(report, rows[-1] if rows else None))
+        self._latest[report.worker] = report
         if report.state == "ready" and report.cpu is None:
             # a worker's very first report (its sensor has no cpu to give yet): the end of its
             # start; a later one (a commander that restarted and reads a window) says nothing
@@ -252,7 +221,7 @@ class Evaluator:
     def forget(self, worker: str) -> None:
         """Drop a worker's window (it exited or was declared dead)."""
         self._rows.pop(worker, None)
-        self._derived.pop(worker, None)
+        self._latest.pop(worker, None)
         self._ready_at.pop(worker, None)
 
     def forget_absent(self, present: Collection[str], now: float,
@@ -261,8 +230,7 @@ class Evaluator:
         whose newest report is more than ``after_s`` old at ``now``: workers that ended without
         being reaped by this commander (another host's, a pod, one whose entry was removed).
         Returns the workers forgotten."""
-        gone = [w for w, rows in self._rows.items()
-                if w not in present and (not rows or now - rows[-1].ts > after_s)]
+        gone = [w for w, report in self._latest.items() if w not in present and now - report.ts > after_s]
         for worker in gone:
             self.forget(worker)
         return gone
@@ -273,12 +241,11 @@ class Evaluator:
 
     def workers(self, tier: str | None = None) -> list[str]:
         """Workers with at least one report, optionally only those of ``tier``."""
-        return [w for w, rows in self._rows.items() if tier is None or rows[-1].tier == tier]
+        return [w for w, report in self._latest.items() if tier is None or report.tier == tier]
 
     def latest(self, worker: str) -> OccupancyReport | None:
         """The newest report of a worker, or None."""
-        rows = self._rows.get(worker)
-        return rows[-1] if rows else None
+        return self._latest.get(worker)
 
     def last_report_ts(self, worker: str) -> float | None:
         """The ``ts`` of the newest report, or None when there is none."""
@@ -292,16 +259,12 @@ class Evaluator:
 
     def occupancy(self, worker: str, memory_limit_bytes: float | None = None) -> Occupancy:
         """The worker's occupancy; 0 with no rows."""
-        return occupancy_of_rows(self._derived.get(worker, ()), memory_limit_bytes)
+        return occupancy_of_rows(self._rows.get(worker, ()), memory_limit_bytes)
 
     def rates(self, worker: str, span_s: float = RATE_SPAN_S) -> Rates | None:
         """Turn, error and handler-time rates from counter deltas; None with too few rows."""
-        return rates_of_rows(self._derived.get(worker, ()), span_s)
+        return rates_of_rows(self._rows.get(worker, ()), span_s)
 
-    def window(self, worker: str) -> tuple[OccupancyReport, ...]:
-        """The worker's window of reports (oldest first), as an immutable copy."""
+    def window(self, worker: str) -> tuple[Row, ...]:
+        """The worker's window of rows (oldest first), as an immutable copy."""
         return tuple(self._rows.get(worker, ()))
-
-    def history(self, worker: str, memory_limit_bytes: float | None = None) -> list[HistoryPoint]:
-        """Per-row history (oldest first) for the monitor."""
-        return [history_point(r, memory_limit_bytes) for r in self._rows.get(worker, ())]

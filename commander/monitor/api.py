@@ -47,7 +47,6 @@ class Monitor:
     r: redis.Redis | None
     clock: Callable[[], float] = time.time
     timings: dict[str, float] = field(default_factory=dict)  # endpoint -> seconds of its last call
-    memo: views.RowMemo = field(default_factory=views.RowMemo)  # each report's history value, once
     # (pass, tier, offset, limit) -> a /workers page (of this pass only, PAGES_CACHED at most)
     cache: dict[tuple[int, str | None, int, int], bytes] = field(default_factory=dict)
     rq: redis.Redis | None = None  # RQ's Redis when it is not Fleet's (the commander's rq_url)
@@ -166,7 +165,7 @@ async def workers(request: web.Request) -> web.Response:
         while len(m.cache) >= PAGES_CACHED:
             del m.cache[next(iter(m.cache))]
         now = m.clock()
-        body = json.dumps({"now": now, **views.workers_page(seen, now, tier, offset, limit, m.memo)}).encode()
+        body = json.dumps({"now": now, **views.workers_page(seen, now, tier, offset, limit)}).encode()
         m.cache[key] = body
     return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-store"})
 

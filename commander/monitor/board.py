@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from commander.decide import Plan
-from commander.evaluator import Evaluator
+from commander.evaluator import Evaluator, Row
 from commander.snapshot import TierSnapshot, WorkerView
-from protocol.models import OccupancyReport, WorkerInfo
+from protocol.models import WorkerInfo
 from protocol.policy import Policy
 
 SAMPLE_EVERY_S = 5.0  # one point of the tier chart every this many seconds
@@ -59,11 +59,11 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """The last pass: its tiers, each worker's window of reports, and the registry it read."""
+    """The last pass: its tiers, each worker's window of rows, and the registry it read."""
 
     ts: float
     tiers: Mapping[str, TierSeen] = field(default_factory=dict)
-    windows: Mapping[str, tuple[OccupancyReport, ...]] = field(default_factory=dict)
+    windows: Mapping[str, tuple[Row, ...]] = field(default_factory=dict)
     registry: Mapping[str, tuple[WorkerInfo, bool]] = field(default_factory=dict)
     generation: int = 0  # +1 per publish: a cache key for what the monitor derives from it
 

@@ -14,20 +14,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from commander.evaluator import (
-    memory_limit_bytes,
-    occupancy_of,
-    rates_of,
-    row_cpu,
-    row_memory,
-    row_slots,
-)
+from commander.evaluator import Row, memory_limit_bytes, occupancy_of_rows, rates_of_rows, row_memory
 from commander.monitor.board import Sample, Seen, TierSeen
 from commander.snapshot import WorkerView
 from protocol.deferral import validate_queue
 from protocol.groups import Group, pool_name, split_pool, validate_pool
 from protocol.ids import validate_tier, validate_user_id
-from protocol.models import LedgerEvent, OccupancyReport, WorkerInfo
+from protocol.models import LedgerEvent, WorkerInfo
 from protocol.policy import Policy
 from stores.ledger import CorruptEvent, Entry, event_json
 
@@ -130,37 +123,16 @@ def leader_json(holder: str | None, commanders: Sequence[Mapping[str, Any]]) -> 
 
 
 # --- workers ----------------------------------------------------------------------------
-def row_percent(report: OccupancyReport, limit: float | None) -> int:
-    """One report's own occupancy (the max of its components, not averaged), in percent."""
-    parts = (row_cpu(report), row_memory(report, limit), row_slots(report))
+def row_percent(row: Row, limit: float | None) -> int:
+    """One row's own occupancy (the max of its components at its instant, not averaged), in percent."""
+    parts = (row.cpu, row_memory(row, limit), row.instant)
     return round(max((p for p in parts if p is not None), default=0.0) * 100)
 
 
-class RowMemo:
-    """Each report's ``row_percent``, computed once: a worker's window moves by a row or two
-    between two refreshes, so a refresh computes the new rows only. Keyed by (worker, the
-    report's ``ts``, the limit): a worker's reports have increasing times (the evaluator keeps
-    only newer ones). Holds no report; cleared whole past ``cap`` entries."""
-
-    def __init__(self, cap: int = 100_000) -> None:
-        self.cap = cap
-        self._values: dict[tuple[str, float, float | None], int] = {}
-
-    def percent(self, report: OccupancyReport, limit: float | None) -> int:
-        key = (report.worker, report.ts, limit)
-        value = self._values.get(key)
-        if value is None:
-            if len(self._values) >= self.cap:
-                self._values.clear()
-            value = self._values[key] = row_percent(report, limit)
-        return value
-
-
-def _report_json(window: Sequence[OccupancyReport], limit: float | None, now: float,
-                 memo: RowMemo | None = None) -> dict[str, Any]:
+def _window_json(window: Sequence[Row], limit: float | None, now: float) -> dict[str, Any]:
     latest = window[-1]
-    occ = occupancy_of(window, limit)
-    rates = rates_of(window)
+    occ = occupancy_of_rows(window, limit)
+    rates = rates_of_rows(window)
     per_turn = None
     if rates is not None and rates.turns_per_s > 0:
         per_turn = rates.handler_busy / rates.turns_per_s
@@ -171,14 +143,13 @@ def _report_json(window: Sequence[OccupancyReport], limit: float | None, now: fl
         "errors_per_s": _r(rates.errors_per_s if rates else None),
         "handler_s_per_turn": _r(per_turn, 4),
         "report_age_s": _r(max(0.0, now - latest.ts), 1),
-        "history": [memo.percent(r, limit) if memo else row_percent(r, limit) for r in window],
+        "history": [row_percent(r, limit) for r in window],
         "history_span_s": _r(latest.ts - window[0].ts, 1),
     }
 
 
-def worker_json(view: WorkerView, tier: str, window: Sequence[OccupancyReport],
-                info: WorkerInfo | None, limit: float | None, now: float,
-                memo: RowMemo | None = None) -> dict[str, Any]:
+def worker_json(view: WorkerView, tier: str, window: Sequence[Row], info: WorkerInfo | None,
+                limit: float | None, now: float) -> dict[str, Any]:
     """One worker row: occupancy and its components, its history over the evaluator's
     window (occupancy in percent, one value per report), rates, age, pid/host, state."""
     row: dict[str, Any] = {
@@ -188,7 +159,7 @@ def worker_json(view: WorkerView, tier: str, window: Sequence[OccupancyReport],
         "pid": info.pid if info else None, "host": info.host if info else None,
     }
     if window:
-        row.update(_report_json(window, limit, now, memo))
+        row.update(_window_json(window, limit, now))
     else:
         row["history"] = []
     return row
@@ -220,8 +191,8 @@ def worker_order(seen: Seen, tier: str | None = None) -> list[tuple[TierSeen, Wo
             for view in sorted(t.snapshot.workers, key=lambda v: v.id)]
 
 
-def workers_page(seen: Seen, now: float, tier: str | None = None, offset: int = 0, limit: int = WORKERS_PAGE,
-                 memo: RowMemo | None = None) -> dict[str, Any]:
+def workers_page(seen: Seen, now: float, tier: str | None = None, offset: int = 0,
+                 limit: int = WORKERS_PAGE) -> dict[str, Any]:
     """One page of the worker list (``worker_order``): ``limit`` rows from ``offset``, with the
     selection's ``total`` and ``next_offset`` (None on the last page). Only the page's rows are
     built, so its cost and size do not grow with the fleet."""
@@ -230,7 +201,7 @@ def workers_page(seen: Seen, now: float, tier: str | None = None, offset: int = 
     for t, view in order[offset:offset + limit]:
         limit_bytes = memory_limit_bytes(t.policy.scale_rules())
         info = seen.registry.get(view.id, (None, False))[0]
-        rows.append(worker_json(view, t.tier, seen.windows.get(view.id, ()), info, limit_bytes, now, memo))
+        rows.append(worker_json(view, t.tier, seen.windows.get(view.id, ()), info, limit_bytes, now))
     after = offset + limit
     return {"tier": tier, "offset": offset, "limit": limit, "total": len(order),
             "next_offset": after if after < len(order) else None, "workers": rows}

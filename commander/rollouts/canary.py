@@ -1,9 +1,9 @@
 """The rollout guard, pure: the canary's error rate and latency over a window against the other
 groups', and the verdict that aborts it (``RolloutGuard`` in the policy).
 
-The counts come from the workers' reports (their cumulative ``counters``): per worker, the
-difference between its newest report and its oldest one inside the window (a worker that
-restarted counts from its first report there).
+The counts come from the workers' reports (their cumulative ``counters``, as the evaluator's
+rows keep them): per worker, the difference between its newest row and its oldest one inside
+the window (a worker that restarted counts from its first report there).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from commander.evaluator import Row
 from protocol.groups import RolloutGuard
-from protocol.models import OccupancyReport
 
 
 @dataclass(frozen=True)
@@ -41,19 +41,19 @@ class GroupWindow:
                            self.handler_s + other.handler_s)
 
 
-def worker_window(rows: Sequence[OccupancyReport], now: float, window_s: float) -> GroupWindow:
-    """One worker's counts over the last ``window_s`` (its reports oldest first)."""
+def worker_window(rows: Sequence[Row], now: float, window_s: float) -> GroupWindow:
+    """One worker's counts over the last ``window_s`` (its rows oldest first)."""
     inside = [r for r in rows if now - window_s <= r.ts <= now]
     if len(inside) < 2:
         return GroupWindow()
-    first, last = inside[0].counters, inside[-1].counters
+    first, last = inside[0], inside[-1]
     if last.turns < first.turns:  # counters went back: not the same process
         return GroupWindow()
     return GroupWindow(float(last.turns - first.turns), float(last.errors - first.errors),
                        max(0.0, last.handler_seconds - first.handler_seconds))
 
 
-def pool_window(workers: Iterable[Sequence[OccupancyReport]], now: float, window_s: float) -> GroupWindow:
+def pool_window(workers: Iterable[Sequence[Row]], now: float, window_s: float) -> GroupWindow:
     """The sum of :func:`worker_window` over a pool's workers."""
     total = GroupWindow()
     for rows in workers:

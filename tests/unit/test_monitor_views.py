@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from commander.decide import Plan
-from commander.evaluator import Evaluator
+from commander.evaluator import Evaluator, rows_of
 from commander.monitor import views
 from commander.monitor.access import Access, cookie_value, grant, is_loopback, refusal
 from commander.monitor.board import Board, Sample, TierSeen
@@ -120,7 +120,7 @@ def test_leader_json(holder: str | None, want: dict[str, Any]) -> None:
 
 # --- workers ----------------------------------------------------------------------------
 def test_worker_json_with_a_window_has_components_rates_and_history() -> None:
-    window = [report("w", NOW - 3 + i, busy=i, turns=10 * i, handler_s=0.5 * i) for i in range(4)]
+    window = rows_of([report("w", NOW - 3 + i, busy=i, turns=10 * i, handler_s=0.5 * i) for i in range(4)])
     info = WorkerInfo(worker="w", tier="chat", pid=42, host="h1", started=NOW - 100)
     view = WorkerView("w", occupancy=0.5, busy=3, total=4, started=NOW - 100, is_reception=True)
     got = views.worker_json(view, "chat", window, info, None, NOW)
@@ -134,7 +134,7 @@ def test_worker_json_with_a_window_has_components_rates_and_history() -> None:
 @pytest.mark.parametrize(("limit", "rss", "want_memory"), [(None, 100, None), (1000.0, 500, 0.5)])
 def test_worker_memory_is_a_component_only_with_a_limit(limit: float | None, rss: int,
                                                        want_memory: float | None) -> None:
-    got = views.worker_json(WorkerView("w"), "chat", [report("w", NOW, rss=rss)], None, limit, NOW)
+    got = views.worker_json(WorkerView("w"), "chat", rows_of([report("w", NOW, rss=rss)]), None, limit, NOW)
     assert got["memory"] == want_memory and got["pid"] is None
 
 

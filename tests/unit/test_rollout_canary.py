@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from commander.evaluator import rows_of
 from commander.rollouts.canary import GroupWindow, judge_canary, pool_window, worker_window
 from protocol.groups import RolloutGuard, assign, rollout_weights
 from protocol.models import Counters, OccupancyReport, Slots
@@ -117,9 +118,10 @@ def report(ts: float, turns: int, errors: int, handler_s: float) -> OccupancyRep
 
 
 def test_the_window_counts_the_counter_deltas_inside_it() -> None:
-    rows = [report(0, 0, 0, 0), report(50, 10, 1, 1.0), report(100, 30, 2, 3.0), report(150, 60, 5, 6.0)]
+    rows = rows_of([report(0, 0, 0, 0), report(50, 10, 1, 1.0), report(100, 30, 2, 3.0),
+                    report(150, 60, 5, 6.0)])
     assert worker_window(rows, now=150, window_s=100) == GroupWindow(50, 4, 5.0)
     assert worker_window(rows, now=150, window_s=10) == GroupWindow()  # one row: no delta
-    restarted = [report(100, 30, 2, 3.0), report(150, 5, 0, 0.5)]
+    restarted = rows_of([report(100, 30, 2, 3.0), report(150, 5, 0, 0.5)])
     assert worker_window(restarted, now=150, window_s=100) == GroupWindow()
     assert pool_window([rows, rows], now=150, window_s=100) == GroupWindow(100, 8, 10.0)
