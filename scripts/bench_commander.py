@@ -5,8 +5,8 @@ heartbeats over ``--tiers`` tiers, each with its policy, and one occupancy repor
 between two passes, as a fleet reporting every second makes), served by a leading commander
 whose runtime runs none of them; each of ``--passes`` passes (after warm-up ones) is timed in
 the commander's CPU (its thread's), with the Redis commands it sent and the commander's
-resident memory after them. decide(): one full pass of the pure decision over a synthetic fleet,
-median and p95 (scripts/bench_decide.py). Ingest: the workers' reports written, then read by the
+resident memory after them, its evaluator's windows full (a minute of rows for every worker).
+decide(): one full pass of the pure decision over a synthetic fleet, median and p95 (scripts/bench_decide.py). Ingest: the workers' reports written, then read by the
 commander's Observer into its Evaluator; reports per second end to end (XREAD + decode + window).
 """
 
@@ -19,10 +19,11 @@ from pathlib import Path
 import psutil
 import redis
 from bench_decide import bench as bench_decide
-from bench_monitor import Elsewhere, populate, write_reports
+from bench_monitor import Elsewhere, populate, reports, write_reports
 from benchlib import MachineWatch, OneLineParser, emit, percentile, redis_server
 
 from commander.commander import Commander, tune_gc
+from commander.evaluator import WINDOW_ROWS
 from commander.observe import Observer
 from commander.settings import CommanderSettings
 from protocol import keys
@@ -81,6 +82,11 @@ def whole_pass(url: str, workers: int, tiers: int, passes: int) -> dict[str, obj
     tune_gc()  # as `fleet commander` does
     cmd = Commander(r, Elsewhere(), settings)
     assert cmd.campaign()
+    # the windows full, as a commander keeps them after a minute: the earlier reports are fed
+    # to its evaluator in process (reading them through Redis would take minutes)
+    start = time.time() - WINDOW_ROWS
+    for rep in reports(names, workers, start, rows=WINDOW_ROWS - 1):
+        cmd.observer.evaluator.add(rep)
     cpu, sent = [], []
     for i in range(passes + 2):  # two warm-up passes: the first reads the registry and policies cold
         # a second of reports, one per worker, each with its turn counts grown by ten turns

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,22 +137,28 @@ def turn_stats(turns: int) -> TurnStats:
                      queue_wait=histogram(0.002), handler=histogram(0.4), latency=histogram(0.41))
 
 
-def write_reports(r: redis.Redis, names: list[str], workers: int, now: float, rows: int = 60,
-                  turns: int | None = None) -> None:
+def reports(names: list[str], workers: int, now: float, rows: int = 60,
+            turns: int | None = None) -> Iterator[OccupancyReport]:
     """``rows`` occupancy reports per worker, one a second up to ``now`` (60: a full window);
     with ``turns``, each carries its worker's turn counts, about ``turns`` and growing."""
     tiers = len(names)
-    pipe = r.pipeline(transaction=False)
     for w in range(workers):
         tier, wid = names[w % tiers], f"{names[w % tiers]}-w{w:04d}"
         for k in range(rows):
             stats = turn_stats(turns + 10 * k + w % 7) if turns is not None else TurnStats()
-            rep = OccupancyReport(worker=wid, tier=tier, ts=now - rows + k + 1, state="ready", users=5,
+            yield OccupancyReport(worker=wid, tier=tier, ts=now - rows + k + 1, state="ready", users=5,
                                   active_users=2, slots=Slots(busy=(w + k) % 9, total=8), cpu=0.3,
                                   rss=50_000_000, counters=Counters(turns=k * 10, handler_seconds=k * 1.5),
                                   load=(0.5, 0.5, 0.5), turn_stats=stats)
-            pipe.xadd(keys.REPORTS, {"m": encode(rep)})
-        if w % 20 == 0:
+
+
+def write_reports(r: redis.Redis, names: list[str], workers: int, now: float, rows: int = 60,
+                  turns: int | None = None) -> None:
+    """:func:`reports`, written to the reports' stream."""
+    pipe = r.pipeline(transaction=False)
+    for i, rep in enumerate(reports(names, workers, now, rows, turns)):
+        pipe.xadd(keys.REPORTS, {"m": encode(rep)})
+        if i % (20 * rows) == 0:
             pipe.execute()
     pipe.execute()
 
