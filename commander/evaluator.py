@@ -16,7 +16,6 @@ Pure: no clock, no I/O. Time comes in only through ``report.ts`` or a ``now`` ar
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -195,9 +194,15 @@ class Evaluator:
 
     def __init__(self, window: int = WINDOW_ROWS) -> None:
         self._window = window
-        self._rows: dict[str, deque[Row]] = {}
+        # worker -> its rows, oldest first: a tuple replaced on each add, so that a window can be
+        # handed out (to the monitor's thread) without a copy
+        self._rows: dict[str, tuple[Row, ...]] = {}
         self._latest: dict[str, OccupancyReport] = {}  # worker -> its newest report
         self._ready_at: dict[str, float] = {}  # worker -> ts of its first report as ready
+        # what was last read of a worker's rows, until its next row: a pass asks every worker's
+        # occupancy and rates, and most of them reported nothing new since the last pass
+        self._occupancy: dict[str, tuple[float | None, Occupancy]] = {}  # worker -> (limit, value)
+        self._rates: dict[str, tuple[float, Rates | None]] = {}  # worker -> (span, value)
 
     def add(self, report: OccupancyReport) -> bool:
         """Keep a report's row (and the report, until a newer one); False (ignored) when it is
@@ -205,13 +210,16 @@ class Evaluator:
 
         Reading the same stream entries twice (a commander restart) is therefore harmless.
         """
-        rows = self._rows.get(report.worker)
-        if rows is None:
-            rows = self._rows[report.worker] = deque(maxlen=self._window)
-        elif rows and report.ts <= rows[-1].ts:
+        worker = report.worker
+        rows = self._rows.get(worker, ())
+        if rows and report.ts <= rows[-1].ts:
             return False
-        rows.append(derive(report, rows[-1] if rows else None))
-        self._latest[report.worker] = report
+        over = len(rows) + 1 - self._window  # rows to drop to make room
+        row = derive(report, rows[-1] if rows else None)
+        self._rows[worker] = (*(rows[over:] if over > 0 else rows), row)
+        self._latest[worker] = report
+        self._occupancy.pop(worker, None)
+        self._rates.pop(worker, None)
         if report.state == "ready" and report.cpu is None:
             # a worker's very first report (its sensor has no cpu to give yet): the end of its
             # start; a later one (a commander that restarted and reads a window) says nothing
@@ -220,9 +228,8 @@ class Evaluator:
 
     def forget(self, worker: str) -> None:
         """Drop a worker's window (it exited or was declared dead)."""
-        self._rows.pop(worker, None)
-        self._latest.pop(worker, None)
-        self._ready_at.pop(worker, None)
+        for kept in (self._rows, self._latest, self._ready_at, self._occupancy, self._rates):
+            kept.pop(worker, None)
 
     def forget_absent(self, present: Collection[str], now: float,
                       after_s: float = FORGET_ABSENT_S) -> list[str]:
@@ -259,12 +266,24 @@ class Evaluator:
 
     def occupancy(self, worker: str, memory_limit_bytes: float | None = None) -> Occupancy:
         """The worker's occupancy; 0 with no rows."""
-        return occupancy_of_rows(self._rows.get(worker, ()), memory_limit_bytes)
+        kept = self._occupancy.get(worker)
+        if kept is not None and kept[0] == memory_limit_bytes:
+            return kept[1]
+        occupancy = occupancy_of_rows(self._rows.get(worker, ()), memory_limit_bytes)
+        if worker in self._rows:
+            self._occupancy[worker] = (memory_limit_bytes, occupancy)
+        return occupancy
 
     def rates(self, worker: str, span_s: float = RATE_SPAN_S) -> Rates | None:
         """Turn, error and handler-time rates from counter deltas; None with too few rows."""
-        return rates_of_rows(self._rows.get(worker, ()), span_s)
+        kept = self._rates.get(worker)
+        if kept is not None and kept[0] == span_s:
+            return kept[1]
+        rates = rates_of_rows(self._rows.get(worker, ()), span_s)
+        if worker in self._rows:
+            self._rates[worker] = (span_s, rates)
+        return rates
 
     def window(self, worker: str) -> tuple[Row, ...]:
-        """The worker's window of rows (oldest first), as an immutable copy."""
-        return tuple(self._rows.get(worker, ()))
+        """The worker's window of rows (oldest first)."""
+        return self._rows.get(worker, ())

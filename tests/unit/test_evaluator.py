@@ -171,7 +171,8 @@ def test_workers_absent_from_the_registry_and_the_runtime_are_forgotten_after_a_
 def test_the_evaluators_kept_rows_read_as_its_reports_do() -> None:
     """Occupancy and rates from the rows derived as each report is kept equal those computed
     afresh from the worker's window of reports: past the window's length (the oldest rows
-    dropped), over counter resets, with and without a memory limit, at every step."""
+    dropped), over counter resets, with and without a memory limit, at every step, whether read
+    for the first time since the newest row or again."""
     import random
 
     rnd = random.Random(5)
@@ -186,10 +187,11 @@ def test_the_evaluators_kept_rows_read_as_its_reports_do() -> None:
                            busy=rnd.randrange(0, 9), turns=turns, handler_s=handler))
         ev.add(kept[-1])
         window = kept[-WINDOW_ROWS:]
-        for limit in (None, 512.0 * MB):
+        for limit in (None, 512.0 * MB, 512.0 * MB, None):  # (each asked twice: once as kept)
             assert ev.occupancy("w1", limit) == pytest.approx(occupancy_of(window, limit)), step
-        for span in (5.0, 60.0):
+        for span in (5.0, 60.0, 60.0, 5.0):
             assert ev.rates("w1", span) == rates_of(window, span), (step, span)
+        assert ev.window("w1") == tuple(ev.window("w1")) and len(ev.window("w1")) == len(window)
 
 
 def test_a_worker_costs_its_newest_report_and_a_few_hundred_bytes_a_row() -> None:
