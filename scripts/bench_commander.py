@@ -1,13 +1,16 @@
 """Commander scale: a whole pass over a large fleet, decide() alone, and the report-ingest rate.
 
 Pass: a simulated fleet on a private redis-server (``--workers`` registry entries with their
-heartbeats over ``--tiers`` tiers, each with its policy, and one occupancy report per worker
-between two passes, as a fleet reporting every second makes), served by a leading commander
-whose runtime runs none of them; each of ``--passes`` passes (after warm-up ones) is timed in
-the commander's CPU (its thread's), with the Redis commands it sent and the commander's
-resident memory after them, its evaluator's windows full (a minute of rows for every worker).
-decide(): one full pass of the pure decision over a synthetic fleet, median and p95 (scripts/bench_decide.py). Ingest: the workers' reports written, then read by the
-commander's Observer into its Evaluator; reports per second end to end (XREAD + decode + window).
+heartbeats over ``--tiers`` tiers, each with its policy, and between two passes the occupancy
+reports of one worker in ``--report-every``: by default the workers report every 5 s and the
+commander passes every 0.5 s, as their defaults have it; 1 is a report of every worker every
+pass), served by a leading commander whose runtime runs none of them; each of ``--passes``
+passes (after warm-up ones) is timed in the commander's CPU (its thread's), with the Redis
+commands it sent and the commander's resident memory after them, its evaluator's windows full
+(a minute of rows for every worker). decide(): one full pass of the pure decision over a
+synthetic fleet, median and p95 (scripts/bench_decide.py). Ingest: the workers' reports
+written, then read by the commander's Observer into its Evaluator; reports per second end to
+end (XREAD + decode + window).
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import Counters, OccupancyReport, Slots
+from protocol.policy import TurnsPolicy
+
+# passes between two reports of a worker, by default: its report interval over the commander's
+REPORT_EVERY = round(TurnsPolicy().scale_rules().scaling.report_interval_s
+                     / CommanderSettings.model_fields["interval_s"].default)
 
 
 def parse_args(argv: list[str] | None = None):
@@ -37,13 +45,18 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--tiers", type=int, default=20)
     p.add_argument("--rounds", type=int, default=20, help="reports per worker in the ingest test")
     p.add_argument("--passes", type=int, default=10, help="whole commander passes timed")
+    p.add_argument("--report-every", type=int, default=REPORT_EVERY,
+                   help="passes between two reports of a worker: a pass reads the reports of a "
+                        "tenth of the workers by default (a report every 5 s, the policy's "
+                        "default, and a pass every 0.5 s, the commander's); 1: every worker's, "
+                        "every pass")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.passes = 3, 3
-    if min(args.workers, args.tiers, args.rounds, args.passes) < 1:
-        p.error("--workers, --tiers, --rounds and --passes must be positive")
+    if min(args.workers, args.tiers, args.rounds, args.passes, args.report_every) < 1:
+        p.error("--workers, --tiers, --rounds, --passes and --report-every must be positive")
     return args
 
 
@@ -71,9 +84,9 @@ def commands(r: redis.Redis) -> int:
     return int(r.info("stats")["total_commands_processed"])
 
 
-def whole_pass(url: str, workers: int, tiers: int, passes: int) -> dict[str, object]:
-    """A leading commander's passes over the simulated fleet: CPU ms per pass (its thread's),
-    Redis commands per pass, its memory."""
+def whole_pass(url: str, workers: int, tiers: int, passes: int, every: int) -> dict[str, object]:
+    """A leading commander's passes over the simulated fleet, each after the reports of one
+    worker in ``every``: CPU ms per pass (its thread's), Redis commands per pass, its memory."""
     r = redis.Redis.from_url(url)
     r.flushall()
     names = populate(r, workers, tiers, time.time())
@@ -89,8 +102,9 @@ def whole_pass(url: str, workers: int, tiers: int, passes: int) -> dict[str, obj
         cmd.observer.evaluator.add(rep)
     cpu, sent = [], []
     for i in range(passes + 2):  # two warm-up passes: the first reads the registry and policies cold
-        # a second of reports, one per worker, each with its turn counts grown by ten turns
-        write_reports(r, names, workers, time.time(), rows=1, turns=1000 + 10 * i)
+        # a report of every ``every``-th worker, each with its turn counts grown by ten turns
+        write_reports(r, names, workers, time.time(), rows=1, turns=1000 + 10 * i,
+                      every=every, phase=i % every)
         before, start = commands(r), time.thread_time()
         cmd.pass_once(time.time())
         elapsed = time.thread_time() - start
@@ -103,6 +117,7 @@ def whole_pass(url: str, workers: int, tiers: int, passes: int) -> dict[str, obj
     judged = len(seen.tiers) if seen is not None else 0
     r.close()
     return {"workers": workers, "tiers": tiers, "tiers_judged": judged, "passes": passes,
+            "reports_per_pass": len(range(0, workers, every)), "report_every_passes": every,
             "cpu_ms_per_pass": {"median": round(percentile(cpu, 50), 1), "p95": round(percentile(cpu, 95), 1),
                                 "max": round(max(cpu), 1)},
             "redis_commands_per_pass": round(sum(sent) / len(sent), 1),
@@ -114,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     watch = MachineWatch()  # (is the machine quiet? the verdict is in the output)
     dec = bench_decide(workers=args.workers, tiers=args.tiers, repeats=5 if args.quick else 20)
     with redis_server() as url:
-        whole = whole_pass(url, args.workers, args.tiers, args.passes)
+        whole = whole_pass(url, args.workers, args.tiers, args.passes, args.report_every)
         ing = ingest(url, args.workers, args.tiers, args.rounds)
     out = {"pass": whole, "decide": dec, "ingest": ing}
     print(f"a whole pass: {whole['cpu_ms_per_pass']['median']} ms of commander CPU median "  # type: ignore[index]
           f"({whole['cpu_ms_per_pass']['p95']} ms p95), {whole['redis_commands_per_pass']} Redis commands, "  # type: ignore[index]
-          f"commander RSS {whole['commander_rss_mb']} MB, over {args.workers} workers x {args.tiers} tiers")
+          f"commander RSS {whole['commander_rss_mb']} MB, over {args.workers} workers x {args.tiers} tiers, "
+          f"{whole['reports_per_pass']} reports a pass")
     print(f"decide(): {dec['median_ms']} ms median, {dec['p95_ms']} ms p95 per pass over "
           f"{args.workers} workers x {args.tiers} tiers")
     print(f"report ingest: {ing['reports_per_s']:,} reports/s "

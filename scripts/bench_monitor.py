@@ -137,12 +137,13 @@ def turn_stats(turns: int) -> TurnStats:
                      queue_wait=histogram(0.002), handler=histogram(0.4), latency=histogram(0.41))
 
 
-def reports(names: list[str], workers: int, now: float, rows: int = 60,
-            turns: int | None = None) -> Iterator[OccupancyReport]:
+def reports(names: list[str], workers: int, now: float, rows: int = 60, turns: int | None = None,
+            every: int = 1, phase: int = 0) -> Iterator[OccupancyReport]:
     """``rows`` occupancy reports per worker, one a second up to ``now`` (60: a full window);
-    with ``turns``, each carries its worker's turn counts, about ``turns`` and growing."""
+    with ``turns``, each carries its worker's turn counts, about ``turns`` and growing. Only
+    the workers ``w`` with ``w % every == phase`` (by default all)."""
     tiers = len(names)
-    for w in range(workers):
+    for w in range(phase, workers, every):
         tier, wid = names[w % tiers], f"{names[w % tiers]}-w{w:04d}"
         for k in range(rows):
             stats = turn_stats(turns + 10 * k + w % 7) if turns is not None else TurnStats()
@@ -153,10 +154,10 @@ def reports(names: list[str], workers: int, now: float, rows: int = 60,
 
 
 def write_reports(r: redis.Redis, names: list[str], workers: int, now: float, rows: int = 60,
-                  turns: int | None = None) -> None:
+                  turns: int | None = None, every: int = 1, phase: int = 0) -> None:
     """:func:`reports`, written to the reports' stream."""
     pipe = r.pipeline(transaction=False)
-    for i, rep in enumerate(reports(names, workers, now, rows, turns)):
+    for i, rep in enumerate(reports(names, workers, now, rows, turns, every, phase)):
         pipe.xadd(keys.REPORTS, {"m": encode(rep)})
         if i % (20 * rows) == 0:
             pipe.execute()

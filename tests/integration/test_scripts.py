@@ -35,6 +35,7 @@ def test_bench_commander_times_a_whole_pass(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     whole = json.loads(out.read_text())["pass"]
     assert whole["tiers_judged"] == 4 and whole["passes"] == 3, whole
+    assert (whole["reports_per_pass"], whole["report_every_passes"]) == (20, 10), whole  # a tenth a pass
     assert whole["cpu_ms_per_pass"]["median"] > 0 and whole["redis_commands_per_pass"] > 0
     assert whole["commander_rss_mb"] > 0 and "a whole pass:" in run.stdout
 
