@@ -196,7 +196,8 @@ class TurnStats(_Model):
     queue_wait: TurnHistogram = TurnHistogram()
     handler: TurnHistogram = TurnHistogram()
     latency: TurnHistogram = TurnHistogram()
-    redis_errors: dict[RedisErrorKind, NonNegativeInt] = {}
+    # (a factory: a plain ``{}`` default is deep-copied by pydantic on every report without one)
+    redis_errors: dict[RedisErrorKind, NonNegativeInt] = Field(default_factory=dict)
 
     @model_serializer(mode="wrap")
     def _without_zeros(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -204,7 +205,8 @@ class TurnStats(_Model):
         they are the defaults, so they decode the same."""
         body: dict[str, Any] = handler(self)
         fields = type(self).model_fields
-        return {k: v for k, v in body.items() if getattr(self, k) != fields[k].default}
+        return {k: v for k, v in body.items()
+                if getattr(self, k) != fields[k].get_default(call_default_factory=True)}
 
 
 TURN_RESULTS = ("ok", "error", "dup", "stale", "expired", "cancelled")  # the result fields of TurnStats
@@ -226,7 +228,7 @@ class OccupancyReport(_Model):
     rss: NonNegativeInt
     counters: Counters
     load: tuple[float, float, float]
-    turn_stats: TurnStats = TurnStats()  # absent from older workers' reports
+    turn_stats: TurnStats = Field(default_factory=TurnStats)  # absent from older workers' reports
     # a handler's scale-in protection (TurnContext.protect): not to be retired before this time
     protected_until: float | None = None
 
