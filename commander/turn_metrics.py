@@ -104,12 +104,9 @@ def combine(a: TurnStats, b: TurnStats, sign: int = 1) -> TurnStats:
 def _step(last: tuple[Vector, Errors] | None, new: Vector, new_errors: Errors) -> tuple[Vector, Errors]:
     """What a worker's newest counts add to its tier's total since ``last`` (None: first seen):
     the whole count when first seen or counting afresh, else the increase."""
-    if last is None:
+    if last is None or _went_down(*last, new, new_errors):
         return new, new_errors
-    step = tuple(map(operator.sub, new, last[0]))
-    if min(step) < 0 or any(new_errors.get(k, 0) < n for k, n in last[1].items()):
-        return new, new_errors
-    return step, _errors(new_errors, last[1], -1)
+    return tuple(map(operator.sub, new, last[0])), _errors(new_errors, last[1], -1)
 
 
 def delta(last: TurnStats | None, new: TurnStats) -> TurnStats:

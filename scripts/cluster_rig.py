@@ -375,10 +375,14 @@ def start_single(workdir: Path, admin_password: str | None = None) -> RedisClust
     workdir.mkdir(parents=True, exist_ok=True)
     port = cluster_port(set())
     node = ClusterNode(port=port, workdir=workdir, admin_password=admin_password, cluster=False)
-    rig = RedisClusterRig(nodes=[node])
-    began = time.monotonic()
+    return _started(RedisClusterRig(nodes=[node]), node.start, time.monotonic())
+
+
+def _started(rig: RedisClusterRig, start: Callable[[], None], began: float) -> RedisClusterRig:
+    """``rig`` once ``start`` brought its nodes up and Fleet's library is installed (since
+    ``began``); stopped if either failed."""
     try:
-        node.start()
+        start()
         install_library(rig)
     except BaseException:
         rig.stop()
@@ -413,7 +417,8 @@ def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
         nodes.append(ClusterNode(port=port, workdir=node_dir, node_timeout_ms=node_timeout_ms, tls=tls,
                                  aclfile=aclfile, admin_password=admin_password))
     rig = RedisClusterRig(nodes=nodes, passwords=dict(passwords or {}))
-    try:
+
+    def start() -> None:
         for node in nodes:
             node.start()
         if masters >= 3:
@@ -435,9 +440,4 @@ def start_cluster(workdir: Path, masters: int = 3, replicas_per_master: int = 1,
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not reach cluster_state:ok")
             time.sleep(0.05)
-        install_library(rig)
-    except BaseException:
-        rig.stop()
-        raise
-    rig.started_in_s = time.monotonic() - began
-    return rig
+    return _started(rig, start, began)
