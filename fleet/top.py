@@ -49,8 +49,9 @@ CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
 LEGEND = ["  USERS: users served in the last minute / since the previous report",
           "  AGE: since the worker started (as in status); LAST: since its last report"]
 DESCRIPTION = ("A live view of tiers, workers, occupancy, the leader and the last ledger events. "
-               "Each frame fits the terminal's width (columns are narrowed, then RSS, CPU, LAST and "
-               "TIER dropped); into a pipe it is printed whole. Worker columns: USERS = users served "
+               "Each frame fits the terminal: its width (columns are narrowed, then RSS, CPU, LAST and "
+               "TIER dropped) and its height (a fleet too large for it shows its busiest workers and "
+               "how many more there are); into a pipe it is printed whole. Worker columns: USERS = users served "
                "in the last minute / since the previous report; AGE = time since the worker started "
                "(as in `fleet status`); LAST = time since its last occupancy report. "
                "q (in a terminal) or Ctrl-C quits.")
@@ -266,7 +267,16 @@ def _worker_layout(frame: Frame, width: int | None) -> tuple[dict[str, int], int
     return widths, bar_width
 
 
-def _worker_lines(frame: Frame, width: int | None = None) -> list[str]:
+def busiest(workers: list[WorkerRow], n: int) -> list[WorkerRow]:
+    """The ``n`` busiest workers, busiest first (those without a report last, then by tier and id)."""
+    def key(w: WorkerRow) -> tuple[float, str, str]:
+        return (-w.occupancy.value if w.report_age_s is not None else 1.0, w.tier, w.worker)
+    return sorted(workers, key=key)[:max(0, n)]
+
+
+def _worker_lines(frame: Frame, width: int | None = None, rows_left: int | None = None) -> list[str]:
+    """The worker table; with ``rows_left`` (the lines it may take), cut to the busiest that fit
+    and a line that says how many more there are."""
     widths, bar_width = _worker_layout(frame, width)
 
     def line(cells: dict[str, str]) -> str:
@@ -276,10 +286,15 @@ def _worker_lines(frame: Frame, width: int | None = None) -> list[str]:
             out += f"{text:>{size}}" if name in _RIGHT else f"{text:<{size}}"
         return out.rstrip()
 
-    rows = [line(_worker_cells(w, bar_width)) for w in frame.workers]
-    if not rows:
-        return [line({name: name for name in widths}), "  (no workers registered)"]
-    return [line({name: name for name in widths}), *rows, *LEGEND]
+    header = line({name: name for name in widths})
+    if not frame.workers:
+        return [header, "  (no workers registered)"]
+    shown, more = frame.workers, []
+    if rows_left is not None and 1 + len(shown) + len(LEGEND) > rows_left:
+        shown = busiest(frame.workers, rows_left - 2 - len(LEGEND))
+        more = [f"  ... {len(frame.workers) - len(shown):,} more of {len(frame.workers):,} workers, "
+                f"busiest shown first (--tier to narrow, `fleet status --page` to list them all)"]
+    return [header, *(line(_worker_cells(w, bar_width)) for w in shown), *more, *LEGEND]
 
 
 def _event_lines(frame: Frame, brief: bool) -> list[str]:
@@ -291,22 +306,25 @@ def _event_lines(frame: Frame, brief: bool) -> list[str]:
     return lines
 
 
-def render(frame: Frame, width: int | None = None) -> str:
-    """The frame as text (no terminal codes); every line fits ``width`` if given (cut with ``…``)."""
+def render(frame: Frame, width: int | None = None, height: int | None = None) -> str:
+    """The frame as text (no terminal codes); every line fits ``width`` if given (cut with ``…``),
+    and with ``height`` the worker table shows only the busiest workers that fit in it."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(frame.ts))
-    lines = [f"fleet top  {stamp}   commanders: {len(frame.commanders)}", _leader_line(frame)]
-    lines += _commander_lines(frame)
-    lines += ["", *_tier_lines(frame), "", *_worker_lines(frame, width)]
-    if frame.corrupt_reports:
-        lines.append(f"  ({frame.corrupt_reports} corrupt report(s) skipped)")
-    lines += rq_lines(frame.rq)
-    lines += ["", *_event_lines(frame, brief=width is not None)]
+    top = [f"fleet top  {stamp}   commanders: {len(frame.commanders)}", _leader_line(frame),
+           *_commander_lines(frame), "", *_tier_lines(frame), ""]
+    bottom = [f"  ({frame.corrupt_reports} corrupt report(s) skipped)"] if frame.corrupt_reports else []
+    bottom += [*rq_lines(frame.rq), "", *_event_lines(frame, brief=width is not None)]
+    # (a terminal of h lines shows h - 1 and the cursor: the table gets what the rest leaves)
+    rows_left = None if height is None else max(height - 1 - len(top) - len(bottom), 3 + len(LEGEND))
+    lines = [*top, *_worker_lines(frame, width, rows_left), *bottom]
     return "\n".join(lines if width is None else [clip(line, width) for line in lines])
 
 
-def terminal_width() -> int | None:
-    """The terminal's width (``$COLUMNS`` first), or None when stdout is not a terminal."""
-    return shutil.get_terminal_size(fallback=(0, 0)).columns or None
+def terminal_size() -> tuple[int | None, int | None]:
+    """The terminal's width and height (``$COLUMNS``, ``$LINES`` first), or None for each when
+    stdout is not a terminal."""
+    size = shutil.get_terminal_size(fallback=(0, 0))
+    return size.columns or None, size.lines or None
 
 
 # --- the command ----------------------------------------------------------------------
@@ -351,20 +369,20 @@ def run_top(r: redis.Redis, interval: float = 2.0, once: bool = False, tier: str
             handlers: Iterable[str] | None = None, out: TextIO | None = None,
             keys_from: TextIO | None = None) -> int:
     """``fleet top``: one frame with ``once``, else a frame every ``interval`` until ``q`` (on a
-    terminal) or Ctrl-C (exit 0). Each frame fits the terminal's width.
+    terminal) or Ctrl-C (exit 0). Each frame fits the terminal's width and height.
 
     With ``once`` a Redis error propagates (the CLI reports it); live, it is shown and retried.
     """
     out = out or sys.stdout
     handlers = list(handlers) if handlers is not None else None
     if once:
-        print(render(collect(r, tier, handlers), terminal_width()), file=out, flush=True)
+        print(render(collect(r, tier, handlers), *terminal_size()), file=out, flush=True)
         return 0
     try:
         with keypresses(keys_from or sys.stdin) as fd:
             while True:
                 try:
-                    text = render(collect(r, tier, handlers), terminal_width())
+                    text = render(collect(r, tier, handlers), *terminal_size())
                 except (redis.RedisError, RedisClusterException) as exc:
                     text = f"fleet top: Redis error: {exc} (retrying every {interval:g}s; q quits)"
                 out.write(CLEAR + text + "\n")
