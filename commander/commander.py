@@ -24,7 +24,7 @@ import redis
 from commander.actor import Actor
 from commander.dead_workers import DeadWorkers
 from commander.decide import decide
-from commander.decide_inputs import TierSignals, snapshot, tier_rates, worker_views
+from commander.decide_inputs import TierSignals, ViewMemo, snapshot, tier_rates, worker_views
 from commander.decide_states import DecideStates
 from commander.failover import FailoverRecovery
 from commander.hung_workers import HungWorkers
@@ -97,6 +97,7 @@ class Commander:
                                  stop_workers_on_exit=settings.stop_workers_on_exit, bad=self.bad)
         self.outages = Outages(settings.interval_s, monotonic)
         self.observer = Observer(r, errors=self.redis_errors, bad=self.bad)
+        self.views = ViewMemo()  # the worker views of the last pass, kept where nothing changed
         self.policies = TierPolicies(r, self.ledger, metrics, self.bad)
         self.states = DecideStates(r, self.bad)
         self.dead = DeadWorkers(r, settings, self.ledger, self.outages, metrics, clock, monotonic,
@@ -215,6 +216,7 @@ class Commander:
                     self.redis_errors.failed(f"tier {tier}", exc)
                 except Exception as exc:
                     self._tier_failed(tier, exc)
+            self.views.retain(tiers)
             self.weights.guard({split_pool(t)[0] for t in tiers if split_pool(t)[1]}, now)
             self.board.publish(now, registry, self.observer.evaluator)
         except Deposed:
@@ -291,7 +293,7 @@ class Commander:
             self.runtime.configure(tier, read.policy.kind)
             judged = read.policy.scale_rules()
             views = worker_views(tier, handles, registry, self.observer.evaluator, judged, now,
-                                 self.outages.trusted_since)
+                                 self.outages.trusted_since, self.views)
             snap = snapshot(tier, views, signals, tier_rates(views, self.observer.evaluator))
         started = time.perf_counter()
         plan, state = decide(snap, judged, self.states.get(tier), now)

@@ -15,9 +15,9 @@ NOW = 1_000.0
 
 
 def report(worker: str, ts: float, busy: int = 0, state: str = "ready", handler_s: float = 0.0,
-           total: int = 4) -> OccupancyReport:
+           total: int = 4, rss: int = 1) -> OccupancyReport:
     return OccupancyReport(worker=worker, tier="chat", ts=ts, state=state, users=0, active_users=0,  # type: ignore[arg-type]
-                           slots=Slots(busy=busy, total=total), cpu=0.0, rss=1,
+                           slots=Slots(busy=busy, total=total), cpu=0.0, rss=rss,
                            counters=Counters(handler_seconds=handler_s), load=(0, 0, 0))
 
 
@@ -78,3 +78,37 @@ def test_the_oldest_ready_worker_is_the_reception():
 ], ids=["between-instants", "interval-not-instant", "reset"])
 def test_slot_use_is_time_averaged_from_handler_seconds(rows, want):
     assert occupancy_of(rows, None).slots == pytest.approx(want)
+
+
+def test_views_kept_from_the_last_pass_are_those_built_afresh():
+    """A worker's view is built again only when what it is made of changed: at every step of a
+    sequence that changes one thing at a time, the kept views equal views built afresh."""
+    from commander.decide_inputs import ViewMemo
+    from protocol.policy import turns_policy as policy_of
+
+    ev, memo = Evaluator(), ViewMemo()
+    limited = policy_of(report_interval_s=1.0, memory_limit_mb=1.0).scale_rules()
+    info = WorkerInfo(worker="remote", tier="chat", pid=9, host="other", started=5.0)
+    steps = [  # (what changed, handles, registry, policy, now, trusted_since, a report added first)
+        ("first pass", [handle("a"), handle("b")], {}, POLICY, NOW, 0.0, [report("a", NOW - 0.5, busy=1)]),
+        ("nothing new", [handle("a"), handle("b")], {}, POLICY, NOW, 0.0, []),
+        ("a new report", [handle("a"), handle("b")], {}, POLICY, NOW, 0.0,
+         [report("a", NOW - 0.2, busy=3, rss=3 * 1024 * 1024)]),  # (3 MB: over the limit below)
+        ("b's first report", [handle("a"), handle("b")], {}, POLICY, NOW, 0.0, [report("b", NOW, busy=2)]),
+        ("a memory limit", [handle("a"), handle("b")], {}, limited, NOW, 0.0, []),
+        ("a drains", [handle("a", Lifecycle.DRAINING), handle("b")], {}, POLICY, NOW, 0.0, []),
+        ("time passes: stale", [handle("a"), handle("b")], {}, POLICY, NOW + 10, 0.0, []),
+        ("an outage", [handle("a"), handle("b")], {}, POLICY, NOW, NOW - 0.1, []),
+        ("a registered worker", [handle("a")], {"remote": (info, True)}, POLICY, NOW, 0.0,
+         [report("remote", NOW - 0.1, busy=1)]),
+        ("restarted later", [handle("a", started=7.0)], {"remote": (info, True)}, POLICY, NOW, 0.0, []),
+        ("forgotten", [handle("a")], {"remote": (info, True)}, POLICY, NOW, 0.0, "forget remote"),
+    ]
+    for what, handles, registry, policy, now, trusted, added in steps:
+        if added == "forget remote":
+            ev.forget("remote")
+        else:
+            for rep in added:
+                ev.add(rep)
+        kept = worker_views("chat", handles, registry, ev, policy, now, trusted, memo)
+        assert kept == worker_views("chat", handles, registry, ev, policy, now, trusted), what
