@@ -47,9 +47,9 @@ Made = tuple[tuple[object, ...], WorkerView]  # a view and what it was made of
 
 class ViewMemo:
     """Each tier's worker views of the last pass, with what each was made of: a worker whose
-    report, handle state, start, freshness and memory limit are those of the last pass keeps
-    its view (:func:`worker_views`). A commander builds a view of each of 10,000 workers every
-    pass, and with a report every 5 s and a pass every 0.5 s most have nothing new."""
+    report, state, start, freshness and memory limit are those of the last pass keeps its view
+    (:func:`worker_views`). A commander builds a view of each of 10,000 workers every pass, and
+    with a report every 5 s and a pass every 0.5 s most have nothing new."""
 
     def __init__(self) -> None:
         self._tiers: dict[str, dict[str, Made]] = {}
@@ -97,15 +97,17 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
             views.append(WorkerView(id=wid, state=_state(handle, None), fresh=False, started=started))
             continue
         fresh = now - report.ts <= stale_s and report.ts - interval_s >= trusted_since
-        # what the view is made of: the rows behind its occupancy and ready_at change only with
-        # a new report (the report itself, compared by identity)
-        parts = (report, handle.state if handle else None, started, fresh, limit)
+        state = _state(handle, report.state)
+        # what the view is made of, as plain values (a tuple the garbage collector leaves
+        # alone): the report by its time (a worker's newest report is only ever replaced by a
+        # later one), which also stands for the rows behind its occupancy and ready_at
+        parts = (report.ts, state, started, fresh, limit)
         kept = last.get(wid)
-        if kept is not None and kept[0][0] is report and kept[0][1:] == parts[1:]:
+        if kept is not None and kept[0] == parts:
             view = kept[1]
         else:
             view = WorkerView(
-                id=wid, state=_state(handle, report.state), occupancy=evaluator.occupancy(wid, limit).value,
+                id=wid, state=state, occupancy=evaluator.occupancy(wid, limit).value,
                 busy=report.slots.busy, total=report.slots.total, lanes=report.slots.busy, fresh=fresh,
                 started=started, ready_at=evaluator.ready_at(wid), turns=report.counters.turns,
                 protected_until=report.protected_until)

@@ -96,7 +96,7 @@ def test_views_kept_from_the_last_pass_are_those_built_afresh():
          [report("a", NOW - 0.2, busy=3, rss=3 * 1024 * 1024)]),  # (3 MB: over the limit below)
         ("b's first report", [handle("a"), handle("b")], {}, POLICY, NOW, 0.0, [report("b", NOW, busy=2)]),
         ("a memory limit", [handle("a"), handle("b")], {}, limited, NOW, 0.0, []),
-        ("a drains", [handle("a", Lifecycle.DRAINING), handle("b")], {}, POLICY, NOW, 0.0, []),
+        ("a drains", [handle("a", Lifecycle.DRAINING), handle("b")], {}, limited, NOW, 0.0, []),
         ("time passes: stale", [handle("a"), handle("b")], {}, POLICY, NOW + 10, 0.0, []),
         ("an outage", [handle("a"), handle("b")], {}, POLICY, NOW, NOW - 0.1, []),
         ("a registered worker", [handle("a")], {"remote": (info, True)}, POLICY, NOW, 0.0,
