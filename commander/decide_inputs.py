@@ -7,7 +7,8 @@ and ``decide`` never counts it idle nor picks it for scale-in.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from commander.evaluator import Evaluator, memory_limit_bytes
 from commander.runtime import Lifecycle, WorkerHandle
@@ -124,8 +125,12 @@ def mark_reception(views: list[WorkerView]) -> tuple[WorkerView, ...]:
     if not ready:
         return tuple(views)
     first = min(ready, key=lambda v: (v.started, v.id)).id
-    return tuple(v if v.is_reception == (v.id == first) else v._replace(is_reception=v.id == first)
+    return tuple(v if v.is_reception == (v.id == first) else replace(v, is_reception=v.id == first)
                  for v in views)
+
+
+def _fields(v: WorkerView) -> dict[str, Any]:
+    return {name: getattr(v, name) for name in WorkerView.__slots__}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +157,7 @@ def holding(views: Iterable[WorkerView], held: Mapping[str, int]) -> tuple[Worke
     lanes, whatever its last report (up to a report interval old) said, so it is not idle.
     The backlog leaves jobs in progress out; this keeps a busy worker from being reclaimed
     on a report that caught it between two turns."""
-    return tuple(v._replace(lanes=held[v.id]) if held.get(v.id, 0) > v.lanes else v
+    return tuple(WorkerView(**{**_fields(v), "lanes": held[v.id]}) if held.get(v.id, 0) > v.lanes else v
                  for v in views)
 
 

@@ -7,19 +7,17 @@ evaluator and the tier's streams, and ``decide`` trusts them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal
 
 ViewState = Literal["starting", "ready", "draining"]
 
 
-class WorkerView(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class WorkerView:
     """One worker as the judge sees it.
 
     ``fresh`` says whether a recent report backs ``occupancy``/``busy``/``lanes``: without
     one they are unknown, and unknown is never idle.
-
-    A tuple: a commander builds one for every worker every pass (10,000 of them), and a frozen
-    dataclass costs several times a tuple to build.
     """
 
     id: str

@@ -319,9 +319,9 @@ def apply(snapshot: TierSnapshot, plan: Plan, pol: ScaleRules, next_id: int = 10
     workers = []
     for w in snapshot.workers:
         if w.id in victims:
-            w = w._replace(state="draining")
+            w = dataclasses.replace(w, state="draining")
         elif w.id in room and moved:
-            w = w._replace(occupancy=w.occupancy + moved * room[w.id] / total_room)
+            w = dataclasses.replace(w, occupancy=w.occupancy + moved * room[w.id] / total_room)
         workers.append(w)
     workers += [wk(next_id + i, state="starting", fresh=False) for i in range(plan.spawn)]
     return dataclasses.replace(snapshot, workers=tuple(workers))

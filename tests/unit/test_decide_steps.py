@@ -208,8 +208,8 @@ def test_one_scale_in_per_hold(name: str, since_last: float | None, n_retired: i
 
 def test_recycling_is_not_a_scale_in_for_the_hold() -> None:
     pol = policy(max_worker_age_s=3600)
-    workers = (wk(0, 0.3)._replace(started=NOW - 4000), wk(1, 0.3),
-               wk(2, 0.3)._replace(started=NOW - 10))  # w2: the replacement, up
+    workers = (dataclasses.replace(wk(0, 0.3), started=NOW - 4000), wk(1, 0.3),
+               dataclasses.replace(wk(2, 0.3), started=NOW - 10))  # w2: the replacement, up
     state = TierState(recycling=(("w0", NOW - 20, "replacing"),))
     plan, after = decide(snap(workers), pol, state, NOW)
     assert retired(plan) == [("w0", "recycle")]
