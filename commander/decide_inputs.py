@@ -99,9 +99,9 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
             continue
         fresh = now - report.ts <= stale_s and report.ts - interval_s >= trusted_since
         state = _state(handle, report.state)
-        # what the view is made of, as plain values (a tuple the garbage collector leaves
-        # alone): the report by its time (a worker's newest report is only ever replaced by a
-        # later one), which also stands for the rows behind its occupancy and ready_at
+        # what the view is made of, as plain values (the memo keeps no report alive): the
+        # report by its time (a worker's newest report is only ever replaced by a later one),
+        # which also stands for the rows behind its occupancy and ready_at
         parts = (report.ts, state, started, fresh, limit)
         kept = last.get(wid)
         if kept is not None and kept[0] == parts:
