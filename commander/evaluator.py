@@ -16,14 +16,16 @@ Pure: no clock, no I/O. Time comes in only through ``report.ts`` or a ``now`` ar
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from protocol.models import OccupancyReport
 from protocol.policy import ScaleRules
 
+A = TypeVar("A")  # what a kept value was computed with (a limit, a span)
+V = TypeVar("V")
 WINDOW_ROWS = 60
 AVERAGE_ROWS = 6
 RATE_SPAN_S = 60.0
@@ -266,23 +268,23 @@ class Evaluator:
 
     def occupancy(self, worker: str, memory_limit_bytes: float | None = None) -> Occupancy:
         """The worker's occupancy; 0 with no rows."""
-        kept = self._occupancy.get(worker)
-        if kept is not None and kept[0] == memory_limit_bytes:
-            return kept[1]
-        occupancy = occupancy_of_rows(self._rows.get(worker, ()), memory_limit_bytes)
-        if worker in self._rows:
-            self._occupancy[worker] = (memory_limit_bytes, occupancy)
-        return occupancy
+        return self._kept(self._occupancy, worker, memory_limit_bytes, occupancy_of_rows)
 
     def rates(self, worker: str, span_s: float = RATE_SPAN_S) -> Rates | None:
         """Turn, error and handler-time rates from counter deltas; None with too few rows."""
-        kept = self._rates.get(worker)
-        if kept is not None and kept[0] == span_s:
-            return kept[1]
-        rates = rates_of_rows(self._rows.get(worker, ()), span_s)
+        return self._kept(self._rates, worker, span_s, rates_of_rows)
+
+    def _kept(self, kept: dict[str, tuple[A, V]], worker: str, arg: A,
+              compute: Callable[[Sequence[Row], A], V]) -> V:
+        """``compute(rows, arg)`` of the worker's rows, as kept since its last row if asked
+        with the same ``arg`` (a worker with no rows: computed, not kept)."""
+        hit = kept.get(worker)
+        if hit is not None and hit[0] == arg:
+            return hit[1]
+        value = compute(self._rows.get(worker, ()), arg)
         if worker in self._rows:
-            self._rates[worker] = (span_s, rates)
-        return rates
+            kept[worker] = (arg, value)
+        return value
 
     def window(self, worker: str) -> tuple[Row, ...]:
         """The worker's window of rows (oldest first)."""
