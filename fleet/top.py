@@ -51,9 +51,9 @@ LEGEND = ["  USERS: users served in the last minute / since the previous report"
 DESCRIPTION = ("A live view of tiers, workers, occupancy, the leader and the last ledger events. "
                "Each frame fits the terminal: its width (columns are narrowed, then RSS, CPU, LAST and "
                "TIER dropped) and its height (a fleet too large for it shows its busiest workers and "
-               "how many more there are); into a pipe it is printed whole. Worker columns: USERS = users served "
-               "in the last minute / since the previous report; AGE = time since the worker started "
-               "(as in `fleet status`); LAST = time since its last occupancy report. "
+               "how many more there are); into a pipe it is printed whole. Worker columns: USERS = "
+               "users served in the last minute / since the previous report; AGE = time since the "
+               "worker started (as in `fleet status`); LAST = time since its last occupancy report. "
                "q (in a terminal) or Ctrl-C quits.")
 
 _s = functools.partial(as_str, errors="replace")  # a monitor shows bad bytes, never fails on them
