@@ -16,7 +16,7 @@ import redis
 
 from protocol import keys
 from stores.functions import NAMES, Functions
-from stores.roundtrips import Op, Pipelined, Single, arun, is_async, operation, run
+from stores.roundtrips import Op, Pipelined, Single, arun, is_async, operation, run, run_all
 
 
 @operation
@@ -148,3 +148,74 @@ def test_one_functions_registry_binds_every_function_to_either_kind_of_client() 
         return await Functions(asyncio_).notification_touch(keys=[ready], args=[keys.GROUP, "w1"])
 
     assert asyncio.run(on_asyncio()) == 0
+
+
+class Counted:
+    """A fakeredis client that counts its round trips: each pipeline sent, each command."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.r, self.trips = r, 0
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        pipe = self.r.pipeline(transaction=transaction)
+        execute = pipe.execute
+
+        def counted(raise_on_error: bool = True) -> Any:
+            self.trips += 1
+            return execute(raise_on_error=raise_on_error)
+
+        pipe.execute = counted  # type: ignore[method-assign]
+        return pipe
+
+    def __getattr__(self, name: str) -> Any:
+        self.trips += 1
+        return getattr(self.r, name)
+
+
+@operation
+def read_then_bump(key: str) -> Op[tuple[Any, int]]:
+    """Two pipelined round trips."""
+    got, = yield Pipelined(lambda pipe: pipe.get(key))
+    bumped, = yield Pipelined(lambda pipe: pipe.incr(key + ":n"))
+    return got, bumped
+
+
+@operation
+def read_strict(key: str) -> Op[Any]:
+    """A pipelined read that raises its command's error (a list read as a string)."""
+    got, = yield Pipelined(lambda pipe: pipe.get(key))
+    return got
+
+
+def test_operations_side_by_side_share_each_round_trip_and_keep_their_own_errors() -> None:
+    r = fakeredis.FakeRedis()
+    r.set("a", "1")
+    r.rpush("a-list", "x")
+    counted = Counted(r)
+    ops = [read_then_bump.steps("a"), read_then_bump.steps("b"), read_strict.steps("a-list"),
+           survive.steps("a-list"), read_then_bump.steps("c")]
+    got = run_all(counted, ops)  # type: ignore[arg-type]
+    assert got[0] == (b"1", 1) and got[1] == (None, 1) and got[4] == (None, 1)
+    assert isinstance(got[2], redis.ResponseError) and "WRONGTYPE" in str(got[2])
+    assert got[3] == "caught: WRONGTYPE"  # a Single round trip goes alone, its error thrown in
+    # two pipelines for the pipelined steps of all five, and the Single's own command
+    assert counted.trips == 3
+    # the same as each run alone
+    r.delete("b:n", "c:n", "a:n")
+    assert [read_then_bump(r, k) for k in "abc"] == [got[0], got[1], got[4]]
+    assert run_all(counted, []) == []  # type: ignore[arg-type]
+
+
+def test_a_failed_shared_round_trip_is_thrown_into_each_operation() -> None:
+    class Down(Counted):
+        def pipeline(self, transaction: bool = True) -> Any:
+            pipe = super().pipeline(transaction)
+
+            def refused(raise_on_error: bool = True) -> Any:
+                raise redis.ConnectionError("refused")
+
+            pipe.execute = refused  # type: ignore[method-assign]
+            return pipe
+
+    got = run_all(Down(fakeredis.FakeRedis()), [read_then_bump.steps("a"), read_then_bump.steps("b")])  # type: ignore[arg-type]
+    assert all(isinstance(g, redis.ConnectionError) for g in got) and len(got) == 2
