@@ -45,13 +45,12 @@ from commander.rq.tiers import RqTiers
 from commander.runtime import Lifecycle, Runtime, UnknownWorker, WorkerHandle
 from commander.runtime_watch import RuntimeWatch
 from commander.settings import CommanderSettings
-from commander.tier_policies import TierPolicies, TierPolicy
+from commander.tier_policies import TierNames, TierPolicies, TierPolicy
 from protocol.groups import split_pool
 from protocol.models import WorkerInfo
 from protocol.policy import RqPolicy, TurnsPolicy
 from stores.bad_state import BadState
 from stores.cluster import is_cluster
-from stores.policies import list_tiers
 from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT, Backoff
 
@@ -99,6 +98,7 @@ class Commander:
         self.observer = Observer(r, errors=self.redis_errors, bad=self.bad)
         self.views = ViewMemo()  # the worker views of the last pass, kept where nothing changed
         self.policies = TierPolicies(r, self.ledger, metrics, self.bad)
+        self.tier_names = TierNames(r, monotonic, self.bad)
         self.states = DecideStates(r, self.bad)
         self.dead = DeadWorkers(r, settings, self.ledger, self.outages, metrics, clock, monotonic,
                                 self.redis_errors)
@@ -217,6 +217,8 @@ class Commander:
                 except Exception as exc:
                     self._tier_failed(tier, exc)
             self.views.retain(tiers)
+            self.states.save()
+            self.publisher.send()
             self.weights.guard({split_pool(t)[0] for t in tiers if split_pool(t)[1]}, now)
             self.board.publish(now, registry, self.observer.evaluator)
         except Deposed:
@@ -226,13 +228,13 @@ class Commander:
         """Each tier's policy for this pass (``by_tier``: each tier's registry entries); a tier
         whose read raised is left out of it."""
         out = {}
-        for tier in tiers:
-            try:
-                out[tier] = self.policies.read(tier, by_tier.get(tier, {}))
-            except _NOT_A_TIERS:
-                raise
-            except Exception as exc:
-                self._tier_failed(tier, exc)
+        for tier, read in self.policies.read_all(tiers, by_tier).items():
+            if isinstance(read, _NOT_A_TIERS):
+                raise read
+            if isinstance(read, Exception):
+                self._tier_failed(tier, read)
+            else:
+                out[tier] = read
         return out
 
     def _tier_failed(self, tier: str, exc: Exception) -> None:
@@ -271,7 +273,7 @@ class Commander:
         those with live workers, each grouped tier as its pools (``commander.rollouts``)."""
         live = {h.tier for h in handles if h.state is not Lifecycle.EXITED}
         live |= {info.tier for info, alive in registry.values() if alive}
-        known = set(list_tiers(self.r, self.bad)) | set(self.settings.always_tiers)
+        known = self.tier_names() | set(self.settings.always_tiers)
         names = self.pools.to_judge(known | live, live)
         self._known |= names
         return sorted(names)

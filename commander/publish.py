@@ -26,6 +26,13 @@ class Publisher:
         self._metrics = metrics
         self._starting_ttl_ms = int(3 * interval_s * 1000) + 1000  # outlives two missed passes
         self._pressure_total: dict[str, int] = {}
+        self._starting: dict[str, int] = {}  # tier -> slots starting, this pass's, until sent
+
+    def send(self) -> None:
+        """Send what the pass's tiers publish in Redis (their starting slots), in one round trip."""
+        if self._starting:
+            write_starting(self._r, self._starting, ttl_ms=self._starting_ttl_ms)
+            self._starting = {}
 
     def tier(self, read: PolicyRead, snap: TierSnapshot, plan: Plan, views: Sequence[WorkerView], *,
              now: float, decide_s: float, error: str | None, group_rejected: str | None) -> None:
@@ -34,7 +41,7 @@ class Publisher:
         tier = snap.tier
         starting = sum(1 for v in views if v.state == "starting")
         slots = read.policy.scale_rules().concurrency
-        write_starting(self._r, tier, starting * slots, ttl_ms=self._starting_ttl_ms)
+        self._starting[tier] = starting * slots
         self._observe(tier, snap, plan, views, starting, decide_s)
         self._board.tier(TierSeen(tier=tier, ts=now, policy=read.policy, source=read.source, error=error,
                                   snapshot=snap, plan=plan, starting=starting, group_rejected=group_rejected))

@@ -9,7 +9,7 @@ pool runs its group's policy; a pool no group names is *removed* (``commander.ro
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -22,9 +22,33 @@ from protocol.groups import split_pool
 from protocol.models import WorkerInfo
 from protocol.policy import Policy
 from stores.bad_state import DEFAULT, BadState
-from stores.policies import PolicyRead, read_policy
+from stores.policies import PolicyRead, policy_key_tiers, read_policy, registered_tiers
+from stores.roundtrips import run_all
 
 log = logging.getLogger("fleet.commander")
+
+
+SCAN_EVERY_S = 30.0  # look for policy keys not in ``fleet:tiers`` (a raw SET) this often
+
+
+class TierNames:
+    """The tiers known to the fleet, as a commander's pass needs them: ``fleet:tiers`` every pass
+    (one round trip), and the tiers of the policy keys a ``SCAN`` of the whole keyspace finds
+    (a round trip per 500 keys: 2,000 with a million users' keys) only every ``SCAN_EVERY_S``
+    and on the first pass. A tier defined by a raw ``SET`` of its policy key alone is judged
+    within that time; ``fleet policy set`` adds the tier to ``fleet:tiers``, judged at once."""
+
+    def __init__(self, r: redis.Redis, monotonic: Callable[[], float], bad: BadState = DEFAULT) -> None:
+        self._r, self._monotonic, self._bad = r, monotonic, bad
+        self._scanned: set[str] = set()
+        self._scanned_at: float | None = None
+
+    def __call__(self) -> set[str]:
+        """The tiers known now."""
+        now = self._monotonic()
+        if self._scanned_at is None or now - self._scanned_at >= SCAN_EVERY_S:
+            self._scanned, self._scanned_at = policy_key_tiers(self._r), now
+        return registered_tiers(self._r, self._bad) | self._scanned
 
 
 @dataclass(frozen=True)
@@ -50,12 +74,36 @@ class TierPolicies:
         return self._in_force.get(tier)
 
     def read(self, tier: str, registry: Mapping[str, tuple[WorkerInfo, bool]]) -> TierPolicy:
-        """The policy ``tier``'s workers run, checked against the handlers its live workers
-        have (the structure only while none is live)."""
-        known = sorted({name for info, alive in registry.values()
-                        if alive and info.tier == tier for name in info.handlers})
+        """:meth:`read_all` of one tier; its error raised."""
+        got = self.read_all([tier], {tier: registry})[tier]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def read_all(self, tiers: Sequence[str], by_tier: Mapping[str, Mapping[str, tuple[WorkerInfo, bool]]],
+                 ) -> dict[str, TierPolicy | Exception]:
+        """The policy each of ``tiers``' workers run (``by_tier``: each one's registry entries),
+        checked against the handlers its live workers have (the structure only while none is
+        live); every key read side by side, in one round trip. A tier whose read raised has its
+        exception in place of its policy."""
+        handlers = {tier: _handlers(tier, by_tier.get(tier, {})) for tier in tiers}
+        ops = []
+        for tier in tiers:
+            base, group = split_pool(tier)
+            ops.append(read_policy.steps(base, handlers[tier] or None, group=group or None))
+        out: dict[str, TierPolicy | Exception] = {}
+        for tier, read in zip(tiers, run_all(self._r, ops), strict=True):
+            try:
+                out[tier] = read if isinstance(read, Exception) else \
+                    self._judged(tier, read, handlers[tier], by_tier.get(tier, {}))
+            except Exception as exc:  # (a ledger append fenced off: the caller's to raise)
+                out[tier] = exc
+        return out
+
+    def _judged(self, tier: str, read: PolicyRead, known: list[str],
+                registry: Mapping[str, tuple[WorkerInfo, bool]]) -> TierPolicy:
+        """The verdict on ``tier``'s key as read: ledgered when it changed, and the policy in force."""
         base, group = split_pool(tier)
-        read = read_policy(self._r, base, known or None, group=group or None)
         why = read.error
         if read.missing_handler is not None:
             name = read.missing_handler
@@ -84,3 +132,12 @@ class TierPolicies:
             self._ledger.record(tier, action, reason=reason)
             (log.warning if read.error else log.info)("tier %s: %s", tier, reason)
         self._verdicts[tier] = verdict
+
+
+def _handlers(tier: str, registry: Mapping[str, tuple[WorkerInfo, bool]]) -> list[str]:
+    """The handlers ``tier``'s live workers registered, sorted."""
+    names: set[str] = set()
+    for info, alive in registry.values():
+        if alive and info.tier == tier:
+            names.update(info.handlers)
+    return sorted(names)

@@ -58,10 +58,14 @@ def unserved_by_tier(workers: Mapping[str, tuple[WorkerInfo, bool]], tiers: Iter
     return {tier: unserved_after_ms(slowest.get(tier, RENEW_INTERVAL_S)) for tier in tiers}
 
 
-def write_starting(r: redis.Redis, tier: str, slots: int, ttl_ms: int) -> None:
-    """Publish the turn slots of ``tier``'s workers still starting (the client's
-    ``no_free_slot`` reads them); they expire after ``ttl_ms`` without a new pass."""
-    r.set(keys.starting(tier), slots, px=ttl_ms)
+def write_starting(r: redis.Redis, slots: Mapping[str, int], ttl_ms: int) -> None:
+    """Publish the turn slots of each tier's workers still starting (tier -> slots; the
+    client's ``no_free_slot`` reads them), in one round trip; they expire after ``ttl_ms``
+    without a new pass."""
+    pipe = r.pipeline(transaction=False)
+    for tier, n in slots.items():
+        pipe.set(keys.starting(tier), n, px=ttl_ms)
+    pipe.execute()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ Stored as JSON with a TTL; what the body means is ``commander.decide.TierState``
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -21,6 +22,10 @@ def read_decide_state(r: redis.Redis, tier: str) -> Any:
     return json.loads(raw) if raw else None
 
 
-def write_decide_state(r: redis.Redis, tier: str, body: dict[str, Any], ttl_s: int) -> None:
-    """Replace the saved body of ``tier``; it expires after ``ttl_s``."""
-    r.set(keys.decide_state(tier), json.dumps(body), ex=ttl_s)
+def write_decide_states(r: redis.Redis, bodies: Mapping[str, dict[str, Any]], ttl_s: int) -> None:
+    """Replace the saved body of each tier of ``bodies``, in one round trip; each expires after
+    ``ttl_s``."""
+    pipe = r.pipeline(transaction=False)
+    for tier, body in bodies.items():
+        pipe.set(keys.decide_state(tier), json.dumps(body), ex=ttl_s)
+    pipe.execute()

@@ -26,7 +26,7 @@ from protocol.policy import TurnsPolicy
 from stores.bad_state import DEFAULT, BadState, reject_wrong_type
 from stores.functions import Functions
 from stores.policies import PolicyRead, read_policy
-from stores.roundtrips import Op, Single, operation
+from stores.roundtrips import Op, Pipelined, Single, operation
 
 
 def pin_group(r: redis.Redis, user: str, tier: str, group: str) -> None:
@@ -124,13 +124,13 @@ def remember_pools(r: redis.Redis, tier: str, pools: Iterable[str]) -> None:
         r.sadd(keys.pools(tier), *pools)
 
 
-def known_pools(r: redis.Redis, tier: str, bad: BadState = DEFAULT) -> set[str]:
+@operation
+def known_pools(tier: str, bad: BadState = DEFAULT) -> Op[set[str]]:
     """The pools the tier's users have been served on and that are not forgotten yet (a member
     that is no pool, or a key of another type, is told to ``bad``: never a key)."""
-    try:
-        members = r.smembers(keys.pools(tier))
-    except ResponseError as exc:
-        bad.note("pool", keys.pools(tier), "", reject_wrong_type(exc))
+    members, = yield Pipelined(lambda pipe: pipe.smembers(keys.pools(tier)), raise_on_error=False)
+    if isinstance(members, Exception):  # (another error than another type is raised)
+        bad.note("pool", keys.pools(tier), "", reject_wrong_type(members))
         return set()
     out = set()
     for raw in members:

@@ -232,6 +232,12 @@ def read_good_policy(r: redis.Redis, tier: str) -> Any:
 def list_tiers(r: redis.Redis, bad: BadState = DEFAULT) -> list[str]:
     """Tiers known to the fleet: registered ones, and any with a policy key (even a raw ``SET``).
     A member of ``fleet:tiers`` no tier can have, or the set of another type, is told to ``bad``."""
+    return sorted(registered_tiers(r, bad) | policy_key_tiers(r))
+
+
+def registered_tiers(r: redis.Redis, bad: BadState = DEFAULT) -> set[str]:
+    """The members of ``fleet:tiers`` (``write_policy`` adds each tier): one round trip. A member
+    no tier can have, or the set of another type, is told to ``bad``."""
     names = set()
     try:
         members = r.smembers(keys.TIERS)
@@ -243,6 +249,13 @@ def list_tiers(r: redis.Redis, bad: BadState = DEFAULT) -> list[str]:
             names.add(validate_tier(as_str(member, errors="replace")))
         except InvalidId as exc:
             bad.note("tier", keys.TIERS, member, exc)
+    return names
+
+
+def policy_key_tiers(r: redis.Redis) -> set[str]:
+    """The tiers with a policy key, found by a ``SCAN`` of the whole keyspace: a round trip per
+    500 keys in Redis (every user's keys too), so a commander does it only now and then."""
+    names = set()
     prefix = keys.POLICY_PREFIX + "{"
     for key in r.scan_iter(match=prefix + "*}", count=500):
         name = as_str(key, errors="replace")[len(prefix):-1]
@@ -251,7 +264,7 @@ def list_tiers(r: redis.Redis, bad: BadState = DEFAULT) -> list[str]:
                 names.add(validate_tier(name))
             except InvalidId:
                 continue  # a key no tier can have: not ours
-    return sorted(names)
+    return names
 
 
 def has_rq_tier(r: redis.Redis) -> bool:

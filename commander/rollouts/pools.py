@@ -20,6 +20,7 @@ from protocol.policy import TurnsPolicy
 from stores.bad_state import DEFAULT, BadState, reject_wrong_type
 from stores.group_assignment import known_pools, remember_pools
 from stores.policies import PolicyRead, read_policy
+from stores.roundtrips import run_all
 
 
 def pool_policy(pool: str, read: PolicyRead) -> tuple[PolicyRead, bool]:
@@ -45,6 +46,7 @@ class Pools:
         """``names`` with each grouped tier replaced by its pools (``live``: the tiers and pools
         with live workers). A name that is no tier or pool is told to ``bad``, and left out."""
         out: set[str] = set()
+        tiers = []
         for name in names:
             try:
                 tier, group = split_pool(name)
@@ -54,21 +56,29 @@ class Pools:
             if group:
                 out.add(name)
                 continue
-            pools = self._pools(tier)
-            out |= pools
+            tiers.append(tier)
             if tier in live:
                 out.add(tier)
+        for pools in self._pools(tiers):
+            out |= pools
         return out
 
-    def _pools(self, tier: str) -> set[str]:
-        """The tier's pools to judge: its groups' (or itself), and those it had."""
-        policy = read_policy(self._r, tier).policy  # (structure only: the handlers are the pools')
-        self._weights.note(tier, policy)
-        pools = {pool_name(tier, g.name) for g in policy.rollout.groups} or {tier}
-        known = known_pools(self._r, tier, self._bad)
-        if not pools <= known:
-            try:
-                remember_pools(self._r, tier, pools - known)
-            except ResponseError as exc:  # the set is of another type: judged, not remembered
-                self._bad.note("pool", keys.pools(tier), "", reject_wrong_type(exc))
-        return pools | known  # a removed pool stays until nothing queued on it is left
+    def _pools(self, tiers: list[str]) -> list[set[str]]:
+        """Each tier's pools to judge: its groups' (or itself), and those it had. Every tier's
+        policy and pools are read side by side, in one round trip."""
+        ops = [op for tier in tiers for op in (read_policy.steps(tier), known_pools.steps(tier, self._bad))]
+        got = run_all(self._r, ops)  # (structure only: the handlers are the pools')
+        failed = next((x for x in got if isinstance(x, Exception)), None)
+        if failed is not None:
+            raise failed
+        out = []
+        for tier, read, known in zip(tiers, got[::2], got[1::2], strict=True):
+            self._weights.note(tier, read.policy)
+            pools = {pool_name(tier, g.name) for g in read.policy.rollout.groups} or {tier}
+            if not pools <= known:
+                try:
+                    remember_pools(self._r, tier, pools - known)
+                except ResponseError as exc:  # the set is of another type: judged, not remembered
+                    self._bad.note("pool", keys.pools(tier), "", reject_wrong_type(exc))
+            out.append(pools | known)  # a removed pool stays until nothing queued on it is left
+        return out

@@ -287,6 +287,30 @@ def test_one_tier_whose_pass_raises_does_not_stop_the_others(r, monkeypatch) -> 
     assert [e.key for e in commander.bad.entries] == ["alpha"]
 
 
+def test_one_tier_whose_policy_read_raises_does_not_stop_the_others(r, monkeypatch) -> None:
+    """Every tier's policy is read in one round trip; a tier whose read raised is left out of
+    the pass, the others are judged."""
+    from commander import tier_policies
+
+    write_policy(r, "alpha", turns_policy(min_workers=1))
+    write_policy(r, "beta", turns_policy(min_workers=1))
+    real = tier_policies.pool_policy
+
+    def broken(tier, read):
+        if tier == "alpha":
+            raise ValueError("a value no read expects")
+        return real(tier, read)
+
+    monkeypatch.setattr(tier_policies, "pool_policy", broken)
+    runtime, metrics = RecordingRuntime(), Metrics()
+    commander = leading(r, runtime, metrics, always_tiers=())
+    commander.pass_once(time.time())
+
+    assert [runtime.handles[w].tier for w in runtime.spawned] == ["beta"]
+    assert sample(metrics, "fleet_state_errors_total", {"kind": "tier_pass"}) == 1
+    assert [e.key for e in commander.bad.entries] == ["alpha"]
+
+
 def test_a_pass_that_raises_outside_a_tier_is_counted_and_the_loop_goes_on(r, monkeypatch) -> None:
     import threading
 

@@ -64,3 +64,35 @@ def test_a_pass_whose_tier_signals_cannot_be_read_still_judges_unobserved(monkey
 
     seen = commander.board.seen
     assert seen is not None and seen.tiers["chat"].snapshot.observed is False
+
+
+def test_a_pass_saves_its_tiers_decide_states_and_starting_slots_at_its_end_and_a_deposed_one_none(
+        monkeypatch) -> None:
+    """Each judged tier's decide state (for the next leader) and starting slots (for the request
+    edge) are written at the end of the pass, all in one round trip each; a leader deposed in
+    the middle of a pass writes none of them, not even the tiers judged before it was."""
+    from protocol.policy import TurnsPolicy
+    from stores.policies import write_policy
+
+    r = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    write_policy(r, "alpha", TurnsPolicy(min_workers=1))
+    write_policy(r, "beta", TurnsPolicy(min_workers=1))
+    runtime = RecordingRuntime()
+    commander = leading(r, runtime, always_tiers=())
+    commander.pass_once(time.time())
+    assert all(r.exists(keys.decide_state(t)) and r.exists(keys.starting(t)) for t in ("alpha", "beta"))
+
+    r.delete(*(k(t) for k in (keys.decide_state, keys.starting) for t in ("alpha", "beta")))
+    write_policy(r, "alpha", TurnsPolicy(min_workers=2))
+    write_policy(r, "beta", TurnsPolicy(min_workers=2))
+    real = commander.actor.apply
+
+    def deposed_at_beta(plan, policy):  # alpha is judged first; beta's spawn is fenced
+        if plan.tier == "beta":
+            r.set(keys.LEADER, "c2|99", px=30_000)
+        real(plan, policy)
+
+    monkeypatch.setattr(commander.actor, "apply", deposed_at_beta)
+    commander.pass_once(time.time())
+    assert not commander.leading
+    assert not any(r.exists(k(t)) for k in (keys.decide_state, keys.starting) for t in ("alpha", "beta"))

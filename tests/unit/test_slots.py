@@ -338,8 +338,8 @@ def drive_sync(r: redis.Redis) -> None:
     registry.registered_and_beating(r, list(WORKERS))
     registry.heartbeat_alive(r, WORKERS[0])
     # backlog
+    backlog.write_starting(r, dict.fromkeys(TIERS, 2), 5_000)
     for tier in TIERS:
-        backlog.write_starting(r, tier, 2, 5_000)
         backlog.active_users(r, tier, now - 60)
     backlog.read_backlog(r, TIERS, set(WORKERS))
     backlog.read_tier_load(r, TIERS, set(WORKERS), 1000, dict.fromkeys(TIERS, now - 60))
@@ -370,8 +370,8 @@ def drive_sync(r: redis.Redis) -> None:
     for tier in TIERS:
         deadletters.dead_letter_count(r, tier)
         deadletters.newest_dead_letters(r, tier, 5)
-        decide_state.write_decide_state(r, tier, {"a": 1}, 60)
         decide_state.read_decide_state(r, tier)
+    decide_state.write_decide_states(r, dict.fromkeys(TIERS, {"a": 1}), 60)
     r.xadd(keys.REPORTS, {"m": encode(report(WORKERS[0]))})
     reports.reports_after(r, "0-0", 10)
     reports.newest_reports(r, 10)
