@@ -81,7 +81,6 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
     """
     by_id: dict[str, WorkerHandle | None] = {
         h.worker_id: h for h in handles if h.tier == tier and h.state is not Lifecycle.EXITED}
-    info: WorkerInfo | None
     for wid, (info, alive) in registry.items():
         if info.tier == tier and alive:
             by_id.setdefault(wid, None)
@@ -90,10 +89,14 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
     last = memo.last(tier) if memo is not None else {}
     made: dict[str, Made] = {}
     views = []
+    newest = evaluator.newest
     for wid, handle in sorted(by_id.items()):
-        report = evaluator.latest(wid)
-        info = registry.get(wid, (None, False))[0]
-        started = handle.started if handle else (info.started if info else 0.0)
+        report = newest.get(wid)
+        if handle is not None:
+            started = handle.started
+        else:
+            entry = registry.get(wid)
+            started = entry[0].started if entry is not None else 0.0
         if report is None:
             views.append(WorkerView(id=wid, state=_state(handle, None), fresh=False, started=started))
             continue

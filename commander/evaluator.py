@@ -16,9 +16,8 @@ Pure: no clock, no I/O. Time comes in only through ``report.ts`` or a ``now`` ar
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from typing import NamedTuple, TypeVar
 
 from protocol.models import OccupancyReport
@@ -105,16 +104,23 @@ def row_slots(report: OccupancyReport, before: Row | None = None) -> float | Non
     them, and instants alone would call it idle. The workers count handler time as it runs
     (not when a turn ends), so the counter delta is the exact use over the interval.
     """
+    return _slots(report, before, _instant(report))
+
+
+def _instant(report: OccupancyReport) -> float | None:
+    """busy / total at the report's instant (None: no slots)."""
     total = report.slots.total
-    if total <= 0:
-        return None
-    instant = report.slots.busy / total
-    if before is None or _counters_dropped(report, before):
+    return report.slots.busy / total if total > 0 else None
+
+
+def _slots(report: OccupancyReport, before: Row | None, instant: float | None) -> float | None:
+    """:func:`row_slots`, given the report's ``instant``."""
+    if instant is None or before is None or _counters_dropped(report, before):
         return instant
     span = report.ts - before.ts
     if span <= 0:
         return instant
-    averaged = (report.counters.handler_seconds - before.handler_seconds) / (span * total)
+    averaged = (report.counters.handler_seconds - before.handler_seconds) / (span * report.slots.total)
     return min(averaged, 1.0)
 
 
@@ -122,10 +128,9 @@ def derive(report: OccupancyReport, before: Row | None = None) -> Row:
     """``report``'s row, given the row of the report before it (None: the first)."""
     n = 0 if before is None else before.n + 1
     segment = n if before is None or _counters_dropped(report, before) else before.segment
-    c, slots = report.counters, report.slots
-    return Row(report.ts, row_cpu(report), report.rss, row_slots(report, before),
-               slots.busy / slots.total if slots.total > 0 else None, c.turns, c.errors, c.handler_seconds,
-               report.users, report.active_users, n, segment)
+    c, instant = report.counters, _instant(report)
+    return Row(report.ts, row_cpu(report), report.rss, _slots(report, before, instant), instant,
+               c.turns, c.errors, c.handler_seconds, report.users, report.active_users, n, segment)
 
 
 def rows_of(reports: Sequence[OccupancyReport]) -> list[Row]:
@@ -136,24 +141,32 @@ def rows_of(reports: Sequence[OccupancyReport]) -> list[Row]:
     return out
 
 
-def _mean(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return sum(present) / len(present) if present else None
-
-
 def occupancy_of(reports: Sequence[OccupancyReport], limit_bytes: float | None) -> Occupancy:
     """Average each component over the last ``AVERAGE_ROWS`` reports; occupancy is their max."""
     return occupancy_of_rows(rows_of(list(reports)[-(AVERAGE_ROWS + 1):])[-AVERAGE_ROWS:], limit_bytes)
 
 
 def occupancy_of_rows(rows: Sequence[Row], limit_bytes: float | None) -> Occupancy:
-    """:func:`occupancy_of` on the last ``AVERAGE_ROWS`` of ``rows``."""
-    recent = list(islice(reversed(rows), AVERAGE_ROWS))  # (newest first: a mean has no order)
+    """:func:`occupancy_of` on the last ``AVERAGE_ROWS`` of ``rows``: each component's mean
+    over the rows that have it. (One loop, no generators: a pass reads a thousand of these.)"""
+    recent = rows[-AVERAGE_ROWS:]
     if not recent:
         return Occupancy()
-    cpu = _mean(r.cpu for r in recent)
-    memory = None if not limit_bytes or limit_bytes <= 0 else _mean(r.rss / limit_bytes for r in recent)
-    slots = _mean(r.slots for r in recent)
+    cpu_sum = slots_sum = memory_sum = 0.0
+    cpu_n = slots_n = 0
+    limit = limit_bytes if limit_bytes and limit_bytes > 0 else None
+    for row in reversed(recent):  # (newest first, as ever: the same sums to the last bit)
+        if row.cpu is not None:
+            cpu_sum += row.cpu
+            cpu_n += 1
+        if row.slots is not None:
+            slots_sum += row.slots
+            slots_n += 1
+        if limit is not None:
+            memory_sum += row.rss / limit
+    cpu = cpu_sum / cpu_n if cpu_n else None
+    slots = slots_sum / slots_n if slots_n else None
+    memory = memory_sum / len(recent) if limit is not None else None
     parts = [p for p in (cpu, memory, slots) if p is not None]
     return Occupancy(max(parts, default=0.0), cpu, memory, slots, len(recent))
 
@@ -251,6 +264,11 @@ class Evaluator:
     def workers(self, tier: str | None = None) -> list[str]:
         """Workers with at least one report, optionally only those of ``tier``."""
         return [w for w, report in self._latest.items() if tier is None or report.tier == tier]
+
+    @property
+    def newest(self) -> Mapping[str, OccupancyReport]:
+        """Each worker's newest report (read-only: :meth:`add` and :meth:`forget` change it)."""
+        return self._latest
 
     def latest(self, worker: str) -> OccupancyReport | None:
         """The newest report of a worker, or None."""
