@@ -48,7 +48,7 @@ class Observer:
         self.bad_pressure: set[str] = set()  # tiers whose pressure key is of another type (this pass)
         self._live: frozenset[str] | None = None  # live worker ids of this pass's registry read
         self._workers: dict[str, tuple[WorkerInfo, bool]] = {}  # ... and the entries
-        self._known: Known = {}  # the registry's entries as last read, decoded (read_entries)
+        self._known = Known(time.monotonic)  # the registry as last read, decoded (read_entries)
         self.turns = TurnTotals()  # the tiers' turn counts, from every report read
 
     # --- reports -----------------------------------------------------------------------

@@ -8,7 +8,8 @@ decode, or whose ids are not valid, is skipped, named in ``unreadable`` and told
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -49,24 +50,63 @@ def _entry(wid: str, blob: bytes) -> WorkerInfo:
     return info
 
 
-Known = dict[tuple[bytes, bytes], WorkerInfo]  # (field, entry) -> the entry decoded and checked
+FULL_READ_EVERY_S = 10.0  # a reader that keeps the entries reads them all at least this often
+_VERSION = keys.WORKERS_VERSION.encode()
+
+
+class Known:
+    """What a reader keeps of its last registry read (a commander reads 10,000 entries a pass):
+    each entry decoded, by field, with its exact bytes, and the registry's version then
+    (``keys.WORKERS_VERSION``). While the version stands, a read is one ``HGET`` of it instead
+    of the whole hash; the hash is read whole again when it changed, when it has no version
+    (writers that do not bump it), and every ``FULL_READ_EVERY_S`` (an entry written without a
+    bump: a raw ``HSET``, a forged entry); an entry unchanged since is not decoded again."""
+
+    def __init__(self, monotonic: Callable[[], float]) -> None:
+        self.entries: dict[bytes, tuple[bytes, WorkerInfo]] = {}  # field -> (its bytes, decoded)
+        self.infos: list[WorkerInfo] = []
+        self.unreadable: list[str] = []
+        self.version: bytes | None = None
+        self._monotonic, self._read_at = monotonic, -math.inf
+
+    def stands(self, r: redis.Redis) -> bool:
+        """Whether the last read is still the registry (one round trip, unless it is due whole)."""
+        if self.version is None or self._monotonic() - self._read_at >= FULL_READ_EVERY_S:
+            return False
+        try:
+            return bool(r.hget(keys.WORKERS, keys.WORKERS_VERSION) == self.version)
+        except ResponseError:  # (another type: the whole read says so)
+            return False
+
+    def keep(self, entries: dict[bytes, tuple[bytes, WorkerInfo]], unreadable: list[str],
+             version: bytes | None) -> None:
+        """A whole read's entries (those that decoded), unreadable ids, and version."""
+        self.entries, self.unreadable, self.version = entries, unreadable, version
+        self.infos = [info for _, info in entries.values()]
+        self._read_at = self._monotonic()
 
 
 def read_entries(r: redis.Redis, bad: BadState = DEFAULT,
                  known: Known | None = None) -> tuple[list[WorkerInfo], list[str]]:
     """Every registry entry that decodes and whose ids are valid, and the ids of those that are
-    not (told to ``bad``, as is a registry of another type), in one HGETALL. ``known``: the
-    entries a reader decoded on its last read, by their exact bytes; an entry unchanged since is
-    not decoded again (a commander reads 10,000 of them a pass). It is left holding this read's."""
+    not (told to ``bad``, as is a registry of another type), in one HGETALL. ``known``: what
+    this reader kept of its last read (:class:`Known`), read again only as it says, and left
+    holding this read's."""
+    if known is not None and known.stands(r):
+        return known.infos, known.unreadable
     try:
         entries = hash_reply(r.hgetall(keys.WORKERS))
     except ResponseError as exc:
         bad.note("registry", keys.WORKERS, "", reject_wrong_type(exc))
         return [], []
+    version = entries.pop(_VERSION, None)
     infos, unreadable, seen = [], [], {}
+    last = known.entries if known is not None else {}
     for name, blob in entries.items():
-        info = known.get((name, blob)) if known else None
-        if info is None:
+        hit = last.get(name)
+        if hit is not None and hit[0] == blob:
+            info = hit[1]
+        else:
             wid = as_str(name, errors="replace")
             try:
                 info = _entry(wid, blob)
@@ -75,10 +115,9 @@ def read_entries(r: redis.Redis, bad: BadState = DEFAULT,
                 unreadable.append(wid)
                 continue
         infos.append(info)
-        seen[name, blob] = info
+        seen[name] = blob, info
     if known is not None:
-        known.clear()
-        known.update(seen)
+        known.keep(seen, unreadable, version)
     return infos, unreadable
 
 
@@ -89,7 +128,8 @@ def read_registry(r: redis.Redis, bad: BadState = DEFAULT, known: Known | None =
     """The registry with every worker's liveness, in two round trips (bad entries: ``bad``).
     On one node the heartbeats are read by an ``MGET`` per thousand workers (a heartbeat that
     is not a string, never a worker's, reads as none: dead); on a Cluster they are in as many
-    slots as workers, one ``EXISTS`` each. ``known``: as :func:`read_entries`."""
+    slots as workers, one ``EXISTS`` each. ``known``: as :func:`read_entries` (the heartbeats
+    are read every time)."""
     infos, unreadable = read_entries(r, bad, known)
     if not infos:
         return Registry(unreadable=tuple(unreadable))
@@ -104,6 +144,15 @@ def read_registry(r: redis.Redis, bad: BadState = DEFAULT, known: Known | None =
             pipe.mget(beats[at:at + HEARTBEATS_PER_MGET])
         alive = [value is not None for values in pipe.execute() for value in values]
     return Registry({i.worker: (i, a) for i, a in zip(infos, alive, strict=True)}, tuple(unreadable))
+
+
+def registered_count(r: redis.Redis) -> int:
+    """How many entries the registry has, its version field aside (one round trip)."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hlen(keys.WORKERS)
+    pipe.hexists(keys.WORKERS, keys.WORKERS_VERSION)
+    fields, versioned = pipe.execute()
+    return int(fields) - bool(versioned)
 
 
 def registered_and_beating(r: redis.Redis, worker_ids: Sequence[str]) -> list[bool]:
@@ -137,6 +186,7 @@ def forget_workers(r: redis.Redis, worker_ids: Sequence[str]) -> None:
     refuses a multi-key ``DEL`` even within one slot)."""
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.WORKERS, *worker_ids)
+    pipe.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
     for w in worker_ids:
         pipe.delete(keys.heartbeat(w))
         pipe.delete(keys.control(w))

@@ -92,6 +92,7 @@ async def register_worker(r: aioredis.Redis, info: WorkerInfo, heartbeat_ttl_ms:
     """Write the worker's registry entry and beat its heartbeat (one round trip)."""
     pipe = r.pipeline(transaction=False)
     pipe.hset(keys.WORKERS, info.worker, encode(info))
+    pipe.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
     pipe.set(keys.heartbeat(info.worker), "1", px=heartbeat_ttl_ms)
     await pipe.execute()
 
@@ -106,6 +107,7 @@ async def deregister_worker(r: aioredis.Redis, tier: str, worker_id: str, shards
             idle.append(ready)
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.WORKERS, worker_id)
+    pipe.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
     pipe.delete(keys.heartbeat(worker_id))  # one DEL per key: a cluster pipeline refuses a
     pipe.delete(keys.control(worker_id))  # multi-key DEL (the two share the worker's slot)
     pipe.delete(keys.cancels(worker_id))

@@ -29,6 +29,7 @@ from protocol.codec import decode, encode
 from protocol.models import WorkerInfo
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
+from stores.registry import registered_count
 from stores.roles import with_credentials
 from tests.conftest import ROLE_PASSWORDS
 from tests.helpers import fleet_cli, running
@@ -168,7 +169,7 @@ def test_stop_all_leaves_no_process(make_runtime, r) -> None:
     assert all(h.state is Lifecycle.EXITED for h in stopped)
     assert {h.worker_id for h in stopped if h.killed} == {ids[2]}
     assert not [p for p in pids if psutil.pid_exists(p)]  # reaped, not even zombies
-    assert rt.list() == [] and r.hlen(keys.WORKERS) == 0
+    assert rt.list() == [] and registered_count(r) == 0
 
 
 def test_a_worker_that_never_registers_is_killed(make_runtime) -> None:
@@ -272,7 +273,7 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
     assert not [p for p in pids if running(p)]
     assert not state_file.exists()
     if external:
-        assert not r.exists("fleet:supervisor") and r.hlen(keys.WORKERS) == 0  # the removed supervisor's key
+        assert not r.exists("fleet:supervisor") and registered_count(r) == 0  # the removed supervisor's key
     again = fleet_cli(env, "down", cwd=tmp_path)
     assert again.returncode == 0 and "not up" in again.stdout
 

@@ -104,7 +104,7 @@ def test_a_registry_read_decodes_only_the_entries_that_changed(r, monkeypatch) -
     monkeypatch.setattr(registry, "_entry", lambda wid, blob: decoded.append(wid) or real(wid, blob))
     for wid in ("w1", "w2", "w3"):
         r.hset(keys.WORKERS, wid, info(wid))
-    known: registry.Known = {}
+    known = registry.Known(time.monotonic)
     assert sorted(read_registry(r, BadState(), known).workers) == ["w1", "w2", "w3"]
     assert sorted(decoded) == ["w1", "w2", "w3"]
     decoded.clear()
@@ -116,7 +116,7 @@ def test_a_registry_read_decodes_only_the_entries_that_changed(r, monkeypatch) -
         assert sorted(reg.workers) == ["w1", "w2"] and reg.workers["w2"][0].tier == "batch"
         assert kinds(bad) == [("registry", keys.WORKERS, "w3")]
     assert decoded == ["w2", "w3", "w3"]
-    assert sorted(k[0] for k in known) == [b"w1", b"w2"]
+    assert sorted(known.entries) == [b"w1", b"w2"]
 
 
 def test_a_registry_of_the_wrong_type_reads_empty(r) -> None:

@@ -335,6 +335,10 @@ def drive_sync(r: redis.Redis) -> None:
     # registry
     registry.read_entries(r)
     registry.read_registry(r)
+    known = registry.Known(time.monotonic)
+    registry.read_registry(r, known=known)  # whole: Known.keep
+    registry.read_registry(r, known=known)  # Known.stands: the version alone
+    registry.registered_count(r)
     registry.registered_and_beating(r, list(WORKERS))
     registry.heartbeat_alive(r, WORKERS[0])
     # backlog
@@ -559,6 +563,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.unserved_by_tier": "arithmetic over a Registry",
     "stores.backlog.TierBacklog": "a value",
     "stores.registry.RqEntry": "a value",
+    "stores.registry.Known.keep": "keeps a whole read's entries: no command",
     "stores.backlog.tier_backlog": "parses replies",
     "stores.backlog.workers_group": "parses replies",
     "stores.backlog.no_free_slot": "parses replies",
