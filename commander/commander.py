@@ -117,6 +117,8 @@ class Commander:
                                    settings.interval_s)
         self._known: set[str] = set()  # every tier and pool judged: their pressure wakes the loop
         self._adopted_at = 0.0
+        # the registry last grouped by tier, its groups, and its tiers with a live entry
+        self._grouped: tuple[Registry, dict[str, Registry], frozenset[str]] | None = None
 
     @property
     def leading(self) -> bool:
@@ -191,15 +193,13 @@ class Commander:
             if self.monotonic() - self._adopted_at > ADOPT_EVERY_S:
                 self._adopt()
             registry = self.observer.registry()
+            by_tier, live = self.grouped(registry)
             handles = self.runtime.list()
-            tiers = self._tiers(handles, registry)
+            tiers = self._tiers(handles, live)
             self.dead.take_over(registry, handles, tiers)
             self._retire_hung(registry, handles)
             self.observer.read_reports()
             self.observer.evaluator.forget_absent({*registry, *(h.worker_id for h in handles)}, now)
-            by_tier: dict[str, dict[str, tuple[WorkerInfo, bool]]] = {}  # each tier reads its own workers'
-            for wid, entry in registry.items():
-                by_tier.setdefault(entry[0].tier, {})[wid] = entry
             policies = self._policies(tiers, by_tier)
             tiers = [t for t in tiers if t in policies]
             self.failover.recover({t: p.read.policy.ready_shards for t, p in policies.items()
@@ -223,6 +223,19 @@ class Commander:
             self.board.publish(now, registry, self.observer.evaluator)
         except Deposed:
             log.warning("deposed during a pass: acting on nothing more")
+
+    def grouped(self, registry: Registry) -> tuple[dict[str, Registry], frozenset[str]]:
+        """Each tier's registry entries, and the tiers with a live one: kept from the last pass
+        while the registry is the same (``stores.registry.Known.registry``: 10,000 entries not
+        walked again)."""
+        if self._grouped is None or self._grouped[0] is not registry:
+            by_tier: dict[str, dict[str, tuple[WorkerInfo, bool]]] = {}
+            for wid, entry in registry.items():
+                by_tier.setdefault(entry[0].tier, {})[wid] = entry
+            live = frozenset(t for t, entries in by_tier.items() if any(a for _, a in entries.values()))
+            self._grouped = registry, dict(by_tier), live
+        _, groups, live = self._grouped
+        return groups, live
 
     def _policies(self, tiers: list[str], by_tier: Mapping[str, Registry]) -> dict[str, TierPolicy]:
         """Each tier's policy for this pass (``by_tier``: each tier's registry entries); a tier
@@ -268,11 +281,11 @@ class Commander:
         self.runtime.adopt()  # a predecessor's workers, and workers started apart on this host
         self._adopted_at = self.monotonic()
 
-    def _tiers(self, handles: list[WorkerHandle], registry: Registry) -> list[str]:
+    def _tiers(self, handles: list[WorkerHandle], registered: frozenset[str]) -> list[str]:
         """The tiers and group pools to judge: those with a policy key, ``always_tiers``, and
-        those with live workers, each grouped tier as its pools (``commander.rollouts``)."""
-        live = {h.tier for h in handles if h.state is not Lifecycle.EXITED}
-        live |= {info.tier for info, alive in registry.values() if alive}
+        those with live workers (``registered``: those with a live registry entry), each grouped
+        tier as its pools (``commander.rollouts``)."""
+        live = {h.tier for h in handles if h.state is not Lifecycle.EXITED} | registered
         known = self.tier_names() | set(self.settings.always_tiers)
         names = self.pools.to_judge(known | live, live)
         self._known |= names

@@ -68,6 +68,7 @@ class TierPolicies:
         self._r, self._ledger, self._metrics, self._bad = r, ledger, metrics, bad
         self._verdicts: dict[str, tuple[str, str | None]] = {}  # tier -> (source, error) ledgered
         self._in_force: dict[str, Policy] = {}
+        self._handlers_of: dict[str, tuple[Mapping[str, tuple[WorkerInfo, bool]], list[str]]] = {}
 
     def in_force(self, tier: str) -> Policy | None:
         """The policy the tier ran at its last pass (None before its first)."""
@@ -86,7 +87,7 @@ class TierPolicies:
         checked against the handlers its live workers have (the structure only while none is
         live); every key read side by side, in one round trip. A tier whose read raised has its
         exception in place of its policy."""
-        handlers = {tier: _handlers(tier, by_tier.get(tier, {})) for tier in tiers}
+        handlers = {tier: self._handlers(tier, by_tier.get(tier, {})) for tier in tiers}
         ops = []
         for tier in tiers:
             base, group = split_pool(tier)
@@ -99,6 +100,14 @@ class TierPolicies:
             except Exception as exc:  # (a ledger append fenced off: the caller's to raise)
                 out[tier] = exc
         return out
+
+    def _handlers(self, tier: str, registry: Mapping[str, tuple[WorkerInfo, bool]]) -> list[str]:
+        """:func:`handlers_of` ``tier``'s entries, kept while they are the same object (a
+        commander's registry unchanged since the last pass)."""
+        kept = self._handlers_of.get(tier)
+        if kept is None or kept[0] is not registry:
+            kept = self._handlers_of[tier] = registry, handlers_of(tier, registry)
+        return kept[1]
 
     def _judged(self, tier: str, read: PolicyRead, known: list[str],
                 registry: Mapping[str, tuple[WorkerInfo, bool]]) -> TierPolicy:
@@ -134,7 +143,7 @@ class TierPolicies:
         self._verdicts[tier] = verdict
 
 
-def _handlers(tier: str, registry: Mapping[str, tuple[WorkerInfo, bool]]) -> list[str]:
+def handlers_of(tier: str, registry: Mapping[str, tuple[WorkerInfo, bool]]) -> list[str]:
     """The handlers ``tier``'s live workers registered, sorted."""
     names: set[str] = set()
     for info, alive in registry.values():

@@ -3,7 +3,9 @@
 A registered worker whose heartbeat key has expired is dead: it is returned with
 ``alive=False`` (callers decide whether to show it or ignore it). An entry that does not
 decode, or whose ids are not valid, is skipped, named in ``unreadable`` and told to a
-``stores.bad_state.BadState``.
+``stores.bad_state.BadState``. A reader that reads it again and again (the commander, every
+pass) keeps it (:class:`Known`) and reads it whole only when its version changed; the
+heartbeats are read every time.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ class Known:
         self.infos: list[WorkerInfo] = []
         self.unreadable: list[str] = []
         self.version: bytes | None = None
+        self.beats: list[str] = []  # each info's heartbeat key
         self._monotonic, self._read_at = monotonic, -math.inf
+        self._last: tuple[list[bool], Registry] | None = None  # the last registry, and its liveness
 
     def stands(self, r: redis.Redis) -> bool:
         """Whether the last read is still the registry (one round trip, unless it is due whole)."""
@@ -83,7 +87,20 @@ class Known:
         """A whole read's entries (those that decoded), unreadable ids, and version."""
         self.entries, self.unreadable, self.version = entries, unreadable, version
         self.infos = [info for _, info in entries.values()]
+        self.beats = [keys.heartbeat(info.worker) for info in self.infos]
         self._read_at = self._monotonic()
+        self._last = None
+
+    def registry(self, alive: list[bool]) -> Registry:
+        """The registry of the entries kept, with ``alive`` (each one's heartbeat): the very
+        one returned last time if neither changed (a pass at 10,000 workers need not build it
+        again, and a reader may keep what it derived from it: compare by identity)."""
+        if self._last is not None and self._last[0] == alive:
+            return self._last[1]
+        reg = Registry({i.worker: (i, a) for i, a in zip(self.infos, alive, strict=True)},
+                       tuple(self.unreadable))
+        self._last = alive, reg
+        return reg
 
 
 def read_entries(r: redis.Redis, bad: BadState = DEFAULT,
@@ -133,7 +150,7 @@ def read_registry(r: redis.Redis, bad: BadState = DEFAULT, known: Known | None =
     infos, unreadable = read_entries(r, bad, known)
     if not infos:
         return Registry(unreadable=tuple(unreadable))
-    beats = [keys.heartbeat(info.worker) for info in infos]
+    beats = known.beats if known is not None else [keys.heartbeat(info.worker) for info in infos]
     pipe = r.pipeline(transaction=False)
     if is_cluster(r):
         for key in beats:
@@ -143,6 +160,8 @@ def read_registry(r: redis.Redis, bad: BadState = DEFAULT, known: Known | None =
         for at in range(0, len(beats), HEARTBEATS_PER_MGET):
             pipe.mget(beats[at:at + HEARTBEATS_PER_MGET])
         alive = [value is not None for values in pipe.execute() for value in values]
+    if known is not None:
+        return known.registry(alive)
     return Registry({i.worker: (i, a) for i, a in zip(infos, alive, strict=True)}, tuple(unreadable))
 
 

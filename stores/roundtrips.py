@@ -11,6 +11,7 @@ command on the client itself), or ``stores.replicas.OnNodes`` (a Cluster's write
 ``WAIT``, per master). Decorated with :func:`operation`, a generator becomes a function of the
 client: ``read_policy(r, tier)`` returns the result on a blocking client, and a coroutine to
 await on an asyncio one; another operation runs it inline with ``yield from read_policy.steps(tier)``.
+:func:`run_all` runs several side by side, their pipelined round trips sent together.
 """
 
 from __future__ import annotations

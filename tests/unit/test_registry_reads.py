@@ -100,3 +100,21 @@ def test_a_registry_turned_another_type_or_a_bad_entry_is_told_at_every_whole_re
     assert read_registry(r, bad, known).workers == {}
     assert [(e.kind, e.key) for e in bad.entries] == [("registry", keys.WORKERS)]
     assert registry.read_entries(r, BadState(), known) == ([], [])
+
+
+def test_the_same_registry_while_nothing_changed_a_new_one_when_a_heartbeat_went() -> None:
+    """A reader keeping the registry gets the very object of the last read while neither the
+    entries nor any heartbeat changed (what it derived from it may be kept: by identity), and a
+    new one as soon as a heartbeat is gone."""
+    r = fakeredis.FakeRedis()
+    for wid in ("w1", "w2"):
+        r.hset(keys.WORKERS, wid, encode(info(wid)))
+        r.set(keys.heartbeat(wid), "1")
+    r.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
+    known = Known(Clock())
+    first = read_registry(r, BadState(), known)
+    assert read_registry(r, BadState(), known) is first
+    r.delete(keys.heartbeat("w2"))
+    second = read_registry(r, BadState(), known)
+    assert second is not first and second.workers["w2"][1] is False and second.workers["w1"][1] is True
+    assert read_registry(r, BadState(), known) is second

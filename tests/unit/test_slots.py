@@ -564,6 +564,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.TierBacklog": "a value",
     "stores.registry.RqEntry": "a value",
     "stores.registry.Known.keep": "keeps a whole read's entries: no command",
+    "stores.registry.Known.registry": "builds a Registry: no command",
     "stores.backlog.tier_backlog": "parses replies",
     "stores.backlog.workers_group": "parses replies",
     "stores.backlog.no_free_slot": "parses replies",
