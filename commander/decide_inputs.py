@@ -104,7 +104,9 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
         state = _state(handle, report.state)
         # what the view is made of, as plain values (the memo keeps no report alive): the
         # report by its time (a worker's newest report is only ever replaced by a later one),
-        # which also stands for the rows behind its occupancy and ready_at
+        # which also stands for the rows behind its occupancy and ready_at. (One exception: a
+        # worker forgotten, then sent a report of exactly the old time, a replayed or forged
+        # entry for an exited worker, keeps the old view while that report is its newest.)
         parts = (report.ts, state, started, fresh, limit)
         kept = last.get(wid)
         if kept is not None and kept[0] == parts:
