@@ -67,7 +67,7 @@ class Known:
     def __init__(self, monotonic: Callable[[], float]) -> None:
         self.entries: dict[bytes, tuple[bytes, WorkerInfo]] = {}  # field -> (its bytes, decoded)
         self.infos: list[WorkerInfo] = []
-        self.unreadable: list[str] = []
+        self.failed: list[tuple[str, Exception]] = []  # the entries that did not decode, and why
         self.version: bytes | None = None
         self.beats: list[str] = []  # each info's heartbeat key
         self._monotonic, self._read_at = monotonic, -math.inf
@@ -82,10 +82,15 @@ class Known:
         except ResponseError:  # (another type: the whole read says so)
             return False
 
-    def keep(self, entries: dict[bytes, tuple[bytes, WorkerInfo]], unreadable: list[str],
+    @property
+    def unreadable(self) -> list[str]:
+        """The ids of the entries that did not decode."""
+        return [wid for wid, _ in self.failed]
+
+    def keep(self, entries: dict[bytes, tuple[bytes, WorkerInfo]], failed: list[tuple[str, Exception]],
              version: bytes | None) -> None:
-        """A whole read's entries (those that decoded), unreadable ids, and version."""
-        self.entries, self.unreadable, self.version = entries, unreadable, version
+        """A whole read's entries (those that decoded), those that did not and why, and version."""
+        self.entries, self.failed, self.version = entries, failed, version
         self.infos = [info for _, info in entries.values()]
         self.beats = [keys.heartbeat(info.worker) for info in self.infos]
         self._read_at = self._monotonic()
@@ -110,6 +115,8 @@ def read_entries(r: redis.Redis, bad: BadState = DEFAULT,
     this reader kept of its last read (:class:`Known`), read again only as it says, and left
     holding this read's."""
     if known is not None and known.stands(r):
+        for wid, exc in known.failed:  # met again: told again (and counted), as a read would
+            bad.note("registry", keys.WORKERS, wid, exc)
         return known.infos, known.unreadable
     try:
         entries = hash_reply(r.hgetall(keys.WORKERS))
@@ -117,7 +124,9 @@ def read_entries(r: redis.Redis, bad: BadState = DEFAULT,
         bad.note("registry", keys.WORKERS, "", reject_wrong_type(exc))
         return [], []
     version = entries.pop(_VERSION, None)
-    infos, unreadable, seen = [], [], {}
+    infos: list[WorkerInfo] = []
+    failed: list[tuple[str, Exception]] = []
+    seen: dict[bytes, tuple[bytes, WorkerInfo]] = {}
     last = known.entries if known is not None else {}
     for name, blob in entries.items():
         hit = last.get(name)
@@ -129,13 +138,13 @@ def read_entries(r: redis.Redis, bad: BadState = DEFAULT,
                 info = _entry(wid, blob)
             except (CodecError, InvalidId) as exc:
                 bad.note("registry", keys.WORKERS, wid, exc)
-                unreadable.append(wid)
+                failed.append((wid, exc))
                 continue
         infos.append(info)
         seen[name] = blob, info
     if known is not None:
-        known.keep(seen, unreadable, version)
-    return infos, unreadable
+        known.keep(seen, failed, version)
+    return infos, [wid for wid, _ in failed]
 
 
 HEARTBEATS_PER_MGET = 1000  # heartbeats read by one MGET (one node)

@@ -20,6 +20,7 @@ import redis
 from protocol import keys
 from protocol.codec import decode, encode
 from protocol.models import CommanderInfo, LedgerEvent, WorkerInfo
+from stores.registry import read_entries
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.05) -> object:
@@ -163,13 +164,14 @@ def register(r: redis.Redis, worker: str, tier: str = "chat", alive: bool = True
     info = WorkerInfo(worker=worker, tier=tier, pid=4242, host="h",
                       started=time.time() - 60 if started is None else started)
     r.hset(keys.WORKERS, worker, encode(info))
+    r.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)  # (as a worker registering does)
     if alive:
         r.set(keys.heartbeat(worker), "1", ex=60)
 
 
 def live_workers(r: redis.Redis, tier: str | None = None) -> list[WorkerInfo]:
     """The registry's workers (of ``tier``) whose heartbeat is alive."""
-    infos = [decode(WorkerInfo, raw) for raw in r.hgetall(keys.WORKERS).values()]
+    infos, _ = read_entries(r)
     return [i for i in infos if (tier is None or i.tier == tier) and r.exists(keys.heartbeat(i.worker))]
 
 

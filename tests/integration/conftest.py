@@ -19,8 +19,7 @@ import redis
 
 from commander.runtime import Lifecycle, WorkerHandle
 from protocol import keys
-from protocol.codec import decode
-from protocol.models import WorkerInfo
+from stores.registry import read_entries
 from tests.browser_driver import Browser, ensure_browser
 from tests.helpers import Processes, Started, leads, no_process_left, wait_until  # wait_until: re-exported
 
@@ -87,7 +86,7 @@ def start_worker(fleet_env: dict[str, str], r: redis.Redis,
 
 
 def _worker_pids(r: redis.Redis) -> set[int]:
-    return {decode(WorkerInfo, raw).pid for raw in r.hgetall(keys.WORKERS).values()}
+    return {info.pid for info in read_entries(r)[0]}
 
 
 @pytest.fixture

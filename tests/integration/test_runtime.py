@@ -25,11 +25,11 @@ from commander.runtime import Lifecycle
 from commander.runtime.process import ProcessRuntime, new_worker_id
 from fleet.client import Fleet
 from protocol import keys
-from protocol.codec import decode, encode
+from protocol.codec import encode
 from protocol.models import WorkerInfo
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
-from stores.registry import registered_count
+from stores.registry import read_entries, registered_count
 from stores.roles import with_credentials
 from tests.conftest import ROLE_PASSWORDS
 from tests.helpers import fleet_cli, running
@@ -64,6 +64,7 @@ time.sleep(a.register_after)
 info = WorkerInfo(worker=a.worker_id, tier=a.tier, pid=os.getpid(), host=socket.gethostname(),
                   started=time.time())
 r.hset(keys.WORKERS, a.worker_id, encode(info))
+r.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
 last = "0-0"
 while not stop:
     r.set(keys.heartbeat(a.worker_id), "1", px=2000)
@@ -74,6 +75,7 @@ while not stop:
                 stop = True
 time.sleep(0.2)  # "finishing in-flight users"
 r.hdel(keys.WORKERS, a.worker_id)
+r.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
 r.delete(keys.heartbeat(a.worker_id))
 print("drained", flush=True)
 '''
@@ -104,7 +106,7 @@ def make_runtime(make_runtime: Callable[..., ProcessRuntime],
 
 
 def _registry(r: redis.Redis) -> dict[str, WorkerInfo]:
-    return {k.decode(): decode(WorkerInfo, v) for k, v in r.hgetall(keys.WORKERS).items()}
+    return {info.worker: info for info in read_entries(r)[0]}
 
 
 # --- runtime --------------------------------------------------------------------------------

@@ -16,10 +16,10 @@ from commander.runtime.kubernetes.runtime import KubernetesRuntime
 from commander.settings import CommanderSettings
 from fleet.client import Fleet
 from protocol import keys
-from protocol.codec import decode
 from protocol.models import WorkerInfo
 from protocol.policy import turns_policy
 from stores.policies import write_policy
+from stores.registry import read_entries
 from tests.integration.conftest import wait_until
 from tests.k8s.cluster import Ended
 from tests.k8s.conftest import DEPLOYMENT, answered_once, api_for, running_and_ready
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 def registered(r: redis.Redis) -> dict[str, WorkerInfo]:
     """Registered workers with a live heartbeat, by id."""
-    infos = [decode(WorkerInfo, raw) for raw in r.hgetall(keys.WORKERS).values()]
+    infos, _ = read_entries(r)
     return {i.worker: i for i in infos if r.exists(keys.heartbeat(i.worker))}
 
 

@@ -265,43 +265,24 @@ def test_the_commander_judges_the_good_tier_past_a_bad_member_and_a_bad_registry
     assert sample(metrics, "fleet_state_errors_total", {"kind": "registry"}) == 2
 
 
-def test_one_tier_whose_pass_raises_does_not_stop_the_others(r, monkeypatch) -> None:
+@pytest.mark.parametrize("where", ["decide", "policy read"])
+def test_one_tier_whose_pass_or_policy_read_raises_does_not_stop_the_others(r, monkeypatch, where) -> None:
+    """A value no pass expects, in one tier's decide or in its policy read (every tier's policy
+    is read in one round trip): that tier is left out of the pass, the others are judged."""
     from commander import commander as module
-
-    write_policy(r, "alpha", turns_policy(min_workers=1))
-    write_policy(r, "beta", turns_policy(min_workers=1))
-    real = module.decide
-
-    def broken(snap, *args, **kwargs):
-        if snap.tier == "alpha":
-            raise ValueError("a value no pass expects")
-        return real(snap, *args, **kwargs)
-
-    monkeypatch.setattr(module, "decide", broken)
-    runtime, metrics = RecordingRuntime(), Metrics()
-    commander = leading(r, runtime, metrics, always_tiers=())
-    commander.pass_once(time.time())
-
-    assert [runtime.handles[w].tier for w in runtime.spawned] == ["beta"]
-    assert sample(metrics, "fleet_state_errors_total", {"kind": "tier_pass"}) == 1
-    assert [e.key for e in commander.bad.entries] == ["alpha"]
-
-
-def test_one_tier_whose_policy_read_raises_does_not_stop_the_others(r, monkeypatch) -> None:
-    """Every tier's policy is read in one round trip; a tier whose read raised is left out of
-    the pass, the others are judged."""
     from commander import tier_policies
 
     write_policy(r, "alpha", turns_policy(min_workers=1))
     write_policy(r, "beta", turns_policy(min_workers=1))
-    real = tier_policies.pool_policy
+    owner, name = (module, "decide") if where == "decide" else (tier_policies, "pool_policy")
+    real = getattr(owner, name)
 
-    def broken(tier, read):
-        if tier == "alpha":
-            raise ValueError("a value no read expects")
-        return real(tier, read)
+    def broken(first, *args, **kwargs):
+        if (first.tier if where == "decide" else first) == "alpha":
+            raise ValueError("a value no pass expects")
+        return real(first, *args, **kwargs)
 
-    monkeypatch.setattr(tier_policies, "pool_policy", broken)
+    monkeypatch.setattr(owner, name, broken)
     runtime, metrics = RecordingRuntime(), Metrics()
     commander = leading(r, runtime, metrics, always_tiers=())
     commander.pass_once(time.time())
