@@ -27,6 +27,7 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.policy import turns_policy
 from stores.policies import write_policy
+from stores.registry import read_registry
 
 POLICY = turns_policy(handler="sleep", handler_options={"sleep_ms": 0}, concurrency=1, min_workers=1,
                       max_workers=4, users_per_instance=None, target_backlog_per_worker=None,
@@ -51,7 +52,7 @@ def parse_args(argv: list[str] | None = None):
 
 
 def _live(r: redis.Redis) -> list[str]:
-    return [w.decode() for w in r.hkeys(keys.WORKERS) if r.exists(keys.heartbeat(w.decode()))]
+    return [info.worker for info in read_registry(r).live()]
 
 
 def _wait(pred, timeout: float, what: str):

@@ -50,6 +50,7 @@ from sim.scaling.service import parse_service
 from sim.scaling.simulate import SimConfig, SimResult, quantile, simulate
 from sim.scaling.trace import TraceModel, TraceTurn, assign_users, speed_up, window
 from sim.scaling.tracefile import Trace, TraceSource, parse_columns, parse_iso, read_trace_file, zone
+from stores.registry import read_registry
 
 TRACE_NAME = Path("shared") / "traces" / "azure_llm_conv_2023.csv"
 
@@ -211,9 +212,8 @@ def validation_policy(args: argparse.Namespace) -> TurnsPolicy:
 
 
 def _live(r: Any) -> int:
-    from protocol import keys
 
-    return sum(1 for w in r.hkeys(keys.WORKERS) if r.exists(keys.heartbeat(w.decode())))
+    return len(read_registry(r).live())
 
 
 def real_run(turns: list[TraceTurn], policy: TurnsPolicy, args: argparse.Namespace) -> ReplayResult:
