@@ -117,13 +117,13 @@ _SUBMIT_READS = (ro(pattern(keys.policy, TIER)), ro(pattern(keys.policy_good, TI
 # stream, which it writes only (never its control stream: a client cannot drain a worker).
 _CANCEL_KEYS = (rw(pattern(keys.state, USER)), rw(pattern(keys.done, USER)), ro(pattern(keys.lane, USER)),
                 KeyRule(pattern(keys.cancels, WORKER), "W"))
-_ALL_FLEET = (rw(f"{keys.PREFIX}:*"), rw(keys.LEADER), rw(keys.EPOCH))
+_ALL_FLEET = (rw(f"{keys.PREFIX}:*"), rw(keys.LEADER), rw(keys.EPOCH), rw(keys.WORKERS_VERSION))
 # A worker serves any user (every user's keys) from its tiers' streams and sets, keeps its own
-# keys and its registry entry, reports, and records its verdict on a policy (the last good copy
-# and the status); it reads, never writes, the policy keys and the tiers' list, and touches
-# neither the leader's lease, the ledger nor the commanders' hash.
+# keys, its registry entry and the registry's version, reports, and records its verdict on a
+# policy (the last good copy and the status); it reads, never writes, the policy keys and the
+# tiers' list, and touches neither the leader's lease, the ledger nor the commanders' hash.
 _WORKER_KEYS = (rw(f"{keys.PREFIX}:u:{{*}}:*"), rw(f"{keys.PREFIX}:{{*}}:*"), rw(f"{keys.PREFIX}:w:{{*}}:*"),
-                rw(keys.WORKERS), rw(keys.REPORTS),
+                rw(keys.WORKERS), rw(keys.WORKERS_VERSION), rw(keys.REPORTS),
                 rw(pattern(keys.policy_good, TIER) + "*"), rw(pattern(keys.policy_status, TIER) + "*"),
                 ro(keys.POLICY_PREFIX + "*"), ro(keys.TIERS), ro(keys.RECOVERED))
 # RQ's own commands (its scripts, queues, registries and pub/sub), on RQ's keys and channels
@@ -142,15 +142,16 @@ _SUBMIT = ("xadd", "zadd", "blpop", "lpop", "xread", "get", "exists", "hgetall",
 INBOX_EXPIRY_SELECTOR = f"(~{pattern(keys.inbox, USER)} +pexpire)"
 
 # What a worker and the commander send (a worker serves turns and reports; the commander also
-# takes over a dead worker's streams, so it needs the same stream and lane commands).
-_SERVING = ("get", "set", "mget", "incr", "del", "exists", "type", "pexpire", "pttl", "hget", "hset", "hmget",
-            "hgetall", "hvals", "hdel", "hexists", "hincrby", "rpush", "lrange", "ltrim", "lrem", "sadd",
-            "srem", "smembers", "sismember", "zadd", "zcount", "zscore", "zrevrange", "zrange", "zrem",
-            "zremrangebyscore", "zremrangebyrank", "zscan", "xadd", "xread", "xreadgroup", "xack",
-            "xautoclaim", "xclaim", "xpending", "xrange", "xrevrange", "xlen", "xtrim", "xdel",
-            "xgroup|create", "xgroup|delconsumer", "xinfo|groups", "xinfo|consumers",
-            "multi", "exec", "discard", "watch", "unwatch", "wait", "scan",
-            "persist")  # persist: a commit after the tier's retention was turned off
+# takes over a dead worker's streams, so it needs the same stream and lane commands). PERSIST: a
+# commit after the tier's retention was turned off; INCRBY: redis-py's ``incr`` (the registry's
+# version).
+_SERVING = ("get", "set", "mget", "incr", "incrby", "del", "exists", "type", "pexpire", "pttl", "hget",
+            "hset", "hmget", "hgetall", "hvals", "hdel", "hexists", "hincrby", "rpush", "lrange", "ltrim",
+            "lrem", "sadd", "srem", "smembers", "sismember", "zadd", "zcount", "zscore", "zrevrange",
+            "zrange", "zrem", "zremrangebyscore", "zremrangebyrank", "zscan", "xadd", "xread", "xreadgroup",
+            "xack", "xautoclaim", "xclaim", "xpending", "xrange", "xrevrange", "xlen", "xtrim", "xdel",
+            "xgroup|create", "xgroup|delconsumer", "xinfo|groups", "xinfo|consumers", "multi", "exec",
+            "discard", "watch", "unwatch", "wait", "scan", "persist")
 
 ROLES: tuple[Role, ...] = (
     Role("fleet-client", "the Python client, the raw protocol, fleet submit / chat / ask",

@@ -24,9 +24,10 @@ GROUP = "workers"  # the consumer group on every tier's ready stream
 REPORTS = f"{PREFIX}:reports"  # stream of OccupancyReport
 EVENTS = f"{PREFIX}:events"  # stream: the scaling ledger
 WORKERS = f"{PREFIX}:workers"  # hash: worker id -> msgpack WorkerInfo (the registry)
-# a field of WORKERS that no worker id can be: a counter each writer of an entry bumps in the
-# same round trip, so a reader that keeps the entries reads them again only when it changed
-WORKERS_VERSION = "#version"
+# The registry's version: a counter each writer of an entry bumps in the same round trip, so a
+# reader that keeps the entries reads them again only when it changed. Its tag is the registry's
+# name, so it shares the registry's slot (one node orders a writer's entry and its bump).
+WORKERS_VERSION = f"{{{WORKERS}}}:version"
 TIERS = f"{PREFIX}:tiers"  # set of tier names that have a policy
 # The commander's leader lease and epoch counter carry ``fleet:events`` as their hash tag: a
 # key without braces hashes whole, so ``{fleet:events}:leader`` shares the ledger's slot and

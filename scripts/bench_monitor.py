@@ -119,7 +119,7 @@ def populate(r: redis.Redis, workers: int, tiers: int, now: float) -> list[str]:
         info = WorkerInfo(worker=wid, tier=tier, pid=10_000 + w, host="bench", started=now - 3600,
                           handlers=["echo", "noop", "sleep"])
         pipe.hset(keys.WORKERS, wid, encode(info))
-        pipe.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)  # (as a worker registering does)
+        pipe.incr(keys.WORKERS_VERSION)  # (as a worker registering does)
         pipe.set(keys.heartbeat(wid), "1", px=600_000)
     for i in range(50):
         pipe.xadd(keys.dead(names[i % tiers]), {"user": f"u{i}", "turn_id": f"t{i}", "reason": "max attempts",

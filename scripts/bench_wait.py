@@ -36,7 +36,6 @@ from fleet.client import AsyncFleet
 from protocol.policy import turns_policy
 from stores.connection import connect_sync
 from stores.policies import write_policy
-from stores.registry import registered_count
 
 REFRESH_S = 0.2  # the workers' policy refresh here: a new replica_acks applies within this
 
@@ -105,7 +104,7 @@ def cluster_workers(url: str, n: int, log_dir: Path,
                                                "--worker-id", f"chat-wait{i}", "--log-level", "WARNING"],
                                               env=env, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 30
-        while registered_count(r) < n:
+        while r.hlen("fleet:workers") < n:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"workers did not register (logs in {log_dir})")
             time.sleep(0.05)

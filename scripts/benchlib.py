@@ -21,8 +21,6 @@ from pathlib import Path
 import psutil
 import redis
 
-from stores.registry import registered_count
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -86,7 +84,7 @@ def worker_processes(url: str, n: int, tier: str = "chat", log_dir: Path | None 
                                           env=env, stdout=log, stderr=subprocess.STDOUT))
         r = redis.Redis.from_url(url)
         deadline = time.monotonic() + 20
-        while registered_count(r) < n:
+        while r.hlen("fleet:workers") < n:
             if time.monotonic() > deadline:
                 raise RuntimeError("workers did not register")
             time.sleep(0.05)

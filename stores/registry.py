@@ -10,10 +10,12 @@ heartbeats are read every time.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import cast
 
 import redis
 from redis.exceptions import ResponseError
@@ -23,7 +25,7 @@ from protocol.codec import CodecError, as_str, decode
 from protocol.groups import validate_pool
 from protocol.ids import InvalidId, validate_token
 from protocol.models import WorkerInfo
-from stores.bad_state import DEFAULT, BadState, reject_wrong_type
+from stores.bad_state import DEFAULT, LOG, BadState, reject_wrong_type
 from stores.cluster import is_cluster
 from stores.replies import hash_reply
 
@@ -53,16 +55,16 @@ def _entry(wid: str, blob: bytes) -> WorkerInfo:
 
 
 FULL_READ_EVERY_S = 10.0  # a reader that keeps the entries reads them all at least this often
-_VERSION = keys.WORKERS_VERSION.encode()
 
 
 class Known:
     """What a reader keeps of its last registry read (a commander reads 10,000 entries a pass):
     each entry decoded, by field, with its exact bytes, and the registry's version then
-    (``keys.WORKERS_VERSION``). While the version stands, a read is one ``HGET`` of it instead
-    of the whole hash; the hash is read whole again when it changed, when it has no version
-    (writers that do not bump it), and every ``FULL_READ_EVERY_S`` (an entry written without a
-    bump: a raw ``HSET``, a forged entry); an entry unchanged since is not decoded again."""
+    (``keys.WORKERS_VERSION``). While the version stands, a read is one ``GET`` of it instead
+    of the whole hash; the hash is read whole again when it changed, when it has none or one
+    that is no counter (writers that do not bump it), and every ``FULL_READ_EVERY_S`` (an entry
+    written without a bump: a raw ``HSET``, a forged entry); an entry unchanged since is not
+    decoded again."""
 
     def __init__(self, monotonic: Callable[[], float]) -> None:
         self.entries: dict[bytes, tuple[bytes, WorkerInfo]] = {}  # field -> (its bytes, decoded)
@@ -78,7 +80,7 @@ class Known:
         if self.version is None or self._monotonic() - self._read_at >= FULL_READ_EVERY_S:
             return False
         try:
-            return bool(r.hget(keys.WORKERS, keys.WORKERS_VERSION) == self.version)
+            return bool(r.get(keys.WORKERS_VERSION) == self.version)
         except ResponseError:  # (another type: the whole read says so)
             return False
 
@@ -108,27 +110,45 @@ class Known:
         return reg
 
 
+def _version(reply: object, bad: BadState) -> bytes | None:
+    """The registry's version as read (``GET``), or None if there is none or it is no counter
+    (told to ``bad``): the registry is then read whole every time."""
+    if isinstance(reply, ResponseError):
+        bad.note("registry", keys.WORKERS_VERSION, "", reject_wrong_type(reply))
+        return None
+    if reply is not None and not cast("bytes", reply).isdigit():
+        bad.note("registry", keys.WORKERS_VERSION, "", "not a counter: writers cannot bump it")
+        return None
+    return cast("bytes | None", reply)
+
+
 def read_entries(r: redis.Redis, bad: BadState = DEFAULT,
                  known: Known | None = None) -> tuple[list[WorkerInfo], list[str]]:
     """Every registry entry that decodes and whose ids are valid, and the ids of those that are
     not (told to ``bad``, as is a registry of another type), in one HGETALL. ``known``: what
-    this reader kept of its last read (:class:`Known`), read again only as it says, and left
-    holding this read's."""
+    this reader kept of its last read (:class:`Known`), read again only as it says (with the
+    version, read first in the same round trip: an entry written after it is read again at the
+    next change), and left holding this read's."""
     if known is not None and known.stands(r):
         for wid, exc in known.failed:  # met again: told again (and counted), as a read would
             bad.note("registry", keys.WORKERS, wid, exc)
         return known.infos, known.unreadable
-    try:
-        entries = hash_reply(r.hgetall(keys.WORKERS))
-    except ResponseError as exc:
-        bad.note("registry", keys.WORKERS, "", reject_wrong_type(exc))
+    pipe = r.pipeline(transaction=False)
+    if known is not None:
+        pipe.get(keys.WORKERS_VERSION)
+    pipe.hgetall(keys.WORKERS)
+    *versions, reply = pipe.execute(raise_on_error=False)
+    version = _version(versions[0], bad) if versions else None
+    if isinstance(reply, ResponseError):
+        bad.note("registry", keys.WORKERS, "", reject_wrong_type(reply))
+        if known is not None:
+            known.keep({}, [], None)
         return [], []
-    version = entries.pop(_VERSION, None)
     infos: list[WorkerInfo] = []
     failed: list[tuple[str, Exception]] = []
     seen: dict[bytes, tuple[bytes, WorkerInfo]] = {}
     last = known.entries if known is not None else {}
-    for name, blob in entries.items():
+    for name, blob in hash_reply(reply).items():
         hit = last.get(name)
         if hit is not None and hit[0] == blob:
             info = hit[1]
@@ -145,6 +165,22 @@ def read_entries(r: redis.Redis, bad: BadState = DEFAULT,
     if known is not None:
         known.keep(seen, failed, version)
     return infos, [wid for wid, _ in failed]
+
+
+def raise_unless_bumped(replies: list[object], log: logging.Logger) -> None:
+    """The replies of a registry write whose last command bumps the version (``INCR``): the
+    first error of the others is raised; a failed bump (a version that is no counter, or of
+    another type: hostile state) is warned of and loses nothing, since readers that keep the
+    registry read it whole at least every ``FULL_READ_EVERY_S``."""
+    *written, bump = replies
+    for reply in written:
+        if isinstance(reply, Exception):
+            raise reply
+    if isinstance(bump, ResponseError):
+        log.warning("the registry's version %s cannot be bumped (%s): readers that keep the "
+                    "registry see this change within %.0f s", keys.WORKERS_VERSION, bump, FULL_READ_EVERY_S)
+    elif isinstance(bump, Exception):
+        raise bump
 
 
 HEARTBEATS_PER_MGET = 1000  # heartbeats read by one MGET (one node)
@@ -172,15 +208,6 @@ def read_registry(r: redis.Redis, bad: BadState = DEFAULT, known: Known | None =
     if known is not None:
         return known.registry(alive)
     return Registry({i.worker: (i, a) for i, a in zip(infos, alive, strict=True)}, tuple(unreadable))
-
-
-def registered_count(r: redis.Redis) -> int:
-    """How many entries the registry has, its version field aside (one round trip)."""
-    pipe = r.pipeline(transaction=False)
-    pipe.hlen(keys.WORKERS)
-    pipe.hexists(keys.WORKERS, keys.WORKERS_VERSION)
-    fields, versioned = pipe.execute()
-    return int(fields) - bool(versioned)
 
 
 def registered_and_beating(r: redis.Redis, worker_ids: Sequence[str]) -> list[bool]:
@@ -214,12 +241,12 @@ def forget_workers(r: redis.Redis, worker_ids: Sequence[str]) -> None:
     refuses a multi-key ``DEL`` even within one slot)."""
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.WORKERS, *worker_ids)
-    pipe.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
     for w in worker_ids:
         pipe.delete(keys.heartbeat(w))
         pipe.delete(keys.control(w))
         pipe.delete(keys.cancels(w))
-    pipe.execute()
+    pipe.incr(keys.WORKERS_VERSION)
+    raise_unless_bumped(pipe.execute(raise_on_error=False), LOG)
 
 
 @dataclass(frozen=True)

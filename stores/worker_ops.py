@@ -24,6 +24,7 @@ from protocol.models import WorkerInfo
 from stores import cluster, functions
 from stores.batch import ScriptBatcher
 from stores.functions import Functions
+from stores.registry import raise_unless_bumped
 from stores.replies import raw_streams
 
 log = logging.getLogger("fleet.worker")
@@ -92,9 +93,9 @@ async def register_worker(r: aioredis.Redis, info: WorkerInfo, heartbeat_ttl_ms:
     """Write the worker's registry entry and beat its heartbeat (one round trip)."""
     pipe = r.pipeline(transaction=False)
     pipe.hset(keys.WORKERS, info.worker, encode(info))
-    pipe.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
     pipe.set(keys.heartbeat(info.worker), "1", px=heartbeat_ttl_ms)
-    await pipe.execute()
+    pipe.incr(keys.WORKERS_VERSION)  # (after the entry: a reader of this version reads it)
+    raise_unless_bumped(await pipe.execute(raise_on_error=False), log)
 
 
 async def deregister_worker(r: aioredis.Redis, tier: str, worker_id: str, shards: int = 1) -> None:
@@ -107,13 +108,13 @@ async def deregister_worker(r: aioredis.Redis, tier: str, worker_id: str, shards
             idle.append(ready)
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.WORKERS, worker_id)
-    pipe.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
     pipe.delete(keys.heartbeat(worker_id))  # one DEL per key: a cluster pipeline refuses a
     pipe.delete(keys.control(worker_id))  # multi-key DEL (the two share the worker's slot)
     pipe.delete(keys.cancels(worker_id))
     for ready in idle:
         pipe.xgroup_delconsumer(ready, keys.GROUP, worker_id)
-    await pipe.execute()
+    pipe.incr(keys.WORKERS_VERSION)
+    raise_unless_bumped(await pipe.execute(raise_on_error=False), log)
 
 
 Delivered = list[tuple[str, dict[bytes, bytes]]]  # (notification name, fields), as read

@@ -164,7 +164,7 @@ def register(r: redis.Redis, worker: str, tier: str = "chat", alive: bool = True
     info = WorkerInfo(worker=worker, tier=tier, pid=4242, host="h",
                       started=time.time() - 60 if started is None else started)
     r.hset(keys.WORKERS, worker, encode(info))
-    r.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)  # (as a worker registering does)
+    r.incr(keys.WORKERS_VERSION)  # (as a worker registering does)
     if alive:
         r.set(keys.heartbeat(worker), "1", ex=60)
 

@@ -21,7 +21,6 @@ from protocol import keys
 from protocol.acl import ROLE_NAMES, role
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
-from stores.registry import registered_count
 from stores.roles import password_env, with_credentials
 from tests.conftest import RedisServer, acl_denial, role_env
 from tests.helpers import fleet_cli, wait_until
@@ -168,7 +167,7 @@ def test_a_commander_gives_its_workers_the_worker_url(
     def users() -> set[str]:
         return {c["user"] for c in r.client_list()}
 
-    wait_until(lambda: registered_count(r) > 0 or not started.alive(), 30, "a worker to register")
+    wait_until(lambda: r.hlen(keys.WORKERS) > 0 or not started.alive(), 30, "a worker to register")
     assert started.alive(), started.tail()
     assert {"fleet-commander", "fleet-worker"} <= users()
     assert "redis://" not in started.tail(100_000).replace(redis_server.plain_url, "")

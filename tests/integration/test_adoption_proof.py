@@ -29,7 +29,6 @@ from commander.settings import CommanderSettings
 from protocol import keys
 from protocol.codec import encode
 from protocol.models import WorkerInfo
-from stores.registry import registered_count
 from tests.helpers import ledger, passes, running, wait_until
 from tests.integration.conftest import share_proof, wait_running
 
@@ -91,7 +90,7 @@ def test_a_restarted_commander_still_adopts_its_predecessors_workers(make_runtim
     assert {h.worker_id for h in make_runtime().adopt()} == set(ids)
     other = tmp_path / "other-run"
     share_proof(tmp_path / "run", other)
-    wait_until(lambda: registered_count(r) == 2, 30, "both registered")
+    wait_until(lambda: r.hlen(keys.WORKERS) == 2, 30, "both registered")
     assert {h.worker_id for h in make_runtime(run_dir=other).adopt()} == set(ids)
     # another host's proof (a run dir of its own): nothing is adopted, both are reported
     stranger = make_runtime(run_dir=tmp_path / "stranger-run")

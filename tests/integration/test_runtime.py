@@ -29,7 +29,7 @@ from protocol.codec import encode
 from protocol.models import WorkerInfo
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
-from stores.registry import read_entries, registered_count
+from stores.registry import read_entries
 from stores.roles import with_credentials
 from tests.conftest import ROLE_PASSWORDS
 from tests.helpers import fleet_cli, running
@@ -64,7 +64,7 @@ time.sleep(a.register_after)
 info = WorkerInfo(worker=a.worker_id, tier=a.tier, pid=os.getpid(), host=socket.gethostname(),
                   started=time.time())
 r.hset(keys.WORKERS, a.worker_id, encode(info))
-r.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
+r.incr(keys.WORKERS_VERSION)
 last = "0-0"
 while not stop:
     r.set(keys.heartbeat(a.worker_id), "1", px=2000)
@@ -75,7 +75,7 @@ while not stop:
                 stop = True
 time.sleep(0.2)  # "finishing in-flight users"
 r.hdel(keys.WORKERS, a.worker_id)
-r.hincrby(keys.WORKERS, keys.WORKERS_VERSION, 1)
+r.incr(keys.WORKERS_VERSION)
 r.delete(keys.heartbeat(a.worker_id))
 print("drained", flush=True)
 '''
@@ -171,7 +171,7 @@ def test_stop_all_leaves_no_process(make_runtime, r) -> None:
     assert all(h.state is Lifecycle.EXITED for h in stopped)
     assert {h.worker_id for h in stopped if h.killed} == {ids[2]}
     assert not [p for p in pids if psutil.pid_exists(p)]  # reaped, not even zombies
-    assert rt.list() == [] and registered_count(r) == 0
+    assert rt.list() == [] and r.hlen(keys.WORKERS) == 0
 
 
 def test_a_worker_that_never_registers_is_killed(make_runtime) -> None:
@@ -275,7 +275,7 @@ def test_fleet_up_then_down_leaves_nothing(fleet_env: dict[str, str], tmp_path: 
     assert not [p for p in pids if running(p)]
     assert not state_file.exists()
     if external:
-        assert not r.exists("fleet:supervisor") and registered_count(r) == 0  # the removed supervisor's key
+        assert not r.exists("fleet:supervisor") and r.hlen(keys.WORKERS) == 0  # the removed supervisor's key
     again = fleet_cli(env, "down", cwd=tmp_path)
     assert again.returncode == 0 and "not up" in again.stdout
 

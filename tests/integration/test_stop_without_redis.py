@@ -22,7 +22,6 @@ import redis
 from protocol import keys
 from protocol.codec import decode
 from protocol.models import OccupancyReport
-from stores.registry import registered_count
 from tests.conftest import start_on_free_port
 from tests.integration.conftest import wait_until
 
@@ -94,7 +93,7 @@ def test_a_commander_whose_redis_is_gone_stops_promptly_on_sigterm(tmp_path: Pat
     spawned: list[psutil.Process] = []
     try:
         r = redis.Redis.from_url(server.url)
-        wait_until(lambda: registered_count(r) >= 1, 30, "the commander's first worker")
+        wait_until(lambda: r.hlen(keys.WORKERS) >= 1, 30, "the commander's first worker")
         r.close()
         spawned = psutil.Process(commander.pid).children(recursive=True)
         held = _open(commander.pid, server.port)

@@ -27,7 +27,6 @@ from fleet.client import Fleet
 from protocol import keys
 from protocol.policy import TurnsPolicy
 from stores.policies import write_policy
-from stores.registry import registered_count
 from tests.conftest import ROOT
 from tests.helpers import running
 from tests.integration.conftest import reap_until_exited, share_proof, wait_running, wait_until
@@ -150,7 +149,7 @@ def test_stop_all_leaves_no_process(make_runtime, r) -> None:
     assert all(h.state is Lifecycle.EXITED and h.exit_code == 0 for h in stopped)
     assert not [p for p in [*pids, template_pid] if psutil.pid_exists(p)]  # not even zombies
     assert rt.spawner.template is not None and rt.spawner.template.pid is None
-    assert rt.list() == [] and registered_count(r) == 0
+    assert rt.list() == [] and r.hlen(keys.WORKERS) == 0
 
 
 def test_adopt_finds_forked_workers_from_the_registry(make_runtime, tmp_path) -> None:

@@ -338,7 +338,6 @@ def drive_sync(r: redis.Redis) -> None:
     known = registry.Known(time.monotonic)
     registry.read_registry(r, known=known)  # whole: Known.keep
     registry.read_registry(r, known=known)  # Known.stands: the version alone
-    registry.registered_count(r)
     registry.registered_and_beating(r, list(WORKERS))
     registry.heartbeat_alive(r, WORKERS[0])
     # backlog
@@ -564,6 +563,7 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.backlog.TierBacklog": "a value",
     "stores.registry.RqEntry": "a value",
     "stores.registry.Known.keep": "keeps a whole read's entries: no command",
+    "stores.registry.raise_unless_bumped": "parses replies",
     "stores.registry.Known.registry": "builds a Registry: no command",
     "stores.backlog.tier_backlog": "parses replies",
     "stores.backlog.workers_group": "parses replies",
