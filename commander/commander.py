@@ -118,7 +118,7 @@ class Commander:
         self._known: set[str] = set()  # every tier and pool judged: their pressure wakes the loop
         self._adopted_at = 0.0
         # the registry last grouped by tier, its groups, and its tiers with a live entry
-        self._grouped: tuple[Registry, dict[str, Registry], frozenset[str]] | None = None
+        self._grouped: tuple[Registry, Mapping[str, Registry], frozenset[str]] | None = None
 
     @property
     def leading(self) -> bool:
@@ -224,7 +224,7 @@ class Commander:
         except Deposed:
             log.warning("deposed during a pass: acting on nothing more")
 
-    def grouped(self, registry: Registry) -> tuple[dict[str, Registry], frozenset[str]]:
+    def grouped(self, registry: Registry) -> tuple[Mapping[str, Registry], frozenset[str]]:
         """Each tier's registry entries, and the tiers with a live one: kept from the last pass
         while the registry is the same (``stores.registry.Known.registry``: 10,000 entries not
         walked again)."""
@@ -233,7 +233,7 @@ class Commander:
             for wid, entry in registry.items():
                 by_tier.setdefault(entry[0].tier, {})[wid] = entry
             live = frozenset(t for t, entries in by_tier.items() if any(a for _, a in entries.values()))
-            self._grouped = registry, dict(by_tier), live
+            self._grouped = registry, by_tier, live
         _, groups, live = self._grouped
         return groups, live
 

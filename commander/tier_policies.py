@@ -74,13 +74,6 @@ class TierPolicies:
         """The policy the tier ran at its last pass (None before its first)."""
         return self._in_force.get(tier)
 
-    def read(self, tier: str, registry: Mapping[str, tuple[WorkerInfo, bool]]) -> TierPolicy:
-        """:meth:`read_all` of one tier; its error raised."""
-        got = self.read_all([tier], {tier: registry})[tier]
-        if isinstance(got, Exception):
-            raise got
-        return got
-
     def read_all(self, tiers: Sequence[str], by_tier: Mapping[str, Mapping[str, tuple[WorkerInfo, bool]]],
                  ) -> dict[str, TierPolicy | Exception]:
         """The policy each of ``tiers``' workers run (``by_tier``: each one's registry entries),

@@ -336,10 +336,10 @@ def test_a_policy_naming_a_handler_no_live_worker_has_is_rejected_but_is_no_bad_
                                   handlers=["echo"]), True)}
     bad = BadState()
     policies = TierPolicies(r, ledger=_NoLedger(), metrics=None, bad=bad)
-    assert policies.read("chat", registry).rejected
+    assert policies.read_all(["chat"], {"chat": registry})["chat"].rejected
     assert bad.entries == []
     r.set(keys.policy("chat"), "{not json")
-    assert policies.read("chat", registry).rejected
+    assert policies.read_all(["chat"], {"chat": registry})["chat"].rejected
     assert kinds(bad) == [("policy", keys.policy("chat"), "")]
 
 

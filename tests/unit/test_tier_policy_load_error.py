@@ -28,7 +28,7 @@ def test_the_ledger_names_the_workers_load_error() -> None:
     policies = TierPolicies(r, ledger, None)  # type: ignore[arg-type]
     info = WorkerInfo(worker="w1", tier="chat", pid=1, host="h", started=0.0, handlers=["echo"],
                       handler_errors={"broken": "ModuleNotFoundError: No module named 'broken_x'"})
-    read = policies.read("chat", {"w1": (info, True)})
+    read = policies.read_all(["chat"], {"chat": {"w1": (info, True)}})["chat"]
     assert read.rejected is not None and "No module named 'broken_x'" in read.rejected
     [(tier, action, reason)] = ledger.events
     assert (tier, action) == ("chat", "policy-rejected") and "cannot be loaded" in reason
