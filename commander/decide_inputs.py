@@ -6,6 +6,7 @@ and ``decide`` never counts it idle nor picks it for scale-in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from commander.evaluator import Evaluator, memory_limit_bytes
 from commander.runtime import Lifecycle, WorkerHandle
 from commander.snapshot import TierSnapshot, ViewState, WorkerView
-from protocol.models import WorkerInfo
+from protocol.models import OccupancyReport, WorkerInfo
 from protocol.policy import ScaleRules
 
 MIN_STALE_S = 2.0
@@ -46,27 +47,77 @@ def _state(handle: WorkerHandle | None, report_state: str | None) -> ViewState:
 Made = tuple[tuple[object, ...], WorkerView]  # a view and what it was made of
 
 
+@dataclass
+class TierViews:
+    """A tier's worker views as one pass built them, and what they were built from."""
+
+    registry: Mapping[str, tuple[WorkerInfo, bool]]  # the tier's entries (compared by identity)
+    inputs: tuple[object, ...]  # its handles (id, state, start), memory limit, staleness, trust
+    at: float  # the time they were built at
+    made: dict[str, Made]  # each worker's view, with what it was made of
+    reports: dict[str, OccupancyReport | None]  # each worker's newest report then (by identity)
+    stale_at: float  # no fresh view goes stale before this time
+    views: tuple[WorkerView, ...]  # in worker order, the reception marked
+
+
 class ViewMemo:
-    """Each tier's worker views of the last pass, with what each was made of: a worker whose
-    report, state, start, freshness and memory limit are those of the last pass keeps its view
-    (:func:`worker_views`). A commander builds a view of each of 10,000 workers every pass, and
-    with a report every 5 s and a pass every 0.5 s most have nothing new."""
+    """Each tier's worker views of the last pass, with what they were made of (:func:`worker_views`).
+
+    A commander judges 10,000 workers every pass, and with a report every 5 s and a pass every
+    0.5 s most have nothing new. While a tier's entries (the same object), handles, limits and
+    trust are those of the last pass, no fresh view has gone stale and the clock has not gone
+    back, only the workers whose newest report is another object are built again. Otherwise
+    the tier is built whole, and a worker whose report, state, start, freshness and memory
+    limit are those of the last pass keeps its view."""
 
     def __init__(self) -> None:
-        self._tiers: dict[str, dict[str, Made]] = {}
+        self._tiers: dict[str, TierViews] = {}
 
-    def last(self, tier: str) -> Mapping[str, Made]:
-        """The tier's views of the last pass, each with what it was made of."""
-        return self._tiers.get(tier, {})
+    def last(self, tier: str) -> TierViews | None:
+        """The tier's views of the last pass, with what they were made of."""
+        return self._tiers.get(tier)
 
-    def keep(self, tier: str, made: dict[str, Made]) -> None:
+    def keep(self, tier: str, views: TierViews) -> None:
         """This pass's views of the tier, in place of the last's."""
-        self._tiers[tier] = made
+        self._tiers[tier] = views
 
     def retain(self, tiers: Iterable[str]) -> None:
         """Forget the tiers not among ``tiers`` (no longer judged)."""
         keep = set(tiers)
         self._tiers = {t: views for t, views in self._tiers.items() if t in keep}
+
+
+@dataclass(frozen=True)
+class _Build:
+    """What every view of one tier in one pass is built with."""
+
+    evaluator: Evaluator
+    now: float
+    limit: float | None
+    stale_s: float
+    interval_s: float
+    trusted_since: float
+
+    def view(self, wid: str, handle: WorkerHandle | None, started: float, report: OccupancyReport | None,
+             last: Made | None) -> Made:
+        """The worker's view (``last``'s if it is made of the same), with what it is made of."""
+        if report is None:
+            return (), WorkerView(id=wid, state=_state(handle, None), fresh=False, started=started)
+        fresh = self.now - report.ts <= self.stale_s and report.ts - self.interval_s >= self.trusted_since
+        state = _state(handle, report.state)
+        # what the view is made of, as plain values: the report by its time (a worker's newest
+        # report is only ever replaced by a later one), which also stands for the rows behind
+        # its occupancy and ready_at. (One exception: a worker forgotten, then sent a report of
+        # exactly the old time, a replayed or forged entry for an exited worker, keeps the old
+        # view while that report is its newest, when the tier is built whole.)
+        parts = (report.ts, state, started, fresh, self.limit)
+        if last is not None and last[0] == parts:
+            return last
+        return parts, WorkerView(
+            id=wid, state=state, occupancy=self.evaluator.occupancy(wid, self.limit).value,
+            busy=report.slots.busy, total=report.slots.total, lanes=report.slots.busy, fresh=fresh,
+            started=started, ready_at=self.evaluator.ready_at(wid), turns=report.counters.turns,
+            protected_until=report.protected_until)
 
 
 def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[str, tuple[WorkerInfo, bool]],
@@ -79,49 +130,56 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
     could not reach Redis looked idle for reasons that say nothing about its load. ``memo``:
     views of the last pass to keep where nothing they are made of changed (:class:`ViewMemo`).
     """
-    by_id: dict[str, WorkerHandle | None] = {
-        h.worker_id: h for h in handles if h.tier == tier and h.state is not Lifecycle.EXITED}
+    mine = [h for h in handles if h.tier == tier and h.state is not Lifecycle.EXITED]
+    build = _Build(evaluator, now, memory_limit_bytes(policy), stale_after(policy),
+                   policy.scaling.report_interval_s, trusted_since)
+    inputs = (tuple((h.worker_id, h.state, h.started) for h in mine), build.limit, build.stale_s,
+              build.interval_s, trusted_since)
+    newest = evaluator.newest
+    last = memo.last(tier) if memo is not None else None
+    if (memo is not None and last is not None and last.registry is registry and last.inputs == inputs
+            and last.at <= now <= last.stale_at):
+        changed = [wid for wid, report in last.reports.items() if newest.get(wid) is not report]
+        if not changed:
+            return last.views
+        handle_of = {h.worker_id: h for h in mine}
+        made, reports, stale_at = dict(last.made), dict(last.reports), last.stale_at
+        for wid in changed:
+            handle, report = handle_of.get(wid), newest.get(wid)
+            made[wid] = build.view(wid, handle, _started(wid, handle, registry), report, None)
+            reports[wid] = report
+            stale_at = min(stale_at, _stale_at(made[wid][1], report, build.stale_s))
+        views = mark_reception([view for _, view in made.values()])
+        memo.keep(tier, TierViews(registry, inputs, now, made, reports, stale_at, views))
+        return views
+    by_id: dict[str, WorkerHandle | None] = {h.worker_id: h for h in mine}
     for wid, (info, alive) in registry.items():
         if info.tier == tier and alive:
             by_id.setdefault(wid, None)
-    limit = memory_limit_bytes(policy)
-    stale_s, interval_s = stale_after(policy), policy.scaling.report_interval_s
-    last = memo.last(tier) if memo is not None else {}
-    made: dict[str, Made] = {}
-    views = []
-    newest = evaluator.newest
+    kept = last.made if last is not None else {}
+    made, reports = {}, {}
     for wid, handle in sorted(by_id.items()):
         report = newest.get(wid)
-        if handle is not None:
-            started = handle.started
-        else:
-            entry = registry.get(wid)
-            started = entry[0].started if entry is not None else 0.0
-        if report is None:
-            views.append(WorkerView(id=wid, state=_state(handle, None), fresh=False, started=started))
-            continue
-        fresh = now - report.ts <= stale_s and report.ts - interval_s >= trusted_since
-        state = _state(handle, report.state)
-        # what the view is made of, as plain values (the memo keeps no report alive): the
-        # report by its time (a worker's newest report is only ever replaced by a later one),
-        # which also stands for the rows behind its occupancy and ready_at. (One exception: a
-        # worker forgotten, then sent a report of exactly the old time, a replayed or forged
-        # entry for an exited worker, keeps the old view while that report is its newest.)
-        parts = (report.ts, state, started, fresh, limit)
-        kept = last.get(wid)
-        if kept is not None and kept[0] == parts:
-            view = kept[1]
-        else:
-            view = WorkerView(
-                id=wid, state=state, occupancy=evaluator.occupancy(wid, limit).value,
-                busy=report.slots.busy, total=report.slots.total, lanes=report.slots.busy, fresh=fresh,
-                started=started, ready_at=evaluator.ready_at(wid), turns=report.counters.turns,
-                protected_until=report.protected_until)
-        made[wid] = (parts, view)
-        views.append(view)
+        made[wid] = build.view(wid, handle, _started(wid, handle, registry), report, kept.get(wid))
+        reports[wid] = report
+    views = mark_reception([view for _, view in made.values()])
     if memo is not None:
-        memo.keep(tier, made)
-    return mark_reception(views)
+        stale_at = min((_stale_at(made[wid][1], report, build.stale_s) for wid, report in reports.items()),
+                       default=math.inf)
+        memo.keep(tier, TierViews(registry, inputs, now, made, reports, stale_at, views))
+    return views
+
+
+def _started(wid: str, handle: WorkerHandle | None, registry: Mapping[str, tuple[WorkerInfo, bool]]) -> float:
+    if handle is not None:
+        return handle.started
+    entry = registry.get(wid)
+    return entry[0].started if entry is not None else 0.0
+
+
+def _stale_at(view: WorkerView, report: OccupancyReport | None, stale_s: float) -> float:
+    """When a view goes stale: never if it is not fresh (time makes none fresh again)."""
+    return report.ts + stale_s if view.fresh and report is not None else math.inf
 
 
 def mark_reception(views: list[WorkerView]) -> tuple[WorkerView, ...]:

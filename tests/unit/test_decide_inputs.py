@@ -80,35 +80,64 @@ def test_slot_use_is_time_averaged_from_handler_seconds(rows, want):
     assert occupancy_of(rows, None).slots == pytest.approx(want)
 
 
-def test_views_kept_from_the_last_pass_are_those_built_afresh():
+def test_views_kept_from_the_last_pass_are_those_built_afresh(monkeypatch):
     """A worker's view is built again only when what it is made of changed: at every step of a
-    sequence that changes one thing at a time, the kept views equal views built afresh."""
+    sequence that changes one thing at a time, the kept views equal views built afresh. The
+    steps share their registry objects, as a commander's passes do while nothing registered or
+    left: then only the workers with a new report are built again (nothing new: the very views
+    of the last pass)."""
+    from commander import decide_inputs
     from commander.decide_inputs import ViewMemo
     from protocol.policy import turns_policy as policy_of
 
+    built: list[str] = []
+    real = decide_inputs._Build.view
+    monkeypatch.setattr(decide_inputs._Build, "view",
+                        lambda self, wid, *rest: built.append(wid) or real(self, wid, *rest))
     ev, memo = Evaluator(), ViewMemo()
     limited = policy_of(report_interval_s=1.0, memory_limit_mb=1.0).scale_rules()
     info = WorkerInfo(worker="remote", tier="chat", pid=9, host="other", started=5.0)
+    none: dict[str, tuple[WorkerInfo, bool]] = {}
+    remote = {"remote": (info, True)}
     steps = [  # (what changed, handles, registry, policy, now, trusted_since, a report added first)
-        ("first pass", [handle("a"), handle("b")], {}, POLICY, NOW, 0.0, [report("a", NOW - 0.5, busy=1)]),
-        ("nothing new", [handle("a"), handle("b")], {}, POLICY, NOW, 0.0, []),
-        ("a new report", [handle("a"), handle("b")], {}, POLICY, NOW, 0.0,
+        ("first pass", [handle("a"), handle("b")], none, POLICY, NOW, 0.0, [report("a", NOW - 0.5, busy=1)]),
+        ("nothing new", [handle("a"), handle("b")], none, POLICY, NOW, 0.0, []),
+        ("a new report", [handle("a"), handle("b")], none, POLICY, NOW, 0.0,
          [report("a", NOW - 0.2, busy=3, rss=3 * 1024 * 1024)]),  # (3 MB: over the limit below)
-        ("b's first report", [handle("a"), handle("b")], {}, POLICY, NOW, 0.0, [report("b", NOW, busy=2)]),
-        ("a memory limit", [handle("a"), handle("b")], {}, limited, NOW, 0.0, []),
-        ("a drains", [handle("a", Lifecycle.DRAINING), handle("b")], {}, limited, NOW, 0.0, []),
-        ("time passes: stale", [handle("a"), handle("b")], {}, POLICY, NOW + 10, 0.0, []),
-        ("an outage", [handle("a"), handle("b")], {}, POLICY, NOW, NOW - 0.1, []),
-        ("a registered worker", [handle("a")], {"remote": (info, True)}, POLICY, NOW, 0.0,
+        ("b's first report", [handle("a"), handle("b")], none, POLICY, NOW, 0.0, [report("b", NOW, busy=2)]),
+        ("a later pass, nothing new", [handle("a"), handle("b")], none, POLICY, NOW + 0.5, 0.0, []),
+        ("a goes stale, nothing else", [handle("a"), handle("b")], none, POLICY, NOW + 2.9, 0.0, []),
+        ("a memory limit", [handle("a"), handle("b")], none, limited, NOW, 0.0, []),
+        ("a drains", [handle("a", Lifecycle.DRAINING), handle("b")], none, limited, NOW, 0.0, []),
+        ("time passes: stale", [handle("a"), handle("b")], none, POLICY, NOW + 10, 0.0, []),
+        ("the clock goes back", [handle("a"), handle("b")], none, POLICY, NOW, 0.0, []),
+        ("an outage", [handle("a"), handle("b")], none, POLICY, NOW, NOW - 0.1, []),
+        ("a registered worker", [handle("a")], remote, POLICY, NOW, 0.0,
          [report("remote", NOW - 0.1, busy=1)]),
-        ("restarted later", [handle("a", started=7.0)], {"remote": (info, True)}, POLICY, NOW, 0.0, []),
-        ("forgotten", [handle("a")], {"remote": (info, True)}, POLICY, NOW, 0.0, "forget remote"),
+        ("its new report", [handle("a")], remote, POLICY, NOW + 0.5, 0.0,
+         [report("remote", NOW + 0.4, busy=2)]),
+        ("a stale one, the other's new report", [handle("a")], remote, POLICY, NOW + 3.2, 0.0,
+         [report("remote", NOW + 3.1, busy=1)]),
+        ("restarted later", [handle("a", started=7.0)], remote, POLICY, NOW + 3.2, 0.0, []),
+        ("forgotten", [handle("a")], remote, POLICY, NOW + 3.2, 0.0, "forget remote"),
+        ("the same time again", [handle("a")], remote, POLICY, NOW + 3.2, 0.0,
+         [report("remote", NOW + 3.1, busy=4)]),
+        ("all stale", [handle("a")], remote, POLICY, NOW + 20, 0.0, []),
+        ("a fresh report", [handle("a")], remote, POLICY, NOW + 20, 0.0, [report("remote", NOW + 19.9)]),
+        ("it goes stale", [handle("a")], remote, POLICY, NOW + 23, 0.0, []),
     ]
+    previous = None
     for what, handles, registry, policy, now, trusted, added in steps:
         if added == "forget remote":
             ev.forget("remote")
         else:
             for rep in added:
                 ev.add(rep)
-        kept = worker_views("chat", handles, registry, ev, policy, now, trusted, memo)
+        built.clear()
+        kept, rebuilt = worker_views("chat", handles, registry, ev, policy, now, trusted, memo), list(built)
         assert kept == worker_views("chat", handles, registry, ev, policy, now, trusted), what
+        if "nothing new" in what:
+            assert kept is previous and rebuilt == [], what
+        if what in ("its new report", "a fresh report"):  # (a's is kept without a look)
+            assert rebuilt == ["remote"], what
+        previous = kept
