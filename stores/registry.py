@@ -91,11 +91,16 @@ class Known:
 
     def keep(self, entries: dict[bytes, tuple[bytes, WorkerInfo]], failed: list[tuple[str, Exception]],
              version: bytes | None) -> None:
-        """A whole read's entries (those that decoded), those that did not and why, and version."""
-        self.entries, self.failed, self.version = entries, failed, version
+        """A whole read's entries (those that decoded), those that did not and why, and version.
+        Entries the same as the last read's (each the same bytes and decoded object) keep the
+        last registry: what a reader derived from it stands."""
+        self._read_at, self.version = self._monotonic(), version
+        same = entries == self.entries and [w for w, _ in failed] == self.unreadable
+        self.entries, self.failed = entries, failed
+        if same:
+            return
         self.infos = [info for _, info in entries.values()]
         self.beats = [keys.heartbeat(info.worker) for info in self.infos]
-        self._read_at = self._monotonic()
         self._last = None
 
     def registry(self, alive: list[bool]) -> Registry:

@@ -164,3 +164,23 @@ def test_the_version_is_a_key_of_its_own_in_the_registrys_slot_and_the_hash_hold
     assert r.hlen(keys.WORKERS) == 2 and sorted(r.hkeys(keys.WORKERS)) == [b"w1", b"w2"]
     assert r.get(keys.WORKERS_VERSION) == b"2"
     assert key_slot(keys.WORKERS_VERSION.encode()) == key_slot(keys.WORKERS.encode())
+
+
+def test_a_whole_read_that_finds_the_same_entries_keeps_the_same_registry(monkeypatch) -> None:
+    """The read every FULL_READ_EVERY_S finds what the version said: the registry is the very
+    object of the last read (what a reader derived from it is kept), and a new one when an
+    entry changed without a bump."""
+    r = fakeredis.FakeRedis()
+    for wid in ("w1", "w2"):
+        r.hset(keys.WORKERS, wid, encode(info(wid)))
+        r.set(keys.heartbeat(wid), "1")
+    r.incr(keys.WORKERS_VERSION)
+    clock = Clock()
+    whole, known = Whole(monkeypatch), Known(clock)
+    first = read_registry(r, BadState(), known)
+    clock.now += FULL_READ_EVERY_S
+    assert read_registry(r, BadState(), known) is first and whole.count == 2
+    r.hset(keys.WORKERS, "w2", encode(info("w2", tier="batch")))  # (no bump)
+    clock.now += FULL_READ_EVERY_S
+    second = read_registry(r, BadState(), known)
+    assert second is not first and second.workers["w2"][0].tier == "batch" and whole.count == 3
