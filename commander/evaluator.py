@@ -304,6 +304,11 @@ class Evaluator:
             kept[worker] = (arg, value)
         return value
 
+    def windows(self) -> dict[str, tuple[Row, ...]]:
+        """Every worker's window of rows (oldest first): a copy of the mapping, the windows
+        themselves shared (a window is a tuple, replaced, never changed, on each add)."""
+        return dict(self._rows)
+
     def window(self, worker: str) -> tuple[Row, ...]:
         """The worker's window of rows (oldest first)."""
         return self._rows.get(worker, ())

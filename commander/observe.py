@@ -48,6 +48,8 @@ class Observer:
         self.bad_pressure: set[str] = set()  # tiers whose pressure key is of another type (this pass)
         self._live: frozenset[str] | None = None  # live worker ids of this pass's registry read
         self._workers: dict[str, tuple[WorkerInfo, bool]] = {}  # ... and the entries
+        self._all_live: frozenset[str] | None = None  # the live ids of the registry in _workers
+        self._unserved: tuple[list[str], dict[str, int]] | None = None  # (tiers, unserved_by_tier)
         self._known = Known(time.monotonic)  # the registry as last read, decoded (read_entries)
         self.turns = TurnTotals()  # the tiers' turn counts, from every report read
 
@@ -93,8 +95,9 @@ class Observer:
     def registry(self) -> dict[str, tuple[WorkerInfo, bool]]:
         """Registered workers and whether their heartbeat is alive."""
         reg = read_registry(self.r, self.bad, self._known)
-        self._live = live_ids(reg.workers)
-        self._workers = reg.workers
+        if reg.workers is not self._workers or self._all_live is None:  # (the same registry: the same ids)
+            self._all_live, self._unserved = live_ids(reg.workers), None
+        self._live, self._workers = self._all_live, reg.workers
         return reg.workers
 
     # --- per tier ----------------------------------------------------------------------
@@ -113,8 +116,7 @@ class Observer:
             if self._live is None:
                 self.registry()
             live, self._live = self._live, None  # used once: the next pass reads it afresh
-        unserved = self.unserved_ms if self.unserved_ms is not None \
-            else unserved_by_tier(self._workers, tiers)
+        unserved = self.unserved_ms if self.unserved_ms is not None else self._unserved_by_tier(tiers)
         try:
             loads = read_tier_load(self.r, tiers, live or (), unserved,
                                    {tier: now - windows.get(tier, 60.0) for tier in tiers})
@@ -132,6 +134,13 @@ class Observer:
                                     pressure_events=events if backlog.undelivered > 0 else 0,
                                     held=backlog.held)
         return out
+
+    def _unserved_by_tier(self, tiers: list[str]) -> dict[str, int]:
+        """``unserved_by_tier`` of this pass's registry, kept while the registry and the tiers are
+        the same (10,000 entries not walked again)."""
+        if self._unserved is None or self._unserved[0] != tiers:
+            self._unserved = tiers, unserved_by_tier(self._workers, tiers)
+        return self._unserved[1]
 
     def wait_for_pressure(self, tiers: Iterable[str], block_ms: int) -> int:
         """Block up to ``block_ms`` for pressure events on any tier; count them per tier.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from commander.decide import Plan
 from commander.evaluator import Evaluator, Row
-from commander.snapshot import TierSnapshot, WorkerView
+from commander.snapshot import TierSnapshot
 from protocol.models import WorkerInfo
 from protocol.policy import Policy
 
@@ -57,6 +57,9 @@ class Sample:
     busy_slots: int
 
 
+Entries = Mapping[str, tuple[WorkerInfo, bool]]  # registry entries: id -> (entry, alive)
+
+
 @dataclass(frozen=True, slots=True)
 class Seen:
     """The last pass: its tiers, each worker's window of rows, and the registry it read."""
@@ -64,7 +67,7 @@ class Seen:
     ts: float
     tiers: Mapping[str, TierSeen] = field(default_factory=dict)
     windows: Mapping[str, tuple[Row, ...]] = field(default_factory=dict)
-    registry: Mapping[str, tuple[WorkerInfo, bool]] = field(default_factory=dict)
+    registry: Entries = field(default_factory=dict)
     generation: int = 0  # +1 per publish: a cache key for what the monitor derives from it
 
 
@@ -78,10 +81,6 @@ def sample_of(seen: TierSeen) -> Sample:
                   busy_slots=sum(w.busy for w in workers))
 
 
-def _workers(seen: Mapping[str, TierSeen]) -> list[WorkerView]:
-    return [w for t in seen.values() for w in t.snapshot.workers]
-
-
 class Board:
     """The commander's last pass, published for the monitor, and an hour of chart samples."""
 
@@ -91,6 +90,8 @@ class Board:
         self._pending: dict[str, TierSeen] = {}
         self._samples: dict[str, deque[Sample]] = {}
         self._seen: Seen | None = None
+        # the registry last published, and the copy of it the monitor reads (made once per registry)
+        self._registry: tuple[Entries | None, Entries] = None, {}
 
     def tier(self, seen: TierSeen) -> None:
         """Record one tier judged this pass (the commander's thread)."""
@@ -102,13 +103,14 @@ class Board:
             while ring and seen.ts - ring[0].ts > self._keep:
                 ring.popleft()
 
-    def publish(self, now: float, registry: Mapping[str, tuple[WorkerInfo, bool]],
+    def publish(self, now: float, registry: Entries,
                 evaluator: Evaluator) -> None:
         """End of a pass: swap in what it saw (the tiers recorded since the last publish)."""
         tiers, self._pending = self._pending, {}
-        windows = {w.id: evaluator.window(w.id) for w in _workers(tiers)}
         generation = self._seen.generation + 1 if self._seen else 1
-        self._seen = Seen(ts=now, tiers=tiers, windows=windows, registry=dict(registry),
+        if registry is not self._registry[0]:  # (a copy: the pass's thread keeps its own)
+            self._registry = registry, dict(registry)
+        self._seen = Seen(ts=now, tiers=tiers, windows=evaluator.windows(), registry=self._registry[1],
                           generation=generation)
         with self._lock:  # a tier gone for the chart's whole span is dropped
             gone = [t for t, ring in self._samples.items() if not ring or now - ring[-1].ts > self._keep]

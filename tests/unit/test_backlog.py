@@ -175,6 +175,14 @@ def test_the_observer_takes_the_bound_from_the_registry(r: fakeredis.FakeRedis) 
     assert Observer(r).tier_signals(["chat"], {}, 0.0)["chat"].backlog == 1
     r.hset(keys.WORKERS, "w1", encode(_entry("w1", "chat")))
     assert Observer(r).tier_signals(["chat"], {}, 0.0)["chat"].backlog == 0
+    # one observer, pass after pass: the bound follows the registry (the worker registers again
+    # with another renew, bumping the version)
+    obs = Observer(r)
+    for renew, backlog in ((0.05, 1), (1.5, 0), (0.05, 1)):
+        r.hset(keys.WORKERS, "w1", encode(_entry("w1", "chat", renew)))
+        r.incr(keys.WORKERS_VERSION)
+        obs.registry()
+        assert obs.tier_signals(["chat"], {}, 0.0)["chat"].backlog == backlog, renew
 
 
 def test_observer_backlog_counts_only_unstarted_work(r: fakeredis.FakeRedis) -> None:

@@ -428,3 +428,26 @@ def test_a_bind_beyond_loopback_needs_a_token(host: str, loopback: bool) -> None
     ("", False), ("[::1", False)])
 def test_which_hosts_a_tokenless_monitor_answers(host: str, allowed: bool) -> None:
     assert Access(allowed_hosts=("fleet.internal",)).host_allowed(host) is allowed
+
+
+def test_the_board_publishes_each_registry_and_every_window_as_they_are_at_the_pass() -> None:
+    """A pass publishes a copy of its registry, made once while the registry is the same object,
+    and every worker's window as the evaluator has it then (a later report is not in it)."""
+    board, ev = Board(), Evaluator()
+    info = WorkerInfo(worker="w1", tier="chat", pid=1, host="h", started=0.0)
+    first, second = {"w1": (info, True)}, {"w1": (info, False)}
+    ev.add(OccupancyReport(worker="w1", tier="chat", ts=1.0, state="ready", users=0, active_users=0,
+                           slots=Slots(busy=0, total=4), cpu=None, rss=1, counters=Counters(),
+                           load=(0.0, 0.0, 0.0)))
+    board.publish(1.0, first, ev)
+    seen = board.seen
+    assert seen is not None and seen.registry == first and len(seen.windows["w1"]) == 1
+    ev.add(OccupancyReport(worker="w1", tier="chat", ts=2.0, state="ready", users=0, active_users=0,
+                           slots=Slots(busy=1, total=4), cpu=0.1, rss=1, counters=Counters(),
+                           load=(0.0, 0.0, 0.0)))
+    assert len(seen.windows["w1"]) == 1  # (what was published stays as it was)
+    board.publish(2.0, first, ev)
+    again = board.seen
+    assert again is not None and again.registry is seen.registry and len(again.windows["w1"]) == 2
+    board.publish(3.0, second, ev)
+    assert board.seen is not None and board.seen.registry == second
