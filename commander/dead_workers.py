@@ -87,10 +87,14 @@ class DeadWorkers:
             self._taken.add(wid)
             self._record(done, dead.why, dead.unasked)
         if settled and self._monotonic() - self._swept_at >= self._sweep_every_s:
-            self._sweep(tiers, ours)
+            self._sweep(tiers, ours | {wid for wid, (_, alive) in registry.items() if alive})
 
-    def _sweep(self, tiers: list[str], ours: set[str]) -> None:
-        live = ours | set(self._dead)  # (a worker of ours is never judged by its heartbeat)
+    def _sweep(self, tiers: list[str], live: set[str]) -> None:
+        """Take over the consumers of ``tiers`` that are no live worker: ``live`` are ours (a
+        worker of ours is never judged by its heartbeat) and those whose heartbeat this pass
+        read alive (one that died since is this path's at the next pass); the others' heartbeats
+        are read after their consumers are listed (``stores.takeover.sweep``)."""
+        live = live | set(self._dead)
         for tier in tiers:
             try:
                 done = sweep(self._r, tier, live, self._batch)

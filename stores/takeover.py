@@ -34,6 +34,7 @@ from protocol import keys
 from protocol.codec import as_str
 from protocol.ids import InvalidId, validate_token, validate_user_id
 from stores import functions
+from stores.backlog import existing_shards
 from stores.functions import Functions
 
 BATCH = 100  # pending entries handled per round of XPENDING
@@ -71,13 +72,8 @@ class _Progress:
 
 def shard_streams(r: redis.Redis, tier: str) -> list[str]:
     """The tier's ready streams that exist: shard 0 always (it may be missing, the callers
-    handle that), and each higher shard whose stream exists (one ``EXISTS`` each, pipelined)."""
-    pipe = r.pipeline(transaction=False)
-    for k in range(1, keys.MAX_READY_SHARDS):
-        pipe.exists(keys.ready(tier, k))
-    found = pipe.execute()
-    return [keys.ready(tier)] + [keys.ready(tier, k) for k, n in zip(range(1, keys.MAX_READY_SHARDS), found,
-                                                                      strict=True) if int(n)]
+    handle that), and each higher shard whose stream exists (``stores.backlog.existing_shards``)."""
+    return [keys.ready(tier, k) for k in existing_shards(r, [tier])[tier]]
 
 
 def take_over(r: redis.Redis, tier: str, worker: str, batch: int = BATCH) -> Takeover:

@@ -121,6 +121,29 @@ def test_the_sweep_removes_consumers_of_workers_long_gone(r, rig) -> None:
     assert exits(r)[0].victims == ["chat-old"] and "no live worker" in exits(r)[0].reason
 
 
+def test_the_sweep_asks_no_heartbeat_the_passs_registry_read_found_alive(r, rig, monkeypatch) -> None:
+    """A registered worker whose heartbeat this pass read is alive is live for the sweep too: at
+    10,000 workers a sweep (every 5 s) read 10,000 heartbeats again, one EXISTS each, and probed
+    each tier's 63 higher shards one EXISTS each."""
+    commander, _runtime, _metrics = rig
+    for wid in ("chat-a", "chat-b"):
+        register(r, wid, alive=True)
+        r.xreadgroup(keys.GROUP, wid, {READY: ">"}, count=1)
+    r.xreadgroup(keys.GROUP, "chat-old", {READY: ">"}, count=1)  # no registry entry
+    asked: list[tuple[object, ...]] = []
+    real = type(r.pipeline()).exists
+
+    def exists(pipe, *names):
+        asked.append(names)
+        return real(pipe, *names)
+
+    monkeypatch.setattr(type(r.pipeline()), "exists", exists)
+    commander.pass_once(time.time())
+    assert consumers(r) == {"chat-a", "chat-b"}  # the old one swept, as ever
+    # one EXISTS of a key alone: the old consumer's heartbeat; the shards probed in one EXISTS
+    assert [names for names in asked if len(names) == 1] == [(keys.heartbeat("chat-old"),)], asked
+
+
 def test_a_failed_takeover_is_logged_and_retried_next_pass(r, rig, monkeypatch, caplog) -> None:
     commander, runtime, _metrics = rig
     held_by(r, "chat-w4", "gus")
