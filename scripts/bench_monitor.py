@@ -108,12 +108,14 @@ def parse_args(argv: list[str] | None = None) -> Any:
 
 
 def populate(r: redis.Redis, workers: int, tiers: int, now: float) -> list[str]:
-    """Registered workers, a policy per tier that keeps them all, dead letters."""
+    """Registered workers, each a consumer of its tier's ready stream (as after its first read),
+    a policy per tier that keeps them all, dead letters."""
     names = [f"t{i}" for i in range(tiers)]
     per_tier = -(-workers // tiers)
+    pipe = r.pipeline(transaction=False)
     for tier in names:
         write_policy(r, tier, TurnsPolicy(min_workers=per_tier, max_workers=per_tier, concurrency=8))
-    pipe = r.pipeline(transaction=False)
+        pipe.xgroup_create(keys.ready(tier), keys.GROUP, id="0", mkstream=True)
     for w in range(workers):
         tier, wid = names[w % tiers], f"{names[w % tiers]}-w{w:04d}"
         info = WorkerInfo(worker=wid, tier=tier, pid=10_000 + w, host="bench", started=now - 3600,
@@ -121,6 +123,7 @@ def populate(r: redis.Redis, workers: int, tiers: int, now: float) -> list[str]:
         pipe.hset(keys.WORKERS, wid, encode(info))
         pipe.incr(keys.WORKERS_VERSION)  # (as a worker registering does)
         pipe.set(keys.heartbeat(wid), "1", px=600_000)
+        pipe.xgroup_createconsumer(keys.ready(tier), keys.GROUP, wid)
     for i in range(50):
         pipe.xadd(keys.dead(names[i % tiers]), {"user": f"u{i}", "turn_id": f"t{i}", "reason": "max attempts",
                                                 "worker": "x", "ts": str(now)})
