@@ -1,16 +1,17 @@
 """Commander scale: a whole pass over a large fleet, decide() alone, and the report-ingest rate.
 
 Pass: a simulated fleet on a private redis-server (``--workers`` registry entries with their
-heartbeats over ``--tiers`` tiers, each with its policy, and between two passes the occupancy
-reports of one worker in ``--report-every``: by default the workers report every 5 s and the
-commander passes every 0.5 s, as their defaults have it; 1 is a report of every worker every
-pass), served by a leading commander whose runtime runs none of them; each of ``--passes``
-passes (after warm-up ones) is timed in the commander's CPU (its thread's), with the Redis
-commands it sent and the commander's resident memory after them, its evaluator's windows full
-(a minute of rows for every worker). decide(): one full pass of the pure decision over a
-synthetic fleet, median and p95 (scripts/bench_decide.py). Ingest: the workers' reports
-written, then read by the commander's Observer into its Evaluator; reports per second end to
-end (XREAD + decode + window).
+heartbeats, each a consumer of its tier's ready stream, over ``--tiers`` tiers, each with its
+policy, and between two passes the occupancy reports of one worker in ``--report-every``: by
+default the workers report every 5 s and the commander passes every 0.5 s, as their defaults
+have it; 1 is a report of every worker every pass), served by a leading commander whose
+runtime runs none of them; each of ``--passes`` passes (after warm-up ones: a whole cycle of
+reports) is timed in the commander's CPU (its thread's), with the Redis commands it sent and
+the commander's resident memory after them, its evaluator's windows full (a minute of rows
+for every worker). decide(): one full pass of the pure decision over a synthetic fleet,
+median and p95 (scripts/bench_decide.py). Ingest: the workers' reports written, then read by
+the commander's Observer into its Evaluator; reports per second end to end (XREAD + decode +
+window).
 """
 
 from __future__ import annotations
@@ -101,7 +102,11 @@ def whole_pass(url: str, workers: int, tiers: int, passes: int, every: int) -> d
     for rep in reports(names, workers, start, rows=WINDOW_ROWS - 1):
         cmd.observer.evaluator.add(rep)
     cpu, sent = [], []
-    for i in range(passes + 2):  # two warm-up passes: the first reads the registry and policies cold
+    # warm-up passes: the first reads the registry and policies cold, and until every worker has
+    # sent a report (``every`` passes) the newest reports replace the windows' filled ones, which
+    # carry no turn counts: the heap grows, and the collector walks it every other pass
+    warm = max(2, every)
+    for i in range(passes + warm):
         # a report of every ``every``-th worker, each with its turn counts grown by ten turns
         write_reports(r, names, workers, time.time(), rows=1, turns=1000 + 10 * i,
                       every=every, phase=i % every)
@@ -110,7 +115,7 @@ def whole_pass(url: str, workers: int, tiers: int, passes: int, every: int) -> d
         elapsed = time.thread_time() - start
         if not cmd.leading:
             raise SystemExit("bench_commander: the commander lost its lease")
-        if i >= 2:
+        if i >= warm:
             cpu.append(elapsed * 1000)
             sent.append(commands(r) - before - 1)  # (less the INFO that read the counter)
     seen = cmd.board.seen
