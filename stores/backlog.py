@@ -20,8 +20,9 @@ A tier spread over ready shards (``Policy.ready_shards``) is counted per shard a
 every shard whose stream exists (:func:`existing_shards`, a round trip or two of ``EXISTS``), not
 only the policy's count, since a tier that shrank may still hold notifications on the others.
 
-Per pass it is one pipelined round trip of ``XINFO GROUPS``, ``XINFO CONSUMERS``,
-``XPENDING … IDLE`` and ``XLEN`` per tier and shard (:func:`queue_backlog` adds them to a caller's
+Per pass it is one pipelined round trip of ``XINFO GROUPS``, ``XPENDING`` (its summary: the
+consumers that hold entries, not every consumer), ``XPENDING … IDLE`` and ``XLEN`` per tier and
+shard (:func:`queue_backlog` adds them to a caller's
 pipeline, so the commander reads the rest of its signals in the same round trip);
 :func:`tier_backlog` is the pure judgement over the raw replies.
 """
@@ -80,9 +81,9 @@ class TierBacklog:
 
 
 def tier_backlog(groups: Any, consumers: Any, stale: Any, length: Any, live: Collection[str]) -> TierBacklog:
-    """Judge the raw replies of ``XINFO GROUPS``, ``XINFO CONSUMERS``, ``XPENDING … IDLE``
-    (entries idle past the bound) and ``XLEN`` of one ready stream (each may be the exception
-    its command raised) against the live worker ids.
+    """Judge the raw replies of ``XINFO GROUPS``, ``XPENDING``'s summary (who holds how many
+    entries), ``XPENDING … IDLE`` (entries idle past the bound) and ``XLEN`` of one ready stream
+    (each may be the exception its command raised) against the live worker ids.
 
     - no stream (``XINFO GROUPS`` fails): nothing waits;
     - no group ``workers`` yet: every entry is undelivered;
@@ -106,7 +107,7 @@ def tier_backlog(groups: Any, consumers: Any, stale: Any, length: Any, live: Col
         name = as_str(entry.get("consumer"))
         unserved[name] = unserved.get(name, 0) + 1
     held: dict[str, int] = {}
-    for c in [] if isinstance(consumers, Exception) else consumers:
+    for c in [] if isinstance(consumers, Exception) else consumers["consumers"]:
         name = as_str(c.get("name"))
         n = int(c.get("pending") or 0) - unserved.get(name, 0)
         if name in live and n > 0:
@@ -201,7 +202,7 @@ def queue_backlog(pipe: Any, tier: str, unserved_ms: int, shards: Sequence[int] 
     for shard in shards:
         ready = keys.ready(tier, shard)
         pipe.xinfo_groups(ready)
-        pipe.xinfo_consumers(ready, keys.GROUP)
+        pipe.xpending(ready, keys.GROUP)
         pipe.xpending_range(ready, keys.GROUP, "-", "+", STALE_LIMIT, idle=unserved_ms)
         pipe.xlen(ready)
 

@@ -33,7 +33,13 @@ def group(pending: int, lag: int | None, name: bytes = b"workers") -> dict[str, 
 
 
 def consumer(name: str, pending: int) -> dict[str, object]:
-    return {"name": name.encode(), "pending": pending, "idle": 10, "inactive": 10}
+    return {"name": name.encode(), "pending": pending}
+
+
+def summary(*consumers: dict[str, object]) -> dict[str, object]:
+    """The reply of ``XPENDING <stream> <group>``: the entries pending, who holds how many."""
+    pending = sum(int(str(c["pending"])) for c in consumers)
+    return {"pending": pending, "min": b"1-0", "max": b"5-0", "consumers": list(consumers)}
 
 
 def idle(consumer: str, n: int = 1) -> list[dict[str, object]]:
@@ -49,38 +55,40 @@ def idle(consumer: str, n: int = 1) -> list[dict[str, object]]:
     ([], NOGROUP, NOGROUP, 4, set(), TierBacklog(undelivered=4, backlog=4)),
     ([group(0, 0, name=b"other")], NOGROUP, NOGROUP, 3, set(), TierBacklog(undelivered=3, backlog=3)),
     # a live worker's pending is its jobs in progress: not backlog
-    ([group(3, 0)], [consumer("w1", 3)], [], 3, {"w1"},
+    ([group(3, 0)], summary(consumer("w1", 3)), [], 3, {"w1"},
      TierBacklog(pending=3, in_progress=3, held={"w1": 3})),
     # lag is counted; live pending is not
-    ([group(3, 2)], [consumer("w1", 3)], [], 5, {"w1"},
+    ([group(3, 2)], summary(consumer("w1", 3)), [], 5, {"w1"},
      TierBacklog(undelivered=2, pending=3, in_progress=3, backlog=2, held={"w1": 3})),
     # a consumer with no live registry entry (SIGKILLed: stays in the group) is backlog
-    ([group(3, 0)], [consumer("dead", 3)], idle("dead", 3), 3, set(), TierBacklog(pending=3, backlog=3)),
-    ([group(3, 0)], [consumer("dead", 3)], [], 3, set(), TierBacklog(pending=3, backlog=3)),  # idle or not
-    ([group(5, 1)], [consumer("w1", 2), consumer("dead", 3)], [], 6, {"w1"},
+    ([group(3, 0)], summary(consumer("dead", 3)), idle("dead", 3), 3, set(),
+     TierBacklog(pending=3, backlog=3)),
+    ([group(3, 0)], summary(consumer("dead", 3)), [], 3, set(),
+     TierBacklog(pending=3, backlog=3)),  # idle or not
+    ([group(5, 1)], summary(consumer("w1", 2), consumer("dead", 3)), [], 6, {"w1"},
      TierBacklog(undelivered=1, pending=5, in_progress=2, backlog=4, held={"w1": 2})),
     # a live worker's entries it stopped claiming (its job lost the lane): no one serves them
-    ([group(3, 0)], [consumer("w1", 3)], idle("w1", 2), 3, {"w1"},
+    ([group(3, 0)], summary(consumer("w1", 3)), idle("w1", 2), 3, {"w1"},
      TierBacklog(pending=3, in_progress=1, backlog=2, held={"w1": 1})),
-    ([group(3, 0)], [consumer("w1", 2), consumer("w2", 1)], idle("w2"), 3, {"w1", "w2"},
+    ([group(3, 0)], summary(consumer("w1", 2), consumer("w2", 1)), idle("w2"), 3, {"w1", "w2"},
      TierBacklog(pending=3, in_progress=2, backlog=1, held={"w1": 2})),  # w2 holds no job: idle
     # idle entries unreadable: the live workers' pending counts as served
-    ([group(2, 0)], [consumer("w1", 2)], NOGROUP, 2, {"w1"},
+    ([group(2, 0)], summary(consumer("w1", 2)), NOGROUP, 2, {"w1"},
      TierBacklog(pending=2, in_progress=2, held={"w1": 2})),
     # a consumer with no pending counts for nothing
-    ([group(2, 0)], [consumer("w1", 2), consumer("w2", 0)], [], 2, {"w1", "w2"},
+    ([group(2, 0)], summary(consumer("w1", 2), consumer("w2", 0)), [], 2, {"w1", "w2"},
      TierBacklog(pending=2, in_progress=2, held={"w1": 2})),
     # lag unknown after deletions: what is not pending is taken as undelivered
-    ([group(3, None)], [consumer("w1", 3)], [], 7, {"w1"},
+    ([group(3, None)], summary(consumer("w1", 3)), [], 7, {"w1"},
      TierBacklog(undelivered=4, pending=3, in_progress=3, backlog=4, held={"w1": 3})),
-    ([group(3, None)], [consumer("w1", 3)], [], 2, {"w1"},
+    ([group(3, None)], summary(consumer("w1", 3)), [], 2, {"w1"},
      TierBacklog(pending=3, in_progress=3, held={"w1": 3})),
     # consumers unreadable (group gone between two replies): no pending is known to be held
     ([group(2, 0)], NOGROUP, [], 2, {"w1"}, TierBacklog(pending=2, backlog=2)),
     # replies read a moment apart: never more in progress than the group has pending
-    ([group(1, 0)], [consumer("w1", 2)], [], 2, {"w1"},
+    ([group(1, 0)], summary(consumer("w1", 2)), [], 2, {"w1"},
      TierBacklog(pending=1, in_progress=1, held={"w1": 2})),
-    ([group(1, 0)], [consumer("w1", 1)], idle("w1", 2), 2, {"w1"}, TierBacklog(pending=1, backlog=1)),
+    ([group(1, 0)], summary(consumer("w1", 1)), idle("w1", 2), 2, {"w1"}, TierBacklog(pending=1, backlog=1)),
 ])
 def test_judge(groups: object, consumers: object, stale: object, length: int, live: set[str],
                want: TierBacklog) -> None:
@@ -255,3 +263,20 @@ def test_a_worker_holding_notifications_is_not_idle() -> None:
     assert by_id["w2"].idle and by_id["w2"] == resting
     assert by_id["w3"] == busy
     assert set(by_id) == {"w1", "w2", "w3"}  # a holder the views do not know adds no worker
+
+
+def test_the_backlog_reads_the_consumers_that_hold_entries_not_every_consumer(r: fakeredis.FakeRedis,
+                                                                             monkeypatch) -> None:
+    """Who holds what comes from XPENDING's summary (the consumers with entries pending), not
+    from XINFO CONSUMERS, which lists every consumer: a commander read 10,000 of them a pass."""
+    group_on(r, "chat")
+    submit(r, "chat", "a", "b", "c")
+    register(r, "live")
+    take(r, "chat", "live", 2)
+    for i in range(20):
+        r.xgroup_createconsumer(keys.ready("chat"), keys.GROUP, f"chat-idle{i}")
+    listed: list[object] = []
+    monkeypatch.setattr(redis.client.Pipeline, "xinfo_consumers", lambda *a, **k: listed.append(a))
+    got = read_backlog(r, ["chat"], {"live"}, unserved_ms=60_000)["chat"]
+    assert got == TierBacklog(undelivered=1, pending=2, in_progress=2, backlog=1, held={"live": 2})
+    assert listed == []
