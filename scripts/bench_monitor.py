@@ -108,8 +108,11 @@ def parse_args(argv: list[str] | None = None) -> Any:
 
 
 def populate(r: redis.Redis, workers: int, tiers: int, now: float) -> list[str]:
-    """Registered workers, each a consumer of its tier's ready stream (as after its first read),
-    a policy per tier that keeps them all, dead letters."""
+    """Registered workers, each a consumer of its tier's ready stream holding 0-7 notifications
+    (``w % 8``: its jobs in progress), a policy per tier that keeps them all, dead letters. The
+    entries say they renew every minute: they stand for workers that claim their notifications
+    in time (a commander counts one idle past two renews as no job's), which these simulated
+    ones never do."""
     names = [f"t{i}" for i in range(tiers)]
     per_tier = -(-workers // tiers)
     pipe = r.pipeline(transaction=False)
@@ -119,11 +122,15 @@ def populate(r: redis.Redis, workers: int, tiers: int, now: float) -> list[str]:
     for w in range(workers):
         tier, wid = names[w % tiers], f"{names[w % tiers]}-w{w:04d}"
         info = WorkerInfo(worker=wid, tier=tier, pid=10_000 + w, host="bench", started=now - 3600,
-                          handlers=["echo", "noop", "sleep"])
+                          handlers=["echo", "noop", "sleep"], renew_interval_s=60.0)
         pipe.hset(keys.WORKERS, wid, encode(info))
         pipe.incr(keys.WORKERS_VERSION)  # (as a worker registering does)
         pipe.set(keys.heartbeat(wid), "1", px=600_000)
         pipe.xgroup_createconsumer(keys.ready(tier), keys.GROUP, wid)
+        for k in range(w % 8):
+            pipe.xadd(keys.ready(tier), {"user": f"u{w}-{k}"})
+        if w % 8:
+            pipe.xreadgroup(keys.GROUP, wid, {keys.ready(tier): ">"}, count=w % 8)
     for i in range(50):
         pipe.xadd(keys.dead(names[i % tiers]), {"user": f"u{i}", "turn_id": f"t{i}", "reason": "max attempts",
                                                 "worker": "x", "ts": str(now)})
