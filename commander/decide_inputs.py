@@ -55,7 +55,7 @@ class TierViews:
     inputs: tuple[object, ...]  # its handles (id, state, start), memory limit, staleness, trust
     at: float  # the time they were built at
     made: dict[str, Made]  # each worker's view, with what it was made of
-    reports: dict[str, OccupancyReport | None]  # each worker's newest report then (by identity)
+    reported: dict[str, float | None]  # the time of each worker's newest report then (None: none)
     stale_at: float  # no fresh view goes stale before this time
     views: tuple[WorkerView, ...]  # in worker order, the reception marked
 
@@ -66,9 +66,9 @@ class ViewMemo:
     A commander judges 10,000 workers every pass, and with a report every 5 s and a pass every
     0.5 s most have nothing new. While a tier's entries (the same object), handles, limits and
     trust are those of the last pass, no fresh view has gone stale and the clock has not gone
-    back, only the workers whose newest report is another object are built again. Otherwise
-    the tier is built whole, and a worker whose report, state, start, freshness and memory
-    limit are those of the last pass keeps its view."""
+    back, only the workers whose newest report is another one (by its time) are built again.
+    Otherwise the tier is built whole, and a worker whose report, state, start, freshness and
+    memory limit are those of the last pass keeps its view."""
 
     def __init__(self) -> None:
         self._tiers: dict[str, TierViews] = {}
@@ -108,8 +108,8 @@ class _Build:
         # what the view is made of, as plain values: the report by its time (a worker's newest
         # report is only ever replaced by a later one), which also stands for the rows behind
         # its occupancy and ready_at. (One exception: a worker forgotten, then sent a report of
-        # exactly the old time, a replayed or forged entry for an exited worker, keeps the old
-        # view while that report is its newest, when the tier is built whole.)
+        # exactly the old time before the next pass, a replayed or forged entry for an exited
+        # worker, keeps the old view while that report is its newest.)
         parts = (report.ts, state, started, fresh, self.limit)
         if last is not None and last[0] == parts:
             return last
@@ -139,34 +139,33 @@ def worker_views(tier: str, handles: Iterable[WorkerHandle], registry: Mapping[s
     last = memo.last(tier) if memo is not None else None
     if (memo is not None and last is not None and last.registry is registry and last.inputs == inputs
             and last.at <= now <= last.stale_at):
-        changed = [wid for wid, report in last.reports.items() if newest.get(wid) is not report]
+        changed = [wid for wid, ts in last.reported.items() if _ts(newest.get(wid)) != ts]
         if not changed:
             return last.views
         handle_of = {h.worker_id: h for h in mine}
-        made, reports, stale_at = dict(last.made), dict(last.reports), last.stale_at
+        made, reported, stale_at = dict(last.made), dict(last.reported), last.stale_at
         for wid in changed:
             handle, report = handle_of.get(wid), newest.get(wid)
             made[wid] = build.view(wid, handle, _started(wid, handle, registry), report, None)
-            reports[wid] = report
+            reported[wid] = _ts(report)
             stale_at = min(stale_at, _stale_at(made[wid][1], report, build.stale_s))
         views = mark_reception([view for _, view in made.values()])
-        memo.keep(tier, TierViews(registry, inputs, now, made, reports, stale_at, views))
+        memo.keep(tier, TierViews(registry, inputs, now, made, reported, stale_at, views))
         return views
     by_id: dict[str, WorkerHandle | None] = {h.worker_id: h for h in mine}
     for wid, (info, alive) in registry.items():
         if info.tier == tier and alive:
             by_id.setdefault(wid, None)
     kept = last.made if last is not None else {}
-    made, reports = {}, {}
+    made, stale_at = {}, math.inf
     for wid, handle in sorted(by_id.items()):
         report = newest.get(wid)
         made[wid] = build.view(wid, handle, _started(wid, handle, registry), report, kept.get(wid))
-        reports[wid] = report
+        stale_at = min(stale_at, _stale_at(made[wid][1], report, build.stale_s))
     views = mark_reception([view for _, view in made.values()])
     if memo is not None:
-        stale_at = min((_stale_at(made[wid][1], report, build.stale_s) for wid, report in reports.items()),
-                       default=math.inf)
-        memo.keep(tier, TierViews(registry, inputs, now, made, reports, stale_at, views))
+        reported = {wid: _ts(newest.get(wid)) for wid in made}
+        memo.keep(tier, TierViews(registry, inputs, now, made, reported, stale_at, views))
     return views
 
 
@@ -175,6 +174,10 @@ def _started(wid: str, handle: WorkerHandle | None, registry: Mapping[str, tuple
         return handle.started
     entry = registry.get(wid)
     return entry[0].started if entry is not None else 0.0
+
+
+def _ts(report: OccupancyReport | None) -> float | None:
+    return report.ts if report is not None else None
 
 
 def _stale_at(view: WorkerView, report: OccupancyReport | None, stale_s: float) -> float:
