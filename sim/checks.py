@@ -192,13 +192,21 @@ def _ends(record: Record, replies: Replies) -> list[Violation]:
 
 
 def _committed(calls: list[Call], record: Record) -> list[Call]:
-    """The handler runs whose result was written: the last run of each (lease, turn) whose
-    write-back landed."""
-    last: dict[tuple[str, str], Call] = {}
+    """The handler runs whose result was written: for each write-back that landed, the last run
+    of its (lease, turn) that had ended by then (a commit carries a result, so it comes after its
+    run). A worker that stopped a turn whose commit was on its way runs it again under its own
+    lease: the write that lands later is the first run's, not the second's."""
+    runs: dict[tuple[str, str], list[Call]] = defaultdict(list)
     for call in calls:
-        if (call.lease, call.turn) in record.commits:
-            last[(call.lease, call.turn)] = call
-    return list(last.values())
+        runs[(call.lease, call.turn)].append(call)
+    out: dict[int, Call] = {}
+    for key, landed in record.commits.items():
+        candidates = runs.get(key, [])
+        for at in landed if candidates else []:
+            ended = [c for c in candidates if c.exit is not None and c.exit <= at]
+            call = (ended or candidates)[-1]
+            out[id(call)] = call
+    return list(out.values())
 
 
 def _context_seen(user: str, session: list[str], ok: list[str], record: Record) -> list[Violation]:

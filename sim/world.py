@@ -136,7 +136,9 @@ class Record:
     takeovers: list[tuple[float, str, int]] = field(default_factory=list)  # (time, worker, users handed on)
     clients_done: float | None = None
     starved: dict[str, float] = field(default_factory=dict)  # turn -> seconds waiting with a slot free
-    commits: set[tuple[str, str]] = field(default_factory=set)  # (lease, turn id) written with "ok"
+    # (lease, turn id) written with "ok" -> when each such write landed (a worker may run a turn
+    # again under its own lease while the first run's commit is still on its way)
+    commits: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
 
 _WORLD: contextvars.ContextVar[World] = contextvars.ContextVar("sim_world")
@@ -230,7 +232,8 @@ class World:
         if isinstance(reply, list) and reply and reply[0] == b"ok":
             argv = wire.script_argv()
             if argv[2]:
-                self.record.commits.add((as_str(argv[0]), as_str(argv[2])))
+                landed = self.record.commits.setdefault((as_str(argv[0]), as_str(argv[2])), [])
+                landed.append(self.loop.time())
 
     async def _run_worker(self, wid: str, worker: Worker) -> int:
         code = await worker.run()
