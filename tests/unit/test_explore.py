@@ -147,13 +147,13 @@ def test_zombie_274459_after_an_outage_and_an_expiry_holds() -> None:
     assert got.ok, [str(v) for v in got.violations]
 
 
-def test_i3_305169_a_lost_cancellation_and_two_outages_holds() -> None:
+def test_i3_305169_a_commit_landing_after_its_job_was_stopped_holds() -> None:
     """Found by a long exploration (seed 305169, shrunk: two Redis outages, 1.0 s and 0.86 s).
-    w0's commit of u0-t0 was cancelled in the client library and the cancellation lost (the
-    call went on); w0 took its own lane again, with its token, and ran u0-t0 a second time. The
-    first run's commit landed meanwhile and released the lane, w1 served u0-t1..t4, and the
-    second run, fenced at its renewal, committed nothing. Each committed run began after the
-    one before had ended: the checker had laid the landed commit on the second run (both under
-    w0|1), not on the first, the only one that had ended when it landed."""
+    w0's lane deadline stopped its job while the commit of u0-t0 waited in the batch, whose
+    round trip went on; w0 took its own lane again, with its token, and ran u0-t0 a second
+    time. The first run's commit landed meanwhile and released the lane, w1 served u0-t1..t4,
+    and the second run, fenced at its renewal, committed nothing. Each committed run began
+    after the one before had ended: the checker had laid the landed commit on the second run
+    (both under w0|1), not on the first, the only one that had ended when it landed."""
     got = run(Schedule.from_json((SCHEDULES / "i3-305169.json").read_text()))
     assert got.ok, [str(v) for v in got.violations]
