@@ -134,7 +134,7 @@ def test_a_run_with_pauses_and_lost_replies_replays_step_for_step(seed: int) -> 
 # Open holes: a schedule the explorer found that still fails is kept as its shrunk file under
 # tests/unit/schedules/ and replayed exactly by a strict xfail test here; the day it holds (fixed,
 # or the code changed under it) that test fails and the row moves to HOLES, with its focused test.
-# None is open now (seed 28924's moved to HOLES; 274459's holds, below).
+# None is open now (seed 28924's moved to HOLES; 274459's and 305169's hold, below).
 SCHEDULES = Path(__file__).parent / "schedules"
 
 
