@@ -50,6 +50,9 @@ def test_a_policy_naming_an_interpreter_or_image_is_rejected_and_starts_nothing(
         r: redis.Redis, process_commander: ProcessRuntime, fleet_env: dict[str, str], tmp_path: Path,
         key: str) -> None:
     value = "/bin/sh" if key == "python" else "evil/miner:1"
+    # a raw edit, past the CLI's checks, of a tier the commander knows (as `fleet policy set`
+    # registers it: a tier known only by its key is found by the commander's scan, every 30 s)
+    r.sadd(keys.TIERS, "chat")
     r.set(keys.policy("chat"), json.dumps({"groups": [BLUE, {"name": "green", "weight": 50, key: value}]}))
     (event,) = wait_until(lambda: ledger(r, "chat", "policy-rejected"), 20, "the rejection")
     fix = f"`{key}` may not be given in a policy"
