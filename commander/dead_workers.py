@@ -22,6 +22,7 @@ from commander.outages import Outages
 from commander.runtime import WorkerHandle
 from commander.settings import CommanderSettings
 from protocol.models import WorkerInfo, exit_meaning
+from stores.backlog import live_ids
 from stores.redis_errors import RedisErrors
 from stores.retry import TRANSIENT
 from stores.takeover import Takeover, sweep, take_over
@@ -87,7 +88,7 @@ class DeadWorkers:
             self._taken.add(wid)
             self._record(done, dead.why, dead.unasked)
         if settled and self._monotonic() - self._swept_at >= self._sweep_every_s:
-            self._sweep(tiers, ours | {wid for wid, (_, alive) in registry.items() if alive})
+            self._sweep(tiers, ours | live_ids(registry))
 
     def _sweep(self, tiers: list[str], live: set[str]) -> None:
         """Take over the consumers of ``tiers`` that are no live worker: ``live`` are ours (a

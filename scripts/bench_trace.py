@@ -212,7 +212,6 @@ def validation_policy(args: argparse.Namespace) -> TurnsPolicy:
 
 
 def _live(r: Any) -> int:
-
     return len(read_registry(r).live())
 
 
