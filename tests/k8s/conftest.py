@@ -18,7 +18,7 @@ from protocol.codec import decode
 from protocol.models import Reply, SessionEntry
 from tests.conftest import RedisServer
 from tests.helpers import fleet_argv as fleet_command  # (test_worker_pod.py imports it from here)
-from tests.integration.conftest import FAST_WORKER_ENV
+from tests.integration.conftest import FAST_WORKER_ENV, wait_until
 from tests.k8s.cluster import Cluster
 from tests.k8s.standin import StandIn
 
@@ -93,3 +93,15 @@ def running_and_ready(stand: StandIn, n: int, timeout: float = 30) -> list[str]:
         return sorted(ok) if len(ok) == len(pods) == n else []
 
     return list(stand.wait_for(ready, timeout, f"{n} pods Running and Ready"))
+
+
+def listed_ready(runtime: KubernetesRuntime, tier: str, n: int, timeout: float = 30) -> None:
+    """Wait until the runtime's own listing has ``n`` pods of ``tier``, every one Ready. A retire
+    judges the pods from that listing (up to ``poll_s`` old, or older while the API errs), not
+    from the cluster: one it still lists as not ready is deleted in the victim's place."""
+    def ready() -> bool:
+        runtime.reap()
+        pods = runtime.listing.live_pods(tier)
+        return len(pods) == n and all(p.ready for p in pods)
+
+    wait_until(ready, timeout, f"the runtime to list {n} ready pods of {tier}")

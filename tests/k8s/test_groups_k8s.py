@@ -18,7 +18,7 @@ from protocol.groups import Group
 from protocol.policy import TurnsPolicy, turns_policy
 from stores.policies import write_policy
 from tests.integration.conftest import wait_until
-from tests.k8s.conftest import DEPLOYMENT, running_and_ready
+from tests.k8s.conftest import DEPLOYMENT, listed_ready, running_and_ready
 from tests.k8s.standin import StandIn
 from tests.k8s.test_runtime_k8s import registered, states
 
@@ -73,8 +73,10 @@ def test_a_grouped_tiers_pools_scale_and_retire_on_their_own(standin: StandIn, m
     infos = registered(r)
     assert {infos[p].tier for p in green} == {"chat.green"} and infos[blue].tier == "chat.blue"
 
-    # every pod Ready first: a not-ready pod would be deleted in the victim's place (substituted)
+    # every pod Ready first, in the runtime's listing too: a pod it lists as not ready would be
+    # deleted in the victim's place (substituted)
     running_and_ready(standin, 3)
+    listed_ready(runtime, "chat.green", 2)
     victim = green[1]
     runtime.retire(victim, "reclaim-idle: test")
     standin.wait_for(lambda c: victim in c.ended, 30, f"green pod {victim} to go")

@@ -22,7 +22,7 @@ from stores.policies import write_policy
 from stores.registry import read_entries
 from tests.integration.conftest import wait_until
 from tests.k8s.cluster import Ended
-from tests.k8s.conftest import DEPLOYMENT, answered_once, api_for, running_and_ready
+from tests.k8s.conftest import DEPLOYMENT, answered_once, api_for, listed_ready, running_and_ready
 from tests.k8s.semantics import deletion_order
 from tests.k8s.standin import StandIn
 
@@ -98,6 +98,7 @@ def test_retire_deletes_the_chosen_pod_not_the_replicasets_guess_and_loses_no_tu
     victim = next(p for p in pods if p != guess)
     wait_until(lambda: all(s is Lifecycle.RUNNING for s in states(runtime).values()) and states(runtime),
                20, "three running workers")
+    listed_ready(runtime, "chat", 3)
     with Fleet(redis_server.url) as fleet:
         handles = fleet.submit_many([(f"u{i:02d}", f"turn {i}") for i in range(12)])
         wait_until(lambda: r.exists(*(keys.lane(f"u{i:02d}") for i in range(12))) >= 6, 20,
