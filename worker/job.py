@@ -122,6 +122,11 @@ class OtherTier(Exception):
         self.pool, self.uncount = pool, uncount  # the entry whose counted attempt a hand-over takes back
 
 
+class Lapsed(Exception):
+    """The lane's deadline passed while a commit was in flight, and the commit kept the lane: it
+    was ours when the commit landed, but may be gone since. The job takes it again."""
+
+
 class LaneDeadline:
     """When a lease ends unless renewed: one lane TTL after the request that took or renewed it.
 
@@ -153,6 +158,10 @@ class LaneDeadline:
         if self._timer is not None:
             self._timer.cancel()
 
+    def passed(self) -> bool:
+        """Whether the lease has gone a lane TTL without a renewal."""
+        return time.monotonic() >= self.renewed + self.ttl_s
+
     def _fire(self, lease: Lease) -> None:
         self._timer = None
         self._expired(lease)
@@ -170,7 +179,7 @@ class UserJob:
         self.handed: list[str] = []  # notification ids a hand-over acks
         self.lease: Lease | None = None
         self.deadline = LaneDeadline(host.settings.lane_ttl_ms / 1000, self._expired)
-        self.committing = False  # a commit is in flight (see renew_failed)
+        self.committing = False  # a commit is in flight (see renew_failed and _expired)
         self.busy_since: float | None = None  # in a handler right now
         self.turn_handler_s = 0.0  # the handler's time on the turn being served (its usage)
         self.task: asyncio.Task[None] | None = None
@@ -196,8 +205,9 @@ class UserJob:
         retry (the notification stays pending), never raised; up to the delivery limit.
 
         A lane lost midway (the commit was fenced, or the lane's deadline or a renewal found it
-        gone and stopped the turn in progress) sends the job back to take the lane again: it
-        gets it (nobody took over: the turn is re-run) or learns who holds it now.
+        gone and stopped the turn in progress, or the deadline passed during a commit that kept
+        it) sends the job back to take the lane again: it gets it (nobody took over: the turn
+        not committed is re-run) or learns who holds it now.
         """
         self.task = asyncio.current_task()
         try:
@@ -260,6 +270,9 @@ class UserJob:
         except Fenced:
             self.host.tally.fenced += 1
             log.warning("lane of %s lost to another worker: its write was fenced", self.user)
+        except Lapsed:
+            log.warning("lane of %s not renewed within its TTL during a commit that landed: taking it "
+                        "again before the next turn", self.user)
         except asyncio.CancelledError:
             task = self.task
             if not self._lost or task is None or task.cancelling() != 1:
@@ -616,6 +629,8 @@ class UserJob:
             tally.turns += 1
             if result == "error":
                 tally.errors += 1
+        if not committed.released and self.deadline.passed():
+            raise Lapsed(self.user)  # (see _expired)
         return Done(committed.released, committed.next, covered)
 
     # --- its lease, renewed by the worker (worker.renewal) ---------------------------------
@@ -636,7 +651,12 @@ class UserJob:
         self.lane_lost()
 
     def _expired(self, lease: Lease) -> None:
-        if self.lease is lease:
+        """The lease went a lane TTL without a renewal: stop the turn in progress. Unless a
+        commit is in flight: cancelling its caller would not stop it (the batch's round trip
+        goes on, and it may land), and the job, taking its own lane back with the same token
+        before it did, would run the turn's handler again. The commit's answer decides:
+        fenced, the lane was lost; released, nothing was; kept, ``Lapsed`` takes it again."""
+        if self.lease is lease and not self.committing:
             log.warning("lane of %s not renewed within its TTL: stopping the turn in progress", self.user)
             self.lane_lost()
 

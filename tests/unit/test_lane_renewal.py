@@ -157,3 +157,62 @@ async def test_a_renewal_during_a_commit_that_released_the_lane_does_not_stop_th
     assert commits == [True]  # one commit, which released the lane, and whose WAIT ended
     assert worker.tally.fenced == 0
     assert not [rec for rec in caplog.records if "lane of alice" in rec.getMessage()]
+
+
+async def test_a_lane_deadline_during_a_commit_in_flight_leaves_the_answer_to_the_commit() -> None:
+    """Explorer seed 305169: a commit waited in the batch while Redis was away, and the lane's
+    local deadline (one TTL after the acquire was *sent*) passed meanwhile. It cancelled the job,
+    but not the batch's round trip, which landed later. The job took its own lane again (same
+    token: the lane was still there) and ran the turn's handler a second time, the model call
+    made twice and overlapping the next owner's run until its renewal failed. A commit in flight
+    is the lane's last word: a deadline passed meanwhile is judged after it. The lane kept (a
+    turn waits), the job takes the lane again and serves on from Redis's cursor."""
+    r = fakeredis.FakeAsyncRedis()
+    ttl_s = 0.5
+    worker = Worker(WorkerSettings(worker_id="w1", tier="chat", lane_ttl_ms=int(ttl_s * 1000),
+                                   renew_interval_s=0.2), r=r)
+    real_acquire, real_commit = worker.store.acquire, worker.store.commit
+    acquires = 0
+
+    async def acquire_sent_early(user: str) -> object:
+        """The first acquire reaches Redis 0.3 s after it was sent: the local deadline is
+        0.3 s ahead of the lane's expiry in Redis."""
+        nonlocal acquires
+        acquires += 1
+        if acquires == 1:
+            await asyncio.sleep(0.3)
+        return await real_acquire(user)
+
+    async def commit_in_the_batch(*args: object, **kwargs: object) -> object:
+        """The commit lands 0.3 s after it was asked for, past the local deadline, and a
+        cancelled caller does not stop it (the batch's round trip goes on)."""
+        async def late() -> object:
+            await asyncio.sleep(0.3)
+            return await real_commit(*args, **kwargs)  # type: ignore[arg-type]
+        return await asyncio.shield(asyncio.ensure_future(late()))
+
+    runs: list[str] = []
+
+    async def quick(ctx: handlers.TurnContext) -> HandlerResult:
+        runs.append(ctx.turn.turn_id)
+        return HandlerResult(text=f"re: {ctx.turn.text}")
+
+    worker.store.acquire = acquire_sent_early  # type: ignore[method-assign,assignment]
+    worker.store.commit = commit_in_the_batch  # type: ignore[method-assign,assignment]
+    worker.tier_policy.handler = quick
+    await r.xgroup_create(keys.ready("chat"), keys.GROUP, mkstream=True)  # (the acks' stream)
+    for i in (1, 2):
+        await r.xadd(keys.inbox("alice"), {"text": f"turn {i}", "turn_id": f"t{i}", "tier": "chat"})
+    worker.dispatch("1-0", {b"user": b"alice"}, reclaimed=False)  # no renew loop runs at all
+    try:
+        async with asyncio.timeout(10):
+            while worker.jobs.tasks or await r.exists(keys.lane("alice")):
+                await asyncio.sleep(0.01)
+    finally:
+        for task in list(worker.jobs.tasks):
+            task.cancel()
+        await asyncio.sleep(0.5)  # (a stray commit still in the batch lands)
+        replies = {t: await r.llen(keys.reply("alice", t)) for t in ("t1", "t2")}
+        await r.aclose()
+    assert runs == ["t1", "t2"], "a turn's handler ran again while its first run's commit was in flight"
+    assert replies == {"t1": 1, "t2": 1}
