@@ -200,6 +200,7 @@ class Commander:
             self._retire_hung(registry, handles)
             self.observer.read_reports()
             self.observer.evaluator.forget_absent({*registry, *(h.worker_id for h in handles)}, now)
+            self.views.begin(self.observer.evaluator.take_changed())
             policies = self._policies(tiers, by_tier)
             tiers = [t for t in tiers if t in policies]
             self.failover.recover({t: p.read.policy.ready_shards for t, p in policies.items()
@@ -309,7 +310,8 @@ class Commander:
             judged = read.policy.scale_rules()
             views = worker_views(tier, handles, registry, self.observer.evaluator, judged, now,
                                  self.outages.trusted_since, self.views)
-            snap = snapshot(tier, views, signals, tier_rates(views, self.observer.evaluator))
+            rates = self.views.rates(tier, views) or tier_rates(views, self.observer.evaluator)
+            snap = snapshot(tier, views, signals, rates, self.views.holding(tier))
         started = time.perf_counter()
         plan, state = decide(snap, judged, self.states.get(tier), now)
         decide_s = time.perf_counter() - started

@@ -218,6 +218,7 @@ class Evaluator:
         # occupancy and rates, and most of them reported nothing new since the last pass
         self._occupancy: dict[str, tuple[float | None, Occupancy]] = {}  # worker -> (limit, value)
         self._rates: dict[str, tuple[float, Rates | None]] = {}  # worker -> (span, value)
+        self._changed: set[str] = set()  # workers added or forgotten since the last take_changed
 
     def add(self, report: OccupancyReport) -> bool:
         """Keep a report's row (and the report, until a newer one); False (ignored) when it is
@@ -235,6 +236,7 @@ class Evaluator:
         self._latest[worker] = report
         self._occupancy.pop(worker, None)
         self._rates.pop(worker, None)
+        self._changed.add(worker)
         if report.state == "ready" and report.cpu is None:
             # a worker's very first report (its sensor has no cpu to give yet): the end of its
             # start; a later one (a commander that restarted and reads a window) says nothing
@@ -245,6 +247,14 @@ class Evaluator:
         """Drop a worker's window (it exited or was declared dead)."""
         for kept in (self._rows, self._latest, self._ready_at, self._occupancy, self._rates):
             kept.pop(worker, None)
+        self._changed.add(worker)
+
+    def take_changed(self) -> frozenset[str]:
+        """The workers whose rows, newest report or start changed (a report added, or the
+        worker forgotten) since the last call: what anything derived from them must look at
+        again. (One reader: the commander's pass; ``decide_inputs.ViewMemo``.)"""
+        changed, self._changed = frozenset(self._changed), set()
+        return changed
 
     def forget_absent(self, present: Collection[str], now: float,
                       after_s: float = FORGET_ABSENT_S) -> list[str]:

@@ -6,13 +6,14 @@ observer and ``fleet status`` are tested on fakeredis with real consumer-group s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import fakeredis
 import pytest
 import redis
 
-from commander.decide_inputs import TierSignals
+from commander.decide_inputs import TierSignals, holding, with_lanes
 from commander.decide_inputs import snapshot as tier_snapshot
 from commander.observe import Observer
 from commander.snapshot import WorkerView
@@ -280,3 +281,24 @@ def test_the_backlog_reads_the_consumers_that_hold_entries_not_every_consumer(r:
     got = read_backlog(r, ["chat"], {"live"}, unserved_ms=60_000)["chat"]
     assert got == TierBacklog(undelivered=1, pending=2, in_progress=2, backlog=1, held={"live": 2})
     assert listed == []
+
+
+def test_holding_makes_a_view_again_only_when_its_view_or_count_changed() -> None:
+    """The commander keeps what ``holding`` made from pass to pass (thousands of views): a
+    worker whose view and count are the last call's gets the very view made then; one whose
+    count or view changed gets a new one; and a copy keeps every field but ``lanes``."""
+    every = WorkerView("w1", state="draining", occupancy=0.5, busy=1, total=3, lanes=0, fresh=False,
+                       is_reception=True, started=5.0, ready_at=6.0, turns=7, protected_until=8.0)
+    assert {f.name for f in dataclasses.fields(WorkerView)} == set(WorkerView.__slots__)
+    assert all(getattr(every, f.name) != f.default for f in dataclasses.fields(WorkerView)
+               if f.name not in ("id", "lanes"))
+    assert with_lanes(every, 2) == dataclasses.replace(every, lanes=2)
+    other = WorkerView("w2", busy=0, total=2, lanes=0)
+    kept: dict[str, tuple[WorkerView, int, WorkerView]] = {}
+    first = holding((every, other), {"w1": 2, "w2": 1}, kept)
+    assert holding((every, other), {"w1": 2, "w2": 1}, kept)[0] is first[0]
+    again = holding((every, other), {"w1": 3}, kept)
+    assert again[0] is not first[0] and again[0].lanes == 3 and again[1] is other
+    assert set(kept) == {"w1"}  # (what the last call made, no more)
+    moved = dataclasses.replace(every, occupancy=0.9)
+    assert holding((moved, other), {"w1": 3}, kept)[0] == dataclasses.replace(moved, lanes=3)

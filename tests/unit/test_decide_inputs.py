@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from commander.decide_inputs import stale_after, worker_views
+from commander.decide_inputs import stale_after, tier_rates, worker_views
 from commander.evaluator import Evaluator, occupancy_of
 from commander.runtime import Lifecycle, WorkerHandle
 from protocol.models import Counters, OccupancyReport, Slots, WorkerInfo
@@ -99,12 +99,15 @@ def test_views_kept_from_the_last_pass_are_those_built_afresh(monkeypatch):
     info = WorkerInfo(worker="remote", tier="chat", pid=9, host="other", started=5.0)
     none: dict[str, tuple[WorkerInfo, bool]] = {}
     remote = {"remote": (info, True)}
+    def counted(worker: str, ts: float, **kw: object) -> OccupancyReport:  # (its handler busy half the time)
+        return report(worker, ts, handler_s=(ts - 900) / 2, **kw)  # type: ignore[arg-type]
+
     steps = [  # (what changed, handles, registry, policy, now, trusted_since, a report added first)
-        ("first pass", [handle("a"), handle("b")], none, POLICY, NOW, 0.0, [report("a", NOW - 0.5, busy=1)]),
+        ("first pass", [handle("a"), handle("b")], none, POLICY, NOW, 0.0, [counted("a", NOW - 0.5, busy=1)]),
         ("nothing new", [handle("a"), handle("b")], none, POLICY, NOW, 0.0, []),
         ("a new report", [handle("a"), handle("b")], none, POLICY, NOW, 0.0,
-         [report("a", NOW - 0.2, busy=3, rss=3 * 1024 * 1024)]),  # (3 MB: over the limit below)
-        ("b's first report", [handle("a"), handle("b")], none, POLICY, NOW, 0.0, [report("b", NOW, busy=2)]),
+         [counted("a", NOW - 0.2, busy=3, rss=3 * 1024 * 1024)]),  # (3 MB: over the limit below)
+        ("b's first report", [handle("a"), handle("b")], none, POLICY, NOW, 0.0, [counted("b", NOW, busy=2)]),
         ("a later pass, nothing new", [handle("a"), handle("b")], none, POLICY, NOW + 0.5, 0.0, []),
         ("a goes stale, nothing else", [handle("a"), handle("b")], none, POLICY, NOW + 2.9, 0.0, []),
         ("a memory limit", [handle("a"), handle("b")], none, limited, NOW, 0.0, []),
@@ -113,31 +116,40 @@ def test_views_kept_from_the_last_pass_are_those_built_afresh(monkeypatch):
         ("the clock goes back", [handle("a"), handle("b")], none, POLICY, NOW, 0.0, []),
         ("an outage", [handle("a"), handle("b")], none, POLICY, NOW, NOW - 0.1, []),
         ("a registered worker", [handle("a")], remote, POLICY, NOW, 0.0,
-         [report("remote", NOW - 0.1, busy=1)]),
+         [counted("remote", NOW - 0.1, busy=1)]),
         ("its new report", [handle("a")], remote, POLICY, NOW + 0.5, 0.0,
-         [report("remote", NOW + 0.4, busy=2)]),
+         [counted("remote", NOW + 0.4, busy=2)]),
         ("a stale one, the other's new report", [handle("a")], remote, POLICY, NOW + 3.2, 0.0,
-         [report("remote", NOW + 3.1, busy=1)]),
+         [counted("remote", NOW + 3.1, busy=1)]),
         ("restarted later", [handle("a", started=7.0)], remote, POLICY, NOW + 3.2, 0.0, []),
         ("forgotten", [handle("a")], remote, POLICY, NOW + 3.2, 0.0, "forget remote"),
         ("the same time again", [handle("a")], remote, POLICY, NOW + 3.2, 0.0,
-         [report("remote", NOW + 3.1, busy=4)]),
+         [counted("remote", NOW + 3.1, busy=4)]),
         ("all stale", [handle("a")], remote, POLICY, NOW + 20, 0.0, []),
-        ("a fresh report", [handle("a")], remote, POLICY, NOW + 20, 0.0, [report("remote", NOW + 19.9)]),
+        ("a fresh report", [handle("a")], remote, POLICY, NOW + 20, 0.0, [counted("remote", NOW + 19.9)]),
         ("it goes stale", [handle("a")], remote, POLICY, NOW + 23, 0.0, []),
+        ("a pass that judged no tier", [handle("a")], remote, POLICY, NOW + 23, 0.0,
+         [counted("remote", NOW + 22.9, busy=3)]),
+        ("the pass after it", [handle("a")], remote, POLICY, NOW + 23, 0.0, []),
     ]
-    previous = None
+    previous, busy = None, []
     for what, handles, registry, policy, now, trusted, added in steps:
         if added == "forget remote":
             ev.forget("remote")
         else:
             for rep in added:
                 ev.add(rep)
+        memo.begin(ev.take_changed())
+        if what == "a pass that judged no tier":  # (its changes are not the next pass's)
+            continue
         built.clear()
         kept, rebuilt = worker_views("chat", handles, registry, ev, policy, now, trusted, memo), list(built)
         assert kept == worker_views("chat", handles, registry, ev, policy, now, trusted), what
+        assert memo.rates("chat", kept) == tier_rates(kept, ev), what
+        busy.append(tier_rates(kept, ev).handler_busy)
         if "nothing new" in what:
             assert kept is previous and rebuilt == [], what
         if what in ("its new report", "a fresh report"):  # (a's is kept without a look)
             assert rebuilt == ["remote"], what
         previous = kept
+    assert 0.5 in busy and 1.0 in busy  # (rates that the memo carried: one worker, then two)
