@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+from benchlib import result_path
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -103,8 +105,14 @@ def scaleup_section(scaleup: dict[str, Any] | None, peers: dict[str, Any] | None
 def commander_section(cmd: dict[str, Any] | None) -> list[str]:
     if not cmd:
         return ["*(not run)*"]
-    d, i = cmd["decide"], cmd["ingest"]
-    return [f"- `decide()` over {d['workers']:,} workers in {d['tiers']} tiers, one full pass: median "
+    d, i, whole = cmd["decide"], cmd["ingest"], cmd.get("pass")
+    passes = [] if not whole else [
+        f"- A whole commander pass over {whole['workers']:,} workers in {whole['tiers']} tiers "
+        f"({whole['reports_per_pass']:,} reports a pass): median **{whole['cpu_ms_per_pass']['median']} ms** "
+        f"of commander CPU, p95 {whole['cpu_ms_per_pass']['p95']} ms; {whole['redis_commands_per_pass']:,} "
+        f"Redis commands a pass; commander RSS {whole['commander_rss_mb']} MB (§4b: at 10,000 workers)."]
+    return [*passes,
+            f"- `decide()` over {d['workers']:,} workers in {d['tiers']} tiers, one full pass: median "
             f"**{d['median_ms']} ms**, p95 {d['p95_ms']} ms ({d['per_tier_us']} µs per tier).",
             f"- Report ingest (XREAD + decode + evaluator window): **{i['reports_per_s']:,} reports/s** "
             f"({i['reports']:,} reports in {i['seconds']} s). 1,000 workers reporting every 5 s send 200/s."]
@@ -155,40 +163,72 @@ def goals_section(data: dict[str, Any]) -> list[str]:
     return rows
 
 
-def render(data: dict[str, Any], out: Path, raw: Path, machine: dict[str, str], quick: bool) -> str:
-    trace_md = (raw / "trace" / "trace.md").read_text() if (raw / "trace" / "trace.md").exists() else \
-        "*(not run)*"
-    scaling_md = (raw / "scaling" / "scaling.md").read_text() if (raw / "scaling" / "scaling.md").exists() \
-        else "*(not run)*"
-    pipe = data.get("pipeline")
-    lines = [
-        "# Benchmarks", "",
-        f"Measured {machine['date']} on {machine['cores']} cores ({machine['cpu']}), Python "
-        f"{machine['python']}, redis-server {machine['redis']}; everything (Redis, workers, load "
-        "generators) on this one machine, on loopback, one benchmark at a time. "
-        + ("**Quick mode: smoke-test figures, not measurements.**" if quick else "")
-        + " Reproduce: `scripts/bench` (full, ~15 min) or `scripts/bench --quick`.", "",
-        "## Goals", "", *goals_section(data), "",
-        "## 1. Throughput and latency on the same turn", "",
-        "A turn pulls the user's context pack (session, profile, top-K memories) in one round trip, "
-        "runs a no-op model call, writes everything back atomically and pushes the reply. Fleet runs "
-        "it in its workers (`noop` handler); RQ and Celery run `scripts/peers/turn.py`. 2 worker "
-        "processes each, 1,000 users seeded with a full context, one redis-server. Fleet also keeps "
-        "per-user order (lanes), fencing, dedupe and acks that the peers do not.", "",
-        *throughput_section(data.get("peers"), out), "",
-    ]
-    if pipe:
-        lines += ["Fleet alone with the `echo` handler (`scripts/bench_pipeline`, 2 workers, 1,000 users): "
-                  f"**{_f(pipe['saturation']['turns_per_s'])} turns/s**; at half load "
-                  f"({_f(pipe['half_load']['rate_per_s'])}/s) p50 {_f(pipe['half_load']['p50_ms'], 2)} ms, "
-                  f"p99 {_f(pipe['half_load']['p99_ms'], 2)} ms.", ""]
-    lines += ["## 2. Scale-up reaction", "",
-              "From the first turn of a burst that the current workers cannot absorb to that turn served "
-              "by a newly started worker (Fleet: the submit reports pressure, the commander wakes, "
-              "decides and spawns).", "", *scaleup_section(data.get("scaleup"), data.get("peers"), out), "",
-              "## 3. Trace replay and policy simulation", "", trace_md.strip(), "",
-              "### Every trace: the shared one and generated hard traffic (simulated)", "",
-              "`scripts/bench_scaling`: the same comparison on each trace, and the frontier of each "
-              "policy over its settings.", "", scaling_md.strip(), "",
-              "## 4. Commander scale", "", *commander_section(data.get("commander")), ""]
-    return "\n".join(lines) + "\n"
+# the regions of docs/BENCHMARKS.md that scripts/bench writes, and the steps each is made from;
+# a region is written only when all of its steps' results are there (else left as it is)
+REGIONS = {"goals": ("peers", "scaleup", "commander", "trace", "scaling"), "throughput": ("peers",),
+           "scaleup": ("scaleup",), "trace": ("trace",), "scaling": ("scaling",), "commander": ("commander",)}
+
+
+def measured(data: dict[str, Any], steps: tuple[str, ...], raw: Path, quick: bool) -> str:
+    """When and on how quiet a machine the steps ran, from their JSON (its time, its
+    ``machine`` verdict)."""
+    parts = []
+    for step in steps:
+        path = result_path(raw, step)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime)) if path.exists() \
+            else "?"
+        verdict = (data.get(step) or {}).get("machine")
+        if verdict is None:  # (a simulation: its figures do not depend on the machine's load)
+            parts.append(f"`{step}` {when}")
+            continue
+        load = verdict["load_average_at_start"][0]
+        valid = "valid" if verdict["valid"] else "INVALID: " + "; ".join(verdict["invalid_because"])
+        parts.append(f"`{step}` {when}, load average {load} at its start, {valid}")
+    quick_note = " **Quick mode: smoke-test figures, not measurements.**" if quick else ""
+    return f"*Written by `scripts/bench`: {'; '.join(parts)}.*{quick_note}"
+
+
+def render(data: dict[str, Any], out: Path, raw: Path, quick: bool) -> dict[str, str]:
+    """The regions of the page whose steps' results are all there, each as Markdown."""
+    made: dict[str, list[str]] = {}
+    present = {name for name, value in data.items() if value}
+    if "peers" in present:
+        pipe = data.get("pipeline")
+        made["throughput"] = [
+            "A turn pulls the user's context pack (session, profile, top-K memories) in one round trip, "
+            "runs a no-op model call, writes everything back atomically and pushes the reply. Fleet runs "
+            "it in its workers (`noop` handler); the peers run `scripts/peers/turn.py`. 2 worker "
+            "processes each, 1,000 users seeded with a full context, one redis-server. Fleet also keeps "
+            "per-user order (lanes), fencing, dedupe and acks that the peers do not.", "",
+            *throughput_section(data["peers"], out)]
+        if pipe:
+            made["throughput"] += [
+                "", "Fleet alone with the `echo` handler (`scripts/bench_pipeline`, 2 workers, 1,000 users): "
+                f"**{_f(pipe['saturation']['turns_per_s'])} turns/s**; at half load "
+                f"({_f(pipe['half_load']['rate_per_s'])}/s) p50 {_f(pipe['half_load']['p50_ms'], 2)} ms, "
+                f"p99 {_f(pipe['half_load']['p99_ms'], 2)} ms."]
+    if "scaleup" in present:
+        made["scaleup"] = scaleup_section(data["scaleup"], data.get("peers"), out)
+    if "trace" in present:
+        made["trace"] = [(raw / "trace" / "trace.md").read_text().strip()]
+    if "scaling" in present:
+        made["scaling"] = [(raw / "scaling" / "scaling.md").read_text().strip()]
+    if "commander" in present:
+        made["commander"] = commander_section(data["commander"])
+    if present >= set(REGIONS["goals"]):
+        made["goals"] = goals_section(data)
+    steps = {**REGIONS, "throughput": ("peers", "pipeline") if data.get("pipeline") else ("peers",)}
+    return {name: "\n".join([measured(data, steps[name], raw, quick), "", *lines])
+            for name, lines in made.items()}
+
+
+def splice(page: str, regions: dict[str, str]) -> str:
+    """``page`` with each region's text between its markers (``<!-- bench:NAME -->`` and
+    ``<!-- /bench:NAME -->``) replaced; a region without its markers is an error."""
+    for name, text in regions.items():
+        opening, closing = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+        begin, end = page.find(opening), page.find(closing)
+        if begin < 0 or end < begin:
+            raise ValueError(f"the page has no region {name} (between {opening} and {closing})")
+        page = page[:begin + len(opening)] + "\n" + text.strip() + "\n" + page[end:]
+    return page

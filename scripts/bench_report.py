@@ -1,4 +1,6 @@
-"""Run every benchmark in sequence and write the report: ``docs/BENCHMARKS.md`` and PNG plots.
+"""Run every benchmark in sequence and write the report: its regions of ``docs/BENCHMARKS.md``
+(between ``<!-- bench:NAME -->`` markers; the rest of the page is written by hand from dedicated
+runs, and kept) and PNG plots. A region whose steps did not all run is left as it is.
 
     scripts/bench            # the full run (about 15 minutes), writes docs/
     scripts/bench --quick    # a smoke run (about 2 minutes), writes docs/bench-out/ (git-ignored)
@@ -10,8 +12,6 @@ measured as the system's own slowness. Each writes JSON; this script only assemb
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOT, OneLineParser
+from benchlib import ROOT, OneLineParser, result_path
 
 GOALS = "Fleet >= 4x Celery and >= 10x RQ turns/s; p99 <= 10 ms at half load; pressure -> new worker " \
         "serving <= 100 ms median; trace p99 wait <= 1 s, worker-seconds <= 1.25x oracle, fewer scale " \
@@ -65,7 +65,7 @@ def run_step(name: str, quick: bool, raw: Path) -> None:
 
 
 def load(raw: Path, name: str) -> dict[str, Any] | None:
-    path = raw / {"trace": "trace/trace.json", "scaling": "scaling/scaling.json"}.get(name, f"{name}.json")
+    path = result_path(raw, name)
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -83,31 +83,21 @@ def main(argv: list[str] | None = None) -> int:
         for name in only:
             run_step(name, args.quick, raw)
     data = {name: load(raw, name) for name in STEPS}
-    from bench_render import render  # noqa: PLC0415 - matplotlib only when rendering
+    from bench_render import render, splice  # noqa: PLC0415 - matplotlib only when rendering
 
-    md = render(data, out, raw, machine(), quick=args.quick)
-    (out / "BENCHMARKS.md").write_text(md)
+    regions = render(data, out, raw, quick=args.quick)
+    page = out / "BENCHMARKS.md"
+    template = page if page.exists() else ROOT / "docs" / "BENCHMARKS.md"
+    try:
+        page.write_text(splice(template.read_text(), regions))
+    except ValueError as exc:
+        print(f"scripts/bench: {template}: {exc}", file=sys.stderr)
+        return 1
     for sub in ("trace", "scaling"):
         for png in (raw / sub).glob("*.png") if (raw / sub).exists() else []:
             shutil.copy(png, out / png.name)
     print(f"scripts/bench: wrote {out / 'BENCHMARKS.md'}")
     return 0
-
-
-def machine() -> dict[str, str]:
-    """What the figures were measured on."""
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    redis_v = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(),
-            "redis": next((w.split("=", 1)[1] for w in redis_v if w.startswith("v=")), "?"),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 if __name__ == "__main__":

@@ -257,3 +257,8 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
     return ordered[k]
+
+
+def result_path(raw: Path, step: str) -> Path:
+    """Where ``scripts/bench`` keeps a step's JSON result under its raw directory."""
+    return raw / {"trace": "trace/trace.json", "scaling": "scaling/scaling.json"}.get(step, f"{step}.json")
