@@ -77,7 +77,9 @@ class ViewMemo:
         self._tiers: dict[str, TierViews] = {}
         self.period = 0
         self._changed: dict[str, list[str]] = {}  # tier -> its workers changed in this period
-        self._tiers_of: dict[str, set[str]] = {}  # worker -> the tiers whose views hold it
+        # worker -> the tiers whose views hold it (or held it: pruned when most are gone); tuples
+        # of strings, which the garbage collector stops tracking, for 10,000 workers
+        self._tiers_of: dict[str, tuple[str, ...]] = {}
         self._holding: dict[str, dict[str, tuple[WorkerView, int, WorkerView]]] = {}  # tier -> (holding)
 
     def begin(self, changed: Iterable[str]) -> None:
@@ -102,7 +104,9 @@ class ViewMemo:
         self._tiers[tier] = views
         if whole:
             for wid in views.made:
-                self._tiers_of.setdefault(wid, set()).add(tier)
+                known = self._tiers_of.get(wid, ())
+                if tier not in known:
+                    self._tiers_of[wid] = (*known, tier)
 
     def rates(self, tier: str, views: tuple[WorkerView, ...]) -> TierRates | None:
         """The tier's rates, summed from what its views carry, if they are ``views``."""
@@ -117,13 +121,17 @@ class ViewMemo:
         return self._holding.setdefault(tier, {})
 
     def retain(self, tiers: Iterable[str]) -> None:
-        """Forget the tiers not among ``tiers`` (no longer judged), and the workers of none."""
+        """Forget the tiers not among ``tiers`` (no longer judged), and the workers indexed
+        once more of them are in no tier's views than in some."""
         keep = set(tiers)
         self._tiers = {t: views for t, views in self._tiers.items() if t in keep}
         self._holding = {t: made for t, made in self._holding.items() if t in keep}
-        held = {wid for views in self._tiers.values() for wid in views.made}
-        if len(held) < len(self._tiers_of):
-            self._tiers_of = {wid: tiers for wid, tiers in self._tiers_of.items() if wid in held}
+        if len(self._tiers_of) > 2 * sum(len(views.made) for views in self._tiers.values()) + 1000:
+            held: dict[str, tuple[str, ...]] = {}
+            for tier, views in self._tiers.items():
+                for wid in views.made:
+                    held[wid] = (*held.get(wid, ()), tier)
+            self._tiers_of = held
 
 
 @dataclass(frozen=True)

@@ -153,3 +153,22 @@ def test_views_kept_from_the_last_pass_are_those_built_afresh(monkeypatch):
             assert rebuilt == ["remote"], what
         previous = kept
     assert 0.5 in busy and 1.0 in busy  # (rates that the memo carried: one worker, then two)
+
+
+def test_the_memo_forgets_the_workers_of_tiers_no_longer_judged() -> None:
+    """A tier's workers are indexed so that a pass finds its changed ones without a walk; the
+    index does not outlive the tiers (a fleet's workers come and go over days)."""
+    from commander.decide_inputs import ViewMemo
+
+    ev, memo = Evaluator(), ViewMemo()
+    handles = [handle(f"w{i}") for i in range(1500)]
+    memo.begin([])
+    worker_views("chat", handles, {}, ev, POLICY, NOW, 0.0, memo)
+    memo.begin(["w7"])
+    assert memo.changed("chat") == ["w7"]
+    memo.retain(["chat"])
+    memo.begin(["w7"])
+    assert memo.changed("chat") == ["w7"]
+    memo.retain([])
+    memo.begin(["w7"])
+    assert memo.changed("chat") == []
