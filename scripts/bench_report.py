@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOT, OneLineParser, result_path
+from benchlib import ROOT, OneLineParser, result_path, settle_load
 
 GOALS = "Fleet >= 4x Celery and >= 10x RQ turns/s; p99 <= 10 ms at half load; pressure -> new worker " \
         "serving <= 100 ms median; trace p99 wait <= 1 s, worker-seconds <= 1.25x oracle, fewer scale " \
@@ -55,6 +55,8 @@ def run_step(name: str, quick: bool, raw: Path) -> None:
     else:
         args += ["--json", str(raw / f"{name}.json")]
     print(f"== {name}: {' '.join(Path(a).name if a.startswith('/') else a for a in args[1:])}", flush=True)
+    if not quick:
+        settle_load()  # (the last step's load: this one would start invalid)
     started = time.monotonic()
     proc = subprocess.run(args, cwd=ROOT, text=True, capture_output=True, timeout=3600)
     (raw / f"{name}.log").write_text(proc.stdout + proc.stderr)

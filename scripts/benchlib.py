@@ -119,6 +119,20 @@ def stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float = 20) ->
 
 
 MAX_LOAD_AT_START = 1.5  # a run that starts above this load average is invalid
+SETTLED_LOAD = 1.0  # settle_load waits for the load average to fall to this
+
+
+def settle_load(max_wait_s: float = 240.0, every_s: float = 5.0) -> float:
+    """Wait until the 1-minute load average is at most ``SETTLED_LOAD`` (at most ``max_wait_s``)
+    and return it. The load average lags by about a minute: a benchmark run right after another
+    starts at that one's load and is invalid by its own watch, though the machine is quiet."""
+    deadline = time.monotonic() + max_wait_s
+    load = os.getloadavg()[0]
+    while load > SETTLED_LOAD and time.monotonic() < deadline:
+        print(f"   waiting for the load average to settle: {load:.2f}", flush=True)
+        time.sleep(every_s)
+        load = os.getloadavg()[0]
+    return load
 MAX_OTHERS_SHARE = 0.10  # ... and one in which other processes used more than this of a core
 
 

@@ -58,3 +58,17 @@ def test_a_high_load_at_the_start_makes_the_run_invalid() -> None:
         assert watch.invalid_because([]) == []
     finally:
         watch.close()
+
+
+def test_settle_load_waits_for_the_last_benchmarks_load_to_fall(monkeypatch) -> None:
+    """scripts/bench runs its steps back to back: a step begun at once starts at the last one's
+    load average, which lags by a minute, and is invalid though the machine is quiet."""
+    loads = iter([2.2, 1.6, 1.1, 0.9, 0.5])
+    slept: list[float] = []
+    monkeypatch.setattr(benchlib.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(benchlib.time, "sleep", slept.append)
+    assert benchlib.settle_load(every_s=5) == 0.9 and slept == [5, 5, 5]
+    monkeypatch.setattr(benchlib.os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+    clock = iter(range(0, 1000, 10))
+    monkeypatch.setattr(benchlib.time, "monotonic", lambda: float(next(clock)))
+    assert benchlib.settle_load(max_wait_s=30) == 3.0  # (bounded: the step then says it is invalid)
