@@ -6,11 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 from benchlib import result_path
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 NAMES = {"fleet": "Fleet", "rq-simple": "RQ SimpleWorker", "rq-fork": "RQ Worker (fork)",
          "celery": "Celery prefork"}
@@ -59,7 +55,19 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "–" if not a or not b else f"{a / b:.2f}"
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend, imported when a plot is drawn: matplotlib is
+    in the `bench` extra, which the suite's first step (and the page's text) does not need."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _bar_chart(peers: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
     systems = _systems(peers)
     labels = [NAMES.get(k, k) for k, _ in systems]
     tps = [s.get("saturation", {}).get("turns_per_s") or 0 for _, s in systems]
@@ -89,6 +97,7 @@ def scaleup_section(scaleup: dict[str, Any] | None, peers: dict[str, Any] | None
                     f"{_f(auto.get('p95_ms'))} | {auto.get('bursts')} |")
         bars.append(("Celery autoscale", auto.get("median_ms") or 0, auto.get("p95_ms") or 0))
     if bars:
+        plt = _pyplot()
         fig, ax = plt.subplots(figsize=(6, 3))
         ax.bar([b[0] for b in bars], [b[1] for b in bars], color="#55a868", label="median")
         ax.scatter([b[0] for b in bars], [b[2] for b in bars], color="black", zorder=3, label="p95")
