@@ -4,7 +4,8 @@ Every process builds its client from a URL (explicit, else ``REDIS_URL``, else t
 ``fleet up`` one). Credentials and TLS ride in that URL, which redis-py parses itself:
 ``redis://user:password@host:port/0`` for an ACL user, and
 ``rediss://user:password@host:port/0?ssl_ca_certs=/path/ca.pem`` for TLS (also
-``ssl_certfile``, ``ssl_keyfile`` for a client certificate, ``ssl_cert_reqs``).
+``ssl_certfile``, ``ssl_keyfile`` for a client certificate, ``ssl_cert_reqs``);
+``unix://user:password@/path/redis.sock?db=0`` for a Redis reached by its Unix socket.
 See docs/operations/security.md.
 
 **Redis Cluster.** The URL of any node of a cluster will do: at connect, one short-lived plain
@@ -202,6 +203,11 @@ def _use_cluster(url: str, cluster: str | None) -> bool:
     return use
 
 
+def _keepalive(url: str) -> dict[str, Any]:
+    """TCP keepalive for a TCP URL; a ``unix://`` socket's connection takes no such option."""
+    return {} if url.startswith("unix://") else {"socket_keepalive": True}
+
+
 def connect_async(url: str | None = None, *, retries: int = 8, max_connections: int = 10_000,
                   socket_timeout: float | None = None, cluster: str | None = None,
                   **kwargs: Any) -> aioredis.Redis:
@@ -220,7 +226,7 @@ def connect_async(url: str | None = None, *, retries: int = 8, max_connections: 
     url = resolve_url(url)
     options = dict(max_connections=max_connections, socket_timeout=socket_timeout,
                    **async_retry_options(retries), health_check_interval=15,
-                   socket_connect_timeout=CONNECT_TIMEOUT_S, socket_keepalive=True, **kwargs)
+                   socket_connect_timeout=CONNECT_TIMEOUT_S, **_keepalive(url), **kwargs)
     if _use_cluster(url, cluster):
         # redis-py's asyncio cluster client: its ``max_connections`` is per node; it builds its
         # own TLS connection class from ``ssl`` (no ``connection_class``), and uses the retry
@@ -270,7 +276,7 @@ def connect_sync(url: str | None = None, *, retries: int = 8, socket_timeout: fl
         retry=_retry(retries),
         retry_on_error=RETRY_ERRORS,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_keepalive=True,
+        **_keepalive(url),
         **kwargs,
     )
 
