@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +40,5 @@ def test_a_unix_socket_url_connects_blocking_and_asyncio(socket_server: tuple[Re
             return await ar.ping()
         finally:
             await ar.aclose()
-
-    import asyncio
 
     assert asyncio.run(ping_async())
