@@ -398,7 +398,7 @@ def count_client_round_trips() -> None:
 class Costs:
     """Counters read before and after a phase: Redis commands and CPU, worker and load CPU."""
 
-    redis_calls: dict[str, int]
+    redis_calls: dict[str, tuple[int, int]]  # command -> (calls, usec), INFO commandstats
     redis_reads: int  # INFO stats total_reads_processed: ~ one per round trip a client makes
     client_sends: int  # this process's round trips (CLIENT_SENDS)
     redis_cpu: float
@@ -412,14 +412,16 @@ class Costs:
         cpu = r.info("cpu")
         reads = int(r.info("stats")["total_reads_processed"])
         me = psutil.Process().cpu_times()
-        return cls({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}, reads, sends,
+        return cls({k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for k, v in stats.items()},
+                   reads, sends,
                    float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
                    sum(_tree_cpu(pid) for pid in pids), me.user + me.system)
 
     def per_turn(self, after: Costs, turns: int) -> dict[str, object]:
         if turns <= 0:
             return {}
-        calls = {k: n - self.redis_calls.get(k, 0) for k, n in after.redis_calls.items()}
+        calls = {k: n - self.redis_calls.get(k, (0, 0))[0] for k, (n, _) in after.redis_calls.items()}
+        usec = {k: u - self.redis_calls.get(k, (0, 0))[1] for k, (_, u) in after.redis_calls.items()}
         top = sorted(((n, k) for k, n in calls.items() if n > 0), reverse=True)[:24]
         trips = (after.redis_reads - self.redis_reads) / turns
         client = (after.client_sends - self.client_sends) / turns
@@ -431,6 +433,9 @@ class Costs:
                 "total_cpu_us": round((worker_cpu + redis_cpu + after.load_cpu - self.load_cpu) / turns * 1e6,
                                       1),
                 "top_commands": {k: round(n / turns, 2) for n, k in top},
+                # Redis's time inside each command, µs a turn (a script's own counts the commands
+                # it calls too: fcall's figure includes theirs)
+                "command_usec": {k: round(usec[k] / turns, 2) for _, k in top},
                 "redis_cpu_us": round((after.redis_cpu - self.redis_cpu) / turns * 1e6, 1),
                 "worker_cpu_us": round((after.worker_cpu - self.worker_cpu) / turns * 1e6, 1),
                 "loadgen_cpu_us": round((after.load_cpu - self.load_cpu) / turns * 1e6, 1)}
