@@ -191,10 +191,12 @@ async def call(handler: Handler, ctx: TurnContext, timeout_s: float,
     reply is the text it emitted (all of it, ``ctx.emitted``).
     """
     if inspect.isasyncgenfunction(handler):
-        await asyncio.wait_for(_stream(handler(ctx), ctx), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await _stream(handler(ctx), ctx)
         return HandlerResult(text="".join(ctx.emitted))
     if inspect.iscoroutinefunction(handler):
-        result = await asyncio.wait_for(handler(ctx), timeout_s)
+        async with asyncio.timeout(timeout_s):  # in the caller's task: no task of its own a turn
+            result = await handler(ctx)
     else:
         result = await _in_thread(handler, ctx, timeout_s, executor)
         if inspect.isawaitable(result):
