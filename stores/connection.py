@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import Any, Literal, cast
 
 import hiredis
@@ -87,31 +88,44 @@ def redact_url(url: str) -> str:
     return f"{head.split('//')[0]}//***@{tail}" if at else url
 
 
-def _hiredis_packing(base: type[Any], **methods: Any) -> type[Any]:
-    """``base``, a redis-py connection class, packing each command with ``hiredis.pack_command``
-    alone (and with ``methods`` of its own).
+class HiredisPacker:
+    """Packs each command with ``hiredis.pack_command`` alone: the packer of Fleet's connections.
 
     redis-py's own packer first encodes every argument in Python (``Encoder.encode``), which
     cost more than the rest of a worker's Redis work: 26 µs to pack one turn commit's 44
     arguments against 4 µs for hiredis alone. hiredis encodes str (UTF-8, strict), bytes, int
     and float as redis-py's default encoder does (checked byte for byte in
-    tests/unit/test_connection_packing.py). Anything else goes to redis-py's packer, with its
-    errors: an argument hiredis refuses (a bytearray, a bool, None), a command name of several
-    words (``"CONFIG GET"``, which redis-py splits) and a client with another encoding.
+    tests/unit/test_connection_packing.py). Anything else goes to ``fallback``, redis-py's
+    packer, with its errors: an argument hiredis refuses (a bytearray, a bool, None) and a
+    command name of several words (``"CONFIG GET"``, which redis-py splits).
     """
-    stock = base.pack_command
 
-    def pack_command(self: Any, *args: Any) -> Any:
-        encoder = self.encoder
-        if (type(args[0]) is str and args[0].isidentifier() and encoder.encoding == "utf-8"
-                and encoder.encoding_errors == "strict"):
+    def __init__(self, fallback: Callable[..., list[bytes]]) -> None:
+        self._fallback = fallback
+
+    def pack(self, *args: Any) -> list[bytes]:
+        if type(args[0]) is str and args[0].isidentifier():
             try:
                 return [hiredis.pack_command(args)]
             except TypeError:
                 pass  # redis-py's packer takes it, or raises its own DataError
-        return stock(self, *args)
+        return self._fallback(*args)
 
-    return type(base.__name__, (base,), {"pack_command": pack_command, "__module__": __name__,
+
+def _hiredis_packing(base: type[Any], **methods: Any) -> type[Any]:
+    """``base``, a redis-py connection class, packing with :class:`HiredisPacker` (and with
+    ``methods`` of its own). redis-py packs every command, a pipeline's too, through the
+    connection's ``_command_packer``: the one place to put it. A client with another encoding
+    than UTF-8 (strict) keeps redis-py's."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        base.__init__(self, *args, **kwargs)
+        if self.encoder.encoding == "utf-8" and self.encoder.encoding_errors == "strict":
+            stock = self._command_packer  # None: redis-py's asyncio connection without hiredis
+            fallback = stock.pack if stock is not None else self._pack_command_python
+            self._command_packer = HiredisPacker(fallback)
+
+    return type(base.__name__, (base,), {"__init__": __init__, "__module__": __name__,
                                         "__doc__": base.__doc__, **methods})
 
 

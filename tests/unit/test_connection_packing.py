@@ -38,9 +38,11 @@ def test_every_kind_of_connection_packs_with_hiredis_as_redis_py_does(
     assert isinstance(conn, stock_class)  # the URL's kind of connection, kept
     stock = stock_class(**pool.connection_kwargs)  # redis-py's own
     ours = b"".join(conn.pack_command(*COMMIT))
-    assert calls == []  # hiredis packed it
+    piped = b"".join(conn.pack_commands([COMMIT, ("GET", "k")]))  # a pipeline's way
+    assert calls == []  # hiredis packed them
     assert ours == b"".join(stock.pack_command(*COMMIT))
-    assert len(calls) == len(COMMIT)
+    assert piped == b"".join(stock.pack_commands([COMMIT, ("GET", "k")]))
+    assert len(calls) == 2 * len(COMMIT) + 2
 
 
 @pytest.mark.parametrize("args", [("CONFIG GET", "maxmemory"), ("SET", "k", bytearray(b"v")),
@@ -52,13 +54,19 @@ def test_what_hiredis_does_not_take_is_packed_by_redis_py(args: tuple[object, ..
 
 
 @pytest.mark.parametrize("bad", [True, None, 1j, ["x"]])
-def test_an_argument_of_no_redis_type_is_refused_as_redis_py_refuses_it(bad: object) -> None:
-    conn = connect_async(URLS[0], cluster="no").connection_pool.make_connection()
+@pytest.mark.parametrize("is_async", [True, False], ids=["asyncio", "blocking"])
+def test_an_argument_of_no_redis_type_is_refused_as_redis_py_refuses_it(bad: object, is_async: bool) -> None:
+    connect = connect_async if is_async else connect_sync
+    conn = connect(URLS[0], cluster="no").connection_pool.make_connection()
     with pytest.raises(DataError, match="Invalid input of type"):
         conn.pack_command("SET", "k", bad)
 
 
-def test_a_client_with_another_encoding_keeps_redis_py_s_packer() -> None:
-    conn = connect_async(URLS[0], cluster="no", encoding="latin-1").connection_pool.make_connection()
-    assert b"".join(conn.pack_command("SET", "k", "é")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n\xe9\r\n"
-    assert hiredis.pack_command(("SET", "k", "é")) != b"".join(conn.pack_command("SET", "k", "é"))
+@pytest.mark.parametrize("is_async", [True, False], ids=["asyncio", "blocking"])
+def test_a_client_with_another_encoding_keeps_redis_py_s_packer(is_async: bool) -> None:
+    connect = connect_async if is_async else connect_sync
+    conn = connect(URLS[0], cluster="no", encoding="latin-1").connection_pool.make_connection()
+    latin = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n\xe9\r\n"
+    assert b"".join(conn.pack_command("SET", "k", "é")) == latin
+    assert b"".join(conn.pack_commands([("SET", "k", "é")])) == latin
+    assert hiredis.pack_command(("SET", "k", "é")) != latin
