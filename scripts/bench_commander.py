@@ -34,6 +34,7 @@ from protocol import keys
 from protocol.codec import encode
 from protocol.models import Counters, OccupancyReport, Slots
 from protocol.policy import TurnsPolicy
+from stores.connection import connect_sync
 
 # passes between two reports of a worker, by default: its report interval over the commander's
 REPORT_EVERY = round(TurnsPolicy().scale_rules().scaling.report_interval_s
@@ -87,8 +88,9 @@ def commands(r: redis.Redis) -> int:
 
 def whole_pass(url: str, workers: int, tiers: int, passes: int, every: int) -> dict[str, object]:
     """A leading commander's passes over the simulated fleet, each after the reports of one
-    worker in ``every``: CPU ms per pass (its thread's), Redis commands per pass, its memory."""
-    r = redis.Redis.from_url(url)
+    worker in ``every``: CPU ms per pass (its thread's), Redis commands per pass, its memory.
+    The commander's client is the one `fleet commander` builds (``connect_sync``)."""
+    r = connect_sync(url, retries=2, socket_timeout=5, cluster="no")
     r.flushall()
     names = populate(r, workers, tiers, time.time())
     settings = CommanderSettings(commander_id="bench", metrics_port=None, always_tiers=(),
