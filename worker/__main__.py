@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from protocol.flags import Parser, add_flags, settings_from_flags
 from stores.roles import process_url
-from worker.app import Worker
+from worker.app import Worker, freeze_startup_heap
 from worker.settings import WorkerSettings
 from worker.watchdog import Watchdog
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     set_process_title(settings.tier, settings.worker_id)
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {settings.worker_id} %(message)s")
-    worker = Worker(settings)
+    worker = Worker(settings, on_ready=freeze_startup_heap)
     serve = worker.run
     if settings.pod_name or settings.health_port is not None:
         from worker.pod import Pod  # (aiohttp is imported only where it serves)
