@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import os
 import random
 import re
@@ -105,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", type=Path,
                    help="py-spy a Fleet worker during the saturation phase of the first run; write "
                         "its top functions here (needs py-spy)")
+    p.add_argument("--gc-probe", type=Path, metavar="DIR",
+                   help="Fleet's workers write each garbage collection's CPU time, by generation, to "
+                        "DIR/gc-<pid>.json (scripts/gc_probe); a summary is printed")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     if args.quick:
@@ -297,8 +301,12 @@ def start_system(name: str, url: str, args: argparse.Namespace, log_dir: Path,
     if name == "fleet":
         write_policy(redis.Redis.from_url(url), "chat",
                      TurnsPolicy(handler="noop", concurrency=args.concurrency))
-        loop = {"FLEET_WORKER_EVENT_LOOP": args.fleet_loop}
-        with worker_processes(url, n, log_dir=log_dir, extra_env=loop) as procs:
+        env = {"FLEET_WORKER_EVENT_LOOP": args.fleet_loop}
+        if args.gc_probe is not None:  # scripts/gc_probe: each collection's CPU, by generation
+            args.gc_probe.mkdir(parents=True, exist_ok=True)
+            env |= {"FLEET_GC_PROBE_DIR": str(args.gc_probe.resolve()),
+                    "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'scripts' / 'gc_probe'}"}
+        with worker_processes(url, n, log_dir=log_dir, extra_env=env) as procs:
             yield [p.pid for p in procs]
         return
     py = sys.executable
@@ -886,9 +894,30 @@ def main(argv: list[str] | None = None) -> int:
     watch = MachineWatch()
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp, redis_server() as url:
         result = run(args, url, Path(tmp), watch)
+    if args.gc_probe is not None:
+        result["fleet_gc"] = gc_summary(args.gc_probe)
+        print(f"Fleet's workers' garbage collections (CPU ms): {result['fleet_gc']}", file=sys.stderr)
     print(table(result))
     emit(result, args.json, watch)
     return 0
+
+
+def gc_summary(probe_dir: Path) -> dict[str, dict[str, float]]:
+    """Each generation's collections over the workers that wrote ``probe_dir/gc-*.json``: how
+    many a worker, and their CPU milliseconds (total a worker, median, max)."""
+    files = sorted(probe_dir.glob("gc-*.json"))
+    took: dict[str, list[float]] = {"0": [], "1": [], "2": []}
+    for path in files:
+        for gen, ms in json.loads(path.read_text()).items():
+            took[gen] += ms
+    out = {}
+    for gen, ms in took.items():
+        ms.sort()
+        if ms:
+            out[f"gen{gen}"] = {"per_worker": round(len(ms) / len(files), 1),
+                                "ms_per_worker": round(sum(ms) / len(files), 1),
+                                "median_ms": ms[len(ms) // 2], "max_ms": ms[-1]}
+    return out
 
 
 if __name__ == "__main__":

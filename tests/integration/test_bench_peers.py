@@ -36,7 +36,8 @@ def test_bench_peers_quick_every_system_answers_turns(tmp_path):
     _require_peers()
     out = tmp_path / "peers.json"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_peers.py"), "--quick",
-                          "--seconds", "2", "--bursts", "2", "--json", str(out)],
+                          "--seconds", "2", "--bursts", "2", "--json", str(out),
+                          "--gc-probe", str(tmp_path / "gc")],
                          capture_output=True, text=True, timeout=540, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -63,6 +64,9 @@ def test_bench_peers_quick_every_system_answers_turns(tmp_path):
     auto = result["celery_autoscale"]
     assert len(auto["reactions_ms"]) + auto["missed"] == 2
     assert "fleet" in run.stdout and "celery --autoscale" in run.stdout  # the table
+    # Fleet's workers' collections, from the probe's files: one a worker
+    assert len(list((tmp_path / "gc").glob("gc-*.json"))) == 2
+    assert result["fleet_gc"]["gen0"]["per_worker"] > 0
 
 
 def test_bench_peers_rejects_bad_arguments():
