@@ -57,8 +57,9 @@ STOP_SIGNALS = ("SIGTERM", "SIGINT")  # the drain reasons of a stop signal (run'
 def freeze_startup_heap() -> None:
     """Move every object alive now, once the worker has joined (modules, pydantic's schemas,
     the handler and its imports: some 54,000), to the collector's permanent generation, after
-    one last collection. A full collection scanned them all every few seconds under load, some
-    30 ms in which the loop served nothing: the tail of a turn's latency. The fork server's
+    one last collection. A full collection scanned them all every second or two under load,
+    some 64 ms of CPU in which the loop served nothing (7 ms once frozen: ``bench_peers
+    --gc-probe``), the tail of a turn's latency. The fork server's
     template does the same for the workers it forks. For a process of its own: objects frozen
     are never collected as cycles, so a process that runs many workers in turn (the tests, the
     simulator) would keep every one's."""
