@@ -4,7 +4,7 @@ handler timeout, and stopped by a cancel of the caller."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -33,17 +33,27 @@ async def test_an_async_handler_runs_in_the_callers_task() -> None:
     assert seen == [asyncio.current_task()] * 2
 
 
-@pytest.mark.parametrize("kind", ["coroutine", "generator"])
-async def test_an_async_handler_past_its_timeout_is_cancelled_and_times_out(kind: str) -> None:
-    stopped: list[str] = []
+def sleeper(stopped: list[str], started: asyncio.Event | None = None,
+            ) -> Callable[[handlers.TurnContext], Awaitable[str]]:
+    """A handler that sleeps 10 s and notes its cancel in ``stopped``."""
 
     async def handler(_ctx: handlers.TurnContext) -> str:
+        if started is not None:
+            started.set()
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
             stopped.append("cancelled")
             raise
         return "late"
+
+    return handler
+
+
+@pytest.mark.parametrize("kind", ["coroutine", "generator"])
+async def test_an_async_handler_past_its_timeout_is_cancelled_and_times_out(kind: str) -> None:
+    stopped: list[str] = []
+    handler = sleeper(stopped)
 
     async def gen(_ctx: handlers.TurnContext) -> AsyncIterator[str]:
         yield "a"
@@ -55,18 +65,8 @@ async def test_an_async_handler_past_its_timeout_is_cancelled_and_times_out(kind
 
 
 async def test_a_cancel_of_the_caller_reaches_the_handler_and_is_not_a_timeout() -> None:
-    started, stopped = asyncio.Event(), []
-
-    async def handler(_ctx: handlers.TurnContext) -> str:
-        started.set()
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            stopped.append("cancelled")
-            raise
-        return "late"
-
-    call = asyncio.ensure_future(handlers.call(handler, ctx(), 5.0))
+    started, stopped = asyncio.Event(), list[str]()
+    call = asyncio.ensure_future(handlers.call(sleeper(stopped, started), ctx(), 5.0))
     await started.wait()
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
