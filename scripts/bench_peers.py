@@ -304,6 +304,8 @@ def start_system(name: str, url: str, args: argparse.Namespace, log_dir: Path,
         env = {"FLEET_WORKER_EVENT_LOOP": args.fleet_loop}
         if args.gc_probe is not None:  # scripts/gc_probe: each collection's CPU, by generation
             args.gc_probe.mkdir(parents=True, exist_ok=True)
+            for stale in args.gc_probe.glob("gc-*.json"):  # an earlier run's workers
+                stale.unlink()
             env |= {"FLEET_GC_PROBE_DIR": str(args.gc_probe.resolve()),
                     "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'scripts' / 'gc_probe'}"}
         with worker_processes(url, n, log_dir=log_dir, extra_env=env) as procs:
@@ -603,8 +605,9 @@ async def measure(name: str, url: str, pids: list[int], users: list[str], args: 
     try:
         await warm_up(drv, users, args.workers)
         # the load generator's own heap (every user's connections, the driver's client) out of
-        # its collector's sight while it measures: a full collection of it paused this process
-        # 60-190 ms every second or two, and every turn in flight, whatever the system, waited
+        # its collector's sight while it measures: a full collection of it stopped this process
+        # for 60-190 ms (wall time, on the shared cores) every second or two, and every turn in
+        # flight, whatever the system, waited
         gc.collect()
         gc.freeze()
         spy = start_profile(pids[0], args.seconds, profile) if profile is not None else None
