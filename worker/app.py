@@ -33,7 +33,7 @@ from stores.replicas import ReplicaWait
 from stores.retry import TRANSIENT, until_ok
 from stores.turns import StoreConfig, UserStore
 from worker import handlers
-from worker.aio import BACKOFF, Abandoned, cancel_within, dump_tasks, every, unless_stuck
+from worker.aio import BACKOFF, Abandoned, cancel_within, dump_tasks, every, unless_stuck, within
 from worker.control import ControlStream
 from worker.host import Host, InFlight
 from worker.intake import Fields, notification_user
@@ -149,9 +149,9 @@ class Worker:
         await self._pull_loop()
         await self.jobs.finish()
         await self._stop_background(background)
-        with contextlib.suppress(TimeoutError):  # Redis away: the commander clears the entry
-            await asyncio.wait_for(self._until_ok("deregister", self._deregister, attempts=5),
-                                   DEREGISTER_AWAY_S if self.redis_away else DEREGISTER_S)
+        with contextlib.suppress(Abandoned):  # Redis away: the commander clears the entry
+            await within(self._until_ok("deregister", self._deregister, attempts=5),
+                         DEREGISTER_AWAY_S if self.redis_away else DEREGISTER_S)
         await self._close()
         log.info("worker %s drained and stopped", self.worker_id)
         return 0
@@ -201,8 +201,8 @@ class Worker:
         # (a moment only: a redis-py call that drops the cancellation goes on with its own
         # retries for seconds before it fails and until_ok sees the drain)
         await cancel_within(start, START_CANCEL_S)
-        with contextlib.suppress(TimeoutError, *TRANSIENT):  # it may have registered
-            await asyncio.wait_for(self._deregister(), DEREGISTER_UNSTARTED_S)
+        with contextlib.suppress(Abandoned, *TRANSIENT):  # it may have registered
+            await within(self._deregister(), DEREGISTER_UNSTARTED_S)
         return False
 
     async def _register(self) -> None:

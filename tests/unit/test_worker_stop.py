@@ -14,6 +14,9 @@ import fakeredis
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from protocol.policy import TurnsPolicy
+from stores.policies import write_policy
+from worker import app
 from worker.app import Worker
 from worker.settings import WorkerSettings
 
@@ -108,3 +111,72 @@ async def test_sigterm_stops_a_start_whose_redis_call_dropped_the_cancellation_a
         for task in [*calls, run]:
             task.cancel()
         await asyncio.wait([*calls, run], timeout=5)
+
+
+async def test_sigterm_stops_a_start_whose_deregister_dropped_the_cancellation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by scripts/explore --seed 527078: SIGTERM came before the worker had joined, and
+    Redis went away while it left the registry (it may have registered). The deregister's
+    command dropped the cancellation of its time limit (CPython gh-86296) and redis-py's own
+    retries went on; ``wait_for`` waited for them, and the worker stopped 8 s after SIGTERM
+    instead of within ``DEREGISTER_UNSTARTED_S``. The limit leaves the call behind."""
+    worker = Worker(WorkerSettings(worker_id="w1"), r=fakeredis.FakeAsyncRedis(connected=False))
+    calls: list[asyncio.Task[object]] = []
+
+    async def refused() -> None:
+        raise RedisConnectionError("Redis is down")
+
+    async def deregister_whose_call_retries_on() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        calls.append(task)
+        with contextlib.suppress(asyncio.CancelledError):  # dropped (CPython gh-86296)
+            await asyncio.sleep(10)  # in a command, Redis away: the client retries
+        await asyncio.sleep(10)  # ... and its retries go on
+        raise RedisConnectionError("Redis is down")
+
+    monkeypatch.setattr(worker, "join", refused)
+    monkeypatch.setattr(worker, "_deregister", deregister_whose_call_retries_on)
+    run = asyncio.ensure_future(worker.run())
+    try:
+        worker.drain("SIGTERM")
+        await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
+        assert run.done(), "the drain waited for the deregister's call to end"
+        assert run.result() == 0 and worker.state == "starting" and len(calls) == 1
+    finally:
+        for task in [*calls, run]:
+            task.cancel()
+        await asyncio.wait([*calls, run], timeout=5)
+
+
+async def test_a_serving_worker_stops_though_its_deregister_dropped_the_cancellation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same drop on a serving worker's way out: its deregister is limited to
+    ``DEREGISTER_S``, and a call that outlives the limit is left behind, not waited for."""
+    r = fakeredis.FakeAsyncRedis()
+    await write_policy(r, "chat", TurnsPolicy(handler="noop"))
+    worker = Worker(WorkerSettings(worker_id="w1", block_ms=50), r=r)
+    calls: list[asyncio.Task[object]] = []
+
+    async def deregister_whose_call_retries_on() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        calls.append(task)
+        with contextlib.suppress(asyncio.CancelledError):  # dropped (CPython gh-86296)
+            await asyncio.sleep(10)
+        await asyncio.sleep(10)
+
+    monkeypatch.setattr(app, "DEREGISTER_S", 0.5)
+    monkeypatch.setattr(worker, "_deregister", deregister_whose_call_retries_on)
+    run = asyncio.ensure_future(worker.run())
+    try:
+        await until(lambda: worker.state == "ready")
+        worker.drain("SIGTERM")
+        await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
+        assert run.done(), "the drain waited for the deregister's call to end"
+        assert run.result() == 0 and len(calls) == 1
+    finally:
+        for task in [*calls, run]:
+            task.cancel()
+        await asyncio.wait([*calls, run], timeout=5)
+        await r.aclose()
