@@ -85,3 +85,18 @@ def test_rq_sigterm_quick():
                          capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "rounds 8 (seed 5)" in run.stdout and "bad 0" in run.stdout
+
+
+def test_bench_functions_takes_a_turn_apart(tmp_path):
+    """Each operation of a turn alone, through Fleet's own code, with the commands it ran."""
+    out = tmp_path / "functions.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_functions.py"), "--quick",
+                          "--json", str(out)], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    ops = json.loads(out.read_text())["operations"]
+    ran = {name: got["commands_per_call"] for name, got in ops.items()}
+    assert ran["submit"]["fcall"] == ran["lane acquire"]["fcall"] == ran["turn commit"]["fcall"] == 1.0
+    assert ran["lane acquire"]["lrange"] == 1.0  # the context pack, read by the acquire
+    assert ran["reply read"] == {"lpop": 1.0} and ran["request (PING, one at a time)"]["ping"] == 1.0
+    assert all(got["cpu_us_median"] > 0 for got in ops.values()), ops
+    assert "a turn's operations together" in run.stdout
