@@ -32,17 +32,18 @@ local K = {state = KEYS[3], inbox = KEYS[4], session = KEYS[5], profile = KEYS[6
 -- @include key_types
 -- @include next_turn
 
--- the lane, the fence and the state are read before any write: their reads check their types;
--- the inbox is read by next_turn, so it is checked here
+local function wrong_type(wrong)
+  return redis.error_reply('WRONGTYPE ' .. wrong[2] .. ' holds a ' .. wrong[3] .. ', not a ' .. wrong[4])
+end
+
+-- the lane, the fence and the state are read before any write, and the inbox by next_turn
+-- before its first: each read checks its key's type (try), and the first of another type is
+-- named
 local held, fence = try('GET', KEYS[1]), try('GET', KEYS[2])
 local cursor = try('HGET', KEYS[3], 'cursor')
-local checks = {{'inbox', KEYS[4], 'stream'}}
 if held == nil or fence == nil or cursor == nil then
-  checks = {{'lane', KEYS[1], 'string'}, {'fence', KEYS[2], 'string'}, {'state', KEYS[3], 'hash'}, checks[1]}
-end
-local wrong = wrong_types(checks)
-if #wrong > 0 then
-  return redis.error_reply('WRONGTYPE ' .. wrong[2] .. ' holds a ' .. wrong[3] .. ', not a ' .. wrong[4])
+  return wrong_type(wrong_types({{'lane', KEYS[1], 'string'}, {'fence', KEYS[2], 'string'},
+                                 {'state', KEYS[3], 'hash'}}))
 end
 local token
 if held then
@@ -62,6 +63,9 @@ else  -- INCR fails on a fence that is no integer: known before the first write
   token = tostring((tonumber(fence) or 0) + 1)
 end
 local nxt = next_turn(K, cursor, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), token)
+if nxt == false then
+  return wrong_type(wrong_types({{'inbox', KEYS[4], 'stream'}}))
+end
 if #nxt == 0 then
   if held then redis.call('DEL', KEYS[1]) end
   return {2}

@@ -72,7 +72,7 @@ local K = {state = KEYS[2], inbox = KEYS[3], session = KEYS[4], profile = KEYS[8
 local function finish(result, cursor)
   local token = string.match(ARGV[1], '|(%d+)$')
   local nxt = next_turn(K, cursor, ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]), token)
-  if #nxt == 0 then
+  if not nxt or #nxt == 0 then  -- (false: an inbox of another type, which the first read rules out)
     redis.call('DEL', KEYS[1])
     return {result, 1, {}}
   end
@@ -82,11 +82,13 @@ end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED lane lost')
 end
--- the state, the inbox and the answered ids are read before any write: their reads check their
--- types (include/key_types), and a key of another type is named with every other one
+-- the state (its cursor and the turn's cancel mark), the inbox and the answered ids are read
+-- before any write: their reads check their types (include/key_types), and a key of another type
+-- is named with every other one
 local checks = {{'state', KEYS[2], 'hash'}, {'inbox', KEYS[3], 'stream'}}
 if ARGV[3] ~= '' then checks[#checks + 1] = {'done', KEYS[5], 'zset'} end
-local cursor = try('HGET', KEYS[2], 'cursor')
+local marks = try('HMGET', KEYS[2], 'cursor', 'cancel:' .. ARGV[2])
+local cursor, cancelled = marks and marks[1], marks and marks[2]
 local start = '-'
 if cursor then start = '(' .. cursor end
 local first = try('XRANGE', KEYS[3], start, '+', 'COUNT', 1)
@@ -117,7 +119,7 @@ local status = ARGV[pairs_end + 2] or 'ok'
 if streamed and (#KEYS < 13 or not tonumber(ARGV[pairs_end + 3])) then
   return redis.error_reply('BADARGS a streamed tail needs its stream key and an attempt')
 end
-if status ~= 'cancelled' and redis.call('HEXISTS', KEYS[2], 'cancel:' .. ARGV[2]) == 1 then
+if status ~= 'cancelled' and cancelled then
   return {'cancelled', 0, {}}
 end
 local first_mem, first_use = 18 + 2 * np, 18 + 2 * (np + nm)
@@ -128,9 +130,9 @@ end
 for i = first_use, first_use + 2 * nu - 1, 2 do
   if not tonumber(ARGV[i + 1]) then return redis.error_reply('BADARGS usage increment') end
 end
+-- (the reply's key is checked by its own write, the first: below)
 checks = {}
 if ARGV[4] ~= '' then checks[#checks + 1] = {'session', KEYS[4], 'list'} end
-if ARGV[6] ~= '' then checks[#checks + 1] = {'reply', KEYS[6], 'list'} end
 if np > 0 then checks[#checks + 1] = {'profile', KEYS[8], 'hash'} end
 if nm > 0 then checks[#checks + 1] = {'memory', KEYS[9], 'zset'} end
 if nu > 0 then checks[#checks + 1] = {'usage', KEYS[7], 'hash'} end
@@ -141,6 +143,12 @@ if #wrong > 0 then
   return {'wrongtype', 0, {}, wrong}
 end
 
+if ARGV[6] ~= '' then
+  if try('RPUSH', KEYS[6], ARGV[6]) == nil then  -- nothing written yet
+    return {'wrongtype', 0, {}, wrong_types({{'reply', KEYS[6], 'list'}})}
+  end
+  redis.call('PEXPIRE', KEYS[6], ARGV[7])
+end
 redis.call('HSET', KEYS[2], 'cursor', ARGV[2])
 redis.call('HDEL', KEYS[2], 'att:' .. ARGV[2], 'cancel:' .. ARGV[2])
 redis.call('XDEL', KEYS[3], ARGV[2])
@@ -160,10 +168,6 @@ end
 if ARGV[3] ~= '' then
   redis.call('ZADD', KEYS[5], ARGV[9], ARGV[3])
   if trim then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, -(tonumber(ARGV[8]) + 1)) end
-end
-if ARGV[6] ~= '' then
-  redis.call('RPUSH', KEYS[6], ARGV[6])
-  redis.call('PEXPIRE', KEYS[6], ARGV[7])
 end
 if streamed then  -- after the reply: a reader that sees 'end' finds the reply there
   stream_write(KEYS[13], ARGV[pairs_end + 3], ARGV[pairs_end + 4], ARGV[pairs_end + 5], status,

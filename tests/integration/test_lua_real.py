@@ -251,3 +251,36 @@ async def test_the_acquire_writes_nothing_when_the_lane_or_fence_is_garbage(
     with pytest.raises(ResponseError, match=error):
         await store.acquire(U)
     assert snapshot(r) == before
+
+
+def _ran(r: redis.Redis, before: dict[str, int]) -> dict[str, int]:
+    """The commands run since ``before`` (a function's inner ones each), less the counters' reads
+    and a connection's handshake."""
+    ran = {k: n - before.get(k, 0) for k, n in _counts(r).items() if k not in ("info", "hello", "client")}
+    return {k: n for k, n in sorted(ran.items()) if n}
+
+
+def _counts(r: redis.Redis) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()}
+
+
+async def test_a_turn_s_acquire_and_commit_run_only_the_commands_they_need(
+        r: redis.Redis, store: UserStore) -> None:
+    """Each ``redis.call`` costs Redis a few microseconds beyond its command (scripts/bench_functions):
+    the hot path's budget, for a turn with every write but deferrals. The acquire checks no
+    type it reads anyway (the inbox by its read) and reads the attempt count and the cancel mark
+    together; the commit reads its cursor and the cancel mark together and checks the reply's
+    key by its own write, the first."""
+    r.rpush(keys.session(U), b"s0")
+    entry = r.xadd(keys.inbox(U), {"text": "a", "turn_id": "t1"}).decode()
+    before = _counts(r)
+    lease = await _lease(store)
+    assert _ran(r, before) == {"fcall": 1, "get": 2, "hget": 1, "hgetall": 1, "hmget": 1, "hset": 1, "incr": 1,
+                               "lrange": 1, "set": 1, "xrange": 1, "zrevrange": 1, "zscore": 1}
+    before = _counts(r)
+    writes = Writes(turn_id="t1", session_entry=b"s", reply=b"r", profile={"name": "A"},
+                    memories=[new_member("m", 0.5, 1.0)], usage={"turns": 1})
+    assert (await store.commit(lease, entry, "t1", writes, 1)).result == "ok"
+    assert _ran(r, before) == {"del": 1, "fcall": 1, "get": 1, "hdel": 1, "hincrby": 1, "hmget": 1, "hset": 2,
+                               "pexpire": 1, "pttl": 1, "rpush": 2, "type": 4, "xdel": 1, "xrange": 2,
+                               "zadd": 2, "zscore": 1}

@@ -27,8 +27,8 @@ end
 -- raised, as redis.call raises it. The caller then lists the keys with wrong_types.
 local function try(command, key, ...)
   local reply = redis.pcall(command, key, ...)
-  if type(reply) == 'table' and reply.err then
-    if string.sub(reply.err, 1, 10) == 'WRONGTYPE ' then
+  if type(reply) == 'table' and reply.err then  -- (tostring: fakeredis' error is no Lua string)
+    if string.sub(tostring(reply.err), 1, 10) == 'WRONGTYPE ' then
       return nil
     end
     error(reply)

@@ -3,14 +3,17 @@
 -- turn_commit), so the two read it the same way. It builds no key names: the caller passes
 -- its own KEYS.
 --
--- count_attempt(state, entry, id): the entry's attempt count with this one, counted once per
--- ``id`` (the lane's fencing token for the attempt a lease starts with, a fresh nonce for each
+-- count_attempt(state, entry, id, held): the entry's attempt count with this one, counted once
+-- per ``id`` (the lane's fencing token for the attempt a lease starts with, a fresh nonce for each
 -- retry): a call sent again after its reply was lost (a connection drop: redis-py re-sends the
 -- command, or the whole pipeline) finds its own id and counts nothing. The field att:<entry>
--- holds "<count>|<id>" (a bare count is read as one counted by no id).
-local function count_attempt(state, entry, id)
+-- holds "<count>|<id>" (a bare count is read as one counted by no id); ``held`` is that field as
+-- the caller read it (false: none; nil: read here).
+local function count_attempt(state, entry, id, held)
   local field = 'att:' .. entry
-  local held = redis.call('HGET', state, field)
+  if held == nil then
+    held = redis.call('HGET', state, field)
+  end
   local n, last = 0, nil
   if held then
     local count, by = string.match(held, '^(%d+)|(.*)$')
@@ -31,7 +34,9 @@ end
 -- next_turn(K, cursor, tier, context_turns, memory_k, token) where K holds the user's keys
 --   K.state K.inbox K.session K.profile K.memory K.done
 -- and ``token`` is the fencing token of the lane the caller holds (or takes).
--- Returns {} when nothing follows the cursor, else {entry, fields, context}: the first inbox
+-- Returns false when the inbox holds another type than a stream (read before any write: the
+-- caller checks no type for it), {} when nothing follows the cursor, else {entry, fields,
+-- context}: the first inbox
 -- entry after the cursor, its fields as stored, and its context pack when the entry names a
 -- turn id and is for ``tier``:
 --   {session tail, profile (flat), top memories, 1 if the turn id was answered before else 0,
@@ -40,11 +45,14 @@ end
 -- or {} when it cannot tell (a binary entry written before the plain turn_id/tier fields, a
 -- turn of another tier, or a context key of the wrong type: the worker then reads the pack
 -- itself, and rejects the turn if it cannot, or hands the user over).
--- Needs include/key_types before it (try); the state and the inbox are the caller's to check.
+-- Needs include/key_types before it (try); the state is the caller's to check.
 local function next_turn(K, cursor, tier, context_turns, memory_k, token)
   local start = '-'
   if cursor and cursor ~= '' then start = '(' .. cursor end
-  local rows = redis.call('XRANGE', K.inbox, start, '+', 'COUNT', 1)
+  local rows = try('XRANGE', K.inbox, start, '+', 'COUNT', 1)
+  if rows == nil then
+    return false
+  end
   if #rows == 0 then
     return {}
   end
@@ -75,14 +83,15 @@ local function next_turn(K, cursor, tier, context_turns, memory_k, token)
   if done == nil or session == nil or profile == nil or memories == nil then
     return {entry, fields, {}}
   end
+  local marks = redis.call('HMGET', K.state, 'att:' .. entry, 'cancel:' .. entry)
   local context = {
     session,
     profile,
     memories,
     done and 1 or 0,
-    count_attempt(K.state, entry, token),
+    count_attempt(K.state, entry, token, marks[1]),
     turn_id,
-    redis.call('HEXISTS', K.state, 'cancel:' .. entry),
+    marks[2] and 1 or 0,
   }
   return {entry, fields, context}
 end
