@@ -74,6 +74,7 @@ from protocol import keys  # noqa: E402
 from protocol.codec import decode, encode  # noqa: E402
 from protocol.models import Reply, SessionEntry  # noqa: E402
 from protocol.policy import TurnsPolicy  # noqa: E402
+from stores.connection import connect_async  # noqa: E402
 from stores.memory import new_member  # noqa: E402
 from stores.policies import write_policy  # noqa: E402
 
@@ -179,7 +180,9 @@ class FleetDriver(Driver):
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
-        self.fleet = AsyncFleet(url, client=loadgen_client(url))
+        # the client Fleet's users get (its connection, its retries), as each peer's library is
+        # measured as it comes; the harness's BLPOP of the reply stays on its own
+        self.fleet = AsyncFleet(client=connect_async(url, cluster="no"))
 
     async def submit(self, user: str, turn_id: str, text: str) -> None:
         await self.fleet.submit(user, text, turn_id=turn_id)
