@@ -37,7 +37,7 @@ from protocol.codec import encode
 from protocol.models import Reply, SessionEntry
 from stores.memory import new_member
 from stores.submit import submit_call
-from stores.turns import Committed, Lease, UserStore, Writes
+from stores.turns import Committed, Lease, StoreConfig, UserStore, Writes
 from stores.worker_ops import join_ready_group
 
 TIER = "chat"
@@ -50,13 +50,17 @@ def parse_args(argv: list[str] | None = None) -> Any:
     p.add_argument("--users", type=int, default=1000, help="users, each with one turn a round")
     p.add_argument("--batch", type=int, default=50, help="operations sent together in one request")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--context-turns", type=int, default=StoreConfig.context_turns,
+                   help="session entries in a context pack (the workers' default; the users have 20)")
+    p.add_argument("--memories", type=int, default=StoreConfig.memory_k,
+                   help="memories in a context pack (the workers' default; the users have 20)")
     p.add_argument("--quick", action="store_true", help="100 users, 2 rounds (a smoke test)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.quick:
         args.users, args.rounds = 100, 2
-    if min(args.users, args.batch, args.rounds) < 1:
-        p.error("--users, --batch and --rounds must be positive")
+    if min(args.users, args.batch, args.rounds, args.context_turns, args.memories) < 1:
+        p.error("--users, --batch, --rounds, --context-turns and --memories must be positive")
     return args
 
 
@@ -104,9 +108,9 @@ def turn_writes(lease: Lease, turn_id: str, text: str, worker: str) -> Writes:
 class TurnRound:
     """One turn of every user, taken through each operation of a turn in order."""
 
-    def __init__(self, ar: aioredis.Redis, users: list[str], batch: int) -> None:
+    def __init__(self, ar: aioredis.Redis, users: list[str], batch: int, config: StoreConfig) -> None:
         self.ar, self.users, self.batch = ar, users, batch
-        self.store = UserStore(ar, "bench-w1", tier=TIER)
+        self.store = UserStore(ar, "bench-w1", config, tier=TIER)
         self.texts = {u: f"what did I say about item {i}?" for i, u in enumerate(users)}
         self.built = {u: _ClientCore.build([(u, self.texts[u])], TIER, None, None, 1 << 20) for u in users}
         self.leases: dict[str, Lease] = {}
@@ -186,7 +190,7 @@ async def request_cost(url: str, r: redis.Redis, requests: int) -> dict[str, Any
             await c.aclose()
 
 
-async def bench(url: str, users: int, batch: int, rounds: int) -> dict[str, Any]:
+async def bench(url: str, users: int, batch: int, rounds: int, config: StoreConfig) -> dict[str, Any]:
     r = redis.Redis.from_url(url)
     ar = aioredis.Redis.from_url(url)
     names = [f"u{i}-{uuid.uuid4().hex[:6]}" for i in range(users)]
@@ -194,7 +198,7 @@ async def bench(url: str, users: int, batch: int, rounds: int) -> dict[str, Any]
     await join_ready_group(ar, TIER)
     runs = []
     for _ in range(rounds):
-        ops = await TurnRound(ar, names, batch).measure(r)
+        ops = await TurnRound(ar, names, batch, config).measure(r)
         ops["request (PING, one at a time)"] = await request_cost(url, r, 20 * users)
         runs.append(ops)
     await ar.aclose()
@@ -212,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     watch = MachineWatch()
     with redis_server() as url:
-        ops = asyncio.run(bench(url, args.users, args.batch, args.rounds))
+        config = StoreConfig(context_turns=args.context_turns, memory_k=args.memories)
+        ops = asyncio.run(bench(url, args.users, args.batch, args.rounds, config))
     print(f"Redis CPU per call, median of {args.rounds} rounds ({args.users} users, "
           f"{args.batch} calls a request):")
     for name, got in ops.items():
@@ -222,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     turn = round(sum(got["cpu_us_median"] for name, got in ops.items() if name in TURN_OPERATIONS), 2)
     print(f"  a turn's operations together: {turn:.2f} µs, before its requests "
           f"(bench_peers' round trips a turn x the request's cost)")
-    emit({"users": args.users, "batch": args.batch, "rounds": args.rounds, "operations": ops,
+    emit({"users": args.users, "batch": args.batch, "rounds": args.rounds,
+          "context_turns": args.context_turns, "memories": args.memories, "operations": ops,
           "turn_operations_cpu_us": turn}, args.json, watch)
     return 0
 
