@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import fakeredis
 import pytest
@@ -26,6 +26,31 @@ async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+def call_that_drops_its_cancel(calls: list[asyncio.Task[object]]) -> Callable[[], Awaitable[None]]:
+    """A redis-py call with Redis away that drops the cancellation of its time limit (CPython
+    gh-86296), and whose client's retries then go on for seconds; each run noted in ``calls``."""
+    async def call() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        calls.append(task)
+        with contextlib.suppress(asyncio.CancelledError):  # dropped
+            await asyncio.sleep(10)  # in a command, Redis away: the client retries
+        await asyncio.sleep(10)  # ... and its retries go on
+        raise RedisConnectionError("Redis is down")
+    return call
+
+
+@contextlib.asynccontextmanager
+async def cleared(tasks: list[asyncio.Task[object]], run: asyncio.Future[int]) -> AsyncIterator[None]:
+    """Cancel the calls left behind and the worker's run at the end."""
+    try:
+        yield
+    finally:
+        for task in [*tasks, run]:
+            task.cancel()
+        await asyncio.wait([*tasks, run], timeout=5)
 
 
 async def test_a_worker_that_cannot_reach_redis_stops_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,30 +112,15 @@ async def test_sigterm_stops_a_start_whose_redis_call_dropped_the_cancellation_a
     moment for the cancellation and leaves the call behind."""
     worker = Worker(WorkerSettings(worker_id="w1"), r=fakeredis.FakeAsyncRedis(connected=False))
     calls: list[asyncio.Task[object]] = []
-
-    async def start_whose_call_retries_on() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        calls.append(task)
-        with contextlib.suppress(asyncio.CancelledError):  # dropped (CPython gh-86296)
-            await asyncio.sleep(10)  # in a command, Redis away: the client retries
-        # ... and its retries go on
-        await asyncio.sleep(10)
-        raise RedisConnectionError("Redis is down")
-
-    monkeypatch.setattr(worker, "join", start_whose_call_retries_on)
+    monkeypatch.setattr(worker, "join", call_that_drops_its_cancel(calls))
     run = asyncio.ensure_future(worker.run())
-    try:
+    async with cleared(calls, run):
         await until(lambda: bool(calls))  # the start's call is under way
         assert not run.done() and len(calls) == 1
         worker.drain("SIGTERM")
         await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
         assert run.done(), "the drain waited for the start's call to end"
         assert run.result() == 0 and worker.state == "starting"
-    finally:
-        for task in [*calls, run]:
-            task.cancel()
-        await asyncio.wait([*calls, run], timeout=5)
 
 
 async def test_sigterm_stops_a_start_whose_deregister_dropped_the_cancellation(
@@ -126,27 +136,14 @@ async def test_sigterm_stops_a_start_whose_deregister_dropped_the_cancellation(
     async def refused() -> None:
         raise RedisConnectionError("Redis is down")
 
-    async def deregister_whose_call_retries_on() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        calls.append(task)
-        with contextlib.suppress(asyncio.CancelledError):  # dropped (CPython gh-86296)
-            await asyncio.sleep(10)  # in a command, Redis away: the client retries
-        await asyncio.sleep(10)  # ... and its retries go on
-        raise RedisConnectionError("Redis is down")
-
     monkeypatch.setattr(worker, "join", refused)
-    monkeypatch.setattr(worker, "_deregister", deregister_whose_call_retries_on)
+    monkeypatch.setattr(worker, "_deregister", call_that_drops_its_cancel(calls))
     run = asyncio.ensure_future(worker.run())
-    try:
+    async with cleared(calls, run):
         worker.drain("SIGTERM")
         await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
         assert run.done(), "the drain waited for the deregister's call to end"
         assert run.result() == 0 and worker.state == "starting" and len(calls) == 1
-    finally:
-        for task in [*calls, run]:
-            task.cancel()
-        await asyncio.wait([*calls, run], timeout=5)
 
 
 async def test_a_serving_worker_stops_though_its_deregister_dropped_the_cancellation(
@@ -157,26 +154,13 @@ async def test_a_serving_worker_stops_though_its_deregister_dropped_the_cancella
     await write_policy(r, "chat", TurnsPolicy(handler="noop"))
     worker = Worker(WorkerSettings(worker_id="w1", block_ms=50), r=r)
     calls: list[asyncio.Task[object]] = []
-
-    async def deregister_whose_call_retries_on() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        calls.append(task)
-        with contextlib.suppress(asyncio.CancelledError):  # dropped (CPython gh-86296)
-            await asyncio.sleep(10)
-        await asyncio.sleep(10)
-
     monkeypatch.setattr(app, "DEREGISTER_S", 0.5)
-    monkeypatch.setattr(worker, "_deregister", deregister_whose_call_retries_on)
+    monkeypatch.setattr(worker, "_deregister", call_that_drops_its_cancel(calls))
     run = asyncio.ensure_future(worker.run())
-    try:
+    async with cleared(calls, run):
         await until(lambda: worker.state == "ready")
         worker.drain("SIGTERM")
         await asyncio.wait({run}, timeout=5)  # (not wait_for: cancelling it would be swallowed too)
         assert run.done(), "the drain waited for the deregister's call to end"
         assert run.result() == 0 and len(calls) == 1
-    finally:
-        for task in [*calls, run]:
-            task.cancel()
-        await asyncio.wait([*calls, run], timeout=5)
-        await r.aclose()
+    await r.aclose()
