@@ -46,42 +46,51 @@ CHECK_EVERY_S = float(os.environ.get("FLEET_LIBRARY_CHECK_S", "3"))  # how often
 _INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
 
 
+def resolve(name: str, read: Callable[[str], str]) -> str:
+    """Operation ``name``'s text from ``read`` (a file's text by its path under ``stores/lua``),
+    with each ``-- @include <part>`` line replaced by ``include/<part>.lua`` (a function two
+    operations share)."""
+    return _INCLUDE.sub(lambda m: read(f"include/{m.group(1)}.lua"), read(f"{name}.lua"))
+
+
 @cache
 def source(name: str) -> str:
-    """The text of ``stores/lua/<name>.lua``, with each ``-- @include <part>`` line replaced by
-    ``stores/lua/include/<part>.lua`` (a function two operations share)."""
+    """The text of operation ``name`` as this version has it (:func:`resolve`)."""
     if name not in NAMES:
         raise KeyError(f"no Lua operation named {name!r}")
     lua = resources.files("stores").joinpath("lua")
-    return _INCLUDE.sub(lambda m: lua.joinpath("include", f"{m.group(1)}.lua").read_text(),
-                        lua.joinpath(f"{name}.lua").read_text())
+    return resolve(name, lambda path: lua.joinpath(path).read_text())
 
 
-def _digest() -> str:
+def digest(sources: Mapping[str, str]) -> str:
+    """The version of a library of ``sources`` (every operation's text)."""
     h = hashlib.sha1()
     for name in NAMES:
-        h.update(f"{name}\0{source(name)}\0".encode())
+        h.update(f"{name}\0{sources[name]}\0".encode())
     return h.hexdigest()[:12]
 
 
-VERSION = _digest()
+VERSION = digest({name: source(name) for name in NAMES})
 
 
-def function_name(op: str) -> str:
-    """The name ``FCALL`` calls operation ``op`` by (this version's)."""
-    return f"fleet_{op}_{VERSION}"
+def function_name(op: str, version: str | None = None) -> str:
+    """The name ``FCALL`` calls operation ``op`` by (this version's, unless ``version``)."""
+    return f"fleet_{op}_{version or VERSION}"
 
 
-def library(sources: Mapping[str, str] | None = None) -> str:
+def library(sources: Mapping[str, str] | None = None, version: str | None = None) -> str:
     """The library text: every operation of ``sources`` (by default the files'), as this
-    version's function, and ``fleet_version``."""
-    parts = [f"#!lua name={LIBRARY}\n"]
+    version's function, and ``fleet_version``. With ``version``, another version's library
+    beside this one's (``scripts/bench_lua_ab``): under a name of its own, without
+    ``fleet_version``."""
+    parts = [f"#!lua name={LIBRARY if version is None else f'{LIBRARY}_{version}'}\n"]
     for op in NAMES:
         body = (sources or {}).get(op) or source(op)
         parts.append(f"local function {op}(KEYS, ARGV)\n{body}\nend\n"
-                     f"redis.register_function('{function_name(op)}', {op})\n")
-    parts.append("redis.register_function{function_name='fleet_version', "
-                 f"callback=function() return '{VERSION}' end, flags={{'no-writes'}}}}\n")
+                     f"redis.register_function('{function_name(op, version)}', {op})\n")
+    if version is None:
+        parts.append("redis.register_function{function_name='fleet_version', "
+                     f"callback=function() return '{VERSION}' end, flags={{'no-writes'}}}}\n")
     return "".join(parts)
 
 

@@ -100,3 +100,26 @@ def test_bench_functions_takes_a_turn_apart(tmp_path):
     assert ran["reply read"] == {"lpop": 1.0} and ran["request (PING, one at a time)"]["ping"] == 1.0
     assert all(got["cpu_us_median"] > 0 for got in ops.values()), ops
     assert "a turn's operations together" in run.stdout
+
+
+def test_bench_lua_ab_sets_two_library_versions_side_by_side(tmp_path):
+    """Another version (a copy of the Lua files with one changed) loaded beside this one; each
+    batch of users takes a turn through both. The same files are no other version."""
+    import shutil
+
+    lua = tmp_path / "lua"
+    shutil.copytree(ROOT / "stores" / "lua", lua)
+    same = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_lua_ab.py"), "--against", str(lua)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert same.returncode == 1 and "this very version" in same.stderr
+    with (lua / "turn_commit.lua").open("a") as f:
+        f.write("-- another version\n")
+    out = tmp_path / "ab.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_lua_ab.py"), "--against", str(lua),
+                          "--users", "100", "--passes", "1", "--json", str(out)],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert got["versions"]["this"] != got["versions"]["other"]
+    for op in ("lane acquire", "turn commit"):
+        assert got[op]["batches"] == 2 and got[op]["this_us"] > 0 and got[op]["other_us"] > 0
