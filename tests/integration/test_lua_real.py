@@ -275,8 +275,8 @@ async def test_a_turn_s_acquire_and_commit_run_only_the_commands_they_need(
     entry = r.xadd(keys.inbox(U), {"text": "a", "turn_id": "t1"}).decode()
     before = _counts(r)
     lease = await _lease(store)
-    assert _ran(r, before) == {"fcall": 1, "get": 2, "hget": 1, "hgetall": 1, "hmget": 1, "hset": 1, "incr": 1,
-                               "lrange": 1, "set": 1, "xrange": 1, "zrevrange": 1, "zscore": 1}
+    assert _ran(r, before) == {"fcall": 1, "get": 2, "hget": 1, "hgetall": 1, "hmget": 1, "hset": 1,
+                               "incr": 1, "lrange": 1, "set": 1, "xrange": 1, "zrevrange": 1, "zscore": 1}
     before = _counts(r)
     writes = Writes(turn_id="t1", session_entry=b"s", reply=b"r", profile={"name": "A"},
                     memories=[new_member("m", 0.5, 1.0)], usage={"turns": 1})
