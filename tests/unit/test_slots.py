@@ -597,6 +597,8 @@ NOT_DRIVEN = {  # public callables of stores that send no command (or are not th
     "stores.memory": "ranking arithmetic, no Redis",
     "stores.replies": "reply casts, no Redis",
     "stores.functions.source": "reads a file",
+    "stores.functions.resolve": "assembles text",
+    "stores.functions.digest": "hashes text",
     "stores.functions.library": "assembles text",
     "stores.functions.function_name": "names a function",
     "stores.functions.command": "names a command",
