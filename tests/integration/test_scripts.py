@@ -123,3 +123,19 @@ def test_bench_lua_ab_sets_two_library_versions_side_by_side(tmp_path):
     assert got["versions"]["this"] != got["versions"]["other"]
     for op in ("lane acquire", "turn commit"):
         assert got[op]["batches"] == 2 and got[op]["this_us"] > 0 and got[op]["other_us"] > 0
+
+
+def test_bench_client_times_fleets_own_calls(tmp_path):
+    """Each call of both clients timed against a bare round trip; every submit reached an inbox
+    and every reply was taken by its wait."""
+    out = tmp_path / "client.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_client.py"), "--quick",
+                          "--json", str(out)], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert got["turns_submitted"] == 2 * 3 * 100 + 2 and got["replies_left"] == 0  # (+ each client's warm-up)
+    for calls in got["clients"].values():
+        assert set(calls) == {"round trip", "submit", "reply wait"}
+        assert all(one["cpu_us_median"] > 0 for one in calls.values()), calls
+        assert "over_a_round_trip_us" in calls["submit"] and "over_a_round_trip_us" in calls["reply wait"]
+    assert "over a round trip" in run.stdout
