@@ -143,11 +143,23 @@ def submit_turns(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptions
 def submit_one_node(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOptions = NO_OPTIONS,
                     pressure: Mapping[str, str] | None = None) -> Op[Submitted]:
     """The single-node submit (:func:`queue_round_trip`); :class:`~stores.functions.LibraryMissing`
-    when Redis has not this version's functions library (nothing was written)."""
+    when Redis has not this version's functions library (nothing was written).
+
+    With nothing to send beside the script (no ``WAIT``, no pressure check due: nearly every
+    submit) the script goes out as one command: redis-py's pipeline costs the client more CPU
+    than the command itself (``scripts/bench_client``). Its error reply is then taken as the
+    pipeline hands one over (any other error is raised either way)."""
     def queue(pipe: Any) -> None:
         queue_round_trip(pipe, built, tier, opts, pressure)
 
-    results = yield Pipelined(queue, raise_on_error=False)
+    if opts.wait is None and pressure is None:
+        call = submit_call(built, tier, opts.shards, opts.retention_ms)
+        try:
+            results = [(yield Single(lambda r: r.execute_command(*call)))]
+        except redis.ResponseError as exc:
+            results = [exc]
+    else:
+        results = yield Pipelined(queue, raise_on_error=False)
     if any(functions.is_missing(res) for res in results):
         raise functions.LibraryMissing(functions.missing_line())
     return committed(results, opts.wait is not None, pressure is not None)

@@ -151,17 +151,20 @@ def test_a_submit_whose_reply_was_lost_is_sent_again_with_the_same_turn_id(chat,
                                                                            monkeypatch) -> None:
     client = Fleet(client=connect_sync(redis_server.role_url("fleet-client"), retries=0))
     client.submit("warm", "up")
-    execute = redis.client.Pipeline.execute
     lost: list[bool] = []
 
-    def applied_then_lost(self: Any, *args: Any, **kwargs: Any) -> Any:
-        replies = execute(self, *args, **kwargs)
-        if not lost:
-            lost.append(True)
-            raise redis.exceptions.ClusterDownError("the reply was lost in a failover (test)")
-        return replies
+    def applied_then_lost(send: Any) -> Any:
+        def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+            replies = send(self, *args, **kwargs)
+            if not lost:
+                lost.append(True)
+                raise redis.exceptions.ClusterDownError("the reply was lost in a failover (test)")
+            return replies
+        return patched
 
-    monkeypatch.setattr(redis.client.Pipeline, "execute", applied_then_lost)
+    # the script goes out on a pipeline with a pressure check, else alone
+    monkeypatch.setattr(redis.client.Pipeline, "execute", applied_then_lost(redis.client.Pipeline.execute))
+    monkeypatch.setattr(redis.Redis, "execute_command", applied_then_lost(redis.Redis.execute_command))
     handle = client.submit("erin", "hi")
     monkeypatch.undo()
     assert lost
@@ -203,7 +206,8 @@ def test_a_final_error_is_raised_at_once_and_a_transient_one_when_the_time_is_up
 
     client = Fleet(client=connect_sync(redis_server.role_url("fleet-client")), retry_s=0.5)
     client.submit("warm", "up")
-    monkeypatch.setattr(redis.client.Pipeline, "execute", down)
+    monkeypatch.setattr(redis.client.Pipeline, "execute", down)  # a submit's script with a pressure check
+    monkeypatch.setattr(redis.Redis, "execute_command", down)  # ... and alone
     started = time.monotonic()
     with pytest.raises(redis.exceptions.ClusterDownError):
         client.submit("fay", "hi")

@@ -147,11 +147,12 @@ async def test_a_client_checks_a_tier_for_pressure_at_most_every_10_ms(pipelines
     monkeypatch.setattr(fleet.client.time, "monotonic", lambda: now[0])
     await client.submit("alice", "two")  # checked: the last check was long ago
     now[0] += submit.PRESSURE_CHECK_S / 2
-    await client.submit("alice", "three")  # not checked
+    await client.submit("alice", "three")  # not checked: the script alone, on no pipeline
     now[0] += submit.PRESSURE_CHECK_S
     await client.submit("alice", "four")  # checked
     submits = [p for p in pipelines if p[0] == "FCALL"]  # (the tier's options are read again too)
-    assert submits == [["FCALL", "FCALL"], ["FCALL"], ["FCALL", "FCALL"]]
+    assert submits == [["FCALL", "FCALL"], ["FCALL", "FCALL"]]
+    assert await r.xlen(keys.inbox("alice")) == 4
     await r.aclose()
 
 

@@ -23,6 +23,7 @@ import fleet.client
 import stores.cluster
 from fleet.client import AsyncFleet, Fleet, SubmitNotNotified
 from protocol import keys
+from stores.functions import LibraryMissing
 from stores.functions import function_name as sha
 
 Command = tuple[str, str]
@@ -40,6 +41,7 @@ class FakeClient:
         self.lag = lag
         self.response_callbacks: dict[str, Any] = {}
         self.seq = 0
+        self.alone: list[int] = []  # the round trips sent as one command, not on a pipeline
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> FakePipe:
         return FakePipe(self)
@@ -95,6 +97,13 @@ class FakeClient:
     def xadd(self, key: str, fields: dict[str, Any], **_: Any) -> Any:
         return self.run([("XADD", key)])[0]
 
+    def execute_command(self, *args: Any) -> Any:  # one command, its own round trip
+        self.alone.append(len(self.trips))
+        reply = self.run([(str(args[0]), str(args[1]) if len(args) > 1 else "")])[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
 
 class FakePipe:
     def __init__(self, owner: FakeClient) -> None:
@@ -137,6 +146,9 @@ class AsyncFakeClient(FakeClient):
 
     async def xadd(self, key: str, fields: dict[str, Any], **_: Any) -> Any:
         return self.run([("XADD", key)])[0]
+
+    async def execute_command(self, *args: Any) -> Any:  # type: ignore[override]
+        return super().execute_command(*args)
 
 
 class AsyncFakePipe(FakePipe):
@@ -318,6 +330,35 @@ def test_one_node_is_one_script_round_trip(mode: str) -> None:
     fake, call = submit(mode, fake_cluster=False)
     call()
     assert fake.trips == [[("FCALL", sha("turn_submit")), ("FCALL", sha("submit_pressure"))]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_node_a_submit_with_nothing_beside_the_script_sends_it_alone(
+        mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pressure check due and no WAIT: the script is one command, no pipeline (which costs
+    the client more than the command: scripts/bench_client)."""
+    monkeypatch.setattr(fleet.client, "PRESSURE_CHECK_S", 3600.0)  # the first submit's check only
+    fake, call = submit(mode, fake_cluster=False)
+    call()
+    call()
+    assert fake.trips == [[("FCALL", sha("turn_submit")), ("FCALL", sha("submit_pressure"))],
+                          [("FCALL", sha("turn_submit"))]]
+    assert fake.alone == [1]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("error", "raised"), [
+    (redis.ResponseError("WRONGTYPE fleet:u:{alice}:inbox holds a string"), redis.ResponseError),
+    (redis.ResponseError("Function not found"), LibraryMissing)])
+def test_one_node_the_script_sent_alone_raises_as_in_a_pipeline(
+        mode: str, error: Exception, raised: type[Exception], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fleet.client, "PRESSURE_CHECK_S", 3600.0)
+    fake, call = submit(mode, fake_cluster=False)
+    call()
+    fake.fail[("FCALL", sha("turn_submit"))] = error
+    with pytest.raises(raised, match="WRONGTYPE" if raised is redis.ResponseError else "fleet install"):
+        call()
+    assert fake.trips[-1] == [("FCALL", sha("turn_submit"))] and fake.alone == [len(fake.trips) - 1]
 
 
 @pytest.mark.parametrize("mode", MODES)
