@@ -24,6 +24,7 @@ with an error and dead-lettered, like a turn that does not decode: the lane move
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
@@ -401,9 +402,10 @@ class UserJob:
             # the text not flushed yet and the stream's end, with the reply (or with the cancelled
             # reply, should the commit find the turn cancelled meanwhile)
             tail = await writer.tail() if writer is not None else None
+            cancelled = functools.partial(self._cancel_writes, entry, turn.turn_id, turn.reply_fmt, turn.text,
+                                          pulled.attempts, ctx.emitted, tail)
             return await self._commit(lease, entry, turn.turn_id, replace(writes, stream=tail), "ok", turn.ts,
-                                      self._cancel_writes(entry, turn.turn_id, turn.reply_fmt, turn.text,
-                                                          pulled.attempts, ctx.emitted, tail))
+                                      cancelled)
 
     def _writer(self, lease: Lease, entry: str, turn: Turn, attempt: int) -> StreamWriter | None:
         """A streamed turn's writer for this run. Its first write is a restart when text of an
@@ -543,8 +545,8 @@ class UserJob:
                         usage={"expired": 1, "handler_ms": round(self.turn_handler_s * 1000)},
                         stream=_stream_end(turn.stream, attempts), status="expired")
         return await self._commit(lease, entry, turn.turn_id, writes, "expired", turn.ts,
-                                  self._cancel_writes(entry, turn.turn_id, turn.reply_fmt, turn.text,
-                                                      attempts, [], writes.stream))
+                                  functools.partial(self._cancel_writes, entry, turn.turn_id, turn.reply_fmt,
+                                                    turn.text, attempts, [], writes.stream))
 
     async def _cancelled(self, lease: Lease, entry: str, turn: Turn, attempts: int,
                          emitted: list[str], writer: StreamWriter | None = None) -> Done:
@@ -586,22 +588,27 @@ class UserJob:
         writes = Writes(turn_id=reply_to, reply=_encode_reply(reply, fmt),
                         usage={"errors": 1, "handler_ms": round(self.turn_handler_s * 1000)},
                         stream=_stream_end(stream, attempts), status="error")
-        cancelled = self._cancel_writes(nxt.entry, reply_to, fmt, None, attempts, [], writes.stream)
+
+        def cancelled(spared: frozenset[str]) -> Writes:
+            cut = self._cancel_writes(nxt.entry, reply_to, fmt, None, attempts, [], writes.stream)
+            return cut.without(spared)
+
         while True:
             try:
                 return await self._commit(lease, nxt.entry, reply_to, writes.without(unusable), "error",
-                                          submitted, cancelled.without(unusable))
+                                          submitted, functools.partial(cancelled, unusable))
             except UserDataError as exc:
                 if not exc.roles <= _REJECTION_SPARES or exc.roles <= unusable:
                     raise Unanswerable(f"turn {nxt.entry} of {self.user} cannot be answered: {exc}") from exc
                 unusable |= exc.roles
 
     async def _commit(self, lease: Lease, entry: str, reply_to: str, writes: Writes, result: Result,
-                      submitted: float | None = None, cancelled: Writes | None = None) -> Done:
+                      submitted: float | None = None, cancelled: Callable[[], Writes] | None = None) -> Done:
         """Commit the turn's writes (and release the lane if nothing waits) and count what the
         commit found (``result`` if it wrote them; with ``submitted``, the end-to-end latency too).
-        A turn its user cancelled before the commit is committed with its ``cancelled`` writes
-        instead (the commit refuses any other: exactly one reply, never ``ok``).
+        A turn its user cancelled before the commit is committed with the writes ``cancelled``
+        makes instead (the commit refuses any other: exactly one reply, never ``ok``), made only
+        then: a rare path, and their reply costs as much as the turn's own to build.
         The ids attached by now are the ones a release covers: one that comes during the call
         may be for a turn after what it saw."""
         covered = len(self.nids)
@@ -615,7 +622,8 @@ class UserJob:
             log.info("turn %s of %s was cancelled before its commit: answered cancelled", reply_to, self.user)
             self.cancels.discard(entry)
             return await self._commit(lease, entry, reply_to,
-                                      cancelled or Writes(turn_id=reply_to, status="cancelled"), "cancelled",
+                                      cancelled() if cancelled is not None
+                                      else Writes(turn_id=reply_to, status="cancelled"), "cancelled",
                                       submitted)
         tally.served(result if res == "ok" else "dup" if res == "dup" else "stale")
         if res == "ok" and submitted is not None:

@@ -24,6 +24,7 @@ from stores.redis_errors import RedisErrors
 from stores.turns import Committed, Lease, Writes
 from worker import handlers
 from worker.app import Worker
+from worker.job import UserJob
 from worker.settings import WorkerSettings
 
 CALLS: list[str] = []
@@ -137,6 +138,23 @@ async def test_a_cancel_that_races_the_commit_wins_it(
     w.store.commit = real_commit  # type: ignore[method-assign]
     assert (await fleet.ask("alice", "next", timeout=5)).ok  # the user goes on
     assert w.tally.stats().cancelled == 1
+
+
+async def test_an_answered_turn_builds_no_cancelled_reply(
+        worker: tuple[Worker, AsyncFleet, fakeredis.FakeAsyncRedis], monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a turn would be answered had its user cancelled it before the commit is made only
+    when the commit says so (test_a_cancel_that_races_the_commit_wins_it): not for every turn."""
+    _w, fleet, _r = worker
+    built: list[str] = []
+    real = UserJob._cancel_writes
+
+    def counted(self: UserJob, *args: Any, **kwargs: Any) -> Writes:
+        built.append(args[1])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(UserJob, "_cancel_writes", counted)
+    assert (await fleet.ask("alice", "hello", timeout=5)).ok
+    assert built == []
 
 
 async def test_a_cancel_after_the_commit_changes_nothing(
