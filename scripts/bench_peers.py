@@ -157,6 +157,12 @@ class Driver:
     async def submit(self, user: str, turn_id: str, text: str) -> None:
         raise NotImplementedError
 
+    def clients(self) -> list[aioredis.Redis]:
+        """The asyncio clients every user's turn goes through at once (the reply wait's, and the
+        submit's where the system's client is asyncio): each pool grows to a connection per user
+        in flight. (A blocking client submits from the small thread pool: a few connections.)"""
+        return [self.r]
+
     async def ask(self, user: str, text: str, timeout: float) -> float:
         """Submit, wait for the reply; returns submit->reply seconds (TimeoutError if none)."""
         turn_id = uuid.uuid4().hex
@@ -186,6 +192,9 @@ class FleetDriver(Driver):
 
     async def submit(self, user: str, turn_id: str, text: str) -> None:
         await self.fleet.submit(user, text, turn_id=turn_id)
+
+    def clients(self) -> list[aioredis.Redis]:
+        return [self.r, self.fleet.r]
 
     async def close(self) -> None:
         await self.fleet.aclose()
@@ -249,6 +258,9 @@ class SaqDriver(Driver):
     async def submit(self, user: str, turn_id: str, text: str) -> None:
         await self.app.enqueue(self.queue, user, turn_id, text)
 
+    def clients(self) -> list[aioredis.Redis]:
+        return [self.r, self.queue.redis]
+
     async def close(self) -> None:
         await self.queue.disconnect()
         await super().close()
@@ -271,6 +283,9 @@ class ArqDriver(Driver):
                 if self.pool_ is None:
                     self.pool_ = await self.app.pool(self.url)
         await self.app.enqueue(self.pool_, user, turn_id, text)
+
+    def clients(self) -> list[aioredis.Redis]:
+        return [self.r] if self.pool_ is None else [self.r, self.pool_]  # type: ignore[list-item]
 
     async def close(self) -> None:
         if self.pool_ is not None:
@@ -587,16 +602,29 @@ WARM_UP_AT_ONCE = 200  # users warmed up together
 
 async def warm_up(drv: Driver, users: list[str], n: int) -> None:
     """A few turns answered (the system is up), then one turn of every user, a few hundred at a
-    time: every connection the load generator keeps per user (the reply's, and an asyncio
-    client's submit) is made before the measurement, for every system alike. Without it a
-    thousand users' connection handshakes fell inside the saturation window."""
+    time; then every connection the load generator keeps per user is made (:func:`fill_pools`),
+    for every system alike, before the measurement."""
     try:
         await asyncio.gather(*(drv.ask(u, "warm up", timeout=60) for u in users[: 2 * n]))
         for start in range(0, len(users), WARM_UP_AT_ONCE):
             await asyncio.gather(*(drv.ask(u, "warm up", timeout=120)
                                    for u in users[start:start + WARM_UP_AT_ONCE]))
+        await fill_pools(drv, len(users))
     except (TimeoutError, RuntimeError, redis.RedisError) as exc:
         raise RuntimeError(f"{drv.name} did not come up: {exc}") from None
+
+
+async def fill_pools(drv: Driver, n: int) -> None:
+    """Make each of ``drv``'s asyncio clients hold ``n`` connections, idle in its pool. A phase
+    in which every user has a turn in flight at once uses as many; the warm-up's turns, a few
+    hundred at a time, left a few hundred, and the rest were made inside the saturation window,
+    where their set-up (five commands each: HELLO, CLIENT SETINFO, ...) counted as its turns'
+    client round trips and CPU. (A pool that holds fewer, as SAQ's, is filled to its limit.)"""
+    for client in drv.clients():
+        pool = client.connection_pool
+        held = [await pool.get_connection() for _ in range(min(n, pool.max_connections))]
+        for conn in held:
+            await pool.release(conn)
 
 
 async def measure(name: str, url: str, pids: list[int], users: list[str], args: argparse.Namespace,

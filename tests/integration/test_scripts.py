@@ -139,3 +139,33 @@ def test_bench_client_times_fleets_own_calls(tmp_path):
         assert all(one["cpu_us_median"] > 0 for one in calls.values()), calls
         assert "over_a_round_trip_us" in calls["submit"] and "over_a_round_trip_us" in calls["reply wait"]
     assert "over a round trip" in run.stdout
+
+
+def test_bench_peers_warm_up_leaves_a_connection_per_user_in_every_pool(redis_server):
+    """Every user has a call in flight at once in a phase: each asyncio client a turn goes through
+    (the harness's reply wait, Fleet's submit) must hold that many connections before it, or the
+    phase counts the new ones' handshakes (five commands each) as its turns' work."""
+    import asyncio
+
+    import redis
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_peers import FleetDriver, fill_pools
+
+    def connections() -> int:
+        admin = redis.Redis.from_url(redis_server.url)
+        try:
+            return len(admin.client_list())
+        finally:
+            admin.close()
+
+    async def filled() -> int:
+        drv = FleetDriver(redis_server.url)
+        try:
+            await fill_pools(drv, 40)
+            return connections()
+        finally:
+            await drv.close()
+
+    before = connections()
+    assert asyncio.run(filled()) - before == 2 * 40  # the reply waits' pool and Fleet's client's
