@@ -149,9 +149,6 @@ def submit_one_node(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOpti
     submit) the script goes out as one command: redis-py's pipeline costs the client more CPU
     than the command itself (``scripts/bench_client``). Its error reply is then taken as the
     pipeline hands one over (any other error is raised either way)."""
-    def queue(pipe: Any) -> None:
-        queue_round_trip(pipe, built, tier, opts, pressure)
-
     if opts.wait is None and pressure is None:
         call = submit_call(built, tier, opts.shards, opts.retention_ms)
         try:
@@ -159,7 +156,8 @@ def submit_one_node(built: list[tuple[Turn, bytes]], tier: str, opts: SubmitOpti
         except redis.ResponseError as exc:
             results = [exc]
     else:
-        results = yield Pipelined(queue, raise_on_error=False)
+        results = yield Pipelined(lambda pipe: queue_round_trip(pipe, built, tier, opts, pressure),
+                                  raise_on_error=False)
     if any(functions.is_missing(res) for res in results):
         raise functions.LibraryMissing(functions.missing_line())
     return committed(results, opts.wait is not None, pressure is not None)
