@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from commander.commander import GC_THRESHOLDS
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -38,6 +39,22 @@ def test_bench_commander_times_a_whole_pass(tmp_path):
     assert (whole["reports_per_pass"], whole["report_every_passes"]) == (20, 10), whole  # a tenth a pass
     assert whole["cpu_ms_per_pass"]["median"] > 0 and whole["redis_commands_per_pass"] > 0
     assert whole["commander_rss_mb"] > 0 and "a whole pass:" in run.stdout
+    assert whole["gc"]["thresholds"] == list(GC_THRESHOLDS), whole  # as `fleet commander` sets them
+    assert set(whole["gc"]["collections_per_pass"]) == {"0", "1", "2"}, whole
+    assert whole["gc"]["cpu_ms_per_pass"] >= 0
+
+
+def test_bench_commander_can_leave_pythons_collector_as_it_is(tmp_path):
+    """``--gc python``: the pass with Python's own thresholds, to see what the commander's buy."""
+    out = tmp_path / "commander.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_commander.py"), "--quick",
+                          "--workers", "200", "--tiers", "4", "--gc", "python", "--json", str(out)],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    collector = json.loads(out.read_text())["pass"]["gc"]
+    assert collector["thresholds"] == [700, 10, 10], collector  # (CPython's defaults)
+    assert sum(collector["collections_per_pass"].values()) > 0, collector  # the young ones, at least
+    assert "Python's garbage collector thresholds" in run.stdout
 
 
 def test_bench_pipeline_rejects_bad_arguments():
