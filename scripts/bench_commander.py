@@ -128,9 +128,8 @@ def whole_pass(url: str, workers: int, tiers: int, passes: int, every: int,
     names = populate(r, workers, tiers, time.time())
     settings = CommanderSettings(commander_id="bench", metrics_port=None, always_tiers=(),
                                  lease_ttl_ms=600_000)
-    defaults = gc.get_threshold()
     if collector == "commander":
-        tune_gc()  # as `fleet commander` does
+        tune_gc()  # as `fleet commander` does (and for the ingest test after this)
     cmd = Commander(r, Elsewhere(), settings)
     assert cmd.campaign()
     # the windows full, as a commander keeps them after a minute: the earlier reports are fed
@@ -149,9 +148,11 @@ def whole_pass(url: str, workers: int, tiers: int, passes: int, every: int,
         # written by the workers in a real fleet, so no collection starts while they are written
         # here: one due is made by the pass, whose objects make it due, as in `fleet commander`
         gc.disable()
-        write_reports(r, names, workers, time.time(), rows=1, turns=1000 + 10 * i,
-                      every=every, phase=i % every)
-        gc.enable()
+        try:
+            write_reports(r, names, workers, time.time(), rows=1, turns=1000 + 10 * i,
+                          every=every, phase=i % every)
+        finally:
+            gc.enable()
         before, start = commands(r), time.thread_time()
         collections.counting = i >= warm
         cmd.pass_once(time.time())
@@ -167,7 +168,6 @@ def whole_pass(url: str, workers: int, tiers: int, passes: int, every: int,
     r.close()
     gc.callbacks.remove(collections)
     collected = collections.per_pass(passes)
-    gc.set_threshold(*defaults)
     return {"workers": workers, "tiers": tiers, "tiers_judged": judged, "passes": passes,
             "reports_per_pass": len(range(0, workers, every)), "report_every_passes": every,
             "cpu_ms_per_pass": {"median": round(percentile(cpu, 50), 1), "p95": round(percentile(cpu, 95), 1),
