@@ -98,8 +98,11 @@ def test_a_chat_handler_defers_a_memory_summary_per_turn(r: redis.Redis, redis_s
         wait_until(lambda u=user: r.hget(keys.usage(u), "summaries") == b"3", 30, f"{user}'s summaries")
         memories = [m for m in r.zrange(keys.memory(user), 0, -1) if b"summary of" in m]
         assert len(memories) == 3
-    finished = set(r.zrange(f"rq:finished:{QUEUE}", 0, -1))
-    assert finished == {job_id(u, t, 0).encode() for u, t in turns}
+    # RQ files a job as finished once its function has returned, after the writes seen above
+    expected = {job_id(u, t, 0).encode() for u, t in turns}
+    finished = lambda: set(r.zrange(f"rq:finished:{QUEUE}", 0, -1))  # noqa: E731
+    wait_until(lambda: expected <= finished(), 30, "every job filed as finished")
+    assert finished() == expected
     assert r.xlen(keys.outbox("alice")) == 0 and r.xlen(keys.outbox("bob")) == 0
 
 
